@@ -1,0 +1,2 @@
+//! The `breakwater` command line.
+fn main() {}

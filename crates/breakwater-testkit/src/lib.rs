@@ -1,0 +1,29 @@
+//! Dev-only test support for breakwater.
+//!
+//! This crate is used only as a `dev-dependency` by breakwater's tests that
+//! talk to a *real* Redis. It is never published and never linked into
+//! production code.
+//!
+//! The main item is [`RedisServer`]: a private, throw-away `redis-server`
+//! process bound to a free loopback port (never 6379), with no persistence,
+//! its own temporary working directory, and helpers to kill, restart, pause
+//! and resume it so tests can exercise failure handling. Every test starts
+//! its own server, so tests can run in parallel.
+//!
+//! The `redis-server` binary is taken from the `BREAKWATER_REDIS_SERVER`
+//! environment variable, or else looked up on `PATH`. On Debian/Ubuntu it is
+//! provided by the `redis-server` package, which `./scripts/test` installs.
+//!
+//! ```no_run
+//! use breakwater_testkit::RedisServer;
+//!
+//! let server = RedisServer::start();
+//! assert_eq!(server.command(&["PING"]).unwrap(), "PONG");
+//! let url = server.url(); // "redis://127.0.0.1:PORT/"
+//! # let _ = url;
+//! ```
+
+mod resp;
+mod server;
+
+pub use server::RedisServer;

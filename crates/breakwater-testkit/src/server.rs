@@ -1,0 +1,406 @@
+//! A private `redis-server` process for one test.
+
+use std::fs::{self, File};
+use std::io::{self, BufReader};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::resp;
+
+/// Environment variable naming the `redis-server` binary to run.
+const BINARY_ENV: &str = "BREAKWATER_REDIS_SERVER";
+/// The shared Redis on developer machines; never used by tests.
+const FORBIDDEN_PORT: u16 = 6379;
+/// How long a server gets to answer `PING` after being spawned.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Fresh-port attempts in [`RedisServer::start_with`].
+const START_ATTEMPTS: usize = 20;
+/// Same-port attempts in [`RedisServer::restart`].
+const RESTART_ATTEMPTS: usize = 50;
+/// Timeout for connecting to, writing to and reading from the server in
+/// [`RedisServer::command`].
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
+/// A private `redis-server` child process listening on `127.0.0.1` for the
+/// duration of one test.
+///
+/// The server runs without persistence (`--save ""`, `--appendonly no`) in
+/// its own temporary directory, logging to `redis.log` there instead of the
+/// test output. Dropping the value kills the process (even if it is paused)
+/// and deletes the directory; this also happens while unwinding from a
+/// panicking test.
+#[derive(Debug)]
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+    extra_args: Vec<String>,
+}
+
+/// Why one spawn attempt did not produce a ready server.
+enum StartError {
+    /// The process exited; the payload is its exit status.
+    Exited(ExitStatus),
+    /// The process did not answer `PING` within [`READY_TIMEOUT`].
+    TimedOut,
+}
+
+impl RedisServer {
+    /// Spawns `redis-server` on a free loopback port and waits until it
+    /// answers `PING`.
+    ///
+    /// The binary is taken from the `BREAKWATER_REDIS_SERVER` environment
+    /// variable, else `redis-server` on `PATH`.
+    ///
+    /// # Panics
+    ///
+    /// If `redis-server` cannot be found or run, if it exits for a reason
+    /// other than its port being taken, or if it does not come up within
+    /// about 10 seconds.
+    pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// Like [`RedisServer::start`], with extra `redis-server` command-line
+    /// configuration appended, e.g. `&["--maxmemory", "10mb"]`.
+    ///
+    /// The extra arguments are reused by [`RedisServer::restart`].
+    ///
+    /// # Panics
+    ///
+    /// As [`RedisServer::start`]; also if the extra arguments make
+    /// `redis-server` exit (the panic message includes its output).
+    pub fn start_with(args: &[&str]) -> RedisServer {
+        let mut server = RedisServer {
+            child: None,
+            port: 0,
+            dir: make_temp_dir(),
+            extra_args: args.iter().map(|&a| a.to_owned()).collect(),
+        };
+        for _ in 0..START_ATTEMPTS {
+            server.port = free_port();
+            match server.spawn_and_wait() {
+                Ok(()) => return server,
+                Err(StartError::Exited(_)) if server.port_was_busy() => {}
+                Err(StartError::Exited(status)) => {
+                    panic!(
+                        "redis-server exited with {status} during startup on port {}.\n{}",
+                        server.port,
+                        server.output_tail()
+                    );
+                }
+                Err(StartError::TimedOut) => {
+                    let port = server.port;
+                    let tail = server.output_tail();
+                    server.kill();
+                    panic!(
+                        "redis-server on port {port} did not answer PING within {READY_TIMEOUT:?}.\n{tail}"
+                    );
+                }
+            }
+        }
+        panic!(
+            "redis-server could not bind a free loopback port after {START_ATTEMPTS} attempts.\n{}",
+            server.output_tail()
+        );
+    }
+
+    /// The TCP port the server listens on (never 6379).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The connection URL, `redis://127.0.0.1:PORT/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The socket address, `127.0.0.1:PORT`.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// Kills the server with `SIGKILL` (resuming it first if paused) and
+    /// reaps it. Does nothing if it is not running; safe to call repeatedly.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            if let Some(pid) = pid_of(&child) {
+                let _ = kill(pid, Signal::SIGCONT);
+                let _ = kill(pid, Signal::SIGKILL);
+            } else {
+                let _ = child.kill();
+            }
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills the server if it is running, then starts a fresh one on the
+    /// **same** port with the same extra arguments and waits until it
+    /// answers `PING`. Data is not persisted, so the new server is empty.
+    ///
+    /// If the port is briefly busy, this retries for a few seconds.
+    ///
+    /// # Panics
+    ///
+    /// If the server cannot be brought back up on the same port.
+    pub fn restart(&mut self) {
+        self.kill();
+        for _ in 0..RESTART_ATTEMPTS {
+            match self.spawn_and_wait() {
+                Ok(()) => return,
+                Err(StartError::Exited(_)) if self.port_was_busy() => {
+                    thread::sleep(Duration::from_millis(100));
+                }
+                Err(StartError::Exited(status)) => {
+                    panic!(
+                        "restarted redis-server exited with {status} on port {}.\n{}",
+                        self.port,
+                        self.output_tail()
+                    );
+                }
+                Err(StartError::TimedOut) => {
+                    let tail = self.output_tail();
+                    self.kill();
+                    panic!(
+                        "restarted redis-server on port {} did not answer PING within {READY_TIMEOUT:?}.\n{tail}",
+                        self.port
+                    );
+                }
+            }
+        }
+        panic!(
+            "could not restart redis-server on port {}: port stayed busy.\n{}",
+            self.port,
+            self.output_tail()
+        );
+    }
+
+    /// Freezes the server with `SIGSTOP`: connections are still accepted by
+    /// the kernel but nothing is answered until [`RedisServer::resume`].
+    /// Does nothing if the server is not running.
+    pub fn pause(&self) {
+        self.signal(Signal::SIGSTOP);
+    }
+
+    /// Resumes a server frozen by [`RedisServer::pause`] with `SIGCONT`.
+    /// Does nothing if the server is not running.
+    pub fn resume(&self) {
+        self.signal(Signal::SIGCONT);
+    }
+
+    /// Whether the server process is alive (a paused server counts as
+    /// running).
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut().map(Child::try_wait) {
+            Some(Ok(None)) => true,
+            Some(Ok(Some(_)) | Err(_)) | None => false,
+        }
+    }
+
+    /// Sends one command over a fresh TCP connection and returns the reply
+    /// rendered as text, e.g. `command(&["INFO", "commandstats"])`.
+    ///
+    /// Rendering: simple strings and integers as their text (`"PONG"`,
+    /// `"42"`); bulk strings as their contents, a null bulk string as
+    /// `"(nil)"`; arrays as their rendered items joined by `'\n'`.
+    ///
+    /// **Redis error replies are returned as `Ok`**, with the leading `-`
+    /// kept (e.g. `Ok("-ERR unknown command ...")`), so tests can assert on
+    /// them. `Err` means an I/O or protocol problem: the connection failed,
+    /// timed out (5 s for connect, write and read), or the reply was
+    /// malformed.
+    pub fn command(&self, args: &[&str]) -> io::Result<String> {
+        command_at(self.addr(), args, COMMAND_TIMEOUT)
+    }
+
+    fn signal(&self, signal: Signal) {
+        if let Some(pid) = self.child.as_ref().and_then(pid_of) {
+            let _ = kill(pid, signal);
+        }
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.join("redis.log")
+    }
+
+    fn output_path(&self) -> PathBuf {
+        self.dir.join("output.log")
+    }
+
+    /// Spawns the process on `self.port` and waits for it to be ready.
+    /// On failure the process has been reaped and `self.child` is `None`.
+    fn spawn_and_wait(&mut self) -> Result<(), StartError> {
+        debug_assert!(self.child.is_none());
+        // Start each attempt with fresh logs so `port_was_busy` only sees
+        // this attempt's output.
+        let _ = fs::remove_file(self.log_path());
+        let output = File::create(self.output_path())
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", self.output_path().display()));
+        let output_err = output
+            .try_clone()
+            .unwrap_or_else(|e| panic!("cannot clone output file handle: {e}"));
+
+        let binary = std::env::var_os(BINARY_ENV).unwrap_or_else(|| "redis-server".into());
+        let mut cmd = Command::new(&binary);
+        cmd.arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", ""])
+            .args(["--appendonly", "no"])
+            .args(["--daemonize", "no"])
+            .args(["--protected-mode", "yes"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .arg("--logfile")
+            .arg(self.log_path())
+            .args(&self.extra_args)
+            .stdin(Stdio::null())
+            .stdout(output)
+            .stderr(output_err);
+        let child = match cmd.spawn() {
+            Ok(child) => child,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => panic!(
+                "cannot run redis-server ({}): not found. Install the Debian package \
+                 `redis-server` (`./scripts/test` installs it), put `redis-server` on PATH, \
+                 or set {BINARY_ENV} to its path.",
+                Path::new(&binary).display()
+            ),
+            Err(e) => panic!(
+                "cannot run redis-server ({}): {e}. Set {BINARY_ENV} to a working binary \
+                 or install the Debian package `redis-server` (`./scripts/test` installs it).",
+                Path::new(&binary).display()
+            ),
+        };
+        self.child = Some(child);
+
+        match self.wait_ready() {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                if let StartError::TimedOut = e {
+                    self.kill();
+                } else {
+                    self.child = None;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Polls until the child answers `PING` and proves (via `INFO server`)
+    /// that it is the process listening on the port, not some other server
+    /// that happened to grab it.
+    fn wait_ready(&mut self) -> Result<(), StartError> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let poll_timeout = Duration::from_millis(500);
+        let Some(child) = self.child.as_mut() else {
+            return Err(StartError::TimedOut);
+        };
+        let expected_pid = format!("process_id:{}", child.id());
+        let addr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, self.port));
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => return Err(StartError::Exited(status)),
+                Ok(None) => {}
+                Err(e) => panic!("cannot poll redis-server process: {e}"),
+            }
+            if command_at(addr, &["PING"], poll_timeout).is_ok_and(|r| r == "PONG")
+                && command_at(addr, &["INFO", "server"], poll_timeout)
+                    .is_ok_and(|info| info.lines().any(|l| l.trim() == expected_pid))
+            {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(StartError::TimedOut);
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Whether the last attempt's output says the port was already in use.
+    fn port_was_busy(&self) -> bool {
+        let text = self.read_output();
+        text.contains("Address already in use")
+            || text.contains("Could not create server TCP listening socket")
+    }
+
+    fn read_output(&self) -> String {
+        let mut text = fs::read_to_string(self.output_path()).unwrap_or_default();
+        text.push_str(&fs::read_to_string(self.log_path()).unwrap_or_default());
+        text
+    }
+
+    /// The last lines of the server's output and log, for panic messages.
+    fn output_tail(&self) -> String {
+        let text = self.read_output();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(30)..].join("\n");
+        format!(
+            "--- redis-server output (last lines, dir {}) ---\n{tail}",
+            self.dir.display()
+        )
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn pid_of(child: &Child) -> Option<Pid> {
+    i32::try_from(child.id()).ok().map(Pid::from_raw)
+}
+
+/// A port that was free on 127.0.0.1 a moment ago (never 6379).
+fn free_port() -> u16 {
+    loop {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .unwrap_or_else(|e| panic!("cannot bind a loopback port: {e}"));
+        let port = listener
+            .local_addr()
+            .unwrap_or_else(|e| panic!("cannot read local address: {e}"))
+            .port();
+        if port != FORBIDDEN_PORT {
+            return port;
+        }
+    }
+}
+
+/// Creates a fresh directory under the system temp dir, unique per server.
+fn make_temp_dir() -> PathBuf {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    loop {
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!(
+            "breakwater-redis-{}-{id}-{nanos}",
+            std::process::id()
+        ));
+        match fs::create_dir(&dir) {
+            Ok(()) => return dir,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => panic!("cannot create temp dir {}: {e}", dir.display()),
+        }
+    }
+}
+
+/// Sends one command to `addr` over a fresh connection and reads one reply.
+fn command_at(addr: SocketAddr, args: &[&str], timeout: Duration) -> io::Result<String> {
+    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    stream.set_nodelay(true)?;
+    resp::write_command(&mut stream, args)?;
+    resp::read_reply(&mut BufReader::new(stream))
+}

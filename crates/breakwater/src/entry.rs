@@ -1,0 +1,773 @@
+//! The envelope stored in Redis under a cache key.
+//!
+//! An entry is a small, versioned binary header followed by the payload (the
+//! value serialized by its [`Codec`], possibly LZ4-compressed). Decoding never
+//! panics and never guesses: unknown versions, codecs or flags, inconsistent
+//! headers and corrupt or foreign bytes are all an [`EntryError`], which the
+//! cache treats as a miss plus a warning.
+//!
+//! # Format version 1
+//!
+//! All integers are big-endian. Times are milliseconds on the store's clock
+//! (Unix milliseconds as the store sees them).
+//!
+//! | Bytes    | Field          | Meaning                                                                 |
+//! |----------|----------------|-------------------------------------------------------------------------|
+//! | `0..2`   | magic          | `b"BW"`                                                                 |
+//! | `2`      | version        | `1`                                                                     |
+//! | `3`      | codec          | the codec id (`1` msgpack, `2` json)                                    |
+//! | `4`      | flags          | bit 0 `NEGATIVE` (no value), bit 1 `COMPRESSED` (LZ4); others must be 0 |
+//! | `5..13`  | `fresh_until`  | `u64`, fresh until this time                                            |
+//! | `13..21` | `stale_until`  | `u64`, may be served stale until this time; `>= fresh_until`            |
+//! | `21..25` | `load_ms`      | `u32`, how long the load that produced the entry took (for XFetch)      |
+//! | `25..33` | `payload_len`  | `u64`, length of the *uncompressed* payload                             |
+//! | `33..`   | body           | the raw payload, or its LZ4 block if `COMPRESSED`                       |
+//!
+//! Rules checked on decode:
+//!
+//! - a raw body must be exactly `payload_len` bytes, so a truncated entry is
+//!   never read as a shorter payload;
+//! - a compressed body must decompress to exactly `payload_len` bytes;
+//!   `payload_len` is checked against the caller's cap (and against what the
+//!   body could possibly expand to) before any memory is allocated;
+//! - a `NEGATIVE` entry has `payload_len == 0`, no body and no `COMPRESSED`
+//!   flag.
+//!
+//! There is no checksum: a byte flipped inside the payload is not detected
+//! here (the codec usually rejects it when the value is read).
+
+use std::fmt;
+
+use serde::de::DeserializeOwned;
+
+use crate::codec::{Codec, Compression};
+use crate::error::{Error, ErrorKind};
+
+const MAGIC: [u8; 2] = *b"BW";
+const VERSION: u8 = 1;
+const FLAG_NEGATIVE: u8 = 0b01;
+const FLAG_COMPRESSED: u8 = 0b10;
+const KNOWN_FLAGS: u8 = FLAG_NEGATIVE | FLAG_COMPRESSED;
+/// No LZ4 block expands by more than this factor (a match-length extension
+/// byte yields at most 255 output bytes), so a body of `n` bytes declaring
+/// more than `n * 255` bytes is corrupt.
+const LZ4_MAX_RATIO: usize = 255;
+
+/// One cached value (or the cached absence of one) with its timing metadata.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Entry {
+    /// The codec that serialized `payload`.
+    pub(crate) codec: Codec,
+    /// `true` if this entry records that the value does not exist.
+    pub(crate) negative: bool,
+    /// Store-clock milliseconds until which the entry is fresh.
+    pub(crate) fresh_until: u64,
+    /// Store-clock milliseconds until which the entry may be served stale.
+    pub(crate) stale_until: u64,
+    /// How long the load that produced the entry took, in milliseconds.
+    pub(crate) load_ms: u32,
+    /// The serialized value, never compressed; empty when `negative`.
+    pub(crate) payload: Vec<u8>,
+}
+
+impl Entry {
+    /// Length of the fixed header that precedes the body.
+    pub(crate) const HEADER_LEN: usize = 33;
+
+    /// Encodes the entry for storage.
+    ///
+    /// The payload is compressed if `compression` asks for it at this size,
+    /// the payload is not larger than the decompression cap (a compressed
+    /// entry above the cap could never be read back), and compressing
+    /// actually makes it smaller; otherwise it is stored raw.
+    ///
+    /// Encoding always produces bytes that [`Entry::decode`] accepts: a
+    /// negative entry is written without a payload, and `stale_until` is
+    /// raised to `fresh_until` if it is earlier.
+    pub(crate) fn encode(&self, compression: &Compression) -> Vec<u8> {
+        let payload: &[u8] = if self.negative { &[] } else { &self.payload };
+        let compressed = if compression.should_compress(payload.len())
+            && payload.len() <= compression.max_decompressed_len()
+        {
+            let block = lz4_flex::block::compress(payload);
+            (block.len() < payload.len()).then_some(block)
+        } else {
+            None
+        };
+
+        let mut flags = 0;
+        if self.negative {
+            flags |= FLAG_NEGATIVE;
+        }
+        if compressed.is_some() {
+            flags |= FLAG_COMPRESSED;
+        }
+        let body = compressed.as_deref().unwrap_or(payload);
+
+        let mut out = Vec::with_capacity(Self::HEADER_LEN + body.len());
+        out.extend_from_slice(&MAGIC);
+        out.push(VERSION);
+        out.push(self.codec.id());
+        out.push(flags);
+        out.extend_from_slice(&self.fresh_until.to_be_bytes());
+        out.extend_from_slice(&self.stale_until.max(self.fresh_until).to_be_bytes());
+        out.extend_from_slice(&self.load_ms.to_be_bytes());
+        out.extend_from_slice(&(payload.len() as u64).to_be_bytes());
+        out.extend_from_slice(body);
+        out
+    }
+
+    /// Decodes stored bytes. A compressed entry may not declare more than
+    /// `max_decompressed` bytes of payload.
+    pub(crate) fn decode(bytes: &[u8], max_decompressed: usize) -> Result<Entry, EntryError> {
+        let len = bytes.len();
+        let truncated = EntryError::Truncated { len };
+
+        // Foreign bytes first: anything that does not start like an entry.
+        let magic_len = len.min(MAGIC.len());
+        if bytes.get(..magic_len) != MAGIC.get(..magic_len) {
+            return Err(EntryError::BadMagic);
+        }
+        let mut rest = bytes;
+        let _magic: [u8; 2] = take(&mut rest).ok_or(truncated.clone())?;
+        // The version before the length: another version may have another
+        // header size.
+        let [version] = take(&mut rest).ok_or(truncated.clone())?;
+        if version != VERSION {
+            return Err(EntryError::UnsupportedVersion(version));
+        }
+        if len < Self::HEADER_LEN {
+            return Err(truncated);
+        }
+
+        let [codec_id] = take(&mut rest).ok_or(truncated.clone())?;
+        let codec = Codec::from_id(codec_id).ok_or(EntryError::UnknownCodec(codec_id))?;
+        let [flags] = take(&mut rest).ok_or(truncated.clone())?;
+        if flags & !KNOWN_FLAGS != 0 {
+            return Err(EntryError::UnknownFlags(flags));
+        }
+        let fresh_until = u64::from_be_bytes(take(&mut rest).ok_or(truncated.clone())?);
+        let stale_until = u64::from_be_bytes(take(&mut rest).ok_or(truncated.clone())?);
+        let load_ms = u32::from_be_bytes(take(&mut rest).ok_or(truncated.clone())?);
+        let payload_len = u64::from_be_bytes(take(&mut rest).ok_or(truncated)?);
+        let body = rest;
+
+        if stale_until < fresh_until {
+            return Err(EntryError::InvalidTimes {
+                fresh_until,
+                stale_until,
+            });
+        }
+        let negative = flags & FLAG_NEGATIVE != 0;
+        let compressed = flags & FLAG_COMPRESSED != 0;
+        if negative && (compressed || payload_len != 0 || !body.is_empty()) {
+            return Err(EntryError::NegativeWithPayload);
+        }
+
+        let payload = if compressed {
+            decompress(body, payload_len, max_decompressed)?
+        } else {
+            if u64::try_from(body.len()).ok() != Some(payload_len) {
+                return Err(EntryError::PayloadLength {
+                    declared: payload_len,
+                    actual: body.len(),
+                });
+            }
+            body.to_vec()
+        };
+
+        Ok(Entry {
+            codec,
+            negative,
+            fresh_until,
+            stale_until,
+            load_ms,
+            payload,
+        })
+    }
+
+    /// Deserializes the payload with the entry's codec.
+    pub(crate) fn value<V: DeserializeOwned>(&self) -> Result<V, Error> {
+        self.codec.decode(&self.payload)
+    }
+}
+
+/// Splits `N` bytes off the front of `input`.
+fn take<const N: usize>(input: &mut &[u8]) -> Option<[u8; N]> {
+    let (head, rest) = input.split_first_chunk::<N>()?;
+    *input = rest;
+    Some(*head)
+}
+
+/// Decompresses an LZ4 block that must expand to exactly `declared` bytes,
+/// checking `declared` before allocating.
+fn decompress(body: &[u8], declared: u64, max: usize) -> Result<Vec<u8>, EntryError> {
+    let declared = usize::try_from(declared).unwrap_or(usize::MAX);
+    if declared > max {
+        return Err(EntryError::TooLarge { declared, max });
+    }
+    if declared > body.len().saturating_mul(LZ4_MAX_RATIO) {
+        return Err(EntryError::Decompress(format!(
+            "{} compressed bytes cannot expand to the declared {declared} bytes",
+            body.len()
+        )));
+    }
+    let mut out = vec![0; declared];
+    let written = lz4_flex::block::decompress_into(body, &mut out)
+        .map_err(|e| EntryError::Decompress(e.to_string()))?;
+    if written != declared {
+        return Err(EntryError::Decompress(format!(
+            "decompressed to {written} bytes, the header declares {declared}"
+        )));
+    }
+    Ok(out)
+}
+
+/// Why stored bytes are not a readable entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum EntryError {
+    /// Shorter than the fixed header.
+    Truncated {
+        /// The number of bytes there were.
+        len: usize,
+    },
+    /// Does not start with the entry magic: not written by breakwater.
+    BadMagic,
+    /// A format version this build cannot read.
+    UnsupportedVersion(u8),
+    /// A codec id this build does not know.
+    UnknownCodec(u8),
+    /// Flag bits that format version 1 does not define.
+    UnknownFlags(u8),
+    /// `stale_until` is before `fresh_until`.
+    InvalidTimes {
+        /// The stored fresh-until time.
+        fresh_until: u64,
+        /// The stored stale-until time.
+        stale_until: u64,
+    },
+    /// A negative entry with a payload (or the compressed flag).
+    NegativeWithPayload,
+    /// A raw payload whose length differs from the header's.
+    PayloadLength {
+        /// The length the header declares.
+        declared: u64,
+        /// The number of payload bytes present.
+        actual: usize,
+    },
+    /// A compressed entry declares a decompressed size above the cap.
+    TooLarge {
+        /// The declared decompressed size.
+        declared: usize,
+        /// The cap.
+        max: usize,
+    },
+    /// The LZ4 body is corrupt or does not expand to the declared size.
+    Decompress(String),
+}
+
+impl fmt::Display for EntryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EntryError::Truncated { len } => write!(
+                f,
+                "entry is truncated: {len} bytes, shorter than the {}-byte header",
+                Entry::HEADER_LEN
+            ),
+            EntryError::BadMagic => f.write_str("bytes are not a breakwater entry (bad magic)"),
+            EntryError::UnsupportedVersion(v) => write!(
+                f,
+                "entry format version {v} is not supported (this build reads version {VERSION})"
+            ),
+            EntryError::UnknownCodec(id) => {
+                write!(f, "entry codec id {id} is not known to this build")
+            }
+            EntryError::UnknownFlags(flags) => write!(
+                f,
+                "entry flags {flags:#010b} set bits that format version {VERSION} does not define"
+            ),
+            EntryError::InvalidTimes {
+                fresh_until,
+                stale_until,
+            } => write!(
+                f,
+                "entry stale-until time {stale_until} is before its fresh-until time {fresh_until}"
+            ),
+            EntryError::NegativeWithPayload => f.write_str("negative entry carries a payload"),
+            EntryError::PayloadLength { declared, actual } => write!(
+                f,
+                "entry payload is {actual} bytes but its header declares {declared}"
+            ),
+            EntryError::TooLarge { declared, max } => write!(
+                f,
+                "entry declares a decompressed size of {declared} bytes, above the limit of {max}"
+            ),
+            EntryError::Decompress(msg) => {
+                write!(f, "entry payload could not be decompressed: {msg}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for EntryError {}
+
+impl From<EntryError> for Error {
+    fn from(err: EntryError) -> Self {
+        Error::new(ErrorKind::Codec, err.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const CAP: usize = Compression::DEFAULT_MAX_DECOMPRESSED;
+
+    fn entry(payload: &[u8]) -> Entry {
+        Entry {
+            codec: Codec::json(),
+            negative: false,
+            fresh_until: 1_700_000_000_000,
+            stale_until: 1_700_000_060_000,
+            load_ms: 12,
+            payload: payload.to_vec(),
+        }
+    }
+
+    /// A hand-built header followed by `body`.
+    fn raw(
+        version: u8,
+        codec: u8,
+        flags: u8,
+        fresh: u64,
+        stale: u64,
+        payload_len: u64,
+        body: &[u8],
+    ) -> Vec<u8> {
+        let mut out = b"BW".to_vec();
+        out.extend_from_slice(&[version, codec, flags]);
+        out.extend_from_slice(&fresh.to_be_bytes());
+        out.extend_from_slice(&stale.to_be_bytes());
+        out.extend_from_slice(&7u32.to_be_bytes());
+        out.extend_from_slice(&payload_len.to_be_bytes());
+        out.extend_from_slice(body);
+        out
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Entry, EntryError> {
+        Entry::decode(bytes, CAP)
+    }
+
+    #[test]
+    fn layout_is_as_documented() {
+        let e = Entry {
+            codec: Codec::msgpack(),
+            negative: false,
+            fresh_until: 0x0102_0304_0506_0708,
+            stale_until: 0x1112_1314_1516_1718,
+            load_ms: 7,
+            payload: b"xyz".to_vec(),
+        };
+        let bytes = e.encode(&Compression::lz4());
+        assert_eq!(
+            bytes,
+            raw(
+                1,
+                1,
+                0,
+                0x0102_0304_0506_0708,
+                0x1112_1314_1516_1718,
+                3,
+                b"xyz"
+            )
+        );
+        assert_eq!(bytes.get(21..25), Some(&[0, 0, 0, 7][..]));
+        assert_eq!(bytes.len(), Entry::HEADER_LEN + 3);
+        assert_eq!(decode(&bytes), Ok(e));
+    }
+
+    #[test]
+    fn foreign_and_short_bytes() {
+        assert_eq!(decode(b""), Err(EntryError::Truncated { len: 0 }));
+        assert_eq!(decode(b"B"), Err(EntryError::Truncated { len: 1 }));
+        assert_eq!(decode(b"BW"), Err(EntryError::Truncated { len: 2 }));
+        assert_eq!(decode(b"BW\x01"), Err(EntryError::Truncated { len: 3 }));
+        assert_eq!(decode(b"hello"), Err(EntryError::BadMagic));
+        assert_eq!(decode(b"h"), Err(EntryError::BadMagic));
+        assert_eq!(decode(br#"{"a":1}"#), Err(EntryError::BadMagic));
+        assert_eq!(decode(b"+OK\r\n"), Err(EntryError::BadMagic));
+        assert_eq!(
+            decode(b"user:1234:session:abcdefabcdefabcdefabcdef"),
+            Err(EntryError::BadMagic)
+        );
+        assert_eq!(decode(&[0u8; 64]), Err(EntryError::BadMagic));
+    }
+
+    #[test]
+    fn unsupported_version() {
+        let bytes = raw(2, 1, 0, 1, 2, 0, b"");
+        let err = decode(&bytes).unwrap_err();
+        assert_eq!(err, EntryError::UnsupportedVersion(2));
+        assert_eq!(
+            err.to_string(),
+            "entry format version 2 is not supported (this build reads version 1)"
+        );
+        // Reported even when the rest is shorter than a v1 header.
+        assert_eq!(decode(b"BW\x07"), Err(EntryError::UnsupportedVersion(7)));
+        assert_eq!(decode(b"BW\x00abc"), Err(EntryError::UnsupportedVersion(0)));
+    }
+
+    #[test]
+    fn unknown_codec_and_flags() {
+        assert_eq!(
+            decode(&raw(1, 9, 0, 1, 2, 0, b"")),
+            Err(EntryError::UnknownCodec(9))
+        );
+        assert_eq!(
+            decode(&raw(1, 0, 0, 1, 2, 0, b"")),
+            Err(EntryError::UnknownCodec(0))
+        );
+        for flags in [0b100u8, 0b1000_0000, 0b111, 0xff] {
+            assert_eq!(
+                decode(&raw(1, 1, flags, 1, 2, 0, b"")),
+                Err(EntryError::UnknownFlags(flags))
+            );
+        }
+    }
+
+    #[test]
+    fn stale_before_fresh_is_corrupt() {
+        assert_eq!(
+            decode(&raw(1, 1, 0, 10, 9, 0, b"")),
+            Err(EntryError::InvalidTimes {
+                fresh_until: 10,
+                stale_until: 9
+            })
+        );
+        // Equal is fine.
+        assert!(decode(&raw(1, 1, 0, 10, 10, 0, b"")).is_ok());
+    }
+
+    #[test]
+    fn negative_entries() {
+        let neg = raw(1, 1, FLAG_NEGATIVE, 1, 2, 0, b"");
+        let e = decode(&neg).unwrap();
+        assert!(e.negative);
+        assert!(e.payload.is_empty());
+
+        for bytes in [
+            raw(1, 1, FLAG_NEGATIVE, 1, 2, 1, b"x"),
+            raw(1, 1, FLAG_NEGATIVE, 1, 2, 0, b"x"),
+            raw(1, 1, FLAG_NEGATIVE, 1, 2, 5, b""),
+            raw(1, 1, FLAG_NEGATIVE | FLAG_COMPRESSED, 1, 2, 0, b""),
+        ] {
+            assert_eq!(decode(&bytes), Err(EntryError::NegativeWithPayload));
+        }
+
+        // Encoding a negative entry drops any payload, so it always decodes.
+        let mut e = entry(b"ignored");
+        e.negative = true;
+        let back = decode(&e.encode(&Compression::lz4())).unwrap();
+        assert!(back.negative);
+        assert!(back.payload.is_empty());
+    }
+
+    #[test]
+    fn raw_payload_length_must_match() {
+        assert_eq!(
+            decode(&raw(1, 1, 0, 1, 2, 4, b"abc")),
+            Err(EntryError::PayloadLength {
+                declared: 4,
+                actual: 3
+            })
+        );
+        assert_eq!(
+            decode(&raw(1, 1, 0, 1, 2, 2, b"abc")),
+            Err(EntryError::PayloadLength {
+                declared: 2,
+                actual: 3
+            })
+        );
+        assert_eq!(
+            decode(&raw(1, 1, 0, 1, 2, u64::MAX, b"abc")),
+            Err(EntryError::PayloadLength {
+                declared: u64::MAX,
+                actual: 3
+            })
+        );
+    }
+
+    #[test]
+    fn declared_size_above_cap_is_rejected_before_allocating() {
+        let block = lz4_flex::block::compress(&[b'a'; 100]);
+        let bytes = raw(1, 1, FLAG_COMPRESSED, 1, 2, u64::from(u32::MAX), &block);
+        assert_eq!(
+            decode(&bytes),
+            Err(EntryError::TooLarge {
+                declared: u32::MAX as usize,
+                max: CAP
+            })
+        );
+        let bytes = raw(1, 1, FLAG_COMPRESSED, 1, 2, u64::MAX, &block);
+        assert!(matches!(
+            decode(&bytes),
+            Err(EntryError::TooLarge { max: CAP, .. })
+        ));
+        // Even with no cap at all, an impossible size is refused without
+        // allocating it.
+        let err = Entry::decode(&bytes, usize::MAX).unwrap_err();
+        assert!(matches!(err, EntryError::Decompress(_)), "{err:?}");
+        let bytes = raw(1, 1, FLAG_COMPRESSED, 1, 2, u64::from(u32::MAX), &block);
+        let err = Entry::decode(&bytes, usize::MAX).unwrap_err();
+        assert!(matches!(err, EntryError::Decompress(_)), "{err:?}");
+        // The cap is inclusive.
+        let bytes = raw(1, 1, FLAG_COMPRESSED, 1, 2, 100, &block);
+        assert_eq!(Entry::decode(&bytes, 100).unwrap().payload, vec![b'a'; 100]);
+        assert_eq!(
+            Entry::decode(&bytes, 99),
+            Err(EntryError::TooLarge {
+                declared: 100,
+                max: 99
+            })
+        );
+    }
+
+    #[test]
+    fn corrupt_lz4_is_a_decompress_error() {
+        let garbage = [0xffu8; 40];
+        let bytes = raw(1, 1, FLAG_COMPRESSED, 1, 2, 1000, &garbage);
+        assert!(matches!(decode(&bytes), Err(EntryError::Decompress(_))));
+
+        let bytes = raw(1, 1, FLAG_COMPRESSED, 1, 2, 10, b"");
+        assert!(matches!(decode(&bytes), Err(EntryError::Decompress(_))));
+
+        // A valid block that is shorter or longer than declared.
+        let block = lz4_flex::block::compress(&[b'z'; 500]);
+        for declared in [499u64, 501, 1000] {
+            let bytes = raw(1, 1, FLAG_COMPRESSED, 1, 2, declared, &block);
+            assert!(
+                matches!(decode(&bytes), Err(EntryError::Decompress(_))),
+                "{declared}"
+            );
+        }
+        // A match offset pointing before the start of the output.
+        let bytes = raw(
+            1,
+            1,
+            FLAG_COMPRESSED,
+            1,
+            2,
+            100,
+            &[0x1f, b'a', 0xff, 0x00, 0x40],
+        );
+        assert!(matches!(decode(&bytes), Err(EntryError::Decompress(_))));
+    }
+
+    #[test]
+    fn large_compressible_payload_is_stored_smaller() {
+        let row = br#"{"id":12345,"name":"Widget","price_cents":1999,"tags":["a","b"]},"#;
+        let payload: Vec<u8> = row.iter().copied().cycle().take(100 * 1024).collect();
+        let e = entry(&payload);
+        let bytes = e.encode(&Compression::lz4());
+        assert!(bytes.len() < payload.len() / 10, "{}", bytes.len());
+        assert_eq!(bytes.get(4), Some(&FLAG_COMPRESSED));
+        assert_eq!(decode(&bytes), Ok(e.clone()));
+
+        // `none` stores it raw, and a raw entry can be read with any cap.
+        let bytes = e.encode(&Compression::none());
+        assert_eq!(bytes.len(), Entry::HEADER_LEN + payload.len());
+        assert_eq!(Entry::decode(&bytes, 1), Ok(e.clone()));
+
+        // A payload above the cap is stored raw rather than unreadable.
+        let small_cap = Compression::lz4().max_decompressed(1024);
+        let bytes = e.encode(&small_cap);
+        assert_eq!(bytes.get(4), Some(&0));
+        assert_eq!(Entry::decode(&bytes, 1024), Ok(e));
+    }
+
+    #[test]
+    fn tiny_payloads_round_trip_with_threshold_zero() {
+        let c = Compression::lz4().threshold(0);
+        for payload in [&b""[..], b"x", b"0123456789", b"aaaaaaaaaa"] {
+            let e = entry(payload);
+            assert_eq!(decode(&e.encode(&c)), Ok(e));
+        }
+        // Incompressible bytes stay raw.
+        let bytes = entry(b"0123456789").encode(&c);
+        assert_eq!(bytes.get(4), Some(&0));
+    }
+
+    #[test]
+    fn very_compressible_payload_stays_within_the_ratio_bound() {
+        let payload = vec![0u8; 16 * 1024 * 1024];
+        let e = entry(&payload);
+        let bytes = e.encode(&Compression::lz4());
+        assert_eq!(bytes.get(4), Some(&FLAG_COMPRESSED));
+        assert_eq!(decode(&bytes), Ok(e));
+    }
+
+    #[test]
+    fn value_uses_the_entry_codec() {
+        for codec in [Codec::msgpack(), Codec::json()] {
+            let payload = codec.encode(&vec![1u32, 2, 3]).unwrap();
+            let e = Entry {
+                codec,
+                ..entry(&payload)
+            };
+            let back = decode(&e.encode(&Compression::lz4())).unwrap();
+            assert_eq!(back.value::<Vec<u32>>().unwrap(), vec![1, 2, 3]);
+            assert!(back.value::<String>().unwrap_err().is_codec());
+        }
+    }
+
+    #[test]
+    fn entry_errors_become_codec_errors() {
+        let err: Error = EntryError::UnsupportedVersion(7).into();
+        assert!(err.is_codec());
+        assert_eq!(
+            err.to_string(),
+            "codec failed: entry format version 7 is not supported (this build reads version 1)"
+        );
+        let all = [
+            EntryError::Truncated { len: 3 },
+            EntryError::BadMagic,
+            EntryError::UnknownCodec(9),
+            EntryError::UnknownFlags(4),
+            EntryError::InvalidTimes {
+                fresh_until: 2,
+                stale_until: 1,
+            },
+            EntryError::NegativeWithPayload,
+            EntryError::PayloadLength {
+                declared: 1,
+                actual: 2,
+            },
+            EntryError::TooLarge {
+                declared: 2,
+                max: 1,
+            },
+            EntryError::Decompress("x".to_owned()),
+        ];
+        for e in all {
+            assert!(!e.to_string().is_empty());
+        }
+    }
+
+    fn payload(max: usize) -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..max),
+            (any::<u8>(), 0..max).prop_map(|(b, n)| vec![b; n]),
+            (proptest::collection::vec(any::<u8>(), 1..16), 0..max).prop_map(|(pat, n)| pat
+                .iter()
+                .copied()
+                .cycle()
+                .take(n)
+                .collect()),
+        ]
+    }
+
+    fn arb_entry(max_payload: usize) -> impl Strategy<Value = Entry> {
+        (
+            prop_oneof![Just(Codec::msgpack()), Just(Codec::json())],
+            prop::bool::weighted(0.2),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u32>(),
+            payload(max_payload),
+        )
+            .prop_map(|(codec, negative, a, b, load_ms, payload)| Entry {
+                codec,
+                negative,
+                fresh_until: a.min(b),
+                stale_until: a.max(b),
+                load_ms,
+                payload: if negative { Vec::new() } else { payload },
+            })
+    }
+
+    fn compressions() -> [Compression; 3] {
+        [
+            Compression::lz4(),
+            Compression::none(),
+            Compression::lz4().threshold(0),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn round_trips(e in arb_entry(8 * 1024)) {
+            for c in compressions() {
+                let bytes = e.encode(&c);
+                prop_assert!(bytes.len() <= Entry::HEADER_LEN + e.payload.len());
+                prop_assert_eq!(decode(&bytes), Ok(e.clone()));
+            }
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = decode(&bytes);
+            let _ = Entry::decode(&bytes, usize::MAX);
+        }
+
+        #[test]
+        fn arbitrary_bodies_never_panic(
+            codec in 0u8..4,
+            flags in 0u8..4,
+            fresh in any::<u64>(),
+            stale in any::<u64>(),
+            payload_len in prop_oneof![0u64..4096, any::<u64>()],
+            body in proptest::collection::vec(any::<u8>(), 0..512),
+        ) {
+            let bytes = raw(1, codec, flags, fresh.min(stale), fresh.max(stale), payload_len, &body);
+            if let Ok(e) = decode(&bytes) {
+                prop_assert_eq!(u64::try_from(e.payload.len()).ok(), Some(payload_len));
+            }
+            let _ = Entry::decode(&bytes, usize::MAX);
+        }
+
+        #[test]
+        fn every_truncation_is_an_error(e in arb_entry(600)) {
+            for c in compressions() {
+                let bytes = e.encode(&c);
+                for cut in 0..bytes.len() {
+                    prop_assert!(decode(&bytes[..cut]).is_err(), "prefix of {} bytes decoded", cut);
+                }
+            }
+        }
+
+        #[test]
+        fn single_byte_mutations(
+            e in arb_entry(2048),
+            which in any::<prop::sample::Index>(),
+            header_only in any::<bool>(),
+            xor in 1u8..=255,
+            c in prop_oneof![Just(Compression::lz4().threshold(0)), Just(Compression::none())],
+        ) {
+            let mut bytes = e.encode(&c);
+            let i = if header_only { which.index(Entry::HEADER_LEN) } else { which.index(bytes.len()) };
+            bytes[i] ^= xor;
+            let result = decode(&bytes);
+            let _ = Entry::decode(&bytes, usize::MAX);
+            match i {
+                // magic, version
+                0..=2 => prop_assert!(result.is_err()),
+                // flags: undefined bits
+                4 if bytes[4] & !KNOWN_FLAGS != 0 => {
+                    prop_assert_eq!(result, Err(EntryError::UnknownFlags(bytes[4])))
+                }
+                // times and load duration: never change the payload
+                5..25 => {
+                    if let Ok(d) = result {
+                        prop_assert_eq!(d.payload, e.payload);
+                        prop_assert_eq!(d.codec, e.codec);
+                        prop_assert_eq!(d.negative, e.negative);
+                    }
+                }
+                // payload length
+                25..33 => prop_assert!(result.is_err()),
+                _ => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! One error type for the whole crate, classified by [`ErrorKind`].
+//!
+//! [`Error`] is cheap to clone (its source sits behind an `Arc`), so one loader
+//! failure can reach every caller that was waiting on the same load. A loader's
+//! own error is carried, never stringified: get it back with
+//! [`Error::loader_error`].
+
+use std::borrow::Cow;
+use std::error::Error as StdError;
+use std::fmt;
+use std::sync::Arc;
+
+/// A shared, type-erased error source.
+pub(crate) type Source = Arc<dyn StdError + Send + Sync + 'static>;
+
+/// What went wrong, in the terms a caller can act on.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The user's loader returned an error or panicked.
+    Loader,
+    /// The store (Redis, or a custom backend) failed or timed out.
+    Store,
+    /// Stored bytes could not be encoded or decoded.
+    Codec,
+    /// The cache or one of its policies was configured with invalid values.
+    Config,
+    /// A key was empty, too long or otherwise unusable.
+    InvalidKey,
+    /// A step ran past its deadline.
+    Timeout,
+}
+
+impl ErrorKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Loader => "loader failed",
+            ErrorKind::Store => "store failed",
+            ErrorKind::Codec => "codec failed",
+            ErrorKind::Config => "invalid configuration",
+            ErrorKind::InvalidKey => "invalid key",
+            ErrorKind::Timeout => "timed out",
+        }
+    }
+}
+
+/// The error returned by every fallible breakwater operation.
+///
+/// # Examples
+///
+/// ```
+/// use breakwater::{Error, ErrorKind};
+///
+/// #[derive(Debug)]
+/// struct DbDown;
+/// impl std::fmt::Display for DbDown {
+///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+///         f.write_str("database down")
+///     }
+/// }
+/// impl std::error::Error for DbDown {}
+///
+/// let err = Error::loader(DbDown);
+/// assert!(err.is_loader());
+/// assert_eq!(err.kind(), ErrorKind::Loader);
+/// assert!(err.loader_error::<DbDown>().is_some());
+/// ```
+#[derive(Clone)]
+pub struct Error {
+    kind: ErrorKind,
+    message: Cow<'static, str>,
+    source: Option<Source>,
+}
+
+impl Error {
+    /// Creates an error of `kind` with a message.
+    pub(crate) fn new(kind: ErrorKind, message: impl Into<Cow<'static, str>>) -> Self {
+        Error {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Attaches a source error.
+    pub(crate) fn with_source(
+        mut self,
+        source: impl Into<Box<dyn StdError + Send + Sync + 'static>>,
+    ) -> Self {
+        self.source = Some(Arc::from(source.into()));
+        self
+    }
+
+    /// Wraps a loader's error, keeping it intact for [`Error::loader_error`].
+    pub fn loader(source: impl Into<Box<dyn StdError + Send + Sync + 'static>>) -> Self {
+        Error::new(ErrorKind::Loader, "the loader returned an error").with_source(source)
+    }
+
+    /// Wraps a store (backend) failure. Custom [`Store`](crate::Store)
+    /// implementations use this to report their errors.
+    pub fn store(source: impl Into<Box<dyn StdError + Send + Sync + 'static>>) -> Self {
+        Error::new(ErrorKind::Store, "the store failed").with_source(source)
+    }
+
+    /// A store failure described by a message only.
+    pub fn store_msg(message: impl Into<Cow<'static, str>>) -> Self {
+        Error::new(ErrorKind::Store, message)
+    }
+
+    /// What kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The loader's own error, if this error carries one of type `E`.
+    pub fn loader_error<E: StdError + 'static>(&self) -> Option<&E> {
+        if self.kind != ErrorKind::Loader {
+            return None;
+        }
+        self.source.as_deref()?.downcast_ref::<E>()
+    }
+
+    /// `true` if the loader failed or panicked.
+    pub fn is_loader(&self) -> bool {
+        self.kind == ErrorKind::Loader
+    }
+
+    /// `true` if the store failed.
+    pub fn is_store(&self) -> bool {
+        self.kind == ErrorKind::Store
+    }
+
+    /// `true` if bytes could not be encoded or decoded.
+    pub fn is_codec(&self) -> bool {
+        self.kind == ErrorKind::Codec
+    }
+
+    /// `true` if the configuration was invalid.
+    pub fn is_config(&self) -> bool {
+        self.kind == ErrorKind::Config
+    }
+
+    /// `true` if the key was rejected.
+    pub fn is_invalid_key(&self) -> bool {
+        self.kind == ErrorKind::InvalidKey
+    }
+
+    /// `true` if a deadline ran out.
+    pub fn is_timeout(&self) -> bool {
+        self.kind == ErrorKind::Timeout
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Error");
+        d.field("kind", &self.kind).field("message", &self.message);
+        if let Some(source) = &self.source {
+            d.field("source", source);
+        }
+        d.finish()
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind.as_str(), self.message)?;
+        if let Some(source) = &self.source {
+            write!(f, ": {source}")?;
+        }
+        Ok(())
+    }
+}
+
+impl StdError for Error {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source
+            .as_deref()
+            .map(|s| s as &(dyn StdError + 'static))
+    }
+}
+
+/// A configuration value was invalid. The message names the setting, the
+/// allowed range and the value given, e.g.
+/// `jitter ratio must be in 0..=1, got 1.5`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    message: String,
+}
+
+impl ConfigError {
+    /// Creates a configuration error with an exact message.
+    pub(crate) fn new(message: impl Into<String>) -> Self {
+        ConfigError {
+            message: message.into(),
+        }
+    }
+
+    /// The message, without any prefix.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl StdError for ConfigError {}
+
+impl From<ConfigError> for Error {
+    fn from(err: ConfigError) -> Self {
+        Error::new(ErrorKind::Config, err.message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Boom;
+    impl fmt::Display for Boom {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("boom")
+        }
+    }
+    impl StdError for Boom {}
+
+    #[test]
+    fn loader_error_is_carried_not_stringified() {
+        let err = Error::loader(Boom);
+        let clone = err.clone();
+        assert!(clone.loader_error::<Boom>().is_some());
+        assert!(clone.loader_error::<ConfigError>().is_none());
+        assert_eq!(
+            clone.to_string(),
+            "loader failed: the loader returned an error: boom"
+        );
+    }
+
+    #[test]
+    fn store_error_does_not_expose_loader_error() {
+        let err = Error::store(Boom);
+        assert!(err.is_store());
+        assert!(err.loader_error::<Boom>().is_none());
+    }
+
+    #[test]
+    fn config_error_converts_with_its_message() {
+        let err: Error = ConfigError::new("jitter ratio must be in 0..=1, got 1.5").into();
+        assert!(err.is_config());
+        assert_eq!(
+            err.to_string(),
+            "invalid configuration: jitter ratio must be in 0..=1, got 1.5"
+        );
+    }
+}

@@ -1,0 +1,253 @@
+//! The embedded, in-process store.
+//!
+//! Hand-written rather than built on `moka`: the store must expire entries on
+//! *tokio's* clock so that paused-time tests (and the CLI's simulations) can
+//! drive TTLs, and must report exact remaining TTLs; moka keeps its own clock.
+//! `moka` is the right tool for the L1 near cache, which has neither need.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::time::Instant;
+
+use super::{Store, StoreFuture, ttl_millis};
+
+/// Number of shards; a power of two so a key's shard is a mask away.
+const SHARDS: usize = 16;
+
+/// An in-process [`Store`]: a sharded hash map whose entries expire on tokio's
+/// clock.
+///
+/// It is the embedded default (no server needed) and a product backend with
+/// the same contract as [`RedisStore`](crate::RedisStore), not a test double.
+/// Clones share the same data. Expired entries are dropped when read and swept
+/// as writes accumulate, so memory stays proportional to live keys.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use breakwater::{MemoryStore, Store};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), breakwater::Error> {
+/// let store = MemoryStore::new();
+/// store.set(b"k", b"v", Duration::from_secs(10)).await?;
+/// assert_eq!(store.get(b"k").await?, Some(b"v".to_vec()));
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shards: Vec<Mutex<Shard>>,
+    /// Unix milliseconds at `start`, read once from the system clock.
+    epoch_ms: u64,
+    start: Instant,
+}
+
+#[derive(Default)]
+struct Shard {
+    map: HashMap<Vec<u8>, Slot>,
+    writes_since_sweep: usize,
+}
+
+struct Slot {
+    value: Vec<u8>,
+    expires_at: Instant,
+}
+
+impl MemoryStore {
+    /// Creates an empty store.
+    pub fn new() -> Self {
+        let epoch_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        MemoryStore {
+            inner: Arc::new(Inner {
+                shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+                epoch_ms,
+                start: Instant::now(),
+            }),
+        }
+    }
+
+    /// The number of live (unexpired) keys.
+    pub fn len(&self) -> usize {
+        let now = Instant::now();
+        (0..SHARDS)
+            .map(|i| {
+                let shard = self.inner.shard_at(i);
+                shard.map.values().filter(|s| s.expires_at > now).count()
+            })
+            .sum()
+    }
+
+    /// `true` if no live key is stored.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore").finish_non_exhaustive()
+    }
+}
+
+impl Inner {
+    fn shard_for(&self, key: &[u8]) -> MutexGuard<'_, Shard> {
+        // FNV-1a: cheap, and good enough to spread keys over 16 shards.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in key {
+            h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        self.shard_at((h as usize) & (SHARDS - 1))
+    }
+
+    fn shard_at(&self, i: usize) -> MutexGuard<'_, Shard> {
+        // A panic while holding a shard lock cannot leave a slot half-written
+        // (every mutation is a single map operation), so poisoning is ignored.
+        self.shards[i]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Shard {
+    fn live(&mut self, key: &[u8], now: Instant) -> Option<&Slot> {
+        if self.map.get(key).is_some_and(|s| s.expires_at <= now) {
+            self.map.remove(key);
+        }
+        self.map.get(key)
+    }
+
+    /// Drops expired entries once writes since the last sweep exceed half the
+    /// shard: amortised O(1) per write.
+    fn maybe_sweep(&mut self, now: Instant) {
+        self.writes_since_sweep += 1;
+        if self.writes_since_sweep > self.map.len() / 2 + 64 {
+            self.map.retain(|_, s| s.expires_at > now);
+            self.writes_since_sweep = 0;
+        }
+    }
+}
+
+impl Store for MemoryStore {
+    fn get<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Vec<u8>>> {
+        let now = Instant::now();
+        let value = self
+            .inner
+            .shard_for(key)
+            .live(key, now)
+            .map(|s| s.value.clone());
+        Box::pin(async move { Ok(value) })
+    }
+
+    fn set<'a>(&'a self, key: &'a [u8], value: &'a [u8], ttl: Duration) -> StoreFuture<'a, ()> {
+        let result = ttl_millis(ttl).map(|ms| {
+            let now = Instant::now();
+            let mut shard = self.inner.shard_for(key);
+            shard.maybe_sweep(now);
+            shard.map.insert(
+                key.to_vec(),
+                Slot {
+                    value: value.to_vec(),
+                    expires_at: now + Duration::from_millis(ms),
+                },
+            );
+        });
+        Box::pin(async move { result })
+    }
+
+    fn delete<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, bool> {
+        let now = Instant::now();
+        let removed = self
+            .inner
+            .shard_for(key)
+            .map
+            .remove(key)
+            .is_some_and(|s| s.expires_at > now);
+        Box::pin(async move { Ok(removed) })
+    }
+
+    fn ttl<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Duration>> {
+        let now = Instant::now();
+        let ttl = self
+            .inner
+            .shard_for(key)
+            .live(key, now)
+            .map(|s| s.expires_at - now);
+        Box::pin(async move { Ok(ttl) })
+    }
+
+    fn now_ms(&self) -> u64 {
+        let elapsed = u64::try_from(self.inner.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.inner.epoch_ms.saturating_add(elapsed)
+    }
+
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn entries_expire_on_tokios_clock() {
+        let store = MemoryStore::new();
+        store
+            .set(b"k", b"v", Duration::from_secs(10))
+            .await
+            .unwrap();
+        tokio::time::advance(Duration::from_millis(9_999)).await;
+        assert_eq!(store.get(b"k").await.unwrap(), Some(b"v".to_vec()));
+        assert_eq!(
+            store.ttl(b"k").await.unwrap(),
+            Some(Duration::from_millis(1))
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(store.get(b"k").await.unwrap(), None);
+        assert!(store.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn now_follows_paused_time() {
+        let store = MemoryStore::new();
+        let t0 = store.now_ms();
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert_eq!(store.now_ms() - t0, 60_000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sweep_bounds_memory_to_live_keys() {
+        let store = MemoryStore::new();
+        for i in 0..10_000u32 {
+            store
+                .set(&i.to_be_bytes(), b"v", Duration::from_millis(5))
+                .await
+                .unwrap();
+        }
+        tokio::time::advance(Duration::from_millis(10)).await;
+        for i in 10_000..20_000u32 {
+            store
+                .set(&i.to_be_bytes(), b"v", Duration::from_secs(5))
+                .await
+                .unwrap();
+        }
+        let stored: usize = (0..SHARDS).map(|i| store.inner.shard_at(i).map.len()).sum();
+        assert!(stored < 15_000, "expired entries were not swept: {stored}");
+        assert_eq!(store.len(), 10_000);
+    }
+}

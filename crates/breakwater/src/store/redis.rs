@@ -1,0 +1,379 @@
+//! The Redis backend.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::sync::OnceCell;
+use tokio::time::Instant;
+
+use super::{Store, StoreFuture, ttl_millis};
+use crate::error::{ConfigError, Error, ErrorKind};
+
+/// Connection settings for [`RedisStore`].
+///
+/// # Defaults
+///
+/// | setting | default |
+/// |---|---|
+/// | `connect_timeout` | 1 s |
+/// | `response_timeout` | 500 ms |
+/// | `clock_refresh` | 60 s |
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RedisStoreConfig {
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    clock_refresh: Duration,
+}
+
+impl Default for RedisStoreConfig {
+    fn default() -> Self {
+        RedisStoreConfig {
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_millis(500),
+            clock_refresh: Duration::from_secs(60),
+        }
+    }
+}
+
+impl RedisStoreConfig {
+    /// How long one connection attempt may take.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long one command may wait for its reply.
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// How often Redis's clock is sampled again with `TIME`.
+    pub fn clock_refresh(mut self, every: Duration) -> Self {
+        self.clock_refresh = every;
+        self
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        for (name, value) in [
+            ("connect_timeout", self.connect_timeout),
+            ("response_timeout", self.response_timeout),
+            ("clock_refresh", self.clock_refresh),
+        ] {
+            if value.is_zero() {
+                return Err(ConfigError::new(format!(
+                    "redis {name} must be greater than zero"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A [`Store`] on one Redis server.
+///
+/// The connection is made lazily, on first use, and each attempt is bounded
+/// by `connect_timeout`, so a cache can be built while Redis is down and a
+/// down Redis fails fast instead of hanging requests. Commands share one
+/// multiplexed connection (redis-rs's `ConnectionManager`, which reconnects
+/// on its own), each bounded by `response_timeout`.
+///
+/// The store's clock is Redis's: `TIME` is sampled when the connection is
+/// made and every `clock_refresh` after, corrected by half the round trip, so
+/// [`now_ms`](Store::now_ms) costs no round trip and a hit stays one `GET`.
+///
+/// # Examples
+///
+/// ```no_run
+/// use breakwater::{Cache, RedisStore};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let cache = Cache::<String>::builder()
+///     .namespace("catalog")
+///     .store(RedisStore::connect("redis://127.0.0.1:6379")?)
+///     .build()?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: redis::Client,
+    config: RedisStoreConfig,
+    conn: OnceCell<ConnectionManager>,
+    clock: RwLock<Option<ClockSample>>,
+    /// The highest time handed out, so the clock never runs backwards when a
+    /// new sample corrects it.
+    last_now: AtomicU64,
+}
+
+/// Redis's clock at a local instant.
+#[derive(Debug, Clone, Copy)]
+struct ClockSample {
+    local: Instant,
+    redis_ms: u64,
+    rtt: Duration,
+}
+
+impl RedisStore {
+    /// A store for the Redis at `url` (`redis://host:port/db`), with default
+    /// timeouts. No connection is made yet.
+    ///
+    /// # Errors
+    ///
+    /// [`Config`](ErrorKind::Config) if the URL cannot be parsed.
+    pub fn connect(url: &str) -> Result<Self, Error> {
+        Self::connect_with(url, RedisStoreConfig::default())
+    }
+
+    /// Like [`connect`](RedisStore::connect), with explicit timeouts.
+    ///
+    /// # Errors
+    ///
+    /// [`Config`](ErrorKind::Config) if the URL cannot be parsed or a
+    /// timeout is zero.
+    pub fn connect_with(url: &str, config: RedisStoreConfig) -> Result<Self, Error> {
+        config.validate()?;
+        let client = redis::Client::open(url).map_err(|e| {
+            Error::new(ErrorKind::Config, format!("invalid redis url {url:?}")).with_source(e)
+        })?;
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                client,
+                config,
+                conn: OnceCell::new(),
+                clock: RwLock::new(None),
+                last_now: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The connection, made on first use. Each attempt is bounded by the
+    /// connect timeout; a failed attempt is retried by the next caller.
+    async fn conn(&self) -> Result<ConnectionManager, Error> {
+        let inner = &self.inner;
+        let conn = inner
+            .conn
+            .get_or_try_init(|| async {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(inner.config.connect_timeout))
+                    .set_response_timeout(Some(inner.config.response_timeout))
+                    .set_number_of_retries(1);
+                let manager = tokio::time::timeout(
+                    inner.config.connect_timeout,
+                    ConnectionManager::new_with_config(inner.client.clone(), config),
+                )
+                .await
+                .map_err(|_| {
+                    Error::new(
+                        ErrorKind::Store,
+                        format!(
+                            "could not connect to redis within {:?}",
+                            inner.config.connect_timeout
+                        ),
+                    )
+                })?
+                .map_err(store_error)?;
+                let mut probe = manager.clone();
+                inner.sample_clock(&mut probe).await?;
+                spawn_clock_refresh(Arc::downgrade(&self.inner), manager.clone());
+                Ok::<_, Error>(manager)
+            })
+            .await?;
+        Ok(conn.clone())
+    }
+}
+
+impl Inner {
+    /// Samples `TIME` a few times and keeps the sample with the shortest
+    /// round trip (the tightest bound on Redis's clock).
+    async fn sample_clock(&self, conn: &mut ConnectionManager) -> Result<(), Error> {
+        let mut best: Option<ClockSample> = None;
+        for _ in 0..3 {
+            let sent = Instant::now();
+            let (secs, micros): (u64, u64) = redis::cmd("TIME")
+                .query_async(conn)
+                .await
+                .map_err(store_error)?;
+            let rtt = sent.elapsed();
+            let sample = ClockSample {
+                local: sent + rtt / 2,
+                redis_ms: secs.saturating_mul(1000).saturating_add(micros / 1000),
+                rtt,
+            };
+            if best.is_none_or(|b| sample.rtt < b.rtt) {
+                best = Some(sample);
+            }
+        }
+        let mut clock = self.clock.write().unwrap_or_else(|p| p.into_inner());
+        *clock = best;
+        Ok(())
+    }
+}
+
+/// Keeps the clock sample current while the store is alive.
+fn spawn_clock_refresh(inner: Weak<Inner>, mut conn: ConnectionManager) {
+    tokio::spawn(async move {
+        loop {
+            let every = match inner.upgrade() {
+                Some(inner) => inner.config.clock_refresh,
+                None => return,
+            };
+            tokio::time::sleep(every).await;
+            let Some(inner) = inner.upgrade() else { return };
+            if let Err(err) = inner.sample_clock(&mut conn).await {
+                tracing::warn!(error = %err, "redis clock sample failed; keeping the previous one");
+            }
+        }
+    });
+}
+
+fn store_error(err: redis::RedisError) -> Error {
+    if err.is_timeout() {
+        Error::new(ErrorKind::Store, "redis did not answer in time").with_source(err)
+    } else {
+        Error::store(err)
+    }
+}
+
+fn system_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("addr", &self.inner.client.get_connection_info().addr())
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store for RedisStore {
+    fn get<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Vec<u8>>> {
+        Box::pin(async move {
+            let mut conn = self.conn().await?;
+            redis::cmd("GET")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .map_err(store_error)
+        })
+    }
+
+    fn set<'a>(&'a self, key: &'a [u8], value: &'a [u8], ttl: Duration) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let ms = ttl_millis(ttl)?;
+            let mut conn = self.conn().await?;
+            redis::cmd("SET")
+                .arg(key)
+                .arg(value)
+                .arg("PX")
+                .arg(ms)
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(store_error)
+        })
+    }
+
+    fn delete<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            let mut conn = self.conn().await?;
+            let removed: u64 = redis::cmd("DEL")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .map_err(store_error)?;
+            Ok(removed > 0)
+        })
+    }
+
+    fn ttl<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Duration>> {
+        Box::pin(async move {
+            let mut conn = self.conn().await?;
+            let ms: i64 = redis::cmd("PTTL")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .map_err(store_error)?;
+            // -2: no such key; -1: no expiry.
+            Ok(u64::try_from(ms).ok().map(Duration::from_millis))
+        })
+    }
+
+    /// Redis's clock, from the last `TIME` sample plus the local time elapsed
+    /// since. Before the first connection it falls back to the system clock.
+    fn now_ms(&self) -> u64 {
+        let sample = *self.inner.clock.read().unwrap_or_else(|p| p.into_inner());
+        let now = match sample {
+            Some(s) => s
+                .redis_ms
+                .saturating_add(u64::try_from(s.local.elapsed().as_millis()).unwrap_or(u64::MAX)),
+            None => system_ms(),
+        };
+        let prev = self.inner.last_now.fetch_max(now, Ordering::Relaxed);
+        prev.max(now)
+    }
+
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+}
+
+impl RedisStore {
+    /// The round trip of the clock sample in use, or `None` before the first
+    /// connection. Redis's clock is known to within half of it.
+    pub fn clock_uncertainty(&self) -> Option<Duration> {
+        let sample = *self.inner.clock.read().unwrap_or_else(|p| p.into_inner());
+        sample.map(|s| s.rtt / 2)
+    }
+
+    /// Connects now (if not yet connected) and samples Redis's clock, so the
+    /// first request does not pay for the connection.
+    ///
+    /// # Errors
+    ///
+    /// [`Store`](ErrorKind::Store) if Redis cannot be reached in time.
+    pub async fn warm_up(&self) -> Result<(), Error> {
+        self.conn().await.map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_url_is_a_config_error() {
+        let err = RedisStore::connect("mysql://nope").unwrap_err();
+        assert!(err.is_config(), "{err}");
+        assert!(err.to_string().contains("invalid redis url"), "{err}");
+    }
+
+    #[test]
+    fn zero_timeout_is_rejected() {
+        let config = RedisStoreConfig::default().response_timeout(Duration::ZERO);
+        let err = RedisStore::connect_with("redis://127.0.0.1:1/", config).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid configuration: redis response_timeout must be greater than zero"
+        );
+    }
+
+    #[tokio::test]
+    async fn unreachable_redis_fails_fast_with_a_store_error() {
+        // Port 1 on loopback: nothing listens, the connection is refused.
+        let store = RedisStore::connect("redis://127.0.0.1:1/").unwrap();
+        let err = store.get(b"k").await.unwrap_err();
+        assert!(err.is_store(), "{err}");
+        // The clock falls back to the system clock until Redis is reached.
+        assert!(store.now_ms() > 1_600_000_000_000);
+    }
+}

@@ -1,0 +1,182 @@
+//! The `Store` contract, run against every backend: `MemoryStore` on paused
+//! tokio time, and `RedisStore` on a private, real `redis-server`.
+
+mod support;
+
+use std::time::Duration;
+
+use breakwater::{ErrorKind, Store};
+
+/// How a backend lets time pass: paused tokio time for the memory store, real
+/// time for Redis (whose expiry runs on its own clock).
+#[derive(Clone, Copy)]
+enum Time {
+    Paused,
+    Real,
+}
+
+impl Time {
+    async fn pass(self, d: Duration) {
+        match self {
+            Time::Paused => tokio::time::advance(d).await,
+            Time::Real => tokio::time::sleep(d).await,
+        }
+    }
+}
+
+const BINARY_KEY: &[u8] = b"bw:test:{\x00\xff\r\n}:\xc3\x28 key";
+const BINARY_VALUE: &[u8] = b"\x00\x01\x02\xff\xfe\r\n\0value";
+
+async fn missing_key_reads_none(store: &dyn Store, _: Time) {
+    assert_eq!(store.get(b"missing").await.unwrap(), None);
+    assert_eq!(store.ttl(b"missing").await.unwrap(), None);
+    assert!(!store.delete(b"missing").await.unwrap());
+}
+
+async fn set_then_get_is_binary_safe(store: &dyn Store, _: Time) {
+    store
+        .set(BINARY_KEY, BINARY_VALUE, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get(BINARY_KEY).await.unwrap().as_deref(),
+        Some(BINARY_VALUE)
+    );
+    store
+        .set(b"empty", b"", Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(store.get(b"empty").await.unwrap(), Some(Vec::new()));
+}
+
+async fn set_replaces_value_and_ttl(store: &dyn Store, _: Time) {
+    store
+        .set(b"k", b"one", Duration::from_secs(600))
+        .await
+        .unwrap();
+    store
+        .set(b"k", b"two", Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(store.get(b"k").await.unwrap().as_deref(), Some(&b"two"[..]));
+    let ttl = store.ttl(b"k").await.unwrap().unwrap();
+    assert!(ttl <= Duration::from_secs(5), "{ttl:?}");
+    assert!(ttl > Duration::from_secs(4), "{ttl:?}");
+}
+
+async fn ttl_is_reported_in_milliseconds(store: &dyn Store, _: Time) {
+    store
+        .set(b"k", b"v", Duration::from_millis(12_345))
+        .await
+        .unwrap();
+    let ttl = store.ttl(b"k").await.unwrap().unwrap();
+    assert!(ttl <= Duration::from_millis(12_345), "{ttl:?}");
+    assert!(ttl > Duration::from_millis(12_000), "{ttl:?}");
+}
+
+async fn zero_ttl_is_rejected(store: &dyn Store, _: Time) {
+    let err = store.set(b"k", b"v", Duration::ZERO).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    let err = store
+        .set(b"k", b"v", Duration::from_micros(999))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    assert_eq!(
+        store.get(b"k").await.unwrap(),
+        None,
+        "a rejected write wrote"
+    );
+}
+
+async fn delete_removes_once(store: &dyn Store, _: Time) {
+    store
+        .set(b"k", b"v", Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(store.delete(b"k").await.unwrap());
+    assert!(!store.delete(b"k").await.unwrap());
+    assert_eq!(store.get(b"k").await.unwrap(), None);
+}
+
+async fn keys_expire_after_their_ttl(store: &dyn Store, time: Time) {
+    store
+        .set(b"short", b"v", Duration::from_millis(50))
+        .await
+        .unwrap();
+    store
+        .set(b"long", b"v", Duration::from_secs(60))
+        .await
+        .unwrap();
+    // Redis expires on its own clock and may take a moment to notice; a
+    // bounded wait, never a timing assertion.
+    let mut waited = Duration::ZERO;
+    while store.get(b"short").await.unwrap().is_some() {
+        assert!(waited < Duration::from_secs(5), "key did not expire");
+        time.pass(Duration::from_millis(25)).await;
+        waited += Duration::from_millis(25);
+    }
+    assert!(
+        waited >= Duration::from_millis(25),
+        "expired before its TTL"
+    );
+    assert_eq!(store.ttl(b"short").await.unwrap(), None);
+    assert!(store.get(b"long").await.unwrap().is_some());
+}
+
+async fn large_values_round_trip(store: &dyn Store, _: Time) {
+    let value: Vec<u8> = (0..1_048_576u32).map(|i| (i % 251) as u8).collect();
+    store
+        .set(b"big", &value, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(store.get(b"big").await.unwrap(), Some(value));
+}
+
+async fn clock_is_unix_ms_and_monotonic(store: &dyn Store, time: Time) {
+    let a = store.now_ms();
+    // 2020-09-13 and 2100-01-01: a Unix-milliseconds clock, not some other unit.
+    assert!((1_600_000_000_000..4_102_444_800_000).contains(&a), "{a}");
+    time.pass(Duration::from_millis(20)).await;
+    let b = store.now_ms();
+    assert!(b >= a + 20, "clock did not advance: {a} -> {b}");
+    let c = store.now_ms();
+    assert!(c >= b, "clock went backwards: {b} -> {c}");
+}
+
+macro_rules! contract {
+    ($($case:ident),* $(,)?) => {
+        mod memory {
+            use breakwater::MemoryStore;
+            $(
+                #[tokio::test(start_paused = true)]
+                async fn $case() {
+                    super::$case(&MemoryStore::new(), super::Time::Paused).await;
+                }
+            )*
+        }
+
+        mod redis {
+            use crate::support::redis_store;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let (_server, store) = redis_store().await;
+                    super::$case(&store, super::Time::Real).await;
+                }
+            )*
+        }
+    };
+}
+
+contract!(
+    missing_key_reads_none,
+    set_then_get_is_binary_safe,
+    set_replaces_value_and_ttl,
+    ttl_is_reported_in_milliseconds,
+    zero_ttl_is_rejected,
+    delete_removes_once,
+    keys_expire_after_their_ttl,
+    large_values_round_trip,
+    clock_is_unix_ms_and_monotonic,
+);

@@ -1,0 +1,33 @@
+//! Shared support for breakwater's integration tests.
+#![allow(dead_code, unreachable_pub)]
+
+use breakwater::RedisStore;
+pub use breakwater_testkit::RedisServer;
+
+/// A private Redis and a connected store on it.
+pub async fn redis_store() -> (RedisServer, RedisStore) {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).expect("valid url");
+    store.warm_up().await.expect("private redis is reachable");
+    (server, store)
+}
+
+/// `calls` per command from `INFO commandstats`, e.g. `[("get", 1)]`.
+pub fn command_calls(server: &RedisServer) -> Vec<(String, u64)> {
+    let info = server.command(&["INFO", "commandstats"]).expect("INFO");
+    let mut calls: Vec<(String, u64)> = info
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("cmdstat_")?;
+            let (name, stats) = rest.split_once(':')?;
+            let n = stats
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))?
+                .parse()
+                .ok()?;
+            Some((name.to_owned(), n))
+        })
+        .collect();
+    calls.sort();
+    calls
+}
