@@ -1,4 +1,49 @@
 //! breakwater — a cache layer that keeps the primary database standing.
+//!
+//! Two different failures hide behind "the cache expired":
+//!
+//! - **Avalanche**: thousands of keys written together with one TTL expire in
+//!   the same second, and again one TTL later, so the database takes a wave of
+//!   misses on a schedule. The remedy is [`Jitter`] on every write, which
+//!   [`Cache`] applies by default (±10 %).
+//! - **Stampede** (dogpile, thundering herd): one hot key expires and every
+//!   request that wanted it runs the same expensive query. Jitter cannot help
+//!   one key; one load per key (single-flight plus a lease) and refreshing
+//!   before expiry can.
+//!
+//! [`Cache::get_or_load`] is the one call that composes the remedies; every
+//! policy in it has a documented default and a builder method.
+//!
+//! # Choosing a jitter
+//!
+//! | data | jitter |
+//! |---|---|
+//! | most keys, TTL of minutes or more | [`Jitter::ratio(0.1)`](Jitter::ratio) to `0.2` |
+//! | must never be older than the TTL | [`Jitter::down`] |
+//! | short TTLs (seconds) | [`Jitter::fixed`] (e.g. ±3 s on 10 s) |
+//!
+//! # Stores
+//!
+//! [`MemoryStore`] keeps entries in-process (one process, no server).
+//! [`RedisStore`] shares them between processes. Both judge time on the
+//! store's clock, never by comparing application machines' clocks.
+//!
+//! # Examples
+//!
+//! ```
+//! use std::time::Duration;
+//! use breakwater::{Cache, Jitter};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let cache = Cache::<u64>::builder()
+//!     .namespace("stock")
+//!     .ttl(Duration::from_secs(10))
+//!     .jitter(Jitter::fixed(Duration::from_secs(3))) // 7..=13 s
+//!     .build()?;
+//! let units = cache.get_or_load("sku:1", || async { Ok::<_, std::io::Error>(Some(12)) }).await?;
+//! assert_eq!(units, Some(12));
+//! # Ok(()) }
+//! ```
 #![deny(missing_docs)]
 
 mod cache;
@@ -12,4 +57,9 @@ pub use cache::{Cache, CacheBuilder, Value};
 pub use codec::{Codec, Compression};
 pub use error::{ConfigError, Error, ErrorKind};
 pub use jitter::{Backoff, Interval, Jitter};
-pub use store::{MemoryStore, RedisStore, RedisStoreConfig, Store};
+pub use store::{MemoryStore, RedisStore, RedisStoreConfig, Store, StoreFuture};
+
+/// The README's examples, compiled and run as doctests.
+#[doc = include_str!("../../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -1,0 +1,388 @@
+//! The composed cache on the memory store, driven by paused tokio time.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use breakwater::{Cache, Codec, Compression, ErrorKind, Jitter, MemoryStore, Store};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Product {
+    id: u64,
+    name: String,
+    price_cents: i64,
+}
+
+fn product(id: u64) -> Product {
+    Product {
+        id,
+        name: format!("product {id}"),
+        price_cents: 1999,
+    }
+}
+
+#[derive(Debug)]
+struct DbDown;
+impl std::fmt::Display for DbDown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("database is down")
+    }
+}
+impl std::error::Error for DbDown {}
+
+fn cache(store: &MemoryStore) -> Cache<Product> {
+    Cache::builder()
+        .namespace("catalog")
+        .store(store.clone())
+        .ttl(Duration::from_secs(300))
+        .jitter(Jitter::ratio(0.2))
+        .rng_seed(7)
+        .build()
+        .unwrap()
+}
+
+/// A loader that counts its calls.
+fn counting(
+    calls: &Arc<AtomicUsize>,
+    value: Option<Product>,
+) -> impl FnOnce() -> std::future::Ready<Result<Option<Product>, DbDown>> + Send + 'static {
+    let calls = Arc::clone(calls);
+    move || {
+        calls.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(Ok(value))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn get_or_load_loads_once_then_hits_until_the_jittered_ttl_ends() {
+    let store = MemoryStore::new();
+    let cache = cache(&store);
+    let calls = Arc::new(AtomicUsize::new(0));
+
+    let v = cache
+        .get_or_load("p:1", counting(&calls, Some(product(1))))
+        .await
+        .unwrap();
+    assert_eq!(v, Some(product(1)));
+    let v = cache
+        .get_or_load("p:1", counting(&calls, Some(product(2))))
+        .await
+        .unwrap();
+    assert_eq!(v, Some(product(1)), "second call must be a hit");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    // The TTL lies inside ratio(0.2) of 300 s.
+    let raw = cache.storage_key(b"p:1").unwrap();
+    let ttl = store.ttl(&raw).await.unwrap().unwrap();
+    assert!(
+        ttl >= Duration::from_secs(240) && ttl <= Duration::from_secs(360),
+        "{ttl:?}"
+    );
+
+    // Just before it ends: still a hit. At the end: a miss, loaded again.
+    tokio::time::advance(ttl - Duration::from_millis(1)).await;
+    assert_eq!(cache.get("p:1").await.unwrap(), Some(product(1)));
+    tokio::time::advance(Duration::from_millis(1)).await;
+    assert_eq!(cache.get("p:1").await.unwrap(), None);
+    let v = cache
+        .get_or_load("p:1", counting(&calls, Some(product(2))))
+        .await
+        .unwrap();
+    assert_eq!(v, Some(product(2)));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn not_found_is_cached_as_a_negative_entry_for_the_negative_ttl() {
+    let store = MemoryStore::new();
+    let cache: Cache<Product> = Cache::builder()
+        .store(store.clone())
+        .ttl(Duration::from_secs(300))
+        .negative_ttl(Duration::from_secs(10))
+        .jitter(Jitter::none())
+        .build()
+        .unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+
+    assert_eq!(
+        cache
+            .get_or_load("gone", counting(&calls, None))
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        cache
+            .get_or_load("gone", counting(&calls, None))
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the negative entry was not used"
+    );
+    assert_eq!(cache.get("gone").await.unwrap(), None);
+
+    let raw = cache.storage_key(b"gone").unwrap();
+    assert_eq!(
+        store.ttl(&raw).await.unwrap(),
+        Some(Duration::from_secs(10))
+    );
+    tokio::time::advance(Duration::from_secs(10)).await;
+    let v = cache
+        .get_or_load("gone", counting(&calls, Some(product(9))))
+        .await
+        .unwrap();
+    assert_eq!(v, Some(product(9)));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn loader_errors_reach_the_caller_intact_and_are_not_cached() {
+    let cache = cache(&MemoryStore::new());
+    let err = cache
+        .get_or_load("p:1", || async { Err::<Option<Product>, _>(DbDown) })
+        .await
+        .unwrap_err();
+    assert!(err.is_loader());
+    assert!(err.loader_error::<DbDown>().is_some(), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        "loader failed: the loader returned an error: database is down"
+    );
+
+    let calls = Arc::new(AtomicUsize::new(0));
+    let v = cache
+        .get_or_load("p:1", counting(&calls, Some(product(1))))
+        .await
+        .unwrap();
+    assert_eq!(v, Some(product(1)));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn set_get_invalidate() {
+    let cache = cache(&MemoryStore::new());
+    assert_eq!(cache.get("p:1").await.unwrap(), None);
+    cache.set("p:1", &product(1)).await.unwrap();
+    assert_eq!(cache.get("p:1").await.unwrap(), Some(product(1)));
+    cache.invalidate("p:1").await.unwrap();
+    assert_eq!(cache.get("p:1").await.unwrap(), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_write_is_jittered_within_bounds() {
+    let store = MemoryStore::new();
+    let cache = cache(&store);
+    let mut ttls = Vec::new();
+    for i in 0..1_000u64 {
+        let key = format!("p:{i}");
+        cache.set(&key, &product(i)).await.unwrap();
+        let raw = cache.storage_key(key.as_bytes()).unwrap();
+        ttls.push(store.ttl(&raw).await.unwrap().unwrap());
+    }
+    let (lo, hi) = Jitter::ratio(0.2).bounds(Duration::from_secs(300));
+    assert!(ttls.iter().all(|t| *t >= lo && *t <= hi));
+    ttls.sort();
+    ttls.dedup();
+    assert!(
+        ttls.len() > 500,
+        "TTLs barely vary: {} distinct",
+        ttls.len()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn keys_are_namespaced() {
+    let store = MemoryStore::new();
+    let a: Cache<u32> = Cache::builder()
+        .namespace("a")
+        .store(store.clone())
+        .build()
+        .unwrap();
+    let b: Cache<u32> = Cache::builder()
+        .namespace("b")
+        .store(store.clone())
+        .build()
+        .unwrap();
+    a.set("k", &1).await.unwrap();
+    assert_eq!(a.get("k").await.unwrap(), Some(1));
+    assert_eq!(b.get("k").await.unwrap(), None);
+    assert_eq!(a.storage_key(b"k").unwrap(), b"bw:a:v:{k}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn keys_with_braces_and_binary_bytes_are_distinct_and_stable() {
+    let cache: Cache<u32> = Cache::builder().namespace("ns").build().unwrap();
+    let keys: [&[u8]; 5] = [b"a}b", b"{a}", b"}", b"\x00\xff", b"a"];
+    for (i, key) in keys.iter().enumerate() {
+        cache.set(key, &(i as u32)).await.unwrap();
+    }
+    for (i, key) in keys.iter().enumerate() {
+        assert_eq!(cache.get(key).await.unwrap(), Some(i as u32), "{key:?}");
+    }
+    let raw = cache.storage_key(b"a}b").unwrap();
+    assert!(
+        raw.starts_with(b"bw:ns:v:{#"),
+        "{}",
+        String::from_utf8_lossy(&raw)
+    );
+    assert!(raw.ends_with(b"}a}b"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn empty_and_absurd_keys_are_rejected_before_the_store() {
+    let store = MemoryStore::new();
+    let cache: Cache<u32> = Cache::builder()
+        .store(store.clone())
+        .max_key_len(16)
+        .build()
+        .unwrap();
+    let err = cache.get("").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidKey);
+    assert_eq!(err.to_string(), "invalid key: key must not be empty");
+
+    let long = "x".repeat(17);
+    let err = cache.set(&long, &1).await.unwrap_err();
+    assert!(err.is_invalid_key());
+    assert_eq!(
+        err.to_string(),
+        "invalid key: key is 17 bytes, the limit is 16 (see CacheBuilder::max_key_len)"
+    );
+    let err = cache
+        .get_or_load(&long, || async { Ok::<_, DbDown>(Some(1)) })
+        .await
+        .unwrap_err();
+    assert!(err.is_invalid_key());
+    assert!(store.is_empty(), "a rejected key reached the store");
+}
+
+#[tokio::test(start_paused = true)]
+async fn corrupt_bytes_are_a_miss_never_a_wrong_value() {
+    let store = MemoryStore::new();
+    let cache = cache(&store);
+    let raw = cache.storage_key(b"p:1").unwrap();
+    let garbage: [&[u8]; 5] = [
+        b"",
+        b"not a breakwater entry",
+        b"{\"id\":1,\"name\":\"x\",\"price_cents\":1}",
+        b"BW\x07\x01\x00",
+        b"BW\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x01",
+    ];
+    for bytes in garbage {
+        store
+            .set(&raw, bytes, Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(cache.get("p:1").await.unwrap(), None, "{bytes:?}");
+        let calls = Arc::new(AtomicUsize::new(0));
+        let v = cache
+            .get_or_load("p:1", counting(&calls, Some(product(1))))
+            .await
+            .unwrap();
+        assert_eq!(v, Some(product(1)));
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            1,
+            "corrupt bytes were not reloaded"
+        );
+        assert_eq!(
+            cache.get("p:1").await.unwrap(),
+            Some(product(1)),
+            "reload did not repair"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_value_of_another_type_or_codec_is_a_miss() {
+    let store = MemoryStore::new();
+    let strings: Cache<String> = Cache::builder()
+        .namespace("shared")
+        .store(store.clone())
+        .build()
+        .unwrap();
+    strings.set("k", &"text".to_string()).await.unwrap();
+
+    let products: Cache<Product> = Cache::builder()
+        .namespace("shared")
+        .store(store.clone())
+        .build()
+        .unwrap();
+    assert_eq!(products.get("k").await.unwrap(), None);
+
+    let json: Cache<String> = Cache::builder()
+        .namespace("shared")
+        .store(store.clone())
+        .codec(Codec::json())
+        .build()
+        .unwrap();
+    assert_eq!(
+        json.get("k").await.unwrap(),
+        None,
+        "msgpack bytes read as json"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn large_values_are_compressed_and_round_trip() {
+    let store = MemoryStore::new();
+    let cache: Cache<Vec<String>> = Cache::builder()
+        .store(store.clone())
+        .compression(Compression::lz4().threshold(1024))
+        .build()
+        .unwrap();
+    let value: Vec<String> = (0..2_000)
+        .map(|i| format!("row {} of a catalog", i % 10))
+        .collect();
+    cache.set("big", &value).await.unwrap();
+    let raw = cache.storage_key(b"big").unwrap();
+    let stored = store.get(&raw).await.unwrap().unwrap();
+    let plain = rmp_size(&value);
+    assert!(
+        stored.len() < plain / 2,
+        "stored {} bytes for {plain}",
+        stored.len()
+    );
+    assert_eq!(cache.get("big").await.unwrap(), Some(value));
+}
+
+fn rmp_size(v: &Vec<String>) -> usize {
+    v.iter().map(|s| s.len() + 1).sum::<usize>() + 3
+}
+
+#[test]
+fn builder_rejects_invalid_settings_with_exact_messages() {
+    let msg = |b: breakwater::CacheBuilder<u32>| b.build().unwrap_err().to_string();
+    assert_eq!(
+        msg(Cache::builder().jitter(Jitter::ratio(1.5))),
+        "jitter ratio must be in 0..=1, got 1.5"
+    );
+    assert_eq!(
+        msg(Cache::builder().jitter(Jitter::down(f64::NAN))),
+        "jitter ratio must be in 0..=1, got NaN"
+    );
+    assert_eq!(
+        msg(Cache::builder().ttl(Duration::ZERO)),
+        "ttl must be at least 1ms, got 0ns"
+    );
+    assert_eq!(
+        msg(Cache::builder().namespace("")),
+        "namespace must not be empty"
+    );
+    assert_eq!(
+        msg(Cache::builder().namespace("a{b}")),
+        "namespace must not contain braces, whitespace or control characters (found '{' in \"a{b}\")"
+    );
+    assert_eq!(
+        msg(Cache::builder().negative_ttl(Duration::ZERO)),
+        "negative_ttl must be at least 1ms, got 0ns"
+    );
+    assert_eq!(
+        msg(Cache::builder().max_key_len(0)),
+        "max_key_len must be greater than zero"
+    );
+}

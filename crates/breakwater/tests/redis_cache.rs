@@ -1,0 +1,221 @@
+//! The cache on a real, private `redis-server`.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use breakwater::{Cache, Jitter, RedisStore, RedisStoreConfig, Store};
+use support::{RedisServer, command_calls, redis_store};
+
+fn catalog(store: &RedisStore) -> Cache<String> {
+    Cache::builder()
+        .namespace("catalog")
+        .store(store.clone())
+        .ttl(Duration::from_secs(300))
+        .jitter(Jitter::ratio(0.2))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn thousand_writes_leave_pttls_inside_the_jitter_bounds_and_not_all_equal() {
+    let (server, store) = redis_store().await;
+    let cache = catalog(&store);
+    for i in 0..1_000 {
+        cache
+            .set(format!("p:{i}"), &format!("product {i}"))
+            .await
+            .unwrap();
+    }
+    let (lo, hi) = Jitter::ratio(0.2).bounds(Duration::from_secs(300));
+    let mut pttls = Vec::with_capacity(1_000);
+    for i in 0..1_000 {
+        let reply = server
+            .command(&["PTTL", &format!("bw:catalog:v:{{p:{i}}}")])
+            .unwrap();
+        let ms: u64 = reply
+            .parse()
+            .unwrap_or_else(|_| panic!("PTTL reply {reply:?}"));
+        pttls.push(ms);
+    }
+    // Redis counts down from the written TTL; allow the time this test has
+    // taken so far below the lower bound, nothing above the upper one.
+    let slack = 10_000;
+    assert!(
+        pttls
+            .iter()
+            .all(|&ms| ms + slack >= lo.as_millis() as u64 && ms <= hi.as_millis() as u64),
+        "a PTTL left [{lo:?}, {hi:?}]: min {:?} max {:?}",
+        pttls.iter().min(),
+        pttls.iter().max()
+    );
+    let distinct: std::collections::BTreeSet<_> = pttls.iter().map(|ms| ms / 1000).collect();
+    assert!(
+        distinct.len() > 60,
+        "PTTLs cluster in {} seconds",
+        distinct.len()
+    );
+}
+
+#[tokio::test]
+async fn a_hit_costs_exactly_one_redis_command() {
+    let (server, store) = redis_store().await;
+    let cache = catalog(&store);
+    cache.set("p:1", &"one".to_string()).await.unwrap();
+
+    server.command(&["CONFIG", "RESETSTAT"]).unwrap();
+    assert_eq!(cache.get("p:1").await.unwrap().as_deref(), Some("one"));
+    let v = cache
+        .get_or_load("p:1", || async {
+            Ok::<_, std::io::Error>(Some("loaded".to_string()))
+        })
+        .await
+        .unwrap();
+    assert_eq!(v.as_deref(), Some("one"));
+
+    let calls: Vec<_> = command_calls(&server)
+        .into_iter()
+        .filter(|(name, _)| name != "config|resetstat" && name != "info")
+        .collect();
+    assert_eq!(
+        calls,
+        vec![("get".to_string(), 2)],
+        "two hits, two GETs, nothing else"
+    );
+}
+
+#[tokio::test]
+async fn store_clock_agrees_with_redis_time() {
+    let (server, store) = redis_store().await;
+    for _ in 0..5 {
+        let before = store.now_ms();
+        let reply = server.command(&["TIME"]).unwrap();
+        let after = store.now_ms();
+        let mut parts = reply.lines().map(|p| p.parse::<u64>().unwrap());
+        let redis_ms = parts.next().unwrap() * 1000 + parts.next().unwrap() / 1000;
+        let margin = 5;
+        assert!(
+            before <= redis_ms + margin && redis_ms <= after + margin,
+            "store clock [{before}, {after}] vs redis TIME {redis_ms}"
+        );
+    }
+    assert!(store.clock_uncertainty().unwrap() < Duration::from_millis(5));
+}
+
+#[tokio::test]
+async fn loads_once_then_serves_other_processes_caches_from_redis() {
+    let (_server, store) = redis_store().await;
+    let a = catalog(&store);
+    // A second cache with its own connection, as another process would have.
+    let other = RedisStore::connect(&_server.url()).unwrap();
+    let b = catalog(&other);
+    let calls = Arc::new(AtomicUsize::new(0));
+    for cache in [&a, &b, &a] {
+        let calls = Arc::clone(&calls);
+        let v = cache
+            .get_or_load("p:7", move || async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, std::io::Error>(Some("seven".to_string()))
+            })
+            .await
+            .unwrap();
+        assert_eq!(v.as_deref(), Some("seven"));
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    b.invalidate("p:7").await.unwrap();
+    assert_eq!(a.get("p:7").await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn corrupt_bytes_in_redis_are_a_miss_and_get_repaired() {
+    let (server, store) = redis_store().await;
+    let cache = catalog(&store);
+    server
+        .command(&[
+            "SET",
+            "bw:catalog:v:{p:1}",
+            "\u{1}garbage that is no envelope",
+        ])
+        .unwrap();
+    assert_eq!(cache.get("p:1").await.unwrap(), None);
+    let v = cache
+        .get_or_load("p:1", || async {
+            Ok::<_, std::io::Error>(Some("fresh".to_string()))
+        })
+        .await
+        .unwrap();
+    assert_eq!(v.as_deref(), Some("fresh"));
+    assert_eq!(cache.get("p:1").await.unwrap().as_deref(), Some("fresh"));
+}
+
+#[tokio::test]
+async fn redis_down_at_startup_degrades_to_direct_loads_and_recovers() {
+    let mut server = RedisServer::start();
+    let url = server.url();
+    server.kill();
+    let config = RedisStoreConfig::default()
+        .connect_timeout(Duration::from_millis(200))
+        .response_timeout(Duration::from_millis(200));
+    let store = RedisStore::connect_with(&url, config).unwrap();
+    let cache = catalog(&store); // builds without Redis
+
+    let err = cache.get("p:1").await.unwrap_err();
+    assert!(err.is_store(), "{err}");
+    let calls = Arc::new(AtomicUsize::new(0));
+    let load = |calls: &Arc<AtomicUsize>| {
+        let calls = Arc::clone(calls);
+        move || async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, std::io::Error>(Some("direct".to_string()))
+        }
+    };
+    let v = cache.get_or_load("p:1", load(&calls)).await.unwrap();
+    assert_eq!(v.as_deref(), Some("direct"));
+
+    server.restart();
+    // The next request connects; bounded retries, no timing assertion.
+    let mut attempts = 0;
+    while cache.set("p:1", &"cached".to_string()).await.is_err() {
+        attempts += 1;
+        assert!(attempts < 50, "cache never reconnected");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let v = cache.get_or_load("p:1", load(&calls)).await.unwrap();
+    assert_eq!(v.as_deref(), Some("cached"));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert!(store.now_ms() > 1_600_000_000_000);
+    assert!(
+        store.clock_uncertainty().is_some(),
+        "clock not sampled after connecting"
+    );
+}
+
+#[tokio::test]
+async fn negative_entries_have_their_own_ttl_in_redis() {
+    let (server, store) = redis_store().await;
+    let cache: Cache<String> = Cache::builder()
+        .namespace("users")
+        .store(store.clone())
+        .ttl(Duration::from_secs(3600))
+        .negative_ttl(Duration::from_secs(20))
+        .jitter(Jitter::none())
+        .build()
+        .unwrap();
+    let v = cache
+        .get_or_load("u:404", || async {
+            Ok::<Option<String>, std::io::Error>(None)
+        })
+        .await
+        .unwrap();
+    assert_eq!(v, None);
+    let pttl: u64 = server
+        .command(&["PTTL", "bw:users:v:{u:404}"])
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(pttl <= 20_000 && pttl > 15_000, "{pttl}");
+    let raw = cache.storage_key(b"u:404").unwrap();
+    assert!(store.get(&raw).await.unwrap().is_some());
+}
