@@ -29,6 +29,9 @@ pub enum ErrorKind {
     InvalidKey,
     /// A step ran past its deadline.
     Timeout,
+    /// Another process held the key's lease for longer than `lock_wait`, and
+    /// the lock-timeout policy said to fail.
+    LockTimeout,
 }
 
 impl ErrorKind {
@@ -40,6 +43,7 @@ impl ErrorKind {
             ErrorKind::Config => "invalid configuration",
             ErrorKind::InvalidKey => "invalid key",
             ErrorKind::Timeout => "timed out",
+            ErrorKind::LockTimeout => "lock wait timed out",
         }
     }
 }
@@ -148,6 +152,11 @@ impl Error {
     /// `true` if a deadline ran out.
     pub fn is_timeout(&self) -> bool {
         self.kind == ErrorKind::Timeout
+    }
+
+    /// `true` if waiting for another process's load timed out.
+    pub fn is_lock_timeout(&self) -> bool {
+        self.kind == ErrorKind::LockTimeout
     }
 }
 

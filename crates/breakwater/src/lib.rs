@@ -50,14 +50,18 @@ mod cache;
 pub mod codec;
 mod entry;
 mod error;
+mod flight;
 pub mod jitter;
 pub mod store;
 
-pub use cache::{Cache, CacheBuilder, Value};
+pub use cache::{Cache, CacheBuilder, OnLockTimeout, Value};
 pub use codec::{Codec, Compression};
 pub use error::{ConfigError, Error, ErrorKind};
 pub use jitter::{Backoff, Interval, Jitter};
-pub use store::{MemoryStore, RedisStore, RedisStoreConfig, Store, StoreFuture};
+pub use store::{
+    Delivery, FencedWrite, MemoryStore, Notice, RedisStore, RedisStoreConfig, Store, StoreFuture,
+    Subscription,
+};
 
 /// The README's examples, compiled and run as doctests.
 #[doc = include_str!("../../../README.md")]

@@ -350,7 +350,7 @@ async fn large_values_are_compressed_and_round_trip() {
     assert_eq!(cache.get("big").await.unwrap(), Some(value));
 }
 
-fn rmp_size(v: &Vec<String>) -> usize {
+fn rmp_size(v: &[String]) -> usize {
     v.iter().map(|s| s.len() + 1).sum::<usize>() + 3
 }
 

@@ -10,9 +10,13 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 
-use super::{Store, StoreFuture, ttl_millis};
+use super::{
+    Delivery, FencedWrite, Notice, SUBSCRIPTION_BUFFER, Store, StoreFuture, Subscription,
+    ttl_millis,
+};
 
 /// Number of shards; a power of two so a key's shard is a mask away.
 const SHARDS: usize = 16;
@@ -44,6 +48,11 @@ pub struct MemoryStore {
 
 struct Inner {
     shards: Vec<Mutex<Shard>>,
+    /// Lease key → holder. Locked before a shard when both are needed.
+    leases: Mutex<HashMap<Vec<u8>, Lease>>,
+    channels: Mutex<HashMap<Vec<u8>, broadcast::Sender<Delivery>>>,
+    /// Always `true`: an in-process subscription is ready at once.
+    ready: watch::Sender<bool>,
     /// Unix milliseconds at `start`, read once from the system clock.
     epoch_ms: u64,
     start: Instant,
@@ -60,6 +69,11 @@ struct Slot {
     expires_at: Instant,
 }
 
+struct Lease {
+    token: Vec<u8>,
+    expires_at: Instant,
+}
+
 impl MemoryStore {
     /// Creates an empty store.
     pub fn new() -> Self {
@@ -69,6 +83,9 @@ impl MemoryStore {
         MemoryStore {
             inner: Arc::new(Inner {
                 shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+                leases: Mutex::default(),
+                channels: Mutex::default(),
+                ready: watch::Sender::new(true),
                 epoch_ms,
                 start: Instant::now(),
             }),
@@ -120,6 +137,35 @@ impl Inner {
         self.shards[i]
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Inner {
+    fn leases(&self) -> MutexGuard<'_, HashMap<Vec<u8>, Lease>> {
+        self.leases.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` on the lease if `token` holds it (unexpired).
+    fn with_held_lease<T>(
+        &self,
+        lease_key: &[u8],
+        token: &[u8],
+        f: impl FnOnce(&mut HashMap<Vec<u8>, Lease>, Instant) -> T,
+    ) -> Option<T> {
+        let now = Instant::now();
+        let mut leases = self.leases();
+        let held = leases
+            .get(lease_key)
+            .is_some_and(|l| l.token == token && l.expires_at > now);
+        held.then(|| f(&mut leases, now))
+    }
+
+    fn publish(&self, channel: &[u8], message: &[u8]) {
+        let channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = channels.get(channel) {
+            // No receivers is not an error: nobody is waiting.
+            let _ = tx.send(Delivery::Message(Arc::from(message)));
+        }
     }
 }
 
@@ -197,6 +243,125 @@ impl Store for MemoryStore {
 
     fn name(&self) -> &'static str {
         "memory"
+    }
+
+    fn acquire_lease<'a>(
+        &'a self,
+        lease_key: &'a [u8],
+        token: &'a [u8],
+        ttl: Duration,
+    ) -> StoreFuture<'a, bool> {
+        let result = ttl_millis(ttl).map(|ms| {
+            let now = Instant::now();
+            let mut leases = self.inner.leases();
+            if leases.get(lease_key).is_some_and(|l| l.expires_at > now) {
+                return false;
+            }
+            if leases.len() > 1024 {
+                leases.retain(|_, l| l.expires_at > now);
+            }
+            leases.insert(
+                lease_key.to_vec(),
+                Lease {
+                    token: token.to_vec(),
+                    expires_at: now + Duration::from_millis(ms),
+                },
+            );
+            true
+        });
+        Box::pin(async move { result })
+    }
+
+    fn extend_lease<'a>(
+        &'a self,
+        lease_key: &'a [u8],
+        token: &'a [u8],
+        ttl: Duration,
+    ) -> StoreFuture<'a, bool> {
+        let result = ttl_millis(ttl).map(|ms| {
+            self.inner
+                .with_held_lease(lease_key, token, |leases, now| {
+                    if let Some(lease) = leases.get_mut(lease_key) {
+                        lease.expires_at = now + Duration::from_millis(ms);
+                    }
+                })
+                .is_some()
+        });
+        Box::pin(async move { result })
+    }
+
+    fn release_lease<'a>(
+        &'a self,
+        lease_key: &'a [u8],
+        token: &'a [u8],
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, bool> {
+        let released = self
+            .inner
+            .with_held_lease(lease_key, token, |leases, _| leases.remove(lease_key))
+            .is_some();
+        if released {
+            self.inner.publish(notice.channel, notice.message);
+        }
+        Box::pin(async move { Ok(released) })
+    }
+
+    fn fenced_set<'a>(&'a self, write: FencedWrite<'a>) -> StoreFuture<'a, bool> {
+        let result = ttl_millis(write.ttl).map(|ms| {
+            let written = self
+                .inner
+                .with_held_lease(write.lease_key, write.token, |leases, now| {
+                    let mut shard = self.inner.shard_for(write.key);
+                    shard.maybe_sweep(now);
+                    shard.map.insert(
+                        write.key.to_vec(),
+                        Slot {
+                            value: write.value.to_vec(),
+                            expires_at: now + Duration::from_millis(ms),
+                        },
+                    );
+                    leases.remove(write.lease_key);
+                })
+                .is_some();
+            if written {
+                self.inner
+                    .publish(write.notice.channel, write.notice.message);
+            }
+            written
+        });
+        Box::pin(async move { result })
+    }
+
+    fn invalidate<'a>(
+        &'a self,
+        key: &'a [u8],
+        lease_key: &'a [u8],
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, ()> {
+        {
+            let mut leases = self.inner.leases();
+            leases.remove(lease_key);
+            self.inner.shard_for(key).map.remove(key);
+        }
+        self.inner.publish(notice.channel, notice.message);
+        Box::pin(async move { Ok(()) })
+    }
+
+    fn publish<'a>(&'a self, channel: &'a [u8], message: &'a [u8]) -> StoreFuture<'a, ()> {
+        self.inner.publish(channel, message);
+        Box::pin(async move { Ok(()) })
+    }
+
+    fn subscribe(&self, channel: &[u8]) -> Subscription {
+        let mut channels = self
+            .inner
+            .channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let tx = channels
+            .entry(channel.to_vec())
+            .or_insert_with(|| broadcast::channel(SUBSCRIPTION_BUFFER).0);
+        Subscription::new(tx.subscribe(), self.inner.ready.subscribe())
     }
 }
 

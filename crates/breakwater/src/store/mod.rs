@@ -17,7 +17,10 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::sync::{broadcast, watch};
 
 use crate::error::Error;
 
@@ -29,6 +32,10 @@ pub use redis::{RedisStore, RedisStoreConfig};
 
 /// The future returned by [`Store`] operations.
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send + 'a>>;
+
+/// How many deliveries a subscriber may fall behind before it is told it
+/// missed some.
+pub(crate) const SUBSCRIPTION_BUFFER: usize = 4096;
 
 /// The operations the cache needs from a backend.
 ///
@@ -46,6 +53,9 @@ pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Se
 /// - [`delete`](Store::delete) reports whether a key was removed.
 /// - [`now_ms`](Store::now_ms) is the store's clock in Unix milliseconds; it
 ///   never goes backwards within one store handle.
+/// - Lease operations are atomic: a lease has one holder, identified by an
+///   unguessable token; only that holder can extend, release or write
+///   through it, and [`invalidate`](Store::invalidate) revokes it.
 ///
 /// The same contract test suite runs against every backend in this crate.
 pub trait Store: Send + Sync + fmt::Debug + 'static {
@@ -67,6 +77,136 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// A short name for logs and metrics, e.g. `"redis"`.
     fn name(&self) -> &'static str;
+
+    // --- leases: one load per key across processes ---
+
+    /// Takes the lease `lease_key` for `ttl` if nobody holds it (`SET NX PX`),
+    /// recording `token` as its holder. `true` if taken.
+    fn acquire_lease<'a>(
+        &'a self,
+        lease_key: &'a [u8],
+        token: &'a [u8],
+        ttl: Duration,
+    ) -> StoreFuture<'a, bool>;
+
+    /// Resets the lease's TTL to `ttl` if `token` still holds it
+    /// (compare-and-pexpire). `false` means the lease was lost.
+    fn extend_lease<'a>(
+        &'a self,
+        lease_key: &'a [u8],
+        token: &'a [u8],
+        ttl: Duration,
+    ) -> StoreFuture<'a, bool>;
+
+    /// Deletes the lease if `token` still holds it (compare-and-delete) and
+    /// then publishes `notice` on its channel, atomically. `true` if released.
+    fn release_lease<'a>(
+        &'a self,
+        lease_key: &'a [u8],
+        token: &'a [u8],
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, bool>;
+
+    /// The leader's write: only if `write.token` still holds `write.lease_key`,
+    /// sets the value with its TTL, deletes the lease and publishes the
+    /// notice, all atomically. `false` (and nothing written) if the lease was
+    /// lost, e.g. revoked by [`invalidate`](Store::invalidate).
+    fn fenced_set<'a>(&'a self, write: FencedWrite<'a>) -> StoreFuture<'a, bool>;
+
+    /// Deletes a value and its lease together and publishes `notice`, so a
+    /// load that started before cannot write its result back.
+    fn invalidate<'a>(
+        &'a self,
+        key: &'a [u8],
+        lease_key: &'a [u8],
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, ()>;
+
+    // --- notifications ---
+
+    /// Publishes `message` on `channel` to every subscriber, in every process.
+    fn publish<'a>(&'a self, channel: &'a [u8], message: &'a [u8]) -> StoreFuture<'a, ()>;
+
+    /// Subscribes to `channel`. Messages published after the subscription is
+    /// [ready](Subscription::ready) are delivered; when some may have been
+    /// missed (lag, reconnection) the subscriber is told so.
+    fn subscribe(&self, channel: &[u8]) -> Subscription;
+}
+
+/// A message to publish on a channel as part of another operation.
+#[derive(Debug, Clone, Copy)]
+pub struct Notice<'a> {
+    /// The channel.
+    pub channel: &'a [u8],
+    /// The message.
+    pub message: &'a [u8],
+}
+
+/// The leader's fenced write; see [`Store::fenced_set`].
+#[derive(Debug, Clone, Copy)]
+pub struct FencedWrite<'a> {
+    /// Where the value goes.
+    pub key: &'a [u8],
+    /// The encoded entry.
+    pub value: &'a [u8],
+    /// The value's TTL.
+    pub ttl: Duration,
+    /// The lease that must still be held.
+    pub lease_key: &'a [u8],
+    /// The holder's token.
+    pub token: &'a [u8],
+    /// Published after a successful write.
+    pub notice: Notice<'a>,
+}
+
+/// What a [`Subscription`] receives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delivery {
+    /// A published message.
+    Message(Arc<[u8]>),
+    /// Some messages may have been lost (the subscriber lagged, or the
+    /// connection dropped and came back); anything waiting should re-check.
+    Missed,
+}
+
+/// A live subscription to one channel; see [`Store::subscribe`].
+///
+/// Dropping it unsubscribes this receiver.
+#[derive(Debug)]
+pub struct Subscription {
+    messages: broadcast::Receiver<Delivery>,
+    ready: watch::Receiver<bool>,
+}
+
+impl Subscription {
+    /// Wraps a broadcast of deliveries and a readiness flag; for [`Store`]
+    /// implementations.
+    pub fn new(messages: broadcast::Receiver<Delivery>, ready: watch::Receiver<bool>) -> Self {
+        Subscription { messages, ready }
+    }
+
+    /// `true` while the subscription is established at the store.
+    pub fn is_ready(&self) -> bool {
+        *self.ready.borrow()
+    }
+
+    /// Waits until the subscription is established, at most `timeout`.
+    /// `true` if it is.
+    pub async fn ready(&mut self, timeout: Duration) -> bool {
+        matches!(
+            tokio::time::timeout(timeout, self.ready.wait_for(|r| *r)).await,
+            Ok(Ok(_))
+        )
+    }
+
+    /// The next delivery; `None` once the store has shut the channel down.
+    pub async fn recv(&mut self) -> Option<Delivery> {
+        match self.messages.recv().await {
+            Ok(delivery) => Some(delivery),
+            Err(broadcast::error::RecvError::Lagged(_)) => Some(Delivery::Missed),
+            Err(broadcast::error::RecvError::Closed) => None,
+        }
+    }
 }
 
 /// Converts a TTL to whole milliseconds, rejecting anything below 1 ms.

@@ -1,16 +1,70 @@
 //! The Redis backend.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, Weak};
+use std::sync::{Arc, LazyLock, Mutex, RwLock, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use futures_util::StreamExt;
+use rand::rngs::StdRng;
+use redis::Script;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, broadcast, watch};
+use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use super::{Store, StoreFuture, ttl_millis};
+use super::{
+    Delivery, FencedWrite, Notice, SUBSCRIPTION_BUFFER, Store, StoreFuture, Subscription,
+    ttl_millis,
+};
 use crate::error::{ConfigError, Error, ErrorKind};
+use crate::jitter::Backoff;
+
+/// `PEXPIRE` the lease only if `ARGV[1]` holds it.
+static EXTEND_LEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"if redis.call('GET', KEYS[1]) == ARGV[1] then
+            return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+          end
+          return 0",
+    )
+});
+
+/// Delete the lease only if `ARGV[1]` holds it, then publish.
+static RELEASE_LEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"if redis.call('GET', KEYS[1]) == ARGV[1] then
+            redis.call('DEL', KEYS[1])
+            redis.call('PUBLISH', ARGV[2], ARGV[3])
+            return 1
+          end
+          return 0",
+    )
+});
+
+/// The leader's write: KEYS = value, lease; ARGV = token, value, ttl ms,
+/// channel, message. Writes only while the token holds the lease.
+static FENCED_SET: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"if redis.call('GET', KEYS[2]) == ARGV[1] then
+            redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+            redis.call('DEL', KEYS[2])
+            redis.call('PUBLISH', ARGV[4], ARGV[5])
+            return 1
+          end
+          return 0",
+    )
+});
+
+/// Delete value and lease together, then publish.
+static INVALIDATE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"redis.call('DEL', KEYS[1], KEYS[2])
+          redis.call('PUBLISH', ARGV[1], ARGV[2])
+          return 1",
+    )
+});
 
 /// Connection settings for [`RedisStore`].
 ///
@@ -110,6 +164,24 @@ struct Inner {
     /// The highest time handed out, so the clock never runs backwards when a
     /// new sample corrects it.
     last_now: AtomicU64,
+    /// One pub/sub connection per subscribed channel, fanned out locally.
+    channels: Mutex<HashMap<Vec<u8>, ChannelFeed>>,
+    /// Background tasks (clock refresh, subscriptions), stopped on drop.
+    tasks: Mutex<Vec<AbortHandle>>,
+}
+
+struct ChannelFeed {
+    messages: broadcast::Sender<Delivery>,
+    ready: watch::Sender<bool>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let tasks = self.tasks.get_mut().unwrap_or_else(|p| p.into_inner());
+        for task in tasks.drain(..) {
+            task.abort();
+        }
+    }
 }
 
 /// Redis's clock at a local instant.
@@ -149,6 +221,8 @@ impl RedisStore {
                 conn: OnceCell::new(),
                 clock: RwLock::new(None),
                 last_now: AtomicU64::new(0),
+                channels: Mutex::default(),
+                tasks: Mutex::default(),
             }),
         })
     }
@@ -181,7 +255,8 @@ impl RedisStore {
                 .map_err(store_error)?;
                 let mut probe = manager.clone();
                 inner.sample_clock(&mut probe).await?;
-                spawn_clock_refresh(Arc::downgrade(&self.inner), manager.clone());
+                let refresh = spawn_clock_refresh(Arc::downgrade(&self.inner), manager.clone());
+                inner.track(refresh);
                 Ok::<_, Error>(manager)
             })
             .await?;
@@ -190,6 +265,12 @@ impl RedisStore {
 }
 
 impl Inner {
+    fn track(&self, task: AbortHandle) {
+        let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
+        tasks.retain(|t| !t.is_finished());
+        tasks.push(task);
+    }
+
     /// Samples `TIME` a few times and keeps the sample with the shortest
     /// round trip (the tightest bound on Redis's clock).
     async fn sample_clock(&self, conn: &mut ConnectionManager) -> Result<(), Error> {
@@ -217,7 +298,7 @@ impl Inner {
 }
 
 /// Keeps the clock sample current while the store is alive.
-fn spawn_clock_refresh(inner: Weak<Inner>, mut conn: ConnectionManager) {
+fn spawn_clock_refresh(inner: Weak<Inner>, mut conn: ConnectionManager) -> AbortHandle {
     tokio::spawn(async move {
         loop {
             let every = match inner.upgrade() {
@@ -230,7 +311,49 @@ fn spawn_clock_refresh(inner: Weak<Inner>, mut conn: ConnectionManager) {
                 tracing::warn!(error = %err, "redis clock sample failed; keeping the previous one");
             }
         }
-    });
+    })
+    .abort_handle()
+}
+
+/// Keeps one channel subscribed on a dedicated pub/sub connection,
+/// reconnecting with jittered backoff, and fans its messages out. Every
+/// (re)connection is announced as [`Delivery::Missed`], since messages sent
+/// while it was down are lost.
+async fn run_subscription(
+    client: redis::Client,
+    connect_timeout: Duration,
+    channel: Vec<u8>,
+    messages: broadcast::Sender<Delivery>,
+    ready: watch::Sender<bool>,
+) {
+    let backoff = Backoff::full_jitter(Duration::from_millis(50), Duration::from_secs(2));
+    let mut rng: StdRng = rand::make_rng();
+    let mut failures = 0u32;
+    loop {
+        let connect = async {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(&channel).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        };
+        match tokio::time::timeout(connect_timeout, connect).await {
+            Ok(Ok(pubsub)) => {
+                failures = 0;
+                ready.send_replace(true);
+                let _ = messages.send(Delivery::Missed);
+                let mut stream = pubsub.into_on_message();
+                while let Some(msg) = stream.next().await {
+                    let _ = messages.send(Delivery::Message(Arc::from(msg.get_payload_bytes())));
+                }
+                ready.send_replace(false);
+                let _ = messages.send(Delivery::Missed);
+                tracing::warn!("redis subscription dropped; reconnecting");
+            }
+            Ok(Err(err)) => tracing::debug!(error = %err, "redis subscription failed"),
+            Err(_) => tracing::debug!("redis subscription timed out"),
+        }
+        failures = failures.saturating_add(1);
+        tokio::time::sleep(backoff.delay(failures, None, &mut rng)).await;
+    }
 }
 
 fn store_error(err: redis::RedisError) -> Error {
@@ -324,6 +447,144 @@ impl Store for RedisStore {
 
     fn name(&self) -> &'static str {
         "redis"
+    }
+
+    fn acquire_lease<'a>(
+        &'a self,
+        lease_key: &'a [u8],
+        token: &'a [u8],
+        ttl: Duration,
+    ) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            let ms = ttl_millis(ttl)?;
+            let mut conn = self.conn().await?;
+            let reply: Option<String> = redis::cmd("SET")
+                .arg(lease_key)
+                .arg(token)
+                .arg("NX")
+                .arg("PX")
+                .arg(ms)
+                .query_async(&mut conn)
+                .await
+                .map_err(store_error)?;
+            Ok(reply.is_some())
+        })
+    }
+
+    fn extend_lease<'a>(
+        &'a self,
+        lease_key: &'a [u8],
+        token: &'a [u8],
+        ttl: Duration,
+    ) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            let ms = ttl_millis(ttl)?;
+            let mut conn = self.conn().await?;
+            let extended: i64 = EXTEND_LEASE
+                .key(lease_key)
+                .arg(token)
+                .arg(ms)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(store_error)?;
+            Ok(extended == 1)
+        })
+    }
+
+    fn release_lease<'a>(
+        &'a self,
+        lease_key: &'a [u8],
+        token: &'a [u8],
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            let mut conn = self.conn().await?;
+            let released: i64 = RELEASE_LEASE
+                .key(lease_key)
+                .arg(token)
+                .arg(notice.channel)
+                .arg(notice.message)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(store_error)?;
+            Ok(released == 1)
+        })
+    }
+
+    fn fenced_set<'a>(&'a self, write: FencedWrite<'a>) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            let ms = ttl_millis(write.ttl)?;
+            let mut conn = self.conn().await?;
+            let written: i64 = FENCED_SET
+                .key(write.key)
+                .key(write.lease_key)
+                .arg(write.token)
+                .arg(write.value)
+                .arg(ms)
+                .arg(write.notice.channel)
+                .arg(write.notice.message)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(store_error)?;
+            Ok(written == 1)
+        })
+    }
+
+    fn invalidate<'a>(
+        &'a self,
+        key: &'a [u8],
+        lease_key: &'a [u8],
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let mut conn = self.conn().await?;
+            let _: i64 = INVALIDATE
+                .key(key)
+                .key(lease_key)
+                .arg(notice.channel)
+                .arg(notice.message)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(store_error)?;
+            Ok(())
+        })
+    }
+
+    fn publish<'a>(&'a self, channel: &'a [u8], message: &'a [u8]) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let mut conn = self.conn().await?;
+            redis::cmd("PUBLISH")
+                .arg(channel)
+                .arg(message)
+                .query_async::<i64>(&mut conn)
+                .await
+                .map(drop)
+                .map_err(store_error)
+        })
+    }
+
+    fn subscribe(&self, channel: &[u8]) -> Subscription {
+        let mut channels = self
+            .inner
+            .channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let feed = channels.entry(channel.to_vec()).or_insert_with(|| {
+            let feed = ChannelFeed {
+                messages: broadcast::channel(SUBSCRIPTION_BUFFER).0,
+                ready: watch::Sender::new(false),
+            };
+            let task = tokio::spawn(run_subscription(
+                self.inner.client.clone(),
+                self.inner.config.connect_timeout,
+                channel.to_vec(),
+                feed.messages.clone(),
+                feed.ready.clone(),
+            ));
+            self.inner.track(task.abort_handle());
+            feed
+        });
+        Subscription::new(feed.messages.subscribe(), feed.ready.subscribe())
     }
 }
 

@@ -9,28 +9,43 @@
 //!    plus a warning; a store failure is a miss plus a warning too, so a sick
 //!    store degrades to direct loads instead of failing requests.
 //! 3. **Freshness**: judged on the store's clock. Fresh → return.
-//! 4. **Load**: the loader runs; `Ok(None)` becomes a negative entry.
-//! 5. **Write**: the envelope is written with a jittered TTL. A failed write
-//!    is logged; the caller still gets the loaded value.
+//! 4. **One load per key**: callers in this process share one flight
+//!    ([`SingleFlight`]); the flight takes the key's lease in the store so
+//!    one process in the fleet loads. Without the lease it waits to be woken
+//!    by the holder's "filled" message (with jittered polling as a fallback)
+//!    up to `lock_wait`, then follows [`OnLockTimeout`].
+//! 5. **Load**: the loader runs in its own task, under `load_timeout`, the
+//!    lease extended while it runs; `Ok(None)` becomes a negative entry.
+//! 6. **Fenced write**: the entry is written with a jittered TTL only if the
+//!    lease is still ours (an invalidation revokes it), the lease released and
+//!    "filled" published, atomically. A failed write is logged; the callers
+//!    still get the loaded value.
+
+mod builder;
+mod fill;
+mod notify;
+
+pub use builder::{CacheBuilder, OnLockTimeout};
 
 use std::error::Error as StdError;
 use std::fmt;
 use std::future::Future;
-use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rand::SeedableRng;
+use rand::RngExt;
 use rand::rngs::StdRng;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::time::Instant;
 
 use crate::codec::{Codec, Compression};
 use crate::entry::Entry;
-use crate::error::{ConfigError, Error, ErrorKind};
+use crate::error::{Error, ErrorKind};
+use crate::flight::SingleFlight;
 use crate::jitter::Jitter;
-use crate::store::{MemoryStore, Store};
+use crate::store::{Notice, Store};
+use builder::OnLockTimeout as LockPolicy;
+use notify::Waiters;
 
 /// What a cached value must be: serializable, cloneable (one load is shared
 /// by every caller waiting on it) and sendable across tasks.
@@ -64,14 +79,14 @@ impl<T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static> Value for 
 /// ```
 pub struct Cache<V> {
     inner: Arc<Inner>,
-    _value: PhantomData<fn() -> V>,
+    flights: Arc<SingleFlight<Option<V>>>,
 }
 
 impl<V> Clone for Cache<V> {
     fn clone(&self) -> Self {
         Cache {
             inner: Arc::clone(&self.inner),
-            _value: PhantomData,
+            flights: Arc::clone(&self.flights),
         }
     }
 }
@@ -95,205 +110,46 @@ struct Inner {
     store: Arc<dyn Store>,
     ttl: Duration,
     negative_ttl: Duration,
+    grace: Duration,
     jitter: Jitter,
     codec: Codec,
     compression: Compression,
     max_key_len: usize,
+    lease_ttl: Duration,
+    lock_wait: Duration,
+    lock_poll: Duration,
+    on_lock_timeout: LockPolicy,
+    load_timeout: Duration,
+    /// Jitter draws; seedable.
     rng: Mutex<StdRng>,
+    /// Lease tokens; always from the OS, never seeded, so unguessable.
+    token_rng: Mutex<StdRng>,
+    waiters: Waiters,
 }
 
-/// Builds a [`Cache`]; every setting has a default, and [`build`](Self::build)
-/// rejects invalid ones with an exact message.
-///
-/// # Defaults
-///
-/// | setting | default |
-/// |---|---|
-/// | `namespace` | `"default"` |
-/// | `store` | a new [`MemoryStore`] |
-/// | `ttl` | 5 minutes |
-/// | `jitter` | [`Jitter::ratio(0.1)`](Jitter::ratio) (±10 %, floor 1 s) |
-/// | `negative_ttl` | 30 s, or `ttl` if shorter |
-/// | `codec` | [`Codec::msgpack`] |
-/// | `compression` | [`Compression::lz4`] above 1 KiB |
-/// | `max_key_len` | 1024 bytes |
-/// | `rng_seed` | none (seeded from the OS) |
-pub struct CacheBuilder<V> {
-    namespace: String,
-    store: Option<Arc<dyn Store>>,
-    ttl: Duration,
-    negative_ttl: Option<Duration>,
-    jitter: Jitter,
-    codec: Codec,
-    compression: Compression,
-    max_key_len: usize,
-    rng_seed: Option<u64>,
-    _value: PhantomData<fn() -> V>,
-}
-
-impl<V> fmt::Debug for CacheBuilder<V> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CacheBuilder")
-            .field("namespace", &self.namespace)
-            .field("ttl", &self.ttl)
-            .field("jitter", &self.jitter)
-            .finish_non_exhaustive()
+impl Inner {
+    /// The lease key that goes with a storage key: the same bytes with the
+    /// record marker `v` replaced by `l`, so both share one hash tag.
+    fn lease_key(&self, key: &[u8]) -> Vec<u8> {
+        let mut lease = key.to_vec();
+        if let Some(marker) = lease.get_mut(self.value_prefix.len() - 2) {
+            *marker = b'l';
+        }
+        lease
     }
-}
 
-/// The longest namespace accepted, in bytes.
-const MAX_NAMESPACE_LEN: usize = 128;
+    /// 128 random bits from the OS-seeded generator.
+    fn new_token(&self) -> [u8; 16] {
+        let mut rng = self.token_rng.lock().unwrap_or_else(|p| p.into_inner());
+        rng.random()
+    }
 
-impl<V: Value> CacheBuilder<V> {
-    fn new() -> Self {
-        CacheBuilder {
-            namespace: "default".to_owned(),
-            store: None,
-            ttl: Duration::from_secs(300),
-            negative_ttl: None,
-            jitter: Jitter::ratio(0.1),
-            codec: Codec::msgpack(),
-            compression: Compression::lz4(),
-            max_key_len: 1024,
-            rng_seed: None,
-            _value: PhantomData,
+    fn notice<'a>(&'a self, message: &'a [u8]) -> Notice<'a> {
+        Notice {
+            channel: self.waiters.channel(),
+            message,
         }
     }
-
-    /// The namespace every key of this cache lives in. Two caches with
-    /// different namespaces never see each other's keys.
-    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
-        self.namespace = namespace.into();
-        self
-    }
-
-    /// The backend: a [`MemoryStore`], a [`RedisStore`](crate::RedisStore),
-    /// or your own [`Store`].
-    pub fn store(mut self, store: impl Store) -> Self {
-        self.store = Some(Arc::new(store));
-        self
-    }
-
-    /// A backend shared with other caches.
-    pub fn shared_store(mut self, store: Arc<dyn Store>) -> Self {
-        self.store = Some(store);
-        self
-    }
-
-    /// How long a loaded value stays fresh, before jitter.
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    /// How long "not found" (a loader returning `Ok(None)`) is remembered,
-    /// before jitter.
-    pub fn negative_ttl(mut self, ttl: Duration) -> Self {
-        self.negative_ttl = Some(ttl);
-        self
-    }
-
-    /// The jitter applied to every write's TTL.
-    pub fn jitter(mut self, jitter: Jitter) -> Self {
-        self.jitter = jitter;
-        self
-    }
-
-    /// How values are serialized.
-    pub fn codec(mut self, codec: Codec) -> Self {
-        self.codec = codec;
-        self
-    }
-
-    /// When payloads are compressed, and the cap on decompressed size.
-    pub fn compression(mut self, compression: Compression) -> Self {
-        self.compression = compression;
-        self
-    }
-
-    /// The longest user key accepted, in bytes.
-    pub fn max_key_len(mut self, bytes: usize) -> Self {
-        self.max_key_len = bytes;
-        self
-    }
-
-    /// Seeds the random source behind jitter, for reproducible runs.
-    pub fn rng_seed(mut self, seed: u64) -> Self {
-        self.rng_seed = Some(seed);
-        self
-    }
-
-    /// Checks every setting and builds the cache. No I/O happens here: a
-    /// [`RedisStore`](crate::RedisStore) connects on first use.
-    ///
-    /// # Errors
-    ///
-    /// A [`ConfigError`] naming the first invalid setting, e.g.
-    /// `jitter ratio must be in 0..=1, got 1.5`.
-    pub fn build(self) -> Result<Cache<V>, ConfigError> {
-        validate_namespace(&self.namespace)?;
-        if self.ttl < Duration::from_millis(1) {
-            return Err(ConfigError::new(format!(
-                "ttl must be at least 1ms, got {:?}",
-                self.ttl
-            )));
-        }
-        let negative_ttl = self
-            .negative_ttl
-            .unwrap_or_else(|| self.ttl.min(Duration::from_secs(30)));
-        if negative_ttl < Duration::from_millis(1) {
-            return Err(ConfigError::new(format!(
-                "negative_ttl must be at least 1ms, got {negative_ttl:?}"
-            )));
-        }
-        if self.max_key_len == 0 {
-            return Err(ConfigError::new("max_key_len must be greater than zero"));
-        }
-        self.jitter.validate()?;
-        self.compression.validate()?;
-        let rng = match self.rng_seed {
-            Some(seed) => StdRng::seed_from_u64(seed),
-            None => rand::make_rng(),
-        };
-        let value_prefix = format!("bw:{}:v:", self.namespace).into_bytes();
-        Ok(Cache {
-            inner: Arc::new(Inner {
-                namespace: self.namespace,
-                value_prefix,
-                store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
-                ttl: self.ttl,
-                negative_ttl,
-                jitter: self.jitter,
-                codec: self.codec,
-                compression: self.compression,
-                max_key_len: self.max_key_len,
-                rng: Mutex::new(rng),
-            }),
-            _value: PhantomData,
-        })
-    }
-}
-
-fn validate_namespace(ns: &str) -> Result<(), ConfigError> {
-    if ns.is_empty() {
-        return Err(ConfigError::new("namespace must not be empty"));
-    }
-    if ns.len() > MAX_NAMESPACE_LEN {
-        return Err(ConfigError::new(format!(
-            "namespace must be at most {MAX_NAMESPACE_LEN} bytes, got {}",
-            ns.len()
-        )));
-    }
-    if let Some(c) = ns
-        .chars()
-        .find(|c| matches!(c, '{' | '}') || c.is_whitespace() || c.is_control())
-    {
-        return Err(ConfigError::new(format!(
-            "namespace must not contain braces, whitespace or control characters \
-             (found {c:?} in {ns:?})"
-        )));
-    }
-    Ok(())
 }
 
 impl<V: Value> Cache<V> {
@@ -333,10 +189,19 @@ impl<V: Value> Cache<V> {
     pub async fn set(&self, key: impl AsRef<[u8]>, value: &V) -> Result<(), Error> {
         let key = self.storage_key(key.as_ref())?;
         let payload = self.inner.codec.encode(value)?;
-        self.write(&key, payload, false, Duration::ZERO).await
+        let (bytes, ttl) = self.seal(payload, false, Duration::ZERO);
+        // Revoke any load in flight first, so its (older) result cannot land
+        // on top of this value; then write, then wake waiters.
+        let store = &self.inner.store;
+        store.delete(&self.inner.lease_key(&key)).await?;
+        store.set(&key, &bytes, ttl).await?;
+        let message = notify::message(notify::FILLED, &key);
+        store.publish(self.inner.waiters.channel(), &message).await
     }
 
-    /// Removes `key`, so the next read loads it again.
+    /// Removes `key` and revokes any load in flight for it, so the next read
+    /// loads fresh data and a slow load that started before cannot write its
+    /// result back.
     ///
     /// # Errors
     ///
@@ -344,7 +209,12 @@ impl<V: Value> Cache<V> {
     /// if the delete fails.
     pub async fn invalidate(&self, key: impl AsRef<[u8]>) -> Result<(), Error> {
         let key = self.storage_key(key.as_ref())?;
-        self.inner.store.delete(&key).await.map(drop)
+        let lease = self.inner.lease_key(&key);
+        let message = notify::message(notify::INVALIDATED, &key);
+        self.inner
+            .store
+            .invalidate(&key, &lease, self.inner.notice(&message))
+            .await
     }
 
     /// The cached value under `key`, or the loader's, which is then cached.
@@ -354,27 +224,47 @@ impl<V: Value> Cache<V> {
     /// queried on every request), or an error, which is returned to the caller
     /// intact inside [`Error`] (see [`Error::loader_error`]) and not cached.
     ///
+    /// # One load per key
+    ///
+    /// Concurrent calls for one key share one load in this process, and the
+    /// store's lease lets one process in the fleet load while the others wait
+    /// to be woken. The load runs in its own task: a caller that gives up
+    /// cancels nothing for the others, and a panicking loader reaches every
+    /// waiter as a [`Loader`](ErrorKind::Loader) error.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// # use breakwater::Cache;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), breakwater::Error> {
+    /// let cache = Cache::<u64>::builder().build()?;
+    /// let calls = Arc::new(AtomicUsize::new(0));
+    /// let requests = (0..100).map(|_| {
+    ///     let calls = Arc::clone(&calls);
+    ///     cache.get_or_load("hot", move || async move {
+    ///         calls.fetch_add(1, Ordering::SeqCst);
+    ///         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    ///         Ok::<_, std::io::Error>(Some(7))
+    ///     })
+    /// });
+    /// for result in futures_util::future::join_all(requests).await {
+    ///     assert_eq!(result?, Some(7));
+    /// }
+    /// assert_eq!(calls.load(Ordering::SeqCst), 1);
+    /// # Ok(()) }
+    /// ```
+    ///
     /// If the store fails or holds unreadable bytes, the value is loaded
     /// directly: a sick cache degrades to the loader, never to wrong data.
     ///
     /// # Errors
     ///
     /// [`InvalidKey`](ErrorKind::InvalidKey) for an empty or over-long key,
-    /// [`Loader`](ErrorKind::Loader) if the loader failed,
+    /// [`Loader`](ErrorKind::Loader) if the loader failed or panicked,
+    /// [`Timeout`](ErrorKind::Timeout) past `load_timeout`,
+    /// [`LockTimeout`](ErrorKind::LockTimeout) when another process held the
+    /// lease past `lock_wait` and the policy says so,
     /// [`Codec`](ErrorKind::Codec) if the loaded value cannot be serialized.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # use breakwater::{Cache, MemoryStore};
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), breakwater::Error> {
-    /// let cache = Cache::<u64>::builder().build()?;
-    /// let price = cache
-    ///     .get_or_load("price:42", || async { Ok::<_, std::io::Error>(Some(1999)) })
-    ///     .await?;
-    /// assert_eq!(price, Some(1999));
-    /// # Ok(()) }
-    /// ```
     pub async fn get_or_load<F, Fut, E>(
         &self,
         key: impl AsRef<[u8]>,
@@ -383,7 +273,7 @@ impl<V: Value> Cache<V> {
     where
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
-        E: Into<Box<dyn StdError + Send + Sync + 'static>>,
+        E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {
         // 1. Key.
         let key = self.storage_key(key.as_ref())?;
@@ -404,23 +294,15 @@ impl<V: Value> Cache<V> {
             }
         }
 
-        // 4. Load.
-        let started = Instant::now();
-        let loaded = loader().await.map_err(Error::loader)?;
-        let load_time = started.elapsed();
-
-        // 5. Write.
-        let write = match &loaded {
-            Some(value) => match self.inner.codec.encode(value) {
-                Ok(payload) => self.write(&key, payload, false, load_time).await,
-                Err(err) => return Err(err),
-            },
-            None => self.write(&key, Vec::new(), true, load_time).await,
-        };
-        if let Err(err) = write {
-            tracing::warn!(key = %show_key(&key), error = %err, "store write failed; returning the loaded value");
-        }
-        Ok(loaded)
+        // 4.–6. One flight per key in this process; the flight takes the
+        // lease, loads and writes (see `fill`).
+        let cache = self.clone();
+        let flight_key = key.clone();
+        let (result, _role) = self
+            .flights
+            .run(&key, move || cache.fill(flight_key, loader))
+            .await;
+        result
     }
 
     /// The exact key the entry for `key` is stored under:
@@ -508,41 +390,39 @@ impl<V: Value> Cache<V> {
         }
     }
 
-    /// Writes an envelope with the jittered TTL (the negative TTL for
-    /// negative entries). The physical TTL ends at `stale_until`.
-    async fn write(
-        &self,
-        key: &[u8],
-        payload: Vec<u8>,
-        negative: bool,
-        load_time: Duration,
-    ) -> Result<(), Error> {
+    /// Encodes an entry with the jittered TTL (the negative TTL for negative
+    /// entries) and returns it with its physical TTL, which ends at
+    /// `stale_until` (the fresh window plus grace).
+    fn seal(&self, payload: Vec<u8>, negative: bool, load_time: Duration) -> (Vec<u8>, Duration) {
         let inner = &self.inner;
         let base = if negative {
             inner.negative_ttl
         } else {
             inner.ttl
         };
-        let ttl = {
+        let fresh = {
             let mut rng = inner.rng.lock().unwrap_or_else(|p| p.into_inner());
             inner.jitter.apply(base, &mut *rng)
         };
-        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        let fresh_ms = u64::try_from(fresh.as_millis()).unwrap_or(u64::MAX).max(1);
+        let grace_ms = if negative {
+            0
+        } else {
+            u64::try_from(inner.grace.as_millis()).unwrap_or(u64::MAX)
+        };
         let now = inner.store.now_ms();
-        let fresh_until = now.saturating_add(ttl_ms);
+        let fresh_until = now.saturating_add(fresh_ms);
+        let stale_until = fresh_until.saturating_add(grace_ms);
         let entry = Entry {
             codec: inner.codec,
             negative,
             fresh_until,
-            stale_until: fresh_until,
+            stale_until,
             load_ms: u32::try_from(load_time.as_millis()).unwrap_or(u32::MAX),
             payload,
         };
-        let bytes = entry.encode(&inner.compression);
-        inner
-            .store
-            .set(key, &bytes, Duration::from_millis(ttl_ms))
-            .await
+        let ttl = Duration::from_millis(stale_until - now);
+        (entry.encode(&inner.compression), ttl)
     }
 }
 

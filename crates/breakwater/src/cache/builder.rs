@@ -1,0 +1,333 @@
+//! [`CacheBuilder`]: every setting, its default, and its validation.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+use super::notify::Waiters;
+use super::{Cache, Inner, Value};
+use crate::codec::{Codec, Compression};
+use crate::error::ConfigError;
+use crate::flight::SingleFlight;
+use crate::jitter::Jitter;
+use crate::store::{MemoryStore, Store};
+
+/// What a caller does when another process has held the key's lease for
+/// longer than `lock_wait`.
+///
+/// # Examples
+///
+/// ```
+/// use breakwater::{Cache, OnLockTimeout};
+/// let cache = Cache::<u64>::builder()
+///     .on_lock_timeout(OnLockTimeout::serve_stale())
+///     .build()
+///     .unwrap();
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OnLockTimeout(pub(crate) LockTimeoutKind);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LockTimeoutKind {
+    LoadAnyway,
+    ServeStale,
+    Error,
+}
+
+impl OnLockTimeout {
+    /// Call the loader anyway and return its value (without writing it: the
+    /// lease holder will). The default; availability first.
+    pub fn load_anyway() -> Self {
+        OnLockTimeout(LockTimeoutKind::LoadAnyway)
+    }
+
+    /// Return the stale value if one is inside `grace`, else fail with
+    /// [`LockTimeout`](crate::ErrorKind::LockTimeout).
+    pub fn serve_stale() -> Self {
+        OnLockTimeout(LockTimeoutKind::ServeStale)
+    }
+
+    /// Fail with [`LockTimeout`](crate::ErrorKind::LockTimeout); the
+    /// database is never called by a waiter.
+    pub fn error() -> Self {
+        OnLockTimeout(LockTimeoutKind::Error)
+    }
+}
+
+/// Builds a [`Cache`]; every setting has a default, and [`build`](Self::build)
+/// rejects invalid ones with an exact message.
+///
+/// # Defaults
+///
+/// | setting | default |
+/// |---|---|
+/// | `namespace` | `"default"` |
+/// | `store` | a new [`MemoryStore`] |
+/// | `ttl` | 5 minutes |
+/// | `jitter` | [`Jitter::ratio(0.1)`](Jitter::ratio) (±10 %, floor 1 s) |
+/// | `negative_ttl` | 30 s, or `ttl` if shorter |
+/// | `codec` | [`Codec::msgpack`] |
+/// | `compression` | [`Compression::lz4`] above 1 KiB |
+/// | `max_key_len` | 1024 bytes |
+/// | `grace` | 0 (no stale values) |
+/// | `lease_ttl` | 5 s, extended every half while the loader runs |
+/// | `lock_wait` | 5 s |
+/// | `lock_poll` | 200 ms (jittered 100..=300 ms), a fallback to pub/sub wake-ups |
+/// | `on_lock_timeout` | [`OnLockTimeout::load_anyway`] |
+/// | `load_timeout` | 30 s (hard: the load is abandoned, callers get `Timeout`) |
+/// | `rng_seed` | none (seeded from the OS) |
+pub struct CacheBuilder<V> {
+    namespace: String,
+    store: Option<Arc<dyn Store>>,
+    ttl: Duration,
+    negative_ttl: Option<Duration>,
+    jitter: Jitter,
+    codec: Codec,
+    compression: Compression,
+    max_key_len: usize,
+    grace: Duration,
+    lease_ttl: Duration,
+    lock_wait: Duration,
+    lock_poll: Duration,
+    on_lock_timeout: OnLockTimeout,
+    load_timeout: Duration,
+    rng_seed: Option<u64>,
+    _value: PhantomData<fn() -> V>,
+}
+
+impl<V> fmt::Debug for CacheBuilder<V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CacheBuilder")
+            .field("namespace", &self.namespace)
+            .field("ttl", &self.ttl)
+            .field("jitter", &self.jitter)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The longest namespace accepted, in bytes.
+const MAX_NAMESPACE_LEN: usize = 128;
+
+impl<V: Value> CacheBuilder<V> {
+    pub(super) fn new() -> Self {
+        CacheBuilder {
+            namespace: "default".to_owned(),
+            store: None,
+            ttl: Duration::from_secs(300),
+            negative_ttl: None,
+            jitter: Jitter::ratio(0.1),
+            codec: Codec::msgpack(),
+            compression: Compression::lz4(),
+            max_key_len: 1024,
+            grace: Duration::ZERO,
+            lease_ttl: Duration::from_secs(5),
+            lock_wait: Duration::from_secs(5),
+            lock_poll: Duration::from_millis(200),
+            on_lock_timeout: OnLockTimeout::load_anyway(),
+            load_timeout: Duration::from_secs(30),
+            rng_seed: None,
+            _value: PhantomData,
+        }
+    }
+
+    /// The namespace every key of this cache lives in. Two caches with
+    /// different namespaces never see each other's keys.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// The backend: a [`MemoryStore`], a [`RedisStore`](crate::RedisStore),
+    /// or your own [`Store`].
+    pub fn store(mut self, store: impl Store) -> Self {
+        self.store = Some(Arc::new(store));
+        self
+    }
+
+    /// A backend shared with other caches.
+    pub fn shared_store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// How long a loaded value stays fresh, before jitter.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long "not found" (a loader returning `Ok(None)`) is remembered,
+    /// before jitter.
+    pub fn negative_ttl(mut self, ttl: Duration) -> Self {
+        self.negative_ttl = Some(ttl);
+        self
+    }
+
+    /// The jitter applied to every write's TTL.
+    pub fn jitter(mut self, jitter: Jitter) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// How values are serialized.
+    pub fn codec(mut self, codec: Codec) -> Self {
+        self.codec = codec;
+        self
+    }
+
+    /// When payloads are compressed, and the cap on decompressed size.
+    pub fn compression(mut self, compression: Compression) -> Self {
+        self.compression = compression;
+        self
+    }
+
+    /// The longest user key accepted, in bytes.
+    pub fn max_key_len(mut self, bytes: usize) -> Self {
+        self.max_key_len = bytes;
+        self
+    }
+
+    /// How long past its fresh window a value is kept, so it can be served
+    /// when a load cannot finish ([`OnLockTimeout::serve_stale`]).
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// How long a loader's lease lives without being extended. The leader
+    /// extends it every half of this while its loader runs; if the leader's
+    /// process dies, another process takes over after at most this long.
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl;
+        self
+    }
+
+    /// How long a caller waits for another process's load before
+    /// [`on_lock_timeout`](Self::on_lock_timeout) applies.
+    pub fn lock_wait(mut self, wait: Duration) -> Self {
+        self.lock_wait = wait;
+        self
+    }
+
+    /// How often a waiter re-checks on its own (jittered to `poll/2 ..=
+    /// 3·poll/2`), in case a wake-up message is lost.
+    pub fn lock_poll(mut self, poll: Duration) -> Self {
+        self.lock_poll = poll;
+        self
+    }
+
+    /// What happens when `lock_wait` runs out.
+    pub fn on_lock_timeout(mut self, policy: OnLockTimeout) -> Self {
+        self.on_lock_timeout = policy;
+        self
+    }
+
+    /// The hard bound on one loader call; past it callers get a
+    /// [`Timeout`](crate::ErrorKind::Timeout) error and the lease is released.
+    pub fn load_timeout(mut self, timeout: Duration) -> Self {
+        self.load_timeout = timeout;
+        self
+    }
+
+    /// Seeds the random source behind jitter, for reproducible runs.
+    pub fn rng_seed(mut self, seed: u64) -> Self {
+        self.rng_seed = Some(seed);
+        self
+    }
+
+    /// Checks every setting and builds the cache. No I/O happens here: a
+    /// [`RedisStore`](crate::RedisStore) connects on first use.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the first invalid setting, e.g.
+    /// `jitter ratio must be in 0..=1, got 1.5`.
+    pub fn build(self) -> Result<Cache<V>, ConfigError> {
+        validate_namespace(&self.namespace)?;
+        if self.ttl < Duration::from_millis(1) {
+            return Err(ConfigError::new(format!(
+                "ttl must be at least 1ms, got {:?}",
+                self.ttl
+            )));
+        }
+        let negative_ttl = self
+            .negative_ttl
+            .unwrap_or_else(|| self.ttl.min(Duration::from_secs(30)));
+        if negative_ttl < Duration::from_millis(1) {
+            return Err(ConfigError::new(format!(
+                "negative_ttl must be at least 1ms, got {negative_ttl:?}"
+            )));
+        }
+        for (name, value) in [
+            ("lease_ttl", self.lease_ttl),
+            ("lock_poll", self.lock_poll),
+            ("load_timeout", self.load_timeout),
+        ] {
+            if value < Duration::from_millis(2) {
+                return Err(ConfigError::new(format!(
+                    "{name} must be at least 2ms, got {value:?}"
+                )));
+            }
+        }
+        if self.max_key_len == 0 {
+            return Err(ConfigError::new("max_key_len must be greater than zero"));
+        }
+        self.jitter.validate()?;
+        self.compression.validate()?;
+        let rng = match self.rng_seed {
+            Some(seed) => StdRng::seed_from_u64(seed),
+            None => rand::make_rng(),
+        };
+        let value_prefix = format!("bw:{}:v:", self.namespace).into_bytes();
+        let channel = format!("bw:{}:events", self.namespace).into_bytes();
+        Ok(Cache {
+            inner: Arc::new(Inner {
+                namespace: self.namespace,
+                value_prefix,
+                store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
+                ttl: self.ttl,
+                negative_ttl,
+                grace: self.grace,
+                jitter: self.jitter,
+                codec: self.codec,
+                compression: self.compression,
+                max_key_len: self.max_key_len,
+                lease_ttl: self.lease_ttl,
+                lock_wait: self.lock_wait,
+                lock_poll: self.lock_poll,
+                on_lock_timeout: self.on_lock_timeout,
+                load_timeout: self.load_timeout,
+                rng: Mutex::new(rng),
+                token_rng: Mutex::new(rand::make_rng()),
+                waiters: Waiters::new(channel),
+            }),
+            flights: Arc::new(SingleFlight::new()),
+        })
+    }
+}
+
+fn validate_namespace(ns: &str) -> Result<(), ConfigError> {
+    if ns.is_empty() {
+        return Err(ConfigError::new("namespace must not be empty"));
+    }
+    if ns.len() > MAX_NAMESPACE_LEN {
+        return Err(ConfigError::new(format!(
+            "namespace must be at most {MAX_NAMESPACE_LEN} bytes, got {}",
+            ns.len()
+        )));
+    }
+    if let Some(c) = ns
+        .chars()
+        .find(|c| matches!(c, '{' | '}') || c.is_whitespace() || c.is_control())
+    {
+        return Err(ConfigError::new(format!(
+            "namespace must not contain braces, whitespace or control characters \
+             (found {c:?} in {ns:?})"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,284 @@
+//! The body of one flight: take the lease and load, or wait to be woken.
+//!
+//! # Order
+//!
+//! 1. Try the key's lease (`SET NX PX` with a fresh 128-bit token).
+//! 2. Got it: read once more (another process may have filled the key just
+//!    before), else lead: run the loader in its own task, extending the lease
+//!    every half TTL, bounded by `load_timeout`; write through the fence.
+//! 3. Not got it: watch the key, read once more (the fill may have happened
+//!    between 1 and the watch), then sleep until woken, a jittered poll, or the
+//!    `lock_wait` deadline; on waking read again, then go back to 1 (the
+//!    holder may have died or failed, freeing the lease).
+//! 4. Deadline passed: the [`OnLockTimeout`](super::OnLockTimeout) policy.
+//! 5. The store fails at 1: load directly (in-process single-flight still
+//!    holds), so a sick Redis degrades to direct loads, never to errors.
+
+use std::error::Error as StdError;
+use std::future::Future;
+use std::pin::pin;
+use std::time::Duration;
+
+use tokio::time::{Instant, sleep, sleep_until};
+
+use super::builder::LockTimeoutKind;
+use super::notify::{self, FILLED, RELEASED};
+use super::{Cache, Value, show_key};
+use crate::entry::Entry;
+use crate::error::{Error, ErrorKind};
+use crate::jitter::poll_delay;
+use crate::store::FencedWrite;
+
+/// How long a waiter gives the cache's subscription to come up before it
+/// relies on polling alone.
+const SUBSCRIBE_WITHIN: Duration = Duration::from_millis(250);
+
+impl<V: Value> Cache<V> {
+    /// One flight: the value for storage key `key`, loaded by this process or
+    /// by whichever holds the lease.
+    pub(super) async fn fill<F, Fut, E>(self, key: Vec<u8>, loader: F) -> Result<Option<V>, Error>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
+        E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+    {
+        let inner = &self.inner;
+        let lease_key = inner.lease_key(&key);
+        let deadline = Instant::now() + inner.lock_wait;
+        let mut stale: Option<Entry> = None;
+
+        loop {
+            // 1. The lease.
+            let token = inner.new_token();
+            match inner
+                .store
+                .acquire_lease(&lease_key, &token, inner.lease_ttl)
+                .await
+            {
+                Ok(true) => {
+                    // 2. Double-check, then lead.
+                    if let Some(value) = self.fresh_value(&key, &mut stale).await {
+                        let message = notify::message(FILLED, &key);
+                        let _ = inner
+                            .store
+                            .release_lease(&lease_key, &token, inner.notice(&message))
+                            .await;
+                        return Ok(value);
+                    }
+                    return self.lead(&key, &lease_key, &token, loader).await;
+                }
+                Ok(false) => {}
+                Err(err) => {
+                    // 5. No store: load directly.
+                    tracing::warn!(key = %show_key(&key), error = %err, "lease unavailable; loading directly");
+                    return self.load_direct(&key, loader).await;
+                }
+            }
+
+            // 3. Wait to be woken.
+            let watch = inner
+                .waiters
+                .watch(&inner.store, &key, SUBSCRIBE_WITHIN)
+                .await;
+            let mut woken = pin!(watch.notify().notified());
+            woken.as_mut().enable();
+            if let Some(value) = self.fresh_value(&key, &mut stale).await {
+                return Ok(value);
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            let poll = {
+                let mut rng = inner.rng.lock().unwrap_or_else(|p| p.into_inner());
+                poll_delay(inner.lock_poll, &mut *rng)
+            };
+            tokio::select! {
+                () = woken => {
+                    if let Some(value) = self.fresh_value(&key, &mut stale).await {
+                        return Ok(value);
+                    }
+                }
+                () = sleep(poll) => {}
+                () = sleep_until(deadline) => {}
+            }
+        }
+
+        // 4. The lock-wait policy.
+        let waited = inner.lock_wait;
+        match inner.on_lock_timeout.0 {
+            LockTimeoutKind::LoadAnyway => {
+                tracing::debug!(key = %show_key(&key), ?waited, "lock wait over; loading anyway");
+                run_loader(loader, inner.load_timeout)
+                    .await
+                    .map(|(value, _)| value)
+            }
+            LockTimeoutKind::ServeStale => match stale.and_then(|e| self.entry_value(&key, &e)) {
+                Some(value) => Ok(value),
+                None => Err(lock_timeout(waited)),
+            },
+            LockTimeoutKind::Error => Err(lock_timeout(waited)),
+        }
+    }
+
+    /// Holding the lease: load, keep the lease alive, write through the
+    /// fence (or release the lease on failure).
+    async fn lead<F, Fut, E>(
+        &self,
+        key: &[u8],
+        lease_key: &[u8],
+        token: &[u8],
+        loader: F,
+    ) -> Result<Option<V>, Error>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
+        E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+    {
+        let inner = &self.inner;
+        let store = &inner.store;
+        let mut load = pin!(run_loader(loader, inner.load_timeout));
+        let mut extend =
+            tokio::time::interval_at(Instant::now() + inner.lease_ttl / 2, inner.lease_ttl / 2);
+        let mut held = true;
+        let result = loop {
+            tokio::select! {
+                result = &mut load => break result,
+                _ = extend.tick(), if held => {
+                    match store.extend_lease(lease_key, token, inner.lease_ttl).await {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            tracing::debug!(key = %show_key(key), "lease lost while loading; the result will not be written");
+                            held = false;
+                        }
+                        Err(err) => tracing::warn!(key = %show_key(key), error = %err, "lease extension failed"),
+                    }
+                }
+            }
+        };
+
+        match result {
+            Ok((value, load_time)) => {
+                let payload = match &value {
+                    Some(v) => inner.codec.encode(v)?,
+                    None => Vec::new(),
+                };
+                let (bytes, ttl) = self.seal(payload, value.is_none(), load_time);
+                let message = notify::message(FILLED, key);
+                let write = FencedWrite {
+                    key,
+                    value: &bytes,
+                    ttl,
+                    lease_key,
+                    token,
+                    notice: inner.notice(&message),
+                };
+                match store.fenced_set(write).await {
+                    Ok(true) => {}
+                    Ok(false) => tracing::debug!(
+                        key = %show_key(key),
+                        "lease revoked (invalidated or expired) during the load; not written"
+                    ),
+                    Err(err) => {
+                        tracing::warn!(key = %show_key(key), error = %err, "store write failed; returning the loaded value")
+                    }
+                }
+                Ok(value)
+            }
+            Err(err) => {
+                let message = notify::message(RELEASED, key);
+                if let Err(release) = store
+                    .release_lease(lease_key, token, inner.notice(&message))
+                    .await
+                {
+                    tracing::warn!(key = %show_key(key), error = %release, "lease release failed; it expires on its own");
+                }
+                Err(err)
+            }
+        }
+    }
+
+    /// Without a usable store: load and try a plain write.
+    async fn load_direct<F, Fut, E>(&self, key: &[u8], loader: F) -> Result<Option<V>, Error>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
+        E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+    {
+        let (value, load_time) = run_loader(loader, self.inner.load_timeout).await?;
+        let payload = match &value {
+            Some(v) => self.inner.codec.encode(v)?,
+            None => Vec::new(),
+        };
+        let (bytes, ttl) = self.seal(payload, value.is_none(), load_time);
+        if let Err(err) = self.inner.store.set(key, &bytes, ttl).await {
+            tracing::debug!(key = %show_key(key), error = %err, "store write failed; returning the loaded value");
+        }
+        Ok(value)
+    }
+
+    /// Reads `key`; the value if fresh. A readable entry that is no longer
+    /// fresh but inside grace is kept in `stale` for the lock-wait policy.
+    async fn fresh_value(&self, key: &[u8], stale: &mut Option<Entry>) -> Option<Option<V>> {
+        let entry = match self.read(key).await {
+            Ok(Some(entry)) => entry,
+            Ok(None) => return None,
+            Err(err) => {
+                tracing::debug!(key = %show_key(key), error = %err, "store read failed while waiting");
+                return None;
+            }
+        };
+        if self.is_fresh(&entry) {
+            return self.entry_value(key, &entry);
+        }
+        *stale = Some(entry);
+        None
+    }
+
+    /// The value an entry stands for: `Some(None)` for a negative entry,
+    /// `None` if it does not decode.
+    fn entry_value(&self, key: &[u8], entry: &Entry) -> Option<Option<V>> {
+        if entry.negative {
+            return Some(None);
+        }
+        self.decode_value(key, entry).map(Some)
+    }
+}
+
+fn lock_timeout(waited: Duration) -> Error {
+    Error::new(
+        ErrorKind::LockTimeout,
+        format!("another process held this key's lease for longer than lock_wait ({waited:?})"),
+    )
+}
+
+/// Runs the loader in its own task, so a panic becomes an error and the
+/// caller's cancellation cannot cut it short, under a hard timeout. Returns
+/// the value and how long the load took.
+async fn run_loader<V, F, Fut, E>(loader: F, timeout: Duration) -> Result<(V, Duration), Error>
+where
+    V: Send + 'static,
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = Result<V, E>> + Send + 'static,
+    E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+{
+    let started = Instant::now();
+    let mut task = tokio::spawn(async move { loader().await.map_err(Error::loader) });
+    let joined = match tokio::time::timeout(timeout, &mut task).await {
+        Ok(joined) => joined,
+        Err(_) => {
+            task.abort();
+            return Err(Error::new(
+                ErrorKind::Timeout,
+                format!("the loader did not finish within load_timeout ({timeout:?})"),
+            ));
+        }
+    };
+    match joined {
+        Ok(result) => result.map(|value| (value, started.elapsed())),
+        Err(join) if join.is_panic() => Err(Error::new(ErrorKind::Loader, "the loader panicked")),
+        Err(_) => Err(Error::new(
+            ErrorKind::Loader,
+            "the loader's task was cancelled",
+        )),
+    }
+}

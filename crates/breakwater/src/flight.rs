@@ -1,0 +1,242 @@
+//! In-process single-flight: at most one load per key per process.
+//!
+//! The first caller for a key starts a *flight*: a spawned task that produces
+//! the result. Every caller for the same key while it is in the air awaits
+//! that one result. Because the work runs in its own task, a caller that gives
+//! up (its future dropped, or a `timeout` around it) cancels nothing for the
+//! others and causes no second load. Leadership lives in a drop guard: if the
+//! flight's task dies without landing (a panic, a runtime shutdown), every
+//! waiter gets an error and the key is free again.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::watch;
+
+use crate::error::{Error, ErrorKind};
+
+type Slot<T> = Option<Result<T, Error>>;
+type Flights<T> = Arc<Mutex<HashMap<Vec<u8>, watch::Receiver<Slot<T>>>>>;
+
+/// Whether a caller started the flight or joined one already in the air.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// This call started the flight.
+    Leader,
+    /// This call shared another call's flight.
+    Follower,
+}
+
+/// The flights in the air, by key.
+pub(crate) struct SingleFlight<T> {
+    flights: Flights<T>,
+}
+
+impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
+    pub(crate) fn new() -> Self {
+        SingleFlight {
+            flights: Arc::default(),
+        }
+    }
+
+    /// The result of the flight for `key`, starting one with `start` if none
+    /// is in the air. `start` is called at most once, and only by the leader.
+    pub(crate) async fn run<F, Fut>(&self, key: &[u8], start: F) -> (Result<T, Error>, Role)
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, Error>> + Send + 'static,
+    {
+        let (mut rx, role) = {
+            let mut flights = lock(&self.flights);
+            match flights.get(key) {
+                Some(rx) => (rx.clone(), Role::Follower),
+                None => {
+                    let (tx, rx) = watch::channel(None);
+                    flights.insert(key.to_vec(), rx.clone());
+                    let landing = Landing {
+                        key: key.to_vec(),
+                        flights: Arc::clone(&self.flights),
+                        mine: rx.clone(),
+                        tx: Some(tx),
+                    };
+                    let work = start();
+                    tokio::spawn(async move {
+                        let result = work.await;
+                        landing.land(result);
+                    });
+                    (rx, Role::Leader)
+                }
+            }
+        };
+        let result = match rx.wait_for(Option::is_some).await {
+            Ok(slot) => slot.clone().unwrap_or_else(|| Err(abandoned())),
+            Err(_) => Err(abandoned()),
+        };
+        (result, role)
+    }
+
+    /// How many flights are in the air.
+    #[cfg(test)]
+    pub(crate) fn in_flight(&self) -> usize {
+        lock(&self.flights).len()
+    }
+}
+
+fn lock<T>(flights: &Flights<T>) -> MutexGuard<'_, HashMap<Vec<u8>, watch::Receiver<Slot<T>>>> {
+    // Every critical section is a single map operation: poisoning cannot
+    // leave it half-done.
+    flights.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn abandoned() -> Error {
+    Error::new(
+        ErrorKind::Loader,
+        "the load was abandoned before it finished (its task panicked or the runtime shut down)",
+    )
+}
+
+/// The leader's duty: free the key and hand the result to every waiter,
+/// exactly once, however the flight's task ends.
+struct Landing<T> {
+    key: Vec<u8>,
+    flights: Flights<T>,
+    mine: watch::Receiver<Slot<T>>,
+    tx: Option<watch::Sender<Slot<T>>>,
+}
+
+impl<T> Landing<T> {
+    fn land(mut self, result: Result<T, Error>) {
+        self.finish(result);
+    }
+
+    fn finish(&mut self, result: Result<T, Error>) {
+        let Some(tx) = self.tx.take() else { return };
+        {
+            let mut flights = lock(&self.flights);
+            if flights
+                .get(&self.key)
+                .is_some_and(|rx| rx.same_channel(&self.mine))
+            {
+                flights.remove(&self.key);
+            }
+        }
+        tx.send_replace(Some(result));
+    }
+}
+
+impl<T> Drop for Landing<T> {
+    fn drop(&mut self) {
+        self.finish(Err(abandoned()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn concurrent_calls_share_one_flight() {
+        let flight = Arc::new(SingleFlight::<u64>::new());
+        let calls = Arc::new(AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..1_000 {
+            let flight = Arc::clone(&flight);
+            let calls = Arc::clone(&calls);
+            tasks.push(tokio::spawn(async move {
+                flight
+                    .run(b"k", || async move {
+                        calls.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        Ok(42)
+                    })
+                    .await
+            }));
+        }
+        let mut leaders = 0;
+        for task in tasks {
+            let (result, role) = task.await.unwrap();
+            assert_eq!(result.unwrap(), 42);
+            leaders += usize::from(role == Role::Leader);
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!(leaders, 1);
+        assert_eq!(flight.in_flight(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cancelled_leader_neither_cancels_nor_repeats_the_load() {
+        let flight = Arc::new(SingleFlight::<u64>::new());
+        let calls = Arc::new(AtomicUsize::new(0));
+        let work = |calls: Arc<AtomicUsize>| {
+            move || async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                Ok(7)
+            }
+        };
+        // The leader's caller gives up after 10 ms.
+        let leader = tokio::time::timeout(
+            Duration::from_millis(10),
+            flight.run(b"k", work(Arc::clone(&calls))),
+        )
+        .await;
+        assert!(leader.is_err());
+        let (result, role) = flight.run(b"k", work(Arc::clone(&calls))).await;
+        assert_eq!(role, Role::Follower);
+        assert_eq!(result.unwrap(), 7);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_panicking_flight_fails_every_waiter_and_frees_the_key() {
+        let flight = Arc::new(SingleFlight::<u64>::new());
+        let follower = {
+            let flight = Arc::clone(&flight);
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                flight.run(b"k", || async { Ok(1) }).await
+            })
+        };
+        let (result, _) = flight
+            .run(b"k", || async {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                panic!("loader bug");
+            })
+            .await;
+        let err = result.unwrap_err();
+        assert!(err.is_loader());
+        assert!(err.to_string().contains("abandoned"), "{err}");
+        let (result, role) = follower.await.unwrap();
+        assert_eq!(role, Role::Follower);
+        assert!(result.is_err());
+        assert_eq!(flight.in_flight(), 0);
+
+        let (result, role) = flight.run(b"k", || async { Ok(2) }).await;
+        assert_eq!((result.unwrap(), role), (2, Role::Leader));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn errors_reach_every_waiter() {
+        let flight = Arc::new(SingleFlight::<u64>::new());
+        let mut tasks = Vec::new();
+        for _ in 0..10 {
+            let flight = Arc::clone(&flight);
+            tasks.push(tokio::spawn(async move {
+                flight
+                    .run(b"k", || async {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        Err(Error::new(ErrorKind::Store, "down"))
+                    })
+                    .await
+                    .0
+            }));
+        }
+        for task in tasks {
+            assert!(task.await.unwrap().unwrap_err().is_store());
+        }
+    }
+}

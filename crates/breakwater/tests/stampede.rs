@@ -1,0 +1,340 @@
+//! One load per key: single-flight, the Redis lease, woken waiters and fenced
+//! writes, against real private Redis servers. Separate `RedisStore` handles
+//! (own connections, own caches) stand in for separate processes here; the
+//! CLI's tests run real OS processes.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use breakwater::{Cache, ErrorKind, Jitter, MemoryStore, OnLockTimeout, RedisStore};
+use support::redis_store;
+use tokio::sync::Notify;
+
+fn cache_on(store: &RedisStore) -> Cache<String> {
+    Cache::builder()
+        .namespace("stampede")
+        .store(store.clone())
+        .ttl(Duration::from_secs(60))
+        .jitter(Jitter::ratio(0.1))
+        .build()
+        .unwrap()
+}
+
+type LoadFuture = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Option<String>, std::io::Error>> + Send>,
+>;
+
+/// A loader that counts calls and takes `delay`.
+fn slow_loader(
+    calls: &Arc<AtomicUsize>,
+    delay: Duration,
+    value: &str,
+) -> impl FnOnce() -> LoadFuture + Send + 'static {
+    let calls = Arc::clone(calls);
+    let value = value.to_string();
+    move || {
+        Box::pin(async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(delay).await;
+            Ok(Some(value))
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousand_concurrent_calls_one_process_one_load() {
+    let (_server, store) = redis_store().await;
+    let cache = cache_on(&store);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..1_000 {
+        let cache = cache.clone();
+        let loader = slow_loader(&calls, Duration::from_millis(50), "v");
+        tasks.push(tokio::spawn(async move {
+            cache.get_or_load("hot", loader).await
+        }));
+    }
+    for task in tasks {
+        assert_eq!(task.await.unwrap().unwrap().as_deref(), Some("v"));
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_caches_with_their_own_connections_share_one_load() {
+    let (server, _) = redis_store().await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut caches = Vec::new();
+    for _ in 0..4 {
+        let store = RedisStore::connect(&server.url()).unwrap();
+        store.warm_up().await.unwrap();
+        caches.push(cache_on(&store));
+    }
+    let start = Arc::new(Notify::new());
+    let mut tasks = Vec::new();
+    for cache in &caches {
+        for _ in 0..250 {
+            let cache = cache.clone();
+            let loader = slow_loader(&calls, Duration::from_millis(500), "v");
+            let start = Arc::clone(&start);
+            tasks.push(tokio::spawn(async move {
+                start.notified().await;
+                cache.get_or_load("hot", loader).await
+            }));
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    start.notify_waiters();
+    for task in tasks {
+        assert_eq!(task.await.unwrap().unwrap().as_deref(), Some("v"));
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_cancelled_callers_load_still_completes_once_for_the_others() {
+    let (_server, store) = redis_store().await;
+    let cache = cache_on(&store);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let leader = tokio::time::timeout(
+        Duration::from_millis(20),
+        cache.get_or_load("k", slow_loader(&calls, Duration::from_millis(200), "v")),
+    )
+    .await;
+    assert!(leader.is_err(), "the leader's caller should have given up");
+    let v = cache
+        .get_or_load(
+            "k",
+            slow_loader(&calls, Duration::from_millis(200), "second"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(v.as_deref(), Some("v"));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_panicking_loader_fails_every_waiter_and_the_next_call_loads_again() {
+    let (_server, store) = redis_store().await;
+    let cache = cache_on(&store);
+    let mut waiters = Vec::new();
+    for _ in 0..20 {
+        let cache = cache.clone();
+        waiters.push(tokio::spawn(async move {
+            cache
+                .get_or_load("k", || async {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    if true {
+                        panic!("loader bug");
+                    }
+                    Ok::<Option<String>, std::io::Error>(None)
+                })
+                .await
+        }));
+    }
+    for waiter in waiters {
+        let err = waiter.await.unwrap().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Loader);
+        assert_eq!(err.to_string(), "loader failed: the loader panicked");
+    }
+    // The lease was released, not left to expire: the next call loads at once.
+    let calls = Arc::new(AtomicUsize::new(0));
+    let v = tokio::time::timeout(
+        Duration::from_secs(2),
+        cache.get_or_load("k", slow_loader(&calls, Duration::ZERO, "ok")),
+    )
+    .await
+    .expect("next call must not wait for a lease")
+    .unwrap();
+    assert_eq!(v.as_deref(), Some("ok"));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn invalidate_during_a_slow_load_refuses_its_write() {
+    let (server, store) = redis_store().await;
+    let cache = cache_on(&store);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let slow = {
+        let cache = cache.clone();
+        let loader = slow_loader(&calls, Duration::from_millis(300), "old");
+        tokio::spawn(async move { cache.get_or_load("k", loader).await })
+    };
+    // Wait until the slow load holds the lease, then invalidate.
+    while calls.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    cache.invalidate("k").await.unwrap();
+    assert_eq!(slow.await.unwrap().unwrap().as_deref(), Some("old"));
+    assert_eq!(
+        server.command(&["EXISTS", "bw:stampede:v:{k}"]).unwrap(),
+        "0",
+        "the invalidated load wrote its result back"
+    );
+    let v = cache
+        .get_or_load("k", slow_loader(&calls, Duration::ZERO, "new"))
+        .await
+        .unwrap();
+    assert_eq!(v.as_deref(), Some("new"));
+}
+
+/// Two caches on one memory store: `holder` takes the lease with a loader
+/// that never finishes in time; `waiter` runs out of `lock_wait`.
+async fn lock_timeout_case(
+    policy: OnLockTimeout,
+    with_stale: bool,
+) -> (Result<Option<String>, breakwater::Error>, usize) {
+    let store = MemoryStore::new();
+    let build = || {
+        Cache::<String>::builder()
+            .namespace("lw")
+            .store(store.clone())
+            .ttl(Duration::from_secs(10))
+            .grace(Duration::from_secs(60))
+            .jitter(Jitter::none())
+            .lock_wait(Duration::from_secs(2))
+            .lease_ttl(Duration::from_secs(30))
+            .on_lock_timeout(policy)
+            .build()
+            .unwrap()
+    };
+    let holder = build();
+    let waiter = build();
+    if with_stale {
+        waiter.set("k", &"stale".to_string()).await.unwrap();
+        tokio::time::advance(Duration::from_secs(11)).await; // past fresh, inside grace
+    }
+    let calls = Arc::new(AtomicUsize::new(0));
+    let held = {
+        let loader = slow_loader(&calls, Duration::from_secs(20), "slow");
+        tokio::spawn(async move { holder.get_or_load("k", loader).await })
+    };
+    while calls.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    let started = tokio::time::Instant::now();
+    let result = waiter
+        .get_or_load("k", slow_loader(&calls, Duration::from_millis(1), "anyway"))
+        .await;
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(2),
+        "gave up early: {waited:?}"
+    );
+    assert!(
+        waited < Duration::from_secs(3),
+        "waited past lock_wait: {waited:?}"
+    );
+    held.abort();
+    (result, calls.load(Ordering::SeqCst))
+}
+
+#[tokio::test(start_paused = true)]
+async fn lock_timeout_load_anyway_calls_the_loader() {
+    let (result, calls) = lock_timeout_case(OnLockTimeout::load_anyway(), false).await;
+    assert_eq!(result.unwrap().as_deref(), Some("anyway"));
+    assert_eq!(calls, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn lock_timeout_serve_stale_serves_the_stale_value() {
+    let (result, calls) = lock_timeout_case(OnLockTimeout::serve_stale(), true).await;
+    assert_eq!(result.unwrap().as_deref(), Some("stale"));
+    assert_eq!(calls, 1, "serve_stale must not call the loader");
+}
+
+#[tokio::test(start_paused = true)]
+async fn lock_timeout_serve_stale_without_stale_is_a_lock_timeout() {
+    let (result, calls) = lock_timeout_case(OnLockTimeout::serve_stale(), false).await;
+    assert!(result.unwrap_err().is_lock_timeout());
+    assert_eq!(calls, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn lock_timeout_error_is_a_lock_timeout() {
+    let (result, calls) = lock_timeout_case(OnLockTimeout::error(), true).await;
+    let err = result.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LockTimeout);
+    assert_eq!(
+        err.to_string(),
+        "lock wait timed out: another process held this key's lease for longer than lock_wait (2s)"
+    );
+    assert_eq!(calls, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dead_leaders_lease_expires_and_a_waiter_takes_over() {
+    use breakwater::Store;
+    let store = MemoryStore::new();
+    let survivor = Cache::<String>::builder()
+        .namespace("dead")
+        .store(store.clone())
+        .lease_ttl(Duration::from_secs(1))
+        .lock_wait(Duration::from_secs(5))
+        .on_lock_timeout(OnLockTimeout::error()) // only a takeover can succeed
+        .build()
+        .unwrap();
+    // What a killed leader leaves behind: its lease, never extended again.
+    let taken = store
+        .acquire_lease(b"bw:dead:l:{k}", b"dead-token", Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert!(taken);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let started = tokio::time::Instant::now();
+    let v = survivor
+        .get_or_load(
+            "k",
+            slow_loader(&calls, Duration::from_millis(10), "taken over"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(v.as_deref(), Some("taken over"));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(1),
+        "took a held lease: {waited:?}"
+    );
+    assert!(waited < Duration::from_secs(2), "slow takeover: {waited:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiters_are_woken_by_the_fill_not_by_polling() {
+    let store = MemoryStore::new();
+    let build = || {
+        Cache::<String>::builder()
+            .namespace("wake")
+            .store(store.clone())
+            .lock_poll(Duration::from_secs(10)) // polling alone would take ≥ 5 s
+            .lock_wait(Duration::from_secs(30))
+            .build()
+            .unwrap()
+    };
+    let a = build();
+    let b = build();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let leader = {
+        let loader = slow_loader(&calls, Duration::from_millis(100), "v");
+        tokio::spawn(async move { a.get_or_load("k", loader).await })
+    };
+    while calls.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    let started = tokio::time::Instant::now();
+    let v = b
+        .get_or_load("k", slow_loader(&calls, Duration::ZERO, "second"))
+        .await
+        .unwrap();
+    assert_eq!(v.as_deref(), Some("v"));
+    assert!(
+        started.elapsed() <= Duration::from_millis(100),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    leader.await.unwrap().unwrap();
+}
