@@ -1,2 +1,63 @@
-//! The `breakwater` command line.
-fn main() {}
+//! `breakwater`: the command line of the breakwater cache layer.
+//!
+//! One module per subcommand; [`Command`] lists them and [`main`] dispatches.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod demo;
+
+/// breakwater — a Redis caching layer that fights cache avalanche and stampede.
+#[derive(Debug, Parser)]
+#[command(name = "breakwater", version)]
+struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Show how TTL jitter spreads expiries (embedded memory store, no server).
+    Demo(demo::DemoOpts),
+}
+
+/// Parses the command line and runs the chosen subcommand.
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Demo(opts) => demo::main(opts).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn cli_definition_is_valid() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn demo_defaults() {
+        let cli = Cli::try_parse_from(["breakwater", "demo"]).unwrap();
+        let Command::Demo(opts) = cli.command;
+        assert_eq!(opts.keys, 10_000);
+        assert_eq!(opts.ttl_secs, 10);
+        assert_eq!(opts.ratio, 0.2);
+        assert_eq!(opts.seed, None);
+    }
+
+    #[test]
+    fn negative_ratio_reaches_the_library_check() {
+        let cli = Cli::try_parse_from(["breakwater", "demo", "--ratio", "-0.5"]).unwrap();
+        let Command::Demo(opts) = cli.command;
+        assert_eq!(opts.ratio, -0.5);
+    }
+}
