@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod demo;
+mod worker;
 
 /// breakwater — a Redis caching layer that fights cache avalanche and stampede.
 #[derive(Debug, Parser)]
@@ -22,6 +23,9 @@ struct Cli {
 enum Command {
     /// Show how TTL jitter spreads expiries (embedded memory store, no server).
     Demo(demo::DemoOpts),
+    /// Test support: one process of a multi-process stampede.
+    #[command(hide = true)]
+    StampedeWorker(worker::WorkerOpts),
 }
 
 /// Parses the command line and runs the chosen subcommand.
@@ -30,6 +34,7 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Demo(opts) => demo::main(opts).await,
+        Command::StampedeWorker(opts) => worker::main(opts).await,
     }
 }
 
@@ -47,7 +52,9 @@ mod tests {
     #[test]
     fn demo_defaults() {
         let cli = Cli::try_parse_from(["breakwater", "demo"]).unwrap();
-        let Command::Demo(opts) = cli.command;
+        let Command::Demo(opts) = cli.command else {
+            panic!("expected the demo subcommand");
+        };
         assert_eq!(opts.keys, 10_000);
         assert_eq!(opts.ttl_secs, 10);
         assert_eq!(opts.ratio, 0.2);
@@ -57,7 +64,9 @@ mod tests {
     #[test]
     fn negative_ratio_reaches_the_library_check() {
         let cli = Cli::try_parse_from(["breakwater", "demo", "--ratio", "-0.5"]).unwrap();
-        let Command::Demo(opts) = cli.command;
+        let Command::Demo(opts) = cli.command else {
+            panic!("expected the demo subcommand");
+        };
         assert_eq!(opts.ratio, -0.5);
     }
 }

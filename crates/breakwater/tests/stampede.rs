@@ -118,7 +118,7 @@ async fn a_cancelled_callers_load_still_completes_once_for_the_others() {
 
 #[tokio::test]
 async fn a_panicking_loader_fails_every_waiter_and_the_next_call_loads_again() {
-    let (_server, store) = redis_store().await;
+    let (server, store) = redis_store().await;
     let cache = cache_on(&store);
     let mut waiters = Vec::new();
     for _ in 0..20 {
@@ -140,15 +140,20 @@ async fn a_panicking_loader_fails_every_waiter_and_the_next_call_loads_again() {
         assert_eq!(err.kind(), ErrorKind::Loader);
         assert_eq!(err.to_string(), "loader failed: the loader panicked");
     }
-    // The lease was released, not left to expire: the next call loads at once.
+    // The lease was released, not left to expire, and nothing was cached.
+    assert_eq!(
+        server.command(&["EXISTS", "bw:stampede:l:{k}"]).unwrap(),
+        "0"
+    );
+    assert_eq!(
+        server.command(&["EXISTS", "bw:stampede:v:{k}"]).unwrap(),
+        "0"
+    );
     let calls = Arc::new(AtomicUsize::new(0));
-    let v = tokio::time::timeout(
-        Duration::from_secs(2),
-        cache.get_or_load("k", slow_loader(&calls, Duration::ZERO, "ok")),
-    )
-    .await
-    .expect("next call must not wait for a lease")
-    .unwrap();
+    let v = cache
+        .get_or_load("k", slow_loader(&calls, Duration::ZERO, "ok"))
+        .await
+        .unwrap();
     assert_eq!(v.as_deref(), Some("ok"));
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }

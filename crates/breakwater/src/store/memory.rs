@@ -177,6 +177,18 @@ impl Shard {
         self.map.get(key)
     }
 
+    /// Stores `value` under `key` for `ttl_ms` from `now`.
+    fn put(&mut self, key: &[u8], value: &[u8], now: Instant, ttl_ms: u64) {
+        self.maybe_sweep(now);
+        self.map.insert(
+            key.to_vec(),
+            Slot {
+                value: value.to_vec(),
+                expires_at: now + Duration::from_millis(ttl_ms),
+            },
+        );
+    }
+
     /// Drops expired entries once writes since the last sweep exceed half the
     /// shard: amortised O(1) per write.
     fn maybe_sweep(&mut self, now: Instant) {
@@ -201,16 +213,9 @@ impl Store for MemoryStore {
 
     fn set<'a>(&'a self, key: &'a [u8], value: &'a [u8], ttl: Duration) -> StoreFuture<'a, ()> {
         let result = ttl_millis(ttl).map(|ms| {
-            let now = Instant::now();
-            let mut shard = self.inner.shard_for(key);
-            shard.maybe_sweep(now);
-            shard.map.insert(
-                key.to_vec(),
-                Slot {
-                    value: value.to_vec(),
-                    expires_at: now + Duration::from_millis(ms),
-                },
-            );
+            self.inner
+                .shard_for(key)
+                .put(key, value, Instant::now(), ms);
         });
         Box::pin(async move { result })
     }
@@ -311,15 +316,9 @@ impl Store for MemoryStore {
             let written = self
                 .inner
                 .with_held_lease(write.lease_key, write.token, |leases, now| {
-                    let mut shard = self.inner.shard_for(write.key);
-                    shard.maybe_sweep(now);
-                    shard.map.insert(
-                        write.key.to_vec(),
-                        Slot {
-                            value: write.value.to_vec(),
-                            expires_at: now + Duration::from_millis(ms),
-                        },
-                    );
+                    self.inner
+                        .shard_for(write.key)
+                        .put(write.key, write.value, now, ms);
                     leases.remove(write.lease_key);
                 })
                 .is_some();
