@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod demo;
 mod worker;
 
@@ -23,6 +24,9 @@ struct Cli {
 enum Command {
     /// Show how TTL jitter spreads expiries (embedded memory store, no server).
     Demo(demo::DemoOpts),
+    /// Measure: `bench stampede` (one hot key, breakwater vs the naive algorithm).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
     /// Test support: one process of a multi-process stampede.
     #[command(hide = true)]
     StampedeWorker(worker::WorkerOpts),
@@ -34,6 +38,7 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Demo(opts) => demo::main(opts).await,
+        Command::Bench(command) => bench::main(command).await,
         Command::StampedeWorker(opts) => worker::main(opts).await,
     }
 }

@@ -3,17 +3,33 @@
 //!
 //! The worker connects to Redis, prints `ready`, waits for one line on stdin
 //! (the test releases every worker at once), then fires `concurrency` calls
-//! of [`Cache::get_or_load`] for one key. Its loader counts itself with an
-//! `INCR` on a Redis counter, so the test can check how many loads the whole
-//! fleet ran. It ends with one line
+//! of [`Cache::get_or_load`] for one key (or, with `--algo naive`, of the
+//! seed article's lock-and-sleep algorithm, for comparison). Its loader
+//! counts itself with an `INCR` on a Redis counter, so the test can check how
+//! many loads the whole fleet ran, and stamps the value with the wall-clock
+//! time the load finished, so each caller can tell how long after the fill it
+//! returned (its wake-up delay). With `--samples` it prints one line
+//! `sample <latency µs> <wake-up µs>` per call; it ends with one line
 //! `done ok=<n> err=<n> first_error=<message or none>`.
 
 use std::io::{self, BufRead, Write};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use breakwater::{Cache, OnLockTimeout, RedisStore};
-use clap::Args;
+use clap::{Args, ValueEnum};
+use redis::aio::MultiplexedConnection;
+use tokio::time::Instant;
+
+/// Which stampede defence the worker runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Algo {
+    /// `Cache::get_or_load`: single-flight, lease, woken waiters.
+    Breakwater,
+    /// The seed article's algorithm: GET; SET lock NX EX 10; sleep 100 ms;
+    /// GET; else load.
+    Naive,
+}
 
 /// Options of `breakwater stampede-worker`.
 #[derive(Debug, Clone, Args)]
@@ -42,6 +58,12 @@ pub(crate) struct WorkerOpts {
     /// The Redis key the loader `INCR`s once per load.
     #[arg(long, default_value = "loads")]
     pub(crate) counter: String,
+    /// The algorithm under test.
+    #[arg(long, value_enum, default_value_t = Algo::Breakwater)]
+    pub(crate) algo: Algo,
+    /// Print one `sample <latency µs> <wake-up µs>` line per call.
+    #[arg(long)]
+    pub(crate) samples: bool,
 }
 
 /// Runs the worker; exit code 0 only if every call succeeded.
@@ -87,36 +109,51 @@ async fn run(opts: WorkerOpts) -> Result<usize, Box<dyn std::error::Error>> {
         return Err("stdin closed before the go line".into());
     }
 
-    let pid = std::process::id();
+    let released = Instant::now();
     let loader_sleep = Duration::from_millis(opts.loader_ms);
     let handles: Vec<_> = (0..opts.concurrency)
         .map(|_| {
             let cache = cache.clone();
-            let key = opts.key.clone();
-            let counter = opts.counter.clone();
-            let mut conn = counter_conn.clone();
+            let opts = opts.clone();
+            let conn = counter_conn.clone();
             tokio::spawn(async move {
-                cache
-                    .get_or_load(key, move || async move {
-                        redis::cmd("INCR")
-                            .arg(&counter)
-                            .query_async::<i64>(&mut conn)
-                            .await?;
-                        tokio::time::sleep(loader_sleep).await;
-                        Ok::<_, redis::RedisError>(Some(format!("value from pid {pid}")))
-                    })
-                    .await
+                let value = match opts.algo {
+                    Algo::Breakwater => {
+                        let mut load_conn = conn.clone();
+                        let counter = opts.counter.clone();
+                        cache
+                            .get_or_load(opts.key.clone(), move || async move {
+                                load(&mut load_conn, &counter, loader_sleep).await.map(Some)
+                            })
+                            .await
+                            .map_err(|e| e.to_string())?
+                    }
+                    Algo::Naive => naive(conn, &opts, loader_sleep)
+                        .await
+                        .map(Some)
+                        .map_err(|e| e.to_string())?,
+                };
+                let latency = released.elapsed();
+                let wake = value.as_deref().and_then(wake_up);
+                Ok::<_, String>((value, latency, wake))
             })
         })
         .collect();
 
     let (mut ok, mut err) = (0usize, 0usize);
     let mut first_error: Option<String> = None;
+    let mut stdout = io::stdout().lock();
     for handle in handles {
         let outcome = match handle.await {
-            Ok(Ok(Some(_))) => Ok(()),
-            Ok(Ok(None)) => Err("loaded value was None".to_owned()),
-            Ok(Err(e)) => Err(e.to_string()),
+            Ok(Ok((Some(_), latency, wake))) => {
+                if opts.samples {
+                    let wake = wake.map_or(-1, |w| i64::try_from(w.as_micros()).unwrap_or(-1));
+                    writeln!(stdout, "sample {} {wake}", latency.as_micros())?;
+                }
+                Ok(())
+            }
+            Ok(Ok((None, _, _))) => Err("loaded value was None".to_owned()),
+            Ok(Err(e)) => Err(e),
             Err(e) => Err(format!("task failed: {e}")),
         };
         match outcome {
@@ -128,8 +165,82 @@ async fn run(opts: WorkerOpts) -> Result<usize, Box<dyn std::error::Error>> {
         }
     }
     let first_error = first_error.unwrap_or_else(|| "none".to_owned());
-    let mut stdout = io::stdout().lock();
     writeln!(stdout, "done ok={ok} err={err} first_error={first_error}")?;
     stdout.flush()?;
     Ok(err)
+}
+
+/// The database stand-in: count the load, take `delay`, and return a value
+/// stamped with the wall-clock time it was produced.
+async fn load(
+    conn: &mut MultiplexedConnection,
+    counter: &str,
+    delay: Duration,
+) -> Result<String, redis::RedisError> {
+    redis::cmd("INCR")
+        .arg(counter)
+        .query_async::<i64>(conn)
+        .await?;
+    tokio::time::sleep(delay).await;
+    Ok(format!("{}@{}", std::process::id(), unix_micros()))
+}
+
+/// How long after the value was produced this caller got it.
+fn wake_up(value: &str) -> Option<Duration> {
+    let filled: u128 = value.rsplit_once('@')?.1.parse().ok()?;
+    Some(Duration::from_micros(
+        u64::try_from(unix_micros().saturating_sub(filled)).unwrap_or(u64::MAX),
+    ))
+}
+
+fn unix_micros() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros())
+}
+
+/// A port of the seed article's request coalescing, for comparison only:
+/// GET; on a miss `SET lock NX EX 10`; the lock holder loads, writes with
+/// `EX 300` and deletes the lock; everyone else sleeps 100 ms, reads again,
+/// and loads on its own if the value is still missing.
+async fn naive(
+    mut conn: MultiplexedConnection,
+    opts: &WorkerOpts,
+    delay: Duration,
+) -> Result<String, redis::RedisError> {
+    let key = format!("naive:{}", opts.key);
+    let lock = format!("lock:{key}");
+    let cached: Option<String> = redis::cmd("GET").arg(&key).query_async(&mut conn).await?;
+    if let Some(value) = cached {
+        return Ok(value);
+    }
+    let locked: Option<String> = redis::cmd("SET")
+        .arg(&lock)
+        .arg("1")
+        .arg("NX")
+        .arg("EX")
+        .arg(10)
+        .query_async(&mut conn)
+        .await?;
+    if locked.is_some() {
+        let fresh = load(&mut conn, &opts.counter, delay).await?;
+        redis::cmd("SET")
+            .arg(&key)
+            .arg(&fresh)
+            .arg("EX")
+            .arg(300)
+            .query_async::<()>(&mut conn)
+            .await?;
+        redis::cmd("DEL")
+            .arg(&lock)
+            .query_async::<i64>(&mut conn)
+            .await?;
+        return Ok(fresh);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let retried: Option<String> = redis::cmd("GET").arg(&key).query_async(&mut conn).await?;
+    match retried {
+        Some(value) => Ok(value),
+        None => load(&mut conn, &opts.counter, delay).await,
+    }
 }

@@ -304,6 +304,7 @@ impl<V: Value> CacheBuilder<V> {
                 rng: Mutex::new(rng),
                 token_rng: Mutex::new(rand::make_rng()),
                 waiters: Waiters::new(channel),
+                reads: SingleFlight::new(),
             }),
             flights: Arc::new(SingleFlight::new()),
         })

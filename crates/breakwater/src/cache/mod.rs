@@ -79,6 +79,7 @@ impl<T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static> Value for 
 /// ```
 pub struct Cache<V> {
     inner: Arc<Inner>,
+    /// Loads in the air, by storage key.
     flights: Arc<SingleFlight<Option<V>>>,
 }
 
@@ -125,6 +126,9 @@ struct Inner {
     /// Lease tokens; always from the OS, never seeded, so unguessable.
     token_rng: Mutex<StdRng>,
     waiters: Waiters,
+    /// Store reads in the air, by storage key: concurrent local reads of one
+    /// key share one `GET`.
+    reads: SingleFlight<Option<Arc<Entry>>>,
 }
 
 impl Inner {
@@ -278,8 +282,8 @@ impl<V: Value> Cache<V> {
         // 1. Key.
         let key = self.storage_key(key.as_ref())?;
 
-        // 2. Read; 3. Freshness.
-        match self.read(&key).await {
+        // 2. Read (shared with concurrent reads of the key); 3. Freshness.
+        match self.read_shared(&key).await {
             Ok(Some(entry)) if self.is_fresh(&entry) => {
                 if entry.negative {
                     return Ok(None);
@@ -354,6 +358,21 @@ impl<V: Value> Cache<V> {
 
     /// Reads and decodes the envelope; unreadable bytes are a miss plus a
     /// warning, never an error and never a wrong value.
+    /// [`read`](Self::read), shared by every concurrent caller for `key` in
+    /// this process: in a stampede, one `GET` instead of one per caller.
+    async fn read_shared(&self, key: &[u8]) -> Result<Option<Arc<Entry>>, Error> {
+        let cache = self.clone();
+        let owned = key.to_vec();
+        let (entry, _) = self
+            .inner
+            .reads
+            .run(key, move || async move {
+                Ok(cache.read(&owned).await?.map(Arc::new))
+            })
+            .await;
+        entry
+    }
+
     async fn read(&self, key: &[u8]) -> Result<Option<Entry>, Error> {
         let Some(bytes) = self.inner.store.get(key).await? else {
             return Ok(None);

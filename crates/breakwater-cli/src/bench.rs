@@ -1,0 +1,284 @@
+//! `breakwater bench stampede`: one hot key, C concurrent callers in each of
+//! P processes, released together against a Redis where the key is missing.
+//! Runs breakwater's `get_or_load` and a port of the seed article's naive
+//! lock-and-sleep algorithm side by side, on the same Redis, and reports
+//! loads, call latency and wake-up delay (how long after the value was
+//! produced each caller got it).
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+
+use crate::worker::Algo;
+
+/// `breakwater bench` subcommands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum BenchCommand {
+    /// Stampede on one hot key: loads, latency and wake-up, breakwater vs naive.
+    Stampede(StampedeOpts),
+}
+
+/// Options of `breakwater bench stampede`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct StampedeOpts {
+    /// Redis URL to run against (the bench writes keys under `bench:`).
+    #[arg(long)]
+    pub(crate) redis: String,
+    /// Loader latency in milliseconds.
+    #[arg(long, default_value_t = 50)]
+    pub(crate) loader_ms: u64,
+    /// Concurrent callers per process (comma-separated list).
+    #[arg(long, value_delimiter = ',', default_values_t = [100, 1000])]
+    pub(crate) concurrency: Vec<usize>,
+    /// Processes (comma-separated list).
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 4])]
+    pub(crate) processes: Vec<usize>,
+    /// Repetitions of each scenario; figures are over all of them.
+    #[arg(long, default_value_t = 3)]
+    pub(crate) runs: usize,
+}
+
+/// Runs a bench subcommand.
+///
+/// The orchestration blocks on child processes; nothing else runs on the
+/// runtime meanwhile, so that is harmless here.
+pub(crate) async fn main(command: BenchCommand) -> ExitCode {
+    match command {
+        BenchCommand::Stampede(opts) => match stampede(&opts).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("bench stampede: {err}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+/// What one scenario measured.
+#[derive(Debug, Default)]
+struct Figures {
+    loads: u64,
+    errors: usize,
+    latencies_us: Vec<u64>,
+    wakes_us: Vec<u64>,
+}
+
+async fn stampede(opts: &StampedeOpts) -> Result<(), Box<dyn std::error::Error>> {
+    let exe = std::env::current_exe()?;
+    println!(
+        "stampede bench: one missing hot key, loader {} ms, {} run(s) per row, {}",
+        opts.loader_ms, opts.runs, opts.redis
+    );
+    println!();
+    println!(
+        "{:<11} {:>2} {:>5} {:>6} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9}",
+        "algorithm",
+        "P",
+        "C",
+        "loads",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "wake p50",
+        "wake p99",
+        "errors"
+    );
+    let mut scenario = 0u64;
+    for &processes in &opts.processes {
+        for &concurrency in &opts.concurrency {
+            for algo in [Algo::Naive, Algo::Breakwater] {
+                let mut all = Figures::default();
+                for _ in 0..opts.runs {
+                    scenario += 1;
+                    let run = run_once(&exe, opts, algo, processes, concurrency, scenario).await?;
+                    all.loads += run.loads;
+                    all.errors += run.errors;
+                    all.latencies_us.extend(run.latencies_us);
+                    all.wakes_us.extend(run.wakes_us);
+                }
+                all.latencies_us.sort_unstable();
+                all.wakes_us.sort_unstable();
+                let name = match algo {
+                    Algo::Naive => "naive",
+                    Algo::Breakwater => "breakwater",
+                };
+                let ms = |us: Option<u64>| {
+                    us.map_or("-".to_owned(), |u| format!("{:.2}", u as f64 / 1000.0))
+                };
+                println!(
+                    "{:<11} {:>2} {:>5} {:>6} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9}",
+                    name,
+                    processes,
+                    concurrency,
+                    format!("{:.1}", all.loads as f64 / opts.runs as f64),
+                    ms(percentile(&all.latencies_us, 0.50)),
+                    ms(percentile(&all.latencies_us, 0.99)),
+                    ms(all.latencies_us.last().copied()),
+                    ms(percentile(&all.wakes_us, 0.50)),
+                    ms(percentile(&all.wakes_us, 0.99)),
+                    all.errors,
+                );
+            }
+        }
+    }
+    println!();
+    println!(
+        "loads: loader calls per run (goal 1). Latency: from the release to each call's return."
+    );
+    println!(
+        "wake: from the moment the loaded value was produced to each caller's return (callers"
+    );
+    println!("that found the value already cached count too).");
+    Ok(())
+}
+
+/// One scenario: `processes` workers with `concurrency` callers each.
+async fn run_once(
+    exe: &std::path::Path,
+    opts: &StampedeOpts,
+    algo: Algo,
+    processes: usize,
+    concurrency: usize,
+    scenario: u64,
+) -> Result<Figures, Box<dyn std::error::Error>> {
+    let pid = std::process::id();
+    let key = format!("hot:{pid}:{scenario}");
+    let counter = format!("bench:loads:{pid}:{scenario}");
+    let algo_arg = match algo {
+        Algo::Naive => "naive",
+        Algo::Breakwater => "breakwater",
+    };
+    let mut workers = Vec::with_capacity(processes);
+    for _ in 0..processes {
+        let mut child = Command::new(exe)
+            .args([
+                "stampede-worker",
+                "--redis",
+                &opts.redis,
+                "--namespace",
+                "bench",
+            ])
+            .args([
+                "--key",
+                &key,
+                "--counter",
+                &counter,
+                "--algo",
+                algo_arg,
+                "--samples",
+            ])
+            .args(["--concurrency", &concurrency.to_string()])
+            .args(["--loader-ms", &opts.loader_ms.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        let stdout = child.stdout.take().ok_or("worker has no stdout")?;
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        workers.push(Worker { child, lines: rx });
+    }
+    for worker in &mut workers {
+        match worker.lines.recv_timeout(Duration::from_secs(30)) {
+            Ok(line) if line == "ready" => {}
+            other => return Err(format!("worker did not get ready: {other:?}").into()),
+        }
+    }
+    for worker in &mut workers {
+        let stdin = worker.child.stdin.as_mut().ok_or("worker has no stdin")?;
+        stdin.write_all(b"go\n")?;
+        stdin.flush()?;
+    }
+    let mut figures = Figures::default();
+    for worker in &mut workers {
+        loop {
+            let line = worker
+                .lines
+                .recv_timeout(Duration::from_secs(120))
+                .map_err(|_| "worker did not finish within 120 s")?;
+            if let Some(rest) = line.strip_prefix("sample ") {
+                let mut parts = rest.split(' ');
+                let latency: u64 = parts.next().unwrap_or("0").parse()?;
+                let wake: i64 = parts.next().unwrap_or("-1").parse()?;
+                figures.latencies_us.push(latency);
+                if let Ok(wake) = u64::try_from(wake) {
+                    figures.wakes_us.push(wake);
+                }
+            } else if let Some(rest) = line.strip_prefix("done ") {
+                let errors = rest
+                    .split(' ')
+                    .find_map(|kv| kv.strip_prefix("err="))
+                    .and_then(|n| n.parse::<usize>().ok())
+                    .unwrap_or(0);
+                figures.errors += errors;
+                break;
+            }
+        }
+        worker.child.wait()?;
+    }
+    figures.loads = read_counter(&opts.redis, &counter).await?;
+    Ok(figures)
+}
+
+struct Worker {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Reads (and deletes) the load counter.
+async fn read_counter(url: &str, counter: &str) -> Result<u64, redis::RedisError> {
+    let client = redis::Client::open(url)?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let loads: Option<u64> = redis::cmd("GET")
+        .arg(counter)
+        .query_async(&mut conn)
+        .await?;
+    redis::cmd("DEL")
+        .arg(counter)
+        .query_async::<i64>(&mut conn)
+        .await?;
+    Ok(loads.unwrap_or(0))
+}
+
+/// The `q` quantile of sorted samples (nearest rank).
+fn percentile(sorted: &[u64], q: f64) -> Option<u64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted.get(rank - 1).copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentile_is_nearest_rank() {
+        let v: Vec<u64> = (1..=100).collect();
+        assert_eq!(percentile(&v, 0.50), Some(50));
+        assert_eq!(percentile(&v, 0.99), Some(99));
+        assert_eq!(percentile(&v, 1.0), Some(100));
+        assert_eq!(percentile(&[7], 0.99), Some(7));
+        assert_eq!(percentile(&[], 0.5), None);
+    }
+}
