@@ -76,6 +76,11 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
         (result, role)
     }
 
+    /// `true` if a flight for `key` is in the air.
+    pub(crate) fn is_running(&self, key: &[u8]) -> bool {
+        lock(&self.flights).contains_key(key)
+    }
+
     /// How many flights are in the air.
     #[cfg(test)]
     pub(crate) fn in_flight(&self) -> usize {

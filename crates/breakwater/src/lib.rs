@@ -47,16 +47,21 @@
 #![deny(missing_docs)]
 
 mod cache;
+pub mod clock;
 pub mod codec;
 mod entry;
 mod error;
 mod flight;
+pub mod freshness;
 pub mod jitter;
 pub mod store;
 
-pub use cache::{Cache, CacheBuilder, OnLockTimeout, Value};
+pub use cache::{
+    Cache, CacheBuilder, CacheEntry, Fetched, OnLockTimeout, Served, StaleReason, Value,
+};
 pub use codec::{Codec, Compression};
 pub use error::{ConfigError, Error, ErrorKind};
+pub use freshness::EarlyRefresh;
 pub use jitter::{Backoff, Interval, Jitter};
 pub use store::{
     Delivery, FencedWrite, MemoryStore, Notice, RedisStore, RedisStoreConfig, Store, StoreFuture,

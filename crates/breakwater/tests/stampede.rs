@@ -198,7 +198,7 @@ async fn lock_timeout_case(
             .namespace("lw")
             .store(store.clone())
             .ttl(Duration::from_secs(10))
-            .grace(Duration::from_secs(60))
+            .max_stale(Duration::from_secs(60)) // no grace: stale is only a fallback
             .jitter(Jitter::none())
             .lock_wait(Duration::from_secs(2))
             .lease_ttl(Duration::from_secs(30))
@@ -210,7 +210,7 @@ async fn lock_timeout_case(
     let waiter = build();
     if with_stale {
         waiter.set("k", &"stale".to_string()).await.unwrap();
-        tokio::time::advance(Duration::from_secs(11)).await; // past fresh, inside grace
+        tokio::time::advance(Duration::from_secs(11)).await; // past fresh, inside max_stale
     }
     let calls = Arc::new(AtomicUsize::new(0));
     let held = {

@@ -9,10 +9,12 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 use super::notify::Waiters;
+use super::options::Options;
 use super::{Cache, Inner, Value};
 use crate::codec::{Codec, Compression};
 use crate::error::ConfigError;
 use crate::flight::SingleFlight;
+use crate::freshness::EarlyRefresh;
 use crate::jitter::Jitter;
 use crate::store::{MemoryStore, Store};
 
@@ -73,7 +75,11 @@ impl OnLockTimeout {
 /// | `codec` | [`Codec::msgpack`] |
 /// | `compression` | [`Compression::lz4`] above 1 KiB |
 /// | `max_key_len` | 1024 bytes |
-/// | `grace` | 0 (no stale values) |
+/// | `grace` | 0 (no stale-while-revalidate) |
+/// | `max_stale` | `grace` (no value is ever served older than this past its fresh window) |
+/// | `early_refresh` | [`EarlyRefresh::xfetch(1.0)`](EarlyRefresh::xfetch) |
+/// | `soft_timeout` | off |
+/// | `fail_safe_throttle` | 5 s |
 /// | `lease_ttl` | 5 s, extended every half while the loader runs |
 /// | `lock_wait` | 5 s |
 /// | `lock_poll` | 200 ms (jittered 100..=300 ms), a fallback to pub/sub wake-ups |
@@ -90,6 +96,10 @@ pub struct CacheBuilder<V> {
     compression: Compression,
     max_key_len: usize,
     grace: Duration,
+    max_stale: Option<Duration>,
+    early_refresh: EarlyRefresh,
+    soft_timeout: Option<Duration>,
+    fail_safe_throttle: Duration,
     lease_ttl: Duration,
     lock_wait: Duration,
     lock_poll: Duration,
@@ -124,6 +134,10 @@ impl<V: Value> CacheBuilder<V> {
             compression: Compression::lz4(),
             max_key_len: 1024,
             grace: Duration::ZERO,
+            max_stale: None,
+            early_refresh: EarlyRefresh::xfetch(1.0),
+            soft_timeout: None,
+            fail_safe_throttle: Duration::from_secs(5),
             lease_ttl: Duration::from_secs(5),
             lock_wait: Duration::from_secs(5),
             lock_poll: Duration::from_millis(200),
@@ -191,10 +205,42 @@ impl<V: Value> CacheBuilder<V> {
         self
     }
 
-    /// How long past its fresh window a value is kept, so it can be served
-    /// when a load cannot finish ([`OnLockTimeout::serve_stale`]).
+    /// Stale-while-revalidate: for this long past its fresh window a value is
+    /// served at once while one background refresh runs. `Duration::ZERO`
+    /// (the default) opts out: data that must not be stale (payments, stock,
+    /// permissions) waits for the load instead.
     pub fn grace(mut self, grace: Duration) -> Self {
         self.grace = grace;
+        self
+    }
+
+    /// Fail-safe (stale-if-error): the most a value may be served past its
+    /// fresh window, when its load fails, times out or cannot get the lease.
+    /// Defaults to `grace`; must not be shorter than it. The store drops the
+    /// value once this has passed, whatever any client believes.
+    pub fn max_stale(mut self, max_stale: Duration) -> Self {
+        self.max_stale = Some(max_stale);
+        self
+    }
+
+    /// Refresh a hot key in the background before it goes stale.
+    pub fn early_refresh(mut self, early: EarlyRefresh) -> Self {
+        self.early_refresh = early;
+        self
+    }
+
+    /// When a stale value exists and the load takes longer than this, serve
+    /// the stale value and let the load finish in the background.
+    pub fn soft_timeout(mut self, timeout: Duration) -> Self {
+        self.soft_timeout = Some(timeout);
+        self
+    }
+
+    /// After a failed load served a stale value, serve it without calling
+    /// the loader again for this long (per process), so a failing database
+    /// is not retried by every request.
+    pub fn fail_safe_throttle(mut self, throttle: Duration) -> Self {
+        self.fail_safe_throttle = throttle;
         self
     }
 
@@ -248,25 +294,21 @@ impl<V: Value> CacheBuilder<V> {
     /// `jitter ratio must be in 0..=1, got 1.5`.
     pub fn build(self) -> Result<Cache<V>, ConfigError> {
         validate_namespace(&self.namespace)?;
-        if self.ttl < Duration::from_millis(1) {
-            return Err(ConfigError::new(format!(
-                "ttl must be at least 1ms, got {:?}",
-                self.ttl
-            )));
-        }
-        let negative_ttl = self
-            .negative_ttl
-            .unwrap_or_else(|| self.ttl.min(Duration::from_secs(30)));
-        if negative_ttl < Duration::from_millis(1) {
-            return Err(ConfigError::new(format!(
-                "negative_ttl must be at least 1ms, got {negative_ttl:?}"
-            )));
-        }
-        for (name, value) in [
-            ("lease_ttl", self.lease_ttl),
-            ("lock_poll", self.lock_poll),
-            ("load_timeout", self.load_timeout),
-        ] {
+        let defaults = Options {
+            ttl: self.ttl,
+            negative_ttl: self
+                .negative_ttl
+                .unwrap_or_else(|| self.ttl.min(Duration::from_secs(30))),
+            jitter: self.jitter,
+            grace: self.grace,
+            max_stale: self.max_stale,
+            early_refresh: self.early_refresh,
+            soft_timeout: self.soft_timeout,
+            load_timeout: self.load_timeout,
+            fail_safe_throttle: self.fail_safe_throttle,
+        };
+        defaults.validate()?;
+        for (name, value) in [("lease_ttl", self.lease_ttl), ("lock_poll", self.lock_poll)] {
             if value < Duration::from_millis(2) {
                 return Err(ConfigError::new(format!(
                     "{name} must be at least 2ms, got {value:?}"
@@ -276,7 +318,6 @@ impl<V: Value> CacheBuilder<V> {
         if self.max_key_len == 0 {
             return Err(ConfigError::new("max_key_len must be greater than zero"));
         }
-        self.jitter.validate()?;
         self.compression.validate()?;
         let rng = match self.rng_seed {
             Some(seed) => StdRng::seed_from_u64(seed),
@@ -289,10 +330,7 @@ impl<V: Value> CacheBuilder<V> {
                 namespace: self.namespace,
                 value_prefix,
                 store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
-                ttl: self.ttl,
-                negative_ttl,
-                grace: self.grace,
-                jitter: self.jitter,
+                defaults,
                 codec: self.codec,
                 compression: self.compression,
                 max_key_len: self.max_key_len,
@@ -300,11 +338,11 @@ impl<V: Value> CacheBuilder<V> {
                 lock_wait: self.lock_wait,
                 lock_poll: self.lock_poll,
                 on_lock_timeout: self.on_lock_timeout,
-                load_timeout: self.load_timeout,
                 rng: Mutex::new(rng),
                 token_rng: Mutex::new(rand::make_rng()),
                 waiters: Waiters::new(channel),
                 reads: SingleFlight::new(),
+                throttled: Mutex::default(),
             }),
             flights: Arc::new(SingleFlight::new()),
         })

@@ -23,7 +23,8 @@ use tokio::time::{Instant, sleep, sleep_until};
 
 use super::builder::LockTimeoutKind;
 use super::notify::{self, FILLED, RELEASED};
-use super::{Cache, Value, show_key};
+use super::options::{Options, Served, StaleReason};
+use super::{Cache, Value, reading, show_key};
 use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
 use crate::jitter::poll_delay;
@@ -35,8 +36,15 @@ const SUBSCRIBE_WITHIN: Duration = Duration::from_millis(250);
 
 impl<V: Value> Cache<V> {
     /// One flight: the value for storage key `key`, loaded by this process or
-    /// by whichever holds the lease.
-    pub(super) async fn fill<F, Fut, E>(self, key: Vec<u8>, loader: F) -> Result<Option<V>, Error>
+    /// by whichever holds the lease. `replacing` is the `fresh_until` of the
+    /// entry an early refresh replaces: that entry does not count as done.
+    pub(super) async fn fill<F, Fut, E>(
+        self,
+        key: Vec<u8>,
+        loader: F,
+        options: Options,
+        replacing: Option<u64>,
+    ) -> Result<(Option<V>, Served), Error>
     where
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
@@ -57,21 +65,28 @@ impl<V: Value> Cache<V> {
             {
                 Ok(true) => {
                     // 2. Double-check, then lead.
-                    if let Some(value) = self.fresh_value(&key, &mut stale).await {
+                    if let Some(value) = self
+                        .fresh_value(&key, &mut stale, &options, replacing)
+                        .await
+                    {
                         let message = notify::message(FILLED, &key);
                         let _ = inner
                             .store
                             .release_lease(&lease_key, &token, inner.notice(&message))
                             .await;
-                        return Ok(value);
+                        return Ok((value, Served::Coalesced));
                     }
-                    return self.lead(&key, &lease_key, &token, loader).await;
+                    let value = self
+                        .lead(&key, &lease_key, &token, loader, &options)
+                        .await?;
+                    return Ok((value, Served::Loaded));
                 }
                 Ok(false) => {}
                 Err(err) => {
                     // 5. No store: load directly.
                     tracing::warn!(key = %show_key(&key), error = %err, "lease unavailable; loading directly");
-                    return self.load_direct(&key, loader).await;
+                    let value = self.load_direct(&key, loader, &options).await?;
+                    return Ok((value, Served::Loaded));
                 }
             }
 
@@ -82,8 +97,11 @@ impl<V: Value> Cache<V> {
                 .await;
             let mut woken = pin!(watch.notify().notified());
             woken.as_mut().enable();
-            if let Some(value) = self.fresh_value(&key, &mut stale).await {
-                return Ok(value);
+            if let Some(value) = self
+                .fresh_value(&key, &mut stale, &options, replacing)
+                .await
+            {
+                return Ok((value, Served::Coalesced));
             }
             if Instant::now() >= deadline {
                 break;
@@ -94,8 +112,8 @@ impl<V: Value> Cache<V> {
             };
             tokio::select! {
                 () = woken => {
-                    if let Some(value) = self.fresh_value(&key, &mut stale).await {
-                        return Ok(value);
+                    if let Some(value) = self.fresh_value(&key, &mut stale, &options, replacing).await {
+                        return Ok((value, Served::Coalesced));
                     }
                 }
                 () = sleep(poll) => {}
@@ -108,12 +126,17 @@ impl<V: Value> Cache<V> {
         match inner.on_lock_timeout.0 {
             LockTimeoutKind::LoadAnyway => {
                 tracing::debug!(key = %show_key(&key), ?waited, "lock wait over; loading anyway");
-                run_loader(loader, inner.load_timeout)
+                run_loader(loader, options.load_timeout)
                     .await
-                    .map(|(value, _)| value)
+                    .map(|(value, _)| (value, Served::Loaded))
             }
             LockTimeoutKind::ServeStale => match stale.and_then(|e| self.entry_value(&key, &e)) {
-                Some(value) => Ok(value),
+                Some(value) => Ok((
+                    value,
+                    Served::Stale {
+                        reason: StaleReason::LockTimeout,
+                    },
+                )),
                 None => Err(lock_timeout(waited)),
             },
             LockTimeoutKind::Error => Err(lock_timeout(waited)),
@@ -128,6 +151,7 @@ impl<V: Value> Cache<V> {
         lease_key: &[u8],
         token: &[u8],
         loader: F,
+        options: &Options,
     ) -> Result<Option<V>, Error>
     where
         F: FnOnce() -> Fut + Send + 'static,
@@ -136,7 +160,7 @@ impl<V: Value> Cache<V> {
     {
         let inner = &self.inner;
         let store = &inner.store;
-        let mut load = pin!(run_loader(loader, inner.load_timeout));
+        let mut load = pin!(run_loader(loader, options.load_timeout));
         let mut extend =
             tokio::time::interval_at(Instant::now() + inner.lease_ttl / 2, inner.lease_ttl / 2);
         let mut held = true;
@@ -162,7 +186,8 @@ impl<V: Value> Cache<V> {
                     Some(v) => inner.codec.encode(v)?,
                     None => Vec::new(),
                 };
-                let (bytes, ttl) = self.seal(payload, value.is_none(), load_time);
+                let (bytes, ttl) = self.seal(payload, value.is_none(), load_time, options);
+                inner.clear_throttle(key);
                 let message = notify::message(FILLED, key);
                 let write = FencedWrite {
                     key,
@@ -198,27 +223,41 @@ impl<V: Value> Cache<V> {
     }
 
     /// Without a usable store: load and try a plain write.
-    async fn load_direct<F, Fut, E>(&self, key: &[u8], loader: F) -> Result<Option<V>, Error>
+    async fn load_direct<F, Fut, E>(
+        &self,
+        key: &[u8],
+        loader: F,
+        options: &Options,
+    ) -> Result<Option<V>, Error>
     where
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {
-        let (value, load_time) = run_loader(loader, self.inner.load_timeout).await?;
+        let (value, load_time) = run_loader(loader, options.load_timeout).await?;
         let payload = match &value {
             Some(v) => self.inner.codec.encode(v)?,
             None => Vec::new(),
         };
-        let (bytes, ttl) = self.seal(payload, value.is_none(), load_time);
+        let (bytes, ttl) = self.seal(payload, value.is_none(), load_time, options);
+        self.inner.clear_throttle(key);
         if let Err(err) = self.inner.store.set(key, &bytes, ttl).await {
             tracing::debug!(key = %show_key(key), error = %err, "store write failed; returning the loaded value");
         }
         Ok(value)
     }
 
-    /// Reads `key`; the value if fresh. A readable entry that is no longer
-    /// fresh but inside grace is kept in `stale` for the lock-wait policy.
-    async fn fresh_value(&self, key: &[u8], stale: &mut Option<Entry>) -> Option<Option<V>> {
+    /// Reads `key`; the value if fresh and not the entry being replaced (an
+    /// early refresh replaces an entry that is still fresh). A readable entry
+    /// that is no longer fresh but may still be served is kept in `stale` for
+    /// the lock-wait policy.
+    async fn fresh_value(
+        &self,
+        key: &[u8],
+        stale: &mut Option<Entry>,
+        options: &Options,
+        replacing: Option<u64>,
+    ) -> Option<Option<V>> {
         let entry = match self.read(key).await {
             Ok(Some(entry)) => entry,
             Ok(None) => return None,
@@ -228,19 +267,20 @@ impl<V: Value> Cache<V> {
             }
         };
         if self.is_fresh(&entry) {
+            if replacing == Some(entry.fresh_until) {
+                return None;
+            }
             return self.entry_value(key, &entry);
         }
-        *stale = Some(entry);
-        None
-    }
-
-    /// The value an entry stands for: `Some(None)` for a negative entry,
-    /// `None` if it does not decode.
-    fn entry_value(&self, key: &[u8], entry: &Entry) -> Option<Option<V>> {
-        if entry.negative {
-            return Some(None);
+        let now = self.inner.store.now_ms();
+        if self
+            .inner
+            .freshness(options)
+            .servable_stale(reading(&entry, now))
+        {
+            *stale = Some(entry);
         }
-        self.decode_value(key, entry).map(Some)
+        None
     }
 }
 

@@ -24,9 +24,12 @@
 mod builder;
 mod fill;
 mod notify;
+mod options;
 
 pub use builder::{CacheBuilder, OnLockTimeout};
+pub use options::{CacheEntry, Fetched, Served, StaleReason};
 
+use std::collections::HashMap;
 use std::error::Error as StdError;
 use std::fmt;
 use std::future::Future;
@@ -41,11 +44,12 @@ use serde::de::DeserializeOwned;
 use crate::codec::{Codec, Compression};
 use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
-use crate::flight::SingleFlight;
-use crate::jitter::Jitter;
+use crate::flight::{Role, SingleFlight};
+use crate::freshness::{Freshness, FreshnessPolicy, Reading};
 use crate::store::{Notice, Store};
 use builder::OnLockTimeout as LockPolicy;
 use notify::Waiters;
+use options::Options;
 
 /// What a cached value must be: serializable, cloneable (one load is shared
 /// by every caller waiting on it) and sendable across tasks.
@@ -80,7 +84,7 @@ impl<T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static> Value for 
 pub struct Cache<V> {
     inner: Arc<Inner>,
     /// Loads in the air, by storage key.
-    flights: Arc<SingleFlight<Option<V>>>,
+    flights: Arc<SingleFlight<(Option<V>, Served)>>,
 }
 
 impl<V> Clone for Cache<V> {
@@ -97,8 +101,8 @@ impl<V> fmt::Debug for Cache<V> {
         f.debug_struct("Cache")
             .field("namespace", &self.inner.namespace)
             .field("store", &self.inner.store)
-            .field("ttl", &self.inner.ttl)
-            .field("jitter", &self.inner.jitter)
+            .field("ttl", &self.inner.defaults.ttl)
+            .field("jitter", &self.inner.defaults.jitter)
             .finish_non_exhaustive()
     }
 }
@@ -109,10 +113,8 @@ struct Inner {
     /// `bw:<namespace>:v:`; the user key follows inside a hash tag.
     value_prefix: Vec<u8>,
     store: Arc<dyn Store>,
-    ttl: Duration,
-    negative_ttl: Duration,
-    grace: Duration,
-    jitter: Jitter,
+    /// Per-call settings unless a call overrides them.
+    defaults: Options,
     codec: Codec,
     compression: Compression,
     max_key_len: usize,
@@ -120,8 +122,7 @@ struct Inner {
     lock_wait: Duration,
     lock_poll: Duration,
     on_lock_timeout: LockPolicy,
-    load_timeout: Duration,
-    /// Jitter draws; seedable.
+    /// Jitter and early-refresh draws; seedable.
     rng: Mutex<StdRng>,
     /// Lease tokens; always from the OS, never seeded, so unguessable.
     token_rng: Mutex<StdRng>,
@@ -129,6 +130,9 @@ struct Inner {
     /// Store reads in the air, by storage key: concurrent local reads of one
     /// key share one `GET`.
     reads: SingleFlight<Option<Arc<Entry>>>,
+    /// Keys whose load failed recently, with the store-clock ms until which
+    /// their stale value is served without calling the loader (fail-safe).
+    throttled: Mutex<HashMap<Vec<u8>, u64>>,
 }
 
 impl Inner {
@@ -152,6 +156,38 @@ impl Inner {
         Notice {
             channel: self.waiters.channel(),
             message,
+        }
+    }
+
+    /// `true` if `key`'s load failed within the fail-safe throttle.
+    fn is_throttled(&self, key: &[u8], now_ms: u64) -> bool {
+        let throttled = self.throttled.lock().unwrap_or_else(|p| p.into_inner());
+        throttled.get(key).is_some_and(|&until| now_ms < until)
+    }
+
+    /// Records a failed load of `key`: its stale value is served without
+    /// loading until `throttle` has passed.
+    fn throttle(&self, key: &[u8], throttle: Duration) {
+        let now = self.store.now_ms();
+        let until = now.saturating_add(u64::try_from(throttle.as_millis()).unwrap_or(u64::MAX));
+        let mut throttled = self.throttled.lock().unwrap_or_else(|p| p.into_inner());
+        if throttled.len() >= 4096 {
+            throttled.retain(|_, &mut t| t > now);
+        }
+        throttled.insert(key.to_vec(), until);
+    }
+
+    /// A successful load lifts the throttle.
+    fn clear_throttle(&self, key: &[u8]) {
+        let mut throttled = self.throttled.lock().unwrap_or_else(|p| p.into_inner());
+        throttled.remove(key);
+    }
+
+    fn freshness(&self, options: &Options) -> FreshnessPolicy {
+        FreshnessPolicy {
+            early: options.early_refresh,
+            ttl: options.ttl,
+            max_stale: Some(options.max_stale()),
         }
     }
 }
@@ -193,7 +229,7 @@ impl<V: Value> Cache<V> {
     pub async fn set(&self, key: impl AsRef<[u8]>, value: &V) -> Result<(), Error> {
         let key = self.storage_key(key.as_ref())?;
         let payload = self.inner.codec.encode(value)?;
-        let (bytes, ttl) = self.seal(payload, false, Duration::ZERO);
+        let (bytes, ttl) = self.seal(payload, false, Duration::ZERO, &self.inner.defaults);
         // Revoke any load in flight first, so its (older) result cannot land
         // on top of this value; then write, then wake waiters.
         let store = &self.inner.store;
@@ -279,34 +315,212 @@ impl<V: Value> Cache<V> {
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {
-        // 1. Key.
-        let key = self.storage_key(key.as_ref())?;
+        let fetched = self
+            .fetch(key.as_ref(), loader, self.inner.defaults)
+            .await?;
+        Ok(fetched.value)
+    }
 
-        // 2. Read (shared with concurrent reads of the key); 3. Freshness.
-        match self.read_shared(&key).await {
-            Ok(Some(entry)) if self.is_fresh(&entry) => {
-                if entry.negative {
-                    return Ok(None);
-                }
-                if let Some(value) = self.decode_value(&key, &entry) {
-                    return Ok(Some(value));
-                }
-            }
-            Ok(_) => {}
+    /// [`get_or_load`](Self::get_or_load), also saying how the value was
+    /// served ([`Served`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`get_or_load`](Self::get_or_load).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use breakwater::{Cache, Served};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), breakwater::Error> {
+    /// let cache = Cache::<u64>::builder().build()?;
+    /// let load = || async { Ok::<_, std::io::Error>(Some(1)) };
+    /// assert_eq!(cache.get_or_load_with_meta("k", load).await?.served, Served::Loaded);
+    /// assert_eq!(cache.get_or_load_with_meta("k", load).await?.served, Served::Hit);
+    /// # Ok(()) }
+    /// ```
+    pub async fn get_or_load_with_meta<F, Fut, E>(
+        &self,
+        key: impl AsRef<[u8]>,
+        loader: F,
+    ) -> Result<Fetched<V>, Error>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
+        E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+    {
+        self.fetch(key.as_ref(), loader, self.inner.defaults).await
+    }
+
+    /// One call with its own settings (TTL, jitter, grace, timeouts...).
+    pub fn entry(&self, key: impl AsRef<[u8]>) -> CacheEntry<'_, V> {
+        CacheEntry::new(self, key.as_ref(), self.inner.defaults)
+    }
+
+    /// The pipeline; see the module docs for the order.
+    async fn fetch<F, Fut, E>(
+        &self,
+        key: &[u8],
+        loader: F,
+        options: Options,
+    ) -> Result<Fetched<V>, Error>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
+        E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+    {
+        // 1. Key.
+        let key = self.storage_key(key)?;
+
+        // 2. Read (shared with concurrent reads of the key).
+        let entry = match self.read_shared(&key).await {
+            Ok(entry) => entry,
             Err(err) => {
                 tracing::warn!(key = %show_key(&key), error = %err, "store read failed; loading directly");
+                None
+            }
+        };
+
+        // 3. Freshness, on the store's clock.
+        let mut fallback: Option<Arc<Entry>> = None;
+        if let Some(entry) = entry {
+            let now = self.inner.store.now_ms();
+            let verdict = {
+                let mut rng = self.inner.rng.lock().unwrap_or_else(|p| p.into_inner());
+                self.inner
+                    .freshness(&options)
+                    .judge(reading(&entry, now), &mut *rng)
+            };
+            match verdict {
+                Freshness::Fresh | Freshness::RefreshEarly => {
+                    if let Some(value) = self.entry_value(&key, &entry) {
+                        if verdict == Freshness::RefreshEarly && !self.inner.is_throttled(&key, now)
+                        {
+                            self.refresh_in_background(key, loader, options, entry.fresh_until);
+                        }
+                        let served = if entry.negative {
+                            Served::Negative
+                        } else {
+                            Served::Hit
+                        };
+                        return Ok(Fetched { value, served });
+                    }
+                }
+                Freshness::Stale => {
+                    let in_grace = now < entry.fresh_until.saturating_add(millis(options.grace));
+                    let throttled = self.inner.is_throttled(&key, now);
+                    if (in_grace || throttled)
+                        && let Some(value) = self.entry_value(&key, &entry)
+                    {
+                        let reason = if throttled {
+                            StaleReason::LoaderFailed
+                        } else {
+                            self.refresh_in_background(key, loader, options, entry.fresh_until);
+                            StaleReason::Refreshing
+                        };
+                        return Ok(Fetched {
+                            value,
+                            served: Served::Stale { reason },
+                        });
+                    }
+                    // Past grace, inside max_stale: load, and fall back to it.
+                    fallback = Some(entry);
+                }
+                Freshness::Expired => {}
             }
         }
 
         // 4.–6. One flight per key in this process; the flight takes the
-        // lease, loads and writes (see `fill`).
+        // lease, loads and writes (see `fill`). A soft timeout gives up
+        // waiting (not loading) when there is a stale value to serve.
         let cache = self.clone();
         let flight_key = key.clone();
-        let (result, _role) = self
+        let flight = self
             .flights
-            .run(&key, move || cache.fill(flight_key, loader))
-            .await;
-        result
+            .run(&key, move || cache.fill(flight_key, loader, options, None));
+        let (result, role) = match (options.soft_timeout, &fallback) {
+            (Some(soft), Some(stale)) => match tokio::time::timeout(soft, flight).await {
+                Ok(done) => done,
+                Err(_) => {
+                    if let Some(value) = self.entry_value(&key, stale) {
+                        let served = Served::Stale {
+                            reason: StaleReason::SoftTimeout,
+                        };
+                        return Ok(Fetched { value, served });
+                    }
+                    return Err(Error::new(
+                        ErrorKind::Timeout,
+                        "soft timeout with an unreadable stale value",
+                    ));
+                }
+            },
+            _ => flight.await,
+        };
+
+        // 7. Fail-safe: a failed load serves the stale value, if any.
+        match result {
+            Ok((value, served)) => {
+                let served = if role == Role::Follower && served == Served::Loaded {
+                    Served::Coalesced
+                } else {
+                    served
+                };
+                Ok(Fetched { value, served })
+            }
+            Err(err) => {
+                if let Some(stale) = fallback
+                    && fail_safe_applies(&err)
+                    && let Some(value) = self.entry_value(&key, &stale)
+                {
+                    tracing::warn!(key = %show_key(&key), error = %err, "load failed; serving the stale value");
+                    self.inner.throttle(&key, options.fail_safe_throttle);
+                    let reason = if err.is_lock_timeout() {
+                        StaleReason::LockTimeout
+                    } else {
+                        StaleReason::LoaderFailed
+                    };
+                    return Ok(Fetched {
+                        value,
+                        served: Served::Stale { reason },
+                    });
+                }
+                Err(err)
+            }
+        }
+    }
+
+    /// Starts one refresh of `key` in the background, unless a load of it is
+    /// already in the air. Foreground callers arriving meanwhile join it.
+    /// `replacing` is the `fresh_until` of the entry being refreshed.
+    fn refresh_in_background<F, Fut, E>(
+        &self,
+        key: Vec<u8>,
+        loader: F,
+        options: Options,
+        replacing: u64,
+    ) where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
+        E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+    {
+        if self.flights.is_running(&key) {
+            return;
+        }
+        let cache = self.clone();
+        tokio::spawn(async move {
+            let flight_cache = cache.clone();
+            let flight_key = key.clone();
+            let (result, _) = cache
+                .flights
+                .run(&key, move || {
+                    flight_cache.fill(flight_key, loader, options, Some(replacing))
+                })
+                .await;
+            if let Err(err) = result {
+                tracing::warn!(key = %show_key(&key), error = %err, "background refresh failed; throttling the key");
+                cache.inner.throttle(&key, options.fail_safe_throttle);
+            }
+        });
     }
 
     /// The exact key the entry for `key` is stored under:
@@ -395,6 +609,15 @@ impl<V: Value> Cache<V> {
         }
     }
 
+    /// The value an entry stands for: `Some(None)` for a negative entry,
+    /// `None` if it does not decode.
+    fn entry_value(&self, key: &[u8], entry: &Entry) -> Option<Option<V>> {
+        if entry.negative {
+            return Some(None);
+        }
+        self.decode_value(key, entry).map(Some)
+    }
+
     fn is_fresh(&self, entry: &Entry) -> bool {
         entry.fresh_until > self.inner.store.now_ms()
     }
@@ -412,22 +635,29 @@ impl<V: Value> Cache<V> {
     /// Encodes an entry with the jittered TTL (the negative TTL for negative
     /// entries) and returns it with its physical TTL, which ends at
     /// `stale_until` (the fresh window plus grace).
-    fn seal(&self, payload: Vec<u8>, negative: bool, load_time: Duration) -> (Vec<u8>, Duration) {
+    fn seal(
+        &self,
+        payload: Vec<u8>,
+        negative: bool,
+        load_time: Duration,
+        options: &Options,
+    ) -> (Vec<u8>, Duration) {
         let inner = &self.inner;
         let base = if negative {
-            inner.negative_ttl
+            options.negative_ttl
         } else {
-            inner.ttl
+            options.ttl
         };
         let fresh = {
             let mut rng = inner.rng.lock().unwrap_or_else(|p| p.into_inner());
-            inner.jitter.apply(base, &mut *rng)
+            options.jitter.apply(base, &mut *rng)
         };
-        let fresh_ms = u64::try_from(fresh.as_millis()).unwrap_or(u64::MAX).max(1);
+        let fresh_ms = millis(fresh).max(1);
+        // Negative entries are never served stale.
         let grace_ms = if negative {
             0
         } else {
-            u64::try_from(inner.grace.as_millis()).unwrap_or(u64::MAX)
+            millis(options.max_stale())
         };
         let now = inner.store.now_ms();
         let fresh_until = now.saturating_add(fresh_ms);
@@ -443,6 +673,30 @@ impl<V: Value> Cache<V> {
         let ttl = Duration::from_millis(stale_until - now);
         (entry.encode(&inner.compression), ttl)
     }
+}
+
+/// What the freshness policy needs of an entry.
+fn reading(entry: &Entry, now_ms: u64) -> Reading {
+    Reading {
+        now_ms,
+        fresh_until: entry.fresh_until,
+        stale_until: entry.stale_until,
+        load_ms: entry.load_ms,
+    }
+}
+
+/// Failures a stale value may stand in for: the loader's (errors, panics,
+/// timeouts) and the store's, not invalid keys or codec bugs, and not a lock
+/// timeout, which [`OnLockTimeout`] already decided.
+fn fail_safe_applies(err: &Error) -> bool {
+    matches!(
+        err.kind(),
+        ErrorKind::Loader | ErrorKind::Timeout | ErrorKind::Store
+    )
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// FNV-1a, 64 bit: a stable hash for the hash tag of keys that contain

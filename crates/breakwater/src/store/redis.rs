@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, RwLock, Weak};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use rand::rngs::StdRng;
@@ -18,6 +18,7 @@ use super::{
     Delivery, FencedWrite, Notice, SUBSCRIPTION_BUFFER, Store, StoreFuture, Subscription,
     ttl_millis,
 };
+use crate::clock::{SystemClock, WallClock};
 use crate::error::{ConfigError, Error, ErrorKind};
 use crate::jitter::Backoff;
 
@@ -75,11 +76,12 @@ static INVALIDATE: LazyLock<Script> = LazyLock::new(|| {
 /// | `connect_timeout` | 1 s |
 /// | `response_timeout` | 500 ms |
 /// | `clock_refresh` | 60 s |
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct RedisStoreConfig {
     connect_timeout: Duration,
     response_timeout: Duration,
     clock_refresh: Duration,
+    wall_clock: Arc<dyn WallClock>,
 }
 
 impl Default for RedisStoreConfig {
@@ -88,6 +90,7 @@ impl Default for RedisStoreConfig {
             connect_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_millis(500),
             clock_refresh: Duration::from_secs(60),
+            wall_clock: Arc::new(SystemClock),
         }
     }
 }
@@ -108,6 +111,13 @@ impl RedisStoreConfig {
     /// How often Redis's clock is sampled again with `TIME`.
     pub fn clock_refresh(mut self, every: Duration) -> Self {
         self.clock_refresh = every;
+        self
+    }
+
+    /// The local wall clock, used only until Redis's clock is known (the
+    /// system clock by default; a skewed one for simulations and tests).
+    pub fn wall_clock(mut self, clock: Arc<dyn WallClock>) -> Self {
+        self.wall_clock = clock;
         self
     }
 
@@ -364,12 +374,6 @@ fn store_error(err: redis::RedisError) -> Error {
     }
 }
 
-fn system_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStore")
@@ -439,7 +443,7 @@ impl Store for RedisStore {
             Some(s) => s
                 .redis_ms
                 .saturating_add(u64::try_from(s.local.elapsed().as_millis()).unwrap_or(u64::MAX)),
-            None => system_ms(),
+            None => self.inner.config.wall_clock.unix_ms(),
         };
         let prev = self.inner.last_now.fetch_max(now, Ordering::Relaxed);
         prev.max(now)

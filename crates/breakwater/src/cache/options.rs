@@ -1,0 +1,232 @@
+//! Per-call settings ([`CacheEntry`]) and how a call was served ([`Served`]).
+
+use std::error::Error as StdError;
+use std::future::Future;
+use std::time::Duration;
+
+use super::{Cache, Value};
+use crate::error::{ConfigError, Error};
+use crate::freshness::EarlyRefresh;
+use crate::jitter::Jitter;
+
+/// The settings one call runs with: the cache's defaults, overridden per
+/// call through [`Cache::entry`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Options {
+    pub(crate) ttl: Duration,
+    pub(crate) negative_ttl: Duration,
+    pub(crate) jitter: Jitter,
+    pub(crate) grace: Duration,
+    /// `None`: the same as `grace`.
+    pub(crate) max_stale: Option<Duration>,
+    pub(crate) early_refresh: EarlyRefresh,
+    pub(crate) soft_timeout: Option<Duration>,
+    pub(crate) load_timeout: Duration,
+    pub(crate) fail_safe_throttle: Duration,
+}
+
+impl Options {
+    /// How long past its fresh window a value may be served at all.
+    pub(crate) fn max_stale(&self) -> Duration {
+        self.max_stale.unwrap_or(self.grace)
+    }
+
+    /// Every rule a set of options must satisfy, with exact messages.
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        for (name, value) in [("ttl", self.ttl), ("negative_ttl", self.negative_ttl)] {
+            if value < Duration::from_millis(1) {
+                return Err(ConfigError::new(format!(
+                    "{name} must be at least 1ms, got {value:?}"
+                )));
+            }
+        }
+        if let Some(max_stale) = self.max_stale
+            && self.grace > max_stale
+        {
+            return Err(ConfigError::new(format!(
+                "grace ({:?}) must not exceed max_stale ({max_stale:?})",
+                self.grace
+            )));
+        }
+        if self.load_timeout < Duration::from_millis(2) {
+            return Err(ConfigError::new(format!(
+                "load_timeout must be at least 2ms, got {:?}",
+                self.load_timeout
+            )));
+        }
+        if let Some(soft) = self.soft_timeout
+            && (soft.is_zero() || soft >= self.load_timeout)
+        {
+            return Err(ConfigError::new(format!(
+                "soft_timeout ({soft:?}) must be greater than zero and below load_timeout ({:?})",
+                self.load_timeout
+            )));
+        }
+        self.jitter.validate()?;
+        self.early_refresh.validate()
+    }
+}
+
+/// How a call was served. Every return path says which.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    /// A fresh value from the cache.
+    Hit,
+    /// A fresh "not found" from the cache (the loader said `None` earlier).
+    Negative,
+    /// A value past its fresh window, and why it was served anyway.
+    Stale {
+        /// Why the stale value was served.
+        reason: StaleReason,
+    },
+    /// This call's loader ran and its value was returned (and cached).
+    Loaded,
+    /// Another call's load was shared: in this process, or another process
+    /// that held the lease and woke this one.
+    Coalesced,
+}
+
+/// Why a stale value was served.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StaleReason {
+    /// Inside grace: served at once while one background refresh runs.
+    Refreshing,
+    /// The loader failed (or failed recently: the key is throttled).
+    LoaderFailed,
+    /// The loader was slower than `soft_timeout`; it finishes in the
+    /// background and updates the cache.
+    SoftTimeout,
+    /// Another process held the lease past `lock_wait`.
+    LockTimeout,
+}
+
+/// A value with how it was served; see [`Cache::get_or_load_with_meta`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fetched<V> {
+    /// The value, or `None` for "does not exist".
+    pub value: Option<V>,
+    /// How it was served.
+    pub served: Served,
+}
+
+/// One call with its own settings; see [`Cache::entry`].
+///
+/// Settings not given here are the cache's. When callers with different
+/// settings share one load, the settings of the call that started it apply
+/// to the write.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use breakwater::{Cache, Jitter};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), breakwater::Error> {
+/// let cache = Cache::<u64>::builder().build()?;
+/// let stock = cache
+///     .entry("stock:42")
+///     .ttl(Duration::from_secs(5))
+///     .jitter(Jitter::down(0.2)) // never older than 5 s
+///     .grace(Duration::ZERO)     // stock must not be served stale
+///     .get_or_load(|| async { Ok::<_, std::io::Error>(Some(3)) })
+///     .await?;
+/// assert_eq!(stock, Some(3));
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+#[must_use = "a CacheEntry does nothing until get_or_load is called"]
+pub struct CacheEntry<'a, V> {
+    cache: &'a Cache<V>,
+    key: Vec<u8>,
+    options: Options,
+}
+
+impl<'a, V: Value> CacheEntry<'a, V> {
+    pub(super) fn new(cache: &'a Cache<V>, key: &[u8], options: Options) -> Self {
+        CacheEntry {
+            cache,
+            key: key.to_vec(),
+            options,
+        }
+    }
+
+    /// The fresh TTL for this call's write, before jitter.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.options.ttl = ttl;
+        self
+    }
+
+    /// The negative TTL for this call's write, before jitter.
+    pub fn negative_ttl(mut self, ttl: Duration) -> Self {
+        self.options.negative_ttl = ttl;
+        self
+    }
+
+    /// The jitter for this call's write.
+    pub fn jitter(mut self, jitter: Jitter) -> Self {
+        self.options.jitter = jitter;
+        self
+    }
+
+    /// The grace window (stale-while-revalidate); `Duration::ZERO` opts out.
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.options.grace = grace;
+        self
+    }
+
+    /// The most a value may be served past its fresh window (fail-safe).
+    pub fn max_stale(mut self, max_stale: Duration) -> Self {
+        self.options.max_stale = Some(max_stale);
+        self
+    }
+
+    /// Early refresh before the value goes stale.
+    pub fn early_refresh(mut self, early: EarlyRefresh) -> Self {
+        self.options.early_refresh = early;
+        self
+    }
+
+    /// Serve the stale value if the load takes longer than this.
+    pub fn soft_timeout(mut self, timeout: Duration) -> Self {
+        self.options.soft_timeout = Some(timeout);
+        self
+    }
+
+    /// The hard bound on this call's load.
+    pub fn load_timeout(mut self, timeout: Duration) -> Self {
+        self.options.load_timeout = timeout;
+        self
+    }
+
+    /// [`Cache::get_or_load`] with this call's settings.
+    ///
+    /// # Errors
+    ///
+    /// As [`Cache::get_or_load`], and [`Config`](crate::ErrorKind::Config) if
+    /// this call's settings are invalid.
+    pub async fn get_or_load<F, Fut, E>(self, loader: F) -> Result<Option<V>, Error>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
+        E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+    {
+        self.get_or_load_with_meta(loader).await.map(|f| f.value)
+    }
+
+    /// [`Cache::get_or_load_with_meta`] with this call's settings.
+    ///
+    /// # Errors
+    ///
+    /// As [`get_or_load`](Self::get_or_load).
+    pub async fn get_or_load_with_meta<F, Fut, E>(self, loader: F) -> Result<Fetched<V>, Error>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
+        E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+    {
+        self.options.validate()?;
+        self.cache.fetch(&self.key, loader, self.options).await
+    }
+}
