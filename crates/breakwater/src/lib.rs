@@ -54,6 +54,7 @@ mod error;
 mod flight;
 pub mod freshness;
 pub mod jitter;
+pub mod metrics;
 pub mod store;
 
 pub use cache::{

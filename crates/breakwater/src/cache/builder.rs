@@ -16,6 +16,7 @@ use crate::error::ConfigError;
 use crate::flight::SingleFlight;
 use crate::freshness::EarlyRefresh;
 use crate::jitter::Jitter;
+use crate::metrics::Metrics;
 use crate::store::{MemoryStore, Store};
 
 /// What a caller does when another process has held the key's lease for
@@ -324,6 +325,7 @@ impl<V: Value> CacheBuilder<V> {
             None => rand::make_rng(),
         };
         let value_prefix = format!("bw:{}:v:", self.namespace).into_bytes();
+        let metrics = Metrics::new(&self.namespace);
         let channel = format!("bw:{}:events", self.namespace).into_bytes();
         Ok(Cache {
             inner: Arc::new(Inner {
@@ -342,6 +344,7 @@ impl<V: Value> CacheBuilder<V> {
                 token_rng: Mutex::new(rand::make_rng()),
                 waiters: Waiters::new(channel),
                 reads: SingleFlight::new(),
+                metrics,
                 throttled: Mutex::default(),
             }),
             flights: Arc::new(SingleFlight::new()),

@@ -28,6 +28,7 @@ use super::{Cache, Value, reading, show_key};
 use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
 use crate::jitter::poll_delay;
+use crate::metrics::Metrics;
 use crate::store::FencedWrite;
 
 /// How long a waiter gives the cache's subscription to come up before it
@@ -64,6 +65,7 @@ impl<V: Value> Cache<V> {
                 .await
             {
                 Ok(true) => {
+                    inner.metrics.lease("acquired");
                     // 2. Double-check, then lead.
                     if let Some(value) = self
                         .fresh_value(&key, &mut stale, &options, replacing)
@@ -81,9 +83,10 @@ impl<V: Value> Cache<V> {
                         .await?;
                     return Ok((value, Served::Loaded));
                 }
-                Ok(false) => {}
+                Ok(false) => inner.metrics.lease("busy"),
                 Err(err) => {
                     // 5. No store: load directly.
+                    inner.metrics.store_error("acquire_lease");
                     tracing::warn!(key = %show_key(&key), error = %err, "lease unavailable; loading directly");
                     let value = self.load_direct(&key, loader, &options).await?;
                     return Ok((value, Served::Loaded));
@@ -126,7 +129,7 @@ impl<V: Value> Cache<V> {
         match inner.on_lock_timeout.0 {
             LockTimeoutKind::LoadAnyway => {
                 tracing::debug!(key = %show_key(&key), ?waited, "lock wait over; loading anyway");
-                run_loader(loader, options.load_timeout)
+                run_loader(loader, options.load_timeout, &self.inner.metrics)
                     .await
                     .map(|(value, _)| (value, Served::Loaded))
             }
@@ -160,7 +163,11 @@ impl<V: Value> Cache<V> {
     {
         let inner = &self.inner;
         let store = &inner.store;
-        let mut load = pin!(run_loader(loader, options.load_timeout));
+        let mut load = pin!(run_loader(
+            loader,
+            options.load_timeout,
+            &self.inner.metrics
+        ));
         let mut extend =
             tokio::time::interval_at(Instant::now() + inner.lease_ttl / 2, inner.lease_ttl / 2);
         let mut held = true;
@@ -172,6 +179,7 @@ impl<V: Value> Cache<V> {
                         Ok(true) => {}
                         Ok(false) => {
                             tracing::debug!(key = %show_key(key), "lease lost while loading; the result will not be written");
+                            inner.metrics.lease("lost");
                             held = false;
                         }
                         Err(err) => tracing::warn!(key = %show_key(key), error = %err, "lease extension failed"),
@@ -234,7 +242,8 @@ impl<V: Value> Cache<V> {
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {
-        let (value, load_time) = run_loader(loader, options.load_timeout).await?;
+        let (value, load_time) =
+            run_loader(loader, options.load_timeout, &self.inner.metrics).await?;
         let payload = match &value {
             Some(v) => self.inner.codec.encode(v)?,
             None => Vec::new(),
@@ -294,11 +303,15 @@ fn lock_timeout(waited: Duration) -> Error {
 /// Runs the loader in its own task, so a panic becomes an error and the
 /// caller's cancellation cannot cut it short, under a hard timeout. Returns
 /// the value and how long the load took.
-async fn run_loader<V, F, Fut, E>(loader: F, timeout: Duration) -> Result<(V, Duration), Error>
+async fn run_loader<V, F, Fut, E>(
+    loader: F,
+    timeout: Duration,
+    metrics: &Metrics,
+) -> Result<(Option<V>, Duration), Error>
 where
     V: Send + 'static,
     F: FnOnce() -> Fut + Send + 'static,
-    Fut: Future<Output = Result<V, E>> + Send + 'static,
+    Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
     E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
 {
     let started = Instant::now();
@@ -307,18 +320,30 @@ where
         Ok(joined) => joined,
         Err(_) => {
             task.abort();
+            metrics.load("timeout", started.elapsed());
             return Err(Error::new(
                 ErrorKind::Timeout,
                 format!("the loader did not finish within load_timeout ({timeout:?})"),
             ));
         }
     };
-    match joined {
-        Ok(result) => result.map(|value| (value, started.elapsed())),
-        Err(join) if join.is_panic() => Err(Error::new(ErrorKind::Loader, "the loader panicked")),
-        Err(_) => Err(Error::new(
-            ErrorKind::Loader,
-            "the loader's task was cancelled",
-        )),
-    }
+    let took = started.elapsed();
+    let (outcome, result) = match joined {
+        Ok(Ok(Some(value))) => ("value", Ok((Some(value), took))),
+        Ok(Ok(None)) => ("negative", Ok((None, took))),
+        Ok(Err(err)) => ("error", Err(err)),
+        Err(join) if join.is_panic() => (
+            "panic",
+            Err(Error::new(ErrorKind::Loader, "the loader panicked")),
+        ),
+        Err(_) => (
+            "error",
+            Err(Error::new(
+                ErrorKind::Loader,
+                "the loader's task was cancelled",
+            )),
+        ),
+    };
+    metrics.load(outcome, took);
+    result
 }

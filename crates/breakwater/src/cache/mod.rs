@@ -46,6 +46,7 @@ use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
 use crate::flight::{Role, SingleFlight};
 use crate::freshness::{Freshness, FreshnessPolicy, Reading};
+use crate::metrics::Metrics;
 use crate::store::{Notice, Store};
 use builder::OnLockTimeout as LockPolicy;
 use notify::Waiters;
@@ -130,6 +131,7 @@ struct Inner {
     /// Store reads in the air, by storage key: concurrent local reads of one
     /// key share one `GET`.
     reads: SingleFlight<Option<Arc<Entry>>>,
+    metrics: Metrics,
     /// Keys whose load failed recently, with the store-clock ms until which
     /// their stale value is served without calling the loader (fail-safe).
     throttled: Mutex<HashMap<Vec<u8>, u64>>,
@@ -357,8 +359,29 @@ impl<V: Value> Cache<V> {
         CacheEntry::new(self, key.as_ref(), self.inner.defaults)
     }
 
-    /// The pipeline; see the module docs for the order.
+    /// The pipeline, counted in `breakwater_requests_total`.
     async fn fetch<F, Fut, E>(
+        &self,
+        key: &[u8],
+        loader: F,
+        options: Options,
+    ) -> Result<Fetched<V>, Error>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
+        E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+    {
+        let result = self.pipeline(key, loader, options).await;
+        let label = match &result {
+            Ok(fetched) => fetched.served.label(),
+            Err(_) => "error",
+        };
+        self.inner.metrics.served(label);
+        result
+    }
+
+    /// The pipeline; see the module docs for the order.
+    async fn pipeline<F, Fut, E>(
         &self,
         key: &[u8],
         loader: F,
@@ -377,6 +400,7 @@ impl<V: Value> Cache<V> {
             Ok(entry) => entry,
             Err(err) => {
                 tracing::warn!(key = %show_key(&key), error = %err, "store read failed; loading directly");
+                self.inner.metrics.store_error("get");
                 None
             }
         };
@@ -604,6 +628,7 @@ impl<V: Value> Cache<V> {
             }
             Err(err) => {
                 tracing::warn!(key = %show_key(key), error = %err, "cached entry is unreadable; treating it as a miss");
+                self.inner.metrics.unreadable();
                 Ok(None)
             }
         }

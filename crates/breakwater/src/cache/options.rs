@@ -87,6 +87,24 @@ pub enum Served {
     Coalesced,
 }
 
+impl Served {
+    /// The `served` label of `breakwater_requests_total`.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Served::Hit => "hit",
+            Served::Negative => "negative",
+            Served::Stale { reason } => match reason {
+                StaleReason::Refreshing => "stale_refreshing",
+                StaleReason::LoaderFailed => "stale_loader_failed",
+                StaleReason::SoftTimeout => "stale_soft_timeout",
+                StaleReason::LockTimeout => "stale_lock_timeout",
+            },
+            Served::Loaded => "loaded",
+            Served::Coalesced => "coalesced",
+        }
+    }
+}
+
 /// Why a stale value was served.
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
