@@ -206,10 +206,12 @@ async fn grace(opts: &GraceOpts) -> Result<(), Box<dyn std::error::Error>> {
                     let calls = Arc::clone(&calls);
                     tokio::spawn(async move {
                         let fetched = cache
-                            .get_or_load_with_meta(key, move || async move {
+                            .get_or_load_with_meta(key, move || {
                                 calls.fetch_add(1, Ordering::SeqCst);
-                                tokio::time::sleep(loader_time).await;
-                                Ok::<_, std::io::Error>(Some("new".to_owned()))
+                                async move {
+                                    tokio::time::sleep(loader_time).await;
+                                    Ok::<_, std::io::Error>(Some("new".to_owned()))
+                                }
                             })
                             .await;
                         (fetched, released.elapsed())

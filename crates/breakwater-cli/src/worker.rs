@@ -119,14 +119,18 @@ async fn run(opts: WorkerOpts) -> Result<usize, Box<dyn std::error::Error>> {
             tokio::spawn(async move {
                 let value = match opts.algo {
                     Algo::Breakwater => {
-                        let mut load_conn = conn.clone();
+                        let load_conn = conn.clone();
                         let counter = opts.counter.clone();
                         cache
-                            .get_or_load(opts.key.clone(), move || async move {
-                                load(&mut load_conn, &counter, loader_sleep).await.map(Some)
-                            })
-                            .await
-                            .map_err(|e| e.to_string())?
+                                .get_or_load(opts.key.clone(), move || {
+                                    let mut conn = load_conn.clone();
+                                    let counter = counter.clone();
+                                    async move {
+                                        load(&mut conn, &counter, loader_sleep).await.map(Some)
+                                    }
+                                })
+                                .await
+                                .map_err(|e| e.to_string())?
                     }
                     Algo::Naive => naive(conn, &opts, loader_sleep)
                         .await

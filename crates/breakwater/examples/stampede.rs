@@ -21,10 +21,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let queries = Arc::clone(&queries);
         requests.push(tokio::spawn(async move {
             cache
-                .get_or_load_with_meta("config", move || async move {
+                .get_or_load_with_meta("config", move || {
                     queries.fetch_add(1, Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(50)).await; // the expensive query
-                    Ok::<_, std::io::Error>(Some("{\"banner\":\"sale\"}".to_string()))
+                    async {
+                        tokio::time::sleep(Duration::from_millis(50)).await; // the expensive query
+                        Ok::<_, std::io::Error>(Some("{\"banner\":\"sale\"}".to_string()))
+                    }
                 })
                 .await
         }));

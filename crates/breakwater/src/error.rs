@@ -32,6 +32,12 @@ pub enum ErrorKind {
     /// Another process held the key's lease for longer than `lock_wait`, and
     /// the lock-timeout policy said to fail.
     LockTimeout,
+    /// The circuit breaker is open: the loader failed repeatedly, so loads are
+    /// refused until its cool-down has passed.
+    CircuitOpen,
+    /// Too many loads were already running or queued; this one was shed
+    /// instead of piling onto the database.
+    Overloaded,
 }
 
 impl ErrorKind {
@@ -44,6 +50,8 @@ impl ErrorKind {
             ErrorKind::InvalidKey => "invalid key",
             ErrorKind::Timeout => "timed out",
             ErrorKind::LockTimeout => "lock wait timed out",
+            ErrorKind::CircuitOpen => "circuit open",
+            ErrorKind::Overloaded => "overloaded",
         }
     }
 }
@@ -157,6 +165,16 @@ impl Error {
     /// `true` if waiting for another process's load timed out.
     pub fn is_lock_timeout(&self) -> bool {
         self.kind == ErrorKind::LockTimeout
+    }
+
+    /// `true` if the circuit breaker refused the load.
+    pub fn is_circuit_open(&self) -> bool {
+        self.kind == ErrorKind::CircuitOpen
+    }
+
+    /// `true` if the load was shed because too many were running.
+    pub fn is_overloaded(&self) -> bool {
+        self.kind == ErrorKind::Overloaded
     }
 }
 

@@ -46,6 +46,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod breaker;
 mod cache;
 pub mod clock;
 pub mod codec;
@@ -54,16 +55,22 @@ mod error;
 mod flight;
 pub mod freshness;
 pub mod jitter;
+pub mod limit;
 pub mod metrics;
+pub mod retry;
 pub mod store;
 
+pub use breaker::{BreakerConfig, BreakerState};
 pub use cache::{
-    Cache, CacheBuilder, CacheEntry, Fetched, OnLockTimeout, Served, StaleReason, Value,
+    Cache, CacheBuilder, CacheEntry, Fetched, OnLockTimeout, Origin, OriginBuilder, Served,
+    StaleReason, Value,
 };
 pub use codec::{Codec, Compression};
 pub use error::{ConfigError, Error, ErrorKind};
 pub use freshness::EarlyRefresh;
 pub use jitter::{Backoff, Interval, Jitter};
+pub use limit::LimitConfig;
+pub use retry::RetryConfig;
 pub use store::{
     Delivery, FencedWrite, MemoryStore, Notice, RedisStore, RedisStoreConfig, Store, StoreFuture,
     Subscription,

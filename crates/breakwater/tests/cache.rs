@@ -46,11 +46,11 @@ fn cache(store: &MemoryStore) -> Cache<Product> {
 fn counting(
     calls: &Arc<AtomicUsize>,
     value: Option<Product>,
-) -> impl FnOnce() -> std::future::Ready<Result<Option<Product>, DbDown>> + Send + 'static {
+) -> impl Fn() -> std::future::Ready<Result<Option<Product>, DbDown>> + Send + Sync + 'static {
     let calls = Arc::clone(calls);
     move || {
         calls.fetch_add(1, Ordering::SeqCst);
-        std::future::ready(Ok(value))
+        std::future::ready(Ok(value.clone()))
     }
 }
 

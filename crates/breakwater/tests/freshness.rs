@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use breakwater::clock::SkewedClock;
 use breakwater::{
-    Cache, EarlyRefresh, ErrorKind, Fetched, Jitter, MemoryStore, RedisStore, RedisStoreConfig,
-    Served, StaleReason,
+    BreakerConfig, Cache, EarlyRefresh, ErrorKind, Fetched, Jitter, MemoryStore, RedisStore,
+    RedisStoreConfig, Served, StaleReason,
 };
 use support::RedisServer;
 use tokio::time::Instant;
@@ -34,10 +34,12 @@ fn loader(
     calls: &Arc<AtomicUsize>,
     delay: Duration,
     value: Option<&str>,
-) -> impl FnOnce() -> LoadFuture + Send + 'static {
+) -> impl Fn() -> LoadFuture + Send + Sync + 'static {
     let calls = Arc::clone(calls);
     let value = value.map(str::to_owned);
     move || {
+        let calls = Arc::clone(&calls);
+        let value = value.clone();
         Box::pin(async move {
             calls.fetch_add(1, Ordering::SeqCst);
             tokio::time::sleep(delay).await;
@@ -183,11 +185,13 @@ async fn served_says_how_each_call_was_served() {
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
 
-/// ttl 10 s, no grace, fail-safe up to 60 s past fresh, throttle 5 s.
+/// ttl 10 s, no grace, fail-safe up to 60 s past fresh, throttle 5 s (and
+/// a breaker that stays out of the way: this is about the fail-safe alone).
 fn fail_safe_cache(store: MemoryStore) -> Cache<String> {
     Cache::builder()
         .namespace("failsafe")
         .store(store)
+        .breaker(BreakerConfig::new().consecutive_failures(1_000))
         .ttl(Duration::from_secs(10))
         .max_stale(Duration::from_secs(60))
         .fail_safe_throttle(Duration::from_secs(5))

@@ -115,9 +115,9 @@ async fn loads_once_then_serves_other_processes_caches_from_redis() {
     for cache in [&a, &b, &a] {
         let calls = Arc::clone(&calls);
         let v = cache
-            .get_or_load("p:7", move || async move {
+            .get_or_load("p:7", move || {
                 calls.fetch_add(1, Ordering::SeqCst);
-                Ok::<_, std::io::Error>(Some("seven".to_string()))
+                async { Ok::<_, std::io::Error>(Some("seven".to_string())) }
             })
             .await
             .unwrap();
@@ -166,9 +166,9 @@ async fn redis_down_at_startup_degrades_to_direct_loads_and_recovers() {
     let calls = Arc::new(AtomicUsize::new(0));
     let load = |calls: &Arc<AtomicUsize>| {
         let calls = Arc::clone(calls);
-        move || async move {
+        move || {
             calls.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, std::io::Error>(Some("direct".to_string()))
+            async { Ok::<_, std::io::Error>(Some("direct".to_string())) }
         }
     };
     let v = cache.get_or_load("p:1", load(&calls)).await.unwrap();

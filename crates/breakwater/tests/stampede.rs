@@ -32,10 +32,12 @@ fn slow_loader(
     calls: &Arc<AtomicUsize>,
     delay: Duration,
     value: &str,
-) -> impl FnOnce() -> LoadFuture + Send + 'static {
+) -> impl Fn() -> LoadFuture + Send + Sync + 'static {
     let calls = Arc::clone(calls);
     let value = value.to_string();
     move || {
+        let calls = Arc::clone(&calls);
+        let value = value.clone();
         Box::pin(async move {
             calls.fetch_add(1, Ordering::SeqCst);
             tokio::time::sleep(delay).await;
@@ -138,7 +140,10 @@ async fn a_panicking_loader_fails_every_waiter_and_the_next_call_loads_again() {
     for waiter in waiters {
         let err = waiter.await.unwrap().unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Loader);
-        assert_eq!(err.to_string(), "loader failed: the loader panicked");
+        assert_eq!(
+            err.to_string(),
+            "loader failed: the loader panicked: the next call for this key loads again"
+        );
     }
     // The lease was released, not left to expire, and nothing was cached.
     assert_eq!(

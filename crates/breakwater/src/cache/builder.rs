@@ -10,13 +10,17 @@ use rand::rngs::StdRng;
 
 use super::notify::Waiters;
 use super::options::Options;
-use super::{Cache, Inner, Value};
+use super::origin::Origin;
+use super::{Cache, Fallback, Inner, Value};
+use crate::breaker::BreakerConfig;
 use crate::codec::{Codec, Compression};
 use crate::error::ConfigError;
 use crate::flight::SingleFlight;
 use crate::freshness::EarlyRefresh;
 use crate::jitter::Jitter;
+use crate::limit::LimitConfig;
 use crate::metrics::Metrics;
+use crate::retry::RetryConfig;
 use crate::store::{MemoryStore, Store};
 
 /// What a caller does when another process has held the key's lease for
@@ -85,7 +89,9 @@ impl OnLockTimeout {
 /// | `lock_wait` | 5 s |
 /// | `lock_poll` | 200 ms (jittered 100..=300 ms), a fallback to pub/sub wake-ups |
 /// | `on_lock_timeout` | [`OnLockTimeout::load_anyway`] |
-/// | `load_timeout` | 30 s (hard: the load is abandoned, callers get `Timeout`) |
+/// | `load_timeout` | 30 s, retries included (hard: the load is abandoned, callers get `Timeout`) |
+/// | `origin` | its own [`Origin`]: breaker after 5 consecutive failures with a 5 s cool-down, 64 concurrent loads, 1 s queue wait, no retries |
+/// | `fallback` | none |
 /// | `rng_seed` | none (seeded from the OS) |
 pub struct CacheBuilder<V> {
     namespace: String,
@@ -106,6 +112,11 @@ pub struct CacheBuilder<V> {
     lock_poll: Duration,
     on_lock_timeout: OnLockTimeout,
     load_timeout: Duration,
+    origin: Option<Origin>,
+    breaker: Option<BreakerConfig>,
+    limit: Option<LimitConfig>,
+    retry: Option<RetryConfig>,
+    fallback: Option<Fallback<V>>,
     rng_seed: Option<u64>,
     _value: PhantomData<fn() -> V>,
 }
@@ -144,6 +155,11 @@ impl<V: Value> CacheBuilder<V> {
             lock_poll: Duration::from_millis(200),
             on_lock_timeout: OnLockTimeout::load_anyway(),
             load_timeout: Duration::from_secs(30),
+            origin: None,
+            breaker: None,
+            limit: None,
+            retry: None,
+            fallback: None,
             rng_seed: None,
             _value: PhantomData,
         }
@@ -280,6 +296,50 @@ impl<V: Value> CacheBuilder<V> {
         self
     }
 
+    /// Loads go through `origin`'s circuit breaker, bulkhead and retries,
+    /// shared with every other cache built with a clone of it.
+    pub fn origin(mut self, origin: Origin) -> Self {
+        self.origin = Some(origin);
+        self
+    }
+
+    /// The circuit breaker of this cache's own origin.
+    pub fn breaker(mut self, config: BreakerConfig) -> Self {
+        self.breaker = Some(config);
+        self
+    }
+
+    /// The load bulkhead of this cache's own origin.
+    pub fn limit(mut self, config: LimitConfig) -> Self {
+        self.limit = Some(config);
+        self
+    }
+
+    /// The retry policy of this cache's own origin.
+    pub fn retry(mut self, config: RetryConfig) -> Self {
+        self.retry = Some(config);
+        self
+    }
+
+    /// Serve a clone of `value` when a load fails (or is refused by the
+    /// breaker, or shed) and no stale value can stand in. Not cached.
+    pub fn fallback(self, value: V) -> Self
+    where
+        V: Clone + Send + Sync + 'static,
+    {
+        self.fallback_with(move |_| Some(value.clone()))
+    }
+
+    /// Like [`fallback`](Self::fallback), computed from the key; `None`
+    /// means "not found".
+    pub fn fallback_with(
+        mut self,
+        fallback: impl Fn(&[u8]) -> Option<V> + Send + Sync + 'static,
+    ) -> Self {
+        self.fallback = Some(Arc::new(fallback));
+        self
+    }
+
     /// Seeds the random source behind jitter, for reproducible runs.
     pub fn rng_seed(mut self, seed: u64) -> Self {
         self.rng_seed = Some(seed);
@@ -316,6 +376,27 @@ impl<V: Value> CacheBuilder<V> {
                 )));
             }
         }
+        let origin = match self.origin {
+            Some(origin) => {
+                if self.breaker.is_some() || self.limit.is_some() || self.retry.is_some() {
+                    return Err(ConfigError::new(
+                        "breaker, limit and retry belong to the shared Origin when one is given; \
+                         set them on Origin::builder instead",
+                    ));
+                }
+                origin
+            }
+            None => {
+                let mut origin = Origin::builder(self.namespace.clone())
+                    .breaker(self.breaker.unwrap_or_default())
+                    .limit(self.limit.unwrap_or_default())
+                    .retry(self.retry.unwrap_or_else(RetryConfig::none));
+                if let Some(seed) = self.rng_seed {
+                    origin = origin.rng_seed(seed);
+                }
+                origin.build()?
+            }
+        };
         if self.max_key_len == 0 {
             return Err(ConfigError::new("max_key_len must be greater than zero"));
         }
@@ -332,6 +413,7 @@ impl<V: Value> CacheBuilder<V> {
                 namespace: self.namespace,
                 value_prefix,
                 store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
+                origin,
                 defaults,
                 codec: self.codec,
                 compression: self.compression,
@@ -348,6 +430,7 @@ impl<V: Value> CacheBuilder<V> {
                 throttled: Mutex::default(),
             }),
             flights: Arc::new(SingleFlight::new()),
+            fallback: self.fallback,
         })
     }
 }

@@ -17,6 +17,7 @@
 use std::error::Error as StdError;
 use std::future::Future;
 use std::pin::pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep, sleep_until};
@@ -28,7 +29,7 @@ use super::{Cache, Value, reading, show_key};
 use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
 use crate::jitter::poll_delay;
-use crate::metrics::Metrics;
+use crate::limit::Priority;
 use crate::store::FencedWrite;
 
 /// How long a waiter gives the cache's subscription to come up before it
@@ -45,13 +46,17 @@ impl<V: Value> Cache<V> {
         loader: F,
         options: Options,
         replacing: Option<u64>,
+        priority: Priority,
     ) -> Result<(Option<V>, Served), Error>
     where
-        F: FnOnce() -> Fut + Send + 'static,
+        F: Fn() -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {
         let inner = &self.inner;
+        // A known-down origin is refused before any lease is taken or waited on.
+        inner.origin.check()?;
+        let loader = Arc::new(loader);
         let lease_key = inner.lease_key(&key);
         let deadline = Instant::now() + inner.lock_wait;
         let mut stale: Option<Entry> = None;
@@ -79,7 +84,7 @@ impl<V: Value> Cache<V> {
                         return Ok((value, Served::Coalesced));
                     }
                     let value = self
-                        .lead(&key, &lease_key, &token, loader, &options)
+                        .lead(&key, &lease_key, &token, &loader, &options, priority)
                         .await?;
                     return Ok((value, Served::Loaded));
                 }
@@ -88,7 +93,7 @@ impl<V: Value> Cache<V> {
                     // 5. No store: load directly.
                     inner.metrics.store_error("acquire_lease");
                     tracing::warn!(key = %show_key(&key), error = %err, "lease unavailable; loading directly");
-                    let value = self.load_direct(&key, loader, &options).await?;
+                    let value = self.load_direct(&key, &loader, &options, priority).await?;
                     return Ok((value, Served::Loaded));
                 }
             }
@@ -129,7 +134,9 @@ impl<V: Value> Cache<V> {
         match inner.on_lock_timeout.0 {
             LockTimeoutKind::LoadAnyway => {
                 tracing::debug!(key = %show_key(&key), ?waited, "lock wait over; loading anyway");
-                run_loader(loader, options.load_timeout, &self.inner.metrics)
+                inner
+                    .origin
+                    .load(&loader, options.load_timeout, priority, &inner.metrics)
                     .await
                     .map(|(value, _)| (value, Served::Loaded))
             }
@@ -153,20 +160,22 @@ impl<V: Value> Cache<V> {
         key: &[u8],
         lease_key: &[u8],
         token: &[u8],
-        loader: F,
+        loader: &Arc<F>,
         options: &Options,
+        priority: Priority,
     ) -> Result<Option<V>, Error>
     where
-        F: FnOnce() -> Fut + Send + 'static,
+        F: Fn() -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {
         let inner = &self.inner;
         let store = &inner.store;
-        let mut load = pin!(run_loader(
+        let mut load = pin!(inner.origin.load(
             loader,
             options.load_timeout,
-            &self.inner.metrics
+            priority,
+            &inner.metrics
         ));
         let mut extend =
             tokio::time::interval_at(Instant::now() + inner.lease_ttl / 2, inner.lease_ttl / 2);
@@ -234,16 +243,20 @@ impl<V: Value> Cache<V> {
     async fn load_direct<F, Fut, E>(
         &self,
         key: &[u8],
-        loader: F,
+        loader: &Arc<F>,
         options: &Options,
+        priority: Priority,
     ) -> Result<Option<V>, Error>
     where
-        F: FnOnce() -> Fut + Send + 'static,
+        F: Fn() -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {
-        let (value, load_time) =
-            run_loader(loader, options.load_timeout, &self.inner.metrics).await?;
+        let inner = &self.inner;
+        let (value, load_time) = inner
+            .origin
+            .load(loader, options.load_timeout, priority, &inner.metrics)
+            .await?;
         let payload = match &value {
             Some(v) => self.inner.codec.encode(v)?,
             None => Vec::new(),
@@ -298,52 +311,4 @@ fn lock_timeout(waited: Duration) -> Error {
         ErrorKind::LockTimeout,
         format!("another process held this key's lease for longer than lock_wait ({waited:?})"),
     )
-}
-
-/// Runs the loader in its own task, so a panic becomes an error and the
-/// caller's cancellation cannot cut it short, under a hard timeout. Returns
-/// the value and how long the load took.
-async fn run_loader<V, F, Fut, E>(
-    loader: F,
-    timeout: Duration,
-    metrics: &Metrics,
-) -> Result<(Option<V>, Duration), Error>
-where
-    V: Send + 'static,
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
-    E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
-{
-    let started = Instant::now();
-    let mut task = tokio::spawn(async move { loader().await.map_err(Error::loader) });
-    let joined = match tokio::time::timeout(timeout, &mut task).await {
-        Ok(joined) => joined,
-        Err(_) => {
-            task.abort();
-            metrics.load("timeout", started.elapsed());
-            return Err(Error::new(
-                ErrorKind::Timeout,
-                format!("the loader did not finish within load_timeout ({timeout:?})"),
-            ));
-        }
-    };
-    let took = started.elapsed();
-    let (outcome, result) = match joined {
-        Ok(Ok(Some(value))) => ("value", Ok((Some(value), took))),
-        Ok(Ok(None)) => ("negative", Ok((None, took))),
-        Ok(Err(err)) => ("error", Err(err)),
-        Err(join) if join.is_panic() => (
-            "panic",
-            Err(Error::new(ErrorKind::Loader, "the loader panicked")),
-        ),
-        Err(_) => (
-            "error",
-            Err(Error::new(
-                ErrorKind::Loader,
-                "the loader's task was cancelled",
-            )),
-        ),
-    };
-    metrics.load(outcome, took);
-    result
 }

@@ -25,9 +25,11 @@ mod builder;
 mod fill;
 mod notify;
 mod options;
+mod origin;
 
 pub use builder::{CacheBuilder, OnLockTimeout};
 pub use options::{CacheEntry, Fetched, Served, StaleReason};
+pub use origin::{Origin, OriginBuilder};
 
 use std::collections::HashMap;
 use std::error::Error as StdError;
@@ -46,6 +48,7 @@ use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
 use crate::flight::{Role, SingleFlight};
 use crate::freshness::{Freshness, FreshnessPolicy, Reading};
+use crate::limit::Priority;
 use crate::metrics::Metrics;
 use crate::store::{Notice, Store};
 use builder::OnLockTimeout as LockPolicy;
@@ -86,13 +89,19 @@ pub struct Cache<V> {
     inner: Arc<Inner>,
     /// Loads in the air, by storage key.
     flights: Arc<SingleFlight<(Option<V>, Served)>>,
+    /// Served when a load fails and no stale value can stand in.
+    fallback: Option<Fallback<V>>,
 }
+
+/// Produces the degraded value for a user key.
+type Fallback<V> = Arc<dyn Fn(&[u8]) -> Option<V> + Send + Sync>;
 
 impl<V> Clone for Cache<V> {
     fn clone(&self) -> Self {
         Cache {
             inner: Arc::clone(&self.inner),
             flights: Arc::clone(&self.flights),
+            fallback: self.fallback.clone(),
         }
     }
 }
@@ -114,6 +123,8 @@ struct Inner {
     /// `bw:<namespace>:v:`; the user key follows inside a hash tag.
     value_prefix: Vec<u8>,
     store: Arc<dyn Store>,
+    /// Breaker, bulkhead and retries for loads.
+    origin: Origin,
     /// Per-call settings unless a call overrides them.
     defaults: Options,
     codec: Codec,
@@ -261,7 +272,10 @@ impl<V: Value> Cache<V> {
 
     /// The cached value under `key`, or the loader's, which is then cached.
     ///
-    /// The loader returns `Ok(Some(value))`, `Ok(None)` for "does not exist"
+    /// The loader is any `Fn() -> impl Future`: it may be called again when
+    /// the origin's [`RetryConfig`](crate::RetryConfig) retries a failure, so
+    /// clone what it needs inside it (`move || { let db = db.clone(); async
+    /// move { db.query().await } }`). It returns `Ok(Some(value))`, `Ok(None)` for "does not exist"
     /// (cached as a negative entry for `negative_ttl`, so a missing row is not
     /// queried on every request), or an error, which is returned to the caller
     /// intact inside [`Error`] (see [`Error::loader_error`]) and not cached.
@@ -283,10 +297,12 @@ impl<V: Value> Cache<V> {
     /// let calls = Arc::new(AtomicUsize::new(0));
     /// let requests = (0..100).map(|_| {
     ///     let calls = Arc::clone(&calls);
-    ///     cache.get_or_load("hot", move || async move {
+    ///     cache.get_or_load("hot", move || {
     ///         calls.fetch_add(1, Ordering::SeqCst);
-    ///         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    ///         Ok::<_, std::io::Error>(Some(7))
+    ///         async {
+    ///             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    ///             Ok::<_, std::io::Error>(Some(7))
+    ///         }
     ///     })
     /// });
     /// for result in futures_util::future::join_all(requests).await {
@@ -313,7 +329,7 @@ impl<V: Value> Cache<V> {
         loader: F,
     ) -> Result<Option<V>, Error>
     where
-        F: FnOnce() -> Fut + Send + 'static,
+        F: Fn() -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {
@@ -347,7 +363,7 @@ impl<V: Value> Cache<V> {
         loader: F,
     ) -> Result<Fetched<V>, Error>
     where
-        F: FnOnce() -> Fut + Send + 'static,
+        F: Fn() -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {
@@ -367,7 +383,7 @@ impl<V: Value> Cache<V> {
         options: Options,
     ) -> Result<Fetched<V>, Error>
     where
-        F: FnOnce() -> Fut + Send + 'static,
+        F: Fn() -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {
@@ -383,17 +399,17 @@ impl<V: Value> Cache<V> {
     /// The pipeline; see the module docs for the order.
     async fn pipeline<F, Fut, E>(
         &self,
-        key: &[u8],
+        user_key: &[u8],
         loader: F,
         options: Options,
     ) -> Result<Fetched<V>, Error>
     where
-        F: FnOnce() -> Fut + Send + 'static,
+        F: Fn() -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {
         // 1. Key.
-        let key = self.storage_key(key)?;
+        let key = self.storage_key(user_key)?;
 
         // 2. Read (shared with concurrent reads of the key).
         let entry = match self.read_shared(&key).await {
@@ -459,9 +475,9 @@ impl<V: Value> Cache<V> {
         // waiting (not loading) when there is a stale value to serve.
         let cache = self.clone();
         let flight_key = key.clone();
-        let flight = self
-            .flights
-            .run(&key, move || cache.fill(flight_key, loader, options, None));
+        let flight = self.flights.run(&key, move || {
+            cache.fill(flight_key, loader, options, None, Priority::Foreground)
+        });
         let (result, role) = match (options.soft_timeout, &fallback) {
             (Some(soft), Some(stale)) => match tokio::time::timeout(soft, flight).await {
                 Ok(done) => done,
@@ -481,7 +497,8 @@ impl<V: Value> Cache<V> {
             _ => flight.await,
         };
 
-        // 7. Fail-safe: a failed load serves the stale value, if any.
+        // 7. Failure: the stale value if one may stand in (fail-safe), else
+        // the fallback, else the error.
         match result {
             Ok((value, served)) => {
                 let served = if role == Role::Follower && served == Served::Loaded {
@@ -492,20 +509,33 @@ impl<V: Value> Cache<V> {
                 Ok(Fetched { value, served })
             }
             Err(err) => {
+                let reason = match err.kind() {
+                    ErrorKind::Loader | ErrorKind::Timeout | ErrorKind::Store => {
+                        Some(StaleReason::LoaderFailed)
+                    }
+                    ErrorKind::CircuitOpen => Some(StaleReason::BreakerOpen),
+                    ErrorKind::Overloaded => Some(StaleReason::Overloaded),
+                    // A lock timeout was already decided by `OnLockTimeout`.
+                    _ => None,
+                };
+                let Some(reason) = reason else {
+                    return Err(err);
+                };
                 if let Some(stale) = fallback
-                    && fail_safe_applies(&err)
                     && let Some(value) = self.entry_value(&key, &stale)
                 {
                     tracing::warn!(key = %show_key(&key), error = %err, "load failed; serving the stale value");
-                    self.inner.throttle(&key, options.fail_safe_throttle);
-                    let reason = if err.is_lock_timeout() {
-                        StaleReason::LockTimeout
-                    } else {
-                        StaleReason::LoaderFailed
-                    };
+                    if reason == StaleReason::LoaderFailed {
+                        self.inner.throttle(&key, options.fail_safe_throttle);
+                    }
+                    let served = Served::Stale { reason };
+                    return Ok(Fetched { value, served });
+                }
+                if let Some(fallback) = &self.fallback {
+                    tracing::warn!(key = %show_key(&key), error = %err, "load failed; serving the fallback");
                     return Ok(Fetched {
-                        value,
-                        served: Served::Stale { reason },
+                        value: fallback(user_key),
+                        served: Served::Fallback,
                     });
                 }
                 Err(err)
@@ -523,7 +553,7 @@ impl<V: Value> Cache<V> {
         options: Options,
         replacing: u64,
     ) where
-        F: FnOnce() -> Fut + Send + 'static,
+        F: Fn() -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {
@@ -537,12 +567,24 @@ impl<V: Value> Cache<V> {
             let (result, _) = cache
                 .flights
                 .run(&key, move || {
-                    flight_cache.fill(flight_key, loader, options, Some(replacing))
+                    flight_cache.fill(
+                        flight_key,
+                        loader,
+                        options,
+                        Some(replacing),
+                        Priority::Background,
+                    )
                 })
                 .await;
-            if let Err(err) = result {
-                tracing::warn!(key = %show_key(&key), error = %err, "background refresh failed; throttling the key");
-                cache.inner.throttle(&key, options.fail_safe_throttle);
+            match result {
+                Err(err) if err.is_overloaded() || err.is_circuit_open() => {
+                    tracing::debug!(key = %show_key(&key), error = %err, "background refresh shed");
+                }
+                Err(err) => {
+                    tracing::warn!(key = %show_key(&key), error = %err, "background refresh failed; throttling the key");
+                    cache.inner.throttle(&key, options.fail_safe_throttle);
+                }
+                Ok(_) => {}
             }
         });
     }
@@ -708,16 +750,6 @@ fn reading(entry: &Entry, now_ms: u64) -> Reading {
         stale_until: entry.stale_until,
         load_ms: entry.load_ms,
     }
-}
-
-/// Failures a stale value may stand in for: the loader's (errors, panics,
-/// timeouts) and the store's, not invalid keys or codec bugs, and not a lock
-/// timeout, which [`OnLockTimeout`] already decided.
-fn fail_safe_applies(err: &Error) -> bool {
-    matches!(
-        err.kind(),
-        ErrorKind::Loader | ErrorKind::Timeout | ErrorKind::Store
-    )
 }
 
 fn millis(d: Duration) -> u64 {

@@ -85,6 +85,10 @@ pub enum Served {
     /// Another call's load was shared: in this process, or another process
     /// that held the lease and woke this one.
     Coalesced,
+    /// The load failed, was refused by the circuit breaker or shed, no stale
+    /// value could stand in, and the configured fallback was served (it is
+    /// not cached).
+    Fallback,
 }
 
 impl Served {
@@ -98,9 +102,12 @@ impl Served {
                 StaleReason::LoaderFailed => "stale_loader_failed",
                 StaleReason::SoftTimeout => "stale_soft_timeout",
                 StaleReason::LockTimeout => "stale_lock_timeout",
+                StaleReason::BreakerOpen => "stale_breaker_open",
+                StaleReason::Overloaded => "stale_overloaded",
             },
             Served::Loaded => "loaded",
             Served::Coalesced => "coalesced",
+            Served::Fallback => "fallback",
         }
     }
 }
@@ -118,6 +125,10 @@ pub enum StaleReason {
     SoftTimeout,
     /// Another process held the lease past `lock_wait`.
     LockTimeout,
+    /// The origin's circuit breaker is open; the loader was not called.
+    BreakerOpen,
+    /// The origin's bulkhead was full; the load was shed.
+    Overloaded,
 }
 
 /// A value with how it was served; see [`Cache::get_or_load_with_meta`].
@@ -226,7 +237,7 @@ impl<'a, V: Value> CacheEntry<'a, V> {
     /// this call's settings are invalid.
     pub async fn get_or_load<F, Fut, E>(self, loader: F) -> Result<Option<V>, Error>
     where
-        F: FnOnce() -> Fut + Send + 'static,
+        F: Fn() -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {
@@ -240,7 +251,7 @@ impl<'a, V: Value> CacheEntry<'a, V> {
     /// As [`get_or_load`](Self::get_or_load).
     pub async fn get_or_load_with_meta<F, Fut, E>(self, loader: F) -> Result<Fetched<V>, Error>
     where
-        F: FnOnce() -> Fut + Send + 'static,
+        F: Fn() -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {

@@ -1,0 +1,283 @@
+//! [`Origin`]: the database (or service) behind a cache, and the protection
+//! every load from it goes through.
+//!
+//! # Order
+//!
+//! 1. **Circuit breaker**: a known-down origin is refused at once, before the
+//!    load queues for anything ([`CircuitOpen`](crate::ErrorKind::CircuitOpen)).
+//! 2. **Bulkhead**: at most `max_concurrent` loads at once, an optional rate,
+//!    a bounded queue wait; background refreshes never wait and are shed first
+//!    ([`Overloaded`](crate::ErrorKind::Overloaded)).
+//! 3. **Retries** with jittered exponential backoff, each attempt in its own
+//!    task, all inside one hard deadline (`load_timeout`); they hold the
+//!    bulkhead slot, so retries count against it.
+//! 4. The breaker sees the final outcome only: a load that succeeded on its
+//!    second attempt is a success.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::breaker::{BreakerConfig, BreakerState, CircuitBreaker};
+use crate::error::{ConfigError, Error, ErrorKind};
+use crate::limit::{LimitConfig, LoadLimiter, Priority};
+use crate::metrics::Metrics;
+use crate::retry::{Retry, RetryConfig};
+
+/// The origin caches load from, with its circuit breaker, load bulkhead and
+/// retry policy. Caches built with clones of one `Origin` share all three,
+/// so one sick database trips one breaker and one concurrency cap, however
+/// many caches front it.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use breakwater::{BreakerConfig, Cache, LimitConfig, Origin};
+///
+/// let db = Origin::builder("postgres")
+///     .breaker(BreakerConfig::new().consecutive_failures(3).cool_down(Duration::from_secs(5)))
+///     .limit(LimitConfig::new().max_concurrent(32))
+///     .build()?;
+/// let products = Cache::<String>::builder().namespace("products").origin(db.clone()).build()?;
+/// let prices = Cache::<u64>::builder().namespace("prices").origin(db).build()?;
+/// # Ok::<(), breakwater::ConfigError>(())
+/// ```
+#[derive(Clone)]
+pub struct Origin {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    name: String,
+    breaker: CircuitBreaker,
+    limiter: LoadLimiter,
+    retry: Retry,
+}
+
+impl fmt::Debug for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Origin")
+            .field("name", &self.inner.name)
+            .field("breaker", &self.inner.breaker.state())
+            .field("in_flight", &self.inner.limiter.in_flight())
+            .finish()
+    }
+}
+
+/// Builds an [`Origin`].
+///
+/// # Defaults
+///
+/// | setting | default |
+/// |---|---|
+/// | `breaker` | [`BreakerConfig::new`]: opens after 5 consecutive failures, 5 s cool-down (jittered ±20 %), 1 half-open probe |
+/// | `limit` | [`LimitConfig::new`]: 64 concurrent loads, no rate limit, 1 s queue wait |
+/// | `retry` | [`RetryConfig::none`]: no retries |
+#[derive(Debug)]
+pub struct OriginBuilder {
+    name: String,
+    breaker: BreakerConfig,
+    limit: LimitConfig,
+    retry: RetryConfig,
+    rng_seed: Option<u64>,
+}
+
+impl Origin {
+    /// Starts an origin named `name` (for logs) with the documented defaults.
+    pub fn builder(name: impl Into<String>) -> OriginBuilder {
+        OriginBuilder {
+            name: name.into(),
+            breaker: BreakerConfig::new(),
+            limit: LimitConfig::new(),
+            retry: RetryConfig::none(),
+            rng_seed: None,
+        }
+    }
+
+    /// The origin's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The circuit breaker's state now.
+    pub fn breaker_state(&self) -> BreakerState {
+        self.inner.breaker.state()
+    }
+
+    /// Loads running (or waiting for a rate token) now.
+    pub fn loads_in_flight(&self) -> u32 {
+        self.inner.limiter.in_flight()
+    }
+
+    /// Fails fast while the breaker refuses loads, before a caller takes a
+    /// lease or waits for one.
+    pub(crate) fn check(&self) -> Result<(), Error> {
+        self.inner
+            .breaker
+            .try_acquire()
+            .map(drop)
+            .map_err(Error::from)
+    }
+
+    /// Runs `loader` under the origin's protection (see the module's
+    /// `# Order`), bounded by `deadline` in all. Returns the value and how
+    /// long the successful attempt took.
+    pub(crate) async fn load<V, F, Fut, E>(
+        &self,
+        loader: &Arc<F>,
+        deadline: Duration,
+        priority: Priority,
+        metrics: &Metrics,
+    ) -> Result<(Option<V>, Duration), Error>
+    where
+        V: Send + 'static,
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
+        E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+    {
+        let inner = &self.inner;
+        // 1. Breaker.
+        let permit = inner.breaker.try_acquire().map_err(Error::from)?;
+        // 2. Bulkhead.
+        let _slot = inner.limiter.acquire(priority).await.map_err(Error::from)?;
+        // 3. Retries, inside one deadline.
+        let attempts = inner
+            .retry
+            .run(|_| attempt(Arc::clone(loader), metrics.clone()));
+        let result = match tokio::time::timeout(deadline, attempts).await {
+            Ok((result, _attempts)) => result,
+            Err(_) => {
+                metrics.load("timeout", deadline);
+                Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!("the loader did not finish within load_timeout ({deadline:?})"),
+                ))
+            }
+        };
+        // 4. The breaker sees the final outcome.
+        match &result {
+            Ok(_) => permit.success(),
+            Err(_) => permit.failure(),
+        }
+        result
+    }
+}
+
+impl OriginBuilder {
+    /// The circuit breaker's settings.
+    pub fn breaker(mut self, config: BreakerConfig) -> Self {
+        self.breaker = config;
+        self
+    }
+
+    /// The load bulkhead's settings.
+    pub fn limit(mut self, config: LimitConfig) -> Self {
+        self.limit = config;
+        self
+    }
+
+    /// The retry policy for failed loads.
+    pub fn retry(mut self, config: RetryConfig) -> Self {
+        self.retry = config;
+        self
+    }
+
+    /// Seeds the breaker's and the retries' jitter, for reproducible runs.
+    pub fn rng_seed(mut self, seed: u64) -> Self {
+        self.rng_seed = Some(seed);
+        self
+    }
+
+    /// Checks the settings and builds the origin.
+    ///
+    /// # Errors
+    ///
+    /// The first invalid setting's [`ConfigError`].
+    pub fn build(self) -> Result<Origin, ConfigError> {
+        self.breaker.validate()?;
+        self.limit.validate()?;
+        self.retry.validate()?;
+        // A panic is a bug, not a passing failure: never retried.
+        let user = self.retry.clone();
+        let retry = self
+            .retry
+            .retry_if(move |err| !is_panic(err) && user.retryable(err));
+        Ok(Origin {
+            inner: Arc::new(Inner {
+                name: self.name,
+                breaker: CircuitBreaker::new(self.breaker, self.rng_seed),
+                limiter: LoadLimiter::new(self.limit),
+                retry: Retry::new(retry, self.rng_seed.map(|s| s.wrapping_add(1))),
+            }),
+        })
+    }
+}
+
+/// The source attached to a loader panic, so it can be told apart.
+#[derive(Debug)]
+struct Panicked;
+
+impl fmt::Display for Panicked {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the next call for this key loads again")
+    }
+}
+
+impl StdError for Panicked {}
+
+fn is_panic(err: &Error) -> bool {
+    StdError::source(err).is_some_and(|s| s.is::<Panicked>())
+}
+
+/// Aborts the task when dropped, so a timed-out load does not run on.
+struct AbortOnDrop<T>(JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// One loader call in its own task: a panic becomes an error, and the task
+/// is aborted if the caller stops waiting (the deadline passed).
+async fn attempt<V, F, Fut, E>(
+    loader: Arc<F>,
+    metrics: Metrics,
+) -> Result<(Option<V>, Duration), Error>
+where
+    V: Send + 'static,
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
+    E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+{
+    let started = Instant::now();
+    let mut task = AbortOnDrop(tokio::spawn(async move {
+        loader().await.map_err(Error::loader)
+    }));
+    let joined = (&mut task.0).await;
+    let took = started.elapsed();
+    let (outcome, result) = match joined {
+        Ok(Ok(Some(value))) => ("value", Ok((Some(value), took))),
+        Ok(Ok(None)) => ("negative", Ok((None, took))),
+        Ok(Err(err)) => ("error", Err(err)),
+        Err(join) if join.is_panic() => (
+            "panic",
+            Err(Error::new(ErrorKind::Loader, "the loader panicked").with_source(Panicked)),
+        ),
+        Err(_) => (
+            "error",
+            Err(Error::new(
+                ErrorKind::Loader,
+                "the loader's task was cancelled",
+            )),
+        ),
+    };
+    metrics.load(outcome, took);
+    result
+}
