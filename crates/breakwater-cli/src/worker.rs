@@ -16,7 +16,7 @@ use std::io::{self, BufRead, Write};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use breakwater::{Cache, OnLockTimeout, RedisStore};
+use breakwater::{Cache, OnLockTimeout, RedisStore, RedisStoreConfig};
 use clap::{Args, ValueEnum};
 use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
@@ -81,7 +81,11 @@ pub(crate) async fn main(opts: WorkerOpts) -> ExitCode {
 /// Sets up, waits for the go line, runs the calls and prints the summary.
 /// Returns the number of failed calls.
 async fn run(opts: WorkerOpts) -> Result<usize, Box<dyn std::error::Error>> {
-    let store = RedisStore::connect(&opts.redis)?;
+    let store = RedisStore::connect_with(
+        &opts.redis,
+        // A benchmark measures the cache, not timeouts on a busy machine.
+        RedisStoreConfig::default().response_timeout(Duration::from_secs(2)),
+    )?;
     store.warm_up().await?;
     let cache = Cache::<String>::builder()
         .namespace(opts.namespace.clone())

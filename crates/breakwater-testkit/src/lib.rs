@@ -14,6 +14,10 @@
 //! environment variable, or else looked up on `PATH`. On Debian/Ubuntu it is
 //! provided by the `redis-server` package, which `./scripts/test` installs.
 //!
+//! For network faults that a process cannot simulate (latency, a silent
+//! peer, dropped connections, a refused port) put a [`FaultProxy`] between
+//! the cache and the server and switch its [`Fault`] during the test.
+//!
 //! ```no_run
 //! use breakwater_testkit::RedisServer;
 //!
@@ -21,9 +25,23 @@
 //! assert_eq!(server.command(&["PING"]).unwrap(), "PONG");
 //! let url = server.url(); // "redis://127.0.0.1:PORT/"
 //! # let _ = url;
+//!
+//! use breakwater_testkit::{Fault, FaultProxy};
+//! use std::time::Duration;
+//!
+//! let proxy = FaultProxy::start(server.addr());
+//! let url = proxy.url(); // connect the cache here
+//! proxy.set(Fault::Delay(Duration::from_millis(100)));
+//! proxy.set(Fault::Blackhole); // requests are swallowed, nothing answers
+//! proxy.set(Fault::Reset); // open connections are closed
+//! proxy.set(Fault::Refuse); // the port refuses connections
+//! proxy.set(Fault::Pass); // back to normal, same port
+//! # let _ = url;
 //! ```
 
+mod proxy;
 mod resp;
 mod server;
 
+pub use proxy::{Fault, FaultProxy};
 pub use server::RedisServer;

@@ -71,7 +71,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     println!("database down:");
     for id in 1..=6 {
-        let fetched = cache.get_or_load_with_meta(format!("resource:{id}"), loader(id)).await?;
+        let fetched = cache
+            .get_or_load_with_meta(format!("resource:{id}"), loader(id))
+            .await?;
         println!(
             "  resource:{id} -> {:?} ({:?}), database queries so far: {}",
             fetched.value.map(|r| r.status),
@@ -84,7 +86,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     db_up.store(true, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(5_100)).await;
     for id in 7..=8 {
-        let fetched = cache.get_or_load_with_meta(format!("resource:{id}"), loader(id)).await?;
+        let fetched = cache
+            .get_or_load_with_meta(format!("resource:{id}"), loader(id))
+            .await?;
         println!(
             "  resource:{id} -> {:?} ({:?}), database queries so far: {}",
             fetched.value.map(|r| r.status),

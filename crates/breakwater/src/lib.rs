@@ -55,6 +55,7 @@ mod error;
 mod flight;
 pub mod freshness;
 pub mod jitter;
+pub mod l1;
 pub mod limit;
 pub mod metrics;
 pub mod retry;
@@ -69,6 +70,7 @@ pub use codec::{Codec, Compression};
 pub use error::{ConfigError, Error, ErrorKind};
 pub use freshness::EarlyRefresh;
 pub use jitter::{Backoff, Interval, Jitter};
+pub use l1::L1Config;
 pub use limit::LimitConfig;
 pub use retry::RetryConfig;
 pub use store::{

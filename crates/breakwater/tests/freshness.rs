@@ -123,7 +123,7 @@ async fn grace_on_paused_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grace_on_real_redis() {
     let server = RedisServer::start();
-    let store = RedisStore::connect(&server.url()).unwrap();
+    let store = RedisStore::connect_with(&server.url(), support::patient()).unwrap();
     store.warm_up().await.unwrap();
     let cache = Cache::builder()
         .namespace("fresh")

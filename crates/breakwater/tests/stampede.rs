@@ -71,7 +71,7 @@ async fn four_caches_with_their_own_connections_share_one_load() {
     let calls = Arc::new(AtomicUsize::new(0));
     let mut caches = Vec::new();
     for _ in 0..4 {
-        let store = RedisStore::connect(&server.url()).unwrap();
+        let store = RedisStore::connect_with(&server.url(), support::patient()).unwrap();
         store.warm_up().await.unwrap();
         caches.push(cache_on(&store));
     }

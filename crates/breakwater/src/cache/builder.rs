@@ -5,10 +5,11 @@ use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rand::SeedableRng;
 use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
 
-use super::notify::Waiters;
+use super::guard::GuardedStore;
+use super::notify::{SENDER_LEN, Waiters};
 use super::options::Options;
 use super::origin::Origin;
 use super::{Cache, Fallback, Inner, Value};
@@ -18,6 +19,7 @@ use crate::error::ConfigError;
 use crate::flight::SingleFlight;
 use crate::freshness::EarlyRefresh;
 use crate::jitter::Jitter;
+use crate::l1::{BusHook, L1Config, NearCache};
 use crate::limit::LimitConfig;
 use crate::metrics::Metrics;
 use crate::retry::RetryConfig;
@@ -92,6 +94,8 @@ impl OnLockTimeout {
 /// | `load_timeout` | 30 s, retries included (hard: the load is abandoned, callers get `Timeout`) |
 /// | `origin` | its own [`Origin`]: breaker after 5 consecutive failures with a 5 s cool-down, 64 concurrent loads, 1 s queue wait, no retries |
 /// | `fallback` | none |
+/// | `l1` | off; [`L1Config::new`] when enabled: 10,000 entries, 30 s |
+/// | `store_breaker` | opens after 5 consecutive store failures, 1 s cool-down (jittered ±20 %) |
 /// | `rng_seed` | none (seeded from the OS) |
 pub struct CacheBuilder<V> {
     namespace: String,
@@ -117,6 +121,8 @@ pub struct CacheBuilder<V> {
     limit: Option<LimitConfig>,
     retry: Option<RetryConfig>,
     fallback: Option<Fallback<V>>,
+    l1: Option<L1Config>,
+    store_breaker: BreakerConfig,
     rng_seed: Option<u64>,
     _value: PhantomData<fn() -> V>,
 }
@@ -160,6 +166,10 @@ impl<V: Value> CacheBuilder<V> {
             limit: None,
             retry: None,
             fallback: None,
+            l1: None,
+            store_breaker: BreakerConfig::new()
+                .consecutive_failures(5)
+                .cool_down(Duration::from_secs(1)),
             rng_seed: None,
             _value: PhantomData,
         }
@@ -340,6 +350,21 @@ impl<V: Value> CacheBuilder<V> {
         self
     }
 
+    /// An in-process near cache of decoded values in front of the store,
+    /// kept in step with other processes through the namespace channel.
+    pub fn l1(mut self, config: L1Config) -> Self {
+        self.l1 = Some(config);
+        self
+    }
+
+    /// The store's circuit breaker: after repeated store failures or
+    /// timeouts the cache stops calling the store for a cool-down and serves
+    /// from L1 and direct loads.
+    pub fn store_breaker(mut self, config: BreakerConfig) -> Self {
+        self.store_breaker = config;
+        self
+    }
+
     /// Seeds the random source behind jitter, for reproducible runs.
     pub fn rng_seed(mut self, seed: u64) -> Self {
         self.rng_seed = Some(seed);
@@ -397,6 +422,10 @@ impl<V: Value> CacheBuilder<V> {
                 origin.build()?
             }
         };
+        self.store_breaker.validate()?;
+        if let Some(l1) = &self.l1 {
+            l1.validate()?;
+        }
         if self.max_key_len == 0 {
             return Err(ConfigError::new("max_key_len must be greater than zero"));
         }
@@ -408,11 +437,22 @@ impl<V: Value> CacheBuilder<V> {
         let value_prefix = format!("bw:{}:v:", self.namespace).into_bytes();
         let metrics = Metrics::new(&self.namespace);
         let channel = format!("bw:{}:events", self.namespace).into_bytes();
+        let l1 = self.l1.map(|config| Arc::new(NearCache::<V>::new(config)));
+        let hook = l1.clone().map(|l1| l1 as Arc<dyn BusHook>);
+        let mut token_rng: StdRng = rand::make_rng();
+        let sender: [u8; SENDER_LEN] = token_rng.random();
+        let raw_store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
+        let store = Arc::new(GuardedStore::new(
+            Arc::clone(&raw_store),
+            self.store_breaker,
+            self.rng_seed.map(|s| s.wrapping_add(2)),
+        ));
         Ok(Cache {
             inner: Arc::new(Inner {
                 namespace: self.namespace,
                 value_prefix,
-                store: self.store.unwrap_or_else(|| Arc::new(MemoryStore::new())),
+                raw_store,
+                store,
                 origin,
                 defaults,
                 codec: self.codec,
@@ -423,14 +463,15 @@ impl<V: Value> CacheBuilder<V> {
                 lock_poll: self.lock_poll,
                 on_lock_timeout: self.on_lock_timeout,
                 rng: Mutex::new(rng),
-                token_rng: Mutex::new(rand::make_rng()),
-                waiters: Waiters::new(channel),
+                token_rng: Mutex::new(token_rng),
+                waiters: Waiters::new(channel, sender, hook),
                 reads: SingleFlight::new(),
                 metrics,
                 throttled: Mutex::default(),
             }),
             flights: Arc::new(SingleFlight::new()),
             fallback: self.fallback,
+            l1,
         })
     }
 }

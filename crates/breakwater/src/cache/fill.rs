@@ -30,7 +30,16 @@ use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
 use crate::jitter::poll_delay;
 use crate::limit::Priority;
-use crate::store::FencedWrite;
+use crate::store::{FencedWrite, Store};
+
+/// Whether a flight may use the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// Lease, wait, write: one load across the fleet.
+    Fleet,
+    /// The store is failing: load in this process only, and do not write.
+    Local,
+}
 
 /// How long a waiter gives the cache's subscription to come up before it
 /// relies on polling alone.
@@ -47,6 +56,7 @@ impl<V: Value> Cache<V> {
         options: Options,
         replacing: Option<u64>,
         priority: Priority,
+        mode: Mode,
     ) -> Result<(Option<V>, Served), Error>
     where
         F: Fn() -> Fut + Send + Sync + 'static,
@@ -57,6 +67,14 @@ impl<V: Value> Cache<V> {
         // A known-down origin is refused before any lease is taken or waited on.
         inner.origin.check()?;
         let loader = Arc::new(loader);
+        if mode == Mode::Local {
+            // The store just failed this request: one deadline is enough.
+            // Load directly; single-flight still makes it one load here.
+            let value = self
+                .load_direct(&key, &loader, &options, priority, Mode::Local)
+                .await?;
+            return Ok((value, Served::Loaded));
+        }
         let lease_key = inner.lease_key(&key);
         let deadline = Instant::now() + inner.lock_wait;
         let mut stale: Option<Entry> = None;
@@ -76,7 +94,7 @@ impl<V: Value> Cache<V> {
                         .fresh_value(&key, &mut stale, &options, replacing)
                         .await
                     {
-                        let message = notify::message(FILLED, &key);
+                        let message = notify::message(FILLED, inner.waiters.sender(), &key);
                         let _ = inner
                             .store
                             .release_lease(&lease_key, &token, inner.notice(&message))
@@ -93,7 +111,9 @@ impl<V: Value> Cache<V> {
                     // 5. No store: load directly.
                     inner.metrics.store_error("acquire_lease");
                     tracing::warn!(key = %show_key(&key), error = %err, "lease unavailable; loading directly");
-                    let value = self.load_direct(&key, &loader, &options, priority).await?;
+                    let value = self
+                        .load_direct(&key, &loader, &options, priority, Mode::Fleet)
+                        .await?;
                     return Ok((value, Served::Loaded));
                 }
             }
@@ -101,7 +121,7 @@ impl<V: Value> Cache<V> {
             // 3. Wait to be woken.
             let watch = inner
                 .waiters
-                .watch(&inner.store, &key, SUBSCRIBE_WITHIN)
+                .watch(&*inner.store, &key, SUBSCRIBE_WITHIN)
                 .await;
             let mut woken = pin!(watch.notify().notified());
             woken.as_mut().enable();
@@ -203,31 +223,36 @@ impl<V: Value> Cache<V> {
                     Some(v) => inner.codec.encode(v)?,
                     None => Vec::new(),
                 };
-                let (bytes, ttl) = self.seal(payload, value.is_none(), load_time, options);
+                let sealed = self.seal(payload, value.is_none(), load_time, options);
                 inner.clear_throttle(key);
-                let message = notify::message(FILLED, key);
+                let message = notify::message(FILLED, inner.waiters.sender(), key);
                 let write = FencedWrite {
                     key,
-                    value: &bytes,
-                    ttl,
+                    value: &sealed.bytes,
+                    ttl: sealed.ttl,
                     lease_key,
                     token,
                     notice: inner.notice(&message),
                 };
                 match store.fenced_set(write).await {
-                    Ok(true) => {}
-                    Ok(false) => tracing::debug!(
-                        key = %show_key(key),
-                        "lease revoked (invalidated or expired) during the load; not written"
-                    ),
+                    Ok(true) => self.remember_sealed(key, value.clone(), &sealed).await,
+                    Ok(false) => {
+                        tracing::debug!(
+                            key = %show_key(key),
+                            "lease revoked (invalidated or expired) during the load; not written"
+                        );
+                        inner.metrics.lease("revoked");
+                    }
                     Err(err) => {
-                        tracing::warn!(key = %show_key(key), error = %err, "store write failed; returning the loaded value")
+                        tracing::warn!(key = %show_key(key), error = %err, "store write failed; returning the loaded value");
+                        inner.metrics.store_error("fenced_set");
+                        self.remember_sealed(key, value.clone(), &sealed).await;
                     }
                 }
                 Ok(value)
             }
             Err(err) => {
-                let message = notify::message(RELEASED, key);
+                let message = notify::message(RELEASED, inner.waiters.sender(), key);
                 if let Err(release) = store
                     .release_lease(lease_key, token, inner.notice(&message))
                     .await
@@ -246,6 +271,7 @@ impl<V: Value> Cache<V> {
         loader: &Arc<F>,
         options: &Options,
         priority: Priority,
+        mode: Mode,
     ) -> Result<Option<V>, Error>
     where
         F: Fn() -> Fut + Send + Sync + 'static,
@@ -261,11 +287,14 @@ impl<V: Value> Cache<V> {
             Some(v) => self.inner.codec.encode(v)?,
             None => Vec::new(),
         };
-        let (bytes, ttl) = self.seal(payload, value.is_none(), load_time, options);
+        let sealed = self.seal(payload, value.is_none(), load_time, options);
         self.inner.clear_throttle(key);
-        if let Err(err) = self.inner.store.set(key, &bytes, ttl).await {
+        if mode == Mode::Fleet
+            && let Err(err) = self.inner.store.set(key, &sealed.bytes, sealed.ttl).await
+        {
             tracing::debug!(key = %show_key(key), error = %err, "store write failed; returning the loaded value");
         }
+        self.remember_sealed(key, value.clone(), &sealed).await;
         Ok(value)
     }
 
@@ -292,7 +321,10 @@ impl<V: Value> Cache<V> {
             if replacing == Some(entry.fresh_until) {
                 return None;
             }
-            return self.entry_value(key, &entry);
+            let value = self.entry_value(key, &entry)?;
+            self.remember(key, &value, &entry, self.inner.store.now_ms())
+                .await;
+            return Some(value);
         }
         let now = self.inner.store.now_ms();
         if self

@@ -23,6 +23,7 @@
 
 mod builder;
 mod fill;
+mod guard;
 mod notify;
 mod options;
 mod origin;
@@ -43,17 +44,22 @@ use rand::rngs::StdRng;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::breaker::BreakerState;
 use crate::codec::{Codec, Compression};
 use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
 use crate::flight::{Role, SingleFlight};
 use crate::freshness::{Freshness, FreshnessPolicy, Reading};
+use crate::l1::NearCache;
 use crate::limit::Priority;
 use crate::metrics::Metrics;
 use crate::store::{Notice, Store};
 use builder::OnLockTimeout as LockPolicy;
+use fill::Mode;
+use guard::GuardedStore;
 use notify::Waiters;
 use options::Options;
+use tokio::time::Instant;
 
 /// What a cached value must be: serializable, cloneable (one load is shared
 /// by every caller waiting on it) and sendable across tasks.
@@ -91,6 +97,8 @@ pub struct Cache<V> {
     flights: Arc<SingleFlight<(Option<V>, Served)>>,
     /// Served when a load fails and no stale value can stand in.
     fallback: Option<Fallback<V>>,
+    /// The in-process near cache, if enabled.
+    l1: Option<Arc<NearCache<V>>>,
 }
 
 /// Produces the degraded value for a user key.
@@ -102,6 +110,7 @@ impl<V> Clone for Cache<V> {
             inner: Arc::clone(&self.inner),
             flights: Arc::clone(&self.flights),
             fallback: self.fallback.clone(),
+            l1: self.l1.clone(),
         }
     }
 }
@@ -122,7 +131,10 @@ struct Inner {
     namespace: String,
     /// `bw:<namespace>:v:`; the user key follows inside a hash tag.
     value_prefix: Vec<u8>,
-    store: Arc<dyn Store>,
+    /// The store as the user gave it.
+    raw_store: Arc<dyn Store>,
+    /// The same store behind its circuit breaker; every call goes here.
+    store: Arc<GuardedStore>,
     /// Breaker, bulkhead and retries for loads.
     origin: Origin,
     /// Per-call settings unless a call overrides them.
@@ -242,13 +254,15 @@ impl<V: Value> Cache<V> {
     pub async fn set(&self, key: impl AsRef<[u8]>, value: &V) -> Result<(), Error> {
         let key = self.storage_key(key.as_ref())?;
         let payload = self.inner.codec.encode(value)?;
-        let (bytes, ttl) = self.seal(payload, false, Duration::ZERO, &self.inner.defaults);
+        let sealed = self.seal(payload, false, Duration::ZERO, &self.inner.defaults);
         // Revoke any load in flight first, so its (older) result cannot land
         // on top of this value; then write, then wake waiters.
         let store = &self.inner.store;
         store.delete(&self.inner.lease_key(&key)).await?;
-        store.set(&key, &bytes, ttl).await?;
-        let message = notify::message(notify::FILLED, &key);
+        store.set(&key, &sealed.bytes, sealed.ttl).await?;
+        self.remember_sealed(&key, Some(value.clone()), &sealed)
+            .await;
+        let message = notify::message(notify::FILLED, self.inner.waiters.sender(), &key);
         store.publish(self.inner.waiters.channel(), &message).await
     }
 
@@ -263,7 +277,10 @@ impl<V: Value> Cache<V> {
     pub async fn invalidate(&self, key: impl AsRef<[u8]>) -> Result<(), Error> {
         let key = self.storage_key(key.as_ref())?;
         let lease = self.inner.lease_key(&key);
-        let message = notify::message(notify::INVALIDATED, &key);
+        let message = notify::message(notify::INVALIDATED, self.inner.waiters.sender(), &key);
+        if let Some(l1) = &self.l1 {
+            l1.remove(&key).await;
+        }
         self.inner
             .store
             .invalidate(&key, &lease, self.inner.notice(&message))
@@ -411,17 +428,49 @@ impl<V: Value> Cache<V> {
         // 1. Key.
         let key = self.storage_key(user_key)?;
 
-        // 2. Read (shared with concurrent reads of the key).
-        let entry = match self.read_shared(&key).await {
-            Ok(entry) => entry,
+        // 2. L1: a fresh local copy costs no round trip.
+        let mut local_stale = None;
+        if let Some(l1) = &self.l1 {
+            // Other processes' writes must reach L1: keep the bus listening.
+            self.inner.waiters.listen(&*self.inner.store);
+            if let Some(slot) = l1.get(&key).await {
+                let now = Instant::now();
+                if slot.is_fresh(now) {
+                    let served = match slot.value {
+                        Some(_) => Served::Hit,
+                        None => Served::Negative,
+                    };
+                    return Ok(Fetched {
+                        value: slot.value.clone(),
+                        served,
+                    });
+                }
+                if slot.is_servable(now) {
+                    local_stale = Some(slot);
+                }
+            }
+        }
+
+        // 3. Read the store (shared with concurrent reads of the key).
+        let (entry, store_ok) = match self.read_shared(&key).await {
+            Ok(entry) => (entry, true),
             Err(err) => {
                 tracing::warn!(key = %show_key(&key), error = %err, "store read failed; loading directly");
                 self.inner.metrics.store_error("get");
-                None
+                // The store is unreachable: a local stale copy stands in.
+                if let Some(slot) = local_stale {
+                    return Ok(Fetched {
+                        value: slot.value.clone(),
+                        served: Served::Stale {
+                            reason: StaleReason::StoreUnavailable,
+                        },
+                    });
+                }
+                (None, false)
             }
         };
 
-        // 3. Freshness, on the store's clock.
+        // 4. Freshness, on the store's clock.
         let mut fallback: Option<Arc<Entry>> = None;
         if let Some(entry) = entry {
             let now = self.inner.store.now_ms();
@@ -434,6 +483,7 @@ impl<V: Value> Cache<V> {
             match verdict {
                 Freshness::Fresh | Freshness::RefreshEarly => {
                     if let Some(value) = self.entry_value(&key, &entry) {
+                        self.remember(&key, &value, &entry, now).await;
                         if verdict == Freshness::RefreshEarly && !self.inner.is_throttled(&key, now)
                         {
                             self.refresh_in_background(key, loader, options, entry.fresh_until);
@@ -452,6 +502,7 @@ impl<V: Value> Cache<V> {
                     if (in_grace || throttled)
                         && let Some(value) = self.entry_value(&key, &entry)
                     {
+                        self.remember(&key, &value, &entry, now).await;
                         let reason = if throttled {
                             StaleReason::LoaderFailed
                         } else {
@@ -470,13 +521,21 @@ impl<V: Value> Cache<V> {
             }
         }
 
-        // 4.–6. One flight per key in this process; the flight takes the
+        // 5. One flight per key in this process; the flight takes the
         // lease, loads and writes (see `fill`). A soft timeout gives up
         // waiting (not loading) when there is a stale value to serve.
         let cache = self.clone();
         let flight_key = key.clone();
+        let mode = if store_ok { Mode::Fleet } else { Mode::Local };
         let flight = self.flights.run(&key, move || {
-            cache.fill(flight_key, loader, options, None, Priority::Foreground)
+            cache.fill(
+                flight_key,
+                loader,
+                options,
+                None,
+                Priority::Foreground,
+                mode,
+            )
         });
         let (result, role) = match (options.soft_timeout, &fallback) {
             (Some(soft), Some(stale)) => match tokio::time::timeout(soft, flight).await {
@@ -497,7 +556,7 @@ impl<V: Value> Cache<V> {
             _ => flight.await,
         };
 
-        // 7. Failure: the stale value if one may stand in (fail-safe), else
+        // 6. Failure: the stale value if one may stand in (fail-safe), else
         // the fallback, else the error.
         match result {
             Ok((value, served)) => {
@@ -573,6 +632,7 @@ impl<V: Value> Cache<V> {
                         options,
                         Some(replacing),
                         Priority::Background,
+                        Mode::Fleet,
                     )
                 })
                 .await;
@@ -631,9 +691,14 @@ impl<V: Value> Cache<V> {
         &self.inner.namespace
     }
 
+    /// The state of the store's circuit breaker.
+    pub fn store_breaker_state(&self) -> BreakerState {
+        self.inner.store.state()
+    }
+
     /// The store behind this cache.
     pub fn store(&self) -> &Arc<dyn Store> {
-        &self.inner.store
+        &self.inner.raw_store
     }
 
     /// Reads and decodes the envelope; unreadable bytes are a miss plus a
@@ -708,7 +773,7 @@ impl<V: Value> Cache<V> {
         negative: bool,
         load_time: Duration,
         options: &Options,
-    ) -> (Vec<u8>, Duration) {
+    ) -> Sealed {
         let inner = &self.inner;
         let base = if negative {
             options.negative_ttl
@@ -737,9 +802,38 @@ impl<V: Value> Cache<V> {
             load_ms: u32::try_from(load_time.as_millis()).unwrap_or(u32::MAX),
             payload,
         };
-        let ttl = Duration::from_millis(stale_until - now);
-        (entry.encode(&inner.compression), ttl)
+        Sealed {
+            bytes: entry.encode(&inner.compression),
+            ttl: Duration::from_millis(stale_until - now),
+            fresh: Duration::from_millis(fresh_ms),
+        }
     }
+
+    /// Keeps a value read from the store in L1, for no longer than the
+    /// store says it is fresh (and servable).
+    async fn remember(&self, key: &[u8], value: &Option<V>, entry: &Entry, now_ms: u64) {
+        if let Some(l1) = &self.l1 {
+            let fresh = Duration::from_millis(entry.fresh_until.saturating_sub(now_ms));
+            let stale = Duration::from_millis(entry.stale_until.saturating_sub(now_ms));
+            l1.put(key, value.clone(), fresh, stale).await;
+        }
+    }
+
+    /// Keeps a value this process just wrote (or loaded) in L1.
+    async fn remember_sealed(&self, key: &[u8], value: Option<V>, sealed: &Sealed) {
+        if let Some(l1) = &self.l1 {
+            l1.put(key, value, sealed.fresh, sealed.ttl).await;
+        }
+    }
+}
+
+/// An encoded entry with its physical TTL and fresh window.
+struct Sealed {
+    bytes: Vec<u8>,
+    /// The store TTL: the fresh window plus `max_stale`.
+    ttl: Duration,
+    /// The jittered fresh window.
+    fresh: Duration,
 }
 
 /// What the freshness policy needs of an entry.

@@ -104,6 +104,7 @@ impl Served {
                 StaleReason::LockTimeout => "stale_lock_timeout",
                 StaleReason::BreakerOpen => "stale_breaker_open",
                 StaleReason::Overloaded => "stale_overloaded",
+                StaleReason::StoreUnavailable => "stale_store_unavailable",
             },
             Served::Loaded => "loaded",
             Served::Coalesced => "coalesced",
@@ -129,6 +130,8 @@ pub enum StaleReason {
     BreakerOpen,
     /// The origin's bulkhead was full; the load was shed.
     Overloaded,
+    /// The store could not be reached; a local (L1) copy stood in.
+    StoreUnavailable,
 }
 
 /// A value with how it was served; see [`Cache::get_or_load_with_meta`].

@@ -73,23 +73,26 @@ static INVALIDATE: LazyLock<Script> = LazyLock::new(|| {
 ///
 /// | setting | default |
 /// |---|---|
-/// | `connect_timeout` | 1 s |
-/// | `response_timeout` | 500 ms |
+/// | `connect_timeout` | 500 ms |
+/// | `response_timeout` | 100 ms (a healthy Redis answers in well under a millisecond) |
+/// | `subscription_ping` | 1 s (a pub/sub connection that does not answer a `PING` within `response_timeout` is dropped and re-made) |
 /// | `clock_refresh` | 60 s |
 #[derive(Debug, Clone)]
 pub struct RedisStoreConfig {
     connect_timeout: Duration,
     response_timeout: Duration,
     clock_refresh: Duration,
+    subscription_ping: Duration,
     wall_clock: Arc<dyn WallClock>,
 }
 
 impl Default for RedisStoreConfig {
     fn default() -> Self {
         RedisStoreConfig {
-            connect_timeout: Duration::from_secs(1),
-            response_timeout: Duration::from_millis(500),
+            connect_timeout: Duration::from_millis(500),
+            response_timeout: Duration::from_millis(100),
             clock_refresh: Duration::from_secs(60),
+            subscription_ping: Duration::from_secs(1),
             wall_clock: Arc::new(SystemClock),
         }
     }
@@ -114,6 +117,12 @@ impl RedisStoreConfig {
         self
     }
 
+    /// How often an idle pub/sub connection is checked with `PING`.
+    pub fn subscription_ping(mut self, every: Duration) -> Self {
+        self.subscription_ping = every;
+        self
+    }
+
     /// The local wall clock, used only until Redis's clock is known (the
     /// system clock by default; a skewed one for simulations and tests).
     pub fn wall_clock(mut self, clock: Arc<dyn WallClock>) -> Self {
@@ -126,6 +135,7 @@ impl RedisStoreConfig {
             ("connect_timeout", self.connect_timeout),
             ("response_timeout", self.response_timeout),
             ("clock_refresh", self.clock_refresh),
+            ("subscription_ping", self.subscription_ping),
         ] {
             if value.is_zero() {
                 return Err(ConfigError::new(format!(
@@ -326,12 +336,14 @@ fn spawn_clock_refresh(inner: Weak<Inner>, mut conn: ConnectionManager) -> Abort
 }
 
 /// Keeps one channel subscribed on a dedicated pub/sub connection,
-/// reconnecting with jittered backoff, and fans its messages out. Every
-/// (re)connection is announced as [`Delivery::Missed`], since messages sent
-/// while it was down are lost.
+/// reconnecting with jittered backoff, and fans its messages out. An idle
+/// connection is checked with `PING` every `subscription_ping`; one that does
+/// not answer within `response_timeout` (a hung or unreachable Redis) is
+/// dropped. Every (re)connection is announced as [`Delivery::Missed`], since
+/// messages sent while it was down are lost.
 async fn run_subscription(
     client: redis::Client,
-    connect_timeout: Duration,
+    config: RedisStoreConfig,
     channel: Vec<u8>,
     messages: broadcast::Sender<Delivery>,
     ready: watch::Sender<bool>,
@@ -345,14 +357,34 @@ async fn run_subscription(
             pubsub.subscribe(&channel).await?;
             Ok::<_, redis::RedisError>(pubsub)
         };
-        match tokio::time::timeout(connect_timeout, connect).await {
+        match tokio::time::timeout(config.connect_timeout, connect).await {
             Ok(Ok(pubsub)) => {
                 failures = 0;
                 ready.send_replace(true);
                 let _ = messages.send(Delivery::Missed);
-                let mut stream = pubsub.into_on_message();
-                while let Some(msg) = stream.next().await {
-                    let _ = messages.send(Delivery::Message(Arc::from(msg.get_payload_bytes())));
+                let (mut sink, mut stream) = pubsub.split();
+                let mut ping = tokio::time::interval(config.subscription_ping);
+                ping.tick().await;
+                loop {
+                    tokio::select! {
+                        msg = stream.next() => match msg {
+                            Some(msg) => {
+                                let payload = Arc::from(msg.get_payload_bytes());
+                                let _ = messages.send(Delivery::Message(payload));
+                            }
+                            None => break,
+                        },
+                        _ = ping.tick() => {
+                            let pong = tokio::time::timeout(
+                                config.response_timeout,
+                                sink.ping::<redis::Value>(),
+                            )
+                            .await;
+                            if !matches!(pong, Ok(Ok(_))) {
+                                break;
+                            }
+                        }
+                    }
                 }
                 ready.send_replace(false);
                 let _ = messages.send(Delivery::Missed);
@@ -580,7 +612,7 @@ impl Store for RedisStore {
             };
             let task = tokio::spawn(run_subscription(
                 self.inner.client.clone(),
-                self.inner.config.connect_timeout,
+                self.inner.config.clone(),
                 channel.to_vec(),
                 feed.messages.clone(),
                 feed.ready.clone(),

@@ -1,13 +1,23 @@
 //! Shared support for breakwater's integration tests.
 #![allow(dead_code, unreachable_pub)]
 
-use breakwater::RedisStore;
+use std::time::Duration;
+
+use breakwater::{RedisStore, RedisStoreConfig};
 pub use breakwater_testkit::RedisServer;
 
-/// A private Redis and a connected store on it.
+/// Timeouts for tests that are about something other than a slow Redis:
+/// generous, so a loaded CI machine cannot turn them into outage tests.
+pub fn patient() -> RedisStoreConfig {
+    RedisStoreConfig::default()
+        .connect_timeout(Duration::from_secs(5))
+        .response_timeout(Duration::from_secs(5))
+}
+
+/// A private Redis and a connected store on it (with [`patient`] timeouts).
 pub async fn redis_store() -> (RedisServer, RedisStore) {
     let server = RedisServer::start();
-    let store = RedisStore::connect(&server.url()).expect("valid url");
+    let store = RedisStore::connect_with(&server.url(), patient()).expect("valid url");
     store.warm_up().await.expect("private redis is reachable");
     (server, store)
 }
