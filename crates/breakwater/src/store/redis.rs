@@ -2,7 +2,8 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, RwLock, Weak};
 use std::time::Duration;
 
@@ -10,7 +11,7 @@ use futures_util::StreamExt;
 use rand::rngs::StdRng;
 use redis::Script;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use tokio::sync::{OnceCell, broadcast, watch};
+use tokio::sync::{broadcast, watch};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
@@ -179,7 +180,13 @@ pub struct RedisStore {
 struct Inner {
     client: redis::Client,
     config: RedisStoreConfig,
-    conn: OnceCell<ConnectionManager>,
+    /// The live connection, if any; dropped after a timeout or a broken
+    /// connection so the next call makes a fresh one.
+    conn: RwLock<Option<Live>>,
+    /// One connection attempt at a time.
+    connecting: tokio::sync::Mutex<()>,
+    generations: AtomicU64,
+    clock_refresh_started: AtomicBool,
     clock: RwLock<Option<ClockSample>>,
     /// The highest time handed out, so the clock never runs backwards when a
     /// new sample corrects it.
@@ -188,6 +195,14 @@ struct Inner {
     channels: Mutex<HashMap<Vec<u8>, ChannelFeed>>,
     /// Background tasks (clock refresh, subscriptions), stopped on drop.
     tasks: Mutex<Vec<AbortHandle>>,
+}
+
+/// A connection and its generation, so a failure only drops the connection
+/// it happened on.
+#[derive(Clone)]
+struct Live {
+    generation: u64,
+    manager: ConnectionManager,
 }
 
 struct ChannelFeed {
@@ -238,7 +253,10 @@ impl RedisStore {
             inner: Arc::new(Inner {
                 client,
                 config,
-                conn: OnceCell::new(),
+                conn: RwLock::new(None),
+                connecting: tokio::sync::Mutex::new(()),
+                generations: AtomicU64::new(0),
+                clock_refresh_started: AtomicBool::new(false),
                 clock: RwLock::new(None),
                 last_now: AtomicU64::new(0),
                 channels: Mutex::default(),
@@ -246,45 +264,85 @@ impl RedisStore {
             }),
         })
     }
-
-    /// The connection, made on first use. Each attempt is bounded by the
-    /// connect timeout; a failed attempt is retried by the next caller.
-    async fn conn(&self) -> Result<ConnectionManager, Error> {
-        let inner = &self.inner;
-        let conn = inner
-            .conn
-            .get_or_try_init(|| async {
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(inner.config.connect_timeout))
-                    .set_response_timeout(Some(inner.config.response_timeout))
-                    .set_number_of_retries(1);
-                let manager = tokio::time::timeout(
-                    inner.config.connect_timeout,
-                    ConnectionManager::new_with_config(inner.client.clone(), config),
-                )
-                .await
-                .map_err(|_| {
-                    Error::new(
-                        ErrorKind::Store,
-                        format!(
-                            "could not connect to redis within {:?}",
-                            inner.config.connect_timeout
-                        ),
-                    )
-                })?
-                .map_err(store_error)?;
-                let mut probe = manager.clone();
-                inner.sample_clock(&mut probe).await?;
-                let refresh = spawn_clock_refresh(Arc::downgrade(&self.inner), manager.clone());
-                inner.track(refresh);
-                Ok::<_, Error>(manager)
-            })
-            .await?;
-        Ok(conn.clone())
-    }
 }
 
 impl Inner {
+    fn current(&self) -> Option<Live> {
+        self.conn.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The connection, made on first use and again after a failure. Each
+    /// attempt is bounded by the connect timeout, and so is waiting for
+    /// another caller's attempt.
+    async fn conn(self: &Arc<Self>) -> Result<Live, Error> {
+        if let Some(live) = self.current() {
+            return Ok(live);
+        }
+        let connect_timeout = self.config.connect_timeout;
+        let unreachable = || {
+            Error::new(
+                ErrorKind::Store,
+                format!("could not connect to redis within {connect_timeout:?}"),
+            )
+        };
+        let _attempt = tokio::time::timeout(connect_timeout, self.connecting.lock())
+            .await
+            .map_err(|_| unreachable())?;
+        if let Some(live) = self.current() {
+            return Ok(live);
+        }
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            .set_response_timeout(Some(self.config.response_timeout))
+            .set_number_of_retries(1);
+        let mut manager = tokio::time::timeout(
+            connect_timeout,
+            ConnectionManager::new_with_config(self.client.clone(), config),
+        )
+        .await
+        .map_err(|_| unreachable())?
+        .map_err(store_error)?;
+        self.sample_clock(&mut manager).await?;
+        if !self.clock_refresh_started.swap(true, Ordering::Relaxed) {
+            self.track(spawn_clock_refresh(Arc::downgrade(self)));
+        }
+        let live = Live {
+            generation: self.generations.fetch_add(1, Ordering::Relaxed) + 1,
+            manager,
+        };
+        *self.conn.write().unwrap_or_else(|p| p.into_inner()) = Some(live.clone());
+        Ok(live)
+    }
+
+    /// Forgets connection `generation` (if still current), so the next call
+    /// reconnects: after a timeout the connection may be dead (a host that
+    /// vanished never resets it) or out of step.
+    fn forget(&self, generation: u64) {
+        let mut conn = self.conn.write().unwrap_or_else(|p| p.into_inner());
+        if conn.as_ref().is_some_and(|c| c.generation == generation) {
+            *conn = None;
+        }
+    }
+
+    /// Runs one command on the connection, dropping the connection if the
+    /// command timed out or the connection broke.
+    async fn call<T, F, Fut>(self: &Arc<Self>, command: F) -> Result<T, Error>
+    where
+        F: FnOnce(ConnectionManager) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        let live = self.conn().await?;
+        match command(live.manager).await {
+            Ok(value) => Ok(value),
+            Err(err) => {
+                if err.is_timeout() || err.is_connection_dropped() || err.is_io_error() {
+                    self.forget(live.generation);
+                }
+                Err(store_error(err))
+            }
+        }
+    }
+
     fn track(&self, task: AbortHandle) {
         let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
         tasks.retain(|t| !t.is_finished());
@@ -318,7 +376,7 @@ impl Inner {
 }
 
 /// Keeps the clock sample current while the store is alive.
-fn spawn_clock_refresh(inner: Weak<Inner>, mut conn: ConnectionManager) -> AbortHandle {
+fn spawn_clock_refresh(inner: Weak<Inner>) -> AbortHandle {
     tokio::spawn(async move {
         loop {
             let every = match inner.upgrade() {
@@ -327,7 +385,11 @@ fn spawn_clock_refresh(inner: Weak<Inner>, mut conn: ConnectionManager) -> Abort
             };
             tokio::time::sleep(every).await;
             let Some(inner) = inner.upgrade() else { return };
-            if let Err(err) = inner.sample_clock(&mut conn).await {
+            let sampled = match inner.conn().await {
+                Ok(mut live) => inner.sample_clock(&mut live.manager).await,
+                Err(err) => Err(err),
+            };
+            if let Err(err) = sampled {
                 tracing::warn!(error = %err, "redis clock sample failed; keeping the previous one");
             }
         }
@@ -418,50 +480,54 @@ impl fmt::Debug for RedisStore {
 impl Store for RedisStore {
     fn get<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Vec<u8>>> {
         Box::pin(async move {
-            let mut conn = self.conn().await?;
-            redis::cmd("GET")
-                .arg(key)
-                .query_async(&mut conn)
+            self.inner
+                .call(|mut conn| async move {
+                    redis::cmd("GET")
+                        .arg(key)
+                        .query_async(&mut conn)
+                        .await
+                })
                 .await
-                .map_err(store_error)
         })
     }
 
     fn set<'a>(&'a self, key: &'a [u8], value: &'a [u8], ttl: Duration) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             let ms = ttl_millis(ttl)?;
-            let mut conn = self.conn().await?;
-            redis::cmd("SET")
-                .arg(key)
-                .arg(value)
-                .arg("PX")
-                .arg(ms)
-                .query_async::<()>(&mut conn)
+            self.inner
+                .call(|mut conn| async move {
+                    redis::cmd("SET")
+                        .arg(key)
+                        .arg(value)
+                        .arg("PX")
+                        .arg(ms)
+                        .query_async::<()>(&mut conn)
+                        .await
+                })
                 .await
-                .map_err(store_error)
         })
     }
 
     fn delete<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, bool> {
         Box::pin(async move {
-            let mut conn = self.conn().await?;
-            let removed: u64 = redis::cmd("DEL")
-                .arg(key)
-                .query_async(&mut conn)
-                .await
-                .map_err(store_error)?;
+            let removed: u64 =
+                self.inner
+                    .call(|mut conn| async move {
+                        redis::cmd("DEL").arg(key).query_async(&mut conn).await
+                    })
+                    .await?;
             Ok(removed > 0)
         })
     }
 
     fn ttl<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Duration>> {
         Box::pin(async move {
-            let mut conn = self.conn().await?;
-            let ms: i64 = redis::cmd("PTTL")
-                .arg(key)
-                .query_async(&mut conn)
-                .await
-                .map_err(store_error)?;
+            let ms: i64 =
+                self.inner
+                    .call(|mut conn| async move {
+                        redis::cmd("PTTL").arg(key).query_async(&mut conn).await
+                    })
+                    .await?;
             // -2: no such key; -1: no expiry.
             Ok(u64::try_from(ms).ok().map(Duration::from_millis))
         })
@@ -493,16 +559,19 @@ impl Store for RedisStore {
     ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let ms = ttl_millis(ttl)?;
-            let mut conn = self.conn().await?;
-            let reply: Option<String> = redis::cmd("SET")
-                .arg(lease_key)
-                .arg(token)
-                .arg("NX")
-                .arg("PX")
-                .arg(ms)
-                .query_async(&mut conn)
-                .await
-                .map_err(store_error)?;
+            let reply: Option<String> = self
+                .inner
+                .call(|mut conn| async move {
+                    redis::cmd("SET")
+                        .arg(lease_key)
+                        .arg(token)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(ms)
+                        .query_async(&mut conn)
+                        .await
+                })
+                .await?;
             Ok(reply.is_some())
         })
     }
@@ -515,14 +584,17 @@ impl Store for RedisStore {
     ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let ms = ttl_millis(ttl)?;
-            let mut conn = self.conn().await?;
-            let extended: i64 = EXTEND_LEASE
-                .key(lease_key)
-                .arg(token)
-                .arg(ms)
-                .invoke_async(&mut conn)
-                .await
-                .map_err(store_error)?;
+            let extended: i64 = self
+                .inner
+                .call(|mut conn| async move {
+                    EXTEND_LEASE
+                        .key(lease_key)
+                        .arg(token)
+                        .arg(ms)
+                        .invoke_async(&mut conn)
+                        .await
+                })
+                .await?;
             Ok(extended == 1)
         })
     }
@@ -534,15 +606,18 @@ impl Store for RedisStore {
         notice: Notice<'a>,
     ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
-            let mut conn = self.conn().await?;
-            let released: i64 = RELEASE_LEASE
-                .key(lease_key)
-                .arg(token)
-                .arg(notice.channel)
-                .arg(notice.message)
-                .invoke_async(&mut conn)
-                .await
-                .map_err(store_error)?;
+            let released: i64 = self
+                .inner
+                .call(|mut conn| async move {
+                    RELEASE_LEASE
+                        .key(lease_key)
+                        .arg(token)
+                        .arg(notice.channel)
+                        .arg(notice.message)
+                        .invoke_async(&mut conn)
+                        .await
+                })
+                .await?;
             Ok(released == 1)
         })
     }
@@ -550,18 +625,21 @@ impl Store for RedisStore {
     fn fenced_set<'a>(&'a self, write: FencedWrite<'a>) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let ms = ttl_millis(write.ttl)?;
-            let mut conn = self.conn().await?;
-            let written: i64 = FENCED_SET
-                .key(write.key)
-                .key(write.lease_key)
-                .arg(write.token)
-                .arg(write.value)
-                .arg(ms)
-                .arg(write.notice.channel)
-                .arg(write.notice.message)
-                .invoke_async(&mut conn)
-                .await
-                .map_err(store_error)?;
+            let written: i64 = self
+                .inner
+                .call(|mut conn| async move {
+                    FENCED_SET
+                        .key(write.key)
+                        .key(write.lease_key)
+                        .arg(write.token)
+                        .arg(write.value)
+                        .arg(ms)
+                        .arg(write.notice.channel)
+                        .arg(write.notice.message)
+                        .invoke_async(&mut conn)
+                        .await
+                })
+                .await?;
             Ok(written == 1)
         })
     }
@@ -573,29 +651,34 @@ impl Store for RedisStore {
         notice: Notice<'a>,
     ) -> StoreFuture<'a, ()> {
         Box::pin(async move {
-            let mut conn = self.conn().await?;
-            let _: i64 = INVALIDATE
-                .key(key)
-                .key(lease_key)
-                .arg(notice.channel)
-                .arg(notice.message)
-                .invoke_async(&mut conn)
-                .await
-                .map_err(store_error)?;
+            let _: i64 = self
+                .inner
+                .call(|mut conn| async move {
+                    INVALIDATE
+                        .key(key)
+                        .key(lease_key)
+                        .arg(notice.channel)
+                        .arg(notice.message)
+                        .invoke_async(&mut conn)
+                        .await
+                })
+                .await?;
             Ok(())
         })
     }
 
     fn publish<'a>(&'a self, channel: &'a [u8], message: &'a [u8]) -> StoreFuture<'a, ()> {
         Box::pin(async move {
-            let mut conn = self.conn().await?;
-            redis::cmd("PUBLISH")
-                .arg(channel)
-                .arg(message)
-                .query_async::<i64>(&mut conn)
+            self.inner
+                .call(|mut conn| async move {
+                    redis::cmd("PUBLISH")
+                        .arg(channel)
+                        .arg(message)
+                        .query_async::<i64>(&mut conn)
+                        .await
+                })
                 .await
                 .map(drop)
-                .map_err(store_error)
         })
     }
 
@@ -639,7 +722,7 @@ impl RedisStore {
     ///
     /// [`Store`](ErrorKind::Store) if Redis cannot be reached in time.
     pub async fn warm_up(&self) -> Result<(), Error> {
-        self.conn().await.map(drop)
+        self.inner.conn().await.map(drop)
     }
 }
 

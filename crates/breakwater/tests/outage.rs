@@ -1,0 +1,298 @@
+//! Redis outages against real private servers: killed, paused, blackholed,
+//! slowed; the store breaker, the L1 near cache, bounded direct loads, the
+//! invalidation bus, and recovery.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use breakwater::{
+    BreakerConfig, BreakerState, Cache, EarlyRefresh, Jitter, L1Config, LimitConfig, RedisStore,
+    RedisStoreConfig, Served,
+};
+use breakwater_testkit::{Fault, FaultProxy};
+use support::RedisServer;
+use tokio::time::Instant;
+
+type LoadFuture = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Option<String>, std::io::Error>> + Send>,
+>;
+
+/// The origin: counts calls and the peak of concurrent calls.
+#[derive(Clone, Default)]
+struct Db {
+    calls: Arc<AtomicUsize>,
+    running: Arc<AtomicUsize>,
+    peak: Arc<AtomicUsize>,
+}
+
+impl Db {
+    fn loader(&self, value: String) -> impl Fn() -> LoadFuture + Send + Sync + 'static {
+        let db = self.clone();
+        move || {
+            let db = db.clone();
+            let value = value.clone();
+            Box::pin(async move {
+                db.calls.fetch_add(1, Ordering::SeqCst);
+                let now = db.running.fetch_add(1, Ordering::SeqCst) + 1;
+                db.peak.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                db.running.fetch_sub(1, Ordering::SeqCst);
+                Ok(Some(value))
+            })
+        }
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+/// Short deadlines, as in production: a hung Redis costs 100 ms at most.
+fn fast(url: &str) -> RedisStore {
+    let config = RedisStoreConfig::default()
+        .connect_timeout(Duration::from_millis(200))
+        .response_timeout(Duration::from_millis(100))
+        .subscription_ping(Duration::from_millis(200));
+    RedisStore::connect_with(url, config).unwrap()
+}
+
+fn cache_on(store: RedisStore, l1_ttl: Duration, max_concurrent: u32) -> Cache<String> {
+    Cache::builder()
+        .namespace("outage")
+        .store(store)
+        .ttl(Duration::from_secs(300))
+        .jitter(Jitter::none())
+        .early_refresh(EarlyRefresh::none())
+        .l1(L1Config::new().ttl(l1_ttl))
+        .limit(
+            LimitConfig::new()
+                .max_concurrent(max_concurrent)
+                .queue_wait(Duration::from_secs(30)),
+        )
+        .store_breaker(
+            BreakerConfig::new()
+                .consecutive_failures(3)
+                .cool_down(Duration::from_millis(300)),
+        )
+        .build()
+        .unwrap()
+}
+
+/// Waits (bounded, no timing assertion) until `check` holds.
+async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !check().await {
+        assert!(Instant::now() < deadline, "never happened: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_under_load_no_errors_bounded_loads_and_recovery() {
+    let mut server = RedisServer::start();
+    let store = fast(&server.url());
+    store.warm_up().await.unwrap();
+    // L1 entries stay fresh 500 ms, so the outage outlasts them and forces loads.
+    let cache = cache_on(store, Duration::from_millis(500), 8);
+    let db = Db::default();
+    for k in 0..100 {
+        cache
+            .get_or_load(format!("hot:{k}"), db.loader(format!("v{k}")))
+            .await
+            .unwrap();
+    }
+    assert_eq!(db.calls(), 100);
+
+    server.kill();
+    let outage_start = db.calls();
+    db.peak.store(0, Ordering::SeqCst);
+    let errors = Arc::new(AtomicUsize::new(0));
+    let mut callers = Vec::new();
+    for c in 0..200 {
+        let (cache, db, errors) = (cache.clone(), db.clone(), Arc::clone(&errors));
+        callers.push(tokio::spawn(async move {
+            let until = Instant::now() + Duration::from_millis(1_500);
+            let mut k = c % 100;
+            while Instant::now() < until {
+                let key = format!("hot:{k}");
+                match cache.get_or_load(&key, db.loader(format!("v{k}"))).await {
+                    Ok(Some(v)) => assert_eq!(v, format!("v{k}")),
+                    other => {
+                        errors.fetch_add(1, Ordering::SeqCst);
+                        eprintln!("{key}: {other:?}");
+                    }
+                }
+                k = (k + 7) % 100;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }));
+    }
+    for caller in callers {
+        caller.await.unwrap();
+    }
+    assert_eq!(
+        errors.load(Ordering::SeqCst),
+        0,
+        "callers saw errors during the outage"
+    );
+    assert!(
+        db.calls() > outage_start,
+        "L1 expired, so some direct loads were expected"
+    );
+    assert!(
+        db.peak.load(Ordering::SeqCst) <= 8,
+        "peak {} loads",
+        db.peak.load(Ordering::SeqCst)
+    );
+    assert_eq!(cache.store_breaker_state(), BreakerState::Open);
+
+    // Recovery: same port, breaker closes, Redis is repopulated.
+    server.restart();
+    eventually(
+        "the store breaker closes and writes reach Redis",
+        async || {
+            let _ = cache.get_or_load("hot:1", db.loader("v1".into())).await;
+            cache.store_breaker_state() == BreakerState::Closed
+                && server.command(&["EXISTS", "bw:outage:v:{hot:1}"]).unwrap() == "1"
+        },
+    )
+    .await;
+
+    // The bus works again: another process's write reaches this L1.
+    let other = cache_on(fast(&server.url()), Duration::from_secs(60), 8);
+    cache
+        .get_or_load("bus", db.loader("old".into()))
+        .await
+        .unwrap();
+    other.set("bus", &"new".to_string()).await.unwrap();
+    eventually("the other cache's write reaches L1", async || {
+        cache
+            .get_or_load("bus", db.loader("loader".into()))
+            .await
+            .unwrap()
+            .as_deref()
+            == Some("new")
+    })
+    .await;
+}
+
+/// Every call returns within a bound (the Redis deadline, one load, and a
+/// wide margin for a loaded machine): nothing hangs on a silent Redis.
+async fn calls_stay_bounded(cache: &Cache<String>, db: &Db, rounds: usize) {
+    for round in 0..rounds {
+        for k in 0..20 {
+            let started = Instant::now();
+            let v = cache
+                .get_or_load(format!("k{k}"), db.loader(format!("v{k}")))
+                .await
+                .unwrap();
+            assert_eq!(v, Some(format!("v{k}")));
+            let took = started.elapsed();
+            assert!(
+                took < Duration::from_secs(2),
+                "round {round}: a call took {took:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_redis_costs_one_deadline_then_l1_and_direct_loads() {
+    let server = RedisServer::start();
+    let store = fast(&server.url());
+    store.warm_up().await.unwrap();
+    let cache = cache_on(store, Duration::from_millis(300), 8);
+    let db = Db::default();
+    calls_stay_bounded(&cache, &db, 1).await;
+
+    server.pause();
+    calls_stay_bounded(&cache, &db, 5).await;
+    server.resume();
+    eventually("recovery after SIGCONT", async || {
+        let _ = cache.get_or_load("k1", db.loader("v1".into())).await;
+        cache.store_breaker_state() == BreakerState::Closed
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blackholed_and_slow_redis_never_hold_a_call_past_its_deadline() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let store = fast(&proxy.url());
+    store.warm_up().await.unwrap();
+    let cache = cache_on(store, Duration::from_millis(300), 8);
+    let db = Db::default();
+    calls_stay_bounded(&cache, &db, 1).await;
+
+    proxy.set(Fault::Blackhole);
+    calls_stay_bounded(&cache, &db, 5).await;
+
+    proxy.set(Fault::Delay(Duration::from_millis(200)));
+    calls_stay_bounded(&cache, &db, 5).await;
+
+    proxy.set(Fault::Pass);
+    eventually("recovery after the proxy passes again", async || {
+        let _ = cache.get_or_load("k1", db.loader("v1".into())).await;
+        cache.store_breaker_state() == BreakerState::Closed
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalidations_reach_other_processes_l1_and_a_dropped_bus_flushes_it() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let a = cache_on(fast(&server.url()), Duration::from_secs(60), 8);
+    // B reaches Redis (data and bus) through the proxy.
+    let b = cache_on(fast(&proxy.url()), Duration::from_secs(60), 8);
+    let db = Db::default();
+
+    b.get_or_load("k", db.loader("v1".into())).await.unwrap();
+    assert_eq!(
+        b.get_or_load_with_meta("k", db.loader("x".into()))
+            .await
+            .unwrap()
+            .served,
+        Served::Hit
+    );
+
+    // An invalidation in A drops the key from B's L1.
+    a.invalidate("k").await.unwrap();
+    eventually("B stops serving the invalidated value", async || {
+        b.get_or_load("k", db.loader("v2".into()))
+            .await
+            .unwrap()
+            .as_deref()
+            == Some("v2")
+    })
+    .await;
+
+    // B's bus goes silent; A's next write cannot reach B. Once B notices
+    // (a PING unanswered), it flushes L1 and stops serving "v2".
+    proxy.set(Fault::Blackhole);
+    a.set("k", &"v3".to_string()).await.unwrap();
+    eventually("B's L1 is flushed when its bus drops", async || {
+        b.get_or_load("k", db.loader("direct".into()))
+            .await
+            .unwrap()
+            .as_deref()
+            != Some("v2")
+    })
+    .await;
+    proxy.set(Fault::Pass);
+    eventually(
+        "B reads A's write once Redis is reachable again",
+        async || {
+            b.get_or_load("k", db.loader("direct".into()))
+                .await
+                .unwrap()
+                .as_deref()
+                == Some("v3")
+        },
+    )
+    .await;
+}
