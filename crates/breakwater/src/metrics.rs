@@ -13,28 +13,97 @@
 //! | `breakwater_unreadable_entries_total` | counter | | stored bytes that did not decode (treated as misses) |
 //! | `breakwater_store_errors_total` | counter | `op` | store operations that failed |
 
-use std::sync::Arc;
+use std::fmt;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use metrics::{SharedString, counter, histogram};
+use metrics::{Counter, Recorder, SharedString, counter, histogram};
+
+/// Every value of the `served` label.
+const SERVED: [&str; 14] = [
+    "hit",
+    "negative",
+    "stale_refreshing",
+    "stale_loader_failed",
+    "stale_soft_timeout",
+    "stale_lock_timeout",
+    "stale_breaker_open",
+    "stale_overloaded",
+    "stale_store_unavailable",
+    "loaded",
+    "coalesced",
+    "fallback",
+    "error",
+    "other",
+];
+
+/// The request counters, registered with one recorder.
+struct Served {
+    /// Identifies the recorder the handles belong to.
+    recorder: usize,
+    counters: Vec<Counter>,
+}
 
 /// The cache's handle on the metrics facade.
-#[derive(Debug, Clone)]
+///
+/// The request counter is on every call's path, so its handles are
+/// registered once per recorder rather than looked up on every call (which
+/// costs more than an L1 hit); a recorder installed later is noticed and the
+/// handles registered again.
+#[derive(Clone)]
 pub(crate) struct Metrics {
     namespace: SharedString,
+    served: Arc<RwLock<Option<Served>>>,
+}
+
+impl fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Metrics")
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The current recorder's address, as an identity.
+fn recorder_id() -> usize {
+    metrics::with_recorder(|r: &dyn Recorder| std::ptr::from_ref(r).cast::<()>() as usize)
 }
 
 impl Metrics {
     pub(crate) fn new(namespace: &str) -> Self {
         Metrics {
             namespace: SharedString::from(Arc::<str>::from(namespace)),
+            served: Arc::default(),
         }
     }
 
     /// One `get_or_load` call, served as `served`.
     pub(crate) fn served(&self, served: &'static str) {
-        counter!("breakwater_requests_total", "namespace" => self.namespace.clone(), "served" => served)
-            .increment(1);
+        let index = SERVED
+            .iter()
+            .position(|l| *l == served)
+            .unwrap_or(SERVED.len() - 1);
+        let recorder = recorder_id();
+        {
+            let handles = self.served.read().unwrap_or_else(|p| p.into_inner());
+            if let Some(h) = handles.as_ref().filter(|h| h.recorder == recorder) {
+                if let Some(counter) = h.counters.get(index) {
+                    counter.increment(1);
+                }
+                return;
+            }
+        }
+        let counters: Vec<Counter> = SERVED
+            .iter()
+            .map(|label| {
+                counter!("breakwater_requests_total", "namespace" => self.namespace.clone(), "served" => *label)
+            })
+            .collect();
+        if let Some(counter) = counters.get(index) {
+            counter.increment(1);
+        }
+        *self.served.write().unwrap_or_else(|p| p.into_inner()) =
+            Some(Served { recorder, counters });
     }
 
     /// One loader call and how long it took.

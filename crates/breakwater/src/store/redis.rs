@@ -294,7 +294,7 @@ impl Inner {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(self.config.response_timeout))
-            .set_number_of_retries(1);
+            .set_number_of_retries(0);
         let mut manager = tokio::time::timeout(
             connect_timeout,
             ConnectionManager::new_with_config(self.client.clone(), config),
