@@ -21,7 +21,7 @@ fn main() {
         .build()
         .expect("runtime");
     rt.block_on(async {
-        println!("get_or_load latency, {CALLS} calls over {KEYS} keys, loader 1 ms, default RedisStore deadlines (response 100 ms)");
+        println!("get_or_load latency, {CALLS} calls over {KEYS} keys, loader 1 ms, default RedisStore deadlines (response 50 ms)");
         println!();
         println!("{:<8} {:<6} {:>9} {:>9} {:>9} {:>7}", "redis", "l1", "p50 ms", "p99 ms", "max ms", "errors");
         for l1 in [false, true] {

@@ -75,7 +75,7 @@ static INVALIDATE: LazyLock<Script> = LazyLock::new(|| {
 /// | setting | default |
 /// |---|---|
 /// | `connect_timeout` | 500 ms |
-/// | `response_timeout` | 100 ms (a healthy Redis answers in well under a millisecond) |
+/// | `response_timeout` | 50 ms (a healthy Redis answers in well under a millisecond) |
 /// | `subscription_ping` | 1 s (a pub/sub connection that does not answer a `PING` within `response_timeout` is dropped and re-made) |
 /// | `clock_refresh` | 60 s |
 #[derive(Debug, Clone)]
@@ -91,7 +91,7 @@ impl Default for RedisStoreConfig {
     fn default() -> Self {
         RedisStoreConfig {
             connect_timeout: Duration::from_millis(500),
-            response_timeout: Duration::from_millis(100),
+            response_timeout: Duration::from_millis(50),
             clock_refresh: Duration::from_secs(60),
             subscription_ping: Duration::from_secs(1),
             wall_clock: Arc::new(SystemClock),
