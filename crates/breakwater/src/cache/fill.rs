@@ -14,8 +14,6 @@
 //! 5. The store fails at 1: load directly (in-process single-flight still
 //!    holds), so a sick Redis degrades to direct loads, never to errors.
 
-use std::error::Error as StdError;
-use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,7 +23,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 use super::builder::LockTimeoutKind;
 use super::notify::{self, FILLED, RELEASED};
 use super::options::{Options, Served, StaleReason};
-use super::{Cache, Value, reading, show_key};
+use super::{Cache, Load, Value, reading, show_key};
 use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
 use crate::jitter::poll_delay;
@@ -49,19 +47,17 @@ impl<V: Value> Cache<V> {
     /// One flight: the value for storage key `key`, loaded by this process or
     /// by whichever holds the lease. `replacing` is the `fresh_until` of the
     /// entry an early refresh replaces: that entry does not count as done.
-    pub(super) async fn fill<F, Fut, E>(
+    pub(super) async fn fill<L>(
         self,
         key: Vec<u8>,
-        loader: F,
+        loader: L,
         options: Options,
         replacing: Option<u64>,
         priority: Priority,
         mode: Mode,
     ) -> Result<(Option<V>, Served), Error>
     where
-        F: Fn() -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
-        E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+        L: Load<V>,
     {
         let inner = &self.inner;
         // A known-down origin is refused before any lease is taken or waited on.
@@ -175,19 +171,17 @@ impl<V: Value> Cache<V> {
 
     /// Holding the lease: load, keep the lease alive, write through the
     /// fence (or release the lease on failure).
-    async fn lead<F, Fut, E>(
+    async fn lead<L>(
         &self,
         key: &[u8],
         lease_key: &[u8],
         token: &[u8],
-        loader: &Arc<F>,
+        loader: &Arc<L>,
         options: &Options,
         priority: Priority,
     ) -> Result<Option<V>, Error>
     where
-        F: Fn() -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
-        E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+        L: Load<V>,
     {
         let inner = &self.inner;
         let store = &inner.store;
@@ -265,18 +259,16 @@ impl<V: Value> Cache<V> {
     }
 
     /// Without a usable store: load and try a plain write.
-    async fn load_direct<F, Fut, E>(
+    async fn load_direct<L>(
         &self,
         key: &[u8],
-        loader: &Arc<F>,
+        loader: &Arc<L>,
         options: &Options,
         priority: Priority,
         mode: Mode,
     ) -> Result<Option<V>, Error>
     where
-        F: Fn() -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
-        E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+        L: Load<V>,
     {
         let inner = &self.inner;
         let (value, load_time) = inner

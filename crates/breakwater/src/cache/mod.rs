@@ -61,6 +61,31 @@ use notify::Waiters;
 use options::Options;
 use tokio::time::Instant;
 
+/// A loader as every internal step takes it (the public methods spell the
+/// bounds out): `Fn() -> impl Future<Output = Result<Option<V>, E>>`.
+pub(crate) trait Load<V>: Send + Sync + 'static {
+    /// The loader's future.
+    type Fut: Future<Output = Result<Option<V>, Self::Err>> + Send + 'static;
+    /// The loader's error.
+    type Err: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static;
+    /// Calls the loader.
+    fn call(&self) -> Self::Fut;
+}
+
+impl<V, F, Fut, E> Load<V> for F
+where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
+    E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+{
+    type Fut = Fut;
+    type Err = E;
+
+    fn call(&self) -> Fut {
+        self()
+    }
+}
+
 /// What a cached value must be: serializable, cloneable (one load is shared
 /// by every caller waiting on it) and sendable across tasks.
 pub trait Value: Serialize + DeserializeOwned + Clone + Send + Sync + 'static {}
@@ -393,16 +418,9 @@ impl<V: Value> Cache<V> {
     }
 
     /// The pipeline, counted in `breakwater_requests_total`.
-    async fn fetch<F, Fut, E>(
-        &self,
-        key: &[u8],
-        loader: F,
-        options: Options,
-    ) -> Result<Fetched<V>, Error>
+    async fn fetch<L>(&self, key: &[u8], loader: L, options: Options) -> Result<Fetched<V>, Error>
     where
-        F: Fn() -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
-        E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+        L: Load<V>,
     {
         let result = self.pipeline(key, loader, options).await;
         let label = match &result {
@@ -414,16 +432,14 @@ impl<V: Value> Cache<V> {
     }
 
     /// The pipeline; see the module docs for the order.
-    async fn pipeline<F, Fut, E>(
+    async fn pipeline<L>(
         &self,
         user_key: &[u8],
-        loader: F,
+        loader: L,
         options: Options,
     ) -> Result<Fetched<V>, Error>
     where
-        F: Fn() -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
-        E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+        L: Load<V>,
     {
         // 1. Key.
         let key = self.storage_key(user_key)?;
@@ -605,17 +621,13 @@ impl<V: Value> Cache<V> {
     /// Starts one refresh of `key` in the background, unless a load of it is
     /// already in the air. Foreground callers arriving meanwhile join it.
     /// `replacing` is the `fresh_until` of the entry being refreshed.
-    fn refresh_in_background<F, Fut, E>(
+    fn refresh_in_background<L: Load<V>>(
         &self,
         key: Vec<u8>,
-        loader: F,
+        loader: L,
         options: Options,
         replacing: u64,
-    ) where
-        F: Fn() -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
-        E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
-    {
+    ) {
         if self.flights.is_running(&key) {
             return;
         }

@@ -16,13 +16,13 @@
 
 use std::error::Error as StdError;
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::Load;
 use crate::breaker::{BreakerConfig, BreakerState, CircuitBreaker};
 use crate::error::{ConfigError, Error, ErrorKind};
 use crate::limit::{LimitConfig, LoadLimiter, Priority};
@@ -128,18 +128,16 @@ impl Origin {
     /// Runs `loader` under the origin's protection (see the module's
     /// `# Order`), bounded by `deadline` in all. Returns the value and how
     /// long the successful attempt took.
-    pub(crate) async fn load<V, F, Fut, E>(
+    pub(crate) async fn load<V, L>(
         &self,
-        loader: &Arc<F>,
+        loader: &Arc<L>,
         deadline: Duration,
         priority: Priority,
         metrics: &Metrics,
     ) -> Result<(Option<V>, Duration), Error>
     where
         V: Send + 'static,
-        F: Fn() -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
-        E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+        L: Load<V>,
     {
         let inner = &self.inner;
         // 1. Breaker.
@@ -246,19 +244,14 @@ impl<T> Drop for AbortOnDrop<T> {
 
 /// One loader call in its own task: a panic becomes an error, and the task
 /// is aborted if the caller stops waiting (the deadline passed).
-async fn attempt<V, F, Fut, E>(
-    loader: Arc<F>,
-    metrics: Metrics,
-) -> Result<(Option<V>, Duration), Error>
+async fn attempt<V, L>(loader: Arc<L>, metrics: Metrics) -> Result<(Option<V>, Duration), Error>
 where
     V: Send + 'static,
-    F: Fn() -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
-    E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+    L: Load<V>,
 {
     let started = Instant::now();
     let mut task = AbortOnDrop(tokio::spawn(async move {
-        loader().await.map_err(Error::loader)
+        loader.call().await.map_err(Error::loader)
     }));
     let joined = (&mut task.0).await;
     let took = started.elapsed();
