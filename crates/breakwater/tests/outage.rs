@@ -296,3 +296,22 @@ async fn invalidations_reach_other_processes_l1_and_a_dropped_bus_flushes_it() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_connection_is_retried_once_and_costs_the_caller_nothing() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let cache = cache_on(
+        RedisStore::connect_with(&proxy.url(), support::patient()).unwrap(),
+        Duration::from_millis(1),
+        8,
+    );
+    cache.set("k", &"v".to_string()).await.unwrap();
+    for _ in 0..3 {
+        // Every open connection is closed under the cache's feet.
+        proxy.set(Fault::Reset);
+        proxy.set(Fault::Pass);
+        assert_eq!(cache.get("k").await.unwrap().as_deref(), Some("v"));
+    }
+    assert_eq!(cache.store_breaker_state(), BreakerState::Closed);
+}

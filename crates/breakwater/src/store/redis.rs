@@ -21,7 +21,7 @@ use super::{
 };
 use crate::clock::{SystemClock, WallClock};
 use crate::error::{ConfigError, Error, ErrorKind};
-use crate::jitter::Backoff;
+use crate::jitter::{Backoff, poll_delay};
 
 /// `PEXPIRE` the lease only if `ARGV[1]` holds it.
 static EXTEND_LEASE: LazyLock<Script> = LazyLock::new(|| {
@@ -324,21 +324,39 @@ impl Inner {
         }
     }
 
-    /// Runs one command on the connection, dropping the connection if the
-    /// command timed out or the connection broke.
+    /// Runs one command on the connection. A timeout or a broken connection
+    /// drops the connection (the next call reconnects). A broken connection
+    /// (not a timeout: that would double the deadline) is retried once on a
+    /// fresh connection after a short jittered pause, so a Redis restart or a
+    /// failover costs a request nothing.
     async fn call<T, F, Fut>(self: &Arc<Self>, command: F) -> Result<T, Error>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: Fn(ConnectionManager) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
-        let live = self.conn().await?;
-        match command(live.manager).await {
-            Ok(value) => Ok(value),
-            Err(err) => {
-                if err.is_timeout() || err.is_connection_dropped() || err.is_io_error() {
-                    self.forget(live.generation);
+        let mut retried = false;
+        loop {
+            let live = self.conn().await?;
+            match command(live.manager).await {
+                Ok(value) => return Ok(value),
+                Err(err) => {
+                    let broken = err.is_connection_dropped()
+                        || err.is_io_error()
+                        || err.is_connection_refusal();
+                    if broken || err.is_timeout() {
+                        self.forget(live.generation);
+                    }
+                    if !broken || err.is_timeout() || retried {
+                        return Err(store_error(err));
+                    }
+                    retried = true;
+                    let pause = {
+                        let mut rng: StdRng = rand::make_rng();
+                        poll_delay(Duration::from_millis(10), &mut rng)
+                    };
+                    tracing::debug!(error = %err, ?pause, "redis connection broken; retrying once");
+                    tokio::time::sleep(pause).await;
                 }
-                Err(store_error(err))
             }
         }
     }
