@@ -22,7 +22,12 @@ fn main() {
         let cache = Cache::<u64>::builder()
             .namespace("bench")
             .ttl(Duration::from_secs(3600))
-            .l1(L1Config::new().entries(10_000).ttl(Duration::from_secs(3600)))
+            .l1(
+                L1Config::new()
+                    .entries(10_000)
+                    .ttl(Duration::from_secs(3600))
+                    .keep(Duration::from_secs(3600)),
+            )
             .build()
             .expect("cache");
         let keys: Vec<String> = (0..KEYS).map(|k| format!("product:{k}")).collect();

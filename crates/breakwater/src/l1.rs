@@ -20,7 +20,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use moka::Expiry;
 use tokio::time::Instant;
 
 use crate::error::ConfigError;
@@ -33,6 +32,7 @@ use crate::error::ConfigError;
 /// |---|---|
 /// | `entries` | 10,000 |
 /// | `ttl` | 30 s (never beyond the value's remaining fresh time) |
+/// | `keep` | 10 min: the longest an entry stays at all, as a stand-in while the store is unreachable (never beyond the value's `max_stale`) |
 ///
 /// # Examples
 ///
@@ -48,6 +48,7 @@ use crate::error::ConfigError;
 pub struct L1Config {
     entries: u64,
     ttl: Duration,
+    keep: Duration,
 }
 
 impl Default for L1Config {
@@ -62,6 +63,7 @@ impl L1Config {
         L1Config {
             entries: 10_000,
             ttl: Duration::from_secs(30),
+            keep: Duration::from_secs(600),
         }
     }
 
@@ -78,11 +80,20 @@ impl L1Config {
         self
     }
 
+    /// The longest an entry stays in L1 at all. Past its fresh time it is
+    /// only served while the store is unreachable, and never beyond the
+    /// value's `max_stale`. One bound for all entries keeps reads cheap.
+    pub fn keep(mut self, keep: Duration) -> Self {
+        self.keep = keep;
+        self
+    }
+
     /// Checks the settings.
     ///
     /// # Errors
     ///
-    /// `l1 entries must be at least 1`, `l1 ttl must be at least 1ms, got 0ns`.
+    /// `l1 entries must be at least 1`, `l1 ttl must be at least 1ms, got 0ns`,
+    /// `l1 keep (1s) must be at least the l1 ttl (30s)`.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.entries == 0 {
             return Err(ConfigError::new("l1 entries must be at least 1"));
@@ -91,6 +102,12 @@ impl L1Config {
             return Err(ConfigError::new(format!(
                 "l1 ttl must be at least 1ms, got {:?}",
                 self.ttl
+            )));
+        }
+        if self.keep < self.ttl {
+            return Err(ConfigError::new(format!(
+                "l1 keep ({:?}) must be at least the l1 ttl ({:?})",
+                self.keep, self.ttl
             )));
         }
         Ok(())
@@ -104,8 +121,6 @@ pub(crate) struct Slot<V> {
     pub(crate) value: Option<V>,
     fresh_until: Instant,
     stale_until: Instant,
-    /// How long moka keeps it (the whole stale window).
-    keep: Duration,
 }
 
 impl<V> Slot<V> {
@@ -118,33 +133,11 @@ impl<V> Slot<V> {
     }
 }
 
-struct KeepFor;
-
-impl<V: Send + Sync + 'static> Expiry<Vec<u8>, Arc<Slot<V>>> for KeepFor {
-    fn expire_after_create(
-        &self,
-        _key: &Vec<u8>,
-        value: &Arc<Slot<V>>,
-        _created_at: std::time::Instant,
-    ) -> Option<Duration> {
-        Some(value.keep)
-    }
-
-    fn expire_after_update(
-        &self,
-        _key: &Vec<u8>,
-        value: &Arc<Slot<V>>,
-        _updated_at: std::time::Instant,
-        _duration_until_expiry: Option<Duration>,
-    ) -> Option<Duration> {
-        Some(value.keep)
-    }
-}
-
 /// The near cache of one `Cache`, keyed by storage key.
 pub(crate) struct NearCache<V> {
     cache: moka::future::Cache<Vec<u8>, Arc<Slot<V>>>,
     ttl: Duration,
+    keep: Duration,
 }
 
 impl<V> fmt::Debug for NearCache<V> {
@@ -161,9 +154,10 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
         NearCache {
             cache: moka::future::Cache::builder()
                 .max_capacity(config.entries)
-                .expire_after(KeepFor)
+                .time_to_live(config.keep)
                 .build(),
             ttl: config.ttl,
+            keep: config.keep,
         }
     }
 
@@ -182,7 +176,7 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
     ) {
         let now = Instant::now();
         let fresh_for = fresh_for.min(self.ttl);
-        let keep = stale_for.max(fresh_for);
+        let keep = stale_for.max(fresh_for).min(self.keep);
         if keep.is_zero() {
             return;
         }
@@ -190,7 +184,6 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
             value,
             fresh_until: now + fresh_for,
             stale_until: now + keep,
-            keep,
         };
         self.cache.insert(key.to_vec(), Arc::new(slot)).await;
     }

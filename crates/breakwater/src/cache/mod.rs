@@ -448,7 +448,7 @@ impl<V: Value> Cache<V> {
         let mut local_stale = None;
         if let Some(l1) = &self.l1 {
             // Other processes' writes must reach L1: keep the bus listening.
-            self.inner.waiters.listen(&*self.inner.store);
+            self.inner.waiters.ensure_listening(&*self.inner.store);
             if let Some(slot) = l1.get(&key).await {
                 let now = Instant::now();
                 if slot.is_fresh(now) {

@@ -103,9 +103,17 @@ impl Waiters {
         }
     }
 
+    /// Makes sure the listener runs (it keeps L1 in step); cheap once it
+    /// does.
+    pub(crate) fn ensure_listening(&self, store: &dyn Store) {
+        if self.listener.get().is_none() {
+            self.listen(store);
+        }
+    }
+
     /// Starts the listener if it is not running yet (needs a tokio
     /// runtime); the returned flag says whether it is subscribed.
-    pub(crate) fn listen(&self, store: &dyn Store) -> watch::Receiver<bool> {
+    fn listen(&self, store: &dyn Store) -> watch::Receiver<bool> {
         let (_, ready) = self.listener.get_or_init(|| {
             let mut subscription = store.subscribe(&self.channel);
             let (ready_tx, ready_rx) = watch::channel(subscription.is_ready());
