@@ -21,6 +21,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use tokio::time::Instant;
 
+use crate::clock::millis as to_ms;
 use crate::error::{ConfigError, Error, ErrorKind};
 use crate::jitter::Jitter;
 
@@ -31,11 +32,6 @@ const BUCKETS: u64 = 10;
 /// How far ahead "never" is when a cool-down overflows the clock (30 years,
 /// as tokio does).
 const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
-
-/// A duration as whole milliseconds, saturating at `u64::MAX`.
-fn to_ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
 
 /// When the circuit breaker opens and how long it stays open.
 ///

@@ -12,6 +12,12 @@
 use std::fmt;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+/// A duration as whole milliseconds, saturating at `u64::MAX`: the unit of
+/// every store-clock computation.
+pub(crate) fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// A source of Unix time in milliseconds.
 pub trait WallClock: Send + Sync + fmt::Debug + 'static {
     /// Milliseconds since the Unix epoch.
@@ -26,7 +32,7 @@ impl WallClock for SystemClock {
     fn unix_ms(&self) -> u64 {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .map_or(0, millis)
     }
 }
 

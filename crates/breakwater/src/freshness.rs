@@ -63,12 +63,8 @@ use std::time::Duration;
 
 use rand::{Rng, RngExt};
 
+use crate::clock::millis as to_ms;
 use crate::error::ConfigError;
-
-/// A duration as whole milliseconds, saturating at `u64::MAX`.
-fn to_ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
 
 /// The β actually used: NaN and anything not above zero become 0 (no early
 /// refresh), `+∞` stays (always refresh).

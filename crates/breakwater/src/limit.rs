@@ -20,12 +20,8 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, sleep, timeout};
 
+use crate::clock::millis as to_ms;
 use crate::error::{ConfigError, Error, ErrorKind};
-
-/// A duration as whole milliseconds, saturating at `u64::MAX`.
-fn to_ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
 
 /// How many loads may run, how fast they may start and how long they may
 /// queue.

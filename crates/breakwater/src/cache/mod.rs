@@ -45,6 +45,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::breaker::BreakerState;
+use crate::clock::millis;
 use crate::codec::{Codec, Compression};
 use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
@@ -219,7 +220,7 @@ impl Inner {
     /// loading until `throttle` has passed.
     fn throttle(&self, key: &[u8], throttle: Duration) {
         let now = self.store.now_ms();
-        let until = now.saturating_add(u64::try_from(throttle.as_millis()).unwrap_or(u64::MAX));
+        let until = now.saturating_add(millis(throttle));
         let mut throttled = self.throttled.lock().unwrap_or_else(|p| p.into_inner());
         if throttled.len() >= 4096 {
             throttled.retain(|_, &mut t| t > now);
@@ -856,10 +857,6 @@ fn reading(entry: &Entry, now_ms: u64) -> Reading {
         stale_until: entry.stale_until,
         load_ms: entry.load_ms,
     }
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// FNV-1a, 64 bit: a stable hash for the hash tag of keys that contain

@@ -17,6 +17,7 @@ use super::{
     Delivery, FencedWrite, Notice, SUBSCRIPTION_BUFFER, Store, StoreFuture, Subscription,
     ttl_millis,
 };
+use crate::clock::millis;
 
 /// Number of shards; a power of two so a key's shard is a mask away.
 const SHARDS: usize = 16;
@@ -79,7 +80,7 @@ impl MemoryStore {
     pub fn new() -> Self {
         let epoch_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+            .map_or(0, millis);
         MemoryStore {
             inner: Arc::new(Inner {
                 shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
@@ -242,7 +243,7 @@ impl Store for MemoryStore {
     }
 
     fn now_ms(&self) -> u64 {
-        let elapsed = u64::try_from(self.inner.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let elapsed = millis(self.inner.start.elapsed());
         self.inner.epoch_ms.saturating_add(elapsed)
     }
 

@@ -211,7 +211,7 @@ impl Subscription {
 
 /// Converts a TTL to whole milliseconds, rejecting anything below 1 ms.
 pub(crate) fn ttl_millis(ttl: Duration) -> Result<u64, Error> {
-    let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+    let ms = crate::clock::millis(ttl);
     if ms == 0 {
         return Err(crate::error::ConfigError::new(format!(
             "store TTL must be at least 1ms, got {ttl:?}"

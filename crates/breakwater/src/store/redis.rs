@@ -19,7 +19,7 @@ use super::{
     Delivery, FencedWrite, Notice, SUBSCRIPTION_BUFFER, Store, StoreFuture, Subscription,
     ttl_millis,
 };
-use crate::clock::{SystemClock, WallClock};
+use crate::clock::{SystemClock, WallClock, millis};
 use crate::error::{ConfigError, Error, ErrorKind};
 use crate::jitter::{Backoff, poll_delay};
 
@@ -556,9 +556,7 @@ impl Store for RedisStore {
     fn now_ms(&self) -> u64 {
         let sample = *self.inner.clock.read().unwrap_or_else(|p| p.into_inner());
         let now = match sample {
-            Some(s) => s
-                .redis_ms
-                .saturating_add(u64::try_from(s.local.elapsed().as_millis()).unwrap_or(u64::MAX)),
+            Some(s) => s.redis_ms.saturating_add(millis(s.local.elapsed())),
             None => self.inner.config.wall_clock.unix_ms(),
         };
         let prev = self.inner.last_now.fetch_max(now, Ordering::Relaxed);
