@@ -147,7 +147,8 @@ async fn redis_killed_under_load_no_errors_bounded_loads_and_recovery() {
         "peak {} loads",
         db.peak.load(Ordering::SeqCst)
     );
-    assert_eq!(cache.store_breaker_state(), BreakerState::Open);
+    // Open, or half-open if its cool-down ended since the last failed probe.
+    assert_ne!(cache.store_breaker_state(), BreakerState::Closed);
 
     // Recovery: same port, breaker closes, Redis is repopulated.
     server.restart();
