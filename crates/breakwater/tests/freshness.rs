@@ -94,10 +94,12 @@ async fn grace_serves_everyone_at_once_with_one_refresh(cache: Cache<String>, pa
                 served: stale(StaleReason::Refreshing)
             }
         );
-        assert!(
-            waited < Duration::from_millis(200),
-            "a caller waited for the loader: {waited:?}"
-        );
+        // On paused time no virtual time may pass; on real Redis the
+        // `Stale { Refreshing }` verdict above is the proof (no wall-clock
+        // assertions in tests).
+        if paused {
+            assert_eq!(waited, Duration::ZERO, "a caller waited for the loader");
+        }
     }
     // Let the one refresh land.
     let mut spins = 0;
