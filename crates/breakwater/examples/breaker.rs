@@ -69,32 +69,31 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
 
+    let request = |id: u64| {
+        let (cache, queries, load) = (cache.clone(), Arc::clone(&queries), loader(id));
+        async move {
+            let fetched = cache
+                .get_or_load_with_meta(format!("resource:{id}"), load)
+                .await?;
+            println!(
+                "  resource:{id} -> {:?} ({:?}), database queries so far: {}",
+                fetched.value.map(|r| r.status),
+                fetched.served,
+                queries.load(Ordering::SeqCst)
+            );
+            Ok::<_, breakwater::Error>(())
+        }
+    };
+
     println!("database down:");
     for id in 1..=6 {
-        let fetched = cache
-            .get_or_load_with_meta(format!("resource:{id}"), loader(id))
-            .await?;
-        println!(
-            "  resource:{id} -> {:?} ({:?}), database queries so far: {}",
-            fetched.value.map(|r| r.status),
-            fetched.served,
-            queries.load(Ordering::SeqCst)
-        );
+        request(id).await?;
     }
-
     println!("database back; waiting out the 5 s cool-down...");
     db_up.store(true, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(5_100)).await;
     for id in 7..=8 {
-        let fetched = cache
-            .get_or_load_with_meta(format!("resource:{id}"), loader(id))
-            .await?;
-        println!(
-            "  resource:{id} -> {:?} ({:?}), database queries so far: {}",
-            fetched.value.map(|r| r.status),
-            fetched.served,
-            queries.load(Ordering::SeqCst)
-        );
+        request(id).await?;
     }
     Ok(())
 }
