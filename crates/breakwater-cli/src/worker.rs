@@ -123,7 +123,7 @@ async fn run(opts: WorkerOpts) -> Result<usize, Box<dyn std::error::Error>> {
             tokio::spawn(async move {
                 let value = match opts.algo {
                     Algo::Breakwater => {
-                        let load_conn = conn.clone();
+                        let load_conn = conn;
                         let counter = opts.counter.clone();
                         cache
                                 .get_or_load(opts.key.clone(), move || {

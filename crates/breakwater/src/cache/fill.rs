@@ -213,11 +213,7 @@ impl<V: Value> Cache<V> {
 
         match result {
             Ok((value, load_time)) => {
-                let payload = match &value {
-                    Some(v) => inner.codec.encode(v)?,
-                    None => Vec::new(),
-                };
-                let sealed = self.seal(payload, value.is_none(), load_time, options);
+                let sealed = self.seal(value.as_ref(), load_time, options)?;
                 inner.clear_throttle(key);
                 let message = notify::message(FILLED, inner.waiters.sender(), key);
                 let write = FencedWrite {
@@ -275,11 +271,7 @@ impl<V: Value> Cache<V> {
             .origin
             .load(loader, options.load_timeout, priority, &inner.metrics)
             .await?;
-        let payload = match &value {
-            Some(v) => self.inner.codec.encode(v)?,
-            None => Vec::new(),
-        };
-        let sealed = self.seal(payload, value.is_none(), load_time, options);
+        let sealed = self.seal(value.as_ref(), load_time, options)?;
         self.inner.clear_throttle(key);
         if mode == Mode::Fleet
             && let Err(err) = self.inner.store.set(key, &sealed.bytes, sealed.ttl).await

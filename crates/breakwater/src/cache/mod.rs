@@ -54,7 +54,7 @@ use crate::freshness::{Freshness, FreshnessPolicy, Reading};
 use crate::l1::NearCache;
 use crate::limit::Priority;
 use crate::metrics::Metrics;
-use crate::store::{Notice, Store};
+use crate::store::{Notice, Store, fnv1a};
 use builder::OnLockTimeout as LockPolicy;
 use fill::Mode;
 use guard::GuardedStore;
@@ -279,8 +279,7 @@ impl<V: Value> Cache<V> {
     /// write fails.
     pub async fn set(&self, key: impl AsRef<[u8]>, value: &V) -> Result<(), Error> {
         let key = self.storage_key(key.as_ref())?;
-        let payload = self.inner.codec.encode(value)?;
-        let sealed = self.seal(payload, false, Duration::ZERO, &self.inner.defaults);
+        let sealed = self.seal(Some(value), Duration::ZERO, &self.inner.defaults)?;
         // Revoke any load in flight first, so its (older) result cannot land
         // on top of this value; then write, then wake waiters.
         let store = &self.inner.store;
@@ -777,17 +776,21 @@ impl<V: Value> Cache<V> {
         }
     }
 
-    /// Encodes an entry with the jittered TTL (the negative TTL for negative
-    /// entries) and returns it with its physical TTL, which ends at
-    /// `stale_until` (the fresh window plus grace).
+    /// Encodes `value` (`None`: a negative entry) into an entry with the
+    /// jittered TTL (the negative TTL for negative entries), and returns it
+    /// with its physical TTL, which ends at `stale_until` (the fresh window
+    /// plus `max_stale`).
     fn seal(
         &self,
-        payload: Vec<u8>,
-        negative: bool,
+        value: Option<&V>,
         load_time: Duration,
         options: &Options,
-    ) -> Sealed {
+    ) -> Result<Sealed, Error> {
         let inner = &self.inner;
+        let (payload, negative) = match value {
+            Some(v) => (inner.codec.encode(v)?, false),
+            None => (Vec::new(), true),
+        };
         let base = if negative {
             options.negative_ttl
         } else {
@@ -799,14 +802,14 @@ impl<V: Value> Cache<V> {
         };
         let fresh_ms = millis(fresh).max(1);
         // Negative entries are never served stale.
-        let grace_ms = if negative {
+        let stale_ms = if negative {
             0
         } else {
             millis(options.max_stale())
         };
         let now = inner.store.now_ms();
         let fresh_until = now.saturating_add(fresh_ms);
-        let stale_until = fresh_until.saturating_add(grace_ms);
+        let stale_until = fresh_until.saturating_add(stale_ms);
         let entry = Entry {
             codec: inner.codec,
             negative,
@@ -815,11 +818,11 @@ impl<V: Value> Cache<V> {
             load_ms: u32::try_from(load_time.as_millis()).unwrap_or(u32::MAX),
             payload,
         };
-        Sealed {
+        Ok(Sealed {
             bytes: entry.encode(&inner.compression),
             ttl: Duration::from_millis(stale_until - now),
             fresh: Duration::from_millis(fresh_ms),
-        }
+        })
     }
 
     /// Keeps a value read from the store in L1, for no longer than the
@@ -857,14 +860,6 @@ fn reading(entry: &Entry, now_ms: u64) -> Reading {
         stale_until: entry.stale_until,
         load_ms: entry.load_ms,
     }
-}
-
-/// FNV-1a, 64 bit: a stable hash for the hash tag of keys that contain
-/// braces (it only chooses a Cluster slot, never identifies a key).
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 /// A key as it may appear in logs: lossy UTF-8, cut at 128 bytes.

@@ -14,7 +14,7 @@ use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 
 use super::{
-    Delivery, FencedWrite, Notice, SUBSCRIPTION_BUFFER, Store, StoreFuture, Subscription,
+    Delivery, FencedWrite, Notice, SUBSCRIPTION_BUFFER, Store, StoreFuture, Subscription, fnv1a,
     ttl_millis,
 };
 use crate::clock::millis;
@@ -124,12 +124,8 @@ impl fmt::Debug for MemoryStore {
 
 impl Inner {
     fn shard_for(&self, key: &[u8]) -> MutexGuard<'_, Shard> {
-        // FNV-1a: cheap, and good enough to spread keys over 16 shards.
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in key {
-            h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
-        }
-        self.shard_at((h as usize) & (SHARDS - 1))
+        // Cheap, and good enough to spread keys over 16 shards.
+        self.shard_at((fnv1a(key) as usize) & (SHARDS - 1))
     }
 
     fn shard_at(&self, i: usize) -> MutexGuard<'_, Shard> {

@@ -209,6 +209,14 @@ impl Subscription {
     }
 }
 
+/// FNV-1a, 64 bit: a stable hash of key bytes, for choosing a memory shard
+/// and a Redis Cluster hash tag (it never identifies a key).
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 /// Converts a TTL to whole milliseconds, rejecting anything below 1 ms.
 pub(crate) fn ttl_millis(ttl: Duration) -> Result<u64, Error> {
     let ms = crate::clock::millis(ttl);
