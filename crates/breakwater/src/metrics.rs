@@ -19,24 +19,6 @@ use std::time::Duration;
 
 use metrics::{Counter, Recorder, SharedString, counter, histogram};
 
-/// Every value of the `served` label.
-const SERVED: [&str; 14] = [
-    "hit",
-    "negative",
-    "stale_refreshing",
-    "stale_loader_failed",
-    "stale_soft_timeout",
-    "stale_lock_timeout",
-    "stale_breaker_open",
-    "stale_overloaded",
-    "stale_store_unavailable",
-    "loaded",
-    "coalesced",
-    "fallback",
-    "error",
-    "other",
-];
-
 /// The request counters, registered with one recorder.
 struct Served {
     /// Identifies the recorder the handles belong to.
@@ -53,6 +35,8 @@ struct Served {
 #[derive(Clone)]
 pub(crate) struct Metrics {
     namespace: SharedString,
+    /// Every value of the `served` label, as the cache names them.
+    served_labels: &'static [&'static str],
     served: Arc<RwLock<Option<Served>>>,
 }
 
@@ -70,19 +54,16 @@ fn recorder_id() -> usize {
 }
 
 impl Metrics {
-    pub(crate) fn new(namespace: &str) -> Self {
+    pub(crate) fn new(namespace: &str, served_labels: &'static [&'static str]) -> Self {
         Metrics {
             namespace: SharedString::from(Arc::<str>::from(namespace)),
+            served_labels,
             served: Arc::default(),
         }
     }
 
-    /// One `get_or_load` call, served as `served`.
-    pub(crate) fn served(&self, served: &'static str) {
-        let index = SERVED
-            .iter()
-            .position(|l| *l == served)
-            .unwrap_or(SERVED.len() - 1);
+    /// One `get_or_load` call, served as `served_labels[index]`.
+    pub(crate) fn served(&self, index: usize) {
         let recorder = recorder_id();
         {
             let handles = self.served.read().unwrap_or_else(|p| p.into_inner());
@@ -93,7 +74,8 @@ impl Metrics {
                 return;
             }
         }
-        let counters: Vec<Counter> = SERVED
+        let counters: Vec<Counter> = self
+            .served_labels
             .iter()
             .map(|label| {
                 counter!("breakwater_requests_total", "namespace" => self.namespace.clone(), "served" => *label)

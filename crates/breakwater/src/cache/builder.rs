@@ -435,7 +435,7 @@ impl<V: Value> CacheBuilder<V> {
             None => rand::make_rng(),
         };
         let value_prefix = format!("bw:{}:v:", self.namespace).into_bytes();
-        let metrics = Metrics::new(&self.namespace);
+        let metrics = Metrics::new(&self.namespace, &super::options::SERVED_LABELS);
         let channel = format!("bw:{}:events", self.namespace).into_bytes();
         let l1 = self.l1.map(|config| Arc::new(NearCache::<V>::new(config)));
         let hook = l1.clone().map(|l1| l1 as Arc<dyn BusHook>);

@@ -423,11 +423,11 @@ impl<V: Value> Cache<V> {
         L: Load<V>,
     {
         let result = self.pipeline(key, loader, options).await;
-        let label = match &result {
-            Ok(fetched) => fetched.served.label(),
-            Err(_) => "error",
+        let index = match &result {
+            Ok(fetched) => fetched.served.metric_index(),
+            Err(_) => options::SERVED_ERROR,
         };
-        self.inner.metrics.served(label);
+        self.inner.metrics.served(index);
         result
     }
 

@@ -91,24 +91,45 @@ pub enum Served {
     Fallback,
 }
 
+/// The `served` label values of `breakwater_requests_total`, indexed by
+/// [`Served::metric_index`]; the last one counts errors.
+pub(crate) const SERVED_LABELS: [&str; 13] = [
+    "hit",
+    "negative",
+    "stale_refreshing",
+    "stale_loader_failed",
+    "stale_soft_timeout",
+    "stale_lock_timeout",
+    "stale_breaker_open",
+    "stale_overloaded",
+    "stale_store_unavailable",
+    "loaded",
+    "coalesced",
+    "fallback",
+    "error",
+];
+
+/// The index of the `error` label in [`SERVED_LABELS`].
+pub(crate) const SERVED_ERROR: usize = SERVED_LABELS.len() - 1;
+
 impl Served {
-    /// The `served` label of `breakwater_requests_total`.
-    pub(crate) fn label(self) -> &'static str {
+    /// Where this outcome's label sits in [`SERVED_LABELS`].
+    pub(crate) fn metric_index(self) -> usize {
         match self {
-            Served::Hit => "hit",
-            Served::Negative => "negative",
+            Served::Hit => 0,
+            Served::Negative => 1,
             Served::Stale { reason } => match reason {
-                StaleReason::Refreshing => "stale_refreshing",
-                StaleReason::LoaderFailed => "stale_loader_failed",
-                StaleReason::SoftTimeout => "stale_soft_timeout",
-                StaleReason::LockTimeout => "stale_lock_timeout",
-                StaleReason::BreakerOpen => "stale_breaker_open",
-                StaleReason::Overloaded => "stale_overloaded",
-                StaleReason::StoreUnavailable => "stale_store_unavailable",
+                StaleReason::Refreshing => 2,
+                StaleReason::LoaderFailed => 3,
+                StaleReason::SoftTimeout => 4,
+                StaleReason::LockTimeout => 5,
+                StaleReason::BreakerOpen => 6,
+                StaleReason::Overloaded => 7,
+                StaleReason::StoreUnavailable => 8,
             },
-            Served::Loaded => "loaded",
-            Served::Coalesced => "coalesced",
-            Served::Fallback => "fallback",
+            Served::Loaded => 9,
+            Served::Coalesced => 10,
+            Served::Fallback => 11,
         }
     }
 }
