@@ -23,41 +23,38 @@ pub(crate) enum BenchCommand {
     Grace(GraceOpts),
 }
 
-/// Options of `breakwater bench grace`.
+/// What every bench takes.
 #[derive(Debug, Clone, Args)]
-pub(crate) struct GraceOpts {
-    /// Redis URL to run against (the bench writes keys under `bw:bench-grace:`).
+pub(crate) struct BenchArgs {
+    /// Redis URL to run against (see the README for the keys the benches write).
     #[arg(long)]
     pub(crate) redis: String,
     /// Loader latency in milliseconds.
     #[arg(long, default_value_t = 50)]
     pub(crate) loader_ms: u64,
-    /// Concurrent callers (comma-separated list).
+    /// Concurrent callers, per process (comma-separated list).
     #[arg(long, value_delimiter = ',', default_values_t = [100, 1000])]
     pub(crate) concurrency: Vec<usize>,
-    /// Repetitions of each scenario.
+    /// Repetitions of each scenario; figures are over all of them.
     #[arg(long, default_value_t = 3)]
     pub(crate) runs: usize,
+}
+
+/// Options of `breakwater bench grace`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct GraceOpts {
+    #[command(flatten)]
+    pub(crate) bench: BenchArgs,
 }
 
 /// Options of `breakwater bench stampede`.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct StampedeOpts {
-    /// Redis URL to run against (the bench writes keys under `bench:`).
-    #[arg(long)]
-    pub(crate) redis: String,
-    /// Loader latency in milliseconds.
-    #[arg(long, default_value_t = 50)]
-    pub(crate) loader_ms: u64,
-    /// Concurrent callers per process (comma-separated list).
-    #[arg(long, value_delimiter = ',', default_values_t = [100, 1000])]
-    pub(crate) concurrency: Vec<usize>,
+    #[command(flatten)]
+    pub(crate) bench: BenchArgs,
     /// Processes (comma-separated list).
     #[arg(long, value_delimiter = ',', default_values_t = [1, 4])]
     pub(crate) processes: Vec<usize>,
-    /// Repetitions of each scenario; figures are over all of them.
-    #[arg(long, default_value_t = 3)]
-    pub(crate) runs: usize,
 }
 
 /// Runs a bench subcommand.
@@ -65,21 +62,16 @@ pub(crate) struct StampedeOpts {
 /// The orchestration blocks on child processes; nothing else runs on the
 /// runtime meanwhile, so that is harmless here.
 pub(crate) async fn main(command: BenchCommand) -> ExitCode {
-    match command {
-        BenchCommand::Stampede(opts) => match stampede(&opts).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(err) => {
-                eprintln!("bench stampede: {err}");
-                ExitCode::FAILURE
-            }
-        },
-        BenchCommand::Grace(opts) => match grace(&opts).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(err) => {
-                eprintln!("bench grace: {err}");
-                ExitCode::FAILURE
-            }
-        },
+    let (name, result) = match command {
+        BenchCommand::Stampede(opts) => ("stampede", stampede(&opts).await),
+        BenchCommand::Grace(opts) => ("grace", grace(&opts).await),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("bench {name}: {err}");
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -96,7 +88,7 @@ async fn stampede(opts: &StampedeOpts) -> Result<(), Box<dyn std::error::Error>>
     let exe = std::env::current_exe()?;
     println!(
         "stampede bench: one missing hot key, loader {} ms, {} run(s) per row, {}",
-        opts.loader_ms, opts.runs, opts.redis
+        opts.bench.loader_ms, opts.bench.runs, opts.bench.redis
     );
     println!();
     println!(
@@ -114,10 +106,10 @@ async fn stampede(opts: &StampedeOpts) -> Result<(), Box<dyn std::error::Error>>
     );
     let mut scenario = 0u64;
     for &processes in &opts.processes {
-        for &concurrency in &opts.concurrency {
+        for &concurrency in &opts.bench.concurrency {
             for algo in [Algo::Naive, Algo::Breakwater] {
                 let mut all = Figures::default();
-                for _ in 0..opts.runs {
+                for _ in 0..opts.bench.runs {
                     scenario += 1;
                     let run = run_once(&exe, opts, algo, processes, concurrency, scenario).await?;
                     all.loads += run.loads;
@@ -127,19 +119,13 @@ async fn stampede(opts: &StampedeOpts) -> Result<(), Box<dyn std::error::Error>>
                 }
                 all.latencies_us.sort_unstable();
                 all.wakes_us.sort_unstable();
-                let name = match algo {
-                    Algo::Naive => "naive",
-                    Algo::Breakwater => "breakwater",
-                };
-                let ms = |us: Option<u64>| {
-                    us.map_or("-".to_owned(), |u| format!("{:.2}", u as f64 / 1000.0))
-                };
+                let name = algo.name();
                 println!(
                     "{:<11} {:>2} {:>5} {:>6} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9}",
                     name,
                     processes,
                     concurrency,
-                    format!("{:.1}", all.loads as f64 / opts.runs as f64),
+                    format!("{:.1}", all.loads as f64 / opts.bench.runs as f64),
                     ms(percentile(&all.latencies_us, 0.50)),
                     ms(percentile(&all.latencies_us, 0.99)),
                     ms(all.latencies_us.last().copied()),
@@ -170,10 +156,10 @@ async fn grace(opts: &GraceOpts) -> Result<(), Box<dyn std::error::Error>> {
     use breakwater::{Cache, EarlyRefresh, Jitter, RedisStore, RedisStoreConfig, Served};
     use tokio::time::Instant;
 
-    let loader_time = Duration::from_millis(opts.loader_ms);
+    let loader_time = Duration::from_millis(opts.bench.loader_ms);
     println!(
         "grace bench: one hot key just past its fresh window (grace 60 s), loader {} ms, {} run(s), {}",
-        opts.loader_ms, opts.runs, opts.redis
+        opts.bench.loader_ms, opts.bench.runs, opts.bench.redis
     );
     println!();
     println!(
@@ -181,15 +167,15 @@ async fn grace(opts: &GraceOpts) -> Result<(), Box<dyn std::error::Error>> {
         "C", "waited", "loads/run", "p50 ms", "p99 ms", "max ms"
     );
     let store = RedisStore::connect_with(
-        &opts.redis,
+        &opts.bench.redis,
         // A benchmark measures the cache, not timeouts on a busy machine.
         RedisStoreConfig::default().response_timeout(Duration::from_secs(2)),
     )?;
     store.warm_up().await?;
-    for &concurrency in &opts.concurrency {
+    for &concurrency in &opts.bench.concurrency {
         let (mut waited, mut loads) = (0usize, 0usize);
-        let mut latencies = Vec::with_capacity(concurrency * opts.runs);
-        for run in 0..opts.runs {
+        let mut latencies = Vec::with_capacity(concurrency * opts.bench.runs);
+        for run in 0..opts.bench.runs {
             let cache = Cache::<String>::builder()
                 .namespace("bench-grace")
                 .store(store.clone())
@@ -238,13 +224,11 @@ async fn grace(opts: &GraceOpts) -> Result<(), Box<dyn std::error::Error>> {
             loads += calls.load(Ordering::SeqCst);
         }
         latencies.sort_unstable();
-        let ms =
-            |us: Option<u64>| us.map_or("-".to_owned(), |u| format!("{:.2}", u as f64 / 1000.0));
         println!(
             "{:>5} {:>8} {:>12} {:>8} {:>8} {:>8}",
             concurrency,
             waited,
-            format!("{:.1}", loads as f64 / opts.runs as f64),
+            format!("{:.1}", loads as f64 / opts.bench.runs as f64),
             ms(percentile(&latencies, 0.50)),
             ms(percentile(&latencies, 0.99)),
             ms(latencies.last().copied()),
@@ -270,17 +254,14 @@ async fn run_once(
     let pid = std::process::id();
     let key = format!("hot:{pid}:{scenario}");
     let counter = format!("bench:loads:{pid}:{scenario}");
-    let algo_arg = match algo {
-        Algo::Naive => "naive",
-        Algo::Breakwater => "breakwater",
-    };
+    let algo_arg = algo.name();
     let mut workers = Vec::with_capacity(processes);
     for _ in 0..processes {
         let mut child = Command::new(exe)
             .args([
                 "stampede-worker",
                 "--redis",
-                &opts.redis,
+                &opts.bench.redis,
                 "--namespace",
                 "bench",
             ])
@@ -294,7 +275,7 @@ async fn run_once(
                 "--samples",
             ])
             .args(["--concurrency", &concurrency.to_string()])
-            .args(["--loader-ms", &opts.loader_ms.to_string()])
+            .args(["--loader-ms", &opts.bench.loader_ms.to_string()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -349,7 +330,7 @@ async fn run_once(
         }
         worker.child.wait()?;
     }
-    figures.loads = read_counter(&opts.redis, &counter).await?;
+    figures.loads = read_counter(&opts.bench.redis, &counter).await?;
     Ok(figures)
 }
 
@@ -380,6 +361,11 @@ async fn read_counter(url: &str, counter: &str) -> Result<u64, redis::RedisError
         .query_async::<i64>(&mut conn)
         .await?;
     Ok(loads.unwrap_or(0))
+}
+
+/// Microseconds as milliseconds with two decimals; `-` for no sample.
+fn ms(us: Option<u64>) -> String {
+    us.map_or("-".to_owned(), |u| format!("{:.2}", u as f64 / 1000.0))
 }
 
 /// The `q` quantile of sorted samples (nearest rank).

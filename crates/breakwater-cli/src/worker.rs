@@ -31,6 +31,16 @@ pub(crate) enum Algo {
     Naive,
 }
 
+impl Algo {
+    /// The name on the command line and in reports.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Algo::Breakwater => "breakwater",
+            Algo::Naive => "naive",
+        }
+    }
+}
+
 /// Options of `breakwater stampede-worker`.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct WorkerOpts {
