@@ -40,9 +40,18 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
         }
     }
 
-    /// The result of the flight for `key`, starting one with `start` if none
-    /// is in the air. `start` is called at most once, and only by the leader.
-    pub(crate) async fn run<F, Fut>(&self, key: &[u8], start: F) -> (Result<T, Error>, Role)
+    /// Joins the flight for `key`, starting one with `start` if none is in
+    /// the air; the returned future waits for its result. `start` is called
+    /// at most once, and only by the leader.
+    ///
+    /// Joining (and starting) happens here, at the call, not on the first
+    /// poll: the returned future then holds only the receiver, not `start`
+    /// and everything it captured, which keeps every waiter small.
+    pub(crate) fn run<F, Fut>(
+        &self,
+        key: &[u8],
+        start: F,
+    ) -> impl Future<Output = (Result<T, Error>, Role)> + Send + 'static
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, Error>> + Send + 'static,
@@ -69,11 +78,13 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
                 }
             }
         };
-        let result = match rx.wait_for(Option::is_some).await {
-            Ok(slot) => slot.clone().unwrap_or_else(|| Err(abandoned())),
-            Err(_) => Err(abandoned()),
-        };
-        (result, role)
+        async move {
+            let result = match rx.wait_for(Option::is_some).await {
+                Ok(slot) => slot.clone().unwrap_or_else(|| Err(abandoned())),
+                Err(_) => Err(abandoned()),
+            };
+            (result, role)
+        }
     }
 
     /// `true` if a flight for `key` is in the air.

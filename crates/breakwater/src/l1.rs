@@ -12,12 +12,16 @@
 //! subscription drops, invalidations may have been missed, so **L1 is
 //! flushed**; until it is back, entries live at most their L1 TTL.
 //!
+//! Entries are keyed by the user's key (the storage key without its
+//! namespace prefix and hash tag), so a hit builds no key at all.
+//!
 //! Backed by `moka`'s future cache, bounded by entry count.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -133,11 +137,14 @@ impl<V> Slot<V> {
     }
 }
 
-/// The near cache of one `Cache`, keyed by storage key.
+/// The near cache of one `Cache`, keyed by the user's key.
 pub(crate) struct NearCache<V> {
     cache: moka::future::Cache<Vec<u8>, Arc<Slot<V>>>,
     ttl: Duration,
     keep: Duration,
+    /// The length of the namespace prefix of a storage key (the bus speaks
+    /// storage keys).
+    prefix_len: usize,
 }
 
 impl<V> fmt::Debug for NearCache<V> {
@@ -150,8 +157,10 @@ impl<V> fmt::Debug for NearCache<V> {
 }
 
 impl<V: Clone + Send + Sync + 'static> NearCache<V> {
-    pub(crate) fn new(config: L1Config) -> Self {
+    /// `prefix_len`: the length of the storage keys' namespace prefix.
+    pub(crate) fn new(config: L1Config, prefix_len: usize) -> Self {
         NearCache {
+            prefix_len,
             cache: moka::future::Cache::builder()
                 .max_capacity(config.entries)
                 .time_to_live(config.keep)
@@ -161,11 +170,24 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
         }
     }
 
+    /// The entry for the user's `key`.
+    ///
+    /// moka's lookup future is large (about 750 bytes) and nearly always
+    /// finishes on its first poll, so it is polled once here, on the stack,
+    /// instead of living inside every `get_or_load` future (and every task
+    /// that awaits one). Only when moka's housekeeping has to wait (its
+    /// futures are cancellation-safe) is a boxed lookup awaited.
     pub(crate) async fn get(&self, key: &[u8]) -> Option<Arc<Slot<V>>> {
-        self.cache.get(key).await
+        {
+            let lookup = std::pin::pin!(self.cache.get(key));
+            if let Poll::Ready(found) = lookup.poll(&mut Context::from_waker(Waker::noop())) {
+                return found;
+            }
+        }
+        Box::pin(self.cache.get(key)).await
     }
 
-    /// Remembers `value`, fresh in L1 for at most `fresh_for` (capped by the
+    /// Remembers `value` under the user's `key`, fresh in L1 for at most `fresh_for` (capped by the
     /// L1 TTL) and servable as stale for `stale_for` in all.
     pub(crate) async fn put(
         &self,
@@ -185,11 +207,14 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
             fresh_until: now + fresh_for,
             stale_until: now + keep,
         };
-        self.cache.insert(key.to_vec(), Arc::new(slot)).await;
+        // Boxed: moka's insert future is large, and inline it would grow
+        // every `get_or_load` future that may reach this point.
+        Box::pin(self.cache.insert(key.to_vec(), Arc::new(slot))).await;
     }
 
+    /// Drops the user's `key`.
     pub(crate) async fn remove(&self, key: &[u8]) {
-        self.cache.invalidate(key).await;
+        Box::pin(self.cache.invalidate(key)).await;
     }
 
     pub(crate) fn clear(&self) {
@@ -199,7 +224,7 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
 
 /// What the bus listener tells a near cache.
 pub(crate) trait BusHook: Send + Sync + 'static {
-    /// Another process changed `key`.
+    /// Another process changed storage key `key`.
     fn changed(&self, key: Vec<u8>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
     /// Messages may have been missed.
     fn missed(&self);
@@ -208,6 +233,7 @@ pub(crate) trait BusHook: Send + Sync + 'static {
 impl<V: Clone + Send + Sync + 'static> BusHook for NearCache<V> {
     fn changed(&self, key: Vec<u8>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         let cache = self.cache.clone();
+        let key = crate::cache::user_key(&key, self.prefix_len).to_vec();
         Box::pin(async move { cache.invalidate(&key).await })
     }
 
@@ -222,7 +248,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn fresh_then_stale_then_gone() {
-        let l1 = NearCache::<u32>::new(L1Config::new());
+        let l1 = NearCache::<u32>::new(L1Config::new(), 0);
         l1.put(
             b"k",
             Some(1),
@@ -241,7 +267,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn l1_ttl_caps_the_fresh_time() {
-        let l1 = NearCache::<u32>::new(L1Config::new().ttl(Duration::from_millis(100)));
+        let l1 = NearCache::<u32>::new(L1Config::new().ttl(Duration::from_millis(100)), 0);
         l1.put(b"k", Some(1), Duration::from_secs(60), Duration::ZERO)
             .await;
         let slot = l1.get(b"k").await.unwrap();
@@ -251,7 +277,7 @@ mod tests {
 
     #[tokio::test]
     async fn bus_hook_removes_and_flushes() {
-        let l1 = NearCache::<u32>::new(L1Config::new());
+        let l1 = NearCache::<u32>::new(L1Config::new(), 0);
         l1.put(b"a", Some(1), Duration::from_secs(60), Duration::ZERO)
             .await;
         l1.put(b"b", Some(2), Duration::from_secs(60), Duration::ZERO)

@@ -437,7 +437,9 @@ impl<V: Value> CacheBuilder<V> {
         let value_prefix = format!("bw:{}:v:", self.namespace).into_bytes();
         let metrics = Metrics::new(&self.namespace, &super::options::SERVED_LABELS);
         let channel = format!("bw:{}:events", self.namespace).into_bytes();
-        let l1 = self.l1.map(|config| Arc::new(NearCache::<V>::new(config)));
+        let l1 = self
+            .l1
+            .map(|config| Arc::new(NearCache::<V>::new(config, value_prefix.len())));
         let hook = l1.clone().map(|l1| l1 as Arc<dyn BusHook>);
         let mut token_rng: StdRng = rand::make_rng();
         let sender: [u8; SENDER_LEN] = token_rng.random();

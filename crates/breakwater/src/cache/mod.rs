@@ -51,7 +51,7 @@ use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
 use crate::flight::{Role, SingleFlight};
 use crate::freshness::{Freshness, FreshnessPolicy, Reading};
-use crate::l1::NearCache;
+use crate::l1::{NearCache, Slot};
 use crate::limit::Priority;
 use crate::metrics::Metrics;
 use crate::store::{Notice, Store, fnv1a};
@@ -197,6 +197,11 @@ impl Inner {
         lease
     }
 
+    /// The user's key inside storage key `key` (L1 is keyed by it).
+    fn user_key<'k>(&self, key: &'k [u8]) -> &'k [u8] {
+        user_key(key, self.value_prefix.len())
+    }
+
     /// 128 random bits from the OS-seeded generator.
     fn new_token(&self) -> [u8; 16] {
         let mut rng = self.token_rng.lock().unwrap_or_else(|p| p.into_inner());
@@ -304,7 +309,7 @@ impl<V: Value> Cache<V> {
         let lease = self.inner.lease_key(&key);
         let message = notify::message(notify::INVALIDATED, self.inner.waiters.sender(), &key);
         if let Some(l1) = &self.l1 {
-            l1.remove(&key).await;
+            l1.remove(self.inner.user_key(&key)).await;
         }
         self.inner
             .store
@@ -376,7 +381,7 @@ impl<V: Value> Cache<V> {
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {
         let fetched = self
-            .fetch(key.as_ref(), loader, self.inner.defaults)
+            .fetch(key.as_ref(), loader, &self.inner.defaults)
             .await?;
         Ok(fetched.value)
     }
@@ -409,7 +414,7 @@ impl<V: Value> Cache<V> {
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {
-        self.fetch(key.as_ref(), loader, self.inner.defaults).await
+        self.fetch(key.as_ref(), loader, &self.inner.defaults).await
     }
 
     /// One call with its own settings (TTL, jitter, grace, timeouts...).
@@ -418,11 +423,23 @@ impl<V: Value> Cache<V> {
     }
 
     /// The pipeline, counted in `breakwater_requests_total`.
-    async fn fetch<L>(&self, key: &[u8], loader: L, options: Options) -> Result<Fetched<V>, Error>
+    ///
+    /// A fresh L1 copy is served here; everything else goes through
+    /// [`pipeline`](Self::pipeline), boxed: its future is large, and inline
+    /// it would be built, moved and stored (by every task that awaits a
+    /// `get_or_load`) on the hit path too.
+    async fn fetch<L>(&self, key: &[u8], loader: L, options: &Options) -> Result<Fetched<V>, Error>
     where
         L: Load<V>,
     {
-        let result = self.pipeline(key, loader, options).await;
+        let result = match self.near(key).await {
+            Ok(Near::Fresh(fetched)) => Ok(fetched),
+            Ok(Near::Stale(slot)) => {
+                Box::pin(self.pipeline(key, loader, options, Some(slot))).await
+            }
+            Ok(Near::Miss) => Box::pin(self.pipeline(key, loader, options, None)).await,
+            Err(err) => Err(err),
+        };
         let index = match &result {
             Ok(fetched) => fetched.served.metric_index(),
             Err(_) => options::SERVED_ERROR,
@@ -431,41 +448,50 @@ impl<V: Value> Cache<V> {
         result
     }
 
-    /// The pipeline; see the module docs for the order.
+    /// Steps 1 and 2: the key checked, and L1 asked (keyed by the user's
+    /// key, so a hit builds nothing).
+    async fn near(&self, user_key: &[u8]) -> Result<Near<V>, Error> {
+        self.check_key(user_key)?;
+        let Some(l1) = &self.l1 else {
+            return Ok(Near::Miss);
+        };
+        // Other processes' writes must reach L1: keep the bus listening.
+        self.inner.waiters.ensure_listening(&*self.inner.store);
+        let Some(slot) = l1.get(user_key).await else {
+            return Ok(Near::Miss);
+        };
+        let now = Instant::now();
+        if slot.is_fresh(now) {
+            let served = match slot.value {
+                Some(_) => Served::Hit,
+                None => Served::Negative,
+            };
+            return Ok(Near::Fresh(Fetched {
+                value: slot.value.clone(),
+                served,
+            }));
+        }
+        Ok(if slot.is_servable(now) {
+            Near::Stale(slot)
+        } else {
+            Near::Miss
+        })
+    }
+
+    /// The pipeline past L1; see the module docs for the order.
+    /// `local_stale`: an L1 copy past its fresh time that may stand in
+    /// while the store is unreachable.
     async fn pipeline<L>(
         &self,
         user_key: &[u8],
         loader: L,
-        options: Options,
+        options: &Options,
+        local_stale: Option<Arc<Slot<V>>>,
     ) -> Result<Fetched<V>, Error>
     where
         L: Load<V>,
     {
-        // 1. Key.
         let key = self.storage_key(user_key)?;
-
-        // 2. L1: a fresh local copy costs no round trip.
-        let mut local_stale = None;
-        if let Some(l1) = &self.l1 {
-            // Other processes' writes must reach L1: keep the bus listening.
-            self.inner.waiters.ensure_listening(&*self.inner.store);
-            if let Some(slot) = l1.get(&key).await {
-                let now = Instant::now();
-                if slot.is_fresh(now) {
-                    let served = match slot.value {
-                        Some(_) => Served::Hit,
-                        None => Served::Negative,
-                    };
-                    return Ok(Fetched {
-                        value: slot.value.clone(),
-                        served,
-                    });
-                }
-                if slot.is_servable(now) {
-                    local_stale = Some(slot);
-                }
-            }
-        }
 
         // 3. Read the store (shared with concurrent reads of the key).
         let (entry, store_ok) = match self.read_shared(&key).await {
@@ -493,7 +519,7 @@ impl<V: Value> Cache<V> {
             let verdict = {
                 let mut rng = self.inner.rng.lock().unwrap_or_else(|p| p.into_inner());
                 self.inner
-                    .freshness(&options)
+                    .freshness(options)
                     .judge(reading(&entry, now), &mut *rng)
             };
             match verdict {
@@ -502,7 +528,7 @@ impl<V: Value> Cache<V> {
                         self.remember(&key, &value, &entry, now).await;
                         if verdict == Freshness::RefreshEarly && !self.inner.is_throttled(&key, now)
                         {
-                            self.refresh_in_background(key, loader, options, entry.fresh_until);
+                            self.refresh_in_background(key, loader, *options, entry.fresh_until);
                         }
                         let served = if entry.negative {
                             Served::Negative
@@ -522,7 +548,7 @@ impl<V: Value> Cache<V> {
                         let reason = if throttled {
                             StaleReason::LoaderFailed
                         } else {
-                            self.refresh_in_background(key, loader, options, entry.fresh_until);
+                            self.refresh_in_background(key, loader, *options, entry.fresh_until);
                             StaleReason::Refreshing
                         };
                         return Ok(Fetched {
@@ -540,14 +566,12 @@ impl<V: Value> Cache<V> {
         // 5. One flight per key in this process; the flight takes the
         // lease, loads and writes (see `fill`). A soft timeout gives up
         // waiting (not loading) when there is a stale value to serve.
-        let cache = self.clone();
-        let flight_key = key.clone();
         let mode = if store_ok { Mode::Fleet } else { Mode::Local };
-        let flight = self.flights.run(&key, move || {
-            cache.fill(
-                flight_key,
+        let flight = self.flights.run(&key, || {
+            self.clone().fill(
+                key.clone(),
                 loader,
-                options,
+                *options,
                 None,
                 Priority::Foreground,
                 mode,
@@ -631,23 +655,19 @@ impl<V: Value> Cache<V> {
         if self.flights.is_running(&key) {
             return;
         }
+        let flight = self.flights.run(&key, || {
+            self.clone().fill(
+                key.clone(),
+                loader,
+                options,
+                Some(replacing),
+                Priority::Background,
+                Mode::Fleet,
+            )
+        });
         let cache = self.clone();
         tokio::spawn(async move {
-            let flight_cache = cache.clone();
-            let flight_key = key.clone();
-            let (result, _) = cache
-                .flights
-                .run(&key, move || {
-                    flight_cache.fill(
-                        flight_key,
-                        loader,
-                        options,
-                        Some(replacing),
-                        Priority::Background,
-                        Mode::Fleet,
-                    )
-                })
-                .await;
+            let (result, _) = flight.await;
             match result {
                 Err(err) if err.is_overloaded() || err.is_circuit_open() => {
                     tracing::debug!(key = %show_key(&key), error = %err, "background refresh shed");
@@ -671,6 +691,24 @@ impl<V: Value> Cache<V> {
     /// [`InvalidKey`](ErrorKind::InvalidKey) for an empty key or one longer
     /// than `max_key_len`.
     pub fn storage_key(&self, key: &[u8]) -> Result<Vec<u8>, Error> {
+        self.check_key(key)?;
+        let prefix = &self.inner.value_prefix;
+        let mut out = Vec::with_capacity(prefix.len() + key.len() + 20);
+        out.extend_from_slice(prefix);
+        if key.iter().any(|b| matches!(b, b'{' | b'}')) {
+            out.extend_from_slice(format!("{{#{:016x}}}", fnv1a(key)).as_bytes());
+            out.extend_from_slice(key);
+        } else {
+            out.push(b'{');
+            out.extend_from_slice(key);
+            out.push(b'}');
+        }
+        Ok(out)
+    }
+
+    /// An empty or over-long key is refused before it reaches L1 or the
+    /// store.
+    fn check_key(&self, key: &[u8]) -> Result<(), Error> {
         if key.is_empty() {
             return Err(Error::new(ErrorKind::InvalidKey, "key must not be empty"));
         }
@@ -684,18 +722,7 @@ impl<V: Value> Cache<V> {
                 ),
             ));
         }
-        let prefix = &self.inner.value_prefix;
-        let mut out = Vec::with_capacity(prefix.len() + key.len() + 20);
-        out.extend_from_slice(prefix);
-        if key.iter().any(|b| matches!(b, b'{' | b'}')) {
-            out.extend_from_slice(format!("{{#{:016x}}}", fnv1a(key)).as_bytes());
-            out.extend_from_slice(key);
-        } else {
-            out.push(b'{');
-            out.extend_from_slice(key);
-            out.push(b'}');
-        }
-        Ok(out)
+        Ok(())
     }
 
     /// The namespace this cache was built with.
@@ -718,13 +745,12 @@ impl<V: Value> Cache<V> {
     /// [`read`](Self::read), shared by every concurrent caller for `key` in
     /// this process: in a stampede, one `GET` instead of one per caller.
     async fn read_shared(&self, key: &[u8]) -> Result<Option<Arc<Entry>>, Error> {
-        let cache = self.clone();
-        let owned = key.to_vec();
         let (entry, _) = self
             .inner
             .reads
-            .run(key, move || async move {
-                Ok(cache.read(&owned).await?.map(Arc::new))
+            .run(key, || {
+                let (cache, key) = (self.clone(), key.to_vec());
+                async move { Ok(cache.read(&key).await?.map(Arc::new)) }
             })
             .await;
         entry
@@ -831,14 +857,16 @@ impl<V: Value> Cache<V> {
         if let Some(l1) = &self.l1 {
             let fresh = Duration::from_millis(entry.fresh_until.saturating_sub(now_ms));
             let stale = Duration::from_millis(entry.stale_until.saturating_sub(now_ms));
-            l1.put(key, value.clone(), fresh, stale).await;
+            l1.put(self.inner.user_key(key), value.clone(), fresh, stale)
+                .await;
         }
     }
 
     /// Keeps a value this process just wrote (or loaded) in L1.
     async fn remember_sealed(&self, key: &[u8], value: Option<V>, sealed: &Sealed) {
         if let Some(l1) = &self.l1 {
-            l1.put(key, value, sealed.fresh, sealed.ttl).await;
+            l1.put(self.inner.user_key(key), value, sealed.fresh, sealed.ttl)
+                .await;
         }
     }
 }
@@ -851,6 +879,35 @@ struct Sealed {
     /// The jittered fresh window.
     fresh: Duration,
 }
+
+/// What L1 says about a key.
+enum Near<V> {
+    /// A fresh copy: served as it is.
+    Fresh(Fetched<V>),
+    /// A copy past its fresh time that may still stand in for the store.
+    Stale(Arc<Slot<V>>),
+    /// Nothing usable (or no L1).
+    Miss,
+}
+
+/// The user's key inside a storage key built by [`Cache::storage_key`]
+/// whose namespace prefix is `prefix_len` bytes: `{<key>}` (such a key has
+/// no braces of its own) or `{#<16 hex digits>}<key>` (one that has).
+pub(crate) fn user_key(storage_key: &[u8], prefix_len: usize) -> &[u8] {
+    let tagged = storage_key.get(prefix_len..).unwrap_or_default();
+    // In the plain form a `}` can only be the last byte; here it is not.
+    if tagged.len() > HASH_TAG_LEN && tagged.starts_with(b"{#") && tagged[HASH_TAG_LEN - 1] == b'}'
+    {
+        return &tagged[HASH_TAG_LEN..];
+    }
+    tagged
+        .strip_prefix(b"{")
+        .and_then(|t| t.strip_suffix(b"}"))
+        .unwrap_or(tagged)
+}
+
+/// `{#` + 16 hex digits + `}`.
+const HASH_TAG_LEN: usize = 19;
 
 /// What the freshness policy needs of an entry.
 fn reading(entry: &Entry, now_ms: u64) -> Reading {
@@ -870,4 +927,37 @@ fn show_key(key: &[u8]) -> String {
         s.push('…');
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// L1 is keyed by the user's key and the bus carries storage keys:
+        /// every storage key must give its user key back.
+        #[test]
+        fn user_key_inverts_storage_key(key in proptest::collection::vec(any::<u8>(), 1..64)) {
+            let cache = Cache::<u8>::builder().namespace("ns").build().unwrap();
+            let storage = cache.storage_key(&key).unwrap();
+            prop_assert_eq!(user_key(&storage, cache.inner.value_prefix.len()), &key[..]);
+        }
+    }
+
+    #[test]
+    fn user_key_of_look_alike_keys() {
+        let cache = Cache::<u8>::builder().namespace("ns").build().unwrap();
+        let prefix = cache.inner.value_prefix.len();
+        for key in [
+            &b"#0123456789abcdef"[..],
+            b"{#0123456789abcdef}x",
+            b"}",
+            b"{",
+            b"#",
+        ] {
+            let storage = cache.storage_key(key).unwrap();
+            assert_eq!(user_key(&storage, prefix), key, "{}", show_key(&storage));
+        }
+    }
 }

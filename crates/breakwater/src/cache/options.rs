@@ -280,6 +280,6 @@ impl<'a, V: Value> CacheEntry<'a, V> {
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {
         self.options.validate()?;
-        self.cache.fetch(&self.key, loader, self.options).await
+        self.cache.fetch(&self.key, loader, &self.options).await
     }
 }
