@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use rand::rngs::StdRng;
-use redis::Script;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{IntoConnectionInfo, Script};
 use tokio::sync::{broadcast, watch};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
@@ -246,7 +246,7 @@ impl RedisStore {
     /// timeout is zero.
     pub fn connect_with(url: &str, config: RedisStoreConfig) -> Result<Self, Error> {
         config.validate()?;
-        let client = redis::Client::open(url).map_err(|e| {
+        let client = redis::Client::open(connection_info(url)?).map_err(|e| {
             Error::new(ErrorKind::Config, format!("invalid redis url {url:?}")).with_source(e)
         })?;
         Ok(RedisStore {
@@ -264,6 +264,18 @@ impl RedisStore {
             }),
         })
     }
+}
+
+/// The URL parsed, with `TCP_NODELAY` on: redis-rs leaves Nagle's algorithm
+/// on, and a small command written while an earlier one is unacknowledged
+/// then waits for the peer's delayed ACK (up to 40 ms on Linux) — measured
+/// here as waiters woken 3 to 40 ms after a fill instead of well under 1 ms.
+fn connection_info(url: &str) -> Result<redis::ConnectionInfo, Error> {
+    let info = url.into_connection_info().map_err(|e| {
+        Error::new(ErrorKind::Config, format!("invalid redis url {url:?}")).with_source(e)
+    })?;
+    let tcp = info.tcp_settings().clone().set_nodelay(true);
+    Ok(info.set_tcp_settings(tcp))
 }
 
 impl Inner {
@@ -751,6 +763,13 @@ mod tests {
         let err = RedisStore::connect("mysql://nope").unwrap_err();
         assert!(err.is_config(), "{err}");
         assert!(err.to_string().contains("invalid redis url"), "{err}");
+    }
+
+    #[test]
+    fn connections_turn_nagle_off() {
+        let info = connection_info("redis://127.0.0.1:6390/2").unwrap();
+        assert!(info.tcp_settings().nodelay());
+        assert_eq!(info.redis_settings().db(), 2);
     }
 
     #[test]
