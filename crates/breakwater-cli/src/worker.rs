@@ -14,10 +14,12 @@
 
 use std::io::{self, BufRead, Write};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use breakwater::{Cache, OnLockTimeout, RedisStore, RedisStoreConfig};
 use clap::{Args, ValueEnum};
+use redis::IntoConnectionInfo;
 use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
 
@@ -104,7 +106,11 @@ async fn run(opts: WorkerOpts) -> Result<usize, Box<dyn std::error::Error>> {
         .lock_wait(Duration::from_millis(opts.lock_wait_ms))
         .on_lock_timeout(OnLockTimeout::error())
         .build()?;
-    let counter_conn = redis::Client::open(opts.redis.as_str())?
+    // The loader's and the naive algorithm's connection: Nagle off, as in
+    // `RedisStore`, so both algorithms talk to Redis the same way.
+    let info = opts.redis.as_str().into_connection_info()?;
+    let tcp = info.tcp_settings().clone().set_nodelay(true);
+    let counter_conn = redis::Client::open(info.set_tcp_settings(tcp))?
         .get_multiplexed_async_connection()
         .await?;
 
@@ -123,30 +129,38 @@ async fn run(opts: WorkerOpts) -> Result<usize, Box<dyn std::error::Error>> {
         return Err("stdin closed before the go line".into());
     }
 
+    // One shared copy of everything the calls need: per-call clones (and
+    // their drops, during the fan-out) would be the harness's cost, not the
+    // algorithm's.
+    let shared = Arc::new(Shared {
+        cache,
+        conn: counter_conn,
+        loader_sleep: Duration::from_millis(opts.loader_ms),
+        opts,
+    });
     let released = Instant::now();
-    let loader_sleep = Duration::from_millis(opts.loader_ms);
-    let handles: Vec<_> = (0..opts.concurrency)
+    let handles: Vec<_> = (0..shared.opts.concurrency)
         .map(|_| {
-            let cache = cache.clone();
-            let opts = opts.clone();
-            let conn = counter_conn.clone();
+            let shared = Arc::clone(&shared);
             tokio::spawn(async move {
-                let value = match opts.algo {
+                let value = match shared.opts.algo {
                     Algo::Breakwater => {
-                        let load_conn = conn;
-                        let counter = opts.counter.clone();
-                        cache
-                                .get_or_load(opts.key.clone(), move || {
-                                    let mut conn = load_conn.clone();
-                                    let counter = counter.clone();
-                                    async move {
-                                        load(&mut conn, &counter, loader_sleep).await.map(Some)
-                                    }
-                                })
-                                .await
-                                .map_err(|e| e.to_string())?
+                        let loader_shared = Arc::clone(&shared);
+                        shared
+                            .cache
+                            .get_or_load(&shared.opts.key, move || {
+                                let shared = Arc::clone(&loader_shared);
+                                async move {
+                                    let mut conn = shared.conn.clone();
+                                    load(&mut conn, &shared.opts.counter, shared.loader_sleep)
+                                        .await
+                                        .map(Some)
+                                }
+                            })
+                            .await
+                            .map_err(|e| e.to_string())?
                     }
-                    Algo::Naive => naive(conn, &opts, loader_sleep)
+                    Algo::Naive => naive(shared.conn.clone(), &shared.opts, shared.loader_sleep)
                         .await
                         .map(Some)
                         .map_err(|e| e.to_string())?,
@@ -171,7 +185,7 @@ async fn run(opts: WorkerOpts) -> Result<usize, Box<dyn std::error::Error>> {
     for outcome in outcomes {
         let outcome = match outcome {
             Ok(Ok((Some(_), latency, wake))) => {
-                if opts.samples {
+                if shared.opts.samples {
                     let wake = wake.map_or(-1, |w| i64::try_from(w.as_micros()).unwrap_or(-1));
                     writeln!(stdout, "sample {} {wake}", latency.as_micros())?;
                 }
@@ -208,6 +222,14 @@ async fn load(
         .await?;
     tokio::time::sleep(delay).await;
     Ok(format!("{}@{}", std::process::id(), unix_micros()))
+}
+
+/// What every call of one worker shares.
+struct Shared {
+    cache: Cache<String>,
+    conn: MultiplexedConnection,
+    opts: WorkerOpts,
+    loader_sleep: Duration,
 }
 
 /// How long after the value was produced this caller got it.
