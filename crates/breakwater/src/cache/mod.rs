@@ -5,6 +5,8 @@
 //! One `get_or_load(key, loader)` reads top to bottom:
 //!
 //! 1. **Key**: validated and namespaced (a bad key never reaches the store).
+//!    With an L1 ([`L1Config`](crate::L1Config)), a fresh local copy is
+//!    returned here, before anything else is built.
 //! 2. **Read**: one `GET` of the envelope. Corrupt or foreign bytes are a miss
 //!    plus a warning; a store failure is a miss plus a warning too, so a sick
 //!    store degrades to direct loads instead of failing requests.
