@@ -12,15 +12,19 @@
 //! `sample <latency µs> <wake-up µs>` per call; it ends with one line
 //! `done ok=<n> err=<n> first_error=<message or none>`.
 
+use std::future::Future;
 use std::io::{self, BufRead, Write};
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use breakwater::{Cache, OnLockTimeout, RedisStore, RedisStoreConfig};
 use clap::{Args, ValueEnum};
 use redis::IntoConnectionInfo;
 use redis::aio::MultiplexedConnection;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 /// Which stampede defence the worker runs.
@@ -138,43 +142,29 @@ async fn run(opts: WorkerOpts) -> Result<usize, Box<dyn std::error::Error>> {
         loader_sleep: Duration::from_millis(opts.loader_ms),
         opts,
     });
+    let finished = Arc::new(Finished {
+        remaining: AtomicUsize::new(shared.opts.concurrency),
+        all: Notify::new(),
+    });
     let released = Instant::now();
+    // One spawned future type per algorithm, so neither's task carries the
+    // other's state.
     let handles: Vec<_> = (0..shared.opts.concurrency)
         .map(|_| {
+            let countdown = Countdown(Arc::clone(&finished));
             let shared = Arc::clone(&shared);
-            tokio::spawn(async move {
-                let value = match shared.opts.algo {
-                    Algo::Breakwater => {
-                        let loader_shared = Arc::clone(&shared);
-                        shared
-                            .cache
-                            .get_or_load(&shared.opts.key, move || {
-                                let shared = Arc::clone(&loader_shared);
-                                async move {
-                                    let mut conn = shared.conn.clone();
-                                    load(&mut conn, &shared.opts.counter, shared.loader_sleep)
-                                        .await
-                                        .map(Some)
-                                }
-                            })
-                            .await
-                            .map_err(|e| e.to_string())?
-                    }
-                    Algo::Naive => naive(shared.conn.clone(), &shared.opts, shared.loader_sleep)
-                        .await
-                        .map(Some)
-                        .map_err(|e| e.to_string())?,
-                };
-                let latency = released.elapsed();
-                let wake = value.as_deref().and_then(wake_up);
-                Ok::<_, String>((value, latency, wake))
-            })
+            match shared.opts.algo {
+                Algo::Breakwater => timed(released, countdown, breakwater_call(shared)),
+                Algo::Naive => timed(released, countdown, naive_call(shared)),
+            }
         })
         .collect();
 
-    // Every call finishes before a line is written: writing (a syscall per
-    // line, and the parent reading it) during the fan-out would take CPU
-    // from the very wake-ups being measured.
+    // The harness touches nothing until every call has returned: joining
+    // (and freeing) tasks, parsing values or writing lines (a syscall each,
+    // and the parent reading them) during the fan-out would take CPU from
+    // the very wake-ups being measured.
+    finished.all.notified().await;
     let mut outcomes = Vec::with_capacity(handles.len());
     for handle in handles {
         outcomes.push(handle.await);
@@ -184,9 +174,10 @@ async fn run(opts: WorkerOpts) -> Result<usize, Box<dyn std::error::Error>> {
     let mut stdout = io::BufWriter::new(io::stdout().lock());
     for outcome in outcomes {
         let outcome = match outcome {
-            Ok(Ok((Some(_), latency, wake))) => {
+            Ok(Ok((Some(value), latency, returned_at))) => {
                 if shared.opts.samples {
-                    let wake = wake.map_or(-1, |w| i64::try_from(w.as_micros()).unwrap_or(-1));
+                    let wake = wake_up(&value, returned_at)
+                        .map_or(-1, |w| i64::try_from(w.as_micros()).unwrap_or(-1));
                     writeln!(stdout, "sample {} {wake}", latency.as_micros())?;
                 }
                 Ok(())
@@ -232,11 +223,70 @@ struct Shared {
     loader_sleep: Duration,
 }
 
-/// How long after the value was produced this caller got it.
-fn wake_up(value: &str) -> Option<Duration> {
+/// What one call's task returns: the value, the latency from the release,
+/// and the wall-clock µs at which it returned.
+type Outcome = Result<(Option<String>, Duration, u128), String>;
+
+/// Spawns one call; only the clock is read when it returns (the wake-up is
+/// worked out after the fan-out).
+fn timed<F>(released: Instant, countdown: Countdown, call: F) -> JoinHandle<Outcome>
+where
+    F: Future<Output = Result<Option<String>, String>> + Send + 'static,
+{
+    tokio::spawn(async move {
+        let _countdown = countdown;
+        let value = call.await?;
+        Ok((value, released.elapsed(), unix_micros()))
+    })
+}
+
+async fn breakwater_call(shared: Arc<Shared>) -> Result<Option<String>, String> {
+    let loader_shared = Arc::clone(&shared);
+    shared
+        .cache
+        .get_or_load(&shared.opts.key, move || {
+            let shared = Arc::clone(&loader_shared);
+            async move {
+                let mut conn = shared.conn.clone();
+                load(&mut conn, &shared.opts.counter, shared.loader_sleep)
+                    .await
+                    .map(Some)
+            }
+        })
+        .await
+        .map_err(|e| e.to_string())
+}
+
+async fn naive_call(shared: Arc<Shared>) -> Result<Option<String>, String> {
+    naive(shared.conn.clone(), &shared.opts, shared.loader_sleep)
+        .await
+        .map(Some)
+        .map_err(|e| e.to_string())
+}
+
+/// Counts the calls still running; the last one to end (return, fail or
+/// panic) wakes the harness.
+struct Finished {
+    remaining: AtomicUsize,
+    all: Notify,
+}
+
+struct Countdown(Arc<Finished>);
+
+impl Drop for Countdown {
+    fn drop(&mut self) {
+        if self.0.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.all.notify_one();
+        }
+    }
+}
+
+/// How long after `value` was produced a caller that got it at
+/// `returned_at` (µs since the epoch) returned.
+fn wake_up(value: &str, returned_at: u128) -> Option<Duration> {
     let filled: u128 = value.rsplit_once('@')?.1.parse().ok()?;
     Some(Duration::from_micros(
-        u64::try_from(unix_micros().saturating_sub(filled)).unwrap_or(u64::MAX),
+        u64::try_from(returned_at.saturating_sub(filled)).unwrap_or(u64::MAX),
     ))
 }
 
