@@ -56,35 +56,36 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, Error>> + Send + 'static,
     {
-        let (mut rx, role) = {
-            let mut flights = lock(&self.flights);
-            match flights.get(key) {
-                Some(rx) => (rx.clone(), Role::Follower),
-                None => {
-                    let (tx, rx) = watch::channel(None);
-                    flights.insert(key.to_vec(), rx.clone());
-                    let landing = Landing {
-                        key: key.to_vec(),
-                        flights: Arc::clone(&self.flights),
-                        mine: rx.clone(),
-                        tx: Some(tx),
-                    };
-                    let work = start();
-                    tokio::spawn(async move {
-                        let result = work.await;
-                        landing.land(result);
-                    });
-                    (rx, Role::Leader)
-                }
-            }
-        };
-        async move {
-            let result = match rx.wait_for(Option::is_some).await {
-                Ok(slot) => slot.clone().unwrap_or_else(|| Err(abandoned())),
-                Err(_) => Err(abandoned()),
-            };
-            (result, role)
+        let (joined, role) = self.join(key, start);
+        async move { (joined.result().await, role) }
+    }
+
+    /// [`run`](Self::run) without the waiting: the flight, as a handle that
+    /// can be cloned and handed to other callers.
+    pub(crate) fn join<F, Fut>(&self, key: &[u8], start: F) -> (Joined<T>, Role)
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, Error>> + Send + 'static,
+    {
+        let mut flights = lock(&self.flights);
+        if let Some(rx) = flights.get(key) {
+            return (Joined { rx: rx.clone() }, Role::Follower);
         }
+        let (tx, rx) = watch::channel(None);
+        flights.insert(key.to_vec(), rx.clone());
+        drop(flights);
+        let landing = Landing {
+            key: key.to_vec(),
+            flights: Arc::clone(&self.flights),
+            mine: rx.clone(),
+            tx: Some(tx),
+        };
+        let work = start();
+        tokio::spawn(async move {
+            let result = work.await;
+            landing.land(result);
+        });
+        (Joined { rx }, Role::Leader)
     }
 
     /// `true` if a flight for `key` is in the air.
@@ -110,6 +111,35 @@ fn abandoned() -> Error {
         ErrorKind::Loader,
         "the load was abandoned before it finished (its task panicked or the runtime shut down)",
     )
+}
+
+/// One flight, joined: clones wait on the same result.
+pub(crate) struct Joined<T> {
+    rx: watch::Receiver<Slot<T>>,
+}
+
+impl<T> Clone for Joined<T> {
+    fn clone(&self) -> Self {
+        Joined {
+            rx: self.rx.clone(),
+        }
+    }
+}
+
+impl<T: Clone> Joined<T> {
+    /// The flight's result, once it has landed.
+    pub(crate) async fn result(mut self) -> Result<T, Error> {
+        match self.rx.wait_for(Option::is_some).await {
+            Ok(slot) => slot.clone().unwrap_or_else(|| Err(abandoned())),
+            Err(_) => Err(abandoned()),
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for Joined<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Joined")
+    }
 }
 
 /// The leader's duty: free the key and hand the result to every waiter,

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use breakwater::{Cache, ErrorKind, Jitter, MemoryStore, OnLockTimeout, RedisStore};
+use breakwater::{Cache, ErrorKind, Jitter, MemoryStore, OnLockTimeout, RedisStore, Served};
 use support::redis_store;
 use tokio::sync::Notify;
 
@@ -63,6 +63,39 @@ async fn thousand_concurrent_calls_one_process_one_load() {
         assert_eq!(task.await.unwrap().unwrap().as_deref(), Some("v"));
     }
     assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// A miss read once by many callers starts the load from that read; exactly
+/// one caller reports leading it, and a caller whose own read arrives while
+/// the load is in the air coalesces instead of claiming it.
+#[tokio::test(start_paused = true)]
+async fn a_shared_miss_has_one_leader_and_late_readers_coalesce() {
+    let cache = Cache::<String>::builder()
+        .store(MemoryStore::new())
+        .build()
+        .unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let call = |cache: &Cache<String>| {
+        let (cache, loader) = (
+            cache.clone(),
+            slow_loader(&calls, Duration::from_millis(100), "v"),
+        );
+        tokio::spawn(async move { cache.get_or_load_with_meta("hot", loader).await })
+    };
+    let mut tasks: Vec<_> = (0..20).map(|_| call(&cache)).collect();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let late = call(&cache);
+    tasks.push(late);
+    let mut served = Vec::new();
+    for task in tasks {
+        let fetched = task.await.unwrap().unwrap();
+        assert_eq!(fetched.value.as_deref(), Some("v"));
+        served.push(fetched.served);
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let leaders = served.iter().filter(|s| **s == Served::Loaded).count();
+    assert_eq!(leaders, 1, "{served:?}");
+    assert_eq!(served.last(), Some(&Served::Coalesced), "{served:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

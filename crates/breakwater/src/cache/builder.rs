@@ -467,11 +467,11 @@ impl<V: Value> CacheBuilder<V> {
                 rng: Mutex::new(rng),
                 token_rng: Mutex::new(token_rng),
                 waiters: Waiters::new(channel, sender, hook),
-                reads: SingleFlight::new(),
                 metrics,
                 throttled: Mutex::default(),
             }),
             flights: Arc::new(SingleFlight::new()),
+            reads: Arc::new(SingleFlight::new()),
             fallback: self.fallback,
             l1,
         })

@@ -50,7 +50,7 @@ impl<V: Value> Cache<V> {
     pub(super) async fn fill<L>(
         self,
         key: Vec<u8>,
-        loader: L,
+        loader: Arc<L>,
         options: Options,
         replacing: Option<u64>,
         priority: Priority,
@@ -62,7 +62,6 @@ impl<V: Value> Cache<V> {
         let inner = &self.inner;
         // A known-down origin is refused before any lease is taken or waited on.
         inner.origin.check()?;
-        let loader = Arc::new(loader);
         if mode == Mode::Local {
             // The store just failed this request: one deadline is enough.
             // Load directly; single-flight still makes it one load here.

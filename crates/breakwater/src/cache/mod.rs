@@ -41,6 +41,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::future::Either;
 use rand::RngExt;
 use rand::rngs::StdRng;
 use serde::Serialize;
@@ -51,7 +52,7 @@ use crate::clock::millis;
 use crate::codec::{Codec, Compression};
 use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
-use crate::flight::{Role, SingleFlight};
+use crate::flight::{Joined, Role, SingleFlight};
 use crate::freshness::{Freshness, FreshnessPolicy, Reading};
 use crate::l1::{NearCache, Slot};
 use crate::limit::Priority;
@@ -122,7 +123,10 @@ impl<T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static> Value for 
 pub struct Cache<V> {
     inner: Arc<Inner>,
     /// Loads in the air, by storage key.
-    flights: Arc<SingleFlight<(Option<V>, Served)>>,
+    flights: Arc<SingleFlight<Loaded<V>>>,
+    /// Store reads in the air, by storage key: concurrent local reads of one
+    /// key share one `GET`.
+    reads: Arc<SingleFlight<Read<V>>>,
     /// Served when a load fails and no stale value can stand in.
     fallback: Option<Fallback<V>>,
     /// The in-process near cache, if enabled.
@@ -137,6 +141,7 @@ impl<V> Clone for Cache<V> {
         Cache {
             inner: Arc::clone(&self.inner),
             flights: Arc::clone(&self.flights),
+            reads: Arc::clone(&self.reads),
             fallback: self.fallback.clone(),
             l1: self.l1.clone(),
         }
@@ -179,9 +184,6 @@ struct Inner {
     /// Lease tokens; always from the OS, never seeded, so unguessable.
     token_rng: Mutex<StdRng>,
     waiters: Waiters,
-    /// Store reads in the air, by storage key: concurrent local reads of one
-    /// key share one `GET`.
-    reads: SingleFlight<Option<Arc<Entry>>>,
     metrics: Metrics,
     /// Keys whose load failed recently, with the store-clock ms until which
     /// their stale value is served without calling the loader (fail-safe).
@@ -494,10 +496,16 @@ impl<V: Value> Cache<V> {
         L: Load<V>,
     {
         let key = self.storage_key(user_key)?;
+        let loader = Arc::new(loader);
 
         // 3. Read the store (shared with concurrent reads of the key).
-        let (entry, store_ok) = match self.read_shared(&key).await {
-            Ok(entry) => (entry, true),
+        let (read, read_role) = self.read_shared(&key, &loader, options).await;
+        let mut started = None;
+        let (entry, store_ok) = match read {
+            Ok(read) => {
+                started = read.load;
+                (read.entry, true)
+            }
             Err(err) => {
                 tracing::warn!(key = %show_key(&key), error = %err, "store read failed; loading directly");
                 self.inner.metrics.store_error("get");
@@ -569,16 +577,28 @@ impl<V: Value> Cache<V> {
         // lease, loads and writes (see `fill`). A soft timeout gives up
         // waiting (not loading) when there is a stale value to serve.
         let mode = if store_ok { Mode::Fleet } else { Mode::Local };
-        let flight = self.flights.run(&key, || {
-            self.clone().fill(
-                key.clone(),
-                loader,
-                *options,
-                None,
-                Priority::Foreground,
-                mode,
-            )
-        });
+        let flight = match started {
+            // The shared read found nothing and joined the key's load: the
+            // caller that did the read leads it if the read started it.
+            Some((load, load_role)) => {
+                let role = if read_role == Role::Leader && load_role == Role::Leader {
+                    Role::Leader
+                } else {
+                    Role::Follower
+                };
+                Either::Left(async move { (load.result().await, role) })
+            }
+            None => Either::Right(self.flights.run(&key, || {
+                self.clone().fill(
+                    key.clone(),
+                    loader,
+                    *options,
+                    None,
+                    Priority::Foreground,
+                    mode,
+                )
+            })),
+        };
         let (result, role) = match (options.soft_timeout, &fallback) {
             (Some(soft), Some(stale)) => match tokio::time::timeout(soft, flight).await {
                 Ok(done) => done,
@@ -650,7 +670,7 @@ impl<V: Value> Cache<V> {
     fn refresh_in_background<L: Load<V>>(
         &self,
         key: Vec<u8>,
-        loader: L,
+        loader: Arc<L>,
         options: Options,
         replacing: u64,
     ) {
@@ -742,22 +762,45 @@ impl<V: Value> Cache<V> {
         &self.inner.raw_store
     }
 
-    /// Reads and decodes the envelope; unreadable bytes are a miss plus a
-    /// warning, never an error and never a wrong value.
     /// [`read`](Self::read), shared by every concurrent caller for `key` in
     /// this process: in a stampede, one `GET` instead of one per caller.
-    async fn read_shared(&self, key: &[u8]) -> Result<Option<Arc<Entry>>, Error> {
-        let (entry, _) = self
-            .inner
-            .reads
+    ///
+    /// A read that finds nothing starts the key's load flight at once, with
+    /// the reading caller's loader and options: every caller sharing the
+    /// read would start or join that one flight anyway, and waking them all
+    /// first would hold the load back by as many polls as there are callers.
+    async fn read_shared<L: Load<V>>(
+        &self,
+        key: &[u8],
+        loader: &Arc<L>,
+        options: &Options,
+    ) -> (Result<Read<V>, Error>, Role) {
+        self.reads
             .run(key, || {
                 let (cache, key) = (self.clone(), key.to_vec());
-                async move { Ok(cache.read(&key).await?.map(Arc::new)) }
+                let (loader, options) = (Arc::clone(loader), *options);
+                async move {
+                    let entry = cache.read(&key).await?.map(Arc::new);
+                    let load = entry.is_none().then(|| {
+                        cache.flights.join(&key, || {
+                            cache.clone().fill(
+                                key.clone(),
+                                loader,
+                                options,
+                                None,
+                                Priority::Foreground,
+                                Mode::Fleet,
+                            )
+                        })
+                    });
+                    Ok(Read { entry, load })
+                }
             })
-            .await;
-        entry
+            .await
     }
 
+    /// Reads and decodes the envelope; unreadable bytes are a miss plus a
+    /// warning, never an error and never a wrong value.
     async fn read(&self, key: &[u8]) -> Result<Option<Entry>, Error> {
         let Some(bytes) = self.inner.store.get(key).await? else {
             return Ok(None);
@@ -880,6 +923,27 @@ struct Sealed {
     ttl: Duration,
     /// The jittered fresh window.
     fresh: Duration,
+}
+
+/// What a load flight lands with: the value and how it was served.
+type Loaded<V> = (Option<V>, Served);
+
+/// What a shared store read gives every caller that shared it.
+struct Read<V> {
+    /// The envelope, if one is stored and readable.
+    entry: Option<Arc<Entry>>,
+    /// Nothing was: the key's load (started by the read, or already in the
+    /// air: the role says which), to wait on.
+    load: Option<(Joined<Loaded<V>>, Role)>,
+}
+
+impl<V> Clone for Read<V> {
+    fn clone(&self) -> Self {
+        Read {
+            entry: self.entry.clone(),
+            load: self.load.clone(),
+        }
+    }
 }
 
 /// What L1 says about a key.
