@@ -581,6 +581,9 @@ impl<V: Value> Cache<V> {
             // The shared read found nothing and joined the key's load: the
             // caller that did the read leads it if the read started it.
             Some((load, load_role)) => {
+                // Not needed any more: freed now, not after the wait (when
+                // a thousand callers wake at once).
+                drop(loader);
                 let role = if read_role == Role::Leader && load_role == Role::Leader {
                     Role::Leader
                 } else {
