@@ -154,7 +154,9 @@ impl RedisStoreConfig {
 /// by `connect_timeout`, so a cache can be built while Redis is down and a
 /// down Redis fails fast instead of hanging requests. Commands share one
 /// multiplexed connection (redis-rs's `ConnectionManager`, which reconnects
-/// on its own), each bounded by `response_timeout`.
+/// on its own), each bounded by `response_timeout`. TCP connections are
+/// made with `TCP_NODELAY` (redis-rs's default leaves Nagle's algorithm on,
+/// which can hold a small command back until the server's delayed ACK).
 ///
 /// The store's clock is Redis's: `TIME` is sampled when the connection is
 /// made and every `clock_refresh` after, corrected by half the round trip, so
