@@ -60,8 +60,8 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
         async move { (joined.result().await, role) }
     }
 
-    /// [`run`](Self::run) without the waiting: the flight, as a handle that
-    /// can be cloned and handed to other callers.
+    /// [`run`](Self::run) in two steps: join (or start) the flight here,
+    /// wait for its result later ([`Joined::result`]).
     pub(crate) fn join<F, Fut>(&self, key: &[u8], start: F) -> (Joined<T>, Role)
     where
         F: FnOnce() -> Fut,
@@ -113,17 +113,9 @@ fn abandoned() -> Error {
     )
 }
 
-/// One flight, joined: clones wait on the same result.
+/// One flight, joined.
 pub(crate) struct Joined<T> {
     rx: watch::Receiver<Slot<T>>,
-}
-
-impl<T> Clone for Joined<T> {
-    fn clone(&self) -> Self {
-        Joined {
-            rx: self.rx.clone(),
-        }
-    }
 }
 
 impl<T: Clone> Joined<T> {

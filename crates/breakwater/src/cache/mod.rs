@@ -41,7 +41,6 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::future::Either;
 use rand::RngExt;
 use rand::rngs::StdRng;
 use serde::Serialize;
@@ -52,7 +51,7 @@ use crate::clock::millis;
 use crate::codec::{Codec, Compression};
 use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
-use crate::flight::{Joined, Role, SingleFlight};
+use crate::flight::{Role, SingleFlight};
 use crate::freshness::{Freshness, FreshnessPolicy, Reading};
 use crate::l1::{NearCache, Slot};
 use crate::limit::Priority;
@@ -500,10 +499,10 @@ impl<V: Value> Cache<V> {
 
         // 3. Read the store (shared with concurrent reads of the key).
         let (read, read_role) = self.read_shared(&key, &loader, options).await;
-        let mut started = None;
+        let mut loaded = None;
         let (entry, store_ok) = match read {
             Ok(read) => {
-                started = read.load;
+                loaded = read.loaded;
                 (read.entry, true)
             }
             Err(err) => {
@@ -577,21 +576,17 @@ impl<V: Value> Cache<V> {
         // lease, loads and writes (see `fill`). A soft timeout gives up
         // waiting (not loading) when there is a stale value to serve.
         let mode = if store_ok { Mode::Fleet } else { Mode::Local };
-        let flight = match started {
-            // The shared read found nothing and joined the key's load: the
-            // caller that did the read leads it if the read started it.
-            Some((load, load_role)) => {
-                // Not needed any more: freed now, not after the wait (when
-                // a thousand callers wake at once).
-                drop(loader);
-                let role = if read_role == Role::Leader && load_role == Role::Leader {
-                    Role::Leader
-                } else {
-                    Role::Follower
-                };
-                Either::Left(async move { (load.result().await, role) })
-            }
-            None => Either::Right(self.flights.run(&key, || {
+        let (result, role) = if let Some((result, load_role)) = loaded {
+            // The shared read found nothing and waited for the key's load:
+            // the caller that did the read led it if the read started it.
+            let role = if read_role == Role::Leader && load_role == Role::Leader {
+                Role::Leader
+            } else {
+                Role::Follower
+            };
+            (result, role)
+        } else {
+            let flight = self.flights.run(&key, || {
                 self.clone().fill(
                     key.clone(),
                     loader,
@@ -600,25 +595,25 @@ impl<V: Value> Cache<V> {
                     Priority::Foreground,
                     mode,
                 )
-            })),
-        };
-        let (result, role) = match (options.soft_timeout, &fallback) {
-            (Some(soft), Some(stale)) => match tokio::time::timeout(soft, flight).await {
-                Ok(done) => done,
-                Err(_) => {
-                    if let Some(value) = self.entry_value(&key, stale) {
-                        let served = Served::Stale {
-                            reason: StaleReason::SoftTimeout,
-                        };
-                        return Ok(Fetched { value, served });
+            });
+            match (options.soft_timeout, &fallback) {
+                (Some(soft), Some(stale)) => match tokio::time::timeout(soft, flight).await {
+                    Ok(done) => done,
+                    Err(_) => {
+                        if let Some(value) = self.entry_value(&key, stale) {
+                            let served = Served::Stale {
+                                reason: StaleReason::SoftTimeout,
+                            };
+                            return Ok(Fetched { value, served });
+                        }
+                        return Err(Error::new(
+                            ErrorKind::Timeout,
+                            "soft timeout with an unreadable stale value",
+                        ));
                     }
-                    return Err(Error::new(
-                        ErrorKind::Timeout,
-                        "soft timeout with an unreadable stale value",
-                    ));
-                }
-            },
-            _ => flight.await,
+                },
+                _ => flight.await,
+            }
         };
 
         // 6. Failure: the stale value if one may stand in (fail-safe), else
@@ -768,10 +763,12 @@ impl<V: Value> Cache<V> {
     /// [`read`](Self::read), shared by every concurrent caller for `key` in
     /// this process: in a stampede, one `GET` instead of one per caller.
     ///
-    /// A read that finds nothing starts the key's load flight at once, with
-    /// the reading caller's loader and options: every caller sharing the
-    /// read would start or join that one flight anyway, and waking them all
-    /// first would hold the load back by as many polls as there are callers.
+    /// A read that finds nothing starts (or joins) the key's load at once,
+    /// with the reading caller's loader and options, and lands only with
+    /// the load's outcome: every caller sharing the read would wait for that
+    /// one load anyway. They are woken once, with the value, instead of once
+    /// for the miss and again for the value, and the load does not wait
+    /// behind a thousand wake-ups. Callers arriving meanwhile join the read.
     async fn read_shared<L: Load<V>>(
         &self,
         key: &[u8],
@@ -784,19 +781,23 @@ impl<V: Value> Cache<V> {
                 let (loader, options) = (Arc::clone(loader), *options);
                 async move {
                     let entry = cache.read(&key).await?.map(Arc::new);
-                    let load = entry.is_none().then(|| {
-                        cache.flights.join(&key, || {
-                            cache.clone().fill(
-                                key.clone(),
-                                loader,
-                                options,
-                                None,
-                                Priority::Foreground,
-                                Mode::Fleet,
-                            )
-                        })
-                    });
-                    Ok(Read { entry, load })
+                    let loaded = match entry {
+                        Some(_) => None,
+                        None => {
+                            let (load, role) = cache.flights.join(&key, || {
+                                cache.clone().fill(
+                                    key.clone(),
+                                    loader,
+                                    options,
+                                    None,
+                                    Priority::Foreground,
+                                    Mode::Fleet,
+                                )
+                            });
+                            Some((load.result().await, role))
+                        }
+                    };
+                    Ok(Read { entry, loaded })
                 }
             })
             .await
@@ -932,21 +933,13 @@ struct Sealed {
 type Loaded<V> = (Option<V>, Served);
 
 /// What a shared store read gives every caller that shared it.
+#[derive(Clone)]
 struct Read<V> {
     /// The envelope, if one is stored and readable.
     entry: Option<Arc<Entry>>,
-    /// Nothing was: the key's load (started by the read, or already in the
-    /// air: the role says which), to wait on.
-    load: Option<(Joined<Loaded<V>>, Role)>,
-}
-
-impl<V> Clone for Read<V> {
-    fn clone(&self) -> Self {
-        Read {
-            entry: self.entry.clone(),
-            load: self.load.clone(),
-        }
-    }
+    /// Nothing was: the outcome of the key's load (started by the read, or
+    /// already in the air: the role says which).
+    loaded: Option<(Result<Loaded<V>, Error>, Role)>,
 }
 
 /// What L1 says about a key.
