@@ -67,9 +67,30 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, Error>> + Send + 'static,
     {
+        let (joined, joining) = self.join_with(key, (), |()| (start(), ()));
+        let role = match joining {
+            Joining::Led(()) => Role::Leader,
+            Joining::Followed(()) => Role::Follower,
+        };
+        (joined, role)
+    }
+
+    /// [`join`](Self::join), handing `seed` to the flight if this call
+    /// starts it, or back to the caller if a flight is already in the air:
+    /// `start` turns the seed into the work and something the leader keeps.
+    pub(crate) fn join_with<S, X, F, Fut>(
+        &self,
+        key: &[u8],
+        seed: S,
+        start: F,
+    ) -> (Joined<T>, Joining<X, S>)
+    where
+        F: FnOnce(S) -> (Fut, X),
+        Fut: Future<Output = Result<T, Error>> + Send + 'static,
+    {
         let mut flights = lock(&self.flights);
         if let Some(rx) = flights.get(key) {
-            return (Joined { rx: rx.clone() }, Role::Follower);
+            return (Joined { rx: rx.clone() }, Joining::Followed(seed));
         }
         let (tx, rx) = watch::channel(None);
         flights.insert(key.to_vec(), rx.clone());
@@ -80,12 +101,12 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
             mine: rx.clone(),
             tx: Some(tx),
         };
-        let work = start();
+        let (work, kept) = start(seed);
         tokio::spawn(async move {
             let result = work.await;
             landing.land(result);
         });
-        (Joined { rx }, Role::Leader)
+        (Joined { rx }, Joining::Led(kept))
     }
 
     /// `true` if a flight for `key` is in the air.
@@ -111,6 +132,14 @@ fn abandoned() -> Error {
         ErrorKind::Loader,
         "the load was abandoned before it finished (its task panicked or the runtime shut down)",
     )
+}
+
+/// How [`SingleFlight::join_with`] went for the caller.
+pub(crate) enum Joining<X, S> {
+    /// This call started the flight; what `start` left for it.
+    Led(X),
+    /// A flight was in the air; the seed, unused.
+    Followed(S),
 }
 
 /// One flight, joined.

@@ -51,7 +51,7 @@ use crate::clock::millis;
 use crate::codec::{Codec, Compression};
 use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
-use crate::flight::{Role, SingleFlight};
+use crate::flight::{Joining, Role, SingleFlight};
 use crate::freshness::{Freshness, FreshnessPolicy, Reading};
 use crate::l1::{NearCache, Slot};
 use crate::limit::Priority;
@@ -495,10 +495,9 @@ impl<V: Value> Cache<V> {
         L: Load<V>,
     {
         let key = self.storage_key(user_key)?;
-        let loader = Arc::new(loader);
 
         // 3. Read the store (shared with concurrent reads of the key).
-        let (read, read_role) = self.read_shared(&key, &loader, options).await;
+        let (read, read_role, loader) = self.read_shared(&key, loader, options).await;
         let mut loaded = None;
         let (entry, store_ok) = match read {
             Ok(read) => {
@@ -537,7 +536,12 @@ impl<V: Value> Cache<V> {
                         self.remember(&key, &value, &entry, now).await;
                         if verdict == Freshness::RefreshEarly && !self.inner.is_throttled(&key, now)
                         {
-                            self.refresh_in_background(key, loader, *options, entry.fresh_until);
+                            self.refresh_in_background(
+                                key,
+                                loader.shared(),
+                                *options,
+                                entry.fresh_until,
+                            );
                         }
                         let served = if entry.negative {
                             Served::Negative
@@ -557,7 +561,12 @@ impl<V: Value> Cache<V> {
                         let reason = if throttled {
                             StaleReason::LoaderFailed
                         } else {
-                            self.refresh_in_background(key, loader, *options, entry.fresh_until);
+                            self.refresh_in_background(
+                                key,
+                                loader.shared(),
+                                *options,
+                                entry.fresh_until,
+                            );
                             StaleReason::Refreshing
                         };
                         return Ok(Fetched {
@@ -589,7 +598,7 @@ impl<V: Value> Cache<V> {
             let flight = self.flights.run(&key, || {
                 self.clone().fill(
                     key.clone(),
-                    loader,
+                    loader.shared(),
                     *options,
                     None,
                     Priority::Foreground,
@@ -769,38 +778,47 @@ impl<V: Value> Cache<V> {
     /// one load anyway. They are woken once, with the value, instead of once
     /// for the miss and again for the value, and the load does not wait
     /// behind a thousand wake-ups. Callers arriving meanwhile join the read.
+    ///
+    /// The caller's loader comes back: still its own if it only joined a
+    /// read (no allocation on the path every waiter of a stampede takes),
+    /// shared with the read's task if it started it.
     async fn read_shared<L: Load<V>>(
         &self,
         key: &[u8],
-        loader: &Arc<L>,
+        loader: L,
         options: &Options,
-    ) -> (Result<Read<V>, Error>, Role) {
-        self.reads
-            .run(key, || {
-                let (cache, key) = (self.clone(), key.to_vec());
-                let (loader, options) = (Arc::clone(loader), *options);
-                async move {
-                    let entry = cache.read(&key).await?.map(Arc::new);
-                    let loaded = match entry {
-                        Some(_) => None,
-                        None => {
-                            let (load, role) = cache.flights.join(&key, || {
-                                cache.clone().fill(
-                                    key.clone(),
-                                    loader,
-                                    options,
-                                    None,
-                                    Priority::Foreground,
-                                    Mode::Fleet,
-                                )
-                            });
-                            Some((load.result().await, role))
-                        }
-                    };
-                    Ok(Read { entry, loaded })
-                }
-            })
-            .await
+    ) -> (Result<Read<V>, Error>, Role, Loader<L>) {
+        let (read, joining) = self.reads.join_with(key, loader, |loader| {
+            let loader = Arc::new(loader);
+            let (cache, key) = (self.clone(), key.to_vec());
+            let (task_loader, options) = (Arc::clone(&loader), *options);
+            let work = async move {
+                let entry = cache.read(&key).await?.map(Arc::new);
+                let loaded = match entry {
+                    Some(_) => None,
+                    None => {
+                        let (load, role) = cache.flights.join(&key, || {
+                            cache.clone().fill(
+                                key.clone(),
+                                task_loader,
+                                options,
+                                None,
+                                Priority::Foreground,
+                                Mode::Fleet,
+                            )
+                        });
+                        Some((load.result().await, role))
+                    }
+                };
+                Ok(Read { entry, loaded })
+            };
+            (work, loader)
+        });
+        let (role, loader) = match joining {
+            Joining::Led(shared) => (Role::Leader, Loader::Shared(shared)),
+            Joining::Followed(own) => (Role::Follower, Loader::Own(own)),
+        };
+        (read.result().await, role, loader)
     }
 
     /// Reads and decodes the envelope; unreadable bytes are a miss plus a
@@ -927,6 +945,22 @@ struct Sealed {
     ttl: Duration,
     /// The jittered fresh window.
     fresh: Duration,
+}
+
+/// A caller's loader: its own, until a task has to share it.
+enum Loader<L> {
+    Own(L),
+    Shared(Arc<L>),
+}
+
+impl<L> Loader<L> {
+    /// The loader as a handle a task can keep.
+    fn shared(self) -> Arc<L> {
+        match self {
+            Loader::Own(loader) => Arc::new(loader),
+            Loader::Shared(loader) => loader,
+        }
+    }
 }
 
 /// What a load flight lands with: the value and how it was served.
