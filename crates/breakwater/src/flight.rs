@@ -12,12 +12,20 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tokio::sync::watch;
+use std::sync::OnceLock;
+
+use tokio::sync::Notify;
 
 use crate::error::{Error, ErrorKind};
 
-type Slot<T> = Option<Result<T, Error>>;
-type Flights<T> = Arc<Mutex<HashMap<Vec<u8>, watch::Receiver<Slot<T>>>>>;
+type Flights<T> = Arc<Mutex<HashMap<Vec<u8>, Arc<Cell<T>>>>>;
+
+/// Where one flight's result lands: set once, then every waiter is woken.
+/// (Lighter than a `watch` channel: no versions, no lock to read it.)
+struct Cell<T> {
+    result: OnceLock<Result<T, Error>>,
+    landed: Notify,
+}
 
 /// Whether a caller started the flight or joined one already in the air.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,24 +97,27 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
         Fut: Future<Output = Result<T, Error>> + Send + 'static,
     {
         let mut flights = lock(&self.flights);
-        if let Some(rx) = flights.get(key) {
-            return (Joined { rx: rx.clone() }, Joining::Followed(seed));
+        if let Some(cell) = flights.get(key) {
+            let cell = Arc::clone(cell);
+            return (Joined { cell }, Joining::Followed(seed));
         }
-        let (tx, rx) = watch::channel(None);
-        flights.insert(key.to_vec(), rx.clone());
+        let cell = Arc::new(Cell {
+            result: OnceLock::new(),
+            landed: Notify::new(),
+        });
+        flights.insert(key.to_vec(), Arc::clone(&cell));
         drop(flights);
         let landing = Landing {
             key: key.to_vec(),
             flights: Arc::clone(&self.flights),
-            mine: rx.clone(),
-            tx: Some(tx),
+            cell: Some(Arc::clone(&cell)),
         };
         let (work, kept) = start(seed);
         tokio::spawn(async move {
             let result = work.await;
             landing.land(result);
         });
-        (Joined { rx }, Joining::Led(kept))
+        (Joined { cell }, Joining::Led(kept))
     }
 
     /// `true` if a flight for `key` is in the air.
@@ -121,7 +132,7 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
     }
 }
 
-fn lock<T>(flights: &Flights<T>) -> MutexGuard<'_, HashMap<Vec<u8>, watch::Receiver<Slot<T>>>> {
+fn lock<T>(flights: &Flights<T>) -> MutexGuard<'_, HashMap<Vec<u8>, Arc<Cell<T>>>> {
     // Every critical section is a single map operation: poisoning cannot
     // leave it half-done.
     flights.lock().unwrap_or_else(|p| p.into_inner())
@@ -144,15 +155,26 @@ pub(crate) enum Joining<X, S> {
 
 /// One flight, joined.
 pub(crate) struct Joined<T> {
-    rx: watch::Receiver<Slot<T>>,
+    cell: Arc<Cell<T>>,
 }
 
 impl<T: Clone> Joined<T> {
     /// The flight's result, once it has landed.
-    pub(crate) async fn result(mut self) -> Result<T, Error> {
-        match self.rx.wait_for(Option::is_some).await {
-            Ok(slot) => slot.clone().unwrap_or_else(|| Err(abandoned())),
-            Err(_) => Err(abandoned()),
+    pub(crate) async fn result(self) -> Result<T, Error> {
+        loop {
+            // Registered before the result is checked, so a landing in
+            // between still wakes this waiter.
+            let landed = self.cell.landed.notified();
+            let mut landed = std::pin::pin!(landed);
+            landed.as_mut().enable();
+            if let Some(result) = self.cell.result.get() {
+                return result.clone();
+            }
+            landed.await;
+            // Woken by the landing, which sets the result first.
+            if let Some(result) = self.cell.result.get() {
+                return result.clone();
+            }
         }
     }
 }
@@ -168,8 +190,7 @@ impl<T> std::fmt::Debug for Joined<T> {
 struct Landing<T> {
     key: Vec<u8>,
     flights: Flights<T>,
-    mine: watch::Receiver<Slot<T>>,
-    tx: Option<watch::Sender<Slot<T>>>,
+    cell: Option<Arc<Cell<T>>>,
 }
 
 impl<T> Landing<T> {
@@ -178,17 +199,19 @@ impl<T> Landing<T> {
     }
 
     fn finish(&mut self, result: Result<T, Error>) {
-        let Some(tx) = self.tx.take() else { return };
+        let Some(cell) = self.cell.take() else { return };
         {
             let mut flights = lock(&self.flights);
             if flights
                 .get(&self.key)
-                .is_some_and(|rx| rx.same_channel(&self.mine))
+                .is_some_and(|mine| Arc::ptr_eq(mine, &cell))
             {
                 flights.remove(&self.key);
             }
         }
-        tx.send_replace(Some(result));
+        // Only this landing sets the cell, once: `set` cannot find it full.
+        let _ = cell.result.set(result);
+        cell.landed.notify_waiters();
     }
 }
 
