@@ -123,8 +123,8 @@ pub struct Cache<V> {
     inner: Arc<Inner>,
     /// Loads in the air, by storage key.
     flights: Arc<SingleFlight<Loaded<V>>>,
-    /// Store reads in the air, by storage key: concurrent local reads of one
-    /// key share one `GET`.
+    /// Store reads in the air, by user key: concurrent local reads of one
+    /// key share one `GET` (and build no storage key unless they lead).
     reads: Arc<SingleFlight<Read<V>>>,
     /// Served when a load fails and no stale value can stand in.
     fallback: Option<Fallback<V>>,
@@ -494,16 +494,26 @@ impl<V: Value> Cache<V> {
     where
         L: Load<V>,
     {
-        let key = self.storage_key(user_key)?;
-
         // 3. Read the store (shared with concurrent reads of the key).
-        let (read, read_role, loader) = self.read_shared(&key, loader, options).await;
-        let mut loaded = None;
+        let (read, read_role, loader) = self.read_shared(user_key, loader, options).await;
+        if let Ok(Read {
+            loaded: Some((result, load_role)),
+            ..
+        }) = read
+        {
+            // The read found nothing and waited for the key's load: the
+            // caller that did the read led it if the read started it. No
+            // stale value can stand in, and no storage key is needed.
+            let role = if read_role == Role::Leader && load_role == Role::Leader {
+                Role::Leader
+            } else {
+                Role::Follower
+            };
+            return self.settle(user_key, result, role, None, options);
+        }
+        let key = self.storage_key(user_key)?;
         let (entry, store_ok) = match read {
-            Ok(read) => {
-                loaded = read.loaded;
-                (read.entry, true)
-            }
+            Ok(read) => (read.entry, true),
             Err(err) => {
                 tracing::warn!(key = %show_key(&key), error = %err, "store read failed; loading directly");
                 self.inner.metrics.store_error("get");
@@ -585,16 +595,7 @@ impl<V: Value> Cache<V> {
         // lease, loads and writes (see `fill`). A soft timeout gives up
         // waiting (not loading) when there is a stale value to serve.
         let mode = if store_ok { Mode::Fleet } else { Mode::Local };
-        let (result, role) = if let Some((result, load_role)) = loaded {
-            // The shared read found nothing and waited for the key's load:
-            // the caller that did the read led it if the read started it.
-            let role = if read_role == Role::Leader && load_role == Role::Leader {
-                Role::Leader
-            } else {
-                Role::Follower
-            };
-            (result, role)
-        } else {
+        let (result, role) = {
             let flight = self.flights.run(&key, || {
                 self.clone().fill(
                     key.clone(),
@@ -625,8 +626,21 @@ impl<V: Value> Cache<V> {
             }
         };
 
-        // 6. Failure: the stale value if one may stand in (fail-safe), else
-        // the fallback, else the error.
+        let stale = fallback.map(|entry| (entry, key));
+        self.settle(user_key, result, role, stale, options)
+    }
+
+    /// Step 6, a flight's outcome for one caller. On failure: the stale
+    /// entry if one may stand in (fail-safe; with its storage key), else
+    /// the fallback, else the error.
+    fn settle(
+        &self,
+        user_key: &[u8],
+        result: Result<Loaded<V>, Error>,
+        role: Role,
+        stale: Option<(Arc<Entry>, Vec<u8>)>,
+        options: &Options,
+    ) -> Result<Fetched<V>, Error> {
         match result {
             Ok((value, served)) => {
                 let served = if role == Role::Follower && served == Served::Loaded {
@@ -649,8 +663,8 @@ impl<V: Value> Cache<V> {
                 let Some(reason) = reason else {
                     return Err(err);
                 };
-                if let Some(stale) = fallback
-                    && let Some(value) = self.entry_value(&key, &stale)
+                if let Some((entry, key)) = stale
+                    && let Some(value) = self.entry_value(&key, &entry)
                 {
                     tracing::warn!(key = %show_key(&key), error = %err, "load failed; serving the stale value");
                     if reason == StaleReason::LoaderFailed {
@@ -660,7 +674,7 @@ impl<V: Value> Cache<V> {
                     return Ok(Fetched { value, served });
                 }
                 if let Some(fallback) = &self.fallback {
-                    tracing::warn!(key = %show_key(&key), error = %err, "load failed; serving the fallback");
+                    tracing::warn!(key = %show_key(user_key), error = %err, "load failed; serving the fallback");
                     return Ok(Fetched {
                         value: fallback(user_key),
                         served: Served::Fallback,
@@ -784,15 +798,16 @@ impl<V: Value> Cache<V> {
     /// shared with the read's task if it started it.
     async fn read_shared<L: Load<V>>(
         &self,
-        key: &[u8],
+        user_key: &[u8],
         loader: L,
         options: &Options,
     ) -> (Result<Read<V>, Error>, Role, Loader<L>) {
-        let (read, joining) = self.reads.join_with(key, loader, |loader| {
+        let (read, joining) = self.reads.join_with(user_key, loader, |loader| {
             let loader = Arc::new(loader);
-            let (cache, key) = (self.clone(), key.to_vec());
+            let (cache, key) = (self.clone(), self.storage_key(user_key));
             let (task_loader, options) = (Arc::clone(&loader), *options);
             let work = async move {
+                let key = key?;
                 let entry = cache.read(&key).await?.map(Arc::new);
                 let loaded = match entry {
                     Some(_) => None,
