@@ -7,9 +7,12 @@
 //! 1. **Key**: validated and namespaced (a bad key never reaches the store).
 //!    With an L1 ([`L1Config`](crate::L1Config)), a fresh local copy is
 //!    returned here, before anything else is built.
-//! 2. **Read**: one `GET` of the envelope. Corrupt or foreign bytes are a miss
-//!    plus a warning; a store failure is a miss plus a warning too, so a sick
-//!    store degrades to direct loads instead of failing requests.
+//! 2. **Read**: one `GET` of the envelope, shared by the callers of the key
+//!    in this process. Corrupt or foreign bytes are a miss plus a warning; a
+//!    store failure is a miss plus a warning too, so a sick store degrades to
+//!    direct loads instead of failing requests. When nothing is stored, the
+//!    shared read goes straight on to steps 4–6 and its callers get the
+//!    load's outcome.
 //! 3. **Freshness**: judged on the store's clock. Fresh → return.
 //! 4. **One load per key**: callers in this process share one flight
 //!    ([`SingleFlight`]); the flight takes the key's lease in the store so
