@@ -49,27 +49,11 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
     }
 
     /// Joins the flight for `key`, starting one with `start` if none is in
-    /// the air; the returned future waits for its result. `start` is called
+    /// the air; [`Joined::result`] waits for its result. `start` is called
     /// at most once, and only by the leader.
     ///
-    /// Joining (and starting) happens here, at the call, not on the first
-    /// poll: the returned future then holds only the receiver, not `start`
-    /// and everything it captured, which keeps every waiter small.
-    pub(crate) fn run<F, Fut>(
-        &self,
-        key: &[u8],
-        start: F,
-    ) -> impl Future<Output = (Result<T, Error>, Role)> + Send + 'static
-    where
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<T, Error>> + Send + 'static,
-    {
-        let (joined, role) = self.join(key, start);
-        async move { (joined.result().await, role) }
-    }
-
-    /// [`run`](Self::run) in two steps: join (or start) the flight here,
-    /// wait for its result later ([`Joined::result`]).
+    /// Joining (and starting) happens here, at the call: a waiter then holds
+    /// only the flight's handle, not `start` and everything it captured.
     pub(crate) fn join<F, Fut>(&self, key: &[u8], start: F) -> (Joined<T>, Role)
     where
         F: FnOnce() -> Fut,
@@ -118,11 +102,6 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
             landing.land(result);
         });
         (Joined { cell }, Joining::Led(kept))
-    }
-
-    /// `true` if a flight for `key` is in the air.
-    pub(crate) fn is_running(&self, key: &[u8]) -> bool {
-        lock(&self.flights).contains_key(key)
     }
 
     /// How many flights are in the air.
@@ -179,12 +158,6 @@ impl<T: Clone> Joined<T> {
     }
 }
 
-impl<T> std::fmt::Debug for Joined<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Joined")
-    }
-}
-
 /// The leader's duty: free the key and hand the result to every waiter,
 /// exactly once, however the flight's task ends.
 struct Landing<T> {
@@ -227,6 +200,18 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
+        /// Join and wait, as one call.
+        async fn run<F, Fut>(&self, key: &[u8], start: F) -> (Result<T, Error>, Role)
+        where
+            F: FnOnce() -> Fut,
+            Fut: Future<Output = Result<T, Error>> + Send + 'static,
+        {
+            let (joined, role) = self.join(key, start);
+            (joined.result().await, role)
+        }
+    }
 
     #[tokio::test(start_paused = true)]
     async fn concurrent_calls_share_one_flight() {

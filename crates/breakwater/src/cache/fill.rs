@@ -23,7 +23,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 use super::builder::LockTimeoutKind;
 use super::notify::{self, FILLED, RELEASED};
 use super::options::{Options, Served, StaleReason};
-use super::{Cache, Load, Value, reading, show_key};
+use super::{Cache, Load, Loaded, Value, reading, show_key};
 use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
 use crate::jitter::poll_delay;
@@ -55,7 +55,7 @@ impl<V: Value> Cache<V> {
         replacing: Option<u64>,
         priority: Priority,
         mode: Mode,
-    ) -> Result<(Option<V>, Served), Error>
+    ) -> Result<Loaded<V>, Error>
     where
         L: Load<V>,
     {

@@ -54,7 +54,7 @@ use crate::clock::millis;
 use crate::codec::{Codec, Compression};
 use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
-use crate::flight::{Joining, Role, SingleFlight};
+use crate::flight::{Joined, Joining, Role, SingleFlight};
 use crate::freshness::{Freshness, FreshnessPolicy, Reading};
 use crate::l1::{NearCache, Slot};
 use crate::limit::Priority;
@@ -599,16 +599,9 @@ impl<V: Value> Cache<V> {
         // waiting (not loading) when there is a stale value to serve.
         let mode = if store_ok { Mode::Fleet } else { Mode::Local };
         let (result, role) = {
-            let flight = self.flights.run(&key, || {
-                self.clone().fill(
-                    key.clone(),
-                    loader.shared(),
-                    *options,
-                    None,
-                    Priority::Foreground,
-                    mode,
-                )
-            });
+            let (load, role) =
+                self.join_fill(&key, loader, *options, None, Priority::Foreground, mode);
+            let flight = async move { (load.result().await, role) };
             match (options.soft_timeout, &fallback) {
                 (Some(soft), Some(stale)) => match tokio::time::timeout(soft, flight).await {
                     Ok(done) => done,
@@ -698,22 +691,20 @@ impl<V: Value> Cache<V> {
         options: Options,
         replacing: u64,
     ) {
-        if self.flights.is_running(&key) {
+        let (load, role) = self.join_fill(
+            &key,
+            Loader::Shared(loader),
+            options,
+            Some(replacing),
+            Priority::Background,
+            Mode::Fleet,
+        );
+        if role == Role::Follower {
             return;
         }
-        let flight = self.flights.run(&key, || {
-            self.clone().fill(
-                key.clone(),
-                loader,
-                options,
-                Some(replacing),
-                Priority::Background,
-                Mode::Fleet,
-            )
-        });
         let cache = self.clone();
         tokio::spawn(async move {
-            let (result, _) = flight.await;
+            let result = load.result().await;
             match result {
                 Err(err) if err.is_overloaded() || err.is_circuit_open() => {
                     tracing::debug!(key = %show_key(&key), error = %err, "background refresh shed");
@@ -725,6 +716,31 @@ impl<V: Value> Cache<V> {
                 Ok(_) => {}
             }
         });
+    }
+
+    /// Joins the load flight for storage key `key`, starting one that runs
+    /// [`fill`](Self::fill) with these settings if none is in the air. The
+    /// loader is shared only if the flight starts, so a caller that joins
+    /// one already in the air allocates nothing.
+    fn join_fill<L: Load<V>>(
+        &self,
+        key: &[u8],
+        loader: Loader<L>,
+        options: Options,
+        replacing: Option<u64>,
+        priority: Priority,
+        mode: Mode,
+    ) -> (Joined<Loaded<V>>, Role) {
+        self.flights.join(key, || {
+            self.clone().fill(
+                key.to_vec(),
+                loader.shared(),
+                options,
+                replacing,
+                priority,
+                mode,
+            )
+        })
     }
 
     /// The exact key the entry for `key` is stored under:
@@ -815,16 +831,14 @@ impl<V: Value> Cache<V> {
                 let loaded = match entry {
                     Some(_) => None,
                     None => {
-                        let (load, role) = cache.flights.join(&key, || {
-                            cache.clone().fill(
-                                key.clone(),
-                                task_loader,
-                                options,
-                                None,
-                                Priority::Foreground,
-                                Mode::Fleet,
-                            )
-                        });
+                        let (load, role) = cache.join_fill(
+                            &key,
+                            Loader::Shared(task_loader),
+                            options,
+                            None,
+                            Priority::Foreground,
+                            Mode::Fleet,
+                        );
                         Some((load.result().await, role))
                     }
                 };
