@@ -17,15 +17,11 @@ use std::time::Duration;
 
 use rand::{Rng, RngExt};
 
+use crate::clock::millis as to_ms;
 use crate::error::ConfigError;
 
 /// The floor [`Interval`] uses when its jitter has no explicit floor.
 const INTERVAL_FLOOR_MS: u64 = 1;
-
-/// A duration as whole milliseconds, saturating at `u64::MAX`.
-fn to_ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
 
 /// Formats a duration as `3s` when it is a whole number of seconds, else `1500ms`.
 fn fmt_ms(f: &mut fmt::Formatter<'_>, d: Duration) -> fmt::Result {

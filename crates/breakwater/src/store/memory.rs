@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
@@ -17,7 +17,7 @@ use super::{
     Delivery, FencedWrite, Notice, SUBSCRIPTION_BUFFER, Store, StoreFuture, Subscription, fnv1a,
     ttl_millis,
 };
-use crate::clock::millis;
+use crate::clock::{SystemClock, WallClock, millis};
 
 /// Number of shards; a power of two so a key's shard is a mask away.
 const SHARDS: usize = 16;
@@ -78,9 +78,7 @@ struct Lease {
 impl MemoryStore {
     /// Creates an empty store.
     pub fn new() -> Self {
-        let epoch_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, millis);
+        let epoch_ms = SystemClock.unix_ms();
         MemoryStore {
             inner: Arc::new(Inner {
                 shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
