@@ -223,18 +223,29 @@ pub(crate) struct Rejected {
     pub(crate) retry_in: Duration,
 }
 
-impl From<Rejected> for Error {
-    fn from(rejected: Rejected) -> Self {
-        let message = if rejected.retry_in.is_zero() {
-            "the loader failed repeatedly and a probe load is testing it; try again shortly"
-                .to_owned()
+impl Rejected {
+    /// What the refusal means for whatever the breaker guards: `subject`
+    /// failed repeatedly, so its `calls` (one of them: a `call`) wait.
+    pub(crate) fn describe(self, subject: &str, calls: &str, call: &str) -> String {
+        if self.retry_in.is_zero() {
+            format!(
+                "{subject} failed repeatedly and a probe {call} is testing it; try again shortly"
+            )
         } else {
             format!(
-                "the loader failed repeatedly; loads resume in about {}ms",
-                to_ms(rejected.retry_in)
+                "{subject} failed repeatedly; {calls} resume in about {}ms",
+                to_ms(self.retry_in)
             )
-        };
-        Error::new(ErrorKind::CircuitOpen, message)
+        }
+    }
+}
+
+impl From<Rejected> for Error {
+    fn from(rejected: Rejected) -> Self {
+        Error::new(
+            ErrorKind::CircuitOpen,
+            rejected.describe("the loader", "loads", "load"),
+        )
     }
 }
 
@@ -380,34 +391,44 @@ impl CircuitBreaker {
     /// HalfOpen → a probe permit while fewer than `half_open_probes` probes
     /// are in flight, else `Rejected` with a zero `retry_in`.
     pub(crate) fn try_acquire(&self) -> Result<BreakerPermit<'_>, Rejected> {
-        let now = Instant::now();
         let mut inner = self.lock();
-        self.refresh(&mut inner, now);
-        let generation = inner.generation;
-        let max_probes = self.config.half_open_probes.max(1);
-        let probe = match &mut inner.phase {
-            Phase::Closed => false,
-            Phase::Open { until } => {
-                return Err(Rejected {
-                    retry_in: until.saturating_duration_since(now),
-                });
-            }
-            Phase::HalfOpen { probes } if *probes < max_probes => {
-                *probes += 1;
-                true
-            }
-            Phase::HalfOpen { .. } => {
-                return Err(Rejected {
-                    retry_in: Duration::ZERO,
-                });
-            }
-        };
+        let probe = self.admit(&mut inner, true)?;
         Ok(BreakerPermit {
             breaker: self,
             probe,
-            generation,
+            generation: inner.generation,
             settled: false,
         })
+    }
+
+    /// What [`try_acquire`](Self::try_acquire) would answer now, without
+    /// taking a permit (or a probe slot): for failing fast before work that
+    /// will ask for a permit later.
+    pub(crate) fn admits(&self) -> Result<(), Rejected> {
+        self.admit(&mut self.lock(), false).map(drop)
+    }
+
+    /// The admission decision; `Ok(true)` for a half-open probe, whose slot
+    /// is taken only if `take_probe`.
+    fn admit(&self, inner: &mut Inner, take_probe: bool) -> Result<bool, Rejected> {
+        let now = Instant::now();
+        self.refresh(inner, now);
+        let max_probes = self.config.half_open_probes.max(1);
+        match &mut inner.phase {
+            Phase::Closed => Ok(false),
+            Phase::Open { until } => Err(Rejected {
+                retry_in: until.saturating_duration_since(now),
+            }),
+            Phase::HalfOpen { probes } if *probes < max_probes => {
+                if take_probe {
+                    *probes += 1;
+                }
+                Ok(true)
+            }
+            Phase::HalfOpen { .. } => Err(Rejected {
+                retry_in: Duration::ZERO,
+            }),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -473,11 +494,11 @@ impl CircuitBreaker {
         match verdict {
             Verdict::Success => {
                 inner.consecutive = 0;
-                inner.window.record(now, false);
+                self.record(&mut inner, now, false);
             }
             Verdict::Failure => {
                 inner.consecutive = inner.consecutive.saturating_add(1);
-                inner.window.record(now, true);
+                self.record(&mut inner, now, true);
                 if inner.consecutive >= self.config.failure_threshold.max(1) {
                     self.open(&mut inner, now, "consecutive failures");
                 } else if self.ratio_tripped(&inner, now) {
@@ -485,6 +506,13 @@ impl CircuitBreaker {
                 }
             }
             Verdict::Cancelled => {}
+        }
+    }
+
+    /// Counts an outcome in the window, which only the ratio rule reads.
+    fn record(&self, inner: &mut Inner, now: Instant, failed: bool) {
+        if self.config.failure_ratio.is_some() {
+            inner.window.record(now, failed);
         }
     }
 
@@ -602,6 +630,29 @@ mod tests {
 
         assert_eq!(hammer(&breaker, secs(5) - ms(1)).await, 0);
         assert_eq!(breaker.state(), BreakerState::HalfOpen);
+    }
+
+    /// Asking is not taking: `admits` answers like `try_acquire` but leaves
+    /// every probe slot to the loads that will ask for a permit.
+    #[tokio::test(start_paused = true)]
+    async fn admits_answers_without_taking_a_probe_slot() {
+        let breaker = CircuitBreaker::new(exact(BreakerConfig::new()), Some(4));
+        assert_eq!(breaker.admits(), Ok(()));
+        fail(&breaker, 5);
+        assert_eq!(breaker.admits(), Err(Rejected { retry_in: secs(5) }));
+        advance(secs(5)).await;
+        for _ in 0..3 {
+            assert_eq!(breaker.admits(), Ok(()));
+        }
+        let probe = breaker.try_acquire().expect("the one probe slot is free");
+        assert_eq!(
+            breaker.admits(),
+            Err(Rejected {
+                retry_in: Duration::ZERO
+            })
+        );
+        probe.success();
+        assert_eq!(breaker.state(), BreakerState::Closed);
     }
 
     #[tokio::test(start_paused = true)]

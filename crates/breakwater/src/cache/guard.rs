@@ -55,11 +55,7 @@ impl GuardedStore {
             let permit = self.breaker.try_acquire().map_err(|rejected| {
                 Error::new(
                     ErrorKind::Store,
-                    format!(
-                        "the store's circuit breaker is open after repeated failures; \
-                         store calls resume in about {:?}",
-                        rejected.retry_in
-                    ),
+                    rejected.describe("the store", "store calls", "store call"),
                 )
             })?;
             match call().await {

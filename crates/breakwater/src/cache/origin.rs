@@ -118,11 +118,7 @@ impl Origin {
     /// Fails fast while the breaker refuses loads, before a caller takes a
     /// lease or waits for one.
     pub(crate) fn check(&self) -> Result<(), Error> {
-        self.inner
-            .breaker
-            .try_acquire()
-            .map(drop)
-            .map_err(Error::from)
+        self.inner.breaker.admits().map_err(Error::from)
     }
 
     /// Runs `loader` under the origin's protection (see the module's
