@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use rand::rngs::StdRng;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{IntoConnectionInfo, Script};
+use redis::{FromRedisValue, IntoConnectionInfo, Script, ScriptInvocation};
 use tokio::sync::{broadcast, watch};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
@@ -375,6 +375,21 @@ impl Inner {
         }
     }
 
+    /// One command through [`call`](Self::call).
+    async fn query<T: FromRedisValue>(self: &Arc<Self>, cmd: &redis::Cmd) -> Result<T, Error> {
+        self.call(|mut conn| async move { cmd.query_async(&mut conn).await })
+            .await
+    }
+
+    /// One script invocation through [`call`](Self::call).
+    async fn eval<T: FromRedisValue>(
+        self: &Arc<Self>,
+        script: &ScriptInvocation<'_>,
+    ) -> Result<T, Error> {
+        self.call(|mut conn| async move { script.invoke_async(&mut conn).await })
+            .await
+    }
+
     fn track(&self, task: AbortHandle) {
         let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
         tasks.retain(|t| !t.is_finished());
@@ -511,55 +526,28 @@ impl fmt::Debug for RedisStore {
 
 impl Store for RedisStore {
     fn get<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Vec<u8>>> {
-        Box::pin(async move {
-            self.inner
-                .call(|mut conn| async move {
-                    redis::cmd("GET")
-                        .arg(key)
-                        .query_async(&mut conn)
-                        .await
-                })
-                .await
-        })
+        Box::pin(async move { self.inner.query(redis::cmd("GET").arg(key)).await })
     }
 
     fn set<'a>(&'a self, key: &'a [u8], value: &'a [u8], ttl: Duration) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             let ms = ttl_millis(ttl)?;
             self.inner
-                .call(|mut conn| async move {
-                    redis::cmd("SET")
-                        .arg(key)
-                        .arg(value)
-                        .arg("PX")
-                        .arg(ms)
-                        .query_async::<()>(&mut conn)
-                        .await
-                })
+                .query(redis::cmd("SET").arg(key).arg(value).arg("PX").arg(ms))
                 .await
         })
     }
 
     fn delete<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, bool> {
         Box::pin(async move {
-            let removed: u64 =
-                self.inner
-                    .call(|mut conn| async move {
-                        redis::cmd("DEL").arg(key).query_async(&mut conn).await
-                    })
-                    .await?;
+            let removed: u64 = self.inner.query(redis::cmd("DEL").arg(key)).await?;
             Ok(removed > 0)
         })
     }
 
     fn ttl<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Duration>> {
         Box::pin(async move {
-            let ms: i64 =
-                self.inner
-                    .call(|mut conn| async move {
-                        redis::cmd("PTTL").arg(key).query_async(&mut conn).await
-                    })
-                    .await?;
+            let ms: i64 = self.inner.query(redis::cmd("PTTL").arg(key)).await?;
             // -2: no such key; -1: no expiry.
             Ok(u64::try_from(ms).ok().map(Duration::from_millis))
         })
@@ -591,16 +579,14 @@ impl Store for RedisStore {
             let ms = ttl_millis(ttl)?;
             let reply: Option<String> = self
                 .inner
-                .call(|mut conn| async move {
+                .query(
                     redis::cmd("SET")
                         .arg(lease_key)
                         .arg(token)
                         .arg("NX")
                         .arg("PX")
-                        .arg(ms)
-                        .query_async(&mut conn)
-                        .await
-                })
+                        .arg(ms),
+                )
                 .await?;
             Ok(reply.is_some())
         })
@@ -616,14 +602,7 @@ impl Store for RedisStore {
             let ms = ttl_millis(ttl)?;
             let extended: i64 = self
                 .inner
-                .call(|mut conn| async move {
-                    EXTEND_LEASE
-                        .key(lease_key)
-                        .arg(token)
-                        .arg(ms)
-                        .invoke_async(&mut conn)
-                        .await
-                })
+                .eval(EXTEND_LEASE.key(lease_key).arg(token).arg(ms))
                 .await?;
             Ok(extended == 1)
         })
@@ -638,15 +617,13 @@ impl Store for RedisStore {
         Box::pin(async move {
             let released: i64 = self
                 .inner
-                .call(|mut conn| async move {
+                .eval(
                     RELEASE_LEASE
                         .key(lease_key)
                         .arg(token)
                         .arg(notice.channel)
-                        .arg(notice.message)
-                        .invoke_async(&mut conn)
-                        .await
-                })
+                        .arg(notice.message),
+                )
                 .await?;
             Ok(released == 1)
         })
@@ -657,7 +634,7 @@ impl Store for RedisStore {
             let ms = ttl_millis(write.ttl)?;
             let written: i64 = self
                 .inner
-                .call(|mut conn| async move {
+                .eval(
                     FENCED_SET
                         .key(write.key)
                         .key(write.lease_key)
@@ -665,10 +642,8 @@ impl Store for RedisStore {
                         .arg(write.value)
                         .arg(ms)
                         .arg(write.notice.channel)
-                        .arg(write.notice.message)
-                        .invoke_async(&mut conn)
-                        .await
-                })
+                        .arg(write.notice.message),
+                )
                 .await?;
             Ok(written == 1)
         })
@@ -683,15 +658,13 @@ impl Store for RedisStore {
         Box::pin(async move {
             let _: i64 = self
                 .inner
-                .call(|mut conn| async move {
+                .eval(
                     INVALIDATE
                         .key(key)
                         .key(lease_key)
                         .arg(notice.channel)
-                        .arg(notice.message)
-                        .invoke_async(&mut conn)
-                        .await
-                })
+                        .arg(notice.message),
+                )
                 .await?;
             Ok(())
         })
@@ -700,13 +673,7 @@ impl Store for RedisStore {
     fn publish<'a>(&'a self, channel: &'a [u8], message: &'a [u8]) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             self.inner
-                .call(|mut conn| async move {
-                    redis::cmd("PUBLISH")
-                        .arg(channel)
-                        .arg(message)
-                        .query_async::<i64>(&mut conn)
-                        .await
-                })
+                .query::<i64>(redis::cmd("PUBLISH").arg(channel).arg(message))
                 .await
                 .map(drop)
         })
