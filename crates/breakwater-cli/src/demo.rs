@@ -158,9 +158,11 @@ pub(crate) struct Report {
 
 impl Report {
     /// The average expirations per second if the jittered TTLs spread evenly
-    /// over their range: `keys / (2·ratio·ttl)`. `None` for a zero ratio.
+    /// over the jitter's range ([`Jitter::bounds`]). `None` when the range is
+    /// empty (a zero ratio).
     pub(crate) fn theoretical_per_second(&self) -> Option<f64> {
-        let range_s = 2.0 * self.ratio * self.ttl.as_secs_f64();
+        let (low, high) = self.jittered.jitter.bounds(self.ttl);
+        let range_s = (high - low).as_secs_f64();
         (range_s > 0.0).then(|| self.keys as f64 / range_s)
     }
 
