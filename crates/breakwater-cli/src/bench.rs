@@ -153,7 +153,7 @@ async fn grace(opts: &GraceOpts) -> Result<(), Box<dyn std::error::Error>> {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use breakwater::{Cache, EarlyRefresh, Jitter, RedisStore, RedisStoreConfig, Served};
+    use breakwater::{Cache, EarlyRefresh, Jitter, Served};
     use tokio::time::Instant;
 
     let loader_time = Duration::from_millis(opts.bench.loader_ms);
@@ -166,12 +166,7 @@ async fn grace(opts: &GraceOpts) -> Result<(), Box<dyn std::error::Error>> {
         "{:>5} {:>8} {:>12} {:>8} {:>8} {:>8}",
         "C", "waited", "loads/run", "p50 ms", "p99 ms", "max ms"
     );
-    let store = RedisStore::connect_with(
-        &opts.bench.redis,
-        // A benchmark measures the cache, not timeouts on a busy machine.
-        RedisStoreConfig::default().response_timeout(Duration::from_secs(2)),
-    )?;
-    store.warm_up().await?;
+    let store = crate::worker::bench_store(&opts.bench.redis).await?;
     for &concurrency in &opts.bench.concurrency {
         let (mut waited, mut loads) = (0usize, 0usize);
         let mut latencies = Vec::with_capacity(concurrency * opts.bench.runs);

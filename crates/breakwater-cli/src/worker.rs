@@ -94,15 +94,21 @@ pub(crate) async fn main(opts: WorkerOpts) -> ExitCode {
     }
 }
 
-/// Sets up, waits for the go line, runs the calls and prints the summary.
-/// Returns the number of failed calls.
-async fn run(opts: WorkerOpts) -> Result<usize, Box<dyn std::error::Error>> {
+/// The store every bench process uses, connected: a benchmark measures the
+/// cache, not timeouts on a busy machine, so responses may take 2 s.
+pub(crate) async fn bench_store(url: &str) -> Result<RedisStore, breakwater::Error> {
     let store = RedisStore::connect_with(
-        &opts.redis,
-        // A benchmark measures the cache, not timeouts on a busy machine.
+        url,
         RedisStoreConfig::default().response_timeout(Duration::from_secs(2)),
     )?;
     store.warm_up().await?;
+    Ok(store)
+}
+
+/// Sets up, waits for the go line, runs the calls and prints the summary.
+/// Returns the number of failed calls.
+async fn run(opts: WorkerOpts) -> Result<usize, Box<dyn std::error::Error>> {
+    let store = bench_store(&opts.redis).await?;
     let cache = Cache::<String>::builder()
         .namespace(opts.namespace.clone())
         .store(store)
