@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-/// The shared Redis on developer machines; never used by the proxy.
-const FORBIDDEN_PORT: u16 = 6379;
+use crate::server::bind_loopback;
+
 /// How often the acceptor polls its non-blocking listener.
 const ACCEPT_POLL: Duration = Duration::from_millis(5);
 /// Read timeout of the pump loops: how quickly they notice a fault change
@@ -137,24 +137,10 @@ impl FaultProxy {
     /// If no loopback port can be bound or the acceptor thread cannot be
     /// spawned.
     pub fn start(upstream: SocketAddr) -> FaultProxy {
-        let listener = loop {
-            let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-                .unwrap_or_else(|e| panic!("fault proxy: cannot bind a loopback port: {e}"));
-            let port = listener
-                .local_addr()
-                .unwrap_or_else(|e| panic!("fault proxy: cannot read local address: {e}"))
-                .port();
-            if port != FORBIDDEN_PORT {
-                break listener;
-            }
-        };
+        let (listener, port) = bind_loopback();
         listener
             .set_nonblocking(true)
             .unwrap_or_else(|e| panic!("fault proxy: cannot make listener non-blocking: {e}"));
-        let port = listener
-            .local_addr()
-            .unwrap_or_else(|e| panic!("fault proxy: cannot read local address: {e}"))
-            .port();
         let shared = Arc::new(Shared {
             upstream,
             state: Mutex::new(State {

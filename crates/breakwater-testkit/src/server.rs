@@ -363,6 +363,15 @@ fn pid_of(child: &Child) -> Option<Pid> {
 
 /// A port that was free on 127.0.0.1 a moment ago (never 6379).
 fn free_port() -> u16 {
+    bind_loopback().1
+}
+
+/// A listener on a free loopback port (never 6379), and its port.
+///
+/// # Panics
+///
+/// If no loopback port can be bound.
+pub(crate) fn bind_loopback() -> (TcpListener, u16) {
     loop {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
             .unwrap_or_else(|e| panic!("cannot bind a loopback port: {e}"));
@@ -371,7 +380,7 @@ fn free_port() -> u16 {
             .unwrap_or_else(|e| panic!("cannot read local address: {e}"))
             .port();
         if port != FORBIDDEN_PORT {
-            return port;
+            return (listener, port);
         }
     }
 }
