@@ -1,11 +1,14 @@
 //! The composed cache on the memory store, driven by paused tokio time.
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use breakwater::{Cache, Codec, Compression, ErrorKind, Jitter, MemoryStore, Store};
 use serde::{Deserialize, Serialize};
+use support::DbDown;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Product {
@@ -21,15 +24,6 @@ fn product(id: u64) -> Product {
         price_cents: 1999,
     }
 }
-
-#[derive(Debug)]
-struct DbDown;
-impl std::fmt::Display for DbDown {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("database is down")
-    }
-}
-impl std::error::Error for DbDown {}
 
 fn cache(store: &MemoryStore) -> Cache<Product> {
     Cache::builder()

@@ -13,20 +13,11 @@ use breakwater::{
     BreakerConfig, Cache, EarlyRefresh, ErrorKind, Fetched, Jitter, MemoryStore, RedisStore,
     RedisStoreConfig, Served, StaleReason,
 };
-use support::RedisServer;
+use support::{DbDown, RedisServer};
 use tokio::time::Instant;
 
 type LoadFuture =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<String>, Boom>> + Send>>;
-
-#[derive(Debug)]
-struct Boom;
-impl std::fmt::Display for Boom {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("database is down")
-    }
-}
-impl std::error::Error for Boom {}
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<String>, DbDown>> + Send>>;
 
 /// A loader that counts its calls, takes `delay`, and returns `value` (or
 /// fails when `value` is `None`).
@@ -43,7 +34,7 @@ fn loader(
         Box::pin(async move {
             calls.fetch_add(1, Ordering::SeqCst);
             tokio::time::sleep(delay).await;
-            value.map(Some).ok_or(Boom)
+            value.map(Some).ok_or(DbDown)
         })
     }
 }
@@ -124,9 +115,7 @@ async fn grace_on_paused_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grace_on_real_redis() {
-    let server = RedisServer::start();
-    let store = RedisStore::connect_with(&server.url(), support::patient()).unwrap();
-    store.warm_up().await.unwrap();
+    let (_server, store) = support::redis_store().await;
     let cache = Cache::builder()
         .namespace("fresh")
         .store(store)
@@ -163,7 +152,7 @@ async fn served_says_how_each_call_was_served() {
     assert_eq!(served, [Served::Coalesced, Served::Loaded]);
 
     let none = cache
-        .get_or_load_with_meta("gone", || async { Ok::<Option<String>, Boom>(None) })
+        .get_or_load_with_meta("gone", || async { Ok::<Option<String>, DbDown>(None) })
         .await
         .unwrap();
     assert_eq!(
@@ -234,7 +223,7 @@ async fn a_failing_loader_serves_stale_once_per_throttle_and_never_past_max_stal
         .await
         .unwrap_err();
     assert!(err.is_loader());
-    assert!(err.loader_error::<Boom>().is_some());
+    assert!(err.loader_error::<DbDown>().is_some());
 
     // Recovery: the next successful load is served and cached.
     let fetched = cache

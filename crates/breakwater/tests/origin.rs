@@ -2,6 +2,8 @@
 //! breaker (with stale values, a fallback, or neither), the load bulkhead
 //! (concurrency, rate, queue wait) and retries.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,16 +13,8 @@ use breakwater::{
     BreakerConfig, BreakerState, Cache, ErrorKind, Jitter, LimitConfig, MemoryStore, Origin,
     RetryConfig, Served, StaleReason,
 };
+use support::DbDown;
 use tokio::time::Instant;
-
-#[derive(Debug)]
-struct DbDown;
-impl std::fmt::Display for DbDown {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("database is down")
-    }
-}
-impl std::error::Error for DbDown {}
 
 /// The origin: counts calls, and fails while `down` is set.
 #[derive(Clone, Default)]

@@ -106,10 +106,10 @@ async fn store_clock_agrees_with_redis_time() {
 
 #[tokio::test]
 async fn loads_once_then_serves_other_processes_caches_from_redis() {
-    let (_server, store) = redis_store().await;
+    let (server, store) = redis_store().await;
     let a = catalog(&store);
     // A second cache with its own connection, as another process would have.
-    let other = RedisStore::connect_with(&_server.url(), support::patient()).unwrap();
+    let other = support::connect(&server).await;
     let b = catalog(&other);
     let calls = Arc::new(AtomicUsize::new(0));
     for cache in [&a, &b, &a] {

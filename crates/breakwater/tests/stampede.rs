@@ -100,13 +100,11 @@ async fn a_shared_miss_has_one_leader_and_late_readers_coalesce() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_caches_with_their_own_connections_share_one_load() {
-    let (server, _) = redis_store().await;
+    let server = support::RedisServer::start();
     let calls = Arc::new(AtomicUsize::new(0));
     let mut caches = Vec::new();
     for _ in 0..4 {
-        let store = RedisStore::connect_with(&server.url(), support::patient()).unwrap();
-        store.warm_up().await.unwrap();
-        caches.push(cache_on(&store));
+        caches.push(cache_on(&support::connect(&server).await));
     }
     let start = Arc::new(Notify::new());
     let mut tasks = Vec::new();

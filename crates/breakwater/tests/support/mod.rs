@@ -17,10 +17,27 @@ pub fn patient() -> RedisStoreConfig {
 /// A private Redis and a connected store on it (with [`patient`] timeouts).
 pub async fn redis_store() -> (RedisServer, RedisStore) {
     let server = RedisServer::start();
-    let store = RedisStore::connect_with(&server.url(), patient()).expect("valid url");
-    store.warm_up().await.expect("private redis is reachable");
+    let store = connect(&server).await;
     (server, store)
 }
+
+/// Another connected store on `server` ([`patient`] timeouts), as another
+/// process would have.
+pub async fn connect(server: &RedisServer) -> RedisStore {
+    let store = RedisStore::connect_with(&server.url(), patient()).expect("valid url");
+    store.warm_up().await.expect("private redis is reachable");
+    store
+}
+
+/// The loader error of the integration tests.
+#[derive(Debug)]
+pub struct DbDown;
+impl std::fmt::Display for DbDown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("database is down")
+    }
+}
+impl std::error::Error for DbDown {}
 
 /// `calls` per command from `INFO commandstats`, e.g. `[("get", 1)]`.
 pub fn command_calls(server: &RedisServer) -> Vec<(String, u64)> {
