@@ -283,3 +283,37 @@ impl<'a, V: Value> CacheEntry<'a, V> {
         self.cache.fetch(&self.key, loader, &self.options).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The label list and the index match are kept by hand: every outcome
+    /// must land on its own label.
+    #[test]
+    fn every_outcome_has_its_own_label() {
+        let stale = |reason| Served::Stale { reason };
+        let expected = [
+            (Served::Hit, "hit"),
+            (Served::Negative, "negative"),
+            (stale(StaleReason::Refreshing), "stale_refreshing"),
+            (stale(StaleReason::LoaderFailed), "stale_loader_failed"),
+            (stale(StaleReason::SoftTimeout), "stale_soft_timeout"),
+            (stale(StaleReason::LockTimeout), "stale_lock_timeout"),
+            (stale(StaleReason::BreakerOpen), "stale_breaker_open"),
+            (stale(StaleReason::Overloaded), "stale_overloaded"),
+            (
+                stale(StaleReason::StoreUnavailable),
+                "stale_store_unavailable",
+            ),
+            (Served::Loaded, "loaded"),
+            (Served::Coalesced, "coalesced"),
+            (Served::Fallback, "fallback"),
+        ];
+        for (served, label) in expected {
+            assert_eq!(SERVED_LABELS[served.metric_index()], label, "{served:?}");
+        }
+        assert_eq!(SERVED_LABELS[SERVED_ERROR], "error");
+        assert_eq!(SERVED_LABELS.len(), expected.len() + 1);
+    }
+}
