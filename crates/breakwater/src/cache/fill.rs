@@ -300,16 +300,15 @@ impl<V: Value> Cache<V> {
                 return None;
             }
         };
-        if self.is_fresh(&entry) {
+        let now = self.inner.store.now_ms();
+        if entry.fresh_until > now {
             if replacing == Some(entry.fresh_until) {
                 return None;
             }
             let value = self.entry_value(key, &entry)?;
-            self.remember(key, &value, &entry, self.inner.store.now_ms())
-                .await;
+            self.remember(key, &value, &entry, now).await;
             return Some(value);
         }
-        let now = self.inner.store.now_ms();
         if self
             .inner
             .freshness(options)
