@@ -24,7 +24,8 @@ struct Cli {
 enum Command {
     /// Show how TTL jitter spreads expiries (embedded memory store, no server).
     Demo(demo::DemoOpts),
-    /// Measure: `bench stampede` (one hot key, breakwater vs the naive algorithm).
+    /// Measure: `bench stampede` (one hot key, breakwater vs the naive algorithm)
+    /// and `bench grace` (callers during a grace refresh).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
     /// Test support: one process of a multi-process stampede.

@@ -23,7 +23,6 @@ fn main() {
                 let cache = Cache::<String>::builder().build().expect("cache");
                 let origin = Instant::now();
                 let filled_at = Arc::new(AtomicU64::new(0));
-                let started = Instant::now();
                 let mut tasks = Vec::with_capacity(callers);
                 for _ in 0..callers {
                     let (cache, filled_at) = (cache.clone(), Arc::clone(&filled_at));
@@ -48,7 +47,7 @@ fn main() {
                     assert!(ok);
                     done.push(at);
                 }
-                let total = started.elapsed();
+                let total = origin.elapsed();
                 let filled = filled_at.load(Ordering::SeqCst);
                 done.sort_unstable();
                 let after = |i: usize| done[i].saturating_sub(filled) as f64 / 1000.0;
