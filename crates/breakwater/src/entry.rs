@@ -118,8 +118,9 @@ impl Entry {
     }
 
     /// Decodes stored bytes. A compressed entry may not declare more than
-    /// `max_decompressed` bytes of payload.
-    pub(crate) fn decode(bytes: &[u8], max_decompressed: usize) -> Result<Entry, EntryError> {
+    /// `max_decompressed` bytes of payload. A raw payload keeps the read's
+    /// buffer (the header is cut off the front) instead of being copied.
+    pub(crate) fn decode(bytes: Vec<u8>, max_decompressed: usize) -> Result<Entry, EntryError> {
         let len = bytes.len();
         let truncated = EntryError::Truncated { len };
 
@@ -128,7 +129,7 @@ impl Entry {
         if bytes.get(..magic_len) != MAGIC.get(..magic_len) {
             return Err(EntryError::BadMagic);
         }
-        let mut rest = bytes;
+        let mut rest = &bytes[..];
         let _magic: [u8; 2] = take(&mut rest).ok_or(truncated.clone())?;
         // The version before the length: another version may have another
         // header size.
@@ -150,7 +151,8 @@ impl Entry {
         let stale_until = u64::from_be_bytes(take(&mut rest).ok_or(truncated.clone())?);
         let load_ms = u32::from_be_bytes(take(&mut rest).ok_or(truncated.clone())?);
         let payload_len = u64::from_be_bytes(take(&mut rest).ok_or(truncated)?);
-        let body = rest;
+        let body_start = len - rest.len();
+        let body_len = rest.len();
 
         if stale_until < fresh_until {
             return Err(EntryError::InvalidTimes {
@@ -160,20 +162,22 @@ impl Entry {
         }
         let negative = flags & FLAG_NEGATIVE != 0;
         let compressed = flags & FLAG_COMPRESSED != 0;
-        if negative && (compressed || payload_len != 0 || !body.is_empty()) {
+        if negative && (compressed || payload_len != 0 || body_len != 0) {
             return Err(EntryError::NegativeWithPayload);
         }
 
         let payload = if compressed {
-            decompress(body, payload_len, max_decompressed)?
+            decompress(&bytes[body_start..], payload_len, max_decompressed)?
         } else {
-            if u64::try_from(body.len()).ok() != Some(payload_len) {
+            if u64::try_from(body_len).ok() != Some(payload_len) {
                 return Err(EntryError::PayloadLength {
                     declared: payload_len,
-                    actual: body.len(),
+                    actual: body_len,
                 });
             }
-            body.to_vec()
+            let mut payload = bytes;
+            payload.drain(..body_start);
+            payload
         };
 
         Ok(Entry {
@@ -356,7 +360,7 @@ mod tests {
     }
 
     fn decode(bytes: &[u8]) -> Result<Entry, EntryError> {
-        Entry::decode(bytes, CAP)
+        Entry::decode(bytes.to_vec(), CAP)
     }
 
     #[test]
@@ -516,16 +520,19 @@ mod tests {
         ));
         // Even with no cap at all, an impossible size is refused without
         // allocating it.
-        let err = Entry::decode(&bytes, usize::MAX).unwrap_err();
+        let err = Entry::decode(bytes.clone(), usize::MAX).unwrap_err();
         assert!(matches!(err, EntryError::Decompress(_)), "{err:?}");
         let bytes = raw(1, 1, FLAG_COMPRESSED, 1, 2, u64::from(u32::MAX), &block);
-        let err = Entry::decode(&bytes, usize::MAX).unwrap_err();
+        let err = Entry::decode(bytes.clone(), usize::MAX).unwrap_err();
         assert!(matches!(err, EntryError::Decompress(_)), "{err:?}");
         // The cap is inclusive.
         let bytes = raw(1, 1, FLAG_COMPRESSED, 1, 2, 100, &block);
-        assert_eq!(Entry::decode(&bytes, 100).unwrap().payload, vec![b'a'; 100]);
         assert_eq!(
-            Entry::decode(&bytes, 99),
+            Entry::decode(bytes.clone(), 100).unwrap().payload,
+            vec![b'a'; 100]
+        );
+        assert_eq!(
+            Entry::decode(bytes.clone(), 99),
             Err(EntryError::TooLarge {
                 declared: 100,
                 max: 99
@@ -577,13 +584,13 @@ mod tests {
         // `none` stores it raw, and a raw entry can be read with any cap.
         let bytes = e.encode(&Compression::none());
         assert_eq!(bytes.len(), Entry::HEADER_LEN + payload.len());
-        assert_eq!(Entry::decode(&bytes, 1), Ok(e.clone()));
+        assert_eq!(Entry::decode(bytes.clone(), 1), Ok(e.clone()));
 
         // A payload above the cap is stored raw rather than unreadable.
         let small_cap = Compression::lz4().max_decompressed(1024);
         let bytes = e.encode(&small_cap);
         assert_eq!(bytes.get(4), Some(&0));
-        assert_eq!(Entry::decode(&bytes, 1024), Ok(e));
+        assert_eq!(Entry::decode(bytes.clone(), 1024), Ok(e));
     }
 
     #[test]
@@ -707,7 +714,7 @@ mod tests {
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
             let _ = decode(&bytes);
-            let _ = Entry::decode(&bytes, usize::MAX);
+            let _ = Entry::decode(bytes.clone(), usize::MAX);
         }
 
         #[test]
@@ -723,7 +730,7 @@ mod tests {
             if let Ok(e) = decode(&bytes) {
                 prop_assert_eq!(u64::try_from(e.payload.len()).ok(), Some(payload_len));
             }
-            let _ = Entry::decode(&bytes, usize::MAX);
+            let _ = Entry::decode(bytes.clone(), usize::MAX);
         }
 
         #[test]
@@ -748,7 +755,7 @@ mod tests {
             let i = if header_only { which.index(Entry::HEADER_LEN) } else { which.index(bytes.len()) };
             bytes[i] ^= xor;
             let result = decode(&bytes);
-            let _ = Entry::decode(&bytes, usize::MAX);
+            let _ = Entry::decode(bytes.clone(), usize::MAX);
             match i {
                 // magic, version
                 0..=2 => prop_assert!(result.is_err()),

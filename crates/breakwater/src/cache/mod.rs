@@ -859,7 +859,7 @@ impl<V: Value> Cache<V> {
         let Some(bytes) = self.inner.store.get(key).await? else {
             return Ok(None);
         };
-        match Entry::decode(&bytes, self.inner.compression.max_decompressed_len()) {
+        match Entry::decode(bytes, self.inner.compression.max_decompressed_len()) {
             Ok(entry) if entry.codec == self.inner.codec => Ok(Some(entry)),
             Ok(entry) => {
                 tracing::warn!(
