@@ -412,10 +412,17 @@ impl<V: Value> CacheBuilder<V> {
                 origin
             }
             None => {
-                let mut origin = Origin::builder(self.namespace.clone())
-                    .breaker(self.breaker.unwrap_or_default())
-                    .limit(self.limit.unwrap_or_default())
-                    .retry(self.retry.unwrap_or_else(RetryConfig::none));
+                // Only what was set: the origin's own defaults stand otherwise.
+                let mut origin = Origin::builder(self.namespace.clone());
+                if let Some(breaker) = self.breaker {
+                    origin = origin.breaker(breaker);
+                }
+                if let Some(limit) = self.limit {
+                    origin = origin.limit(limit);
+                }
+                if let Some(retry) = self.retry {
+                    origin = origin.retry(retry);
+                }
                 if let Some(seed) = self.rng_seed {
                     origin = origin.rng_seed(seed);
                 }
