@@ -40,7 +40,7 @@ const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
 /// | setting | default |
 /// |---|---|
 /// | `consecutive_failures` | 5 |
-/// | `failure_ratio` | off (window 10 s, at least 20 calls once enabled) |
+/// | `failure_ratio` | off |
 /// | `cool_down` | 5 s |
 /// | `cool_down_jitter` | [`Jitter::ratio(0.2)`](Jitter::ratio) with a 1 ms floor (4..=6 s) |
 /// | `half_open_probes` | 1 |
@@ -63,9 +63,7 @@ const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct BreakerConfig {
     failure_threshold: u32,
-    failure_ratio: Option<f64>,
-    window: Duration,
-    min_calls: u32,
+    failure_ratio: Option<RatioRule>,
     cool_down: Duration,
     cool_down_jitter: Jitter,
     half_open_probes: u32,
@@ -76,8 +74,6 @@ impl Default for BreakerConfig {
         BreakerConfig {
             failure_threshold: 5,
             failure_ratio: None,
-            window: Duration::from_secs(10),
-            min_calls: 20,
             cool_down: Duration::from_secs(5),
             cool_down_jitter: Jitter::ratio(0.2).with_floor(Duration::from_millis(1)),
             half_open_probes: 1,
@@ -106,9 +102,11 @@ impl BreakerConfig {
     /// The window is kept as ten buckets, so old calls drop out in steps of
     /// `window / 10`: the rule sees between 90 % and 100 % of the window.
     pub fn failure_ratio(mut self, ratio: f64, window: Duration, min_calls: u32) -> Self {
-        self.failure_ratio = Some(ratio);
-        self.window = window;
-        self.min_calls = min_calls;
+        self.failure_ratio = Some(RatioRule {
+            ratio,
+            window,
+            min_calls,
+        });
         self
     }
 
@@ -163,18 +161,23 @@ impl BreakerConfig {
                 "breaker failure threshold must be at least 1",
             ));
         }
-        if let Some(ratio) = self.failure_ratio {
+        if let Some(RatioRule {
+            ratio,
+            window,
+            min_calls,
+        }) = self.failure_ratio
+        {
             if !(ratio > 0.0 && ratio <= 1.0) {
                 return Err(ConfigError::new(format!(
                     "breaker failure ratio must be in (0, 1], got {ratio}"
                 )));
             }
-            if self.window.is_zero() {
+            if window.is_zero() {
                 return Err(ConfigError::new(
                     "breaker failure window must be greater than zero",
                 ));
             }
-            if self.min_calls == 0 {
+            if min_calls == 0 {
                 return Err(ConfigError::new("breaker min calls must be at least 1"));
             }
         }
@@ -213,6 +216,15 @@ impl fmt::Display for BreakerState {
             BreakerState::HalfOpen => "half-open",
         })
     }
+}
+
+/// The failure-ratio rule: over the last `window`, at least `min_calls`
+/// finished and at least `ratio` of them failed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct RatioRule {
+    ratio: f64,
+    window: Duration,
+    min_calls: u32,
 }
 
 /// The breaker refused a load.
@@ -331,7 +343,8 @@ struct Inner {
     /// breaker has not moved on since the permit was granted.
     generation: u64,
     consecutive: u32,
-    window: Window,
+    /// Recent outcomes, kept only for the ratio rule.
+    window: Option<Window>,
     rng: StdRng,
 }
 
@@ -368,7 +381,9 @@ impl CircuitBreaker {
                 phase: Phase::Closed,
                 generation: 0,
                 consecutive: 0,
-                window: Window::new(config.window, Instant::now()),
+                window: config
+                    .failure_ratio
+                    .map(|rule| Window::new(rule.window, Instant::now())),
                 rng,
             }),
         }
@@ -470,7 +485,9 @@ impl CircuitBreaker {
         inner.phase = Phase::Closed;
         inner.generation = inner.generation.wrapping_add(1);
         inner.consecutive = 0;
-        inner.window.clear();
+        if let Some(window) = &mut inner.window {
+            window.clear();
+        }
         tracing::info!("circuit breaker closed; loads resume");
     }
 
@@ -509,21 +526,21 @@ impl CircuitBreaker {
         }
     }
 
-    /// Counts an outcome in the window, which only the ratio rule reads.
+    /// Counts an outcome for the ratio rule, if it is on.
     fn record(&self, inner: &mut Inner, now: Instant, failed: bool) {
-        if self.config.failure_ratio.is_some() {
-            inner.window.record(now, failed);
+        if let Some(window) = &mut inner.window {
+            window.record(now, failed);
         }
     }
 
     fn ratio_tripped(&self, inner: &Inner, now: Instant) -> bool {
-        let Some(ratio) = self.config.failure_ratio else {
+        let (Some(rule), Some(window)) = (self.config.failure_ratio, &inner.window) else {
             return false;
         };
-        let (calls, failures) = inner.window.totals(now);
+        let (calls, failures) = window.totals(now);
         calls > 0
-            && calls >= u64::from(self.config.min_calls.max(1))
-            && failures as f64 / calls as f64 >= ratio
+            && calls >= u64::from(rule.min_calls.max(1))
+            && failures as f64 / calls as f64 >= rule.ratio
     }
 }
 
