@@ -188,10 +188,11 @@ pub(crate) enum Freshness {
     Fresh,
     /// Serve it, and start one background refresh.
     RefreshEarly,
-    /// Past fresh, inside grace and `max_stale`: servable while one refresh
-    /// runs (stale-while-revalidate), or as a fail-safe when a load fails.
+    /// Past fresh, inside `stale_until` and `max_stale`: servable, while one
+    /// refresh runs (inside grace, which the caller judges) or as a
+    /// fail-safe when a load fails.
     Stale,
-    /// Past grace or past `max_stale`: must not be served.
+    /// Past `stale_until` or past `max_stale`: must not be served.
     Expired,
 }
 
@@ -202,7 +203,7 @@ pub(crate) struct Reading {
     pub(crate) now_ms: u64,
     /// End of the fresh window (soft TTL).
     pub(crate) fresh_until: u64,
-    /// End of grace (hard TTL; the physical TTL ends here).
+    /// End of the stale window (hard TTL; the physical TTL ends here).
     pub(crate) stale_until: u64,
     /// How long the load that produced the value took (XFetch's δ).
     pub(crate) load_ms: u32,
