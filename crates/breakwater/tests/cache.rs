@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use breakwater::{Cache, Codec, Compression, ErrorKind, Jitter, MemoryStore, Store};
 use serde::{Deserialize, Serialize};
-use support::DbDown;
+use support::{CountingStore, DbDown};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Product {
@@ -381,88 +381,9 @@ fn builder_rejects_invalid_settings_with_exact_messages() {
     );
 }
 
-/// A store that counts `get`s and makes each take 10 ms of (paused) time.
-#[derive(Debug, Clone)]
-struct SlowCountingStore {
-    inner: MemoryStore,
-    gets: Arc<AtomicUsize>,
-}
-
-impl Store for SlowCountingStore {
-    fn get<'a>(&'a self, key: &'a [u8]) -> breakwater::StoreFuture<'a, Option<Vec<u8>>> {
-        self.gets.fetch_add(1, Ordering::SeqCst);
-        Box::pin(async move {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            self.inner.get(key).await
-        })
-    }
-    fn set<'a>(&'a self, k: &'a [u8], v: &'a [u8], t: Duration) -> breakwater::StoreFuture<'a, ()> {
-        self.inner.set(k, v, t)
-    }
-    fn delete<'a>(&'a self, k: &'a [u8]) -> breakwater::StoreFuture<'a, bool> {
-        self.inner.delete(k)
-    }
-    fn ttl<'a>(&'a self, k: &'a [u8]) -> breakwater::StoreFuture<'a, Option<Duration>> {
-        self.inner.ttl(k)
-    }
-    fn now_ms(&self) -> u64 {
-        self.inner.now_ms()
-    }
-    fn name(&self) -> &'static str {
-        "slow-counting"
-    }
-    fn acquire_lease<'a>(
-        &'a self,
-        l: &'a [u8],
-        t: &'a [u8],
-        d: Duration,
-    ) -> breakwater::StoreFuture<'a, bool> {
-        self.inner.acquire_lease(l, t, d)
-    }
-    fn extend_lease<'a>(
-        &'a self,
-        l: &'a [u8],
-        t: &'a [u8],
-        d: Duration,
-    ) -> breakwater::StoreFuture<'a, bool> {
-        self.inner.extend_lease(l, t, d)
-    }
-    fn release_lease<'a>(
-        &'a self,
-        l: &'a [u8],
-        t: &'a [u8],
-        n: breakwater::Notice<'a>,
-    ) -> breakwater::StoreFuture<'a, bool> {
-        self.inner.release_lease(l, t, n)
-    }
-    fn fenced_set<'a>(
-        &'a self,
-        w: breakwater::FencedWrite<'a>,
-    ) -> breakwater::StoreFuture<'a, bool> {
-        self.inner.fenced_set(w)
-    }
-    fn invalidate<'a>(
-        &'a self,
-        k: &'a [u8],
-        l: &'a [u8],
-        n: breakwater::Notice<'a>,
-    ) -> breakwater::StoreFuture<'a, ()> {
-        self.inner.invalidate(k, l, n)
-    }
-    fn publish<'a>(&'a self, c: &'a [u8], m: &'a [u8]) -> breakwater::StoreFuture<'a, ()> {
-        self.inner.publish(c, m)
-    }
-    fn subscribe(&self, c: &[u8]) -> breakwater::Subscription {
-        self.inner.subscribe(c)
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn concurrent_reads_of_one_key_share_one_get() {
-    let store = SlowCountingStore {
-        inner: MemoryStore::new(),
-        gets: Arc::new(AtomicUsize::new(0)),
-    };
+    let store = CountingStore::slow(MemoryStore::new(), Duration::from_millis(10));
     let cache: Cache<Product> = Cache::builder().store(store.clone()).build().unwrap();
     cache.set("p:1", &product(1)).await.unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
@@ -477,10 +398,6 @@ async fn concurrent_reads_of_one_key_share_one_get() {
     for task in tasks {
         assert_eq!(task.await.unwrap().unwrap(), Some(product(1)));
     }
-    assert_eq!(
-        store.gets.load(Ordering::SeqCst),
-        1,
-        "100 concurrent hits, one GET"
-    );
+    assert_eq!(store.gets(), 1, "100 concurrent hits, one GET");
     assert_eq!(calls.load(Ordering::SeqCst), 0);
 }

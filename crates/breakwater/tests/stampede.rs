@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use breakwater::{Cache, ErrorKind, Jitter, MemoryStore, OnLockTimeout, RedisStore, Served};
-use support::redis_store;
+use support::{CountingStore, redis_store};
 use tokio::sync::Notify;
 
 fn cache_on(store: &RedisStore) -> Cache<String> {
@@ -378,4 +378,78 @@ async fn waiters_are_woken_by_the_fill_not_by_polling() {
     );
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     leader.await.unwrap().unwrap();
+}
+
+/// A cache on `store` that would poll only every 5–15 s, so a waiter is
+/// served by its wake-up alone.
+fn patient_waiter<S: breakwater::Store + Clone>(store: &S) -> Cache<String> {
+    Cache::builder()
+        .namespace("stampede")
+        .store(store.clone())
+        .ttl(Duration::from_secs(60))
+        .lock_poll(Duration::from_secs(10))
+        .lock_wait(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// Process A loads `value` slowly while process B waits; B's result, and the
+/// `GET`s B made after it started waiting.
+async fn wait_for_a_fill(value: String) -> (Option<String>, usize) {
+    let (server, a_store) = redis_store().await;
+    let b_store = CountingStore::new(support::connect(&server).await);
+    let a = patient_waiter(&a_store);
+    let b = patient_waiter(&b_store);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let leader = {
+        let loader = slow_loader(&calls, Duration::from_millis(1500), &value);
+        tokio::spawn(async move { a.get_or_load("k", loader).await })
+    };
+    while calls.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let waiter = {
+        let loader = slow_loader(&calls, Duration::ZERO, "second");
+        tokio::spawn(async move { b.get_or_load("k", loader).await })
+    };
+    // B reads twice (its shared read, then once more after it has taken
+    // its watch) and then sleeps until woken.
+    while b_store.gets() < 2 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before_fill = b_store.gets();
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the fill has not happened yet"
+    );
+    let got = waiter.await.unwrap().unwrap();
+    assert_eq!(leader.await.unwrap().unwrap(), Some(value));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    (got, b_store.gets() - before_fill)
+}
+
+#[tokio::test]
+async fn a_waiter_in_another_process_gets_a_small_value_with_its_wake_up() {
+    let (got, gets_after_wake) = wait_for_a_fill("small".to_owned()).await;
+    assert_eq!(got.as_deref(), Some("small"));
+    assert_eq!(gets_after_wake, 0, "the fill's message carried the value");
+}
+
+#[tokio::test]
+async fn a_waiter_in_another_process_reads_a_large_value_back() {
+    // 64 KiB that no compression shrinks below the 16 KiB bus limit.
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let large: String = (0..64 * 1024)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            char::from(b'!' + (state % 90) as u8)
+        })
+        .collect();
+    let (got, gets_after_wake) = wait_for_a_fill(large.clone()).await;
+    assert_eq!(got, Some(large));
+    assert_eq!(gets_after_wake, 1, "a large value is not pushed on the bus");
 }

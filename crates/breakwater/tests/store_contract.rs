@@ -5,7 +5,7 @@ mod support;
 
 use std::time::Duration;
 
-use breakwater::{ErrorKind, Store};
+use breakwater::{Delivery, ErrorKind, FencedWrite, Notice, Store, Subscription};
 
 /// How a backend lets time pass: paused tokio time for the memory store, real
 /// time for Redis (whose expiry runs on its own clock).
@@ -144,6 +144,169 @@ async fn clock_is_unix_ms_and_monotonic(store: &dyn Store, time: Time) {
     assert!(c >= b, "clock went backwards: {b} -> {c}");
 }
 
+const LEASE: &[u8] = b"bw:test:l:{k}";
+const VALUE_KEY: &[u8] = b"bw:test:v:{k}";
+const CHANNEL: &[u8] = b"bw:test:events";
+const TTL: Duration = Duration::from_secs(10);
+
+fn notice(message: &[u8]) -> Notice<'_> {
+    Notice {
+        channel: CHANNEL,
+        message,
+    }
+}
+
+fn fenced<'a>(token: &'a [u8], value: &'a [u8], value_notice: Option<&'a [u8]>) -> FencedWrite<'a> {
+    FencedWrite {
+        key: VALUE_KEY,
+        value,
+        ttl: TTL,
+        lease_key: LEASE,
+        token,
+        notice: notice(b"plain"),
+        value_notice,
+    }
+}
+
+async fn subscribed(store: &dyn Store) -> Subscription {
+    let mut sub = store.subscribe(CHANNEL);
+    assert!(
+        sub.ready(Duration::from_secs(5)).await,
+        "subscription never came up"
+    );
+    // Drain the (re)subscription announcement.
+    while let Ok(Some(Delivery::Missed)) =
+        tokio::time::timeout(Duration::from_millis(100), sub.recv()).await
+    {}
+    sub
+}
+
+async fn next_message(sub: &mut Subscription) -> Vec<u8> {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), sub.recv()).await {
+            Ok(Some(Delivery::Message(m))) => return m.to_vec(),
+            Ok(Some(Delivery::Missed)) => {}
+            other => panic!("no message: {other:?}"),
+        }
+    }
+}
+
+async fn a_lease_has_one_holder_bound_to_its_token(store: &dyn Store, time: Time) {
+    let mut sub = subscribed(store).await;
+    assert!(store.acquire_lease(LEASE, b"token-a", TTL).await.unwrap());
+    assert!(!store.acquire_lease(LEASE, b"token-b", TTL).await.unwrap());
+    // Only the holder extends or releases it, even once it is waited on.
+    assert!(!store.extend_lease(LEASE, b"token-b", TTL).await.unwrap());
+    assert!(store.extend_lease(LEASE, b"token-a", TTL).await.unwrap());
+    assert!(
+        !store
+            .release_lease(LEASE, b"token-b", notice(b"wrong"))
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .release_lease(LEASE, b"token-a", notice(b"released"))
+            .await
+            .unwrap()
+    );
+    assert_eq!(next_message(&mut sub).await, b"released");
+    // Free again; and a lease runs out on its own.
+    assert!(
+        store
+            .acquire_lease(LEASE, b"token-b", Duration::from_millis(50))
+            .await
+            .unwrap()
+    );
+    time.pass(Duration::from_millis(120)).await;
+    assert!(store.acquire_lease(LEASE, b"token-c", TTL).await.unwrap());
+}
+
+async fn a_fenced_write_needs_the_lease(store: &dyn Store, _: Time) {
+    assert!(store.acquire_lease(LEASE, b"token-a", TTL).await.unwrap());
+    store
+        .invalidate(VALUE_KEY, LEASE, notice(b"invalidated"))
+        .await
+        .unwrap();
+    assert!(
+        !store
+            .fenced_set(fenced(b"token-a", b"late", None))
+            .await
+            .unwrap()
+    );
+    assert_eq!(store.get(VALUE_KEY).await.unwrap(), None);
+
+    assert!(store.acquire_lease(LEASE, b"token-b", TTL).await.unwrap());
+    assert!(
+        !store
+            .fenced_set(fenced(b"token-a", b"late", None))
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .fenced_set(fenced(b"token-b", b"fresh", None))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store.get(VALUE_KEY).await.unwrap().as_deref(),
+        Some(&b"fresh"[..])
+    );
+    // The write released the lease.
+    assert!(store.acquire_lease(LEASE, b"token-c", TTL).await.unwrap());
+}
+
+async fn a_waited_on_lease_hands_the_value_to_its_notice(store: &dyn Store, _: Time) {
+    let mut sub = subscribed(store).await;
+    // Nobody waited: the plain notice.
+    assert!(store.acquire_lease(LEASE, b"token-a", TTL).await.unwrap());
+    assert!(
+        store
+            .fenced_set(fenced(b"token-a", b"one", Some(b"head:")))
+            .await
+            .unwrap()
+    );
+    assert_eq!(next_message(&mut sub).await, b"plain");
+    // Somebody waited: the value notice with the value appended.
+    assert!(store.acquire_lease(LEASE, b"token-b", TTL).await.unwrap());
+    assert!(!store.acquire_lease(LEASE, b"token-c", TTL).await.unwrap());
+    assert!(!store.acquire_lease(LEASE, b"token-d", TTL).await.unwrap());
+    assert!(
+        store
+            .fenced_set(fenced(b"token-b", BINARY_VALUE, Some(b"head:")))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        next_message(&mut sub).await,
+        [&b"head:"[..], BINARY_VALUE].concat()
+    );
+    assert_eq!(
+        store.get(VALUE_KEY).await.unwrap().as_deref(),
+        Some(BINARY_VALUE)
+    );
+    // Somebody waited but the writer offers no value notice: the plain one.
+    assert!(store.acquire_lease(LEASE, b"token-e", TTL).await.unwrap());
+    assert!(!store.acquire_lease(LEASE, b"token-f", TTL).await.unwrap());
+    assert!(
+        store
+            .fenced_set(fenced(b"token-e", b"big", None))
+            .await
+            .unwrap()
+    );
+    assert_eq!(next_message(&mut sub).await, b"plain");
+    // The mark went with the lease: the next holder starts unwaited.
+    assert!(store.acquire_lease(LEASE, b"token-g", TTL).await.unwrap());
+    assert!(
+        store
+            .fenced_set(fenced(b"token-g", b"two", Some(b"head:")))
+            .await
+            .unwrap()
+    );
+    assert_eq!(next_message(&mut sub).await, b"plain");
+}
+
 macro_rules! contract {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -179,4 +342,7 @@ contract!(
     keys_expire_after_their_ttl,
     large_values_round_trip,
     clock_is_unix_ms_and_monotonic,
+    a_lease_has_one_holder_bound_to_its_token,
+    a_fenced_write_needs_the_lease,
+    a_waited_on_lease_hands_the_value_to_its_notice,
 );

@@ -6,10 +6,11 @@
 //! 2. Got it: read once more (another process may have filled the key just
 //!    before), else lead: run the loader in its own task, extending the lease
 //!    every half TTL, bounded by `load_timeout`; write through the fence.
-//! 3. Not got it: watch the key, read once more (the fill may have happened
-//!    between 1 and the watch), then sleep until woken, a jittered poll, or the
-//!    `lock_wait` deadline; on waking read again, then go back to 1 (the
-//!    holder may have died or failed, freeing the lease).
+//! 3. Not got it (the attempt marked the lease as waited on): watch the key,
+//!    read once more (the fill may have happened between 1 and the watch),
+//!    then sleep until woken, a jittered poll, or the `lock_wait` deadline; on
+//!    waking take the entry the fill's message carried, or read again, then
+//!    go back to 1 (the holder may have died or failed, freeing the lease).
 //! 4. Deadline passed: the [`OnLockTimeout`](super::OnLockTimeout) policy.
 //! 5. The store fails at 1: load directly (in-process single-flight still
 //!    holds), so a sick Redis degrades to direct loads, never to errors.
@@ -21,7 +22,7 @@ use std::time::Duration;
 use tokio::time::{Instant, sleep, sleep_until};
 
 use super::builder::LockTimeoutKind;
-use super::notify::{self, FILLED, RELEASED};
+use super::notify::{self, FILLED, RELEASED, VALUE_IN_MESSAGE_MAX};
 use super::options::{Options, Served, StaleReason};
 use super::{Cache, Load, Loaded, Value, reading, show_key};
 use crate::entry::Entry;
@@ -135,7 +136,13 @@ impl<V: Value> Cache<V> {
             };
             tokio::select! {
                 () = woken => {
-                    if let Some(value) = self.fresh_value(&key, &mut stale, &options, replacing).await {
+                    // The fill's message may carry the entry: no read then.
+                    let carried = watch.filled().and_then(|bytes| self.decode(&key, bytes));
+                    let value = match carried {
+                        Some(entry) => self.fresh_entry(&key, entry, &mut stale, &options, replacing).await,
+                        None => self.fresh_value(&key, &mut stale, &options, replacing).await,
+                    };
+                    if let Some(value) = value {
                         return Ok((value, Served::Coalesced));
                     }
                 }
@@ -215,6 +222,9 @@ impl<V: Value> Cache<V> {
                 let sealed = self.seal(value.as_ref(), load_time, options)?;
                 inner.clear_throttle(key);
                 let message = notify::message(FILLED, inner.waiters.sender(), key);
+                let value_message = (sealed.bytes.len() <= VALUE_IN_MESSAGE_MAX)
+                    .then(|| notify::value_message(inner.waiters.sender(), key))
+                    .flatten();
                 let write = FencedWrite {
                     key,
                     value: &sealed.bytes,
@@ -222,6 +232,7 @@ impl<V: Value> Cache<V> {
                     lease_key,
                     token,
                     notice: inner.notice(&message),
+                    value_notice: value_message.as_deref(),
                 };
                 match store.fenced_set(write).await {
                     Ok(true) => self.remember_sealed(key, value.clone(), &sealed).await,
@@ -300,6 +311,19 @@ impl<V: Value> Cache<V> {
                 return None;
             }
         };
+        self.fresh_entry(key, entry, stale, options, replacing)
+            .await
+    }
+
+    /// [`fresh_value`](Self::fresh_value) for an entry already in hand.
+    async fn fresh_entry(
+        &self,
+        key: &[u8],
+        entry: Entry,
+        stale: &mut Option<Entry>,
+        options: &Options,
+        replacing: Option<u64>,
+    ) -> Option<Option<V>> {
         let now = self.inner.store.now_ms();
         if entry.fresh_until > now {
             if replacing == Some(entry.fresh_until) {

@@ -18,7 +18,9 @@
 //!    ([`SingleFlight`]); the flight takes the key's lease in the store so
 //!    one process in the fleet loads. Without the lease it waits to be woken
 //!    by the holder's "filled" message (with jittered polling as a fallback)
-//!    up to `lock_wait`, then follows [`OnLockTimeout`].
+//!    up to `lock_wait`, then follows [`OnLockTimeout`]. A waiter marks the
+//!    lease as waited on, and the holder's message then carries the stored
+//!    entry (up to 16 KiB), so woken waiters do not read it back.
 //! 5. **Load**: the loader runs in its own task, under `load_timeout`, the
 //!    lease extended while it runs; `Ok(None)` becomes a negative entry.
 //! 6. **Fenced write**: the entry is written with a jittered TTL only if the
@@ -859,8 +861,14 @@ impl<V: Value> Cache<V> {
         let Some(bytes) = self.inner.store.get(key).await? else {
             return Ok(None);
         };
+        Ok(self.decode(key, bytes))
+    }
+
+    /// Decodes stored bytes (read, or carried by a fill's message) the way
+    /// [`read`](Self::read) does.
+    fn decode(&self, key: &[u8], bytes: Vec<u8>) -> Option<Entry> {
         match Entry::decode(bytes, self.inner.compression.max_decompressed_len()) {
-            Ok(entry) if entry.codec == self.inner.codec => Ok(Some(entry)),
+            Ok(entry) if entry.codec == self.inner.codec => Some(entry),
             Ok(entry) => {
                 tracing::warn!(
                     key = %show_key(key),
@@ -868,12 +876,12 @@ impl<V: Value> Cache<V> {
                     expected = self.inner.codec.name(),
                     "cached entry has another codec; treating it as a miss"
                 );
-                Ok(None)
+                None
             }
             Err(err) => {
                 tracing::warn!(key = %show_key(key), error = %err, "cached entry is unreadable; treating it as a miss");
                 self.inner.metrics.unreadable();
-                Ok(None)
+                None
             }
         }
     }

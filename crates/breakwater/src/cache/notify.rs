@@ -2,11 +2,14 @@
 //! and keeping the L1 near cache in step with other processes' writes.
 //!
 //! One subscription per cache listens on the namespace channel
-//! (`bw:<namespace>:events`); each message is one byte of kind, the sending
-//! cache's 8-byte id, and the storage key. The dispatcher wakes the local
-//! waiter for that key and drops the key from L1 (unless this cache sent the
-//! message itself); when messages may have been lost (the subscription
-//! dropped and came back) it wakes every waiter and flushes L1.
+//! (`bw:<namespace>:events`). A message is one byte of kind, the sending
+//! cache's 8-byte id, and the storage key; a `v` message (a fill that
+//! somebody waited for) has the key's length (4 bytes, big-endian) before the
+//! key and the stored entry after it, so a woken waiter need not read the
+//! value back. The dispatcher wakes the local waiter for that key (handing it
+//! the entry, if the message has one) and drops the key from L1 (unless this
+//! cache sent the message itself); when messages may have been lost (the
+//! subscription dropped and came back) it wakes every waiter and flushes L1.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -20,6 +23,8 @@ use crate::store::{Delivery, Store};
 
 /// Message kinds on the namespace channel.
 pub(crate) const FILLED: u8 = b'f';
+/// A fill whose message carries the stored entry.
+pub(crate) const FILLED_WITH_VALUE: u8 = b'v';
 /// The lease was released without a value (the load failed).
 pub(crate) const RELEASED: u8 = b'r';
 /// The key was invalidated.
@@ -27,6 +32,11 @@ pub(crate) const INVALIDATED: u8 = b'i';
 
 /// The length of a sender id.
 pub(crate) const SENDER_LEN: usize = 8;
+
+/// The largest stored entry a fill hands to waiters in its message; a larger
+/// one is read back with a `GET`, so a big value is not pushed to every
+/// subscriber of the namespace.
+pub(crate) const VALUE_IN_MESSAGE_MAX: usize = 16 * 1024;
 
 /// `kind`, the sender's id, then the storage key.
 pub(crate) fn message(kind: u8, sender: &[u8; SENDER_LEN], key: &[u8]) -> Vec<u8> {
@@ -37,16 +47,73 @@ pub(crate) fn message(kind: u8, sender: &[u8; SENDER_LEN], key: &[u8]) -> Vec<u8
     m
 }
 
-/// The sender and key of a message; `None` for anything malformed.
-fn parse(message: &[u8]) -> Option<(&[u8], &[u8])> {
-    let body = message.get(1..)?;
+/// The head of a [`FILLED_WITH_VALUE`] message, to which the store appends
+/// the entry; `None` if the key is too long to describe (over 4 GiB).
+pub(crate) fn value_message(sender: &[u8; SENDER_LEN], key: &[u8]) -> Option<Vec<u8>> {
+    let len = u32::try_from(key.len()).ok()?;
+    let mut m = Vec::with_capacity(1 + SENDER_LEN + 4 + key.len());
+    m.push(FILLED_WITH_VALUE);
+    m.extend_from_slice(sender);
+    m.extend_from_slice(&len.to_be_bytes());
+    m.extend_from_slice(key);
+    Some(m)
+}
+
+/// One message, taken apart.
+#[derive(Debug, PartialEq, Eq)]
+struct Parsed<'m> {
+    sender: &'m [u8],
+    key: &'m [u8],
+    /// Where the entry starts, for a [`FILLED_WITH_VALUE`] message.
+    value_at: Option<usize>,
+}
+
+/// Takes a message apart; `None` for anything malformed.
+fn parse(message: &[u8]) -> Option<Parsed<'_>> {
+    let (&kind, body) = message.split_first()?;
     if body.len() <= SENDER_LEN {
         return None;
     }
-    Some(body.split_at(SENDER_LEN))
+    let (sender, rest) = body.split_at(SENDER_LEN);
+    if kind != FILLED_WITH_VALUE {
+        return Some(Parsed {
+            sender,
+            key: rest,
+            value_at: None,
+        });
+    }
+    let (len, rest) = rest.split_first_chunk::<4>()?;
+    let len = usize::try_from(u32::from_be_bytes(*len)).ok()?;
+    let key = rest.get(..len).filter(|k| !k.is_empty())?;
+    Some(Parsed {
+        sender,
+        key,
+        value_at: Some(1 + SENDER_LEN + 4 + len),
+    })
 }
 
-type Registry = Mutex<HashMap<Vec<u8>, Arc<Notify>>>;
+/// What the waiters for one key share: their wake-up, and the entry the
+/// latest message about the key carried (if it carried one).
+#[derive(Default)]
+struct Slot {
+    notify: Notify,
+    filled: Mutex<Option<Carried>>,
+}
+
+/// A stored entry, inside the message that carried it.
+struct Carried {
+    message: Arc<[u8]>,
+    at: usize,
+}
+
+impl Slot {
+    fn deliver(&self, filled: Option<Carried>) {
+        *self.filled.lock().unwrap_or_else(|p| p.into_inner()) = filled;
+        self.notify.notify_waiters();
+    }
+}
+
+type Registry = Mutex<HashMap<Vec<u8>, Arc<Slot>>>;
 
 /// The keys this process is waiting on, and the listener that wakes them.
 pub(crate) struct Waiters {
@@ -83,7 +150,8 @@ impl Waiters {
     }
 
     /// Registers interest in `key`; the returned guard's [`Notify`] is woken
-    /// when a message about it arrives. Starts the listener on first use and
+    /// when a message about it arrives, and [`Watch::filled`] then holds the
+    /// entry the message carried, if any. Starts the listener on first use and
     /// waits (at most `ready_within`) until it is subscribed.
     pub(crate) async fn watch(
         &self,
@@ -95,11 +163,11 @@ impl Waiters {
         if !*ready.borrow() {
             let _ = tokio::time::timeout(ready_within, ready.wait_for(|r| *r)).await;
         }
-        let notify = Arc::clone(lock(&self.registry).entry(key.to_vec()).or_default());
+        let slot = Arc::clone(lock(&self.registry).entry(key.to_vec()).or_default());
         Watch {
             waiters: self,
             key: key.to_vec(),
-            notify,
+            slot,
         }
     }
 
@@ -126,12 +194,16 @@ impl Waiters {
                 while let Some(delivery) = subscription.recv().await {
                     match delivery {
                         Delivery::Message(m) => {
-                            if let Some((sender, key)) = parse(&m) {
-                                wake(&registry, Some(key));
+                            if let Some(parsed) = parse(&m) {
+                                let filled = parsed.value_at.map(|at| Carried {
+                                    message: Arc::clone(&m),
+                                    at,
+                                });
+                                wake(&registry, Some((parsed.key, filled)));
                                 if let Some(hook) = &hook
-                                    && sender != own
+                                    && parsed.sender != own
                                 {
-                                    hook.changed(key.to_vec()).await;
+                                    hook.changed(parsed.key.to_vec()).await;
                                 }
                             }
                         }
@@ -160,20 +232,21 @@ impl Drop for Waiters {
     }
 }
 
-/// Wakes the waiter for `key`, or every waiter when `key` is `None`.
-fn wake(registry: &Registry, key: Option<&[u8]>) {
+/// Wakes the waiters for `key`, handing them what the message carried, or
+/// every waiter (with nothing) when `key` is `None`.
+fn wake(registry: &Registry, key: Option<(&[u8], Option<Carried>)>) {
     let registry = lock(registry);
     match key {
-        Some(key) => {
-            if let Some(notify) = registry.get(key) {
-                notify.notify_waiters();
+        Some((key, filled)) => {
+            if let Some(slot) = registry.get(key) {
+                slot.deliver(filled);
             }
         }
-        None => registry.values().for_each(|n| n.notify_waiters()),
+        None => registry.values().for_each(|slot| slot.deliver(None)),
     }
 }
 
-fn lock(registry: &Registry) -> MutexGuard<'_, HashMap<Vec<u8>, Arc<Notify>>> {
+fn lock(registry: &Registry) -> MutexGuard<'_, HashMap<Vec<u8>, Arc<Slot>>> {
     registry.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -181,12 +254,22 @@ fn lock(registry: &Registry) -> MutexGuard<'_, HashMap<Vec<u8>, Arc<Notify>>> {
 pub(crate) struct Watch<'a> {
     waiters: &'a Waiters,
     key: Vec<u8>,
-    notify: Arc<Notify>,
+    slot: Arc<Slot>,
 }
 
 impl Watch<'_> {
     pub(crate) fn notify(&self) -> &Notify {
-        &self.notify
+        &self.slot.notify
+    }
+
+    /// The stored entry the latest message about the key carried, if it
+    /// carried one (a later message without one clears it).
+    pub(crate) fn filled(&self) -> Option<Vec<u8>> {
+        let filled = self.slot.filled.lock().unwrap_or_else(|p| p.into_inner());
+        filled
+            .as_ref()
+            .and_then(|carried| carried.message.get(carried.at..))
+            .map(<[u8]>::to_vec)
     }
 }
 
@@ -195,8 +278,90 @@ impl Drop for Watch<'_> {
         let mut registry = lock(&self.waiters.registry);
         // Only the last watcher of a key removes it (one per flight, but two
         // caches may share nothing here; be exact anyway).
-        if Arc::strong_count(&self.notify) <= 2 {
+        if Arc::strong_count(&self.slot) <= 2 {
             registry.remove(&self.key);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SENDER: [u8; SENDER_LEN] = *b"sender01";
+
+    #[test]
+    fn plain_messages_carry_sender_and_key() {
+        let m = message(FILLED, &SENDER, b"bw:ns:v:k");
+        let parsed = parse(&m).unwrap();
+        assert_eq!(parsed.sender, &SENDER[..]);
+        assert_eq!(parsed.key, b"bw:ns:v:k");
+        assert_eq!(parsed.value_at, None);
+    }
+
+    #[test]
+    fn value_messages_carry_the_entry_after_the_key() {
+        let mut m = value_message(&SENDER, b"bw:ns:v:k").unwrap();
+        m.extend_from_slice(b"entry bytes");
+        let parsed = parse(&m).unwrap();
+        assert_eq!(parsed.sender, &SENDER[..]);
+        assert_eq!(parsed.key, b"bw:ns:v:k");
+        assert_eq!(&m[parsed.value_at.unwrap()..], b"entry bytes");
+    }
+
+    #[test]
+    fn malformed_messages_are_ignored() {
+        assert_eq!(parse(b""), None);
+        assert_eq!(parse(b"f"), None);
+        assert_eq!(parse(b"fsender01"), None, "no key");
+        let head = value_message(&SENDER, b"key").unwrap();
+        // The key's length says more than the message holds.
+        assert_eq!(parse(&head[..head.len() - 1]), None);
+        // A value message cut inside its length.
+        assert_eq!(parse(&head[..1 + SENDER_LEN + 2]), None);
+        // An empty key.
+        let mut empty = vec![FILLED_WITH_VALUE];
+        empty.extend_from_slice(&SENDER);
+        empty.extend_from_slice(&0u32.to_be_bytes());
+        assert_eq!(parse(&empty), None);
+    }
+
+    #[tokio::test]
+    async fn a_watch_sees_what_the_latest_message_carried() {
+        let waiters = Waiters::new(b"chan".to_vec(), SENDER, None);
+        let store = crate::store::MemoryStore::new();
+        let watch = waiters.watch(&store, b"k", Duration::from_secs(1)).await;
+        assert_eq!(watch.filled(), None);
+        let mut m = value_message(&SENDER, b"k").unwrap();
+        m.extend_from_slice(b"entry");
+        let m: Arc<[u8]> = Arc::from(m);
+        wake(
+            &waiters.registry,
+            Some((
+                b"k",
+                Some(Carried {
+                    message: Arc::clone(&m),
+                    at: m.len() - 5,
+                }),
+            )),
+        );
+        assert_eq!(watch.filled().as_deref(), Some(&b"entry"[..]));
+        // A later message without a value clears it, and so does a miss.
+        wake(&waiters.registry, Some((b"k", None)));
+        assert_eq!(watch.filled(), None);
+        wake(
+            &waiters.registry,
+            Some((
+                b"k",
+                Some(Carried {
+                    message: Arc::clone(&m),
+                    at: m.len() - 5,
+                }),
+            )),
+        );
+        wake(&waiters.registry, None);
+        assert_eq!(watch.filled(), None);
+        drop(watch);
+        assert!(lock(&waiters.registry).is_empty());
     }
 }

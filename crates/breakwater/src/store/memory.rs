@@ -73,6 +73,8 @@ struct Slot {
 struct Lease {
     token: Vec<u8>,
     expires_at: Instant,
+    /// Someone tried to take it while it was held.
+    waited: bool,
 }
 
 impl MemoryStore {
@@ -254,7 +256,8 @@ impl Store for MemoryStore {
         let result = ttl_millis(ttl).map(|ms| {
             let now = Instant::now();
             let mut leases = self.inner.leases();
-            if leases.get(lease_key).is_some_and(|l| l.expires_at > now) {
+            if let Some(held) = leases.get_mut(lease_key).filter(|l| l.expires_at > now) {
+                held.waited = true;
                 return false;
             }
             if leases.len() > 1024 {
@@ -265,6 +268,7 @@ impl Store for MemoryStore {
                 Lease {
                     token: token.to_vec(),
                     expires_at: now + Duration::from_millis(ms),
+                    waited: false,
                 },
             );
             true
@@ -308,20 +312,25 @@ impl Store for MemoryStore {
 
     fn fenced_set<'a>(&'a self, write: FencedWrite<'a>) -> StoreFuture<'a, bool> {
         let result = ttl_millis(write.ttl).map(|ms| {
-            let written = self
-                .inner
-                .with_held_lease(write.lease_key, write.token, |leases, now| {
-                    self.inner
-                        .shard_for(write.key)
-                        .put(write.key, write.value, now, ms);
-                    leases.remove(write.lease_key);
-                })
-                .is_some();
-            if written {
+            let written =
                 self.inner
-                    .publish(write.notice.channel, write.notice.message);
+                    .with_held_lease(write.lease_key, write.token, |leases, now| {
+                        self.inner
+                            .shard_for(write.key)
+                            .put(write.key, write.value, now, ms);
+                        leases.remove(write.lease_key).is_some_and(|l| l.waited)
+                    });
+            match (written, write.value_notice) {
+                (None, _) => return false,
+                (Some(true), Some(prefix)) => {
+                    let message = [prefix, write.value].concat();
+                    self.inner.publish(write.notice.channel, &message);
+                }
+                (Some(_), _) => self
+                    .inner
+                    .publish(write.notice.channel, write.notice.message),
             }
-            written
+            true
         });
         Box::pin(async move { result })
     }

@@ -82,6 +82,11 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// Takes the lease `lease_key` for `ttl` if nobody holds it (`SET NX PX`),
     /// recording `token` as its holder. `true` if taken.
+    ///
+    /// If someone else holds it, the call marks the lease as *waited on*
+    /// (atomically with the attempt), so the holder's
+    /// [`fenced_set`](Store::fenced_set) knows a waiter would like the value
+    /// in the notice; see [`FencedWrite::value_notice`].
     fn acquire_lease<'a>(
         &'a self,
         lease_key: &'a [u8],
@@ -157,6 +162,12 @@ pub struct FencedWrite<'a> {
     pub token: &'a [u8],
     /// Published after a successful write.
     pub notice: Notice<'a>,
+    /// A message to publish instead of `notice.message`, with `value`
+    /// appended, if some [`acquire_lease`](Store::acquire_lease) found the
+    /// lease held while this holder had it: waiters elsewhere then get the
+    /// value with their wake-up and need not read it back. `None` (say, for a
+    /// large value) always publishes `notice.message`.
+    pub value_notice: Option<&'a [u8]>,
 }
 
 /// What a [`Subscription`] receives.

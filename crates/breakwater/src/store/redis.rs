@@ -23,10 +23,29 @@ use crate::clock::{SystemClock, WallClock, millis};
 use crate::error::{ConfigError, Error, ErrorKind};
 use crate::jitter::{Backoff, poll_delay};
 
+// A lease's value is its holder's token, followed by one `w` once someone
+// else has tried to take it (a waiter). Every compare accepts both forms.
+
+/// `SET NX PX` the lease: KEYS = lease; ARGV = token, ttl ms. If it is held,
+/// mark it waited on (`SETRANGE` keeps its TTL). 1 if taken.
+static ACQUIRE_LEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+            return 1
+          end
+          local held = redis.call('GET', KEYS[1])
+          if held and #held == #ARGV[1] then
+            redis.call('SETRANGE', KEYS[1], #held, 'w')
+          end
+          return 0",
+    )
+});
+
 /// `PEXPIRE` the lease only if `ARGV[1]` holds it.
 static EXTEND_LEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
-        r"if redis.call('GET', KEYS[1]) == ARGV[1] then
+        r"local held = redis.call('GET', KEYS[1])
+          if held == ARGV[1] or held == ARGV[1] .. 'w' then
             return redis.call('PEXPIRE', KEYS[1], ARGV[2])
           end
           return 0",
@@ -36,7 +55,8 @@ static EXTEND_LEASE: LazyLock<Script> = LazyLock::new(|| {
 /// Delete the lease only if `ARGV[1]` holds it, then publish.
 static RELEASE_LEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
-        r"if redis.call('GET', KEYS[1]) == ARGV[1] then
+        r"local held = redis.call('GET', KEYS[1])
+          if held == ARGV[1] or held == ARGV[1] .. 'w' then
             redis.call('DEL', KEYS[1])
             redis.call('PUBLISH', ARGV[2], ARGV[3])
             return 1
@@ -46,13 +66,20 @@ static RELEASE_LEASE: LazyLock<Script> = LazyLock::new(|| {
 });
 
 /// The leader's write: KEYS = value, lease; ARGV = token, value, ttl ms,
-/// channel, message. Writes only while the token holds the lease.
+/// channel, message, value message (empty for none). Writes only while the
+/// token holds the lease; a waited-on lease with a value message publishes
+/// that message with the value appended.
 static FENCED_SET: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
-        r"if redis.call('GET', KEYS[2]) == ARGV[1] then
+        r"local held = redis.call('GET', KEYS[2])
+          if held == ARGV[1] or held == ARGV[1] .. 'w' then
             redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
             redis.call('DEL', KEYS[2])
-            redis.call('PUBLISH', ARGV[4], ARGV[5])
+            if held ~= ARGV[1] and ARGV[6] ~= '' then
+              redis.call('PUBLISH', ARGV[4], ARGV[6] .. ARGV[2])
+            else
+              redis.call('PUBLISH', ARGV[4], ARGV[5])
+            end
             return 1
           end
           return 0",
@@ -577,18 +604,11 @@ impl Store for RedisStore {
     ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let ms = ttl_millis(ttl)?;
-            let reply: Option<String> = self
+            let taken: i64 = self
                 .inner
-                .query(
-                    redis::cmd("SET")
-                        .arg(lease_key)
-                        .arg(token)
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(ms),
-                )
+                .eval(ACQUIRE_LEASE.key(lease_key).arg(token).arg(ms))
                 .await?;
-            Ok(reply.is_some())
+            Ok(taken == 1)
         })
     }
 
@@ -642,7 +662,8 @@ impl Store for RedisStore {
                         .arg(write.value)
                         .arg(ms)
                         .arg(write.notice.channel)
-                        .arg(write.notice.message),
+                        .arg(write.notice.message)
+                        .arg(write.value_notice.unwrap_or_default()),
                 )
                 .await?;
             Ok(written == 1)

@@ -1,9 +1,13 @@
 //! Shared support for breakwater's integration tests.
 #![allow(dead_code, unreachable_pub)]
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use breakwater::{RedisStore, RedisStoreConfig};
+use breakwater::{
+    FencedWrite, Notice, RedisStore, RedisStoreConfig, Store, StoreFuture, Subscription,
+};
 pub use breakwater_testkit::RedisServer;
 
 /// Timeouts for tests that are about something other than a slow Redis:
@@ -57,4 +61,87 @@ pub fn command_calls(server: &RedisServer) -> Vec<(String, u64)> {
         .collect();
     calls.sort();
     calls
+}
+
+/// A store that counts `get`s, optionally making each take `get_delay`
+/// first, and hands every operation to `inner`.
+#[derive(Debug, Clone)]
+pub struct CountingStore<S> {
+    inner: S,
+    gets: Arc<AtomicUsize>,
+    get_delay: Duration,
+}
+
+impl<S: Store + Clone> CountingStore<S> {
+    /// Counts `inner`'s `get`s.
+    pub fn new(inner: S) -> Self {
+        Self::slow(inner, Duration::ZERO)
+    }
+
+    /// Counts `inner`'s `get`s, and makes each take `get_delay`.
+    pub fn slow(inner: S, get_delay: Duration) -> Self {
+        CountingStore {
+            inner,
+            gets: Arc::default(),
+            get_delay,
+        }
+    }
+
+    /// The `get`s so far.
+    pub fn gets(&self) -> usize {
+        self.gets.load(Ordering::SeqCst)
+    }
+}
+
+impl<S: Store + Clone> Store for CountingStore<S> {
+    fn get<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Vec<u8>>> {
+        self.gets.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            if !self.get_delay.is_zero() {
+                tokio::time::sleep(self.get_delay).await;
+            }
+            self.inner.get(key).await
+        })
+    }
+    fn set<'a>(&'a self, k: &'a [u8], v: &'a [u8], t: Duration) -> StoreFuture<'a, ()> {
+        self.inner.set(k, v, t)
+    }
+    fn delete<'a>(&'a self, k: &'a [u8]) -> StoreFuture<'a, bool> {
+        self.inner.delete(k)
+    }
+    fn ttl<'a>(&'a self, k: &'a [u8]) -> StoreFuture<'a, Option<Duration>> {
+        self.inner.ttl(k)
+    }
+    fn now_ms(&self) -> u64 {
+        self.inner.now_ms()
+    }
+    fn name(&self) -> &'static str {
+        "counting"
+    }
+    fn acquire_lease<'a>(&'a self, l: &'a [u8], t: &'a [u8], d: Duration) -> StoreFuture<'a, bool> {
+        self.inner.acquire_lease(l, t, d)
+    }
+    fn extend_lease<'a>(&'a self, l: &'a [u8], t: &'a [u8], d: Duration) -> StoreFuture<'a, bool> {
+        self.inner.extend_lease(l, t, d)
+    }
+    fn release_lease<'a>(
+        &'a self,
+        l: &'a [u8],
+        t: &'a [u8],
+        n: Notice<'a>,
+    ) -> StoreFuture<'a, bool> {
+        self.inner.release_lease(l, t, n)
+    }
+    fn fenced_set<'a>(&'a self, w: FencedWrite<'a>) -> StoreFuture<'a, bool> {
+        self.inner.fenced_set(w)
+    }
+    fn invalidate<'a>(&'a self, k: &'a [u8], l: &'a [u8], n: Notice<'a>) -> StoreFuture<'a, ()> {
+        self.inner.invalidate(k, l, n)
+    }
+    fn publish<'a>(&'a self, c: &'a [u8], m: &'a [u8]) -> StoreFuture<'a, ()> {
+        self.inner.publish(c, m)
+    }
+    fn subscribe(&self, c: &[u8]) -> Subscription {
+        self.inner.subscribe(c)
+    }
 }
