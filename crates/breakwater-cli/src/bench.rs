@@ -294,9 +294,17 @@ async fn run_once(
         }
     }
     for worker in &mut workers {
-        let stdin = worker.child.stdin.as_mut().ok_or("worker has no stdin")?;
-        stdin.write_all(b"go\n")?;
-        stdin.flush()?;
+        worker.send(b"go\n")?;
+    }
+    // No worker reports until every worker's calls have returned.
+    for worker in &mut workers {
+        match worker.lines.recv_timeout(Duration::from_secs(120)) {
+            Ok(line) if line == "finished" => {}
+            other => return Err(format!("worker did not finish: {other:?}").into()),
+        }
+    }
+    for worker in &mut workers {
+        worker.send(b"report\n")?;
     }
     let mut figures = Figures::default();
     for worker in &mut workers {
@@ -332,6 +340,19 @@ async fn run_once(
 struct Worker {
     child: Child,
     lines: mpsc::Receiver<String>,
+}
+
+impl Worker {
+    /// Writes one line to the worker's stdin.
+    fn send(&mut self, line: &[u8]) -> std::io::Result<()> {
+        let stdin = self
+            .child
+            .stdin
+            .as_mut()
+            .ok_or_else(|| std::io::Error::other("worker has no stdin"))?;
+        stdin.write_all(line)?;
+        stdin.flush()
+    }
 }
 
 impl Drop for Worker {

@@ -8,9 +8,11 @@
 //! counts itself with an `INCR` on a Redis counter, so the test can check how
 //! many loads the whole fleet ran, and stamps the value with the wall-clock
 //! time the load finished, so each caller can tell how long after the fill it
-//! returned (its wake-up delay). With `--samples` it prints one line
-//! `sample <latency µs> <wake-up µs>` per call; it ends with one line
-//! `done ok=<n> err=<n> first_error=<message or none>`.
+//! returned (its wake-up delay). With `--samples`, once every call has
+//! returned it prints `finished` and waits for one more line on stdin (or its
+//! end) before it prints one line `sample <latency µs> <wake-up µs>` per
+//! call: the bench lets no worker report while another is still measuring.
+//! It ends with one line `done ok=<n> err=<n> first_error=<message or none>`.
 
 use std::future::Future;
 use std::io::{self, BufRead, Write};
@@ -130,11 +132,7 @@ async fn run(opts: WorkerOpts) -> Result<usize, Box<dyn std::error::Error>> {
         stdout.flush()?;
     }
     // Blocking read off the runtime thread, so connection tasks keep running.
-    let go = tokio::task::spawn_blocking(|| {
-        let mut line = String::new();
-        io::stdin().lock().read_line(&mut line).map(|_| line)
-    })
-    .await??;
+    let go = tokio::task::spawn_blocking(read_line).await??;
     if go.is_empty() {
         return Err("stdin closed before the go line".into());
     }
@@ -175,6 +173,17 @@ async fn run(opts: WorkerOpts) -> Result<usize, Box<dyn std::error::Error>> {
     for handle in handles {
         outcomes.push(handle.await);
     }
+    if shared.opts.samples {
+        // Report only when told to (or when stdin ends): formatting and
+        // writing the samples, and the parent parsing them, would take CPU
+        // from the other workers' wake-ups.
+        {
+            let mut stdout = io::stdout().lock();
+            writeln!(stdout, "finished")?;
+            stdout.flush()?;
+        }
+        tokio::task::spawn_blocking(read_line).await??;
+    }
     let (mut ok, mut err) = (0usize, 0usize);
     let mut first_error: Option<String> = None;
     let mut stdout = io::BufWriter::new(io::stdout().lock());
@@ -204,6 +213,12 @@ async fn run(opts: WorkerOpts) -> Result<usize, Box<dyn std::error::Error>> {
     writeln!(stdout, "done ok={ok} err={err} first_error={first_error}")?;
     stdout.flush()?;
     Ok(err)
+}
+
+/// One line of stdin; empty at its end.
+fn read_line() -> io::Result<String> {
+    let mut line = String::new();
+    io::stdin().lock().read_line(&mut line).map(|_| line)
 }
 
 /// The database stand-in: count the load, take `delay`, and return a value
