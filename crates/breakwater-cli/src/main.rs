@@ -67,12 +67,17 @@ mod tests {
         assert_eq!(opts.seed, None);
     }
 
-    #[test]
-    fn negative_ratio_reaches_the_library_check() {
+    /// clap takes `-0.5` as a value, not a flag, so the library's own check
+    /// (with its exact message) is what rejects it.
+    #[tokio::test]
+    async fn negative_ratio_reaches_the_library_check() {
         let cli = Cli::try_parse_from(["breakwater", "demo", "--ratio", "-0.5"]).unwrap();
         let Command::Demo(opts) = cli.command else {
             panic!("expected the demo subcommand");
         };
         assert_eq!(opts.ratio, -0.5);
+        let err = demo::run(&opts).await.unwrap_err();
+        assert!(matches!(err, demo::DemoError::Config(_)), "{err:?}");
+        assert_eq!(err.to_string(), "jitter ratio must be in 0..=1, got -0.5");
     }
 }
