@@ -14,6 +14,10 @@
 //! environment variable, or else looked up on `PATH`. On Debian/Ubuntu it is
 //! provided by the `redis-server` package, which `./scripts/test` installs.
 //!
+//! [`RedisCluster`] starts three such servers in cluster mode and forms a
+//! cluster of them (each serving a third of the slots), for the tests that
+//! must hold on Redis Cluster too.
+//!
 //! For network faults that a process cannot simulate (latency, a silent
 //! peer, dropped connections, a refused port) put a [`FaultProxy`] between
 //! the cache and the server and switch its [`Fault`] during the test.
@@ -39,9 +43,11 @@
 //! # let _ = url;
 //! ```
 
+mod cluster;
 mod proxy;
 mod resp;
 mod server;
 
+pub use cluster::RedisCluster;
 pub use proxy::{Fault, FaultProxy};
 pub use server::RedisServer;

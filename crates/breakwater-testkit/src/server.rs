@@ -362,7 +362,7 @@ fn pid_of(child: &Child) -> Option<Pid> {
 }
 
 /// A port that was free on 127.0.0.1 a moment ago (never 6379).
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     bind_loopback().1
 }
 

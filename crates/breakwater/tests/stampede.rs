@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use breakwater::{Cache, ErrorKind, Jitter, MemoryStore, OnLockTimeout, RedisStore, Served};
-use support::{CountingStore, redis_store};
+use support::{CountingStore, redis_store, slow_loader};
 use tokio::sync::Notify;
 
 fn cache_on(store: &RedisStore) -> Cache<String> {
@@ -21,29 +21,6 @@ fn cache_on(store: &RedisStore) -> Cache<String> {
         .jitter(Jitter::ratio(0.1))
         .build()
         .unwrap()
-}
-
-type LoadFuture = std::pin::Pin<
-    Box<dyn std::future::Future<Output = Result<Option<String>, std::io::Error>> + Send>,
->;
-
-/// A loader that counts calls and takes `delay`.
-fn slow_loader(
-    calls: &Arc<AtomicUsize>,
-    delay: Duration,
-    value: &str,
-) -> impl Fn() -> LoadFuture + Send + Sync + 'static {
-    let calls = Arc::clone(calls);
-    let value = value.to_string();
-    move || {
-        let calls = Arc::clone(&calls);
-        let value = value.clone();
-        Box::pin(async move {
-            calls.fetch_add(1, Ordering::SeqCst);
-            tokio::time::sleep(delay).await;
-            Ok(Some(value))
-        })
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,5 +1,6 @@
 //! The `Store` contract, run against every backend: `MemoryStore` on paused
-//! tokio time, and `RedisStore` on a private, real `redis-server`.
+//! tokio time, and `RedisStore` on a private, real `redis-server` and on a
+//! private three-node Redis Cluster.
 
 mod support;
 
@@ -325,6 +326,17 @@ macro_rules! contract {
                 #[tokio::test]
                 async fn $case() {
                     let (_server, store) = redis_store().await;
+                    super::$case(&store, super::Time::Real).await;
+                }
+            )*
+        }
+
+        mod cluster {
+            use crate::support::cluster_store;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let (_cluster, store) = cluster_store().await;
                     super::$case(&store, super::Time::Real).await;
                 }
             )*

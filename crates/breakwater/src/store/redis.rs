@@ -9,8 +9,12 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use rand::rngs::StdRng;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{FromRedisValue, IntoConnectionInfo, Script, ScriptInvocation};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::{
+    Cmd, FromRedisValue, IntoConnectionInfo, Pipeline, RedisFuture, Script, ScriptInvocation, Value,
+};
 use tokio::sync::{broadcast, watch};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
@@ -175,7 +179,8 @@ impl RedisStoreConfig {
     }
 }
 
-/// A [`Store`] on one Redis server.
+/// A [`Store`] on one Redis server, or on a Redis Cluster
+/// ([`connect_cluster`](RedisStore::connect_cluster)).
 ///
 /// The connection is made lazily, on first use, and each attempt is bounded
 /// by `connect_timeout`, so a cache can be built while Redis is down and a
@@ -207,7 +212,7 @@ pub struct RedisStore {
 }
 
 struct Inner {
-    client: redis::Client,
+    target: Target,
     config: RedisStoreConfig,
     /// The live connection, if any; dropped after a timeout or a broken
     /// connection so the next call makes a fresh one.
@@ -231,7 +236,75 @@ struct Inner {
 #[derive(Clone)]
 struct Live {
     generation: u64,
-    manager: ConnectionManager,
+    conn: Conn,
+}
+
+/// Where the store's commands go.
+enum Target {
+    /// One server.
+    Node(redis::Client),
+    /// A Redis Cluster: commands are routed by key slot; pub/sub uses one
+    /// node at a time (a `PUBLISH` reaches every node's subscribers).
+    Cluster {
+        client: Box<ClusterClient>,
+        nodes: Vec<redis::Client>,
+    },
+}
+
+impl Target {
+    /// The servers a subscription may use, in the order it tries them.
+    fn pubsub_clients(&self) -> Vec<redis::Client> {
+        match self {
+            Target::Node(client) => vec![client.clone()],
+            Target::Cluster { nodes, .. } => nodes.clone(),
+        }
+    }
+
+    fn addrs(&self) -> Vec<String> {
+        let clients = match self {
+            Target::Node(client) => std::slice::from_ref(client),
+            Target::Cluster { nodes, .. } => nodes.as_slice(),
+        };
+        clients
+            .iter()
+            .map(|c| c.get_connection_info().addr().to_string())
+            .collect()
+    }
+}
+
+/// A live connection: to one server, or to a cluster.
+#[derive(Clone)]
+enum Conn {
+    Node(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Node(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Node(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Node(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
 }
 
 struct ChannelFeed {
@@ -275,12 +348,93 @@ impl RedisStore {
     /// timeout is zero.
     pub fn connect_with(url: &str, config: RedisStoreConfig) -> Result<Self, Error> {
         config.validate()?;
-        let client = redis::Client::open(connection_info(url)?).map_err(|e| {
-            Error::new(ErrorKind::Config, format!("invalid redis url {url:?}")).with_source(e)
-        })?;
-        Ok(RedisStore {
+        Ok(Self::with_target(Target::Node(node_client(url)?), config))
+    }
+
+    /// A store on the Redis Cluster that `nodes` (one or more of its nodes'
+    /// URLs, e.g. `redis://10.0.0.1:6379`) belong to, with default timeouts.
+    /// No connection is made yet; the cluster's other nodes are discovered
+    /// from the ones given.
+    ///
+    /// Every key of a cache entry (its value and its lease) carries the same
+    /// hash tag, so each lease script runs on one node. Commands follow
+    /// `MOVED`/`ASK` redirects within `response_timeout`. The store's clock
+    /// is sampled from one node (any); the nodes' clocks should agree (NTP).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use breakwater::{Cache, RedisStore};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = RedisStore::connect_cluster([
+    ///     "redis://10.0.0.1:6379",
+    ///     "redis://10.0.0.2:6379",
+    ///     "redis://10.0.0.3:6379",
+    /// ])?;
+    /// let cache = Cache::<String>::builder()
+    ///     .namespace("catalog")
+    ///     .store(store)
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Config`](ErrorKind::Config) if `nodes` is empty or a URL cannot be
+    /// parsed.
+    pub fn connect_cluster<I, S>(nodes: I) -> Result<Self, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Self::connect_cluster_with(nodes, RedisStoreConfig::default())
+    }
+
+    /// Like [`connect_cluster`](RedisStore::connect_cluster), with explicit
+    /// timeouts.
+    ///
+    /// # Errors
+    ///
+    /// [`Config`](ErrorKind::Config) if `nodes` is empty, a URL cannot be
+    /// parsed, or a timeout is zero.
+    pub fn connect_cluster_with<I, S>(nodes: I, config: RedisStoreConfig) -> Result<Self, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        config.validate()?;
+        let nodes = nodes
+            .into_iter()
+            .map(|url| node_client(url.as_ref()))
+            .collect::<Result<Vec<_>, _>>()?;
+        if nodes.is_empty() {
+            return Err(ConfigError::new("a redis cluster needs at least one node url").into());
+        }
+        let first = nodes[0].get_connection_info();
+        let client =
+            ClusterClientBuilder::new(nodes.iter().map(|n| n.get_connection_info().clone()))
+                .connection_timeout(config.connect_timeout)
+                .response_timeout(config.response_timeout)
+                .tcp_settings(first.tcp_settings().clone())
+                .retries(2)
+                .build()
+                .map_err(|e| {
+                    Error::new(ErrorKind::Config, "invalid redis cluster node list").with_source(e)
+                })?;
+        Ok(Self::with_target(
+            Target::Cluster {
+                client: Box::new(client),
+                nodes,
+            },
+            config,
+        ))
+    }
+
+    fn with_target(target: Target, config: RedisStoreConfig) -> Self {
+        RedisStore {
             inner: Arc::new(Inner {
-                client,
+                target,
                 config,
                 conn: RwLock::new(None),
                 connecting: tokio::sync::Mutex::new(()),
@@ -291,8 +445,16 @@ impl RedisStore {
                 channels: Mutex::default(),
                 tasks: Mutex::default(),
             }),
-        })
+        }
     }
+}
+
+/// A client for one server's URL (with `TCP_NODELAY`, see
+/// [`connection_info`]).
+fn node_client(url: &str) -> Result<redis::Client, Error> {
+    redis::Client::open(connection_info(url)?).map_err(|e| {
+        Error::new(ErrorKind::Config, format!("invalid redis url {url:?}")).with_source(e)
+    })
 }
 
 /// The URL parsed, with `TCP_NODELAY` on: redis-rs leaves Nagle's algorithm
@@ -332,24 +494,33 @@ impl Inner {
         if let Some(live) = self.current() {
             return Ok(live);
         }
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(connect_timeout))
-            .set_response_timeout(Some(self.config.response_timeout))
-            .set_number_of_retries(0);
-        let mut manager = tokio::time::timeout(
-            connect_timeout,
-            ConnectionManager::new_with_config(self.client.clone(), config),
-        )
-        .await
-        .map_err(|_| unreachable())?
-        .map_err(store_error)?;
-        self.sample_clock(&mut manager).await?;
+        let connect = async {
+            match &self.target {
+                Target::Node(client) => {
+                    let config = ConnectionManagerConfig::new()
+                        .set_connection_timeout(Some(connect_timeout))
+                        .set_response_timeout(Some(self.config.response_timeout))
+                        .set_number_of_retries(0);
+                    ConnectionManager::new_with_config(client.clone(), config)
+                        .await
+                        .map(Conn::Node)
+                }
+                Target::Cluster { client, .. } => {
+                    client.get_async_connection().await.map(Conn::Cluster)
+                }
+            }
+        };
+        let mut conn = tokio::time::timeout(connect_timeout, connect)
+            .await
+            .map_err(|_| unreachable())?
+            .map_err(store_error)?;
+        self.sample_clock(&mut conn).await?;
         if !self.clock_refresh_started.swap(true, Ordering::Relaxed) {
             self.track(spawn_clock_refresh(Arc::downgrade(self)));
         }
         let live = Live {
             generation: self.generations.fetch_add(1, Ordering::Relaxed) + 1,
-            manager,
+            conn,
         };
         *self.conn.write().unwrap_or_else(|p| p.into_inner()) = Some(live.clone());
         Ok(live)
@@ -372,13 +543,13 @@ impl Inner {
     /// failover costs a request nothing.
     async fn call<T, F, Fut>(self: &Arc<Self>, command: F) -> Result<T, Error>
     where
-        F: Fn(ConnectionManager) -> Fut,
+        F: Fn(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
         let mut retried = false;
         loop {
             let live = self.conn().await?;
-            match command(live.manager).await {
+            match command(live.conn).await {
                 Ok(value) => return Ok(value),
                 Err(err) => {
                     let broken = err.is_connection_dropped()
@@ -425,7 +596,7 @@ impl Inner {
 
     /// Samples `TIME` a few times and keeps the sample with the shortest
     /// round trip (the tightest bound on Redis's clock).
-    async fn sample_clock(&self, conn: &mut ConnectionManager) -> Result<(), Error> {
+    async fn sample_clock(&self, conn: &mut Conn) -> Result<(), Error> {
         let mut best: Option<ClockSample> = None;
         for _ in 0..3 {
             let sent = Instant::now();
@@ -460,7 +631,7 @@ fn spawn_clock_refresh(inner: Weak<Inner>) -> AbortHandle {
             tokio::time::sleep(every).await;
             let Some(inner) = inner.upgrade() else { return };
             let sampled = match inner.conn().await {
-                Ok(mut live) => inner.sample_clock(&mut live.manager).await,
+                Ok(mut live) => inner.sample_clock(&mut live.conn).await,
                 Err(err) => Err(err),
             };
             if let Err(err) = sampled {
@@ -476,9 +647,10 @@ fn spawn_clock_refresh(inner: Weak<Inner>) -> AbortHandle {
 /// connection is checked with `PING` every `subscription_ping`; one that does
 /// not answer within `response_timeout` (a hung or unreachable Redis) is
 /// dropped. Every (re)connection is announced as [`Delivery::Missed`], since
-/// messages sent while it was down are lost.
+/// messages sent while it was down are lost. In a cluster each attempt tries
+/// the next node: a `PUBLISH` on any node reaches every node's subscribers.
 async fn run_subscription(
-    client: redis::Client,
+    clients: Vec<redis::Client>,
     config: RedisStoreConfig,
     channel: Vec<u8>,
     messages: broadcast::Sender<Delivery>,
@@ -487,7 +659,11 @@ async fn run_subscription(
     let backoff = Backoff::full_jitter(Duration::from_millis(50), Duration::from_secs(2));
     let mut rng: StdRng = rand::make_rng();
     let mut failures = 0u32;
-    loop {
+    for attempt in 0usize.. {
+        // In a cluster, each new attempt tries the next node.
+        let Some(client) = clients.get(attempt % clients.len().max(1)) else {
+            return;
+        };
         let connect = async {
             let mut pubsub = client.get_async_pubsub().await?;
             pubsub.subscribe(&channel).await?;
@@ -545,7 +721,7 @@ fn store_error(err: redis::RedisError) -> Error {
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStore")
-            .field("addr", &self.inner.client.get_connection_info().addr())
+            .field("addrs", &self.inner.target.addrs())
             .field("config", &self.inner.config)
             .finish_non_exhaustive()
     }
@@ -712,7 +888,7 @@ impl Store for RedisStore {
                 ready: watch::Sender::new(false),
             };
             let task = tokio::spawn(run_subscription(
-                self.inner.client.clone(),
+                self.inner.target.pubsub_clients(),
                 self.inner.config.clone(),
                 channel.to_vec(),
                 feed.messages.clone(),

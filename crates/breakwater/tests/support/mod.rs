@@ -8,7 +8,7 @@ use std::time::Duration;
 use breakwater::{
     FencedWrite, Notice, RedisStore, RedisStoreConfig, Store, StoreFuture, Subscription,
 };
-pub use breakwater_testkit::RedisServer;
+pub use breakwater_testkit::{RedisCluster, RedisServer};
 
 /// Timeouts for tests that are about something other than a slow Redis:
 /// generous, so a loaded CI machine cannot turn them into outage tests.
@@ -30,6 +30,22 @@ pub async fn redis_store() -> (RedisServer, RedisStore) {
 pub async fn connect(server: &RedisServer) -> RedisStore {
     let store = RedisStore::connect_with(&server.url(), patient()).expect("valid url");
     store.warm_up().await.expect("private redis is reachable");
+    store
+}
+
+/// A private three-node Redis Cluster and a connected store on it (with
+/// [`patient`] timeouts).
+pub async fn cluster_store() -> (RedisCluster, RedisStore) {
+    let cluster = RedisCluster::start();
+    let store = connect_cluster(&cluster).await;
+    (cluster, store)
+}
+
+/// Another connected store on `cluster` ([`patient`] timeouts), as another
+/// process would have.
+pub async fn connect_cluster(cluster: &RedisCluster) -> RedisStore {
+    let store = RedisStore::connect_cluster_with(cluster.urls(), patient()).expect("valid urls");
+    store.warm_up().await.expect("private cluster is reachable");
     store
 }
 
@@ -143,5 +159,29 @@ impl<S: Store + Clone> Store for CountingStore<S> {
     }
     fn subscribe(&self, c: &[u8]) -> Subscription {
         self.inner.subscribe(c)
+    }
+}
+
+/// The future of [`slow_loader`]'s loader.
+pub type LoadFuture = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Option<String>, std::io::Error>> + Send>,
+>;
+
+/// A loader that counts calls and takes `delay`.
+pub fn slow_loader(
+    calls: &Arc<AtomicUsize>,
+    delay: Duration,
+    value: &str,
+) -> impl Fn() -> LoadFuture + Send + Sync + 'static {
+    let calls = Arc::clone(calls);
+    let value = value.to_string();
+    move || {
+        let calls = Arc::clone(&calls);
+        let value = value.clone();
+        Box::pin(async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(delay).await;
+            Ok(Some(value))
+        })
     }
 }

@@ -1,0 +1,204 @@
+//! The cache on a private three-node Redis Cluster: one load per key across
+//! "processes" (separate stores, own connections), waiters woken by a fill
+//! on another node, fenced writes, and a node outage. The `Store` contract
+//! runs on the cluster too (`store_contract.rs`).
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use breakwater::{Cache, RedisStore, RedisStoreConfig, Store};
+use support::{CountingStore, RedisCluster, cluster_store, connect_cluster, slow_loader};
+
+fn cache_on<S: Store + Clone>(store: &S) -> Cache<String> {
+    Cache::builder()
+        .namespace("cluster")
+        .store(store.clone())
+        .ttl(Duration::from_secs(60))
+        .lock_poll(Duration::from_secs(10)) // polling alone would take ≥ 5 s
+        .lock_wait(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// The cluster node that stores `key` for `cache`.
+fn node_of(cluster: &RedisCluster, cache: &Cache<String>, key: &str) -> usize {
+    let storage = cache.storage_key(key.as_bytes()).unwrap();
+    cluster.node_of(std::str::from_utf8(&storage).unwrap())
+}
+
+/// A user key whose entry lives on `node`.
+fn key_on(cluster: &RedisCluster, cache: &Cache<String>, node: usize) -> String {
+    (0..)
+        .map(|i| format!("key-{i}"))
+        .find(|k| node_of(cluster, cache, k) == node)
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_spread_over_every_node_and_each_loads_once_across_processes() {
+    let (cluster, store) = cluster_store().await;
+    let other = connect_cluster(&cluster).await;
+    let caches = [cache_on(&store), cache_on(&other)];
+    let keys: Vec<String> = (0..30).map(|i| format!("product:{i}")).collect();
+    let calls: Vec<Arc<AtomicUsize>> = keys.iter().map(|_| Arc::default()).collect();
+    let mut tasks = Vec::new();
+    for (key, calls) in keys.iter().zip(&calls) {
+        for cache in &caches {
+            for _ in 0..10 {
+                let cache = cache.clone();
+                let key = key.clone();
+                let load = slow_loader(calls, Duration::from_millis(50), &format!("v:{key}"));
+                tasks.push(tokio::spawn(async move {
+                    let got = cache.get_or_load(&key, load).await;
+                    (key, got)
+                }));
+            }
+        }
+    }
+    for task in tasks {
+        let (key, got) = task.await.unwrap();
+        assert_eq!(got.unwrap(), Some(format!("v:{key}")));
+    }
+    for (key, calls) in keys.iter().zip(&calls) {
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            1,
+            "{key} loaded more than once"
+        );
+    }
+    // The entries (and only they: leases are gone) are spread over the nodes.
+    let per_node: Vec<u64> = cluster
+        .nodes()
+        .iter()
+        .map(|node| node.command(&["DBSIZE"]).unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(per_node.iter().sum::<u64>(), 30, "{per_node:?}");
+    assert!(per_node.iter().all(|&n| n > 0), "{per_node:?}");
+}
+
+/// Process A loads `key` slowly; process B waits. B's result, and the
+/// `GET`s B made after it started waiting.
+async fn wait_for_a_fill(
+    cluster: &RedisCluster,
+    key: &str,
+    value: &str,
+) -> (Option<String>, usize) {
+    let a_store = connect_cluster(cluster).await;
+    let b_store = CountingStore::new(connect_cluster(cluster).await);
+    let a = cache_on(&a_store);
+    let b = cache_on(&b_store);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let leader = {
+        let load = slow_loader(&calls, Duration::from_millis(1500), value);
+        let key = key.to_owned();
+        tokio::spawn(async move { a.get_or_load(&key, load).await })
+    };
+    while calls.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let waiter = {
+        let load = slow_loader(&calls, Duration::ZERO, "second");
+        let key = key.to_owned();
+        tokio::spawn(async move { b.get_or_load(&key, load).await })
+    };
+    // B reads twice (its shared read, then once more after taking its
+    // watch), then sleeps until woken.
+    while b_store.gets() < 2 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before_fill = b_store.gets();
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the fill has not happened yet"
+    );
+    let got = waiter.await.unwrap().unwrap();
+    assert_eq!(leader.await.unwrap().unwrap().as_deref(), Some(value));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    (got, b_store.gets() - before_fill)
+}
+
+#[tokio::test]
+async fn a_fill_on_one_node_wakes_a_waiter_subscribed_to_another() {
+    let (cluster, store) = cluster_store().await;
+    // Subscriptions use the first node; the key lives on the last.
+    let key = key_on(&cluster, &cache_on(&store), 2);
+    let (got, gets_after_wake) = wait_for_a_fill(&cluster, &key, "filled").await;
+    assert_eq!(got.as_deref(), Some("filled"));
+    assert_eq!(
+        gets_after_wake, 0,
+        "woken by the fill's message, which carried the value"
+    );
+}
+
+#[tokio::test]
+async fn invalidate_during_a_slow_load_refuses_its_write_on_a_cluster() {
+    let (cluster, store) = cluster_store().await;
+    let other = connect_cluster(&cluster).await;
+    let (a, b) = (cache_on(&store), cache_on(&other));
+    let key = key_on(&cluster, &a, 1);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let slow = {
+        let load = slow_loader(&calls, Duration::from_millis(500), "stale");
+        let (a, key) = (a.clone(), key.clone());
+        tokio::spawn(async move { a.get_or_load(&key, load).await })
+    };
+    while calls.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    b.invalidate(&key).await.unwrap();
+    // The slow load still answers its own callers...
+    assert_eq!(slow.await.unwrap().unwrap().as_deref(), Some("stale"));
+    // ...but its write was refused: the next read loads fresh data.
+    assert_eq!(a.get(&key).await.unwrap(), None);
+    let fresh = b
+        .get_or_load(&key, slow_loader(&calls, Duration::ZERO, "fresh"))
+        .await
+        .unwrap();
+    assert_eq!(fresh.as_deref(), Some("fresh"));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_dead_node_degrades_its_keys_to_direct_loads_and_spares_the_others() {
+    let mut cluster = RedisCluster::start();
+    let config = RedisStoreConfig::default()
+        .connect_timeout(Duration::from_millis(500))
+        .response_timeout(Duration::from_millis(300));
+    let store = RedisStore::connect_cluster_with(cluster.urls(), config).unwrap();
+    store.warm_up().await.unwrap();
+    let cache = cache_on(&store);
+    let (dead, alive) = (key_on(&cluster, &cache, 1), key_on(&cluster, &cache, 0));
+    let calls = Arc::new(AtomicUsize::new(0));
+    for key in [&dead, &alive] {
+        let got = cache
+            .get_or_load(
+                key,
+                slow_loader(&calls, Duration::ZERO, &format!("v:{key}")),
+            )
+            .await
+            .unwrap();
+        assert_eq!(got, Some(format!("v:{key}")));
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+
+    cluster.node_mut(1).kill();
+    // The dead node's key is loaded directly: no error reaches the caller.
+    let got = cache
+        .get_or_load(&dead, slow_loader(&calls, Duration::ZERO, "direct"))
+        .await
+        .unwrap();
+    assert_eq!(got.as_deref(), Some("direct"));
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    // A key on a live node is still served from the cluster, unloaded.
+    let got = cache
+        .get_or_load(&alive, slow_loader(&calls, Duration::ZERO, "reloaded"))
+        .await
+        .unwrap();
+    assert_eq!(got, Some(format!("v:{alive}")));
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
