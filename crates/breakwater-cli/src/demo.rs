@@ -330,8 +330,11 @@ async fn scenario(
                 write_ms,
             });
         };
-        let left_ms = u64::try_from(left.as_micros().div_ceil(1000)).unwrap_or(u64::MAX);
-        expiries.push(now_ms.saturating_add(left_ms).saturating_sub(start_ms));
+        expiries.push(
+            now_ms
+                .saturating_add(whole_ms(left))
+                .saturating_sub(start_ms),
+        );
     }
 
     Ok(Scenario {
@@ -340,6 +343,11 @@ async fn scenario(
         write_ms,
         stats: expiry_stats(&expiries),
     })
+}
+
+/// A TTL left, in whole milliseconds, rounded up.
+pub(crate) fn whole_ms(left: Duration) -> u64 {
+    u64::try_from(left.as_micros().div_ceil(1000)).unwrap_or(u64::MAX)
 }
 
 /// `n` with thousands separators: `10,000`.

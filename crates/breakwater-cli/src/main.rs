@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod demo;
+mod warm;
 mod worker;
 
 /// breakwater — a Redis caching layer that fights cache avalanche and stampede.
@@ -24,6 +25,9 @@ struct Cli {
 enum Command {
     /// Show how TTL jitter spreads expiries (embedded memory store, no server).
     Demo(demo::DemoOpts),
+    /// Warm a cold cache at a bounded rate and width, and show how the
+    /// warmed keys' expiries spread (memory store, or `--redis URL`).
+    Warm(warm::WarmOpts),
     /// Measure: `bench stampede` (one hot key, breakwater vs the naive algorithm)
     /// and `bench grace` (callers during a grace refresh).
     #[command(subcommand)]
@@ -39,6 +43,7 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Demo(opts) => demo::main(opts).await,
+        Command::Warm(opts) => warm::main(opts).await,
         Command::Bench(command) => bench::main(command).await,
         Command::StampedeWorker(opts) => worker::main(opts).await,
     }

@@ -64,7 +64,7 @@ pub mod store;
 pub use breaker::{BreakerConfig, BreakerState};
 pub use cache::{
     Cache, CacheBuilder, CacheEntry, Fetched, OnLockTimeout, Origin, OriginBuilder, Served,
-    StaleReason, Value,
+    StaleReason, Value, Warm, WarmReport,
 };
 pub use codec::{Codec, Compression};
 pub use error::{ConfigError, Error, ErrorKind};

@@ -34,10 +34,12 @@ mod guard;
 mod notify;
 mod options;
 mod origin;
+mod warm;
 
 pub use builder::{CacheBuilder, OnLockTimeout};
 pub use options::{CacheEntry, Fetched, Served, StaleReason};
 pub use origin::{Origin, OriginBuilder};
+pub use warm::{Warm, WarmReport};
 
 use std::collections::HashMap;
 use std::error::Error as StdError;

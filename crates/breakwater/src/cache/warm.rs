@@ -1,0 +1,235 @@
+//! Warming: filling the cache ahead of traffic (after a deploy, a key-version
+//! bump, a flushed Redis) without stampeding the database that the cache
+//! exists to protect.
+//!
+//! A warm-up walks a list of keys with a bounded number of keys in progress
+//! (`concurrency`) and starts at most `rate` loads per second. Keys already
+//! fresh in the store are counted and skipped without a load. Every load goes
+//! through [`Cache::get_or_load`], so it shares single-flight, the lease and
+//! origin protection with live traffic (a key that a request is loading is
+//! not loaded twice), and every write gets the cache's TTL jitter (or the
+//! warm-up's own), so the warmed keys do not expire together later.
+
+use std::error::Error as StdError;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::sync::Mutex;
+use tokio::time::{Instant, Interval, MissedTickBehavior};
+
+use super::options::Served;
+use super::{Cache, Value};
+use crate::error::{ConfigError, Error};
+use crate::jitter::Jitter;
+
+/// How a [`Cache::warm`] runs.
+///
+/// # Defaults
+///
+/// | setting | default |
+/// |---|---|
+/// | `rate` | 100 loads per second |
+/// | `concurrency` | 4 keys in progress |
+/// | `jitter` | the cache's |
+///
+/// # Examples
+///
+/// ```
+/// use breakwater::{Jitter, Warm};
+///
+/// // 500 loads a second, 16 at a time, TTLs spread by ±25 %.
+/// let warm = Warm::new().rate(500).concurrency(16).jitter(Jitter::ratio(0.25));
+/// # let _ = warm;
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Warm {
+    rate: u32,
+    concurrency: usize,
+    jitter: Option<Jitter>,
+}
+
+impl Default for Warm {
+    fn default() -> Self {
+        Warm {
+            rate: 100,
+            concurrency: 4,
+            jitter: None,
+        }
+    }
+}
+
+impl Warm {
+    /// The defaults (see the table above).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// At most `per_second` loads start per second, evenly spaced (no burst).
+    pub fn rate(mut self, per_second: u32) -> Self {
+        self.rate = per_second;
+        self
+    }
+
+    /// At most `keys` keys are in progress (being checked or loaded) at once.
+    pub fn concurrency(mut self, keys: usize) -> Self {
+        self.concurrency = keys;
+        self
+    }
+
+    /// The jitter of the warm-up's writes, instead of the cache's.
+    pub fn jitter(mut self, jitter: Jitter) -> Self {
+        self.jitter = Some(jitter);
+        self
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.rate == 0 {
+            return Err(ConfigError::new(
+                "warm rate must be at least 1 load per second",
+            ));
+        }
+        if self.concurrency == 0 {
+            return Err(ConfigError::new("warm concurrency must be at least 1"));
+        }
+        Ok(())
+    }
+}
+
+/// What a [`Cache::warm`] did.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct WarmReport {
+    /// Keys this warm-up loaded and wrote (negative entries included).
+    pub loaded: usize,
+    /// Keys that were fresh already, or that another caller filled while
+    /// this warm-up waited for it: no load of this warm-up's.
+    pub cached: usize,
+    /// Keys that failed (a loader error, an invalid key, a timeout...).
+    pub failed: usize,
+    /// The first failure, with its key (lossily shown as UTF-8).
+    pub first_error: Option<(String, Error)>,
+    /// How long the warm-up took.
+    pub elapsed: Duration,
+}
+
+/// One key's outcome.
+enum Outcome {
+    Loaded,
+    Cached,
+    Failed(Error),
+}
+
+impl<V: Value> Cache<V> {
+    /// Loads every key of `keys` that is not fresh in the cache, at most
+    /// `warm.rate` loads per second and `warm.concurrency` keys at a time,
+    /// and writes them with jittered TTLs. A failing key is counted and
+    /// the warm-up goes on.
+    ///
+    /// Keys are checked with one store read before they are paced, so a
+    /// warm-up over mostly warm keys costs reads, not loads.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use breakwater::{Cache, Warm};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let cache = Cache::<String>::builder().namespace("catalog").build()?;
+    /// let keys = (1..=20).map(|id| format!("product:{id}"));
+    /// let report = cache
+    ///     .warm(keys, |key: String| async move {
+    ///         Ok::<_, std::io::Error>(Some(format!("row for {key}"))) // your query here
+    ///     }, Warm::new().rate(1_000))
+    ///     .await?;
+    /// assert_eq!(report.loaded, 20);
+    /// assert_eq!(cache.get("product:7").await?.as_deref(), Some("row for product:7"));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] for a zero rate or concurrency, or an invalid jitter;
+    /// nothing is loaded then. Per-key failures are in the report.
+    pub async fn warm<K, I, F, Fut, E>(
+        &self,
+        keys: I,
+        loader: F,
+        warm: Warm,
+    ) -> Result<WarmReport, ConfigError>
+    where
+        I: IntoIterator<Item = K>,
+        K: AsRef<[u8]> + Clone + Send + Sync + 'static,
+        F: Fn(K) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
+        E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+    {
+        warm.validate()?;
+        if let Some(jitter) = &warm.jitter {
+            jitter.validate()?;
+        }
+        let started = Instant::now();
+        let loader = Arc::new(loader);
+        let mut pace = tokio::time::interval(Duration::from_secs(1) / warm.rate);
+        pace.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let pace = Mutex::new(pace);
+        let mut report = WarmReport::default();
+        let mut outcomes = futures_util::stream::iter(keys)
+            .map(|key| {
+                let loader = Arc::clone(&loader);
+                let outcome = self.warm_one(key.clone(), loader, &pace, warm.jitter);
+                async move { (key, outcome.await) }
+            })
+            .buffer_unordered(warm.concurrency);
+        while let Some((key, outcome)) = outcomes.next().await {
+            match outcome {
+                Outcome::Loaded => report.loaded += 1,
+                Outcome::Cached => report.cached += 1,
+                Outcome::Failed(err) => {
+                    report.failed += 1;
+                    if report.first_error.is_none() {
+                        let shown = String::from_utf8_lossy(key.as_ref()).into_owned();
+                        report.first_error = Some((shown, err));
+                    }
+                }
+            }
+        }
+        report.elapsed = started.elapsed();
+        Ok(report)
+    }
+
+    async fn warm_one<K, F, Fut, E>(
+        &self,
+        key: K,
+        loader: Arc<F>,
+        pace: &Mutex<Interval>,
+        jitter: Option<Jitter>,
+    ) -> Outcome
+    where
+        K: AsRef<[u8]> + Clone + Send + Sync + 'static,
+        F: Fn(K) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
+        E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+    {
+        match self.get(key.as_ref()).await {
+            Ok(Some(_)) => return Outcome::Cached,
+            Ok(None) => {}
+            Err(err) if err.is_invalid_key() => return Outcome::Failed(err),
+            // A failing store read is a miss here, as everywhere.
+            Err(_) => {}
+        }
+        pace.lock().await.tick().await;
+        let mut entry = self.entry(key.as_ref());
+        if let Some(jitter) = jitter {
+            entry = entry.jitter(jitter);
+        }
+        let fetched = entry
+            .get_or_load_with_meta(move || loader(key.clone()))
+            .await;
+        match fetched {
+            Ok(fetched) if fetched.served == Served::Loaded => Outcome::Loaded,
+            Ok(_) => Outcome::Cached,
+            Err(err) => Outcome::Failed(err),
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! Warming: missing keys loaded at a bounded rate and width, fresh keys
+//! skipped, failures counted, TTLs spread. Paused tokio time throughout.
+
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use breakwater::{Cache, Jitter, MemoryStore, Store, Warm};
+use support::DbDown;
+use tokio::time::Instant;
+
+fn cache(store: &MemoryStore) -> Cache<String> {
+    Cache::builder()
+        .namespace("warm")
+        .store(store.clone())
+        .ttl(Duration::from_secs(600))
+        .build()
+        .unwrap()
+}
+
+fn keys(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("product:{i}")).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn loads_the_missing_keys_and_skips_the_fresh_ones() {
+    let store = MemoryStore::new();
+    let cache = cache(&store);
+    for key in &keys(3) {
+        cache.set(key, &"already".to_owned()).await.unwrap();
+    }
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    let report = cache
+        .warm(
+            keys(10),
+            move |key: String| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async move { Ok::<_, DbDown>(Some(format!("row {key}"))) }
+            },
+            Warm::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!((report.loaded, report.cached, report.failed), (7, 3, 0));
+    assert_eq!(calls.load(Ordering::SeqCst), 7);
+    assert_eq!(
+        cache.get("product:0").await.unwrap().as_deref(),
+        Some("already")
+    );
+    assert_eq!(
+        cache.get("product:9").await.unwrap().as_deref(),
+        Some("row product:9")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn loads_start_no_faster_than_the_rate() {
+    let store = MemoryStore::new();
+    let cache = cache(&store);
+    let starts = Arc::new(Mutex::new(Vec::new()));
+    let recorded = Arc::clone(&starts);
+    let began = Instant::now();
+    let report = cache
+        .warm(
+            keys(21),
+            move |_key: String| {
+                recorded.lock().unwrap().push(Instant::now());
+                async { Ok::<_, DbDown>(Some("v".to_owned())) }
+            },
+            Warm::new().rate(10).concurrency(8),
+        )
+        .await
+        .unwrap();
+    assert_eq!(report.loaded, 21);
+    let starts = starts.lock().unwrap();
+    // Evenly spaced, 100 ms apart: 21 loads take 2 s, the first at once.
+    assert_eq!(starts[0], began);
+    for pair in starts.windows(2) {
+        assert!(pair[1] - pair[0] >= Duration::from_millis(100), "{pair:?}");
+    }
+    assert!(
+        report.elapsed >= Duration::from_secs(2),
+        "{:?}",
+        report.elapsed
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn at_most_concurrency_keys_load_at_once() {
+    let store = MemoryStore::new();
+    let cache = cache(&store);
+    let (now, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (n, p) = (Arc::clone(&now), Arc::clone(&peak));
+    let report = cache
+        .warm(
+            keys(12),
+            move |_key: String| {
+                let (now, peak) = (Arc::clone(&n), Arc::clone(&p));
+                async move {
+                    let running = now.fetch_add(1, Ordering::SeqCst) + 1;
+                    peak.fetch_max(running, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    now.fetch_sub(1, Ordering::SeqCst);
+                    Ok::<_, DbDown>(Some("v".to_owned()))
+                }
+            },
+            Warm::new().rate(1_000).concurrency(3),
+        )
+        .await
+        .unwrap();
+    assert_eq!(report.loaded, 12);
+    assert_eq!(peak.load(Ordering::SeqCst), 3);
+    // Four rounds of three half-second loads.
+    assert!(
+        report.elapsed >= Duration::from_secs(2),
+        "{:?}",
+        report.elapsed
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn failures_are_counted_and_the_warm_up_goes_on() {
+    let store = MemoryStore::new();
+    let cache = cache(&store);
+    let mut all = keys(6);
+    all.push(String::new()); // an invalid key
+    let report = cache
+        .warm(
+            all,
+            |key: String| async move {
+                if key.ends_with('3') {
+                    Err(DbDown)
+                } else {
+                    Ok(Some("v".to_owned()))
+                }
+            },
+            Warm::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!((report.loaded, report.cached, report.failed), (5, 0, 2));
+    let (key, err) = report.first_error.expect("a failure is reported");
+    assert!(
+        (key == "product:3" && err.is_loader()) || (key.is_empty() && err.is_invalid_key()),
+        "{key:?}: {err}"
+    );
+    assert_eq!(cache.get("product:3").await.unwrap(), None);
+    assert_eq!(cache.get("product:5").await.unwrap().as_deref(), Some("v"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn warmed_keys_do_not_expire_together() {
+    let store = MemoryStore::new();
+    let cache = cache(&store);
+    let report = cache
+        .warm(
+            keys(200),
+            |_key: String| async { Ok::<_, DbDown>(Some("v".to_owned())) },
+            Warm::new().rate(10_000).jitter(Jitter::ratio(0.2)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(report.loaded, 200);
+    let mut ttls = Vec::new();
+    for key in keys(200) {
+        let storage = cache.storage_key(key.as_bytes()).unwrap();
+        ttls.push(store.ttl(&storage).await.unwrap().unwrap());
+    }
+    ttls.sort();
+    let (first, last) = (ttls[0], ttls[ttls.len() - 1]);
+    // ±20 % of 600 s: expiries spread over minutes, not one second.
+    assert!(
+        last - first > Duration::from_secs(120),
+        "{first:?}..{last:?}"
+    );
+    assert!(first >= Duration::from_secs(480) && last <= Duration::from_secs(720));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_zero_rate_or_width_is_a_config_error_and_loads_nothing() {
+    let store = MemoryStore::new();
+    let cache = cache(&store);
+    let calls = Arc::new(AtomicUsize::new(0));
+    for (warm, message) in [
+        (
+            Warm::new().rate(0),
+            "warm rate must be at least 1 load per second",
+        ),
+        (
+            Warm::new().concurrency(0),
+            "warm concurrency must be at least 1",
+        ),
+        (
+            Warm::new().jitter(Jitter::ratio(2.0)),
+            "jitter ratio must be in 0..=1, got 2",
+        ),
+    ] {
+        let counted = Arc::clone(&calls);
+        let err = cache
+            .warm(
+                keys(3),
+                move |_key: String| {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    async { Ok::<_, DbDown>(Some("v".to_owned())) }
+                },
+                warm,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.message(), message);
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
