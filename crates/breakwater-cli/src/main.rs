@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod demo;
+mod inspect;
 mod warm;
 mod worker;
 
@@ -28,6 +29,9 @@ enum Command {
     /// Warm a cold cache at a bounded rate and width, and show how the
     /// warmed keys' expiries spread (memory store, or `--redis URL`).
     Warm(warm::WarmOpts),
+    /// Show what Redis holds for cache keys: fresh or stale and for how
+    /// long, negative, unreadable, the record's TTL, the lease.
+    Inspect(inspect::InspectOpts),
     /// Measure: `bench stampede` (one hot key, breakwater vs the naive algorithm)
     /// and `bench grace` (callers during a grace refresh).
     #[command(subcommand)]
@@ -44,6 +48,7 @@ async fn main() -> ExitCode {
     match cli.command {
         Command::Demo(opts) => demo::main(opts).await,
         Command::Warm(opts) => warm::main(opts).await,
+        Command::Inspect(opts) => inspect::main(opts).await,
         Command::Bench(command) => bench::main(command).await,
         Command::StampedeWorker(opts) => worker::main(opts).await,
     }

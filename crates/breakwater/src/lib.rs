@@ -63,8 +63,8 @@ pub mod store;
 
 pub use breaker::{BreakerConfig, BreakerState};
 pub use cache::{
-    Cache, CacheBuilder, CacheEntry, Fetched, OnLockTimeout, Origin, OriginBuilder, Served,
-    StaleReason, Value, Warm, WarmReport,
+    Cache, CacheBuilder, CacheEntry, EntryView, Fetched, Inspection, OnLockTimeout, Origin,
+    OriginBuilder, Served, StaleReason, Stored, Value, Warm, WarmReport,
 };
 pub use codec::{Codec, Compression};
 pub use error::{ConfigError, Error, ErrorKind};

@@ -194,7 +194,9 @@ async fn next_message(sub: &mut Subscription) -> Vec<u8> {
 
 async fn a_lease_has_one_holder_bound_to_its_token(store: &dyn Store, time: Time) {
     let mut sub = subscribed(store).await;
+    assert!(!store.lease_held(LEASE).await.unwrap());
     assert!(store.acquire_lease(LEASE, b"token-a", TTL).await.unwrap());
+    assert!(store.lease_held(LEASE).await.unwrap());
     assert!(!store.acquire_lease(LEASE, b"token-b", TTL).await.unwrap());
     // Only the holder extends or releases it, even once it is waited on.
     assert!(!store.extend_lease(LEASE, b"token-b", TTL).await.unwrap());
@@ -212,6 +214,7 @@ async fn a_lease_has_one_holder_bound_to_its_token(store: &dyn Store, time: Time
             .unwrap()
     );
     assert_eq!(next_message(&mut sub).await, b"released");
+    assert!(!store.lease_held(LEASE).await.unwrap());
     // Free again; and a lease runs out on its own.
     assert!(
         store
@@ -220,6 +223,7 @@ async fn a_lease_has_one_holder_bound_to_its_token(store: &dyn Store, time: Time
             .unwrap()
     );
     time.pass(Duration::from_millis(120)).await;
+    assert!(!store.lease_held(LEASE).await.unwrap(), "expired");
     assert!(store.acquire_lease(LEASE, b"token-c", TTL).await.unwrap());
 }
 

@@ -107,6 +107,10 @@ impl Store for GuardedStore {
         self.guard(move || self.store.acquire_lease(lease_key, token, ttl))
     }
 
+    fn lease_held<'a>(&'a self, lease_key: &'a [u8]) -> StoreFuture<'a, bool> {
+        self.guard(move || self.store.lease_held(lease_key))
+    }
+
     fn extend_lease<'a>(
         &'a self,
         lease_key: &'a [u8],

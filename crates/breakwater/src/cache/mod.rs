@@ -31,12 +31,14 @@
 mod builder;
 mod fill;
 mod guard;
+mod inspect;
 mod notify;
 mod options;
 mod origin;
 mod warm;
 
 pub use builder::{CacheBuilder, OnLockTimeout};
+pub use inspect::{EntryView, Inspection, Stored};
 pub use options::{CacheEntry, Fetched, Served, StaleReason};
 pub use origin::{Origin, OriginBuilder};
 pub use warm::{Warm, WarmReport};

@@ -276,6 +276,16 @@ impl Store for MemoryStore {
         Box::pin(async move { result })
     }
 
+    fn lease_held<'a>(&'a self, lease_key: &'a [u8]) -> StoreFuture<'a, bool> {
+        let now = Instant::now();
+        let held = self
+            .inner
+            .leases()
+            .get(lease_key)
+            .is_some_and(|l| l.expires_at > now);
+        Box::pin(async move { Ok(held) })
+    }
+
     fn extend_lease<'a>(
         &'a self,
         lease_key: &'a [u8],

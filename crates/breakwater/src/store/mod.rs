@@ -94,6 +94,10 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         ttl: Duration,
     ) -> StoreFuture<'a, bool>;
 
+    /// Whether someone holds the lease `lease_key` (unexpired). For
+    /// inspection; the request path never calls it.
+    fn lease_held<'a>(&'a self, lease_key: &'a [u8]) -> StoreFuture<'a, bool>;
+
     /// Resets the lease's TTL to `ttl` if `token` still holds it
     /// (compare-and-pexpire). `false` means the lease was lost.
     fn extend_lease<'a>(

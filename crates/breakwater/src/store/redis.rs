@@ -788,6 +788,16 @@ impl Store for RedisStore {
         })
     }
 
+    fn lease_held<'a>(&'a self, lease_key: &'a [u8]) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            let held: i64 = self
+                .inner
+                .query(redis::cmd("EXISTS").arg(lease_key))
+                .await?;
+            Ok(held == 1)
+        })
+    }
+
     fn extend_lease<'a>(
         &'a self,
         lease_key: &'a [u8],

@@ -137,6 +137,9 @@ impl<S: Store + Clone> Store for CountingStore<S> {
     fn acquire_lease<'a>(&'a self, l: &'a [u8], t: &'a [u8], d: Duration) -> StoreFuture<'a, bool> {
         self.inner.acquire_lease(l, t, d)
     }
+    fn lease_held<'a>(&'a self, l: &'a [u8]) -> StoreFuture<'a, bool> {
+        self.inner.lease_held(l)
+    }
     fn extend_lease<'a>(&'a self, l: &'a [u8], t: &'a [u8], d: Duration) -> StoreFuture<'a, bool> {
         self.inner.extend_lease(l, t, d)
     }
