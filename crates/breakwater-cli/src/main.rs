@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod demo;
 mod inspect;
+mod simulate;
 mod warm;
 mod worker;
 
@@ -26,6 +27,9 @@ struct Cli {
 enum Command {
     /// Show how TTL jitter spreads expiries (embedded memory store, no server).
     Demo(demo::DemoOpts),
+    /// Simulate minutes of traffic on a virtual clock: a naive cache next to
+    /// breakwater, database queries per second and latency.
+    Simulate(simulate::SimulateOpts),
     /// Warm a cold cache at a bounded rate and width, and show how the
     /// warmed keys' expiries spread (memory store, or `--redis URL`).
     Warm(warm::WarmOpts),
@@ -47,6 +51,7 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Demo(opts) => demo::main(opts).await,
+        Command::Simulate(opts) => simulate::main(opts).await,
         Command::Warm(opts) => warm::main(opts).await,
         Command::Inspect(opts) => inspect::main(opts).await,
         Command::Bench(command) => bench::main(command).await,

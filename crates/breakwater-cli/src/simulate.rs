@@ -1,0 +1,440 @@
+//! `breakwater simulate`: a keyspace written at once, then steady traffic on
+//! a virtual clock, against a slow database: a naive cache next to
+//! breakwater, to watch the avalanche (every key expiring in the same
+//! second) and the stampede (every request for a missing hot key querying
+//! the database) happen, and not happen.
+//!
+//! Both scenarios run on the embedded memory store with paused tokio time
+//! (a run of minutes takes seconds, and the same seed gives the same
+//! figures). Requests arrive evenly at `--rps` and pick keys with a Zipf
+//! distribution (a few hot keys, a long tail).
+//!
+//! - **naive**: `GET`; on a miss, query the database and `SET` with the one
+//!   TTL. No jitter, no coalescing.
+//! - **breakwater**: [`Cache::get_or_load`] with jitter, single-flight and a
+//!   grace window of a tenth of the TTL.
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use breakwater::{Cache, Error, Jitter, MemoryStore, Store};
+use clap::Args;
+use clap::builder::RangedU64ValueParser;
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use tokio::time::Instant;
+
+use crate::demo::expiry_stats;
+
+/// Options of `breakwater simulate`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct SimulateOpts {
+    /// Keys, all written at the start with one TTL.
+    #[arg(long, default_value_t = 2_000,
+          value_parser = RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    pub(crate) keys: usize,
+    /// Requests per second.
+    #[arg(long, default_value_t = 400, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) rps: u32,
+    /// Simulated minutes of traffic.
+    #[arg(long, default_value_t = 25, value_parser = clap::value_parser!(u64).range(1..=1_440))]
+    pub(crate) minutes: u64,
+    /// Base TTL in seconds.
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub(crate) ttl_secs: u64,
+    /// breakwater's jitter ratio (±ratio).
+    #[arg(long, default_value_t = 0.2, allow_negative_numbers = true)]
+    pub(crate) ratio: f64,
+    /// How long one database query takes, in milliseconds.
+    #[arg(long, default_value_t = 50)]
+    pub(crate) db_ms: u64,
+    /// Zipf exponent of key popularity (0 = uniform).
+    #[arg(long, default_value_t = 1.0)]
+    pub(crate) zipf: f64,
+    /// Seed for key choice and jitter.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) seed: u64,
+}
+
+/// What one scenario measured.
+#[derive(Debug, Clone)]
+pub(crate) struct Outcome {
+    /// Database queries in all (the initial bulk write not counted).
+    pub(crate) queries: usize,
+    /// The most queries started in any one second.
+    pub(crate) peak_per_second: usize,
+    /// The most queries running at once.
+    pub(crate) peak_at_once: usize,
+    /// Queries started in each simulated minute.
+    pub(crate) per_minute: Vec<usize>,
+    /// Request latencies in microseconds, sorted.
+    pub(crate) latencies_us: Vec<u64>,
+    /// Requests that failed.
+    pub(crate) errors: usize,
+}
+
+/// Both scenarios.
+#[derive(Debug, Clone)]
+pub(crate) struct Simulation {
+    pub(crate) naive: Outcome,
+    pub(crate) breakwater: Outcome,
+}
+
+/// Runs `breakwater simulate`.
+pub(crate) async fn main(opts: SimulateOpts) -> ExitCode {
+    let handle = std::thread::spawn(move || {
+        let simulation = simulate(&opts);
+        (opts, simulation)
+    });
+    // The simulation has its own paused runtime on its own thread; wait for
+    // it without blocking this runtime.
+    let joined = tokio::task::spawn_blocking(move || handle.join()).await;
+    match joined {
+        Ok(Ok((opts, Ok(simulation)))) => {
+            print!("{}", render(&opts, &simulation));
+            ExitCode::SUCCESS
+        }
+        Ok(Ok((_, Err(err)))) => {
+            eprintln!("error: {err}");
+            if err.is_config() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        _ => {
+            eprintln!("error: the simulation panicked");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs both scenarios, each on a fresh paused runtime.
+///
+/// # Errors
+///
+/// A [`Config`](breakwater::ErrorKind::Config) error for options the
+/// library rejects (e.g. a ratio outside `0..=1`).
+pub(crate) fn simulate(opts: &SimulateOpts) -> Result<Simulation, Error> {
+    Jitter::ratio(opts.ratio).validate()?;
+    let run = |naive: bool| {
+        // A current-thread runtime with a paused clock allocates and spawns
+        // nothing that can fail short of memory exhaustion.
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .expect("a current-thread runtime")
+            .block_on(scenario(opts, naive))
+    };
+    Ok(Simulation {
+        naive: run(true)?,
+        breakwater: run(false)?,
+    })
+}
+
+/// The database stand-in.
+#[derive(Debug, Default)]
+struct Database {
+    running: AtomicUsize,
+    peak: AtomicUsize,
+    /// When each query started, in ms after the traffic began.
+    started_ms: Mutex<Vec<u64>>,
+}
+
+impl Database {
+    async fn query(&self, began: Instant, key: usize, latency: Duration) -> u64 {
+        let running = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak.fetch_max(running, Ordering::SeqCst);
+        let at = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.started_ms
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(at);
+        tokio::time::sleep(latency).await;
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        key as u64
+    }
+}
+
+/// Zipf key choice: `cdf[i]` is the probability of a key `<= i`.
+fn zipf_cdf(keys: usize, s: f64) -> Vec<f64> {
+    let weights: Vec<f64> = (1..=keys).map(|rank| 1.0 / (rank as f64).powf(s)).collect();
+    let total: f64 = weights.iter().sum();
+    let mut acc = 0.0;
+    weights
+        .iter()
+        .map(|w| {
+            acc += w / total;
+            acc
+        })
+        .collect()
+}
+
+fn pick(cdf: &[f64], u: f64) -> usize {
+    cdf.partition_point(|&p| p < u).min(cdf.len() - 1)
+}
+
+/// One scenario on the current (paused) runtime.
+async fn scenario(opts: &SimulateOpts, naive: bool) -> Result<Outcome, Error> {
+    let store = MemoryStore::new();
+    let ttl = Duration::from_secs(opts.ttl_secs);
+    let cache = Cache::<u64>::builder()
+        .namespace("simulate")
+        .store(store.clone())
+        .ttl(ttl)
+        .jitter(Jitter::ratio(opts.ratio))
+        .grace(ttl / 10)
+        .rng_seed(opts.seed)
+        .build()?;
+    let db = Arc::new(Database::default());
+    let latency = Duration::from_millis(opts.db_ms);
+    let naive_key = |key: usize| format!("naive:{key}").into_bytes();
+
+    // The bulk write that every key's expiry dates from.
+    for key in 0..opts.keys {
+        if naive {
+            store
+                .set(&naive_key(key), &(key as u64).to_be_bytes(), ttl)
+                .await?;
+        } else {
+            cache.set(key.to_string(), &(key as u64)).await?;
+        }
+    }
+
+    let cdf = Arc::new(zipf_cdf(opts.keys, opts.zipf));
+    let mut rng = StdRng::seed_from_u64(opts.seed);
+    let total = u64::from(opts.rps) * opts.minutes * 60;
+    let gap = Duration::from_secs(1) / opts.rps;
+    let began = Instant::now();
+    let mut tasks = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
+    for i in 0..total {
+        let arrival = began + gap * u32::try_from(i).unwrap_or(u32::MAX);
+        tokio::time::sleep_until(arrival).await;
+        let key = pick(&cdf, rng.random::<f64>());
+        let db = Arc::clone(&db);
+        let request = if naive {
+            let store = store.clone();
+            let raw = naive_key(key);
+            tokio::spawn(async move {
+                let start = Instant::now();
+                if store.get(&raw).await?.is_none() {
+                    let value = db.query(began, key, latency).await;
+                    store.set(&raw, &value.to_be_bytes(), ttl).await?;
+                }
+                Ok::<_, Error>(start.elapsed())
+            })
+        } else {
+            let cache = cache.clone();
+            tokio::spawn(async move {
+                let start = Instant::now();
+                cache
+                    .get_or_load(key.to_string(), move || {
+                        let db = Arc::clone(&db);
+                        async move { Ok::<_, Error>(Some(db.query(began, key, latency).await)) }
+                    })
+                    .await?;
+                Ok::<_, Error>(start.elapsed())
+            })
+        };
+        tasks.push(request);
+    }
+    let mut latencies_us = Vec::with_capacity(tasks.len());
+    let mut errors = 0;
+    for task in tasks {
+        match task.await {
+            Ok(Ok(latency)) => {
+                latencies_us.push(u64::try_from(latency.as_micros()).unwrap_or(u64::MAX));
+            }
+            _ => errors += 1,
+        }
+    }
+    latencies_us.sort_unstable();
+    let started = db
+        .started_ms
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let mut per_minute = vec![0; usize::try_from(opts.minutes).unwrap_or(0).max(1)];
+    for &ms in &started {
+        let minute = usize::try_from(ms / 60_000).unwrap_or(usize::MAX);
+        if let Some(slot) = per_minute.get_mut(minute) {
+            *slot += 1;
+        }
+    }
+    Ok(Outcome {
+        queries: started.len(),
+        peak_per_second: expiry_stats(&started).peak_1s,
+        peak_at_once: db.peak.load(Ordering::SeqCst),
+        per_minute,
+        latencies_us,
+        errors,
+    })
+}
+
+/// The report as text.
+pub(crate) fn render(opts: &SimulateOpts, sim: &Simulation) -> String {
+    use std::fmt::Write as _;
+
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "simulate: {} keys written at once with a {} s TTL, then {} requests/s for {} min",
+        opts.keys, opts.ttl_secs, opts.rps, opts.minutes
+    );
+    let _ = writeln!(
+        out,
+        "(Zipf s={}), database {} ms per query, virtual clock, seed {}",
+        opts.zipf, opts.db_ms, opts.seed
+    );
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "{:<11} {:>8} {:>7} {:>8} {:>8} {:>8} {:>8} {:>7}",
+        "", "queries", "peak/s", "at once", "waited", "p99 ms", "max ms", "errors"
+    );
+    for (name, o) in [("naive", &sim.naive), ("breakwater", &sim.breakwater)] {
+        // Requests that waited for the database (any wait at all: the
+        // store itself answers at once on the virtual clock).
+        let waited = o.latencies_us.iter().filter(|&&us| us >= 1_000).count();
+        let _ = writeln!(
+            out,
+            "{name:<11} {:>8} {:>7} {:>8} {:>8} {:>8} {:>8} {:>7}",
+            o.queries,
+            o.peak_per_second,
+            o.peak_at_once,
+            waited,
+            quantile_ms(&o.latencies_us, 0.99),
+            quantile_ms(&o.latencies_us, 1.0),
+            o.errors
+        );
+    }
+    let _ = writeln!(
+        out,
+        "(queries: database queries; peak/s: most started in one second; at once: most"
+    );
+    let _ = writeln!(
+        out,
+        "running together; waited: requests that waited for one)"
+    );
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "database queries per minute (each row to its own peak):"
+    );
+    for (name, o) in [("naive", &sim.naive), ("breakwater", &sim.breakwater)] {
+        let peak = o.per_minute.iter().copied().max().unwrap_or(0);
+        let _ = writeln!(out, "{name:<11} {} (peak {peak})", sparkline(&o.per_minute));
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "naive: every key written together expires together, and every request for a"
+    );
+    let _ = writeln!(
+        out,
+        "missing key queries the database. breakwater: jittered TTLs spread the expiries;"
+    );
+    let _ = writeln!(
+        out,
+        "one query per key refills it while callers get the stale value (grace)."
+    );
+    out
+}
+
+/// The `p` quantile (nearest rank) of sorted µs samples, in ms.
+fn quantile_ms(sorted_us: &[u64], p: f64) -> String {
+    if sorted_us.is_empty() {
+        return "-".to_owned();
+    }
+    let rank = ((p * sorted_us.len() as f64).ceil() as usize).clamp(1, sorted_us.len());
+    format!("{:.1}", sorted_us[rank - 1] as f64 / 1000.0)
+}
+
+/// One block character per value, scaled to the largest.
+fn sparkline(values: &[usize]) -> String {
+    const BLOCKS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    let max = values.iter().copied().max().unwrap_or(0).max(1);
+    values
+        .iter()
+        .map(|&v| BLOCKS[(v * (BLOCKS.len() - 1)).div_ceil(max).min(BLOCKS.len() - 1)])
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts() -> SimulateOpts {
+        SimulateOpts {
+            keys: 200,
+            rps: 400,
+            minutes: 3,
+            ttl_secs: 60,
+            ratio: 0.2,
+            db_ms: 50,
+            zipf: 1.0,
+            seed: 7,
+        }
+    }
+
+    #[test]
+    fn breakwater_flattens_the_avalanche_and_the_stampede() {
+        let sim = simulate(&opts()).unwrap();
+        let (naive, bw) = (&sim.naive, &sim.breakwater);
+        assert_eq!((naive.errors, bw.errors), (0, 0));
+        assert_eq!(naive.latencies_us.len(), 400 * 180);
+        // Every naive key expires at 60 s exactly: the busiest second
+        // queries for many keys at once (and for hot keys, many times).
+        assert!(
+            naive.peak_per_second >= 4 * bw.peak_per_second.max(1),
+            "naive {} vs breakwater {}",
+            naive.peak_per_second,
+            bw.peak_per_second
+        );
+        assert!(naive.peak_at_once > bw.peak_at_once, "{naive:?} {bw:?}");
+        // Grace: breakwater's callers do not wait for the database.
+        assert!(
+            bw.latencies_us[bw.latencies_us.len() * 99 / 100] < 50_000,
+            "{bw:?}"
+        );
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_figures() {
+        let a = simulate(&opts()).unwrap();
+        let b = simulate(&opts()).unwrap();
+        assert_eq!(a.naive.per_minute, b.naive.per_minute);
+        assert_eq!(a.breakwater.per_minute, b.breakwater.per_minute);
+        assert_eq!(a.breakwater.queries, b.breakwater.queries);
+    }
+
+    #[test]
+    fn a_bad_ratio_is_a_config_error() {
+        let err = simulate(&SimulateOpts {
+            ratio: 1.5,
+            ..opts()
+        })
+        .unwrap_err();
+        assert!(err.is_config(), "{err}");
+    }
+
+    #[test]
+    fn zipf_picks_favour_low_ranks() {
+        let cdf = zipf_cdf(100, 1.0);
+        assert!((cdf[99] - 1.0).abs() < 1e-9);
+        assert_eq!(pick(&cdf, 0.0), 0);
+        assert_eq!(pick(&cdf, 1.0), 99);
+        assert!(cdf[0] > 0.15, "rank 1 of 100 under s=1 is about 19 %");
+        let uniform = zipf_cdf(4, 0.0);
+        assert!((uniform[1] - 0.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn sparklines_scale_to_the_peak() {
+        assert_eq!(sparkline(&[0, 1, 8]), "▁▂█");
+        assert_eq!(sparkline(&[0, 0]), "▁▁");
+    }
+}
