@@ -949,6 +949,20 @@ mod tests {
     }
 
     #[test]
+    fn a_cluster_needs_valid_node_urls() {
+        let err = RedisStore::connect_cluster(Vec::<&str>::new()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid configuration: a redis cluster needs at least one node url"
+        );
+        let err = RedisStore::connect_cluster(["redis://127.0.0.1:7000", "not a url"]).unwrap_err();
+        assert!(err.is_config(), "{err}");
+        assert!(err.to_string().contains("not a url"), "{err}");
+        // Valid URLs make a store without connecting.
+        assert!(RedisStore::connect_cluster(["redis://127.0.0.1:1/"]).is_ok());
+    }
+
+    #[test]
     fn zero_timeout_is_rejected() {
         let config = RedisStoreConfig::default().response_timeout(Duration::ZERO);
         let err = RedisStore::connect_with("redis://127.0.0.1:1/", config).unwrap_err();
