@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use breakwater::{Cache, Codec, Error, Inspection, RedisStore, Stored};
+use breakwater::{Cache, Codec, Error, Inspection, Stored};
 use clap::{Args, ValueEnum};
 
 /// The codec the inspected cache writes with.
@@ -20,7 +20,8 @@ pub(crate) enum CodecArg {
 /// Options of `breakwater inspect`.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct InspectOpts {
-    /// Redis URL, e.g. `redis://127.0.0.1:6379`.
+    /// Redis URL, e.g. `redis://127.0.0.1:6379`; several, comma-separated,
+    /// for the nodes of a Redis Cluster.
     #[arg(long)]
     pub(crate) redis: String,
     /// The cache's namespace.
@@ -54,7 +55,7 @@ pub(crate) async fn main(opts: InspectOpts) -> ExitCode {
 
 /// Inspects every key and renders the report.
 async fn run(opts: &InspectOpts) -> Result<String, Error> {
-    let store = RedisStore::connect(&opts.redis)?;
+    let store = crate::redis_store(&opts.redis)?;
     store.warm_up().await?;
     let codec = match opts.codec {
         CodecArg::Msgpack => Codec::msgpack(),

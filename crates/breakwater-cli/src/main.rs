@@ -45,6 +45,16 @@ enum Command {
     StampedeWorker(worker::WorkerOpts),
 }
 
+/// A store on `urls`: one Redis URL, or several (comma-separated) nodes of
+/// a Redis Cluster.
+fn redis_store(urls: &str) -> Result<breakwater::RedisStore, breakwater::Error> {
+    if urls.contains(',') {
+        breakwater::RedisStore::connect_cluster(urls.split(',').map(str::trim))
+    } else {
+        breakwater::RedisStore::connect(urls)
+    }
+}
+
 /// Parses the command line and runs the chosen subcommand.
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {

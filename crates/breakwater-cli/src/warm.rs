@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use breakwater::{Cache, Error, Jitter, MemoryStore, RedisStore, Store, Warm, WarmReport};
+use breakwater::{Cache, Error, Jitter, MemoryStore, Store, Warm, WarmReport};
 use clap::Args;
 
 use crate::demo::{ExpiryStats, expiry_stats, whole_ms};
@@ -21,7 +21,8 @@ use crate::demo::{ExpiryStats, expiry_stats, whole_ms};
 /// Options of `breakwater warm`.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct WarmOpts {
-    /// Redis URL; without it the embedded memory store is used.
+    /// Redis URL (several, comma-separated, for the nodes of a Redis
+    /// Cluster); without it the embedded memory store is used.
     #[arg(long)]
     pub(crate) redis: Option<String>,
     /// Cache namespace (the keys are `bw:<namespace>:v:{key:<i>}`).
@@ -107,7 +108,7 @@ impl Database {
 pub(crate) async fn run(opts: &WarmOpts) -> Result<WarmRun, Error> {
     let store: Arc<dyn Store> = match &opts.redis {
         Some(url) => {
-            let store = RedisStore::connect(url)?;
+            let store = crate::redis_store(url)?;
             store.warm_up().await?;
             Arc::new(store)
         }

@@ -7,7 +7,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use breakwater::{Cache, Jitter, RedisStore, Store};
-use breakwater_testkit::RedisServer;
+use breakwater_testkit::{RedisCluster, RedisServer};
 
 /// Runs `breakwater inspect` with `args`; (exit code, stdout, stderr). The
 /// process gets 60 s.
@@ -112,4 +112,38 @@ async fn reports_fresh_negative_unreadable_and_missing_keys() {
     let (code, _, err) = inspect(&["--redis", &url, "--namespace", "shop", ""]);
     assert_eq!(code, 2, "an empty key is a usage error: {err}");
     assert!(err.contains("key must not be empty"), "{err}");
+}
+
+#[tokio::test]
+async fn inspects_keys_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let store = RedisStore::connect_cluster(cluster.urls()).unwrap();
+    let cache: Cache<String> = Cache::builder()
+        .namespace("shop")
+        .store(store)
+        .build()
+        .unwrap();
+    let keys: Vec<String> = (0..6).map(|i| format!("product:{i}")).collect();
+    for key in &keys {
+        cache.set(key, &"v".to_owned()).await.unwrap();
+    }
+    // The keys live on more than one node.
+    let nodes: std::collections::HashSet<usize> = keys
+        .iter()
+        .map(|k| {
+            cluster.node_of(&String::from_utf8(cache.storage_key(k.as_bytes()).unwrap()).unwrap())
+        })
+        .collect();
+    assert!(nodes.len() > 1, "{nodes:?}");
+
+    let urls = cluster.urls().join(",");
+    let mut args = vec!["--redis", &urls, "--namespace", "shop"];
+    args.extend(keys.iter().map(String::as_str));
+    let (code, out, err) = inspect(&args);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert_eq!(
+        out.matches("entry      value, fresh for").count(),
+        6,
+        "{out}"
+    );
 }
