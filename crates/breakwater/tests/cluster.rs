@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use breakwater::{Cache, RedisStore, RedisStoreConfig, Store};
+use breakwater::{BreakerConfig, BreakerState, Cache, RedisStore, RedisStoreConfig, Store};
 use support::{CountingStore, RedisCluster, cluster_store, connect_cluster, slow_loader};
 
 fn cache_on<S: Store + Clone>(store: &S) -> Cache<String> {
@@ -201,4 +201,80 @@ async fn a_dead_node_degrades_its_keys_to_direct_loads_and_spares_the_others() {
         .unwrap();
     assert_eq!(got, Some(format!("v:{alive}")));
     assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn failure_domains_follow_hash_slots() {
+    let (cluster, store) = cluster_store().await;
+    assert_eq!(store.failure_domains(), 64);
+    for key in [
+        "foo",
+        "bar",
+        "bw:cluster:v:{product:1}",
+        "{user1000}.following",
+    ] {
+        let slot: usize = cluster.nodes()[0]
+            .command(&["CLUSTER", "KEYSLOT", key])
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(store.failure_domain(key.as_bytes()), slot / 256, "{key}");
+    }
+}
+
+#[tokio::test]
+async fn a_dead_node_opens_only_its_own_store_breakers() {
+    let mut cluster = RedisCluster::start();
+    let config = RedisStoreConfig::default()
+        .connect_timeout(Duration::from_millis(500))
+        .response_timeout(Duration::from_millis(300));
+    let store = RedisStore::connect_cluster_with(cluster.urls(), config).unwrap();
+    store.warm_up().await.unwrap();
+    let cache: Cache<String> = Cache::builder()
+        .namespace("cluster")
+        .store(store)
+        .ttl(Duration::from_secs(60))
+        .store_breaker(
+            BreakerConfig::new()
+                .consecutive_failures(3)
+                .cool_down(Duration::from_secs(60)),
+        )
+        .build()
+        .unwrap();
+    let alive = key_on(&cluster, &cache, 0);
+    cache.set(&alive, &"cached".to_owned()).await.unwrap();
+    // Keys of one failure domain (256 slots) on node 1: a failed read
+    // loads directly without touching the store again, so each call is one
+    // failure against its domain's breaker.
+    let domain = |k: &str| {
+        let storage = cache.storage_key(k.as_bytes()).unwrap();
+        cache.store().failure_domain(&storage)
+    };
+    let first = key_on(&cluster, &cache, 1);
+    let dead: Vec<String> = (0..)
+        .map(|i| format!("key-{i}"))
+        .filter(|k| domain(k) == domain(&first))
+        .take(4)
+        .collect();
+    assert_ne!(domain(&alive), domain(&first));
+
+    cluster.node_mut(1).kill();
+    let calls = Arc::new(AtomicUsize::new(0));
+    for key in &dead {
+        let got = cache
+            .get_or_load(key, slow_loader(&calls, Duration::ZERO, "direct"))
+            .await
+            .unwrap();
+        assert_eq!(got.as_deref(), Some("direct"));
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), dead.len());
+    // The dead node's failures opened its breakers...
+    assert_eq!(cache.store_breaker_state(), BreakerState::Open);
+    // ...and only its: a key on a live node is still read from the store.
+    let got = cache
+        .get_or_load(&alive, slow_loader(&calls, Duration::ZERO, "reloaded"))
+        .await
+        .unwrap();
+    assert_eq!(got.as_deref(), Some("cached"));
+    assert_eq!(calls.load(Ordering::SeqCst), dead.len());
 }

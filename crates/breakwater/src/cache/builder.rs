@@ -95,7 +95,7 @@ impl OnLockTimeout {
 /// | `origin` | its own [`Origin`]: breaker after 5 consecutive failures with a 5 s cool-down, 64 concurrent loads, 1 s queue wait, no retries |
 /// | `fallback` | none |
 /// | `l1` | off; [`L1Config::new`] when enabled: 10,000 entries, 30 s |
-/// | `store_breaker` | opens after 5 consecutive store failures, 1 s cool-down (jittered ±20 %) |
+/// | `store_breaker` | opens after 5 consecutive store failures, 1 s cool-down (jittered ±20 %); one per failure domain (per 256 hash slots on a Redis Cluster) |
 /// | `rng_seed` | none (seeded from the OS) |
 pub struct CacheBuilder<V> {
     namespace: String,
@@ -359,7 +359,9 @@ impl<V: Value> CacheBuilder<V> {
 
     /// The store's circuit breaker: after repeated store failures or
     /// timeouts the cache stops calling the store for a cool-down and serves
-    /// from L1 and direct loads.
+    /// from L1 and direct loads. Each failure domain of the store (a Redis
+    /// Cluster's groups of hash slots) gets its own breaker with this
+    /// configuration.
     pub fn store_breaker(mut self, config: BreakerConfig) -> Self {
         self.store_breaker = config;
         self

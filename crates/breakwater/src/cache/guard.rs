@@ -9,6 +9,11 @@
 //! process loads a key at most once at a time through its single-flight,
 //! under the origin's bulkhead. Half-open probes find out when the store is
 //! back; the breaker then closes on its own.
+//!
+//! There is one breaker per failure domain of the store
+//! ([`Store::failure_domains`]): one for a single Redis, one per 256 hash
+//! slots on a Redis Cluster, so a dead node opens the breakers of its own
+//! keys and the other nodes' keys keep their store.
 
 use std::fmt;
 use std::time::Duration;
@@ -18,41 +23,60 @@ use crate::error::{Error, ErrorKind};
 use crate::store::{FencedWrite, Notice, Store, StoreFuture, Subscription};
 use std::sync::Arc;
 
-/// A store behind a circuit breaker; see the module docs.
+/// The most breakers one store gets, however many failure domains it
+/// reports.
+const MAX_BREAKERS: usize = 1024;
+
+/// A store behind circuit breakers, one per failure domain of the store (a
+/// Redis Cluster's nodes fail separately); see the module docs.
 pub(crate) struct GuardedStore {
     store: Arc<dyn Store>,
-    breaker: CircuitBreaker,
+    breakers: Vec<CircuitBreaker>,
 }
 
 impl fmt::Debug for GuardedStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GuardedStore")
             .field("store", &self.store)
-            .field("breaker", &self.breaker.state())
+            .field("breakers", &self.breakers.len())
+            .field("state", &self.state())
             .finish()
     }
 }
 
 impl GuardedStore {
     pub(crate) fn new(store: Arc<dyn Store>, config: BreakerConfig, seed: Option<u64>) -> Self {
-        GuardedStore {
-            store,
-            breaker: CircuitBreaker::new(config, seed),
+        let domains = store.failure_domains().clamp(1, MAX_BREAKERS);
+        let breakers = (0..domains)
+            .map(|i| CircuitBreaker::new(config, seed.map(|s| s.wrapping_add(i as u64))))
+            .collect();
+        GuardedStore { store, breakers }
+    }
+
+    /// The worst state of the breakers: open if any is open, else half-open
+    /// if any is, else closed.
+    pub(crate) fn state(&self) -> BreakerState {
+        let states = || self.breakers.iter().map(CircuitBreaker::state);
+        if states().any(|s| s == BreakerState::Open) {
+            BreakerState::Open
+        } else if states().any(|s| s == BreakerState::HalfOpen) {
+            BreakerState::HalfOpen
+        } else {
+            BreakerState::Closed
         }
     }
 
-    pub(crate) fn state(&self) -> BreakerState {
-        self.breaker.state()
-    }
-
-    /// Runs one store call through the breaker: refused at once while open;
-    /// store failures count against it, successes close it.
+    /// Runs one store call about `key` through the breaker of the key's
+    /// failure domain: refused at once while open; store failures count
+    /// against it, successes close it.
     fn guard<'a, T: Send + 'a>(
         &'a self,
+        key: &[u8],
         call: impl FnOnce() -> StoreFuture<'a, T> + Send + 'a,
     ) -> StoreFuture<'a, T> {
+        let breaker = &self.breakers[self.store.failure_domain(key) % self.breakers.len()];
         Box::pin(async move {
-            let permit = self.breaker.try_acquire().map_err(|rejected| {
+            let permit = breaker.try_acquire().map_err(|rejected| {
                 Error::new(
                     ErrorKind::Store,
                     rejected.describe("the store", "store calls", "store call"),
@@ -75,19 +99,19 @@ impl GuardedStore {
 
 impl Store for GuardedStore {
     fn get<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Vec<u8>>> {
-        self.guard(move || self.store.get(key))
+        self.guard(key, move || self.store.get(key))
     }
 
     fn set<'a>(&'a self, key: &'a [u8], value: &'a [u8], ttl: Duration) -> StoreFuture<'a, ()> {
-        self.guard(move || self.store.set(key, value, ttl))
+        self.guard(key, move || self.store.set(key, value, ttl))
     }
 
     fn delete<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, bool> {
-        self.guard(move || self.store.delete(key))
+        self.guard(key, move || self.store.delete(key))
     }
 
     fn ttl<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Duration>> {
-        self.guard(move || self.store.ttl(key))
+        self.guard(key, move || self.store.ttl(key))
     }
 
     fn now_ms(&self) -> u64 {
@@ -104,11 +128,13 @@ impl Store for GuardedStore {
         token: &'a [u8],
         ttl: Duration,
     ) -> StoreFuture<'a, bool> {
-        self.guard(move || self.store.acquire_lease(lease_key, token, ttl))
+        self.guard(lease_key, move || {
+            self.store.acquire_lease(lease_key, token, ttl)
+        })
     }
 
     fn lease_held<'a>(&'a self, lease_key: &'a [u8]) -> StoreFuture<'a, bool> {
-        self.guard(move || self.store.lease_held(lease_key))
+        self.guard(lease_key, move || self.store.lease_held(lease_key))
     }
 
     fn extend_lease<'a>(
@@ -117,7 +143,9 @@ impl Store for GuardedStore {
         token: &'a [u8],
         ttl: Duration,
     ) -> StoreFuture<'a, bool> {
-        self.guard(move || self.store.extend_lease(lease_key, token, ttl))
+        self.guard(lease_key, move || {
+            self.store.extend_lease(lease_key, token, ttl)
+        })
     }
 
     fn release_lease<'a>(
@@ -126,11 +154,13 @@ impl Store for GuardedStore {
         token: &'a [u8],
         notice: Notice<'a>,
     ) -> StoreFuture<'a, bool> {
-        self.guard(move || self.store.release_lease(lease_key, token, notice))
+        self.guard(lease_key, move || {
+            self.store.release_lease(lease_key, token, notice)
+        })
     }
 
     fn fenced_set<'a>(&'a self, write: FencedWrite<'a>) -> StoreFuture<'a, bool> {
-        self.guard(move || self.store.fenced_set(write))
+        self.guard(write.key, move || self.store.fenced_set(write))
     }
 
     fn invalidate<'a>(
@@ -139,11 +169,19 @@ impl Store for GuardedStore {
         lease_key: &'a [u8],
         notice: Notice<'a>,
     ) -> StoreFuture<'a, ()> {
-        self.guard(move || self.store.invalidate(key, lease_key, notice))
+        self.guard(key, move || self.store.invalidate(key, lease_key, notice))
     }
 
     fn publish<'a>(&'a self, channel: &'a [u8], message: &'a [u8]) -> StoreFuture<'a, ()> {
-        self.guard(move || self.store.publish(channel, message))
+        self.guard(channel, move || self.store.publish(channel, message))
+    }
+
+    fn failure_domains(&self) -> usize {
+        self.store.failure_domains()
+    }
+
+    fn failure_domain(&self, key: &[u8]) -> usize {
+        self.store.failure_domain(key)
     }
 
     fn subscribe(&self, channel: &[u8]) -> Subscription {

@@ -798,7 +798,9 @@ impl<V: Value> Cache<V> {
         &self.inner.namespace
     }
 
-    /// The state of the store's circuit breaker.
+    /// The state of the store's circuit breaker. On a Redis Cluster there
+    /// is one breaker per 256 hash slots; this is the worst of them (open if
+    /// any is open).
     pub fn store_breaker_state(&self) -> BreakerState {
         self.inner.store.state()
     }

@@ -131,6 +131,23 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         notice: Notice<'a>,
     ) -> StoreFuture<'a, ()>;
 
+    // --- failure domains ---
+
+    /// How many independent failure domains the store has: 1 unless its
+    /// keys live on separate servers that fail separately (the nodes of a
+    /// Redis Cluster). The cache keeps one store circuit breaker per domain,
+    /// so one failed node does not cut every key off from the store.
+    fn failure_domains(&self) -> usize {
+        1
+    }
+
+    /// The failure domain `key` (or a channel) lives in, below
+    /// [`failure_domains`](Store::failure_domains).
+    fn failure_domain(&self, key: &[u8]) -> usize {
+        let _ = key;
+        0
+    }
+
     // --- notifications ---
 
     /// Publishes `message` on `channel` to every subscriber, in every process.

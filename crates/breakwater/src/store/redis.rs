@@ -449,6 +449,27 @@ impl RedisStore {
     }
 }
 
+/// Hash slots in a Redis Cluster.
+const SLOTS: u16 = 16_384;
+/// Consecutive hash slots per failure domain.
+const SLOTS_PER_DOMAIN: u16 = 256;
+
+/// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag
+/// (the bytes between the first `{` and the next `}`, if not empty), else of
+/// the whole key, modulo 16,384.
+fn hash_slot(key: &[u8]) -> u16 {
+    let tag = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            let close = rest.iter().position(|&b| b == b'}')?;
+            Some(&rest[..close])
+        })
+        .filter(|tag| !tag.is_empty());
+    crc16::State::<crc16::XMODEM>::calculate(tag.unwrap_or(key)) % SLOTS
+}
+
 /// A client for one server's URL (with `TCP_NODELAY`, see
 /// [`connection_info`]).
 fn node_client(url: &str) -> Result<redis::Client, Error> {
@@ -772,6 +793,23 @@ impl Store for RedisStore {
         "redis"
     }
 
+    /// One for a single server; for a cluster, one per 256 consecutive hash
+    /// slots (64 in all): nodes own ranges of slots, so a failed node's
+    /// keys fall into its own domains.
+    fn failure_domains(&self) -> usize {
+        match self.inner.target {
+            Target::Node(_) => 1,
+            Target::Cluster { .. } => usize::from(SLOTS / SLOTS_PER_DOMAIN),
+        }
+    }
+
+    fn failure_domain(&self, key: &[u8]) -> usize {
+        match self.inner.target {
+            Target::Node(_) => 0,
+            Target::Cluster { .. } => usize::from(hash_slot(key) / SLOTS_PER_DOMAIN),
+        }
+    }
+
     fn acquire_lease<'a>(
         &'a self,
         lease_key: &'a [u8],
@@ -946,6 +984,20 @@ mod tests {
         let info = connection_info("redis://127.0.0.1:6390/2").unwrap();
         assert!(info.tcp_settings().nodelay());
         assert_eq!(info.redis_settings().db(), 2);
+    }
+
+    #[test]
+    fn hash_slots_match_redis() {
+        // Values from `CLUSTER KEYSLOT` (and the cluster specification).
+        assert_eq!(hash_slot(b"foo"), 12_182);
+        assert_eq!(hash_slot(b"bar"), 5_061);
+        assert_eq!(hash_slot(b"123456789"), 0x31c3);
+        // The hash tag decides; an empty tag does not count.
+        assert_eq!(hash_slot(b"{user1000}.following"), hash_slot(b"user1000"));
+        assert_eq!(hash_slot(b"{user1000}.followers"), hash_slot(b"user1000"));
+        // `{}` is an empty tag: the whole key is hashed, not `bar`.
+        assert_ne!(hash_slot(b"foo{}{bar}"), hash_slot(b"bar"));
+        assert_eq!(hash_slot(b"foo{{bar}}zap"), hash_slot(b"{bar"));
     }
 
     #[test]

@@ -160,6 +160,12 @@ impl<S: Store + Clone> Store for CountingStore<S> {
     fn publish<'a>(&'a self, c: &'a [u8], m: &'a [u8]) -> StoreFuture<'a, ()> {
         self.inner.publish(c, m)
     }
+    fn failure_domains(&self) -> usize {
+        self.inner.failure_domains()
+    }
+    fn failure_domain(&self, k: &[u8]) -> usize {
+        self.inner.failure_domain(k)
+    }
     fn subscribe(&self, c: &[u8]) -> Subscription {
         self.inner.subscribe(c)
     }
