@@ -278,3 +278,18 @@ async fn a_dead_node_opens_only_its_own_store_breakers() {
     assert_eq!(got.as_deref(), Some("cached"));
     assert_eq!(calls.load(Ordering::SeqCst), dead.len());
 }
+
+#[tokio::test]
+async fn every_process_reads_the_clock_of_the_node_serving_slot_0() {
+    let (cluster, _store) = cluster_store().await;
+    let _other = connect_cluster(&cluster).await;
+    let time_calls = |node: usize| {
+        support::command_calls(&cluster.nodes()[node])
+            .into_iter()
+            .find(|(name, _)| name == "time")
+            .map_or(0, |(_, calls)| calls)
+    };
+    // Two stores connected: three samples each, all from node 0.
+    assert_eq!(time_calls(0), 6);
+    assert_eq!((time_calls(1), time_calls(2)), (0, 0));
+}

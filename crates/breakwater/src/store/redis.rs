@@ -12,6 +12,7 @@ use rand::rngs::StdRng;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{
     Cmd, FromRedisValue, IntoConnectionInfo, Pipeline, RedisFuture, Script, ScriptInvocation, Value,
 };
@@ -279,6 +280,25 @@ enum Conn {
     Cluster(ClusterConnection),
 }
 
+impl Conn {
+    /// The server's `TIME`. In a cluster it is always asked of the primary
+    /// that serves slot 0, so every process that shares the cluster reads
+    /// the same node's clock (a keyless `TIME` would go to a random node,
+    /// and two nodes' clocks may disagree).
+    async fn time(&mut self) -> redis::RedisResult<(u64, u64)> {
+        match self {
+            Conn::Node(c) => redis::cmd("TIME").query_async(c).await,
+            Conn::Cluster(c) => {
+                let route = SingleNodeRoutingInfo::SpecificNode(Route::new(0, SlotAddr::Master));
+                let reply = c
+                    .route_command(redis::cmd("TIME"), RoutingInfo::SingleNode(route))
+                    .await?;
+                Ok(redis::from_redis_value(reply)?)
+            }
+        }
+    }
+}
+
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
@@ -359,7 +379,8 @@ impl RedisStore {
     /// Every key of a cache entry (its value and its lease) carries the same
     /// hash tag, so each lease script runs on one node. Commands follow
     /// `MOVED`/`ASK` redirects within `response_timeout`. The store's clock
-    /// is sampled from one node (any); the nodes' clocks should agree (NTP).
+    /// is the `TIME` of the primary that serves slot 0, in every process, so
+    /// processes agree on freshness even if the nodes' clocks differ.
     ///
     /// # Examples
     ///
@@ -621,10 +642,7 @@ impl Inner {
         let mut best: Option<ClockSample> = None;
         for _ in 0..3 {
             let sent = Instant::now();
-            let (secs, micros): (u64, u64) = redis::cmd("TIME")
-                .query_async(conn)
-                .await
-                .map_err(store_error)?;
+            let (secs, micros): (u64, u64) = conn.time().await.map_err(store_error)?;
             let rtt = sent.elapsed();
             let sample = ClockSample {
                 local: sent + rtt / 2,
