@@ -401,3 +401,26 @@ async fn concurrent_reads_of_one_key_share_one_get() {
     assert_eq!(store.gets(), 1, "100 concurrent hits, one GET");
     assert_eq!(calls.load(Ordering::SeqCst), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn get_is_served_by_l1_once_it_has_read_a_value() {
+    let store = CountingStore::new(MemoryStore::new());
+    let writer: Cache<Product> = Cache::builder().store(store.clone()).build().unwrap();
+    let reader: Cache<Product> = Cache::builder()
+        .store(store.clone())
+        .l1(breakwater::L1Config::new())
+        .build()
+        .unwrap();
+    writer.set("p:1", &product(1)).await.unwrap();
+    assert_eq!(reader.get("p:1").await.unwrap(), Some(product(1)));
+    assert_eq!(store.gets(), 1, "the first get reads the store");
+    for _ in 0..3 {
+        assert_eq!(reader.get("p:1").await.unwrap(), Some(product(1)));
+    }
+    assert_eq!(store.gets(), 1, "later gets are L1 hits");
+    // Without L1, every get reads the store.
+    assert_eq!(writer.get("p:1").await.unwrap(), Some(product(1)));
+    assert_eq!(store.gets(), 2);
+    // An invalid key is still refused before L1.
+    assert!(reader.get("").await.unwrap_err().is_invalid_key());
+}

@@ -270,13 +270,19 @@ impl<V: Value> Cache<V> {
     /// cached as "not found", or unreadable (corrupt bytes are logged and
     /// treated as missing).
     ///
-    /// A hit costs exactly one store read (one `GET` in Redis).
+    /// With the L1 near cache on, a fresh L1 copy answers without a store
+    /// read, as for [`get_or_load`](Self::get_or_load); otherwise a hit costs
+    /// exactly one store read (one `GET` in Redis), and a fresh value read
+    /// is kept in L1.
     ///
     /// # Errors
     ///
     /// [`InvalidKey`](ErrorKind::InvalidKey) for an empty or over-long key,
     /// [`Store`](ErrorKind::Store) if the store fails.
     pub async fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<V>, Error> {
+        if let Near::Fresh(fetched) = self.near(key.as_ref()).await? {
+            return Ok(fetched.value);
+        }
         let key = self.storage_key(key.as_ref())?;
         let Some(entry) = self.read(&key).await? else {
             return Ok(None);
@@ -284,7 +290,15 @@ impl<V: Value> Cache<V> {
         if entry.negative || !self.is_fresh(&entry) {
             return Ok(None);
         }
-        Ok(self.decode_value(&key, &entry))
+        let Some(value) = self.decode_value(&key, &entry) else {
+            return Ok(None);
+        };
+        let value = Some(value);
+        if self.l1.is_some() {
+            self.remember(&key, &value, &entry, self.inner.store.now_ms())
+                .await;
+        }
+        Ok(value)
     }
 
     /// Stores `value` under `key` with the cache's jittered TTL.
