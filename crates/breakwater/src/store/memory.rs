@@ -50,7 +50,7 @@ pub struct MemoryStore {
 struct Inner {
     shards: Vec<Mutex<Shard>>,
     /// Lease key → holder. Locked before a shard when both are needed.
-    leases: Mutex<HashMap<Vec<u8>, Lease>>,
+    leases: Mutex<Leases>,
     channels: Mutex<HashMap<Vec<u8>, broadcast::Sender<Delivery>>>,
     /// Always `true`: an in-process subscription is ready at once.
     ready: watch::Sender<bool>,
@@ -68,6 +68,12 @@ struct Shard {
 struct Slot {
     value: Vec<u8>,
     expires_at: Instant,
+}
+
+#[derive(Default)]
+struct Leases {
+    map: HashMap<Vec<u8>, Lease>,
+    takes_since_sweep: usize,
 }
 
 struct Lease {
@@ -138,7 +144,7 @@ impl Inner {
 }
 
 impl Inner {
-    fn leases(&self) -> MutexGuard<'_, HashMap<Vec<u8>, Lease>> {
+    fn leases(&self) -> MutexGuard<'_, Leases> {
         self.leases.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -152,9 +158,10 @@ impl Inner {
         let now = Instant::now();
         let mut leases = self.leases();
         let held = leases
+            .map
             .get(lease_key)
             .is_some_and(|l| l.token == token && l.expires_at > now);
-        held.then(|| f(&mut leases, now))
+        held.then(|| f(&mut leases.map, now))
     }
 
     fn publish(&self, channel: &[u8], message: &[u8]) {
@@ -189,11 +196,25 @@ impl Shard {
     /// Drops expired entries once writes since the last sweep exceed half the
     /// shard: amortised O(1) per write.
     fn maybe_sweep(&mut self, now: Instant) {
-        self.writes_since_sweep += 1;
-        if self.writes_since_sweep > self.map.len() / 2 + 64 {
-            self.map.retain(|_, s| s.expires_at > now);
-            self.writes_since_sweep = 0;
-        }
+        sweep_amortised(&mut self.map, &mut self.writes_since_sweep, |s| {
+            s.expires_at > now
+        });
+    }
+}
+
+/// Counts one write to `map` and, once the writes since the last sweep
+/// exceed half the map (plus 64), drops the entries that are no longer
+/// `live`: amortised O(1) per write, and memory bounded by about twice the
+/// live entries.
+fn sweep_amortised<V>(
+    map: &mut HashMap<Vec<u8>, V>,
+    writes_since_sweep: &mut usize,
+    live: impl Fn(&V) -> bool,
+) {
+    *writes_since_sweep += 1;
+    if *writes_since_sweep > map.len() / 2 + 64 {
+        map.retain(|_, v| live(v));
+        *writes_since_sweep = 0;
     }
 }
 
@@ -256,14 +277,16 @@ impl Store for MemoryStore {
         let result = ttl_millis(ttl).map(|ms| {
             let now = Instant::now();
             let mut leases = self.inner.leases();
-            if let Some(held) = leases.get_mut(lease_key).filter(|l| l.expires_at > now) {
+            let Leases {
+                map,
+                takes_since_sweep,
+            } = &mut *leases;
+            if let Some(held) = map.get_mut(lease_key).filter(|l| l.expires_at > now) {
                 held.waited = true;
                 return false;
             }
-            if leases.len() > 1024 {
-                leases.retain(|_, l| l.expires_at > now);
-            }
-            leases.insert(
+            sweep_amortised(map, takes_since_sweep, |l| l.expires_at > now);
+            map.insert(
                 lease_key.to_vec(),
                 Lease {
                     token: token.to_vec(),
@@ -281,6 +304,7 @@ impl Store for MemoryStore {
         let held = self
             .inner
             .leases()
+            .map
             .get(lease_key)
             .is_some_and(|l| l.expires_at > now);
         Box::pin(async move { Ok(held) })
@@ -353,7 +377,7 @@ impl Store for MemoryStore {
     ) -> StoreFuture<'a, ()> {
         {
             let mut leases = self.inner.leases();
-            leases.remove(lease_key);
+            leases.map.remove(lease_key);
             self.inner.shard_for(key).map.remove(key);
         }
         self.inner.publish(notice.channel, notice.message);
@@ -427,5 +451,34 @@ mod tests {
         let stored: usize = (0..SHARDS).map(|i| store.inner.shard_at(i).map.len()).sum();
         assert!(stored < 15_000, "expired entries were not swept: {stored}");
         assert_eq!(store.len(), 10_000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn expired_leases_are_swept_too() {
+        let store = MemoryStore::new();
+        let short = Duration::from_millis(5);
+        for i in 0..10_000u32 {
+            assert!(
+                store
+                    .acquire_lease(&i.to_be_bytes(), b"t", short)
+                    .await
+                    .unwrap()
+            );
+        }
+        tokio::time::advance(Duration::from_millis(10)).await;
+        for i in 10_000..20_000u32 {
+            let long = Duration::from_secs(5);
+            assert!(
+                store
+                    .acquire_lease(&i.to_be_bytes(), b"t", long)
+                    .await
+                    .unwrap()
+            );
+        }
+        let kept = store.inner.leases().map.len();
+        assert!(kept < 15_000, "expired leases were not swept: {kept}");
+        assert!(kept >= 10_000, "live leases were swept: {kept}");
+        assert!(store.lease_held(&15_000u32.to_be_bytes()).await.unwrap());
+        assert!(!store.lease_held(&5u32.to_be_bytes()).await.unwrap());
     }
 }
