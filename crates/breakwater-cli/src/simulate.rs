@@ -24,6 +24,7 @@ use clap::Args;
 use clap::builder::RangedU64ValueParser;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::demo::expiry_stats;
@@ -209,26 +210,36 @@ async fn scenario(opts: &SimulateOpts, naive: bool) -> Result<Outcome, Error> {
     let total = u64::from(opts.rps) * opts.minutes * 60;
     let gap = Duration::from_secs(1) / opts.rps;
     let began = Instant::now();
-    let mut tasks = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
+    // Finished requests are reaped as the run goes, so memory follows the
+    // requests in flight, not all of them.
+    let mut tasks = JoinSet::new();
+    let mut latencies_us = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
+    let mut errors = 0;
+    let mut record = |done: Result<Result<Duration, Error>, tokio::task::JoinError>| match done {
+        Ok(Ok(latency)) => {
+            latencies_us.push(u64::try_from(latency.as_micros()).unwrap_or(u64::MAX));
+        }
+        _ => errors += 1,
+    };
     for i in 0..total {
         let arrival = began + gap * u32::try_from(i).unwrap_or(u32::MAX);
         tokio::time::sleep_until(arrival).await;
         let key = pick(&cdf, rng.random::<f64>());
         let db = Arc::clone(&db);
-        let request = if naive {
+        if naive {
             let store = store.clone();
             let raw = naive_key(key);
-            tokio::spawn(async move {
+            tasks.spawn(async move {
                 let start = Instant::now();
                 if store.get(&raw).await?.is_none() {
                     let value = db.query(began, key, latency).await;
                     store.set(&raw, &value.to_be_bytes(), ttl).await?;
                 }
                 Ok::<_, Error>(start.elapsed())
-            })
+            });
         } else {
             let cache = cache.clone();
-            tokio::spawn(async move {
+            tasks.spawn(async move {
                 let start = Instant::now();
                 cache
                     .get_or_load(key.to_string(), move || {
@@ -237,19 +248,14 @@ async fn scenario(opts: &SimulateOpts, naive: bool) -> Result<Outcome, Error> {
                     })
                     .await?;
                 Ok::<_, Error>(start.elapsed())
-            })
-        };
-        tasks.push(request);
-    }
-    let mut latencies_us = Vec::with_capacity(tasks.len());
-    let mut errors = 0;
-    for task in tasks {
-        match task.await {
-            Ok(Ok(latency)) => {
-                latencies_us.push(u64::try_from(latency.as_micros()).unwrap_or(u64::MAX));
-            }
-            _ => errors += 1,
+            });
         }
+        while let Some(done) = tasks.try_join_next() {
+            record(done);
+        }
+    }
+    while let Some(done) = tasks.join_next().await {
+        record(done);
     }
     latencies_us.sort_unstable();
     let started = db
