@@ -68,11 +68,13 @@ impl RedisCluster {
     ///
     /// # Panics
     ///
-    /// If the cluster cannot be asked (a node is down).
+    /// If no node answers `CLUSTER KEYSLOT`.
     pub fn node_of(&self, key: &str) -> usize {
-        let reply = self.nodes[0]
-            .command(&["CLUSTER", "KEYSLOT", key])
-            .unwrap_or_else(|e| panic!("CLUSTER KEYSLOT: {e}"));
+        let reply = self
+            .nodes
+            .iter()
+            .find_map(|node| node.command(&["CLUSTER", "KEYSLOT", key]).ok())
+            .unwrap_or_else(|| panic!("no node answered CLUSTER KEYSLOT {key:?}"));
         let slot: u16 = reply
             .parse()
             .unwrap_or_else(|e| panic!("CLUSTER KEYSLOT replied {reply:?}: {e}"));

@@ -293,3 +293,80 @@ async fn every_process_reads_the_clock_of_the_node_serving_slot_0() {
     assert_eq!(time_calls(0), 6);
     assert_eq!((time_calls(1), time_calls(2)), (0, 0));
 }
+
+/// A store on `cluster` with short deadlines, connected.
+async fn impatient(cluster: &RedisCluster) -> RedisStore {
+    let config = RedisStoreConfig::default()
+        .connect_timeout(Duration::from_millis(900))
+        .response_timeout(Duration::from_millis(300));
+    let store = RedisStore::connect_cluster_with(cluster.urls(), config).unwrap();
+    store.warm_up().await.unwrap();
+    store
+}
+
+#[tokio::test]
+async fn losing_slot_0s_primary_spares_the_other_nodes_and_new_processes() {
+    let mut cluster = RedisCluster::start();
+    let store = impatient(&cluster).await;
+    let cache = cache_on(&store);
+    let alive = key_on(&cluster, &cache, 2);
+    cache.set(&alive, &"cached".to_owned()).await.unwrap();
+
+    // Node 0 serves slot 0: its clock is the store's, and it is a seed.
+    cluster.node_mut(0).kill();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let dead = key_on(&cluster, &cache, 0);
+    let got = cache
+        .get_or_load(&dead, slow_loader(&calls, Duration::ZERO, "direct"))
+        .await
+        .unwrap();
+    assert_eq!(got.as_deref(), Some("direct"));
+    for _ in 0..3 {
+        let got = cache
+            .get_or_load(&alive, slow_loader(&calls, Duration::ZERO, "reloaded"))
+            .await
+            .unwrap();
+        assert_eq!(got.as_deref(), Some("cached"), "read from node 2");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    // A process that starts now connects and reads node 2 too.
+    let newcomer = cache_on(&impatient(&cluster).await);
+    let got = newcomer
+        .get_or_load(&alive, slow_loader(&calls, Duration::ZERO, "reloaded"))
+        .await
+        .unwrap();
+    assert_eq!(got.as_deref(), Some("cached"));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_silent_node_costs_only_its_own_keys() {
+    let cluster = RedisCluster::start();
+    let store = impatient(&cluster).await;
+    let cache = cache_on(&store);
+    let alive = key_on(&cluster, &cache, 0);
+    let silent = key_on(&cluster, &cache, 1);
+    cache.set(&alive, &"cached".to_owned()).await.unwrap();
+
+    cluster.nodes()[1].pause(); // SIGSTOP: connections stay open, nothing answers
+    let calls = Arc::new(AtomicUsize::new(0));
+    let got = cache
+        .get_or_load(&silent, slow_loader(&calls, Duration::ZERO, "direct"))
+        .await
+        .unwrap();
+    assert_eq!(
+        got.as_deref(),
+        Some("direct"),
+        "one deadline, then a direct load"
+    );
+    for _ in 0..3 {
+        let got = cache
+            .get_or_load(&alive, slow_loader(&calls, Duration::ZERO, "reloaded"))
+            .await
+            .unwrap();
+        assert_eq!(got.as_deref(), Some("cached"), "read from node 0");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    cluster.nodes()[1].resume();
+}

@@ -227,6 +227,21 @@ async fn a_lease_has_one_holder_bound_to_its_token(store: &dyn Store, time: Time
     assert!(store.acquire_lease(LEASE, b"token-c", TTL).await.unwrap());
 }
 
+async fn a_token_that_is_a_prefix_of_the_holders_holds_nothing(store: &dyn Store, _: Time) {
+    assert!(store.acquire_lease(LEASE, b"abw", TTL).await.unwrap());
+    assert!(!store.acquire_lease(LEASE, b"other", TTL).await.unwrap()); // marks it
+    assert!(!store.extend_lease(LEASE, b"ab", TTL).await.unwrap());
+    assert!(
+        !store
+            .release_lease(LEASE, b"ab", notice(b"x"))
+            .await
+            .unwrap()
+    );
+    assert!(!store.fenced_set(fenced(b"ab", b"v", None)).await.unwrap());
+    assert_eq!(store.get(VALUE_KEY).await.unwrap(), None);
+    assert!(store.fenced_set(fenced(b"abw", b"v", None)).await.unwrap());
+}
+
 async fn a_fenced_write_needs_the_lease(store: &dyn Store, _: Time) {
     assert!(store.acquire_lease(LEASE, b"token-a", TTL).await.unwrap());
     store
@@ -360,5 +375,6 @@ contract!(
     clock_is_unix_ms_and_monotonic,
     a_lease_has_one_holder_bound_to_its_token,
     a_fenced_write_needs_the_lease,
+    a_token_that_is_a_prefix_of_the_holders_holds_nothing,
     a_waited_on_lease_hands_the_value_to_its_notice,
 );

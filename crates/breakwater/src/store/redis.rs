@@ -28,19 +28,20 @@ use crate::clock::{SystemClock, WallClock, millis};
 use crate::error::{ConfigError, Error, ErrorKind};
 use crate::jitter::{Backoff, poll_delay};
 
-// A lease's value is its holder's token, followed by one `w` once someone
-// else has tried to take it (a waiter). Every compare accepts both forms.
+// A lease's value is its holder's token followed by one status byte: `-`,
+// or `w` once someone else has tried to take it (a waiter). The holder is
+// the value without its last byte, so tokens of any length compare exactly.
 
 /// `SET NX PX` the lease: KEYS = lease; ARGV = token, ttl ms. If it is held,
 /// mark it waited on (`SETRANGE` keeps its TTL). 1 if taken.
 static ACQUIRE_LEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
-        r"if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+        r"if redis.call('SET', KEYS[1], ARGV[1] .. '-', 'NX', 'PX', ARGV[2]) then
             return 1
           end
           local held = redis.call('GET', KEYS[1])
-          if held and #held == #ARGV[1] then
-            redis.call('SETRANGE', KEYS[1], #held, 'w')
+          if held and #held > 0 then
+            redis.call('SETRANGE', KEYS[1], #held - 1, 'w')
           end
           return 0",
     )
@@ -50,7 +51,7 @@ static ACQUIRE_LEASE: LazyLock<Script> = LazyLock::new(|| {
 static EXTEND_LEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"local held = redis.call('GET', KEYS[1])
-          if held == ARGV[1] or held == ARGV[1] .. 'w' then
+          if held and string.sub(held, 1, -2) == ARGV[1] then
             return redis.call('PEXPIRE', KEYS[1], ARGV[2])
           end
           return 0",
@@ -61,7 +62,7 @@ static EXTEND_LEASE: LazyLock<Script> = LazyLock::new(|| {
 static RELEASE_LEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"local held = redis.call('GET', KEYS[1])
-          if held == ARGV[1] or held == ARGV[1] .. 'w' then
+          if held and string.sub(held, 1, -2) == ARGV[1] then
             redis.call('DEL', KEYS[1])
             redis.call('PUBLISH', ARGV[2], ARGV[3])
             return 1
@@ -77,10 +78,10 @@ static RELEASE_LEASE: LazyLock<Script> = LazyLock::new(|| {
 static FENCED_SET: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"local held = redis.call('GET', KEYS[2])
-          if held == ARGV[1] or held == ARGV[1] .. 'w' then
+          if held and string.sub(held, 1, -2) == ARGV[1] then
             redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
             redis.call('DEL', KEYS[2])
-            if held ~= ARGV[1] and ARGV[6] ~= '' then
+            if string.sub(held, -1) == 'w' and ARGV[6] ~= '' then
               redis.call('PUBLISH', ARGV[4], ARGV[6] .. ARGV[2])
             else
               redis.call('PUBLISH', ARGV[4], ARGV[5])
@@ -281,19 +282,25 @@ enum Conn {
 }
 
 impl Conn {
-    /// The server's `TIME`. In a cluster it is always asked of the primary
-    /// that serves slot 0, so every process that shares the cluster reads
-    /// the same node's clock (a keyless `TIME` would go to a random node,
-    /// and two nodes' clocks may disagree).
+    /// The server's `TIME`. In a cluster it is asked of the primary that
+    /// serves slot 0, so every process that shares the cluster reads the same
+    /// node's clock (a keyless `TIME` goes to a random node, and two nodes'
+    /// clocks may disagree); if that node does not answer, of any node.
     async fn time(&mut self) -> redis::RedisResult<(u64, u64)> {
         match self {
             Conn::Node(c) => redis::cmd("TIME").query_async(c).await,
             Conn::Cluster(c) => {
                 let route = SingleNodeRoutingInfo::SpecificNode(Route::new(0, SlotAddr::Master));
-                let reply = c
+                match c
                     .route_command(redis::cmd("TIME"), RoutingInfo::SingleNode(route))
-                    .await?;
-                Ok(redis::from_redis_value(reply)?)
+                    .await
+                {
+                    Ok(reply) => Ok(redis::from_redis_value(reply)?),
+                    Err(err) => {
+                        tracing::debug!(error = %err, "TIME on slot 0's primary failed; asking any node");
+                        redis::cmd("TIME").query_async(c).await
+                    }
+                }
             }
         }
     }
@@ -378,9 +385,13 @@ impl RedisStore {
     ///
     /// Every key of a cache entry (its value and its lease) carries the same
     /// hash tag, so each lease script runs on one node. Commands follow
-    /// `MOVED`/`ASK` redirects within `response_timeout`. The store's clock
-    /// is the `TIME` of the primary that serves slot 0, in every process, so
-    /// processes agree on freshness even if the nodes' clocks differ.
+    /// `MOVED`/`ASK` redirects within `response_timeout`; a failed node is
+    /// reconnected by the cluster client while the other nodes keep serving.
+    /// The store's clock is the `TIME` of the primary that serves slot 0
+    /// (any node's while that one is down), in every process, so processes
+    /// agree on freshness even if the nodes' clocks differ. The subscription
+    /// for fill notices uses the URLs given here, one at a time: give more
+    /// than one.
     ///
     /// # Examples
     ///
@@ -434,8 +445,11 @@ impl RedisStore {
         }
         let first = nodes[0].get_connection_info();
         let client =
+            // Connecting waits for every seed node and then for the nodes of
+            // the slot map, each attempt bounded by this: a silent node must
+            // not use up the whole `connect_timeout`.
             ClusterClientBuilder::new(nodes.iter().map(|n| n.get_connection_info().clone()))
-                .connection_timeout(config.connect_timeout)
+                .connection_timeout(config.connect_timeout / 3)
                 .response_timeout(config.response_timeout)
                 .tcp_settings(first.tcp_settings().clone())
                 .retries(2)
@@ -556,7 +570,19 @@ impl Inner {
             .await
             .map_err(|_| unreachable())?
             .map_err(store_error)?;
-        self.sample_clock(&mut conn).await?;
+        if let Err(err) = self.sample_clock(&mut conn).await {
+            // A first connection whose clock cannot be read is refused; on a
+            // reconnect the previous sample stays good.
+            if self
+                .clock
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_none()
+            {
+                return Err(err);
+            }
+            tracing::warn!(error = %err, "redis clock sample failed on reconnect; keeping the previous one");
+        }
         if !self.clock_refresh_started.swap(true, Ordering::Relaxed) {
             self.track(spawn_clock_refresh(Arc::downgrade(self)));
         }
@@ -591,16 +617,20 @@ impl Inner {
         let mut retried = false;
         loop {
             let live = self.conn().await?;
+            // A cluster connection reconnects each node on its own, and one
+            // node's failure says nothing about the others': it is kept, and
+            // a failed command is not retried on it.
+            let cluster = matches!(live.conn, Conn::Cluster(_));
             match command(live.conn).await {
                 Ok(value) => return Ok(value),
                 Err(err) => {
                     let broken = err.is_connection_dropped()
                         || err.is_io_error()
                         || err.is_connection_refusal();
-                    if broken || err.is_timeout() {
+                    if (broken || err.is_timeout()) && !cluster {
                         self.forget(live.generation);
                     }
-                    if !broken || err.is_timeout() || retried {
+                    if !broken || err.is_timeout() || retried || cluster {
                         return Err(store_error(err));
                     }
                     retried = true;
