@@ -83,6 +83,42 @@ pub(crate) struct Simulation {
     pub(crate) breakwater: Outcome,
 }
 
+/// The most requests one scenario simulates (the latencies are kept).
+const MAX_REQUESTS: u64 = 20_000_000;
+
+/// Why a simulation could not run.
+#[derive(Debug)]
+pub(crate) enum SimError {
+    /// `rps × minutes × 60` is above [`MAX_REQUESTS`].
+    TooLarge(u64),
+    /// The library refused an option, or the store failed.
+    Cache(Error),
+}
+
+impl std::fmt::Display for SimError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SimError::TooLarge(n) => write!(
+                f,
+                "{n} requests per scenario is too many (at most {MAX_REQUESTS}): lower --rps or --minutes"
+            ),
+            SimError::Cache(err) => err.fmt(f),
+        }
+    }
+}
+
+impl From<Error> for SimError {
+    fn from(err: Error) -> Self {
+        SimError::Cache(err)
+    }
+}
+
+impl From<breakwater::ConfigError> for SimError {
+    fn from(err: breakwater::ConfigError) -> Self {
+        SimError::Cache(err.into())
+    }
+}
+
 /// Runs `breakwater simulate`.
 pub(crate) async fn main(opts: SimulateOpts) -> ExitCode {
     let handle = std::thread::spawn(move || {
@@ -99,10 +135,10 @@ pub(crate) async fn main(opts: SimulateOpts) -> ExitCode {
         }
         Ok(Ok((_, Err(err)))) => {
             eprintln!("error: {err}");
-            if err.is_config() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::FAILURE
+            match err {
+                SimError::TooLarge(_) => ExitCode::from(2),
+                SimError::Cache(err) if err.is_config() => ExitCode::from(2),
+                SimError::Cache(_) => ExitCode::FAILURE,
             }
         }
         _ => {
@@ -118,8 +154,12 @@ pub(crate) async fn main(opts: SimulateOpts) -> ExitCode {
 ///
 /// A [`Config`](breakwater::ErrorKind::Config) error for options the
 /// library rejects (e.g. a ratio outside `0..=1`).
-pub(crate) fn simulate(opts: &SimulateOpts) -> Result<Simulation, Error> {
+pub(crate) fn simulate(opts: &SimulateOpts) -> Result<Simulation, SimError> {
     Jitter::ratio(opts.ratio).validate()?;
+    let total = u64::from(opts.rps) * opts.minutes * 60;
+    if total > MAX_REQUESTS {
+        return Err(SimError::TooLarge(total));
+    }
     let run = |naive: bool| {
         // A current-thread runtime with a paused clock allocates and spawns
         // nothing that can fail short of memory exhaustion.
@@ -208,7 +248,7 @@ async fn scenario(opts: &SimulateOpts, naive: bool) -> Result<Outcome, Error> {
     let cdf = Arc::new(zipf_cdf(opts.keys, opts.zipf));
     let mut rng = StdRng::seed_from_u64(opts.seed);
     let total = u64::from(opts.rps) * opts.minutes * 60;
-    let gap = Duration::from_secs(1) / opts.rps;
+    let gap_ns = 1_000_000_000 / u64::from(opts.rps);
     let began = Instant::now();
     // Finished requests are reaped as the run goes, so memory follows the
     // requests in flight, not all of them.
@@ -222,7 +262,7 @@ async fn scenario(opts: &SimulateOpts, naive: bool) -> Result<Outcome, Error> {
         _ => errors += 1,
     };
     for i in 0..total {
-        let arrival = began + gap * u32::try_from(i).unwrap_or(u32::MAX);
+        let arrival = began + Duration::from_nanos(gap_ns * i);
         tokio::time::sleep_until(arrival).await;
         let key = pick(&cdf, rng.random::<f64>());
         let db = Arc::clone(&db);
@@ -418,13 +458,22 @@ mod tests {
     }
 
     #[test]
-    fn a_bad_ratio_is_a_config_error() {
+    fn bad_options_are_refused_before_anything_runs() {
         let err = simulate(&SimulateOpts {
             ratio: 1.5,
             ..opts()
         })
         .unwrap_err();
-        assert!(err.is_config(), "{err}");
+        assert!(matches!(&err, SimError::Cache(e) if e.is_config()), "{err}");
+        let huge = SimulateOpts {
+            rps: 100_000,
+            minutes: 1_440,
+            ..opts()
+        };
+        assert!(matches!(
+            simulate(&huge),
+            Err(SimError::TooLarge(8_640_000_000))
+        ));
     }
 
     #[test]

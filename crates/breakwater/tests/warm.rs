@@ -190,6 +190,10 @@ async fn a_zero_rate_or_width_is_a_config_error_and_loads_nothing() {
             "warm rate must be at least 1 load per second",
         ),
         (
+            Warm::new().rate(u32::MAX),
+            "warm rate must be at most 1000000 loads per second, got 4294967295",
+        ),
+        (
             Warm::new().concurrency(0),
             "warm concurrency must be at least 1",
         ),
@@ -213,4 +217,59 @@ async fn a_zero_rate_or_width_is_a_config_error_and_loads_nothing() {
         assert_eq!(err.message(), message);
     }
     assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_store_is_warmed_even_when_l1_still_holds_the_key() {
+    let store = MemoryStore::new();
+    let cache: Cache<String> = Cache::builder()
+        .namespace("warm")
+        .store(store.clone())
+        .l1(breakwater::L1Config::new())
+        .build()
+        .unwrap();
+    cache.set("k", &"old".to_owned()).await.unwrap(); // in L1 and the store
+    let storage = cache.storage_key(b"k").unwrap();
+    store.delete(&storage).await.unwrap(); // Redis flushed: L1 is not told
+    let report = cache
+        .warm(
+            ["k"],
+            |_key: &str| async { Ok::<_, DbDown>(Some("new".to_owned())) },
+            Warm::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!((report.loaded, report.cached), (1, 0));
+    assert!(
+        store.get(&storage).await.unwrap().is_some(),
+        "written to the store"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stale_value_standing_in_for_a_failed_load_is_a_failure() {
+    let store = MemoryStore::new();
+    let cache: Cache<String> = Cache::builder()
+        .namespace("warm")
+        .store(store.clone())
+        .ttl(Duration::from_secs(10))
+        .jitter(Jitter::none())
+        .grace(Duration::from_secs(60))
+        .max_stale(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    cache.set("k", &"old".to_owned()).await.unwrap();
+    tokio::time::advance(Duration::from_secs(20)).await; // stale, in grace
+    let report = cache
+        .warm(
+            ["k"],
+            |_key: &str| async { Err::<Option<String>, _>(DbDown) },
+            Warm::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!((report.loaded, report.cached, report.failed), (0, 0, 1));
+    let (_, err) = report.first_error.unwrap();
+    assert!(err.is_loader(), "{err}");
+    assert!(err.to_string().contains("LoaderFailed"), "{err}");
 }

@@ -466,11 +466,33 @@ impl<V: Value> Cache<V> {
             Ok(Near::Miss) => Box::pin(self.pipeline(key, loader, options, None)).await,
             Err(err) => Err(err),
         };
-        let index = match &result {
+        self.count_served(&result);
+        result
+    }
+
+    /// Counts how a request was served (the `served` metric).
+    fn count_served(&self, result: &Result<Fetched<V>, Error>) {
+        let index = match result {
             Ok(fetched) => fetched.served.metric_index(),
             Err(_) => options::SERVED_ERROR,
         };
         self.inner.metrics.served(index);
+    }
+
+    /// [`fetch`](Self::fetch) without asking L1 first (warming fills the
+    /// store, whatever this process holds).
+    async fn fetch_past_l1<L>(
+        &self,
+        key: &[u8],
+        loader: L,
+        options: &Options,
+    ) -> Result<Fetched<V>, Error>
+    where
+        L: Load<V>,
+    {
+        self.check_key(key)?;
+        let result = Box::pin(self.pipeline(key, loader, options, None)).await;
+        self.count_served(&result);
         result
     }
 

@@ -21,8 +21,11 @@ use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 use super::options::Served;
 use super::{Cache, Value};
-use crate::error::{ConfigError, Error};
+use crate::error::{ConfigError, Error, ErrorKind};
 use crate::jitter::Jitter;
+
+/// The highest warm rate: loads are spaced at least 1 µs apart.
+const MAX_RATE: u32 = 1_000_000;
 
 /// How a [`Cache::warm`] runs.
 ///
@@ -66,7 +69,8 @@ impl Warm {
         Self::default()
     }
 
-    /// At most `per_second` loads start per second, evenly spaced (no burst).
+    /// At most `per_second` loads start per second, evenly spaced (no
+    /// burst); from 1 to 1,000,000.
     pub fn rate(mut self, per_second: u32) -> Self {
         self.rate = per_second;
         self
@@ -90,6 +94,12 @@ impl Warm {
                 "warm rate must be at least 1 load per second",
             ));
         }
+        if self.rate > MAX_RATE {
+            return Err(ConfigError::new(format!(
+                "warm rate must be at most {MAX_RATE} loads per second, got {}",
+                self.rate
+            )));
+        }
         if self.concurrency == 0 {
             return Err(ConfigError::new("warm concurrency must be at least 1"));
         }
@@ -101,12 +111,14 @@ impl Warm {
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct WarmReport {
-    /// Keys this warm-up loaded and wrote (negative entries included).
+    /// Keys this warm-up loaded and wrote (negative entries included; a
+    /// write the store refused is logged, and the key still counts here).
     pub loaded: usize,
-    /// Keys that were fresh already, or that another caller filled while
-    /// this warm-up waited for it: no load of this warm-up's.
+    /// Keys that were fresh in the store already, or that another caller
+    /// filled while this warm-up waited for it: no load of this warm-up's.
     pub cached: usize,
-    /// Keys that failed (a loader error, an invalid key, a timeout...).
+    /// Keys that failed: a loader error or timeout (also when a stale or
+    /// fallback value stood in for the load), an invalid key...
     pub failed: usize,
     /// The first failure, with its key (lossily shown as UTF-8).
     pub first_error: Option<(String, Error)>,
@@ -128,7 +140,10 @@ impl<V: Value> Cache<V> {
     /// the warm-up goes on.
     ///
     /// Keys are checked with one store read before they are paced, so a
-    /// warm-up over mostly warm keys costs reads, not loads.
+    /// warm-up over mostly warm keys costs reads, not loads. The store is
+    /// what gets warmed: the L1 near cache is not consulted (a flushed Redis
+    /// does not clear it), and a stale entry is reloaded now rather than
+    /// served while it refreshes.
     ///
     /// # Examples
     ///
@@ -211,24 +226,42 @@ impl<V: Value> Cache<V> {
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {
-        match self.get(key.as_ref()).await {
-            Ok(Some(_)) => return Outcome::Cached,
-            Ok(None) => {}
-            Err(err) if err.is_invalid_key() => return Outcome::Failed(err),
-            // A failing store read is a miss here, as everywhere.
-            Err(_) => {}
+        // The store is what is warmed: L1 is neither asked nor trusted (a
+        // flushed Redis sends no message to clear it).
+        let storage_key = match self.storage_key(key.as_ref()) {
+            Ok(storage_key) => storage_key,
+            Err(err) => return Outcome::Failed(err),
+        };
+        // A failing store read is a miss here, as everywhere.
+        if let Ok(Some(entry)) = self.read(&storage_key).await
+            && self.is_fresh(&entry)
+        {
+            return Outcome::Cached;
         }
         pace.lock().await.tick().await;
-        let mut entry = self.entry(key.as_ref());
+        // No grace: a stale entry is refreshed now, not in the background.
+        let mut options = self.inner.defaults;
+        options.grace = Duration::ZERO;
         if let Some(jitter) = jitter {
-            entry = entry.jitter(jitter);
+            options.jitter = jitter;
         }
-        let fetched = entry
-            .get_or_load_with_meta(move || loader(key.clone()))
+        let owned = key.clone();
+        let fetched = self
+            .fetch_past_l1(key.as_ref(), move || loader(owned.clone()), &options)
             .await;
         match fetched {
-            Ok(fetched) if fetched.served == Served::Loaded => Outcome::Loaded,
-            Ok(_) => Outcome::Cached,
+            Ok(fetched) => match fetched.served {
+                Served::Loaded => Outcome::Loaded,
+                Served::Hit | Served::Negative | Served::Coalesced => Outcome::Cached,
+                // The load failed and something else stood in for it.
+                Served::Stale { .. } | Served::Fallback => Outcome::Failed(Error::new(
+                    ErrorKind::Loader,
+                    format!(
+                        "the load did not succeed; the cache served {:?} instead",
+                        fetched.served
+                    ),
+                )),
+            },
             Err(err) => Outcome::Failed(err),
         }
     }
