@@ -134,3 +134,25 @@ async fn an_invalid_key_is_an_error() {
     let err = cache(&store).inspect("").await.unwrap_err();
     assert!(err.is_invalid_key(), "{err}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn past_grace_an_entry_is_kept_but_not_served() {
+    let store = MemoryStore::new();
+    let cache: Cache<String> = Cache::builder()
+        .namespace("inspect")
+        .store(store.clone())
+        .ttl(Duration::from_secs(10))
+        .jitter(Jitter::none())
+        .grace(Duration::from_secs(5))
+        .max_stale(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    cache.set("k", &"value".to_owned()).await.unwrap();
+    tokio::time::advance(Duration::from_secs(12)).await;
+    let in_grace = entry(cache.inspect("k").await.unwrap().stored);
+    assert!(in_grace.fresh_for.is_none() && in_grace.servable);
+    tokio::time::advance(Duration::from_secs(8)).await;
+    let past_grace = entry(cache.inspect("k").await.unwrap().stored);
+    assert!(past_grace.stale_for.is_some(), "kept for the fail-safe");
+    assert!(!past_grace.servable, "a read loads");
+}

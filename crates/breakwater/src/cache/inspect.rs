@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use super::{Cache, Value, reading};
+use crate::clock::millis;
 use crate::codec::Codec;
 use crate::entry::Entry;
 use crate::error::Error;
@@ -61,8 +62,9 @@ pub struct EntryView {
     /// Time left in the stale window (which ends when the store drops the
     /// record); `None` once it has ended.
     pub stale_for: Option<Duration>,
-    /// Whether a `get_or_load` with the cache's defaults may serve it now
-    /// while it refreshes (fresh, or stale within grace and `max_stale`).
+    /// Whether a `get_or_load` with the cache's defaults serves it now:
+    /// fresh, or stale within grace (while one refresh runs). Past grace but
+    /// inside the stale window it only stands in if a load fails.
     pub servable: bool,
 }
 
@@ -71,11 +73,14 @@ impl EntryView {
         let now = cache.inner.store.now_ms();
         let left = |until: u64| (until > now).then(|| Duration::from_millis(until - now));
         let fresh_for = left(entry.fresh_until);
+        let defaults = &cache.inner.defaults;
+        let in_grace = now < entry.fresh_until.saturating_add(millis(defaults.grace));
         let servable = fresh_for.is_some()
-            || cache
-                .inner
-                .freshness(&cache.inner.defaults)
-                .servable_stale(reading(entry, now));
+            || (in_grace
+                && cache
+                    .inner
+                    .freshness(defaults)
+                    .servable_stale(reading(entry, now)));
         EntryView {
             negative: entry.negative,
             codec: entry.codec,
