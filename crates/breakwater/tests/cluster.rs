@@ -370,3 +370,42 @@ async fn a_silent_node_costs_only_its_own_keys() {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     cluster.nodes()[1].resume();
 }
+
+#[tokio::test]
+async fn lease_scripts_run_on_a_node_that_lost_them_while_another_is_down() {
+    let mut cluster = RedisCluster::start();
+    let store = impatient(&cluster).await;
+    let lease = (0..)
+        .map(|i| format!("bw:t:l:{{k{i}}}"))
+        .find(|k| cluster.node_of(k) == 0)
+        .unwrap();
+    assert!(
+        store
+            .acquire_lease(lease.as_bytes(), b"a", Duration::from_secs(5))
+            .await
+            .unwrap()
+    );
+    // Node 0 forgets its scripts (as after a restart) while node 2 is down:
+    // loading a script on every node is impossible now.
+    cluster.node_mut(2).kill();
+    assert_eq!(
+        cluster.nodes()[0].command(&["SCRIPT", "FLUSH"]).unwrap(),
+        "OK"
+    );
+    let notice = breakwater::Notice {
+        channel: b"bw:t:events",
+        message: b"released",
+    };
+    assert!(
+        store
+            .release_lease(lease.as_bytes(), b"a", notice)
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .acquire_lease(lease.as_bytes(), b"b", Duration::from_secs(5))
+            .await
+            .unwrap()
+    );
+}

@@ -14,7 +14,7 @@ use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{
-    Cmd, FromRedisValue, IntoConnectionInfo, Pipeline, RedisFuture, Script, ScriptInvocation, Value,
+    Cmd, FromRedisValue, IntoConnectionInfo, Pipeline, RedisFuture, Script, ToRedisArgs, Value,
 };
 use tokio::sync::{broadcast, watch};
 use tokio::task::AbortHandle;
@@ -34,8 +34,8 @@ use crate::jitter::{Backoff, poll_delay};
 
 /// `SET NX PX` the lease: KEYS = lease; ARGV = token, ttl ms. If it is held,
 /// mark it waited on (`SETRANGE` keeps its TTL). 1 if taken.
-static ACQUIRE_LEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+static ACQUIRE_LEASE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r"if redis.call('SET', KEYS[1], ARGV[1] .. '-', 'NX', 'PX', ARGV[2]) then
             return 1
           end
@@ -48,8 +48,8 @@ static ACQUIRE_LEASE: LazyLock<Script> = LazyLock::new(|| {
 });
 
 /// `PEXPIRE` the lease only if `ARGV[1]` holds it.
-static EXTEND_LEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+static EXTEND_LEASE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r"local held = redis.call('GET', KEYS[1])
           if held and string.sub(held, 1, -2) == ARGV[1] then
             return redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -59,8 +59,8 @@ static EXTEND_LEASE: LazyLock<Script> = LazyLock::new(|| {
 });
 
 /// Delete the lease only if `ARGV[1]` holds it, then publish.
-static RELEASE_LEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+static RELEASE_LEASE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r"local held = redis.call('GET', KEYS[1])
           if held and string.sub(held, 1, -2) == ARGV[1] then
             redis.call('DEL', KEYS[1])
@@ -75,8 +75,8 @@ static RELEASE_LEASE: LazyLock<Script> = LazyLock::new(|| {
 /// channel, message, value message (empty for none). Writes only while the
 /// token holds the lease; a waited-on lease with a value message publishes
 /// that message with the value appended.
-static FENCED_SET: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+static FENCED_SET: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r"local held = redis.call('GET', KEYS[2])
           if held and string.sub(held, 1, -2) == ARGV[1] then
             redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
@@ -93,13 +93,71 @@ static FENCED_SET: LazyLock<Script> = LazyLock::new(|| {
 });
 
 /// Delete value and lease together, then publish.
-static INVALIDATE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+static INVALIDATE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
         r"redis.call('DEL', KEYS[1], KEYS[2])
           redis.call('PUBLISH', ARGV[1], ARGV[2])
           return 1",
     )
 });
+
+/// A Lua script, run with `EVALSHA`, and with `EVAL` (which also caches it
+/// on that node) when the node does not know it yet. Not with
+/// `SCRIPT LOAD`: redis-rs sends that to every node of a cluster and fails
+/// if any one is down, which would stop every lease on the healthy nodes.
+struct Lua {
+    code: &'static str,
+    sha: String,
+}
+
+impl Lua {
+    fn new(code: &'static str) -> Self {
+        let sha = Script::new(code).get_hash().to_owned();
+        Lua { code, sha }
+    }
+
+    fn key(&self, key: impl ToRedisArgs) -> Invocation<'_> {
+        Invocation {
+            lua: self,
+            keys: key.to_redis_args(),
+            args: Vec::new(),
+        }
+    }
+}
+
+/// One call of a [`Lua`] script: its keys and arguments.
+struct Invocation<'a> {
+    lua: &'a Lua,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl Invocation<'_> {
+    fn key(mut self, key: impl ToRedisArgs) -> Self {
+        self.keys.extend(key.to_redis_args());
+        self
+    }
+
+    fn arg(mut self, arg: impl ToRedisArgs) -> Self {
+        self.args.extend(arg.to_redis_args());
+        self
+    }
+
+    /// `EVALSHA <sha> …`, or `EVAL <code> …` when `with_code`.
+    fn cmd(&self, with_code: bool) -> Cmd {
+        let mut cmd = if with_code {
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(self.lua.code);
+            cmd
+        } else {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(&self.lua.sha);
+            cmd
+        };
+        cmd.arg(self.keys.len()).arg(&self.keys).arg(&self.args);
+        cmd
+    }
+}
 
 /// Connection settings for [`RedisStore`].
 ///
@@ -651,13 +709,21 @@ impl Inner {
             .await
     }
 
-    /// One script invocation through [`call`](Self::call).
-    async fn eval<T: FromRedisValue>(
-        self: &Arc<Self>,
-        script: &ScriptInvocation<'_>,
-    ) -> Result<T, Error> {
-        self.call(|mut conn| async move { script.invoke_async(&mut conn).await })
-            .await
+    /// One script invocation through [`call`](Self::call): `EVALSHA`, then
+    /// `EVAL` if the node does not have the script.
+    async fn eval<T: FromRedisValue>(self: &Arc<Self>, script: Invocation<'_>) -> Result<T, Error> {
+        let script = &script;
+        self.call(|mut conn| async move {
+            match script.cmd(false).query_async(&mut conn).await {
+                Err(err)
+                    if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    script.cmd(true).query_async(&mut conn).await
+                }
+                other => other,
+            }
+        })
+        .await
     }
 
     fn track(&self, task: AbortHandle) {
