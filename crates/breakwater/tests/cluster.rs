@@ -79,8 +79,8 @@ async fn keys_spread_over_every_node_and_each_loads_once_across_processes() {
     assert!(per_node.iter().all(|&n| n > 0), "{per_node:?}");
 }
 
-/// Process A loads `key` slowly; process B waits. B's result, and the
-/// `GET`s B made after it started waiting.
+/// Process A loads `key` slowly while process B (its own cluster
+/// connection) waits; see [`support::wait_for_a_fill`].
 async fn wait_for_a_fill(
     cluster: &RedisCluster,
     key: &str,
@@ -88,38 +88,8 @@ async fn wait_for_a_fill(
 ) -> (Option<String>, usize) {
     let a_store = connect_cluster(cluster).await;
     let b_store = CountingStore::new(connect_cluster(cluster).await);
-    let a = cache_on(&a_store);
-    let b = cache_on(&b_store);
-    let calls = Arc::new(AtomicUsize::new(0));
-    let leader = {
-        let load = slow_loader(&calls, Duration::from_millis(1500), value);
-        let key = key.to_owned();
-        tokio::spawn(async move { a.get_or_load(&key, load).await })
-    };
-    while calls.load(Ordering::SeqCst) == 0 {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    let waiter = {
-        let load = slow_loader(&calls, Duration::ZERO, "second");
-        let key = key.to_owned();
-        tokio::spawn(async move { b.get_or_load(&key, load).await })
-    };
-    // B reads twice (its shared read, then once more after taking its
-    // watch), then sleeps until woken.
-    while b_store.gets() < 2 {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let before_fill = b_store.gets();
-    assert_eq!(
-        calls.load(Ordering::SeqCst),
-        1,
-        "the fill has not happened yet"
-    );
-    let got = waiter.await.unwrap().unwrap();
-    assert_eq!(leader.await.unwrap().unwrap().as_deref(), Some(value));
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
-    (got, b_store.gets() - before_fill)
+    let (a, b) = (cache_on(&a_store), cache_on(&b_store));
+    support::wait_for_a_fill(a, b, || b_store.gets(), key, value).await
 }
 
 #[tokio::test]

@@ -370,41 +370,13 @@ fn patient_waiter<S: breakwater::Store + Clone>(store: &S) -> Cache<String> {
         .unwrap()
 }
 
-/// Process A loads `value` slowly while process B waits; B's result, and the
-/// `GET`s B made after it started waiting.
+/// Process A loads `value` slowly while process B (its own connection)
+/// waits; see [`support::wait_for_a_fill`].
 async fn wait_for_a_fill(value: String) -> (Option<String>, usize) {
     let (server, a_store) = redis_store().await;
     let b_store = CountingStore::new(support::connect(&server).await);
-    let a = patient_waiter(&a_store);
-    let b = patient_waiter(&b_store);
-    let calls = Arc::new(AtomicUsize::new(0));
-    let leader = {
-        let loader = slow_loader(&calls, Duration::from_millis(1500), &value);
-        tokio::spawn(async move { a.get_or_load("k", loader).await })
-    };
-    while calls.load(Ordering::SeqCst) == 0 {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    let waiter = {
-        let loader = slow_loader(&calls, Duration::ZERO, "second");
-        tokio::spawn(async move { b.get_or_load("k", loader).await })
-    };
-    // B reads twice (its shared read, then once more after it has taken
-    // its watch) and then sleeps until woken.
-    while b_store.gets() < 2 {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let before_fill = b_store.gets();
-    assert_eq!(
-        calls.load(Ordering::SeqCst),
-        1,
-        "the fill has not happened yet"
-    );
-    let got = waiter.await.unwrap().unwrap();
-    assert_eq!(leader.await.unwrap().unwrap(), Some(value));
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
-    (got, b_store.gets() - before_fill)
+    let (a, b) = (patient_waiter(&a_store), patient_waiter(&b_store));
+    support::wait_for_a_fill(a, b, || b_store.gets(), "k", &value).await
 }
 
 #[tokio::test]

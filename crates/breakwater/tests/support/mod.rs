@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use breakwater::{
-    FencedWrite, Notice, RedisStore, RedisStoreConfig, Store, StoreFuture, Subscription,
+    Cache, FencedWrite, Notice, RedisStore, RedisStoreConfig, Store, StoreFuture, Subscription,
 };
 pub use breakwater_testkit::{RedisCluster, RedisServer};
 
@@ -193,4 +193,47 @@ pub fn slow_loader(
             Ok(Some(value))
         })
     }
+}
+
+/// Two "processes": `a` loads `key` slowly (1.5 s) as `value` while `b`,
+/// whose store `b_gets` counts `GET`s, waits for it. B's result, and the
+/// `GET`s B made once it was waiting (0 when the fill's message carried the
+/// value).
+pub async fn wait_for_a_fill(
+    a: Cache<String>,
+    b: Cache<String>,
+    b_gets: impl Fn() -> usize,
+    key: &str,
+    value: &str,
+) -> (Option<String>, usize) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let leader = {
+        let loader = slow_loader(&calls, Duration::from_millis(1500), value);
+        let key = key.to_owned();
+        tokio::spawn(async move { a.get_or_load(&key, loader).await })
+    };
+    while calls.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let waiter = {
+        let loader = slow_loader(&calls, Duration::ZERO, "second");
+        let key = key.to_owned();
+        tokio::spawn(async move { b.get_or_load(&key, loader).await })
+    };
+    // B reads twice (its shared read, then once more after taking its
+    // watch), then sleeps until woken.
+    while b_gets() < 2 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before_fill = b_gets();
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the fill has not happened yet"
+    );
+    let got = waiter.await.unwrap().unwrap();
+    assert_eq!(leader.await.unwrap().unwrap().as_deref(), Some(value));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    (got, b_gets() - before_fill)
 }
