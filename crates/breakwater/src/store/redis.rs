@@ -1,4 +1,11 @@
-//! The Redis backend.
+//! The Redis backend: one server, or a Redis Cluster.
+//!
+//! Commands share one multiplexed connection (or one cluster connection,
+//! which routes each command by its key's hash slot), each bounded by
+//! `response_timeout`. Leases are Lua scripts (`EVALSHA`, with `EVAL` as the
+//! fallback on a node that lacks them). Fill and invalidation notices ride
+//! on one pub/sub connection per channel. The store's clock is Redis's
+//! `TIME`, sampled on connect and every `clock_refresh`.
 
 use std::collections::HashMap;
 use std::fmt;

@@ -1,5 +1,5 @@
-//! `breakwater inspect` against a private `redis-server`: entries written by
-//! the library are reported as the cache sees them.
+//! `breakwater inspect` and `breakwater warm` against a private
+//! `redis-server` and a private three-node cluster.
 
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -9,11 +9,10 @@ use std::time::{Duration, Instant};
 use breakwater::{Cache, Jitter, RedisStore, Store};
 use breakwater_testkit::{RedisCluster, RedisServer};
 
-/// Runs `breakwater inspect` with `args`; (exit code, stdout, stderr). The
-/// process gets 60 s.
-fn inspect(args: &[&str]) -> (i32, String, String) {
+/// Runs `breakwater` with `args`; (exit code, stdout, stderr). The process
+/// gets 60 s.
+fn breakwater(args: &[&str]) -> (i32, String, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_breakwater"))
-        .arg("inspect")
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -28,7 +27,7 @@ fn inspect(args: &[&str]) -> (i32, String, String) {
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("breakwater inspect did not exit within 60 s");
+            panic!("breakwater {args:?} did not exit within 60 s");
         }
         thread::sleep(Duration::from_millis(20));
     };
@@ -46,6 +45,13 @@ fn inspect(args: &[&str]) -> (i32, String, String) {
         .read_to_string(&mut err)
         .unwrap();
     (status.code().unwrap_or(-1), out, err)
+}
+
+/// `breakwater inspect` with `args`.
+fn inspect(args: &[&str]) -> (i32, String, String) {
+    let mut all = vec!["inspect"];
+    all.extend_from_slice(args);
+    breakwater(&all)
 }
 
 #[tokio::test]
@@ -146,4 +152,39 @@ async fn inspects_keys_on_a_cluster() {
         6,
         "{out}"
     );
+}
+
+#[tokio::test]
+async fn warm_fills_a_cluster_named_by_its_node_urls() {
+    let cluster = RedisCluster::start();
+    let urls = cluster.urls().join(",");
+    let (code, out, err) = breakwater(&[
+        "warm",
+        "--redis",
+        &urls,
+        "--namespace",
+        "warm-cluster",
+        "--keys",
+        "60",
+        "--rate",
+        "10000",
+        "--loader-ms",
+        "1",
+    ]);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        out.contains("cold cache: loaded 60, already cached 0, failed 0"),
+        "{out}"
+    );
+    assert!(
+        out.contains("warm cache: loaded 0, already cached 60, failed 0"),
+        "{out}"
+    );
+    // The entries are on more than one node.
+    let holding = cluster
+        .nodes()
+        .iter()
+        .filter(|node| node.command(&["DBSIZE"]).unwrap() != "0")
+        .count();
+    assert!(holding > 1, "{holding}");
 }
