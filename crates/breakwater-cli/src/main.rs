@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod db;
 mod demo;
 mod inspect;
 mod simulate;

@@ -15,8 +15,7 @@
 //!   grace window of a tenth of the TTL.
 
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use breakwater::{Cache, Error, Jitter, MemoryStore, Store};
@@ -27,6 +26,7 @@ use rand::{RngExt, SeedableRng};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::db::Database;
 use crate::demo::expiry_stats;
 
 /// Options of `breakwater simulate`.
@@ -176,30 +176,6 @@ pub(crate) fn simulate(opts: &SimulateOpts) -> Result<Simulation, SimError> {
     })
 }
 
-/// The database stand-in.
-#[derive(Debug, Default)]
-struct Database {
-    running: AtomicUsize,
-    peak: AtomicUsize,
-    /// When each query started, in ms after the traffic began.
-    started_ms: Mutex<Vec<u64>>,
-}
-
-impl Database {
-    async fn query(&self, began: Instant, key: usize, latency: Duration) -> u64 {
-        let running = self.running.fetch_add(1, Ordering::SeqCst) + 1;
-        self.peak.fetch_max(running, Ordering::SeqCst);
-        let at = u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.started_ms
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(at);
-        tokio::time::sleep(latency).await;
-        self.running.fetch_sub(1, Ordering::SeqCst);
-        key as u64
-    }
-}
-
 /// Zipf key choice: `cdf[i]` is the probability of a key `<= i`.
 fn zipf_cdf(keys: usize, s: f64) -> Vec<f64> {
     let weights: Vec<f64> = (1..=keys).map(|rank| 1.0 / (rank as f64).powf(s)).collect();
@@ -230,8 +206,6 @@ async fn scenario(opts: &SimulateOpts, naive: bool) -> Result<Outcome, Error> {
         .grace(ttl / 10)
         .rng_seed(opts.seed)
         .build()?;
-    let db = Arc::new(Database::default());
-    let latency = Duration::from_millis(opts.db_ms);
     let naive_key = |key: usize| format!("naive:{key}").into_bytes();
 
     // The bulk write that every key's expiry dates from.
@@ -249,6 +223,7 @@ async fn scenario(opts: &SimulateOpts, naive: bool) -> Result<Outcome, Error> {
     let mut rng = StdRng::seed_from_u64(opts.seed);
     let total = u64::from(opts.rps) * opts.minutes * 60;
     let gap_ns = 1_000_000_000 / u64::from(opts.rps);
+    let db = Arc::new(Database::new(Duration::from_millis(opts.db_ms)));
     let began = Instant::now();
     // Finished requests are reaped as the run goes, so memory follows the
     // requests in flight, not all of them.
@@ -272,8 +247,8 @@ async fn scenario(opts: &SimulateOpts, naive: bool) -> Result<Outcome, Error> {
             tasks.spawn(async move {
                 let start = Instant::now();
                 if store.get(&raw).await?.is_none() {
-                    let value = db.query(began, key, latency).await;
-                    store.set(&raw, &value.to_be_bytes(), ttl).await?;
+                    db.query().await;
+                    store.set(&raw, &(key as u64).to_be_bytes(), ttl).await?;
                 }
                 Ok::<_, Error>(start.elapsed())
             });
@@ -284,7 +259,10 @@ async fn scenario(opts: &SimulateOpts, naive: bool) -> Result<Outcome, Error> {
                 cache
                     .get_or_load(key.to_string(), move || {
                         let db = Arc::clone(&db);
-                        async move { Ok::<_, Error>(Some(db.query(began, key, latency).await)) }
+                        async move {
+                            db.query().await;
+                            Ok::<_, Error>(Some(key as u64))
+                        }
                     })
                     .await?;
                 Ok::<_, Error>(start.elapsed())
@@ -298,11 +276,7 @@ async fn scenario(opts: &SimulateOpts, naive: bool) -> Result<Outcome, Error> {
         record(done);
     }
     latencies_us.sort_unstable();
-    let started = db
-        .started_ms
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
+    let started = db.started_ms();
     let mut per_minute = vec![0; usize::try_from(opts.minutes).unwrap_or(0).max(1)];
     for &ms in &started {
         let minute = usize::try_from(ms / 60_000).unwrap_or(usize::MAX);
@@ -313,7 +287,7 @@ async fn scenario(opts: &SimulateOpts, naive: bool) -> Result<Outcome, Error> {
     Ok(Outcome {
         queries: started.len(),
         peak_per_second: expiry_stats(&started).peak_1s,
-        peak_at_once: db.peak.load(Ordering::SeqCst),
+        peak_at_once: db.peak(),
         per_minute,
         latencies_us,
         errors,

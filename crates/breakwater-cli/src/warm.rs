@@ -10,12 +10,12 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use breakwater::{Cache, Error, Jitter, MemoryStore, Store, Warm, WarmReport};
 use clap::Args;
 
+use crate::db::Database;
 use crate::demo::{ExpiryStats, expiry_stats, whole_ms};
 
 /// Options of `breakwater warm`.
@@ -85,25 +85,6 @@ pub(crate) async fn main(opts: WarmOpts) -> ExitCode {
     }
 }
 
-/// The database stand-in: counts its queries and the most at once.
-#[derive(Debug, Default)]
-struct Database {
-    running: AtomicUsize,
-    peak: AtomicUsize,
-    queries: AtomicUsize,
-}
-
-impl Database {
-    async fn query(&self, key: &str, latency: Duration) -> Result<Option<String>, Error> {
-        let running = self.running.fetch_add(1, Ordering::SeqCst) + 1;
-        self.peak.fetch_max(running, Ordering::SeqCst);
-        self.queries.fetch_add(1, Ordering::SeqCst);
-        tokio::time::sleep(latency).await;
-        self.running.fetch_sub(1, Ordering::SeqCst);
-        Ok(Some(format!("row for {key}")))
-    }
-}
-
 /// Warms `opts.keys` keys twice and reads their expiries back.
 pub(crate) async fn run(opts: &WarmOpts) -> Result<WarmRun, Error> {
     let store: Arc<dyn Store> = match &opts.redis {
@@ -122,9 +103,8 @@ pub(crate) async fn run(opts: &WarmOpts) -> Result<WarmRun, Error> {
         .jitter(jitter)
         .build()?;
     let warm = Warm::new().rate(opts.rate).concurrency(opts.concurrency);
-    let db = Arc::new(Database::default());
+    let db = Arc::new(Database::new(Duration::from_millis(opts.loader_ms)));
     let keys: Vec<String> = (0..opts.keys).map(|i| format!("key:{i}")).collect();
-    let latency = Duration::from_millis(opts.loader_ms);
 
     let began_ms = store.now_ms();
     let mut passes = Vec::with_capacity(2);
@@ -135,7 +115,10 @@ pub(crate) async fn run(opts: &WarmOpts) -> Result<WarmRun, Error> {
                 keys.clone(),
                 move |key: String| {
                     let db = Arc::clone(&db);
-                    async move { db.query(&key, latency).await }
+                    async move {
+                        db.query().await;
+                        Ok::<_, Error>(Some(format!("row for {key}")))
+                    }
                 },
                 warm,
             )
@@ -157,8 +140,8 @@ pub(crate) async fn run(opts: &WarmOpts) -> Result<WarmRun, Error> {
     Ok(WarmRun {
         cold,
         warm: warm_pass,
-        queries: db.queries.load(Ordering::SeqCst),
-        peak_queries: db.peak.load(Ordering::SeqCst),
+        queries: db.started_ms().len(),
+        peak_queries: db.peak(),
         expiries: expiry_stats(&expiries),
     })
 }
