@@ -12,6 +12,7 @@
 //! | `breakwater_lease_total` | counter | `event`: `acquired`, `busy`, `lost`, `revoked` | the key's lease: taken, held by another process (this one waited), lost while loading, or revoked before the write |
 //! | `breakwater_unreadable_entries_total` | counter | | stored bytes that did not decode (treated as misses) |
 //! | `breakwater_store_errors_total` | counter | `op` | store operations that failed |
+//! | `breakwater_warm_keys_total` | counter | `outcome`: `loaded`, `cached`, `failed` | keys walked by [`Cache::warm`](crate::Cache::warm) |
 
 use std::fmt;
 use std::sync::{Arc, RwLock};
@@ -109,6 +110,12 @@ impl Metrics {
     }
 
     /// A failed store operation.
+    /// One key of a warm-up: `loaded`, `cached` or `failed`.
+    pub(crate) fn warm(&self, outcome: &'static str) {
+        counter!("breakwater_warm_keys_total", "namespace" => self.namespace.clone(), "outcome" => outcome)
+            .increment(1);
+    }
+
     pub(crate) fn store_error(&self, op: &'static str) {
         counter!("breakwater_store_errors_total", "namespace" => self.namespace.clone(), "op" => op)
             .increment(1);

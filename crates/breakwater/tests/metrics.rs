@@ -59,31 +59,47 @@ async fn every_path_is_counted_and_negatives_apart_from_values() {
             Err::<Option<String>, _>(std::io::Error::other("down"))
         })
         .await;
+    // A warm-up over one cached key, two new ones and a failing one.
+    let report = cache
+        .warm(
+            ["a", "w1", "w2", "bad"],
+            |key: &str| async move {
+                if key == "bad" {
+                    Err(std::io::Error::other("down"))
+                } else {
+                    Ok(Some(key.to_owned()))
+                }
+            },
+            breakwater::Warm::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!((report.loaded, report.cached, report.failed), (2, 1, 1));
 
     // One snapshot: taking one resets the counters.
     let snapshot: Snapshot = snapshotter.snapshot().into_vec();
     let served = counters(&snapshot, "served");
     let get = |name: &str, label: &str| served.get(&(name.to_owned(), label.to_owned())).copied();
-    assert_eq!(get("breakwater_requests_total", "loaded"), Some(2));
+    // (The warm-up's two loads and its failure are requests too.)
+    assert_eq!(get("breakwater_requests_total", "loaded"), Some(4));
     assert_eq!(get("breakwater_requests_total", "hit"), Some(2));
     assert_eq!(get("breakwater_requests_total", "negative"), Some(1));
-    assert_eq!(get("breakwater_requests_total", "error"), Some(1));
+    assert_eq!(get("breakwater_requests_total", "error"), Some(2));
 
-    let loads = counters(&snapshot, "outcome");
-    let get = |label: &str| {
-        loads
-            .get(&("breakwater_loads_total".to_owned(), label.to_owned()))
-            .copied()
-    };
-    assert_eq!(get("value"), Some(1));
-    assert_eq!(get("negative"), Some(1));
-    assert_eq!(get("error"), Some(1));
+    let outcomes = counters(&snapshot, "outcome");
+    let get = |name: &str, label: &str| outcomes.get(&(name.to_owned(), label.to_owned())).copied();
+    assert_eq!(get("breakwater_loads_total", "value"), Some(3));
+    assert_eq!(get("breakwater_loads_total", "negative"), Some(1));
+    assert_eq!(get("breakwater_loads_total", "error"), Some(2));
+    assert_eq!(get("breakwater_warm_keys_total", "loaded"), Some(2));
+    assert_eq!(get("breakwater_warm_keys_total", "cached"), Some(1));
+    assert_eq!(get("breakwater_warm_keys_total", "failed"), Some(1));
 
     let leases = counters(&snapshot, "event");
     assert_eq!(
         leases
             .get(&("breakwater_lease_total".to_owned(), "acquired".to_owned()))
             .copied(),
-        Some(3)
+        Some(6)
     );
 }

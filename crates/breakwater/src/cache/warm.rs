@@ -198,10 +198,17 @@ impl<V: Value> Cache<V> {
             .buffer_unordered(warm.concurrency);
         while let Some((key, outcome)) = outcomes.next().await {
             match outcome {
-                Outcome::Loaded => report.loaded += 1,
-                Outcome::Cached => report.cached += 1,
+                Outcome::Loaded => {
+                    report.loaded += 1;
+                    self.inner.metrics.warm("loaded");
+                }
+                Outcome::Cached => {
+                    report.cached += 1;
+                    self.inner.metrics.warm("cached");
+                }
                 Outcome::Failed(err) => {
                     report.failed += 1;
+                    self.inner.metrics.warm("failed");
                     if report.first_error.is_none() {
                         let shown = String::from_utf8_lossy(key.as_ref()).into_owned();
                         report.first_error = Some((shown, err));
