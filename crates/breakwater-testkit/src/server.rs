@@ -92,10 +92,17 @@ impl RedisServer {
                 Ok(()) => return server,
                 Err(StartError::Exited(_)) if server.port_was_busy() => {}
                 Err(StartError::Exited(status)) => {
+                    let tail = server.output_tail();
+                    let hint = if tail.contains("failed to execute") {
+                        "\nredis-server could not be run: install the Debian package \
+                         `redis-server` (`./scripts/test` installs it), put it on PATH, or set \
+                         BREAKWATER_REDIS_SERVER to its path."
+                    } else {
+                        ""
+                    };
                     panic!(
-                        "redis-server exited with {status} during startup on port {}.\n{}",
+                        "redis-server exited with {status} during startup on port {}.\n{tail}{hint}",
                         server.port,
-                        server.output_tail()
                     );
                 }
                 Err(StartError::TimedOut) => {
@@ -250,7 +257,19 @@ impl RedisServer {
             .unwrap_or_else(|e| panic!("cannot clone output file handle: {e}"));
 
         let binary = std::env::var_os(BINARY_ENV).unwrap_or_else(|| "redis-server".into());
-        let mut cmd = Command::new(&binary);
+        // With util-linux's `setpriv`, the server gets SIGKILL when the
+        // thread that started it dies, so a test process killed outright
+        // (a CI timeout, SIGKILL) leaves no server behind. `setpriv` execs
+        // the server: the child's pid stays the server's. (The starting
+        // thread is one that lives as long as the process; see `spawn`.)
+        let mut cmd = match pdeathsig_wrapper() {
+            Some(setpriv) => {
+                let mut cmd = Command::new(setpriv);
+                cmd.args(["--pdeathsig", "KILL", "--"]).arg(&binary);
+                cmd
+            }
+            None => Command::new(&binary),
+        };
         cmd.arg("--port")
             .arg(self.port.to_string())
             .args(["--bind", "127.0.0.1"])
@@ -266,7 +285,7 @@ impl RedisServer {
             .stdin(Stdio::null())
             .stdout(output)
             .stderr(output_err);
-        let child = match cmd.spawn() {
+        let child = match spawn(cmd) {
             Ok(child) => child,
             Err(e) if e.kind() == io::ErrorKind::NotFound => panic!(
                 "cannot run redis-server ({}): not found. Install the Debian package \
@@ -359,6 +378,53 @@ impl Drop for RedisServer {
 
 fn pid_of(child: &Child) -> Option<Pid> {
     i32::try_from(child.id()).ok().map(Pid::from_raw)
+}
+
+/// Spawns `cmd` from one thread that lives as long as the process: a
+/// parent-death signal fires when the *thread* that spawned the child ends,
+/// and a server started from a short-lived thread must not die with it.
+fn spawn(cmd: Command) -> io::Result<Child> {
+    type Request = (Command, std::sync::mpsc::Sender<io::Result<Child>>);
+    static SPAWNER: std::sync::OnceLock<std::sync::Mutex<std::sync::mpsc::Sender<Request>>> =
+        std::sync::OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Request>();
+        thread::Builder::new()
+            .name("redis-spawner".into())
+            .spawn(move || {
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+            })
+            .unwrap_or_else(|e| panic!("cannot start the redis-spawner thread: {e}"));
+        std::sync::Mutex::new(tx)
+    });
+    let (reply, answer) = std::sync::mpsc::channel();
+    spawner
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .send((cmd, reply))
+        .map_err(|_| io::Error::other("the redis-spawner thread is gone"))?;
+    answer
+        .recv()
+        .map_err(|_| io::Error::other("the redis-spawner thread is gone"))?
+}
+
+/// `setpriv` if it is installed and can set a parent-death signal.
+fn pdeathsig_wrapper() -> Option<&'static Path> {
+    static WRAPPER: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    WRAPPER
+        .get_or_init(|| {
+            let ok = Command::new("setpriv")
+                .args(["--pdeathsig", "KILL", "--", "true"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            ok.then(|| PathBuf::from("setpriv"))
+        })
+        .as_deref()
 }
 
 /// A port that was free on 127.0.0.1 a moment ago (never 6379).
