@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use breakwater::{Cache, Jitter, MemoryStore, Store, Warm};
+use breakwater::{Cache, Jitter, MemoryStore, Store, Stored, Warm};
 use support::DbDown;
 use tokio::time::Instant;
 
@@ -272,4 +272,82 @@ async fn a_stale_value_standing_in_for_a_failed_load_is_a_failure() {
     let (_, err) = report.first_error.unwrap();
     assert!(err.is_loader(), "{err}");
     assert!(err.to_string().contains("LoaderFailed"), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn warmed_entries_keep_the_stale_window_of_the_grace() {
+    let store = MemoryStore::new();
+    let cache: Cache<String> = Cache::builder()
+        .namespace("warm")
+        .store(store.clone())
+        .ttl(Duration::from_secs(10))
+        .jitter(Jitter::none())
+        .grace(Duration::from_secs(60)) // no max_stale: it defaults to grace
+        .build()
+        .unwrap();
+    let report = cache
+        .warm(
+            ["k"],
+            |_key: &str| async { Ok::<_, DbDown>(Some("v".to_owned())) },
+            Warm::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(report.loaded, 1);
+    let Stored::Entry(entry) = cache.inspect("k").await.unwrap().stored else {
+        panic!("warmed");
+    };
+    assert_eq!(entry.fresh_for, Some(Duration::from_secs(10)));
+    assert_eq!(
+        entry.stale_for,
+        Some(Duration::from_secs(70)),
+        "fresh + grace"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_entry_of_another_shape_is_reloaded() {
+    let store = MemoryStore::new();
+    let old: Cache<u64> = Cache::builder()
+        .namespace("warm")
+        .store(store.clone())
+        .build()
+        .unwrap();
+    old.set("k", &7).await.unwrap(); // the value type before a deploy
+    let report = cache(&store)
+        .warm(
+            ["k"],
+            |_key: &str| async { Ok::<_, DbDown>(Some("seven".to_owned())) },
+            Warm::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!((report.loaded, report.cached), (1, 0));
+}
+
+#[tokio::test]
+async fn without_the_store_keys_fail_and_nothing_loads() {
+    // Port 1 on loopback: nothing listens, every read is refused.
+    let store = breakwater::RedisStore::connect("redis://127.0.0.1:1/").unwrap();
+    let cache: Cache<String> = Cache::builder()
+        .namespace("warm")
+        .store(store)
+        .build()
+        .unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    let report = cache
+        .warm(
+            keys(3),
+            move |_key: String| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, DbDown>(Some("v".to_owned())) }
+            },
+            Warm::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!((report.loaded, report.failed), (0, 3));
+    assert!(report.first_error.unwrap().1.is_store());
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "the database was spared");
 }

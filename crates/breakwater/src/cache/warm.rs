@@ -5,10 +5,12 @@
 //! A warm-up walks a list of keys with a bounded number of keys in progress
 //! (`concurrency`) and starts at most `rate` loads per second. Keys already
 //! fresh in the store are counted and skipped without a load. Every load goes
-//! through [`Cache::get_or_load`], so it shares single-flight, the lease and
-//! origin protection with live traffic (a key that a request is loading is
-//! not loaded twice), and every write gets the cache's TTL jitter (or the
-//! warm-up's own), so the warmed keys do not expire together later.
+//! through the `get_or_load` pipeline past L1 (the store is what is warmed),
+//! so it shares single-flight, the lease and origin protection with live
+//! traffic (a key that a request is loading is not loaded twice), and every
+//! write gets the cache's TTL jitter (or the warm-up's own), so the warmed
+//! keys do not expire together later. A key whose store read fails is
+//! counted as failed, without a load.
 
 use std::error::Error as StdError;
 use std::future::Future;
@@ -164,8 +166,9 @@ impl<V: Value> Cache<V> {
     ///
     /// # Errors
     ///
-    /// [`ConfigError`] for a zero rate or concurrency, or an invalid jitter;
-    /// nothing is loaded then. Per-key failures are in the report.
+    /// [`ConfigError`] for a rate outside 1..=1,000,000, a zero concurrency,
+    /// or an invalid jitter; nothing is loaded then. Per-key failures are in
+    /// the report.
     pub async fn warm<K, I, F, Fut, E>(
         &self,
         keys: I,
@@ -239,15 +242,24 @@ impl<V: Value> Cache<V> {
             Ok(storage_key) => storage_key,
             Err(err) => return Outcome::Failed(err),
         };
-        // A failing store read is a miss here, as everywhere.
-        if let Ok(Some(entry)) = self.read(&storage_key).await
-            && self.is_fresh(&entry)
-        {
-            return Outcome::Cached;
+        // Without the store there is nothing to warm: the key fails, and the
+        // database is spared a load that could not be written.
+        match self.read(&storage_key).await {
+            // Fresh and readable as this cache's value type.
+            Ok(Some(entry))
+                if self.is_fresh(&entry) && self.entry_value(&storage_key, &entry).is_some() =>
+            {
+                return Outcome::Cached;
+            }
+            Ok(_) => {}
+            Err(err) => return Outcome::Failed(err),
         }
         pace.lock().await.tick().await;
-        // No grace: a stale entry is refreshed now, not in the background.
+        // No grace for this call, so a stale entry is refreshed now rather
+        // than served while it refreshes; the written entry keeps the stale
+        // window (`max_stale`, which defaults to grace) it would have had.
         let mut options = self.inner.defaults;
+        options.max_stale = Some(options.max_stale());
         options.grace = Duration::ZERO;
         if let Some(jitter) = jitter {
             options.jitter = jitter;
