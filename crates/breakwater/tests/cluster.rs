@@ -117,9 +117,7 @@ async fn invalidate_during_a_slow_load_refuses_its_write_on_a_cluster() {
         let (a, key) = (a.clone(), key.clone());
         tokio::spawn(async move { a.get_or_load(&key, load).await })
     };
-    while calls.load(Ordering::SeqCst) == 0 {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    support::until("the load to start", || calls.load(Ordering::SeqCst) > 0).await;
     b.invalidate(&key).await.unwrap();
     // The slow load still answers its own callers...
     assert_eq!(slow.await.unwrap().unwrap().as_deref(), Some("stale"));
@@ -342,8 +340,8 @@ async fn a_silent_node_costs_only_its_own_keys() {
 }
 
 #[tokio::test]
-async fn lease_scripts_run_on_a_node_that_lost_them_while_another_is_down() {
-    let mut cluster = RedisCluster::start();
+async fn lease_scripts_run_on_a_node_that_lost_them_while_another_hangs() {
+    let cluster = RedisCluster::start();
     let store = impatient(&cluster).await;
     let lease = (0..)
         .map(|i| format!("bw:t:l:{{k{i}}}"))
@@ -355,9 +353,9 @@ async fn lease_scripts_run_on_a_node_that_lost_them_while_another_is_down() {
             .await
             .unwrap()
     );
-    // Node 0 forgets its scripts (as after a restart) while node 2 is down:
+    // Node 0 forgets its scripts (as after a restart) while node 2 hangs:
     // loading a script on every node is impossible now.
-    cluster.node_mut(2).kill();
+    cluster.nodes()[2].pause();
     assert_eq!(
         cluster.nodes()[0].command(&["SCRIPT", "FLUSH"]).unwrap(),
         "OK"
@@ -378,4 +376,23 @@ async fn lease_scripts_run_on_a_node_that_lost_them_while_another_is_down() {
             .await
             .unwrap()
     );
+}
+
+#[tokio::test]
+async fn a_new_process_connects_while_slot_0s_primary_is_silent() {
+    let cluster = RedisCluster::start();
+    let cache = cache_on(&impatient(&cluster).await);
+    let alive = key_on(&cluster, &cache, 2);
+    cache.set(&alive, &"cached".to_owned()).await.unwrap();
+
+    cluster.nodes()[0].pause(); // SIGSTOP: the clock node stops answering
+    let newcomer = cache_on(&impatient(&cluster).await);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let got = newcomer
+        .get_or_load(&alive, slow_loader(&calls, Duration::ZERO, "reloaded"))
+        .await
+        .unwrap();
+    assert_eq!(got.as_deref(), Some("cached"), "read from node 2");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    cluster.nodes()[0].resume();
 }

@@ -115,9 +115,7 @@ async fn the_lease_shows_while_a_load_runs() {
         let loader = slow_loader(&calls, Duration::from_secs(1), "loaded");
         tokio::spawn(async move { cache.get_or_load("k", loader).await })
     };
-    while calls.load(Ordering::SeqCst) == 0 {
-        tokio::task::yield_now().await;
-    }
+    support::until("the load to start", || calls.load(Ordering::SeqCst) > 0).await;
     let during = cache.inspect("k").await.unwrap();
     assert!(during.lease_held);
     assert_eq!(during.stored, Stored::Missing);

@@ -223,3 +223,22 @@ async fn negative_entries_have_their_own_ttl_in_redis() {
     let raw = cache.storage_key(b"u:404").unwrap();
     assert!(store.get(&raw).await.unwrap().is_some());
 }
+
+#[tokio::test]
+async fn a_lease_written_by_an_earlier_build_is_never_altered() {
+    let (_server, store) = redis_store().await;
+    let lease = b"bw:catalog:l:{p:1}";
+    // Earlier builds stored the bare 16-byte token.
+    let old = b"0123456789abcdef";
+    store
+        .set(lease, old, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(
+        !store
+            .acquire_lease(lease, b"fedcba9876543210", Duration::from_secs(10))
+            .await
+            .unwrap()
+    );
+    assert_eq!(store.get(lease).await.unwrap().as_deref(), Some(&old[..]));
+}

@@ -182,9 +182,7 @@ async fn invalidate_during_a_slow_load_refuses_its_write() {
         tokio::spawn(async move { cache.get_or_load("k", loader).await })
     };
     // Wait until the slow load holds the lease, then invalidate.
-    while calls.load(Ordering::SeqCst) == 0 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    support::until("the load to start", || calls.load(Ordering::SeqCst) > 0).await;
     cache.invalidate("k").await.unwrap();
     assert_eq!(slow.await.unwrap().unwrap().as_deref(), Some("old"));
     assert_eq!(
@@ -230,9 +228,7 @@ async fn lock_timeout_case(
         let loader = slow_loader(&calls, Duration::from_secs(20), "slow");
         tokio::spawn(async move { holder.get_or_load("k", loader).await })
     };
-    while calls.load(Ordering::SeqCst) == 0 {
-        tokio::task::yield_now().await;
-    }
+    support::until("the load to start", || calls.load(Ordering::SeqCst) > 0).await;
     let started = tokio::time::Instant::now();
     let result = waiter
         .get_or_load("k", slow_loader(&calls, Duration::from_millis(1), "anyway"))
@@ -339,9 +335,7 @@ async fn waiters_are_woken_by_the_fill_not_by_polling() {
         let loader = slow_loader(&calls, Duration::from_millis(100), "v");
         tokio::spawn(async move { a.get_or_load("k", loader).await })
     };
-    while calls.load(Ordering::SeqCst) == 0 {
-        tokio::task::yield_now().await;
-    }
+    support::until("the load to start", || calls.load(Ordering::SeqCst) > 0).await;
     let started = tokio::time::Instant::now();
     let v = b
         .get_or_load("k", slow_loader(&calls, Duration::ZERO, "second"))

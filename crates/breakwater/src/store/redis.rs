@@ -40,15 +40,20 @@ use crate::jitter::{Backoff, poll_delay};
 // the value without its last byte, so tokens of any length compare exactly.
 
 /// `SET NX PX` the lease: KEYS = lease; ARGV = token, ttl ms. If it is held,
-/// mark it waited on (`SETRANGE` keeps its TTL). 1 if taken.
+/// mark it waited on (`SETRANGE` keeps its TTL) — only a value in this
+/// format (a token as long as ours plus a status byte), so a lease written
+/// by an earlier build, a bare token, is never altered. 1 if taken.
 static ACQUIRE_LEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"if redis.call('SET', KEYS[1], ARGV[1] .. '-', 'NX', 'PX', ARGV[2]) then
             return 1
           end
           local held = redis.call('GET', KEYS[1])
-          if held and #held > 0 then
-            redis.call('SETRANGE', KEYS[1], #held - 1, 'w')
+          if held and #held == #ARGV[1] + 1 then
+            local mark = string.sub(held, -1)
+            if mark == '-' or mark == 'w' then
+              redis.call('SETRANGE', KEYS[1], #held - 1, 'w')
+            end
           end
           return 0",
     )
@@ -110,8 +115,9 @@ static INVALIDATE: LazyLock<Lua> = LazyLock::new(|| {
 
 /// A Lua script, run with `EVALSHA`, and with `EVAL` (which also caches it
 /// on that node) when the node does not know it yet. Not with
-/// `SCRIPT LOAD`: redis-rs sends that to every node of a cluster and fails
-/// if any one is down, which would stop every lease on the healthy nodes.
+/// `SCRIPT LOAD`: redis-rs sends that to every node of a cluster, and one
+/// hung node then makes every lease on a node that lost its scripts time
+/// out.
 struct Lua {
     code: &'static str,
     sha: String,
@@ -350,8 +356,9 @@ impl Conn {
     /// The server's `TIME`. In a cluster it is asked of the primary that
     /// serves slot 0, so every process that shares the cluster reads the same
     /// node's clock (a keyless `TIME` goes to a random node, and two nodes'
-    /// clocks may disagree); if that node does not answer, of any node.
-    async fn time(&mut self) -> redis::RedisResult<(u64, u64)> {
+    /// clocks may disagree); if that node does not answer and `any_node`,
+    /// of any node.
+    async fn time(&mut self, any_node: bool) -> redis::RedisResult<(u64, u64)> {
         match self {
             Conn::Node(c) => redis::cmd("TIME").query_async(c).await,
             Conn::Cluster(c) => {
@@ -361,10 +368,11 @@ impl Conn {
                     .await
                 {
                     Ok(reply) => Ok(redis::from_redis_value(reply)?),
-                    Err(err) => {
+                    Err(err) if any_node => {
                         tracing::debug!(error = %err, "TIME on slot 0's primary failed; asking any node");
                         redis::cmd("TIME").query_async(c).await
                     }
+                    Err(err) => Err(err),
                 }
             }
         }
@@ -636,17 +644,25 @@ impl Inner {
             .map_err(|_| unreachable())?
             .map_err(store_error)?;
         if let Err(err) = self.sample_clock(&mut conn).await {
-            // A first connection whose clock cannot be read is refused; on a
-            // reconnect the previous sample stays good.
-            if self
+            let sampled = self
                 .clock
                 .read()
                 .unwrap_or_else(|p| p.into_inner())
-                .is_none()
-            {
-                return Err(err);
+                .is_some();
+            match (&conn, sampled) {
+                // A reconnect keeps the previous sample.
+                (_, true) => {
+                    tracing::warn!(error = %err, "redis clock sample failed on reconnect; keeping the previous one");
+                }
+                // A cluster whose clock nodes do not answer still serves the
+                // other nodes' keys: the system clock stands in until the
+                // next refresh.
+                (Conn::Cluster(_), false) => {
+                    tracing::warn!(error = %err, "redis cluster clock unavailable; using the system clock until the next sample");
+                }
+                // One server that cannot answer `TIME` cannot serve either.
+                (Conn::Node(_), false) => return Err(err),
             }
-            tracing::warn!(error = %err, "redis clock sample failed on reconnect; keeping the previous one");
         }
         if !self.clock_refresh_started.swap(true, Ordering::Relaxed) {
             self.track(spawn_clock_refresh(Arc::downgrade(self)));
@@ -741,11 +757,27 @@ impl Inner {
 
     /// Samples `TIME` a few times and keeps the sample with the shortest
     /// round trip (the tightest bound on Redis's clock).
+    ///
+    /// Any one good sample will do. Until the store has a sample, a cluster
+    /// may take it from any node; after that only from slot 0's primary (a
+    /// failed refresh keeps the previous sample rather than switch clocks).
     async fn sample_clock(&self, conn: &mut Conn) -> Result<(), Error> {
+        let any_node = self
+            .clock
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none();
         let mut best: Option<ClockSample> = None;
+        let mut failure = None;
         for _ in 0..3 {
             let sent = Instant::now();
-            let (secs, micros): (u64, u64) = conn.time().await.map_err(store_error)?;
+            let (secs, micros): (u64, u64) = match conn.time(any_node).await {
+                Ok(time) => time,
+                Err(err) => {
+                    failure = Some(err);
+                    continue;
+                }
+            };
             let rtt = sent.elapsed();
             let sample = ClockSample {
                 local: sent + rtt / 2,
@@ -756,9 +788,14 @@ impl Inner {
                 best = Some(sample);
             }
         }
-        let mut clock = self.clock.write().unwrap_or_else(|p| p.into_inner());
-        *clock = best;
-        Ok(())
+        match (best, failure) {
+            (Some(best), _) => {
+                *self.clock.write().unwrap_or_else(|p| p.into_inner()) = Some(best);
+                Ok(())
+            }
+            (None, Some(err)) => Err(store_error(err)),
+            (None, None) => Ok(()),
+        }
     }
 }
 

@@ -212,9 +212,7 @@ pub async fn wait_for_a_fill(
         let key = key.to_owned();
         tokio::spawn(async move { a.get_or_load(&key, loader).await })
     };
-    while calls.load(Ordering::SeqCst) == 0 {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    until("A's load to start", || calls.load(Ordering::SeqCst) > 0).await;
     let waiter = {
         let loader = slow_loader(&calls, Duration::ZERO, "second");
         let key = key.to_owned();
@@ -222,9 +220,7 @@ pub async fn wait_for_a_fill(
     };
     // B reads twice (its shared read, then once more after taking its
     // watch), then sleeps until woken.
-    while b_gets() < 2 {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    until("B to wait", || b_gets() >= 2).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let before_fill = b_gets();
     assert_eq!(
@@ -236,4 +232,18 @@ pub async fn wait_for_a_fill(
     assert_eq!(leader.await.unwrap().unwrap().as_deref(), Some(value));
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     (got, b_gets() - before_fill)
+}
+
+/// Waits until `ready()` holds, checking every millisecond (of tokio's
+/// clock, paused or not); panics naming `what` after 30 s, so a regression
+/// fails the test instead of hanging the suite.
+pub async fn until(what: &str, ready: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !ready() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "waited 30 s for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
 }
