@@ -37,6 +37,16 @@ fn key_on(cluster: &RedisCluster, cache: &Cache<String>, node: usize) -> String 
         .unwrap()
 }
 
+/// A store on `cluster` with short deadlines, connected.
+async fn impatient(cluster: &RedisCluster) -> RedisStore {
+    let config = RedisStoreConfig::default()
+        .connect_timeout(Duration::from_millis(900))
+        .response_timeout(Duration::from_millis(300));
+    let store = RedisStore::connect_cluster_with(cluster.urls(), config).unwrap();
+    store.warm_up().await.unwrap();
+    store
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_spread_over_every_node_and_each_loads_once_across_processes() {
     let (cluster, store) = cluster_store().await;
@@ -134,11 +144,7 @@ async fn invalidate_during_a_slow_load_refuses_its_write_on_a_cluster() {
 #[tokio::test]
 async fn a_dead_node_degrades_its_keys_to_direct_loads_and_spares_the_others() {
     let mut cluster = RedisCluster::start();
-    let config = RedisStoreConfig::default()
-        .connect_timeout(Duration::from_millis(500))
-        .response_timeout(Duration::from_millis(300));
-    let store = RedisStore::connect_cluster_with(cluster.urls(), config).unwrap();
-    store.warm_up().await.unwrap();
+    let store = impatient(&cluster).await;
     let cache = cache_on(&store);
     let (dead, alive) = (key_on(&cluster, &cache, 1), key_on(&cluster, &cache, 0));
     let calls = Arc::new(AtomicUsize::new(0));
@@ -193,11 +199,7 @@ async fn failure_domains_follow_hash_slots() {
 #[tokio::test]
 async fn a_dead_node_opens_only_its_own_store_breakers() {
     let mut cluster = RedisCluster::start();
-    let config = RedisStoreConfig::default()
-        .connect_timeout(Duration::from_millis(500))
-        .response_timeout(Duration::from_millis(300));
-    let store = RedisStore::connect_cluster_with(cluster.urls(), config).unwrap();
-    store.warm_up().await.unwrap();
+    let store = impatient(&cluster).await;
     let cache: Cache<String> = Cache::builder()
         .namespace("cluster")
         .store(store)
@@ -260,16 +262,6 @@ async fn every_process_reads_the_clock_of_the_node_serving_slot_0() {
     // Two stores connected: three samples each, all from node 0.
     assert_eq!(time_calls(0), 6);
     assert_eq!((time_calls(1), time_calls(2)), (0, 0));
-}
-
-/// A store on `cluster` with short deadlines, connected.
-async fn impatient(cluster: &RedisCluster) -> RedisStore {
-    let config = RedisStoreConfig::default()
-        .connect_timeout(Duration::from_millis(900))
-        .response_timeout(Duration::from_millis(300));
-    let store = RedisStore::connect_cluster_with(cluster.urls(), config).unwrap();
-    store.warm_up().await.unwrap();
-    store
 }
 
 #[tokio::test]

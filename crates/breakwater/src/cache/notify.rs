@@ -335,30 +335,19 @@ mod tests {
         let mut m = value_message(&SENDER, b"k").unwrap();
         m.extend_from_slice(b"entry");
         let m: Arc<[u8]> = Arc::from(m);
-        wake(
-            &waiters.registry,
-            Some((
-                b"k",
-                Some(Carried {
-                    message: Arc::clone(&m),
-                    at: m.len() - 5,
-                }),
-            )),
-        );
+        let carrying = || {
+            let carried = Carried {
+                message: Arc::clone(&m),
+                at: m.len() - 5,
+            };
+            wake(&waiters.registry, Some((b"k", Some(carried))));
+        };
+        carrying();
         assert_eq!(watch.filled().as_deref(), Some(&b"entry"[..]));
         // A later message without a value clears it, and so does a miss.
         wake(&waiters.registry, Some((b"k", None)));
         assert_eq!(watch.filled(), None);
-        wake(
-            &waiters.registry,
-            Some((
-                b"k",
-                Some(Carried {
-                    message: Arc::clone(&m),
-                    at: m.len() - 5,
-                }),
-            )),
-        );
+        carrying();
         wake(&waiters.registry, None);
         assert_eq!(watch.filled(), None);
         drop(watch);
