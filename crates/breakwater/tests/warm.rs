@@ -351,3 +351,24 @@ async fn without_the_store_keys_fail_and_nothing_loads() {
     assert!(report.first_error.unwrap().1.is_store());
     assert_eq!(calls.load(Ordering::SeqCst), 0, "the database was spared");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_missing_key_costs_two_reads() {
+    let store = support::CountingStore::new(MemoryStore::new());
+    let cache: Cache<String> = Cache::builder()
+        .namespace("warm")
+        .store(store.clone())
+        .build()
+        .unwrap();
+    let report = cache
+        .warm(
+            keys(10),
+            |_key: String| async { Ok::<_, DbDown>(Some("v".to_owned())) },
+            Warm::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(report.loaded, 10);
+    // The warm-up's check, and the double-check once the lease is held.
+    assert_eq!(store.gets(), 20);
+}

@@ -479,23 +479,6 @@ impl<V: Value> Cache<V> {
         self.inner.metrics.served(index);
     }
 
-    /// [`fetch`](Self::fetch) without asking L1 first (warming fills the
-    /// store, whatever this process holds).
-    async fn fetch_past_l1<L>(
-        &self,
-        key: &[u8],
-        loader: L,
-        options: &Options,
-    ) -> Result<Fetched<V>, Error>
-    where
-        L: Load<V>,
-    {
-        self.check_key(key)?;
-        let result = Box::pin(self.pipeline(key, loader, options, None)).await;
-        self.count_served(&result);
-        result
-    }
-
     /// Steps 1 and 2: the key checked, and L1 asked (keyed by the user's
     /// key, so a hit builds nothing).
     async fn near(&self, user_key: &[u8]) -> Result<Near<V>, Error> {

@@ -4,9 +4,9 @@
 //!
 //! A warm-up walks a list of keys with a bounded number of keys in progress
 //! (`concurrency`) and starts at most `rate` loads per second. Keys already
-//! fresh in the store are counted and skipped without a load. Every load goes
-//! through the `get_or_load` pipeline past L1 (the store is what is warmed),
-//! so it shares single-flight, the lease and origin protection with live
+//! fresh in the store are counted and skipped without a load. Every load
+//! joins the key's load flight, past L1 (the store is what is warmed), so it
+//! shares single-flight, the lease and origin protection with live
 //! traffic (a key that a request is loading is not loaded twice), and every
 //! write gets the cache's TTL jitter (or the warm-up's own), so the warmed
 //! keys do not expire together later. A key whose store read fails is
@@ -21,10 +21,13 @@ use futures_util::StreamExt;
 use tokio::sync::Mutex;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
+use super::fill::Mode;
 use super::options::Served;
-use super::{Cache, Value};
+use super::{Cache, Loader, Value, reading};
 use crate::error::{ConfigError, Error, ErrorKind};
 use crate::jitter::Jitter;
+use crate::limit::Priority;
+use crate::store::Store;
 
 /// The highest warm rate: loads are spaced at least 1 µs apart.
 const MAX_RATE: u32 = 1_000_000;
@@ -242,20 +245,7 @@ impl<V: Value> Cache<V> {
             Ok(storage_key) => storage_key,
             Err(err) => return Outcome::Failed(err),
         };
-        // Without the store there is nothing to warm: the key fails, and the
-        // database is spared a load that could not be written.
-        match self.read(&storage_key).await {
-            // Fresh and readable as this cache's value type.
-            Ok(Some(entry))
-                if self.is_fresh(&entry) && self.entry_value(&storage_key, &entry).is_some() =>
-            {
-                return Outcome::Cached;
-            }
-            Ok(_) => {}
-            Err(err) => return Outcome::Failed(err),
-        }
-        pace.lock().await.tick().await;
-        // No grace for this call, so a stale entry is refreshed now rather
+        // No grace for this load, so a stale entry is refreshed now rather
         // than served while it refreshes; the written entry keeps the stale
         // window (`max_stale`, which defaults to grace) it would have had.
         let mut options = self.inner.defaults;
@@ -264,10 +254,43 @@ impl<V: Value> Cache<V> {
         if let Some(jitter) = jitter {
             options.jitter = jitter;
         }
+        // One read decides. Without the store there is nothing to warm: the
+        // key fails, and the database is spared a load that could not be
+        // written.
+        let stale = match self.read(&storage_key).await {
+            // Fresh and readable as this cache's value type.
+            Ok(Some(entry))
+                if self.is_fresh(&entry) && self.entry_value(&storage_key, &entry).is_some() =>
+            {
+                return Outcome::Cached;
+            }
+            // Inside its stale window, it stands in if the load fails, as in
+            // `get_or_load` (fail-safe).
+            Ok(Some(entry)) => {
+                let now = self.inner.store.now_ms();
+                let servable = self
+                    .inner
+                    .freshness(&options)
+                    .servable_stale(reading(&entry, now));
+                servable.then(|| (Arc::new(entry), storage_key.clone()))
+            }
+            Ok(None) => None,
+            Err(err) => return Outcome::Failed(err),
+        };
+        pace.lock().await.tick().await;
+        // Straight to the key's load flight (shared with live traffic), as
+        // the pipeline would go after that read.
         let owned = key.clone();
-        let fetched = self
-            .fetch_past_l1(key.as_ref(), move || loader(owned.clone()), &options)
-            .await;
+        let (load, role) = self.join_fill(
+            &storage_key,
+            Loader::Own(move || loader(owned.clone())),
+            options,
+            None,
+            Priority::Foreground,
+            Mode::Fleet,
+        );
+        let fetched = self.settle(key.as_ref(), load.result().await, role, stale, &options);
+        self.count_served(&fetched);
         match fetched {
             Ok(fetched) => match fetched.served {
                 Served::Loaded => Outcome::Loaded,
