@@ -4,8 +4,7 @@
 
 use std::time::Duration;
 
-use super::{Cache, Value, reading};
-use crate::clock::millis;
+use super::{Cache, Value, in_grace, reading};
 use crate::codec::Codec;
 use crate::entry::Entry;
 use crate::error::Error;
@@ -74,9 +73,8 @@ impl EntryView {
         let left = |until: u64| (until > now).then(|| Duration::from_millis(until - now));
         let fresh_for = left(entry.fresh_until);
         let defaults = &cache.inner.defaults;
-        let in_grace = now < entry.fresh_until.saturating_add(millis(defaults.grace));
         let servable = fresh_for.is_some()
-            || (in_grace
+            || (in_grace(entry, now, defaults)
                 && cache
                     .inner
                     .freshness(defaults)

@@ -590,7 +590,7 @@ impl<V: Value> Cache<V> {
                     }
                 }
                 Freshness::Stale => {
-                    let in_grace = now < entry.fresh_until.saturating_add(millis(options.grace));
+                    let in_grace = in_grace(&entry, now, options);
                     let throttled = self.inner.is_throttled(&key, now);
                     if (in_grace || throttled)
                         && let Some(value) = self.entry_value(&key, &entry)
@@ -1078,6 +1078,12 @@ fn reading(entry: &Entry, now_ms: u64) -> Reading {
         stale_until: entry.stale_until,
         load_ms: entry.load_ms,
     }
+}
+
+/// Whether a stale entry is still inside `options.grace`, where it is served
+/// while one refresh runs (past it, a read waits for the load).
+fn in_grace(entry: &Entry, now_ms: u64, options: &Options) -> bool {
+    now_ms < entry.fresh_until.saturating_add(millis(options.grace))
 }
 
 /// A key as it may appear in logs: lossy UTF-8, cut at 128 bytes.
