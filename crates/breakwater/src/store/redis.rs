@@ -158,16 +158,16 @@ impl Invocation<'_> {
 
     /// `EVALSHA <sha> …`, or `EVAL <code> …` when `with_code`.
     fn cmd(&self, with_code: bool) -> Cmd {
-        let mut cmd = if with_code {
-            let mut cmd = redis::cmd("EVAL");
-            cmd.arg(self.lua.code);
-            cmd
+        let (verb, script) = if with_code {
+            ("EVAL", self.lua.code)
         } else {
-            let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(&self.lua.sha);
-            cmd
+            ("EVALSHA", self.lua.sha.as_str())
         };
-        cmd.arg(self.keys.len()).arg(&self.keys).arg(&self.args);
+        let mut cmd = redis::cmd(verb);
+        cmd.arg(script)
+            .arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(&self.args);
         cmd
     }
 }
@@ -325,23 +325,13 @@ enum Target {
 }
 
 impl Target {
-    /// The servers a subscription may use, in the order it tries them.
-    fn pubsub_clients(&self) -> Vec<redis::Client> {
+    /// The servers named by the user: the one server, or the cluster's seed
+    /// nodes (which the subscription tries in turn).
+    fn nodes(&self) -> &[redis::Client] {
         match self {
-            Target::Node(client) => vec![client.clone()],
-            Target::Cluster { nodes, .. } => nodes.clone(),
-        }
-    }
-
-    fn addrs(&self) -> Vec<String> {
-        let clients = match self {
             Target::Node(client) => std::slice::from_ref(client),
-            Target::Cluster { nodes, .. } => nodes.as_slice(),
-        };
-        clients
-            .iter()
-            .map(|c| c.get_connection_info().addr().to_string())
-            .collect()
+            Target::Cluster { nodes, .. } => nodes,
+        }
     }
 }
 
@@ -581,19 +571,19 @@ fn hash_slot(key: &[u8]) -> u16 {
 /// A client for one server's URL (with `TCP_NODELAY`, see
 /// [`connection_info`]).
 fn node_client(url: &str) -> Result<redis::Client, Error> {
-    redis::Client::open(connection_info(url)?).map_err(|e| {
-        Error::new(ErrorKind::Config, format!("invalid redis url {url:?}")).with_source(e)
-    })
+    connection_info(url)
+        .and_then(redis::Client::open)
+        .map_err(|e| {
+            Error::new(ErrorKind::Config, format!("invalid redis url {url:?}")).with_source(e)
+        })
 }
 
 /// The URL parsed, with `TCP_NODELAY` on: redis-rs leaves Nagle's algorithm
 /// on, and a small command written while an earlier one is unacknowledged
 /// then waits for the peer's delayed ACK (up to 40 ms on Linux) — measured
 /// here as waiters woken 3 to 40 ms after a fill instead of well under 1 ms.
-fn connection_info(url: &str) -> Result<redis::ConnectionInfo, Error> {
-    let info = url.into_connection_info().map_err(|e| {
-        Error::new(ErrorKind::Config, format!("invalid redis url {url:?}")).with_source(e)
-    })?;
+fn connection_info(url: &str) -> redis::RedisResult<redis::ConnectionInfo> {
+    let info = url.into_connection_info()?;
     let tcp = info.tcp_settings().clone().set_nodelay(true);
     Ok(info.set_tcp_settings(tcp))
 }
@@ -900,7 +890,16 @@ fn store_error(err: redis::RedisError) -> Error {
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStore")
-            .field("addrs", &self.inner.target.addrs())
+            .field(
+                "addrs",
+                &self
+                    .inner
+                    .target
+                    .nodes()
+                    .iter()
+                    .map(|c| c.get_connection_info().addr().to_string())
+                    .collect::<Vec<_>>(),
+            )
             .field("config", &self.inner.config)
             .finish_non_exhaustive()
     }
@@ -1094,7 +1093,7 @@ impl Store for RedisStore {
                 ready: watch::Sender::new(false),
             };
             let task = tokio::spawn(run_subscription(
-                self.inner.target.pubsub_clients(),
+                self.inner.target.nodes().to_vec(),
                 self.inner.config.clone(),
                 channel.to_vec(),
                 feed.messages.clone(),
