@@ -28,6 +28,8 @@ const FORM_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug)]
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
+    /// Each node's cluster-bus port, as it was started.
+    buses: Vec<u16>,
 }
 
 impl RedisCluster {
@@ -39,8 +41,8 @@ impl RedisCluster {
     /// As [`RedisServer::start`] for each node; also if the nodes do not
     /// agree on a healthy cluster within 30 seconds.
     pub fn start() -> RedisCluster {
-        let nodes: Vec<RedisServer> = (0..3).map(|_| start_node()).collect();
-        let cluster = RedisCluster { nodes };
+        let (nodes, buses) = (0..3).map(|_| start_node()).unzip();
+        let cluster = RedisCluster { nodes, buses };
         cluster.form();
         cluster
     }
@@ -92,9 +94,8 @@ impl RedisCluster {
             expect_ok(node, &["CLUSTER", "ADDSLOTSRANGE", &first, &last]);
         }
         let seed = &self.nodes[0];
-        for other in &self.nodes[1..] {
-            let port = other.port().to_string();
-            let bus = cluster_port(other).to_string();
+        for (other, bus) in self.nodes.iter().zip(&self.buses).skip(1) {
+            let (port, bus) = (other.port().to_string(), bus.to_string());
             expect_ok(seed, &["CLUSTER", "MEET", "127.0.0.1", &port, &bus]);
         }
         let deadline = Instant::now() + FORM_TIMEOUT;
@@ -122,11 +123,12 @@ impl RedisCluster {
     }
 }
 
-/// One node: cluster mode, its bus on a port of its own (the default,
-/// port + 10,000, can lie past 65,535 for a high ephemeral port).
-fn start_node() -> RedisServer {
-    let bus = free_port().to_string();
-    RedisServer::start_with(&[
+/// One node and its bus port: cluster mode, the bus on a port of its own
+/// (the default, port + 10,000, can lie past 65,535 for a high ephemeral
+/// port).
+fn start_node() -> (RedisServer, u16) {
+    let bus = free_port();
+    let server = RedisServer::start_with(&[
         "--cluster-enabled",
         "yes",
         "--cluster-config-file",
@@ -134,20 +136,9 @@ fn start_node() -> RedisServer {
         "--cluster-node-timeout",
         "5000",
         "--cluster-port",
-        &bus,
-    ])
-}
-
-/// The bus port a node was started with.
-fn cluster_port(node: &RedisServer) -> u16 {
-    let reply = node
-        .command(&["CONFIG", "GET", "cluster-port"])
-        .unwrap_or_else(|e| panic!("CONFIG GET cluster-port: {e}"));
-    reply
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .next()
-        .unwrap_or_else(|| panic!("no cluster-port in {reply:?}"))
+        &bus.to_string(),
+    ]);
+    (server, bus)
 }
 
 /// The three nodes' slot ranges, inclusive.
