@@ -14,7 +14,7 @@ use std::fmt;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use breakwater::{Cache, ConfigError, Error, Jitter, MemoryStore, Store};
+use breakwater::{Cache, ConfigError, Error, Jitter, MemoryStore, Store, Value};
 use clap::Args;
 use clap::builder::RangedU64ValueParser;
 
@@ -322,19 +322,13 @@ async fn scenario(
 
     let mut expiries = Vec::with_capacity(keys);
     for i in 0..keys {
-        let raw = cache.storage_key(demo_key(i).as_bytes())?;
-        let now_ms = store.now_ms();
-        let Some(left) = store.ttl(&raw).await? else {
+        let Some(at) = expiry_ms(cache, store, &demo_key(i), start_ms).await? else {
             return Err(DemoError::Expired {
                 key: demo_key(i),
                 write_ms,
             });
         };
-        expiries.push(
-            now_ms
-                .saturating_add(whole_ms(left))
-                .saturating_sub(start_ms),
-        );
+        expiries.push(at);
     }
 
     Ok(Scenario {
@@ -345,9 +339,21 @@ async fn scenario(
     })
 }
 
-/// A TTL left, in whole milliseconds, rounded up.
-pub(crate) fn whole_ms(left: Duration) -> u64 {
-    u64::try_from(left.as_micros().div_ceil(1000)).unwrap_or(u64::MAX)
+/// When `key` expires in `store`, in ms after `since_ms` on the store's
+/// clock (its TTL left, rounded up to whole ms); `None` if it is gone.
+pub(crate) async fn expiry_ms<V: Value>(
+    cache: &Cache<V>,
+    store: &dyn Store,
+    key: &str,
+    since_ms: u64,
+) -> Result<Option<u64>, Error> {
+    let raw = cache.storage_key(key.as_bytes())?;
+    let now_ms = store.now_ms();
+    let left = store.ttl(&raw).await?;
+    Ok(left.map(|left| {
+        let left_ms = u64::try_from(left.as_micros().div_ceil(1000)).unwrap_or(u64::MAX);
+        now_ms.saturating_add(left_ms).saturating_sub(since_ms)
+    }))
 }
 
 /// `n` with thousands separators: `10,000`.

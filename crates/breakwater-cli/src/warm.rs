@@ -16,7 +16,7 @@ use breakwater::{Cache, Error, Jitter, MemoryStore, Store, Warm, WarmReport};
 use clap::Args;
 
 use crate::db::Database;
-use crate::demo::{ExpiryStats, expiry_stats, whole_ms};
+use crate::demo::{ExpiryStats, expiry_ms, expiry_stats};
 
 /// Options of `breakwater warm`.
 #[derive(Debug, Clone, Args)]
@@ -107,34 +107,24 @@ pub(crate) async fn run(opts: &WarmOpts) -> Result<WarmRun, Error> {
     let keys: Vec<String> = (0..opts.keys).map(|i| format!("key:{i}")).collect();
 
     let began_ms = store.now_ms();
-    let mut passes = Vec::with_capacity(2);
-    for _ in 0..2 {
+    let pass = || {
         let db = Arc::clone(&db);
-        let report = cache
-            .warm(
-                keys.clone(),
-                move |key: String| {
-                    let db = Arc::clone(&db);
-                    async move {
-                        db.query().await;
-                        Ok::<_, Error>(Some(format!("row for {key}")))
-                    }
-                },
-                warm,
-            )
-            .await?;
-        passes.push(report);
-    }
-    let (Some(warm_pass), Some(cold)) = (passes.pop(), passes.pop()) else {
-        unreachable!("two passes ran");
+        let query = move |key: String| {
+            let db = Arc::clone(&db);
+            async move {
+                db.query().await;
+                Ok::<_, Error>(Some(format!("row for {key}")))
+            }
+        };
+        cache.warm(keys.clone(), query, warm)
     };
+    let cold = pass().await?;
+    let warm_pass = pass().await?;
 
     let mut expiries = Vec::with_capacity(keys.len());
     for key in &keys {
-        let raw = cache.storage_key(key.as_bytes())?;
-        let now_ms = store.now_ms();
-        if let Some(left) = store.ttl(&raw).await? {
-            expiries.push((now_ms + whole_ms(left)).saturating_sub(began_ms));
+        if let Some(at) = expiry_ms(&cache, &*store, key, began_ms).await? {
+            expiries.push(at);
         }
     }
     Ok(WarmRun {
