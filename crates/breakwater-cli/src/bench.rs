@@ -385,7 +385,7 @@ fn ms(us: Option<u64>) -> String {
 }
 
 /// The `q` quantile of sorted samples (nearest rank).
-fn percentile(sorted: &[u64], q: f64) -> Option<u64> {
+pub(crate) fn percentile(sorted: &[u64], q: f64) -> Option<u64> {
     if sorted.is_empty() {
         return None;
     }

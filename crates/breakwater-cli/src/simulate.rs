@@ -26,6 +26,7 @@ use rand::{RngExt, SeedableRng};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::bench::percentile;
 use crate::db::Database;
 use crate::demo::expiry_stats;
 
@@ -366,11 +367,7 @@ pub(crate) fn render(opts: &SimulateOpts, sim: &Simulation) -> String {
 
 /// The `p` quantile (nearest rank) of sorted µs samples, in ms.
 fn quantile_ms(sorted_us: &[u64], p: f64) -> String {
-    if sorted_us.is_empty() {
-        return "-".to_owned();
-    }
-    let rank = ((p * sorted_us.len() as f64).ceil() as usize).clamp(1, sorted_us.len());
-    format!("{:.1}", sorted_us[rank - 1] as f64 / 1000.0)
+    percentile(sorted_us, p).map_or("-".to_owned(), |us| format!("{:.1}", us as f64 / 1000.0))
 }
 
 /// One block character per value, scaled to the largest.
