@@ -126,11 +126,7 @@ async fn run(opts: WorkerOpts) -> Result<usize, Box<dyn std::error::Error>> {
         .get_multiplexed_async_connection()
         .await?;
 
-    {
-        let mut stdout = io::stdout().lock();
-        writeln!(stdout, "ready")?;
-        stdout.flush()?;
-    }
+    say("ready")?;
     // Blocking read off the runtime thread, so connection tasks keep running.
     let go = tokio::task::spawn_blocking(read_line).await??;
     if go.is_empty() {
@@ -177,11 +173,7 @@ async fn run(opts: WorkerOpts) -> Result<usize, Box<dyn std::error::Error>> {
         // Report only when told to (or when stdin ends): formatting and
         // writing the samples, and the parent parsing them, would take CPU
         // from the other workers' wake-ups.
-        {
-            let mut stdout = io::stdout().lock();
-            writeln!(stdout, "finished")?;
-            stdout.flush()?;
-        }
+        say("finished")?;
         tokio::task::spawn_blocking(read_line).await??;
     }
     let (mut ok, mut err) = (0usize, 0usize);
@@ -213,6 +205,13 @@ async fn run(opts: WorkerOpts) -> Result<usize, Box<dyn std::error::Error>> {
     writeln!(stdout, "done ok={ok} err={err} first_error={first_error}")?;
     stdout.flush()?;
     Ok(err)
+}
+
+/// Writes one line to the parent at once.
+fn say(line: &str) -> io::Result<()> {
+    let mut stdout = io::stdout().lock();
+    writeln!(stdout, "{line}")?;
+    stdout.flush()
 }
 
 /// One line of stdin; empty at its end.
