@@ -344,6 +344,7 @@ async fn lease_scripts_run_on_a_node_that_lost_them_while_another_hangs() {
             .acquire_lease(lease.as_bytes(), b"a", Duration::from_secs(5))
             .await
             .unwrap()
+            .is_acquired()
     );
     // Node 0 forgets its scripts (as after a restart) while node 2 hangs:
     // loading a script on every node is impossible now.
@@ -367,6 +368,7 @@ async fn lease_scripts_run_on_a_node_that_lost_them_while_another_hangs() {
             .acquire_lease(lease.as_bytes(), b"b", Duration::from_secs(5))
             .await
             .unwrap()
+            .is_acquired()
     );
 }
 

@@ -239,6 +239,7 @@ async fn a_lease_written_by_an_earlier_build_is_never_altered() {
             .acquire_lease(lease, b"fedcba9876543210", Duration::from_secs(10))
             .await
             .unwrap()
+            .is_acquired()
     );
     assert_eq!(store.get(lease).await.unwrap().as_deref(), Some(&old[..]));
 }

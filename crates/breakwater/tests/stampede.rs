@@ -296,7 +296,7 @@ async fn a_dead_leaders_lease_expires_and_a_waiter_takes_over() {
         .acquire_lease(b"bw:dead:l:{k}", b"dead-token", Duration::from_secs(1))
         .await
         .unwrap();
-    assert!(taken);
+    assert!(taken.is_acquired());
     let calls = Arc::new(AtomicUsize::new(0));
     let started = tokio::time::Instant::now();
     let v = survivor

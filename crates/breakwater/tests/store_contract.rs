@@ -195,9 +195,21 @@ async fn next_message(sub: &mut Subscription) -> Vec<u8> {
 async fn a_lease_has_one_holder_bound_to_its_token(store: &dyn Store, time: Time) {
     let mut sub = subscribed(store).await;
     assert!(!store.lease_held(LEASE).await.unwrap());
-    assert!(store.acquire_lease(LEASE, b"token-a", TTL).await.unwrap());
+    assert!(
+        store
+            .acquire_lease(LEASE, b"token-a", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
     assert!(store.lease_held(LEASE).await.unwrap());
-    assert!(!store.acquire_lease(LEASE, b"token-b", TTL).await.unwrap());
+    assert!(
+        !store
+            .acquire_lease(LEASE, b"token-b", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
     // Only the holder extends or releases it, even once it is waited on.
     assert!(!store.extend_lease(LEASE, b"token-b", TTL).await.unwrap());
     assert!(store.extend_lease(LEASE, b"token-a", TTL).await.unwrap());
@@ -221,15 +233,34 @@ async fn a_lease_has_one_holder_bound_to_its_token(store: &dyn Store, time: Time
             .acquire_lease(LEASE, b"token-b", Duration::from_millis(50))
             .await
             .unwrap()
+            .is_acquired()
     );
     time.pass(Duration::from_millis(120)).await;
     assert!(!store.lease_held(LEASE).await.unwrap(), "expired");
-    assert!(store.acquire_lease(LEASE, b"token-c", TTL).await.unwrap());
+    assert!(
+        store
+            .acquire_lease(LEASE, b"token-c", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
 }
 
 async fn a_token_that_is_a_prefix_of_the_holders_holds_nothing(store: &dyn Store, _: Time) {
-    assert!(store.acquire_lease(LEASE, b"abw", TTL).await.unwrap());
-    assert!(!store.acquire_lease(LEASE, b"other", TTL).await.unwrap()); // marks it
+    assert!(
+        store
+            .acquire_lease(LEASE, b"abw", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    assert!(
+        !store
+            .acquire_lease(LEASE, b"other", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    ); // marks it
     assert!(!store.extend_lease(LEASE, b"ab", TTL).await.unwrap());
     assert!(
         !store
@@ -243,7 +274,13 @@ async fn a_token_that_is_a_prefix_of_the_holders_holds_nothing(store: &dyn Store
 }
 
 async fn a_fenced_write_needs_the_lease(store: &dyn Store, _: Time) {
-    assert!(store.acquire_lease(LEASE, b"token-a", TTL).await.unwrap());
+    assert!(
+        store
+            .acquire_lease(LEASE, b"token-a", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
     store
         .invalidate(VALUE_KEY, LEASE, notice(b"invalidated"))
         .await
@@ -256,7 +293,13 @@ async fn a_fenced_write_needs_the_lease(store: &dyn Store, _: Time) {
     );
     assert_eq!(store.get(VALUE_KEY).await.unwrap(), None);
 
-    assert!(store.acquire_lease(LEASE, b"token-b", TTL).await.unwrap());
+    assert!(
+        store
+            .acquire_lease(LEASE, b"token-b", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
     assert!(
         !store
             .fenced_set(fenced(b"token-a", b"late", None))
@@ -274,13 +317,25 @@ async fn a_fenced_write_needs_the_lease(store: &dyn Store, _: Time) {
         Some(&b"fresh"[..])
     );
     // The write released the lease.
-    assert!(store.acquire_lease(LEASE, b"token-c", TTL).await.unwrap());
+    assert!(
+        store
+            .acquire_lease(LEASE, b"token-c", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
 }
 
 async fn a_waited_on_lease_hands_the_value_to_its_notice(store: &dyn Store, _: Time) {
     let mut sub = subscribed(store).await;
     // Nobody waited: the plain notice.
-    assert!(store.acquire_lease(LEASE, b"token-a", TTL).await.unwrap());
+    assert!(
+        store
+            .acquire_lease(LEASE, b"token-a", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
     assert!(
         store
             .fenced_set(fenced(b"token-a", b"one", Some(b"head:")))
@@ -289,9 +344,27 @@ async fn a_waited_on_lease_hands_the_value_to_its_notice(store: &dyn Store, _: T
     );
     assert_eq!(next_message(&mut sub).await, b"plain");
     // Somebody waited: the value notice with the value appended.
-    assert!(store.acquire_lease(LEASE, b"token-b", TTL).await.unwrap());
-    assert!(!store.acquire_lease(LEASE, b"token-c", TTL).await.unwrap());
-    assert!(!store.acquire_lease(LEASE, b"token-d", TTL).await.unwrap());
+    assert!(
+        store
+            .acquire_lease(LEASE, b"token-b", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    assert!(
+        !store
+            .acquire_lease(LEASE, b"token-c", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    assert!(
+        !store
+            .acquire_lease(LEASE, b"token-d", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
     assert!(
         store
             .fenced_set(fenced(b"token-b", BINARY_VALUE, Some(b"head:")))
@@ -307,8 +380,20 @@ async fn a_waited_on_lease_hands_the_value_to_its_notice(store: &dyn Store, _: T
         Some(BINARY_VALUE)
     );
     // Somebody waited but the writer offers no value notice: the plain one.
-    assert!(store.acquire_lease(LEASE, b"token-e", TTL).await.unwrap());
-    assert!(!store.acquire_lease(LEASE, b"token-f", TTL).await.unwrap());
+    assert!(
+        store
+            .acquire_lease(LEASE, b"token-e", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    assert!(
+        !store
+            .acquire_lease(LEASE, b"token-f", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
     assert!(
         store
             .fenced_set(fenced(b"token-e", b"big", None))
@@ -317,7 +402,13 @@ async fn a_waited_on_lease_hands_the_value_to_its_notice(store: &dyn Store, _: T
     );
     assert_eq!(next_message(&mut sub).await, b"plain");
     // The mark went with the lease: the next holder starts unwaited.
-    assert!(store.acquire_lease(LEASE, b"token-g", TTL).await.unwrap());
+    assert!(
+        store
+            .acquire_lease(LEASE, b"token-g", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
     assert!(
         store
             .fenced_set(fenced(b"token-g", b"two", Some(b"head:")))

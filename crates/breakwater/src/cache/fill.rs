@@ -29,7 +29,7 @@ use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
 use crate::jitter::poll_delay;
 use crate::limit::Priority;
-use crate::store::{FencedWrite, Store};
+use crate::store::{FencedWrite, LeaseAttempt, Store};
 
 /// Whether a flight may use the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,7 +83,7 @@ impl<V: Value> Cache<V> {
                 .acquire_lease(&lease_key, &token, inner.lease_ttl)
                 .await
             {
-                Ok(true) => {
+                Ok(LeaseAttempt::Acquired) => {
                     inner.metrics.lease("acquired");
                     // 2. Double-check, then lead.
                     if let Some(value) = self
@@ -102,7 +102,7 @@ impl<V: Value> Cache<V> {
                         .await?;
                     return Ok((value, Served::Loaded));
                 }
-                Ok(false) => inner.metrics.lease("busy"),
+                Ok(LeaseAttempt::Held { .. }) => inner.metrics.lease("busy"),
                 Err(err) => {
                     // 5. No store: load directly.
                     inner.metrics.store_error("acquire_lease");

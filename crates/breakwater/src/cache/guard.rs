@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use crate::breaker::{BreakerConfig, BreakerState, CircuitBreaker};
 use crate::error::{Error, ErrorKind};
-use crate::store::{FencedWrite, Notice, Store, StoreFuture, Subscription};
+use crate::store::{FencedWrite, LeaseAttempt, Notice, Store, StoreFuture, Subscription};
 use std::sync::Arc;
 
 /// The most breakers one store gets, however many failure domains it
@@ -127,7 +127,7 @@ impl Store for GuardedStore {
         lease_key: &'a [u8],
         token: &'a [u8],
         ttl: Duration,
-    ) -> StoreFuture<'a, bool> {
+    ) -> StoreFuture<'a, LeaseAttempt> {
         self.guard(lease_key, move || {
             self.store.acquire_lease(lease_key, token, ttl)
         })
@@ -161,6 +161,19 @@ impl Store for GuardedStore {
 
     fn fenced_set<'a>(&'a self, write: FencedWrite<'a>) -> StoreFuture<'a, bool> {
         self.guard(write.key, move || self.store.fenced_set(write))
+    }
+
+    fn replace<'a>(
+        &'a self,
+        key: &'a [u8],
+        value: &'a [u8],
+        ttl: Duration,
+        lease_key: &'a [u8],
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, ()> {
+        self.guard(key, move || {
+            self.store.replace(key, value, ttl, lease_key, notice)
+        })
     }
 
     fn invalidate<'a>(

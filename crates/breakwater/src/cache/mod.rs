@@ -313,13 +313,20 @@ impl<V: Value> Cache<V> {
         let sealed = self.seal(Some(value), Duration::ZERO, &self.inner.defaults)?;
         // Revoke any load in flight first, so its (older) result cannot land
         // on top of this value; then write, then wake waiters.
-        let store = &self.inner.store;
-        store.delete(&self.inner.lease_key(&key)).await?;
-        store.set(&key, &sealed.bytes, sealed.ttl).await?;
+        let message = notify::message(notify::INVALIDATED, self.inner.waiters.sender(), &key);
+        self.inner
+            .store
+            .replace(
+                &key,
+                &sealed.bytes,
+                sealed.ttl,
+                &self.inner.lease_key(&key),
+                self.inner.notice(&message),
+            )
+            .await?;
         self.remember_sealed(&key, Some(value.clone()), &sealed)
             .await;
-        let message = notify::message(notify::FILLED, self.inner.waiters.sender(), &key);
-        store.publish(self.inner.waiters.channel(), &message).await
+        Ok(())
     }
 
     /// Removes `key` and revokes any load in flight for it, so the next read

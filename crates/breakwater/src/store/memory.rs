@@ -14,8 +14,8 @@ use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 
 use super::{
-    Delivery, FencedWrite, Notice, SUBSCRIPTION_BUFFER, Store, StoreFuture, Subscription, fnv1a,
-    ttl_millis,
+    Delivery, FencedWrite, LeaseAttempt, Notice, SUBSCRIPTION_BUFFER, Store, StoreFuture,
+    Subscription, fnv1a, ttl_millis,
 };
 use crate::clock::{SystemClock, WallClock, millis};
 
@@ -273,7 +273,7 @@ impl Store for MemoryStore {
         lease_key: &'a [u8],
         token: &'a [u8],
         ttl: Duration,
-    ) -> StoreFuture<'a, bool> {
+    ) -> StoreFuture<'a, LeaseAttempt> {
         let result = ttl_millis(ttl).map(|ms| {
             let now = Instant::now();
             let mut leases = self.inner.leases();
@@ -282,8 +282,13 @@ impl Store for MemoryStore {
                 takes_since_sweep,
             } = &mut *leases;
             if let Some(held) = map.get_mut(lease_key).filter(|l| l.expires_at > now) {
+                if held.token == token {
+                    return LeaseAttempt::Acquired;
+                }
                 held.waited = true;
-                return false;
+                return LeaseAttempt::Held {
+                    ttl: held.expires_at - now,
+                };
             }
             sweep_amortised(map, takes_since_sweep, |l| l.expires_at > now);
             map.insert(
@@ -294,7 +299,7 @@ impl Store for MemoryStore {
                     waited: false,
                 },
             );
-            true
+            LeaseAttempt::Acquired
         });
         Box::pin(async move { result })
     }
@@ -365,6 +370,27 @@ impl Store for MemoryStore {
                     .publish(write.notice.channel, write.notice.message),
             }
             true
+        });
+        Box::pin(async move { result })
+    }
+
+    fn replace<'a>(
+        &'a self,
+        key: &'a [u8],
+        value: &'a [u8],
+        ttl: Duration,
+        lease_key: &'a [u8],
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, ()> {
+        let result = ttl_millis(ttl).map(|ms| {
+            {
+                let mut leases = self.inner.leases();
+                leases.map.remove(lease_key);
+                self.inner
+                    .shard_for(key)
+                    .put(key, value, Instant::now(), ms);
+            }
+            self.inner.publish(notice.channel, notice.message);
         });
         Box::pin(async move { result })
     }
@@ -463,6 +489,7 @@ mod tests {
                     .acquire_lease(&i.to_be_bytes(), b"t", short)
                     .await
                     .unwrap()
+                    .is_acquired()
             );
         }
         tokio::time::advance(Duration::from_millis(10)).await;
@@ -473,6 +500,7 @@ mod tests {
                     .acquire_lease(&i.to_be_bytes(), b"t", long)
                     .await
                     .unwrap()
+                    .is_acquired()
             );
         }
         let kept = store.inner.leases().map.len();

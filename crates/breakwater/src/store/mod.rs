@@ -81,18 +81,24 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     // --- leases: one load per key across processes ---
 
     /// Takes the lease `lease_key` for `ttl` if nobody holds it (`SET NX PX`),
-    /// recording `token` as its holder. `true` if taken.
+    /// recording `token` as its holder: [`LeaseAttempt::Acquired`].
+    ///
+    /// Idempotent for one token: if `token` already holds the lease (a
+    /// retried call whose first attempt ran but whose reply was lost), it is
+    /// `Acquired` again, with its TTL left as it was.
     ///
     /// If someone else holds it, the call marks the lease as *waited on*
     /// (atomically with the attempt), so the holder's
     /// [`fenced_set`](Store::fenced_set) knows a waiter would like the value
-    /// in the notice; see [`FencedWrite::value_notice`].
+    /// in the notice (see [`FencedWrite::value_notice`]), and reports how long
+    /// the lease has left: a waiter tries again when it runs out, so a dead
+    /// holder is replaced as soon as its lease expires.
     fn acquire_lease<'a>(
         &'a self,
         lease_key: &'a [u8],
         token: &'a [u8],
         ttl: Duration,
-    ) -> StoreFuture<'a, bool>;
+    ) -> StoreFuture<'a, LeaseAttempt>;
 
     /// Whether someone holds the lease `lease_key` (unexpired). For
     /// inspection; the request path never calls it.
@@ -121,6 +127,19 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// notice, all atomically. `false` (and nothing written) if the lease was
     /// lost, e.g. revoked by [`invalidate`](Store::invalidate).
     fn fenced_set<'a>(&'a self, write: FencedWrite<'a>) -> StoreFuture<'a, bool>;
+
+    /// A write that is not a load's (`Cache::set`): revokes the lease
+    /// `lease_key` (so a load that started before cannot write its older
+    /// result over this value), sets the value with its TTL and publishes
+    /// `notice`, all atomically.
+    fn replace<'a>(
+        &'a self,
+        key: &'a [u8],
+        value: &'a [u8],
+        ttl: Duration,
+        lease_key: &'a [u8],
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, ()>;
 
     /// Deletes a value and its lease together and publishes `notice`, so a
     /// load that started before cannot write its result back.
@@ -157,6 +176,25 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// [ready](Subscription::ready) are delivered; when some may have been
     /// missed (lag, reconnection) the subscriber is told so.
     fn subscribe(&self, channel: &[u8]) -> Subscription;
+}
+
+/// What [`Store::acquire_lease`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseAttempt {
+    /// The caller's token holds the lease.
+    Acquired,
+    /// Someone else holds it, for `ttl` more (unless extended).
+    Held {
+        /// The lease's remaining time to live.
+        ttl: Duration,
+    },
+}
+
+impl LeaseAttempt {
+    /// `true` for [`Acquired`](LeaseAttempt::Acquired).
+    pub fn is_acquired(self) -> bool {
+        self == LeaseAttempt::Acquired
+    }
 }
 
 /// A message to publish on a channel as part of another operation.

@@ -28,8 +28,8 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::{
-    Delivery, FencedWrite, Notice, SUBSCRIPTION_BUFFER, Store, StoreFuture, Subscription,
-    ttl_millis,
+    Delivery, FencedWrite, LeaseAttempt, Notice, SUBSCRIPTION_BUFFER, Store, StoreFuture,
+    Subscription, ttl_millis,
 };
 use crate::clock::{SystemClock, WallClock, millis};
 use crate::error::{ConfigError, Error, ErrorKind};
@@ -39,23 +39,32 @@ use crate::jitter::{Backoff, poll_delay};
 // or `w` once someone else has tried to take it (a waiter). The holder is
 // the value without its last byte, so tokens of any length compare exactly.
 
-/// `SET NX PX` the lease: KEYS = lease; ARGV = token, ttl ms. If it is held,
-/// mark it waited on (`SETRANGE` keeps its TTL) — only a value in this
-/// format (a token as long as ours plus a status byte), so a lease written
-/// by an earlier build, a bare token, is never altered. 1 if taken.
+/// `SET NX PX` the lease: KEYS = lease; ARGV = token, ttl ms. -1 if taken,
+/// or already held by this token (a retried call whose first run's reply
+/// was lost: idempotent). If someone else holds it, mark it waited on
+/// (`SETRANGE` keeps its TTL) — only a value in this format (a token as long
+/// as ours plus a status byte), so a lease written by an earlier build, a
+/// bare token, is never altered — and return its remaining TTL in ms (≥ 0).
 static ACQUIRE_LEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"if redis.call('SET', KEYS[1], ARGV[1] .. '-', 'NX', 'PX', ARGV[2]) then
-            return 1
+            return -1
           end
           local held = redis.call('GET', KEYS[1])
+          if held and string.sub(held, 1, -2) == ARGV[1] then
+            return -1
+          end
           if held and #held == #ARGV[1] + 1 then
             local mark = string.sub(held, -1)
             if mark == '-' or mark == 'w' then
               redis.call('SETRANGE', KEYS[1], #held - 1, 'w')
             end
           end
-          return 0",
+          local left = redis.call('PTTL', KEYS[1])
+          if left < 0 then
+            left = 0
+          end
+          return left",
     )
 });
 
@@ -101,6 +110,17 @@ static FENCED_SET: LazyLock<Lua> = LazyLock::new(|| {
             return 1
           end
           return 0",
+    )
+});
+
+/// A plain write that revokes any load in flight: KEYS = value, lease; ARGV
+/// = value, ttl ms, channel, message.
+static REPLACE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"redis.call('DEL', KEYS[2])
+          redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+          redis.call('PUBLISH', ARGV[3], ARGV[4])
+          return 1",
     )
 });
 
@@ -972,14 +992,19 @@ impl Store for RedisStore {
         lease_key: &'a [u8],
         token: &'a [u8],
         ttl: Duration,
-    ) -> StoreFuture<'a, bool> {
+    ) -> StoreFuture<'a, LeaseAttempt> {
         Box::pin(async move {
             let ms = ttl_millis(ttl)?;
-            let taken: i64 = self
+            let left: i64 = self
                 .inner
                 .eval(ACQUIRE_LEASE.key(lease_key).arg(token).arg(ms))
                 .await?;
-            Ok(taken == 1)
+            Ok(match u64::try_from(left) {
+                Ok(ms) => LeaseAttempt::Held {
+                    ttl: Duration::from_millis(ms),
+                },
+                Err(_) => LeaseAttempt::Acquired,
+            })
         })
     }
 
@@ -1048,6 +1073,32 @@ impl Store for RedisStore {
                 )
                 .await?;
             Ok(written == 1)
+        })
+    }
+
+    fn replace<'a>(
+        &'a self,
+        key: &'a [u8],
+        value: &'a [u8],
+        ttl: Duration,
+        lease_key: &'a [u8],
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let ms = ttl_millis(ttl)?;
+            let _: i64 = self
+                .inner
+                .eval(
+                    REPLACE
+                        .key(key)
+                        .key(lease_key)
+                        .arg(value)
+                        .arg(ms)
+                        .arg(notice.channel)
+                        .arg(notice.message),
+                )
+                .await?;
+            Ok(())
         })
     }
 

@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use breakwater::{
-    Cache, FencedWrite, Notice, RedisStore, RedisStoreConfig, Store, StoreFuture, Subscription,
+    Cache, FencedWrite, LeaseAttempt, Notice, RedisStore, RedisStoreConfig, Store, StoreFuture,
+    Subscription,
 };
 pub use breakwater_testkit::{RedisCluster, RedisServer};
 
@@ -134,7 +135,12 @@ impl<S: Store + Clone> Store for CountingStore<S> {
     fn name(&self) -> &'static str {
         "counting"
     }
-    fn acquire_lease<'a>(&'a self, l: &'a [u8], t: &'a [u8], d: Duration) -> StoreFuture<'a, bool> {
+    fn acquire_lease<'a>(
+        &'a self,
+        l: &'a [u8],
+        t: &'a [u8],
+        d: Duration,
+    ) -> StoreFuture<'a, LeaseAttempt> {
         self.inner.acquire_lease(l, t, d)
     }
     fn lease_held<'a>(&'a self, l: &'a [u8]) -> StoreFuture<'a, bool> {
@@ -153,6 +159,16 @@ impl<S: Store + Clone> Store for CountingStore<S> {
     }
     fn fenced_set<'a>(&'a self, w: FencedWrite<'a>) -> StoreFuture<'a, bool> {
         self.inner.fenced_set(w)
+    }
+    fn replace<'a>(
+        &'a self,
+        k: &'a [u8],
+        v: &'a [u8],
+        t: Duration,
+        l: &'a [u8],
+        n: Notice<'a>,
+    ) -> StoreFuture<'a, ()> {
+        self.inner.replace(k, v, t, l, n)
     }
     fn invalidate<'a>(&'a self, k: &'a [u8], l: &'a [u8], n: Notice<'a>) -> StoreFuture<'a, ()> {
         self.inner.invalidate(k, l, n)
