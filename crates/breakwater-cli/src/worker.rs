@@ -67,12 +67,14 @@ pub(crate) struct WorkerOpts {
     /// How long the loader sleeps, in milliseconds.
     #[arg(long, default_value_t = 50)]
     pub(crate) loader_ms: u64,
-    /// The cache's lease TTL, in milliseconds.
-    #[arg(long, default_value_t = 5000)]
-    pub(crate) lease_ttl_ms: u64,
-    /// The cache's lock wait, in milliseconds.
-    #[arg(long, default_value_t = 10_000)]
-    pub(crate) lock_wait_ms: u64,
+    /// The cache's lease TTL, in milliseconds (default: the library's).
+    #[arg(long)]
+    pub(crate) lease_ttl_ms: Option<u64>,
+    /// The cache's lock wait, in milliseconds; a waiter past it fails with a
+    /// lock timeout instead of loading (default: the library's wait and
+    /// policy).
+    #[arg(long)]
+    pub(crate) lock_wait_ms: Option<u64>,
     /// The Redis key the loader `INCR`s once per load.
     #[arg(long, default_value = "loads")]
     pub(crate) counter: String,
@@ -111,13 +113,18 @@ pub(crate) async fn bench_store(url: &str) -> Result<RedisStore, breakwater::Err
 /// Returns the number of failed calls.
 async fn run(opts: WorkerOpts) -> Result<usize, Box<dyn std::error::Error>> {
     let store = bench_store(&opts.redis).await?;
-    let cache = Cache::<String>::builder()
+    let mut cache = Cache::<String>::builder()
         .namespace(opts.namespace.clone())
-        .store(store)
-        .lease_ttl(Duration::from_millis(opts.lease_ttl_ms))
-        .lock_wait(Duration::from_millis(opts.lock_wait_ms))
-        .on_lock_timeout(OnLockTimeout::error())
-        .build()?;
+        .store(store);
+    if let Some(ms) = opts.lease_ttl_ms {
+        cache = cache.lease_ttl(Duration::from_millis(ms));
+    }
+    if let Some(ms) = opts.lock_wait_ms {
+        cache = cache
+            .lock_wait(Duration::from_millis(ms))
+            .on_lock_timeout(OnLockTimeout::error());
+    }
+    let cache = cache.build()?;
     // The loader's and the naive algorithm's connection: Nagle off, as in
     // `RedisStore`, so both algorithms talk to Redis the same way.
     let info = opts.redis.as_str().into_connection_info()?;
@@ -220,16 +227,24 @@ fn read_line() -> io::Result<String> {
     io::stdin().lock().read_line(&mut line).map(|_| line)
 }
 
-/// The database stand-in: count the load, take `delay`, and return a value
-/// stamped with the wall-clock time it was produced.
+/// The database stand-in: count the load (and record this process's id
+/// under `<counter>:pid`, so a test can find and kill the loading process),
+/// take `delay`, and return a value stamped with the wall-clock time it was
+/// produced.
 async fn load(
     conn: &mut MultiplexedConnection,
     counter: &str,
     delay: Duration,
 ) -> Result<String, redis::RedisError> {
-    redis::cmd("INCR")
+    redis::pipe()
+        .cmd("INCR")
         .arg(counter)
-        .query_async::<i64>(conn)
+        .ignore()
+        .cmd("SET")
+        .arg(format!("{counter}:pid"))
+        .arg(std::process::id())
+        .ignore()
+        .query_async::<()>(conn)
         .await?;
     tokio::time::sleep(delay).await;
     Ok(format!("{}@{}", std::process::id(), unix_micros()))

@@ -232,3 +232,82 @@ fn killed_leader_is_taken_over_after_the_lease_ttl() {
         "A's load plus exactly one takeover"
     );
 }
+
+/// Four processes × 250 callers with the library's default lease settings
+/// and a 500 ms loader; the process running the load is SIGKILLed mid-load.
+/// Every survivor gets the value, the fleet makes exactly one more load, and
+/// the survivors finish within the lease's expiry plus the loader's time.
+#[test]
+fn a_killed_holder_costs_exactly_one_more_load_with_defaults() {
+    let redis = RedisServer::start();
+    let mut workers: Vec<Worker> = (0..4)
+        .map(|i| {
+            Worker::spawn(
+                &format!("worker {i}"),
+                &redis,
+                &["--concurrency", "250", "--loader-ms", "500"],
+            )
+        })
+        .collect();
+    for worker in &mut workers {
+        worker.wait_ready();
+    }
+    for worker in &mut workers {
+        worker.go();
+    }
+    let deadline = Instant::now() + WORKER_TIMEOUT;
+    while get(&redis, "loads") != "1" {
+        assert!(Instant::now() < deadline, "nobody started loading");
+        thread::sleep(Duration::from_millis(5));
+    }
+    let pid: u32 = get(&redis, "loads:pid").parse().expect("the loader's pid");
+    let holder = workers
+        .iter()
+        .position(|w| w.child.id() == pid)
+        .expect("the loading process is one of ours");
+    let mut holder = workers.swap_remove(holder);
+    holder.child.kill().expect("SIGKILL the holder");
+    let killed = Instant::now();
+    // The dead holder's lease runs out this much later (it was extended
+    // every second until the kill).
+    let left: u64 = redis
+        .command(&["PTTL", "bw:stampede:l:{hot}"])
+        .expect("PTTL")
+        .parse()
+        .expect("the lease is held");
+    let expiry = Duration::from_millis(left);
+    holder.child.wait().expect("reap the holder");
+
+    let (tx, done) = mpsc::channel();
+    for worker in workers {
+        let tx = tx.clone();
+        thread::spawn(move || {
+            let line = worker.finish();
+            let _ = tx.send((line, killed.elapsed()));
+        });
+    }
+    drop(tx);
+    let finished: Vec<(String, Duration)> = done.iter().collect();
+    assert_eq!(finished.len(), 3, "every survivor finished");
+    for (line, _) in &finished {
+        assert_eq!(line, "done ok=250 err=0 first_error=none");
+    }
+    assert_eq!(
+        get(&redis, "loads"),
+        "2",
+        "the holder's load plus exactly one takeover"
+    );
+    let slowest = finished.iter().map(|(_, d)| *d).max().unwrap();
+    eprintln!("lease expired {expiry:?} and survivors were done {slowest:?} after the kill");
+    assert!(
+        slowest <= expiry + Duration::from_millis(500 + 100),
+        "survivors done {slowest:?} after the kill; the lease expired after {expiry:?}"
+    );
+}
+
+/// With default settings a loader slower than the old 5 s lock wait (8 s)
+/// is awaited by every other process: one load, no errors.
+#[test]
+fn four_processes_one_load_with_an_8s_loader_and_defaults() {
+    one_load_across_processes(4, 250, 8_000);
+}

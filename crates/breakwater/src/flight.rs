@@ -104,6 +104,14 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
         (Joined { cell }, Joining::Led(kept))
     }
 
+    /// Detaches the flight for `key`, if one is in the air: its callers
+    /// still get its result, but callers from now on start a new flight.
+    /// (An invalidation must not be answered by a load that began before
+    /// it.)
+    pub(crate) fn detach(&self, key: &[u8]) {
+        lock(&self.flights).remove(key);
+    }
+
     /// How many flights are in the air.
     #[cfg(test)]
     pub(crate) fn in_flight(&self) -> usize {
@@ -292,6 +300,29 @@ mod tests {
 
         let (result, role) = flight.run(b"k", || async { Ok(2) }).await;
         assert_eq!((result.unwrap(), role), (2, Role::Leader));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_detached_flight_lands_for_its_callers_only() {
+        let flight = Arc::new(SingleFlight::<u64>::new());
+        let slow = |v: u64| {
+            move || async move {
+                tokio::time::sleep(Duration::from_millis(100 * v)).await;
+                Ok(v)
+            }
+        };
+        let (old, _) = flight.join(b"k", slow(1));
+        let (joined, role) = flight.join(b"k", slow(9));
+        assert_eq!(role, Role::Follower);
+        flight.detach(b"k");
+        let (new, role) = flight.join(b"k", slow(2));
+        assert_eq!(role, Role::Leader, "a detached flight is not joined");
+        assert_eq!(old.result().await.unwrap(), 1);
+        assert_eq!(joined.result().await.unwrap(), 1);
+        // The old flight's landing left the new one in place.
+        assert_eq!(flight.in_flight(), 1);
+        assert_eq!(new.result().await.unwrap(), 2);
+        assert_eq!(flight.in_flight(), 0);
     }
 
     #[tokio::test(start_paused = true)]

@@ -245,6 +245,27 @@ impl FreshnessPolicy {
         }
     }
 
+    /// `false` if [`judge`](Self::judge) cannot answer
+    /// [`RefreshEarly`](Freshness::RefreshEarly) for this reading, whatever
+    /// it draws; a cheap test for the L1 hit path, which then skips the
+    /// draw. (`−ln U` for `U` in `(0, 1]` drawn from 53 random bits is at
+    /// most about 36.7.)
+    pub(crate) fn could_refresh_early(&self, r: Reading) -> bool {
+        let fresh_until = r.fresh_until.min(r.stale_until);
+        if r.now_ms >= fresh_until {
+            return false;
+        }
+        let remaining = fresh_until - r.now_ms;
+        match self.early.kind {
+            Kind::None => false,
+            Kind::XFetch(beta) => {
+                let span = f64::from(r.load_ms) * clamp_beta(beta);
+                remaining as f64 <= span * 37.0
+            }
+            Kind::Fraction(_) => true,
+        }
+    }
+
     /// True if a stale value may still be served at `now_ms`: `now <
     /// stale_until`, and `now < fresh_until + max_stale` when `max_stale` is
     /// set.

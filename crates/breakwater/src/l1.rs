@@ -12,15 +12,30 @@
 //! subscription drops, invalidations may have been missed, so **L1 is
 //! flushed**; until it is back, entries live at most their L1 TTL.
 //!
+//! # Epochs: no insert from before an invalidation
+//!
+//! A read or load that began before an invalidation of its key was seen
+//! here (this process's `invalidate`/`set`, or another's through the bus)
+//! must not put its older value into L1 when its reply lands late. Every
+//! read and load takes a [`Ticket`] when it starts; an invalidation records
+//! a new epoch for its key; an insert whose ticket predates its key's last
+//! invalidation is undone. The insert is checked *after* it is made (and an
+//! invalidation records its epoch *before* it removes the key), so the two
+//! cannot interleave into a stale entry. The per-key record is bounded: past
+//! 4,096 keys it is replaced by one floor epoch (every older ticket is
+//! refused, which costs only a few L1 inserts).
+//!
 //! Entries are keyed by the user's key (the storage key without its
 //! namespace prefix and hash tag), so a hit builds no key at all.
 //!
 //! Backed by `moka`'s future cache, bounded by entry count.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -118,13 +133,79 @@ impl L1Config {
     }
 }
 
-/// One L1 entry. Times are tokio instants of this process.
+/// One L1 entry. Times are tokio instants of this process, except the
+/// store-clock reading kept for early refresh.
 #[derive(Debug)]
 pub(crate) struct Slot<V> {
     /// `None`: a negative entry.
     pub(crate) value: Option<V>,
     fresh_until: Instant,
     stale_until: Instant,
+    /// The entry's own deadlines and load time, on the store's clock, so an
+    /// L1 hit can judge early refresh as a store read would.
+    pub(crate) stored: Stamp,
+}
+
+/// What an L1 entry keeps of the stored entry it came from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Stamp {
+    /// The end of the fresh window, store-clock ms.
+    pub(crate) fresh_until: u64,
+    /// The end of the stale window, store-clock ms.
+    pub(crate) stale_until: u64,
+    /// How long the load that produced it took.
+    pub(crate) load_ms: u32,
+}
+
+/// When a read or load began, in invalidation epochs; see the module docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ticket(u64);
+
+/// The per-key invalidation epochs of one near cache.
+#[derive(Debug, Default)]
+struct Epochs {
+    /// The latest epoch handed out.
+    counter: AtomicU64,
+    /// Tickets below this are refused for every key.
+    floor: AtomicU64,
+    /// Key → the epoch of its latest invalidation.
+    recent: Mutex<HashMap<Vec<u8>, u64>>,
+}
+
+/// The most keys whose invalidation epochs are remembered one by one.
+const EPOCH_KEYS: usize = 4096;
+
+impl Epochs {
+    fn ticket(&self) -> Ticket {
+        Ticket(self.counter.load(Ordering::SeqCst))
+    }
+
+    /// Records an invalidation of `key`, seen now.
+    fn invalidate(&self, key: &[u8]) {
+        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        let epoch = self.counter.fetch_add(1, Ordering::SeqCst) + 1;
+        if recent.len() >= EPOCH_KEYS && !recent.contains_key(key) {
+            recent.clear();
+            self.floor.fetch_max(epoch, Ordering::SeqCst);
+            return;
+        }
+        recent.insert(key.to_vec(), epoch);
+    }
+
+    /// Records that anything may have been invalidated.
+    fn invalidate_all(&self) {
+        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        let epoch = self.counter.fetch_add(1, Ordering::SeqCst) + 1;
+        recent.clear();
+        self.floor.fetch_max(epoch, Ordering::SeqCst);
+    }
+
+    /// `true` if nothing invalidated `key` after `ticket` was taken.
+    fn still_valid(&self, key: &[u8], ticket: Ticket) -> bool {
+        let recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        ticket.0 >= self.floor.load(Ordering::SeqCst)
+            && recent.get(key).is_none_or(|&epoch| epoch <= ticket.0)
+    }
 }
 
 impl<V> Slot<V> {
@@ -140,11 +221,9 @@ impl<V> Slot<V> {
 /// The near cache of one `Cache`, keyed by the user's key.
 pub(crate) struct NearCache<V> {
     cache: moka::future::Cache<Vec<u8>, Arc<Slot<V>>>,
+    epochs: Epochs,
     ttl: Duration,
     keep: Duration,
-    /// The length of the namespace prefix of a storage key (the bus speaks
-    /// storage keys).
-    prefix_len: usize,
 }
 
 impl<V> fmt::Debug for NearCache<V> {
@@ -157,17 +236,22 @@ impl<V> fmt::Debug for NearCache<V> {
 }
 
 impl<V: Clone + Send + Sync + 'static> NearCache<V> {
-    /// `prefix_len`: the length of the storage keys' namespace prefix.
-    pub(crate) fn new(config: L1Config, prefix_len: usize) -> Self {
+    pub(crate) fn new(config: L1Config) -> Self {
         NearCache {
-            prefix_len,
             cache: moka::future::Cache::builder()
                 .max_capacity(config.entries)
                 .time_to_live(config.keep)
                 .build(),
             ttl: config.ttl,
             keep: config.keep,
+            epochs: Epochs::default(),
         }
+    }
+
+    /// Taken when a read or load begins; [`put`](Self::put) refuses its
+    /// value if the key was invalidated since.
+    pub(crate) fn ticket(&self) -> Ticket {
+        self.epochs.ticket()
     }
 
     /// The entry for the user's `key`.
@@ -187,15 +271,21 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
         Box::pin(self.cache.get(key)).await
     }
 
-    /// Remembers `value` under the user's `key`, fresh in L1 for at most `fresh_for` (capped by the
-    /// L1 TTL) and servable as stale for `stale_for` in all.
+    /// Remembers `value` under the user's `key`, fresh in L1 for at most
+    /// `fresh_for` (capped by the L1 TTL) and servable as stale for
+    /// `stale_for` in all, unless `key` was invalidated since `ticket`.
     pub(crate) async fn put(
         &self,
         key: &[u8],
         value: Option<V>,
         fresh_for: Duration,
         stale_for: Duration,
+        stored: Stamp,
+        ticket: Ticket,
     ) {
+        if !self.epochs.still_valid(key, ticket) {
+            return;
+        }
         let now = Instant::now();
         let fresh_for = fresh_for.min(self.ttl);
         let keep = stale_for.max(fresh_for).min(self.keep);
@@ -206,40 +296,50 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
             value,
             fresh_until: now + fresh_for,
             stale_until: now + keep,
+            stored,
         };
         // Boxed: moka's insert future is large, and inline it would grow
         // every `get_or_load` future that may reach this point.
         Box::pin(self.cache.insert(key.to_vec(), Arc::new(slot))).await;
+        // An invalidation that slipped in between the check and the insert
+        // recorded its epoch before removing the key: look again.
+        if !self.epochs.still_valid(key, ticket) {
+            Box::pin(self.cache.invalidate(key)).await;
+        }
     }
 
-    /// Drops the user's `key`.
+    /// Drops the user's `key` (it was refilled elsewhere: newer data, not an
+    /// invalidation).
     pub(crate) async fn remove(&self, key: &[u8]) {
         Box::pin(self.cache.invalidate(key)).await;
     }
 
+    /// The user's `key` was invalidated (or replaced by `set`): drop it, and
+    /// refuse every read or load of it that began before.
+    pub(crate) async fn invalidated(&self, key: &[u8]) {
+        self.epochs.invalidate(key);
+        self.remove(key).await;
+    }
+
+    /// Invalidations may have been missed: drop everything, and refuse every
+    /// read or load that began before.
     pub(crate) fn clear(&self) {
+        self.epochs.invalidate_all();
         self.cache.invalidate_all();
     }
 }
 
-/// What the bus listener tells a near cache.
+/// What the bus listener tells the cache about other processes' messages.
 pub(crate) trait BusHook: Send + Sync + 'static {
-    /// Another process changed storage key `key`.
-    fn changed(&self, key: Vec<u8>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+    /// Another process changed storage key `key`: refilled it (`invalidated`
+    /// false) or invalidated or replaced it (`true`).
+    fn changed(
+        &self,
+        key: Vec<u8>,
+        invalidated: bool,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
     /// Messages may have been missed.
     fn missed(&self);
-}
-
-impl<V: Clone + Send + Sync + 'static> BusHook for NearCache<V> {
-    fn changed(&self, key: Vec<u8>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
-        let cache = self.cache.clone();
-        let key = crate::cache::user_key(&key, self.prefix_len).to_vec();
-        Box::pin(async move { cache.invalidate(&key).await })
-    }
-
-    fn missed(&self) {
-        self.clear();
-    }
 }
 
 #[cfg(test)]
@@ -248,12 +348,15 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn fresh_then_stale_then_gone() {
-        let l1 = NearCache::<u32>::new(L1Config::new(), 0);
+        let l1 = NearCache::<u32>::new(L1Config::new());
+        let ticket = l1.ticket();
         l1.put(
             b"k",
             Some(1),
             Duration::from_secs(1),
             Duration::from_secs(5),
+            Stamp::default(),
+            ticket,
         )
         .await;
         let slot = l1.get(b"k").await.unwrap();
@@ -267,26 +370,66 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn l1_ttl_caps_the_fresh_time() {
-        let l1 = NearCache::<u32>::new(L1Config::new().ttl(Duration::from_millis(100)), 0);
-        l1.put(b"k", Some(1), Duration::from_secs(60), Duration::ZERO)
-            .await;
+        let l1 = NearCache::<u32>::new(L1Config::new().ttl(Duration::from_millis(100)));
+        put(&l1, b"k", 1, l1.ticket()).await;
         let slot = l1.get(b"k").await.unwrap();
         tokio::time::advance(Duration::from_millis(100)).await;
         assert!(!slot.is_fresh(Instant::now()));
     }
 
+    async fn put(l1: &NearCache<u32>, key: &[u8], value: u32, ticket: Ticket) {
+        let fresh = Duration::from_secs(60);
+        l1.put(key, Some(value), fresh, fresh, Stamp::default(), ticket)
+            .await;
+    }
+
     #[tokio::test]
-    async fn bus_hook_removes_and_flushes() {
-        let l1 = NearCache::<u32>::new(L1Config::new(), 0);
-        l1.put(b"a", Some(1), Duration::from_secs(60), Duration::ZERO)
-            .await;
-        l1.put(b"b", Some(2), Duration::from_secs(60), Duration::ZERO)
-            .await;
-        l1.changed(b"a".to_vec()).await;
+    async fn invalidation_removes_and_clear_flushes() {
+        let l1 = NearCache::<u32>::new(L1Config::new());
+        put(&l1, b"a", 1, l1.ticket()).await;
+        put(&l1, b"b", 2, l1.ticket()).await;
+        l1.invalidated(b"a").await;
         assert!(l1.get(b"a").await.is_none());
         assert!(l1.get(b"b").await.is_some());
-        l1.missed();
+        l1.clear();
         assert!(l1.get(b"b").await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_read_that_began_before_an_invalidation_is_not_kept() {
+        let l1 = NearCache::<u32>::new(L1Config::new());
+        let before = l1.ticket();
+        l1.invalidated(b"a").await;
+        put(&l1, b"a", 1, before).await;
+        assert!(l1.get(b"a").await.is_none(), "stale insert refused");
+        // Other keys and later reads are unaffected.
+        put(&l1, b"b", 2, before).await;
+        assert!(l1.get(b"b").await.is_some());
+        put(&l1, b"a", 3, l1.ticket()).await;
+        assert_eq!(l1.get(b"a").await.unwrap().value, Some(3));
+        // A flush refuses every read that began before it.
+        let before = l1.ticket();
+        l1.clear();
+        put(&l1, b"b", 4, before).await;
+        assert!(l1.get(b"b").await.is_none());
+    }
+
+    #[tokio::test]
+    async fn the_epoch_record_is_bounded() {
+        let l1 = NearCache::<u32>::new(L1Config::new());
+        let before = l1.ticket();
+        for i in 0..(EPOCH_KEYS as u32 + 10) {
+            l1.invalidated(&i.to_be_bytes()).await;
+        }
+        let kept = l1.epochs.recent.lock().unwrap().len();
+        assert!(kept < EPOCH_KEYS, "{kept}");
+        // Everything that began before is refused, however it was recorded.
+        put(&l1, &0u32.to_be_bytes(), 1, before).await;
+        put(&l1, b"never invalidated", 1, before).await;
+        assert!(l1.get(&0u32.to_be_bytes()).await.is_none());
+        assert!(l1.get(b"never invalidated").await.is_none());
+        put(&l1, b"never invalidated", 1, l1.ticket()).await;
+        assert!(l1.get(b"never invalidated").await.is_some());
     }
 
     #[test]

@@ -18,7 +18,6 @@ fn cache_on<S: Store + Clone>(store: &S) -> Cache<String> {
         .store(store.clone())
         .ttl(Duration::from_secs(60))
         .lock_poll(Duration::from_secs(10)) // polling alone would take ≥ 5 s
-        .lock_wait(Duration::from_secs(30))
         .build()
         .unwrap()
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use breakwater::clock::SkewedClock;
 use breakwater::{
     BreakerConfig, Cache, EarlyRefresh, ErrorKind, Fetched, Jitter, MemoryStore, RedisStore,
-    RedisStoreConfig, Served, StaleReason,
+    RedisStoreConfig, Served, StaleReason, Store,
 };
 use support::{DbDown, RedisServer};
 use tokio::time::Instant;
@@ -509,4 +509,33 @@ async fn caches_with_skewed_clocks_agree() {
         assert_eq!(cache.get("k").await.unwrap(), None);
     }
     assert_eq!(server.command(&["EXISTS", "bw:skew:v:{k}"]).unwrap(), "0");
+}
+
+/// A reading of the wall clock taken before Redis's clock is known (a
+/// direct load while Redis is down at boot) does not pin the store's clock:
+/// once sampled, it is Redis's time, even with the application clock an hour
+/// ahead.
+#[tokio::test]
+async fn an_early_wall_clock_reading_does_not_freeze_the_store_clock() {
+    let server = RedisServer::start();
+    let hour: i64 = 3_600_000;
+    let config = RedisStoreConfig::default().wall_clock(Arc::new(SkewedClock::new(hour)));
+    let store = RedisStore::connect_with(&server.url(), config).unwrap();
+    let early = store.now_ms();
+    store.warm_up().await.unwrap();
+    let redis_ms = |server: &RedisServer| {
+        let time = server.command(&["TIME"]).unwrap();
+        let secs: u64 = time.lines().next().unwrap().parse().unwrap();
+        secs * 1000
+    };
+    let before = redis_ms(&server);
+    let now = store.now_ms();
+    assert!(
+        now + 1_000 < early,
+        "the early reading ({early}) pinned the clock ({now})"
+    );
+    assert!(
+        now.abs_diff(before) < 2_000,
+        "store {now} vs redis {before}"
+    );
 }

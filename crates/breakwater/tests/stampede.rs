@@ -197,8 +197,8 @@ async fn invalidate_during_a_slow_load_refuses_its_write() {
     assert_eq!(v.as_deref(), Some("new"));
 }
 
-/// Two caches on one memory store: `holder` takes the lease with a loader
-/// that never finishes in time; `waiter` runs out of `lock_wait`.
+/// A stuck lease (held for a minute, never released: a foreign or broken
+/// holder) on one memory store; `waiter` runs out of `lock_wait`.
 async fn lock_timeout_case(
     policy: OnLockTimeout,
     with_stale: bool,
@@ -211,24 +211,24 @@ async fn lock_timeout_case(
             .ttl(Duration::from_secs(10))
             .max_stale(Duration::from_secs(60)) // no grace: stale is only a fallback
             .jitter(Jitter::none())
+            .load_timeout(Duration::from_secs(1))
+            .lease_ttl(Duration::from_secs(1))
             .lock_wait(Duration::from_secs(2))
-            .lease_ttl(Duration::from_secs(30))
             .on_lock_timeout(policy)
             .build()
             .unwrap()
     };
-    let holder = build();
     let waiter = build();
     if with_stale {
         waiter.set("k", &"stale".to_string()).await.unwrap();
         tokio::time::advance(Duration::from_secs(11)).await; // past fresh, inside max_stale
     }
     let calls = Arc::new(AtomicUsize::new(0));
-    let held = {
-        let loader = slow_loader(&calls, Duration::from_secs(20), "slow");
-        tokio::spawn(async move { holder.get_or_load("k", loader).await })
-    };
-    support::until("the load to start", || calls.load(Ordering::SeqCst) > 0).await;
+    let stuck =
+        breakwater::Store::acquire_lease(&store, b"bw:lw:l:{k}", b"stuck", Duration::from_secs(60))
+            .await
+            .unwrap();
+    assert!(stuck.is_acquired());
     let started = tokio::time::Instant::now();
     let result = waiter
         .get_or_load("k", slow_loader(&calls, Duration::from_millis(1), "anyway"))
@@ -242,29 +242,108 @@ async fn lock_timeout_case(
         waited < Duration::from_secs(3),
         "waited past lock_wait: {waited:?}"
     );
-    held.abort();
     (result, calls.load(Ordering::SeqCst))
 }
 
 #[tokio::test(start_paused = true)]
-async fn lock_timeout_load_anyway_calls_the_loader() {
+async fn lock_timeout_load_anyway_calls_the_loader_for_a_stuck_lease() {
     let (result, calls) = lock_timeout_case(OnLockTimeout::load_anyway(), false).await;
     assert_eq!(result.unwrap().as_deref(), Some("anyway"));
-    assert_eq!(calls, 2);
+    assert_eq!(calls, 1);
 }
 
 #[tokio::test(start_paused = true)]
 async fn lock_timeout_serve_stale_serves_the_stale_value() {
     let (result, calls) = lock_timeout_case(OnLockTimeout::serve_stale(), true).await;
     assert_eq!(result.unwrap().as_deref(), Some("stale"));
-    assert_eq!(calls, 1, "serve_stale must not call the loader");
+    assert_eq!(calls, 0, "serve_stale must not call the loader");
 }
 
 #[tokio::test(start_paused = true)]
 async fn lock_timeout_serve_stale_without_stale_is_a_lock_timeout() {
     let (result, calls) = lock_timeout_case(OnLockTimeout::serve_stale(), false).await;
     assert!(result.unwrap_err().is_lock_timeout());
-    assert_eq!(calls, 1);
+    assert_eq!(calls, 0);
+}
+
+/// With default settings a load slower than the old 5 s `lock_wait` is
+/// awaited by the other processes, not repeated: one load, no errors.
+#[tokio::test(start_paused = true)]
+async fn a_loader_slower_than_lock_wait_used_to_be_is_awaited_not_repeated() {
+    let store = MemoryStore::new();
+    let processes: Vec<Cache<String>> = (0..4)
+        .map(|_| {
+            Cache::builder()
+                .namespace("slow")
+                .store(store.clone())
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut callers = Vec::new();
+    for cache in &processes {
+        for _ in 0..25 {
+            let (cache, loader) = (
+                cache.clone(),
+                slow_loader(&calls, Duration::from_secs(8), "v"),
+            );
+            callers.push(tokio::spawn(
+                async move { cache.get_or_load("k", loader).await },
+            ));
+        }
+    }
+    for caller in callers {
+        assert_eq!(caller.await.unwrap().unwrap().as_deref(), Some("v"));
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// A lease holder that stops extending (its process died) is replaced by
+/// exactly one waiting process, right after its lease runs out.
+#[tokio::test(start_paused = true)]
+async fn a_dead_holder_is_replaced_by_exactly_one_waiter_with_defaults() {
+    use breakwater::Store;
+    let store = MemoryStore::new();
+    let processes: Vec<Cache<String>> = (0..3)
+        .map(|_| {
+            Cache::builder()
+                .namespace("takeover")
+                .store(store.clone())
+                .build()
+                .unwrap()
+        })
+        .collect();
+    // The dead holder's lease: 3 s (the default lease_ttl), never extended.
+    let lease = b"bw:takeover:l:{k}";
+    let taken = store
+        .acquire_lease(lease, b"dead", Duration::from_secs(3))
+        .await
+        .unwrap();
+    assert!(taken.is_acquired());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let started = tokio::time::Instant::now();
+    let mut callers = Vec::new();
+    for cache in &processes {
+        for _ in 0..20 {
+            let (cache, loader) = (
+                cache.clone(),
+                slow_loader(&calls, Duration::from_millis(500), "v"),
+            );
+            callers.push(tokio::spawn(
+                async move { cache.get_or_load("k", loader).await },
+            ));
+        }
+    }
+    for caller in callers {
+        assert_eq!(caller.await.unwrap().unwrap().as_deref(), Some("v"));
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "exactly one takeover");
+    let done = started.elapsed();
+    assert!(
+        done <= Duration::from_millis(3_000 + 500 + 100),
+        "survivors done {done:?} after the lease was taken"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -276,7 +355,7 @@ async fn lock_timeout_error_is_a_lock_timeout() {
         err.to_string(),
         "lock wait timed out: another process held this key's lease for longer than lock_wait (2s)"
     );
-    assert_eq!(calls, 1);
+    assert_eq!(calls, 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -324,7 +403,6 @@ async fn waiters_are_woken_by_the_fill_not_by_polling() {
             .namespace("wake")
             .store(store.clone())
             .lock_poll(Duration::from_secs(10)) // polling alone would take ≥ 5 s
-            .lock_wait(Duration::from_secs(30))
             .build()
             .unwrap()
     };
@@ -359,7 +437,6 @@ fn patient_waiter<S: breakwater::Store + Clone>(store: &S) -> Cache<String> {
         .store(store.clone())
         .ttl(Duration::from_secs(60))
         .lock_poll(Duration::from_secs(10))
-        .lock_wait(Duration::from_secs(30))
         .build()
         .unwrap()
 }

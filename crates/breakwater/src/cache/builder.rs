@@ -8,6 +8,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
+use super::coherence::Local;
 use super::guard::GuardedStore;
 use super::notify::{SENDER_LEN, Waiters};
 use super::options::Options;
@@ -16,7 +17,6 @@ use super::{Cache, Fallback, Inner, Value};
 use crate::breaker::BreakerConfig;
 use crate::codec::{Codec, Compression};
 use crate::error::ConfigError;
-use crate::flight::SingleFlight;
 use crate::freshness::EarlyRefresh;
 use crate::jitter::Jitter;
 use crate::l1::{BusHook, L1Config, NearCache};
@@ -87,8 +87,8 @@ impl OnLockTimeout {
 /// | `early_refresh` | [`EarlyRefresh::xfetch(1.0)`](EarlyRefresh::xfetch) |
 /// | `soft_timeout` | off |
 /// | `fail_safe_throttle` | 5 s |
-/// | `lease_ttl` | 5 s, extended every half while the loader runs |
-/// | `lock_wait` | 5 s |
+/// | `lease_ttl` | 3 s, extended every third (1 s) while the loader runs, so a dead holder is replaced within 3 s |
+/// | `lock_wait` | `load_timeout + 2 × lease_ttl` (36 s): a live holder's whole load, and one takeover |
 /// | `lock_poll` | 200 ms (jittered 100..=300 ms), a fallback to pub/sub wake-ups |
 /// | `on_lock_timeout` | [`OnLockTimeout::load_anyway`] |
 /// | `load_timeout` | 30 s, retries included (hard: the load is abandoned, callers get `Timeout`) |
@@ -112,7 +112,7 @@ pub struct CacheBuilder<V> {
     soft_timeout: Option<Duration>,
     fail_safe_throttle: Duration,
     lease_ttl: Duration,
-    lock_wait: Duration,
+    lock_wait: Option<Duration>,
     lock_poll: Duration,
     on_lock_timeout: OnLockTimeout,
     load_timeout: Duration,
@@ -156,8 +156,8 @@ impl<V: Value> CacheBuilder<V> {
             early_refresh: EarlyRefresh::xfetch(1.0),
             soft_timeout: None,
             fail_safe_throttle: Duration::from_secs(5),
-            lease_ttl: Duration::from_secs(5),
-            lock_wait: Duration::from_secs(5),
+            lease_ttl: Duration::from_secs(3),
+            lock_wait: None,
             lock_poll: Duration::from_millis(200),
             on_lock_timeout: OnLockTimeout::load_anyway(),
             load_timeout: Duration::from_secs(30),
@@ -272,17 +272,26 @@ impl<V: Value> CacheBuilder<V> {
     }
 
     /// How long a loader's lease lives without being extended. The leader
-    /// extends it every half of this while its loader runs; if the leader's
-    /// process dies, another process takes over after at most this long.
+    /// extends it every third of this while its loader runs; if the leader's
+    /// process dies, the lease runs out within this long and exactly one
+    /// waiting process takes over (waiters try again the moment it expires).
+    /// Keep it well above the store's response time: at least 10 ms.
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
         self.lease_ttl = ttl;
         self
     }
 
     /// How long a caller waits for another process's load before
-    /// [`on_lock_timeout`](Self::on_lock_timeout) applies.
+    /// [`on_lock_timeout`](Self::on_lock_timeout) applies. Waiters keep
+    /// waiting while the lease is held and extended, so this is the bound on
+    /// a stuck lease, not on a slow load.
+    ///
+    /// With [`OnLockTimeout::load_anyway`] (the default policy) it must be at
+    /// least `load_timeout + lease_ttl`: a shorter wait would start a second
+    /// load while the holder's may still be running (and not write it). The
+    /// default, `load_timeout + 2 × lease_ttl`, also covers one takeover.
     pub fn lock_wait(mut self, wait: Duration) -> Self {
-        self.lock_wait = wait;
+        self.lock_wait = Some(wait);
         self
     }
 
@@ -396,13 +405,13 @@ impl<V: Value> CacheBuilder<V> {
             fail_safe_throttle: self.fail_safe_throttle,
         };
         defaults.validate()?;
-        for (name, value) in [("lease_ttl", self.lease_ttl), ("lock_poll", self.lock_poll)] {
-            if value < Duration::from_millis(2) {
-                return Err(ConfigError::new(format!(
-                    "{name} must be at least 2ms, got {value:?}"
-                )));
-            }
-        }
+        validate_lease(
+            self.lease_ttl,
+            self.lock_wait,
+            self.lock_poll,
+            self.load_timeout,
+            self.on_lock_timeout,
+        )?;
         let origin = match self.origin {
             Some(origin) => {
                 if self.breaker.is_some() || self.limit.is_some() || self.retry.is_some() {
@@ -446,10 +455,11 @@ impl<V: Value> CacheBuilder<V> {
         let value_prefix = format!("bw:{}:v:", self.namespace).into_bytes();
         let metrics = Metrics::new(&self.namespace, &super::options::SERVED_LABELS);
         let channel = format!("bw:{}:events", self.namespace).into_bytes();
-        let l1 = self
-            .l1
-            .map(|config| Arc::new(NearCache::<V>::new(config, value_prefix.len())));
-        let hook = l1.clone().map(|l1| l1 as Arc<dyn BusHook>);
+        let local = Arc::new(Local::new(
+            self.l1.map(NearCache::<V>::new),
+            value_prefix.len(),
+        ));
+        let hook = Some(Arc::clone(&local) as Arc<dyn BusHook>);
         let mut token_rng: StdRng = rand::make_rng();
         let sender: [u8; SENDER_LEN] = token_rng.random();
         let raw_store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
@@ -479,12 +489,61 @@ impl<V: Value> CacheBuilder<V> {
                 metrics,
                 throttled: Mutex::default(),
             }),
-            flights: Arc::new(SingleFlight::new()),
-            reads: Arc::new(SingleFlight::new()),
+            local,
             fallback: self.fallback,
-            l1,
         })
     }
+}
+
+/// The longest `lease_ttl` or `lock_wait` accepted: a day. Longer ones are
+/// surely mistakes, and deadlines built from them must not overflow.
+const MAX_LEASE_DURATION: Duration = Duration::from_secs(24 * 3600);
+
+/// The lease settings and how they relate: a holder extends its lease every
+/// third of `lease_ttl`; waiters wait `lock_wait`, and with `load_anyway`
+/// that must cover a live holder's load.
+fn validate_lease(
+    lease_ttl: Duration,
+    lock_wait: Option<Duration>,
+    lock_poll: Duration,
+    load_timeout: Duration,
+    on_lock_timeout: OnLockTimeout,
+) -> Result<(), ConfigError> {
+    if lease_ttl < Duration::from_millis(10) {
+        return Err(ConfigError::new(format!(
+            "lease_ttl must be at least 10ms, got {lease_ttl:?}"
+        )));
+    }
+    if lock_poll < Duration::from_millis(2) {
+        return Err(ConfigError::new(format!(
+            "lock_poll must be at least 2ms, got {lock_poll:?}"
+        )));
+    }
+    for (name, value) in [
+        ("lease_ttl", Some(lease_ttl)),
+        ("lock_wait", lock_wait),
+        ("lock_poll", Some(lock_poll)),
+    ] {
+        if let Some(value) = value.filter(|v| *v > MAX_LEASE_DURATION) {
+            return Err(ConfigError::new(format!(
+                "{name} must be at most {MAX_LEASE_DURATION:?}, got {value:?}"
+            )));
+        }
+    }
+    if let Some(wait) = lock_wait
+        && on_lock_timeout == OnLockTimeout::load_anyway()
+    {
+        let needed = load_timeout.saturating_add(lease_ttl);
+        if wait < needed {
+            return Err(ConfigError::new(format!(
+                "lock_wait ({wait:?}) must be at least load_timeout + lease_ttl ({needed:?}) with \
+                 OnLockTimeout::load_anyway, or every waiting process starts a second load while \
+                 the holder's is still running; raise lock_wait (or leave it unset), lower \
+                 load_timeout, or choose OnLockTimeout::serve_stale() or error()"
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn validate_namespace(ns: &str) -> Result<(), ConfigError> {

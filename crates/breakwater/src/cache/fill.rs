@@ -5,15 +5,25 @@
 //! 1. Try the key's lease (`SET NX PX` with a fresh 128-bit token).
 //! 2. Got it: read once more (another process may have filled the key just
 //!    before), else lead: run the loader in its own task, extending the lease
-//!    every half TTL, bounded by `load_timeout`; write through the fence.
-//! 3. Not got it (the attempt marked the lease as waited on): watch the key,
-//!    read once more (the fill may have happened between 1 and the watch),
-//!    then sleep until woken, a jittered poll, or the `lock_wait` deadline; on
-//!    waking take the entry the fill's message carried, or read again, then
-//!    go back to 1 (the holder may have died or failed, freeing the lease).
-//! 4. Deadline passed: the [`OnLockTimeout`](super::OnLockTimeout) policy.
+//!    every third of its TTL, bounded by `load_timeout`; write through the
+//!    fence.
+//! 3. Not got it (the attempt marked the lease as waited on and said how
+//!    long the lease has left): watch the key, read once more (the fill may
+//!    have happened between 1 and the watch), then sleep until woken, a
+//!    jittered poll, the lease's expiry, or the wait's deadline; on waking
+//!    take the entry the fill's message carried, or read again, then go back
+//!    to 1. A holder that died stops extending its lease: it runs out, and
+//!    the first waiter to try again takes over (one, fleet-wide).
+//! 4. Deadline passed (`lock_wait`; by default `load_timeout + 2 × lease_ttl`,
+//!    long enough for a live holder's load and one takeover): the
+//!    [`OnLockTimeout`](super::OnLockTimeout) policy, for foreground calls
+//!    only. A background refresh never loads without the lease.
 //! 5. The store fails at 1: load directly (in-process single-flight still
-//!    holds), so a sick Redis degrades to direct loads, never to errors.
+//!    holds), so a sick Redis degrades to direct loads, never to errors. The
+//!    result is written only through the fence of the token just tried: if
+//!    the attempt ran after all (its reply was lost), the write lands unless
+//!    an invalidation revoked it since; otherwise it is refused. A background
+//!    refresh does not load at all then.
 
 use std::pin::pin;
 use std::sync::Arc;
@@ -28,6 +38,7 @@ use super::{Cache, Load, Loaded, Value, reading, show_key};
 use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
 use crate::jitter::poll_delay;
+use crate::l1::Ticket;
 use crate::limit::Priority;
 use crate::store::{FencedWrite, LeaseAttempt, Store};
 
@@ -63,22 +74,28 @@ impl<V: Value> Cache<V> {
         let inner = &self.inner;
         // A known-down origin is refused before any lease is taken or waited on.
         inner.origin.check()?;
+        let ticket = self.local.ticket();
+        let background = priority == Priority::Background;
         if mode == Mode::Local {
             // The store just failed this request: one deadline is enough.
-            // Load directly; single-flight still makes it one load here.
-            let value = self
-                .load_direct(&key, &loader, &options, priority, Mode::Local)
-                .await?;
+            // Load directly, write nothing; single-flight still makes it one
+            // load here.
+            let (value, load_time) = self.load_unwritten(&loader, &options, priority).await?;
+            // L1 keeps it (a shield while the store is away); the store does not.
+            if let Ok(sealed) = self.seal(value.as_ref(), load_time, &options) {
+                self.remember_sealed(&key, value.clone(), &sealed, ticket)
+                    .await;
+            }
             return Ok((value, Served::Loaded));
         }
         let lease_key = inner.lease_key(&key);
-        let deadline = Instant::now() + inner.lock_wait;
+        let deadline = Instant::now() + inner.lock_wait_for(&options);
         let mut stale: Option<Entry> = None;
 
         loop {
             // 1. The lease.
             let token = inner.new_token();
-            match inner
+            let lease_left = match inner
                 .store
                 .acquire_lease(&lease_key, &token, inner.lease_ttl)
                 .await
@@ -87,7 +104,7 @@ impl<V: Value> Cache<V> {
                     inner.metrics.lease("acquired");
                     // 2. Double-check, then lead.
                     if let Some(value) = self
-                        .fresh_value(&key, &mut stale, &options, replacing)
+                        .fresh_value(&key, &mut stale, &options, replacing, ticket)
                         .await
                     {
                         let message = notify::message(FILLED, inner.waiters.sender(), &key);
@@ -97,22 +114,40 @@ impl<V: Value> Cache<V> {
                             .await;
                         return Ok((value, Served::Coalesced));
                     }
+                    let lease = Lease {
+                        key: &lease_key,
+                        token: &token,
+                    };
                     let value = self
-                        .lead(&key, &lease_key, &token, &loader, &options, priority)
+                        .lead(&key, lease, &loader, &options, priority, ticket)
                         .await?;
                     return Ok((value, Served::Loaded));
                 }
-                Ok(LeaseAttempt::Held { .. }) => inner.metrics.lease("busy"),
+                Ok(LeaseAttempt::Held { ttl }) => {
+                    inner.metrics.lease("busy");
+                    ttl
+                }
                 Err(err) => {
-                    // 5. No store: load directly.
                     inner.metrics.store_error("acquire_lease");
+                    if background {
+                        // Never a load outside the lease in the background.
+                        return Err(err);
+                    }
+                    // 5. No store: load directly, write through the fence.
                     tracing::warn!(key = %show_key(&key), error = %err, "lease unavailable; loading directly");
+                    let lease = Lease {
+                        key: &lease_key,
+                        token: &token,
+                    };
                     let value = self
-                        .load_direct(&key, &loader, &options, priority, Mode::Fleet)
+                        .load_direct(&key, lease, &loader, &options, priority, ticket)
                         .await?;
                     return Ok((value, Served::Loaded));
                 }
-            }
+            };
+            // Try again just after the lease runs out: a dead holder's lease
+            // is not extended, and its expiry is the takeover.
+            let retry_at = Instant::now() + lease_left + LEASE_RETRY_MARGIN;
 
             // 3. Wait to be woken.
             let watch = inner
@@ -122,7 +157,7 @@ impl<V: Value> Cache<V> {
             let mut woken = pin!(watch.notify().notified());
             woken.as_mut().enable();
             if let Some(value) = self
-                .fresh_value(&key, &mut stale, &options, replacing)
+                .fresh_value(&key, &mut stale, &options, replacing, ticket)
                 .await
             {
                 return Ok((value, Served::Coalesced));
@@ -135,32 +170,34 @@ impl<V: Value> Cache<V> {
                 poll_delay(inner.lock_poll, &mut *rng)
             };
             tokio::select! {
+                biased;
                 () = woken => {
                     // The fill's message may carry the entry: no read then.
                     let carried = watch.filled().and_then(|bytes| self.decode(&key, bytes));
                     let value = match carried {
-                        Some(entry) => self.fresh_entry(&key, entry, &mut stale, &options, replacing).await,
-                        None => self.fresh_value(&key, &mut stale, &options, replacing).await,
+                        Some(entry) => self.fresh_entry(&key, entry, &mut stale, &options, replacing, ticket).await,
+                        None => self.fresh_value(&key, &mut stale, &options, replacing, ticket).await,
                     };
                     if let Some(value) = value {
                         return Ok((value, Served::Coalesced));
                     }
                 }
-                () = sleep(poll) => {}
                 () = sleep_until(deadline) => {}
+                () = sleep_until(retry_at) => {}
+                () = sleep(poll) => {}
             }
         }
 
         // 4. The lock-wait policy.
-        let waited = inner.lock_wait;
+        let waited = inner.lock_wait_for(&options);
+        if background {
+            return Err(lock_timeout(waited));
+        }
         match inner.on_lock_timeout.0 {
             LockTimeoutKind::LoadAnyway => {
-                tracing::debug!(key = %show_key(&key), ?waited, "lock wait over; loading anyway");
-                inner
-                    .origin
-                    .load(&loader, options.load_timeout, priority, &inner.metrics)
-                    .await
-                    .map(|(value, _)| (value, Served::Loaded))
+                tracing::warn!(key = %show_key(&key), ?waited, "lease held past lock_wait; loading anyway (not written)");
+                let (value, _) = self.load_unwritten(&loader, &options, priority).await?;
+                Ok((value, Served::Loaded))
             }
             LockTimeoutKind::ServeStale => match stale.and_then(|e| self.entry_value(&key, &e)) {
                 Some(value) => Ok((
@@ -180,11 +217,11 @@ impl<V: Value> Cache<V> {
     async fn lead<L>(
         &self,
         key: &[u8],
-        lease_key: &[u8],
-        token: &[u8],
+        lease: Lease<'_>,
         loader: &Arc<L>,
         options: &Options,
         priority: Priority,
+        ticket: Option<Ticket>,
     ) -> Result<Option<V>, Error>
     where
         L: Load<V>,
@@ -197,14 +234,16 @@ impl<V: Value> Cache<V> {
             priority,
             &inner.metrics
         ));
-        let mut extend =
-            tokio::time::interval_at(Instant::now() + inner.lease_ttl / 2, inner.lease_ttl / 2);
+        // Extended every third of its TTL: two chances before it runs out.
+        let every = inner.lease_ttl / 3;
+        let mut extend = tokio::time::interval_at(Instant::now() + every, every);
         let mut held = true;
         let result = loop {
             tokio::select! {
+                biased;
                 result = &mut load => break result,
                 _ = extend.tick(), if held => {
-                    match store.extend_lease(lease_key, token, inner.lease_ttl).await {
+                    match store.extend_lease(lease.key, lease.token, inner.lease_ttl).await {
                         Ok(true) => {}
                         Ok(false) => {
                             tracing::debug!(key = %show_key(key), "lease lost while loading; the result will not be written");
@@ -216,80 +255,137 @@ impl<V: Value> Cache<V> {
                 }
             }
         };
-
         match result {
             Ok((value, load_time)) => {
-                let sealed = self.seal(value.as_ref(), load_time, options)?;
-                inner.clear_throttle(key);
-                let message = notify::message(FILLED, inner.waiters.sender(), key);
-                let value_message = (sealed.bytes.len() <= VALUE_IN_MESSAGE_MAX)
-                    .then(|| notify::value_message(inner.waiters.sender(), key))
-                    .flatten();
-                let write = FencedWrite {
-                    key,
-                    value: &sealed.bytes,
-                    ttl: sealed.ttl,
-                    lease_key,
-                    token,
-                    notice: inner.notice(&message),
-                    value_notice: value_message.as_deref(),
-                };
-                match store.fenced_set(write).await {
-                    Ok(true) => self.remember_sealed(key, value.clone(), &sealed).await,
-                    Ok(false) => {
-                        tracing::debug!(
-                            key = %show_key(key),
-                            "lease revoked (invalidated or expired) during the load; not written"
-                        );
-                        inner.metrics.lease("revoked");
-                    }
-                    Err(err) => {
-                        tracing::warn!(key = %show_key(key), error = %err, "store write failed; returning the loaded value");
-                        inner.metrics.store_error("fenced_set");
-                        self.remember_sealed(key, value.clone(), &sealed).await;
-                    }
-                }
+                self.write_fenced(key, lease, value.as_ref(), load_time, options, ticket)
+                    .await?;
                 Ok(value)
             }
             Err(err) => {
-                let message = notify::message(RELEASED, inner.waiters.sender(), key);
-                if let Err(release) = store
-                    .release_lease(lease_key, token, inner.notice(&message))
-                    .await
-                {
-                    tracing::warn!(key = %show_key(key), error = %release, "lease release failed; it expires on its own");
-                }
+                self.release(key, lease).await;
                 Err(err)
             }
         }
     }
 
-    /// Without a usable store: load and try a plain write.
+    /// The lease could not be tried (the store failed): load, and write
+    /// through the fence of the token that was tried, in the background (the
+    /// store is sick: callers do not wait for it). The fence makes it safe:
+    /// it lands only if that attempt ran and no invalidation revoked it
+    /// since.
     async fn load_direct<L>(
         &self,
         key: &[u8],
+        lease: Lease<'_>,
         loader: &Arc<L>,
         options: &Options,
         priority: Priority,
-        mode: Mode,
+        ticket: Option<Ticket>,
     ) -> Result<Option<V>, Error>
     where
         L: Load<V>,
     {
+        let (value, load_time) = self.load_unwritten(loader, options, priority).await?;
+        let cache = self.clone();
+        let (key, lease_key, token) = (key.to_vec(), lease.key.to_vec(), lease.token.to_vec());
+        let (written, options) = (value.clone(), *options);
+        tokio::spawn(async move {
+            let lease = Lease {
+                key: &lease_key,
+                token: &token,
+            };
+            let _ = cache
+                .write_fenced(&key, lease, written.as_ref(), load_time, &options, ticket)
+                .await;
+        });
+        Ok(value)
+    }
+
+    /// Loads without touching the store.
+    async fn load_unwritten<L>(
+        &self,
+        loader: &Arc<L>,
+        options: &Options,
+        priority: Priority,
+    ) -> Result<(Option<V>, Duration), Error>
+    where
+        L: Load<V>,
+    {
         let inner = &self.inner;
-        let (value, load_time) = inner
+        inner
             .origin
             .load(loader, options.load_timeout, priority, &inner.metrics)
-            .await?;
-        let sealed = self.seal(value.as_ref(), load_time, options)?;
-        self.inner.clear_throttle(key);
-        if mode == Mode::Fleet
-            && let Err(err) = self.inner.store.set(key, &sealed.bytes, sealed.ttl).await
-        {
-            tracing::debug!(key = %show_key(key), error = %err, "store write failed; returning the loaded value");
+            .await
+    }
+
+    /// Seals a loaded value and writes it only while `lease` is held (the
+    /// one fence every load's write goes through), releasing the lease and
+    /// publishing "filled" atomically; keeps it in L1 unless the key was
+    /// invalidated since `ticket`. A value that cannot be sealed releases the
+    /// lease (waiters are told) and fails.
+    async fn write_fenced(
+        &self,
+        key: &[u8],
+        lease: Lease<'_>,
+        value: Option<&V>,
+        load_time: Duration,
+        options: &Options,
+        ticket: Option<Ticket>,
+    ) -> Result<(), Error> {
+        let inner = &self.inner;
+        let sealed = match self.seal(value, load_time, options) {
+            Ok(sealed) => sealed,
+            Err(err) => {
+                self.release(key, lease).await;
+                return Err(err);
+            }
+        };
+        inner.clear_throttle(key);
+        let message = notify::message(FILLED, inner.waiters.sender(), key);
+        let value_message = (sealed.bytes.len() <= VALUE_IN_MESSAGE_MAX)
+            .then(|| notify::value_message(inner.waiters.sender(), key))
+            .flatten();
+        let write = FencedWrite {
+            key,
+            value: &sealed.bytes,
+            ttl: sealed.ttl,
+            lease_key: lease.key,
+            token: lease.token,
+            notice: inner.notice(&message),
+            value_notice: value_message.as_deref(),
+        };
+        match inner.store.fenced_set(write).await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::debug!(
+                    key = %show_key(key),
+                    "lease revoked (invalidated or expired) during the load; not written"
+                );
+                inner.metrics.lease("revoked");
+            }
+            Err(err) => {
+                tracing::warn!(key = %show_key(key), error = %err, "store write failed; returning the loaded value");
+                inner.metrics.store_error("fenced_set");
+            }
         }
-        self.remember_sealed(key, value.clone(), &sealed).await;
-        Ok(value)
+        // L1 follows the epoch rule whatever the store said: an
+        // invalidation since `ticket` keeps this value out.
+        self.remember_sealed(key, value.cloned(), &sealed, ticket)
+            .await;
+        Ok(())
+    }
+
+    /// Gives the lease up without a value and tells its waiters.
+    async fn release(&self, key: &[u8], lease: Lease<'_>) {
+        let inner = &self.inner;
+        let message = notify::message(RELEASED, inner.waiters.sender(), key);
+        if let Err(err) = inner
+            .store
+            .release_lease(lease.key, lease.token, inner.notice(&message))
+            .await
+        {
+            tracing::warn!(key = %show_key(key), error = %err, "lease release failed; it expires on its own");
+        }
     }
 
     /// Reads `key`; the value if fresh and not the entry being replaced (an
@@ -302,6 +398,7 @@ impl<V: Value> Cache<V> {
         stale: &mut Option<Entry>,
         options: &Options,
         replacing: Option<u64>,
+        ticket: Option<Ticket>,
     ) -> Option<Option<V>> {
         let entry = match self.read(key).await {
             Ok(Some(entry)) => entry,
@@ -311,7 +408,7 @@ impl<V: Value> Cache<V> {
                 return None;
             }
         };
-        self.fresh_entry(key, entry, stale, options, replacing)
+        self.fresh_entry(key, entry, stale, options, replacing, ticket)
             .await
     }
 
@@ -323,6 +420,7 @@ impl<V: Value> Cache<V> {
         stale: &mut Option<Entry>,
         options: &Options,
         replacing: Option<u64>,
+        ticket: Option<Ticket>,
     ) -> Option<Option<V>> {
         let now = self.inner.store.now_ms();
         if entry.fresh_until > now {
@@ -330,7 +428,7 @@ impl<V: Value> Cache<V> {
                 return None;
             }
             let value = self.entry_value(key, &entry)?;
-            self.remember(key, &value, &entry, now).await;
+            self.remember(key, &value, &entry, now, ticket).await;
             return Some(value);
         }
         if self
@@ -343,6 +441,17 @@ impl<V: Value> Cache<V> {
         None
     }
 }
+
+/// A lease as its holder knows it.
+#[derive(Debug, Clone, Copy)]
+struct Lease<'a> {
+    key: &'a [u8],
+    token: &'a [u8],
+}
+
+/// How long past a held lease's expiry a waiter tries to take it over (the
+/// store's TTLs are whole milliseconds).
+const LEASE_RETRY_MARGIN: Duration = Duration::from_millis(2);
 
 fn lock_timeout(waited: Duration) -> Error {
     Error::new(

@@ -29,6 +29,7 @@
 //!    still get the loaded value.
 
 mod builder;
+mod coherence;
 mod fill;
 mod guard;
 mod inspect;
@@ -60,13 +61,14 @@ use crate::clock::millis;
 use crate::codec::{Codec, Compression};
 use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
-use crate::flight::{Joined, Joining, Role, SingleFlight};
+use crate::flight::{Joined, Joining, Role};
 use crate::freshness::{Freshness, FreshnessPolicy, Reading};
-use crate::l1::{NearCache, Slot};
+use crate::l1::{Slot, Stamp, Ticket};
 use crate::limit::Priority;
 use crate::metrics::Metrics;
 use crate::store::{Notice, Store, fnv1a};
 use builder::OnLockTimeout as LockPolicy;
+use coherence::Local;
 use fill::Mode;
 use guard::GuardedStore;
 use notify::Waiters;
@@ -130,15 +132,10 @@ impl<T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static> Value for 
 /// ```
 pub struct Cache<V> {
     inner: Arc<Inner>,
-    /// Loads in the air, by storage key.
-    flights: Arc<SingleFlight<Loaded<V>>>,
-    /// Store reads in the air, by user key: concurrent local reads of one
-    /// key share one `GET` (and build no storage key unless they lead).
-    reads: Arc<SingleFlight<Read<V>>>,
+    /// Flights in the air and the L1 near cache.
+    local: Arc<Local<V>>,
     /// Served when a load fails and no stale value can stand in.
     fallback: Option<Fallback<V>>,
-    /// The in-process near cache, if enabled.
-    l1: Option<Arc<NearCache<V>>>,
 }
 
 /// Produces the degraded value for a user key.
@@ -148,10 +145,8 @@ impl<V> Clone for Cache<V> {
     fn clone(&self) -> Self {
         Cache {
             inner: Arc::clone(&self.inner),
-            flights: Arc::clone(&self.flights),
-            reads: Arc::clone(&self.reads),
+            local: Arc::clone(&self.local),
             fallback: self.fallback.clone(),
-            l1: self.l1.clone(),
         }
     }
 }
@@ -184,7 +179,8 @@ struct Inner {
     compression: Compression,
     max_key_len: usize,
     lease_ttl: Duration,
-    lock_wait: Duration,
+    /// As set; `None`: `load_timeout + 2 × lease_ttl` for each call.
+    lock_wait: Option<Duration>,
     lock_poll: Duration,
     on_lock_timeout: LockPolicy,
     /// Jitter and early-refresh draws; seedable.
@@ -251,6 +247,14 @@ impl Inner {
         throttled.remove(key);
     }
 
+    /// How long a call waits for another holder of the lease: as set, or
+    /// long enough for the holder's whole load (`load_timeout`) and for one
+    /// takeover after a dead holder's lease runs out.
+    fn lock_wait_for(&self, options: &Options) -> Duration {
+        self.lock_wait
+            .unwrap_or_else(|| default_lock_wait(options.load_timeout, self.lease_ttl))
+    }
+
     fn freshness(&self, options: &Options) -> FreshnessPolicy {
         FreshnessPolicy {
             early: options.early_refresh,
@@ -280,10 +284,11 @@ impl<V: Value> Cache<V> {
     /// [`InvalidKey`](ErrorKind::InvalidKey) for an empty or over-long key,
     /// [`Store`](ErrorKind::Store) if the store fails.
     pub async fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<V>, Error> {
-        if let Near::Fresh(fetched) = self.near(key.as_ref()).await? {
+        if let Near::Fresh(fetched, _) = self.near(key.as_ref(), None).await? {
             return Ok(fetched.value);
         }
         let key = self.storage_key(key.as_ref())?;
+        let ticket = self.local.ticket();
         let Some(entry) = self.read(&key).await? else {
             return Ok(None);
         };
@@ -294,14 +299,17 @@ impl<V: Value> Cache<V> {
             return Ok(None);
         };
         let value = Some(value);
-        if self.l1.is_some() {
-            self.remember(&key, &value, &entry, self.inner.store.now_ms())
-                .await;
-        }
+        self.remember(&key, &value, &entry, self.inner.store.now_ms(), ticket)
+            .await;
         Ok(value)
     }
 
     /// Stores `value` under `key` with the cache's jittered TTL.
+    ///
+    /// Like [`invalidate`](Self::invalidate), it revokes any load of `key`
+    /// in flight (in one atomic store operation with the write), so an older
+    /// load cannot overwrite it, and once it has returned no caller in this
+    /// process gets a value loaded before it.
     ///
     /// # Errors
     ///
@@ -314,7 +322,8 @@ impl<V: Value> Cache<V> {
         // Revoke any load in flight first, so its (older) result cannot land
         // on top of this value; then write, then wake waiters.
         let message = notify::message(notify::INVALIDATED, self.inner.waiters.sender(), &key);
-        self.inner
+        let written = self
+            .inner
             .store
             .replace(
                 &key,
@@ -323,8 +332,13 @@ impl<V: Value> Cache<V> {
                 &self.inner.lease_key(&key),
                 self.inner.notice(&message),
             )
-            .await?;
-        self.remember_sealed(&key, Some(value.clone()), &sealed)
+            .await;
+        // Even if the reply was lost (the write may have happened), nothing
+        // that began before may answer from now on.
+        self.local.invalidated(&key).await;
+        written?;
+        let ticket = self.local.ticket();
+        self.remember_sealed(&key, Some(value.clone()), &sealed, ticket)
             .await;
         Ok(())
     }
@@ -332,6 +346,12 @@ impl<V: Value> Cache<V> {
     /// Removes `key` and revokes any load in flight for it, so the next read
     /// loads fresh data and a slow load that started before cannot write its
     /// result back.
+    ///
+    /// Once it has returned `Ok`, every call in this process that starts
+    /// later gets a value loaded after it: loads and shared reads that began
+    /// before are detached (their own callers still get their result), and
+    /// none of them can put its value into L1 or the store. Other processes
+    /// hear of it on the bus; see the coherence contract on [`Cache`].
     ///
     /// # Errors
     ///
@@ -341,13 +361,15 @@ impl<V: Value> Cache<V> {
         let key = self.storage_key(key.as_ref())?;
         let lease = self.inner.lease_key(&key);
         let message = notify::message(notify::INVALIDATED, self.inner.waiters.sender(), &key);
-        if let Some(l1) = &self.l1 {
-            l1.remove(self.inner.user_key(&key)).await;
-        }
-        self.inner
+        let done = self
+            .inner
             .store
             .invalidate(&key, &lease, self.inner.notice(&message))
-            .await
+            .await;
+        // After the store has answered (a read that starts later sees the
+        // deletion); also if it failed: the reply may be all that was lost.
+        self.local.invalidated(&key).await;
+        done
     }
 
     /// The cached value under `key`, or the loader's, which is then cached.
@@ -465,8 +487,21 @@ impl<V: Value> Cache<V> {
     where
         L: Load<V>,
     {
-        let result = match self.near(key).await {
-            Ok(Near::Fresh(fetched)) => Ok(fetched),
+        let result = match self.near(key, Some(options)).await {
+            Ok(Near::Fresh(fetched, None)) => Ok(fetched),
+            Ok(Near::Fresh(fetched, Some(replacing))) => {
+                // Early refresh, judged on the L1 copy as on a store read.
+                match self.storage_key(key) {
+                    Ok(storage) => {
+                        if !self.inner.is_throttled(&storage, self.inner.store.now_ms()) {
+                            let loader = Arc::new(loader);
+                            self.refresh_in_background(storage, loader, *options, replacing);
+                        }
+                        Ok(fetched)
+                    }
+                    Err(err) => Err(err),
+                }
+            }
             Ok(Near::Stale(slot)) => {
                 Box::pin(self.pipeline(key, loader, options, Some(slot))).await
             }
@@ -487,10 +522,11 @@ impl<V: Value> Cache<V> {
     }
 
     /// Steps 1 and 2: the key checked, and L1 asked (keyed by the user's
-    /// key, so a hit builds nothing).
-    async fn near(&self, user_key: &[u8]) -> Result<Near<V>, Error> {
+    /// key, so a hit builds nothing). With `options`, a fresh copy is also
+    /// judged for early refresh, on the store's clock, as a store read is.
+    async fn near(&self, user_key: &[u8], options: Option<&Options>) -> Result<Near<V>, Error> {
         self.check_key(user_key)?;
-        let Some(l1) = &self.l1 else {
+        let Some(l1) = &self.local.l1 else {
             return Ok(Near::Miss);
         };
         // Other processes' writes must reach L1: keep the bus listening.
@@ -504,16 +540,40 @@ impl<V: Value> Cache<V> {
                 Some(_) => Served::Hit,
                 None => Served::Negative,
             };
-            return Ok(Near::Fresh(Fetched {
+            let refresh = options.and_then(|options| self.refresh_due(&slot, options));
+            let fetched = Fetched {
                 value: slot.value.clone(),
                 served,
-            }));
+            };
+            return Ok(Near::Fresh(fetched, refresh));
         }
         Ok(if slot.is_servable(now) {
             Near::Stale(slot)
         } else {
             Near::Miss
         })
+    }
+
+    /// Whether a fresh L1 copy is due for an early refresh: `Some` with the
+    /// `fresh_until` it would replace. Cheap unless the copy is close to its
+    /// end: the random draw is only made where it could trigger.
+    fn refresh_due(&self, slot: &Slot<V>, options: &Options) -> Option<u64> {
+        let policy = self.inner.freshness(options);
+        let stamp = slot.stored;
+        let reading = Reading {
+            now_ms: self.inner.store.now_ms(),
+            fresh_until: stamp.fresh_until,
+            stale_until: stamp.stale_until,
+            load_ms: stamp.load_ms,
+        };
+        if !policy.could_refresh_early(reading) {
+            return None;
+        }
+        let verdict = {
+            let mut rng = self.inner.rng.lock().unwrap_or_else(|p| p.into_inner());
+            policy.judge(reading, &mut *rng)
+        };
+        (verdict == Freshness::RefreshEarly).then_some(stamp.fresh_until)
     }
 
     /// The pipeline past L1; see the module docs for the order.
@@ -547,8 +607,8 @@ impl<V: Value> Cache<V> {
             return self.settle(user_key, result, role, None, options);
         }
         let key = self.storage_key(user_key)?;
-        let (entry, store_ok) = match read {
-            Ok(read) => (read.entry, true),
+        let (entry, store_ok, ticket) = match read {
+            Ok(read) => (read.entry, true, read.ticket),
             Err(err) => {
                 tracing::warn!(key = %show_key(&key), error = %err, "store read failed; loading directly");
                 self.inner.metrics.store_error("get");
@@ -561,7 +621,7 @@ impl<V: Value> Cache<V> {
                         },
                     });
                 }
-                (None, false)
+                (None, false, None)
             }
         };
 
@@ -578,7 +638,7 @@ impl<V: Value> Cache<V> {
             match verdict {
                 Freshness::Fresh | Freshness::RefreshEarly => {
                     if let Some(value) = self.entry_value(&key, &entry) {
-                        self.remember(&key, &value, &entry, now).await;
+                        self.remember(&key, &value, &entry, now, ticket).await;
                         if verdict == Freshness::RefreshEarly && !self.inner.is_throttled(&key, now)
                         {
                             self.refresh_in_background(
@@ -602,7 +662,7 @@ impl<V: Value> Cache<V> {
                     if (in_grace || throttled)
                         && let Some(value) = self.entry_value(&key, &entry)
                     {
-                        self.remember(&key, &value, &entry, now).await;
+                        self.remember(&key, &value, &entry, now, ticket).await;
                         let reason = if throttled {
                             StaleReason::LoaderFailed
                         } else {
@@ -763,7 +823,7 @@ impl<V: Value> Cache<V> {
         priority: Priority,
         mode: Mode,
     ) -> (Joined<Loaded<V>>, Role) {
-        self.flights.join(key, || {
+        self.local.flights.join(key, || {
             self.clone().fill(
                 key.to_vec(),
                 loader.shared(),
@@ -855,12 +915,13 @@ impl<V: Value> Cache<V> {
         loader: L,
         options: &Options,
     ) -> (Result<Read<V>, Error>, Role, Loader<L>) {
-        let (read, joining) = self.reads.join_with(user_key, loader, |loader| {
+        let (read, joining) = self.local.reads.join_with(user_key, loader, |loader| {
             let loader = Arc::new(loader);
             let (cache, key) = (self.clone(), self.storage_key(user_key));
             let (task_loader, options) = (Arc::clone(&loader), *options);
             let work = async move {
                 let key = key?;
+                let ticket = cache.local.ticket();
                 let entry = cache.read(&key).await?.map(Arc::new);
                 let loaded = match entry {
                     Some(_) => None,
@@ -876,7 +937,11 @@ impl<V: Value> Cache<V> {
                         Some((load.result().await, role))
                     }
                 };
-                Ok(Read { entry, loaded })
+                Ok(Read {
+                    entry,
+                    loaded,
+                    ticket,
+                })
             };
             (work, loader)
         });
@@ -975,36 +1040,70 @@ impl<V: Value> Cache<V> {
         let now = inner.store.now_ms();
         let fresh_until = now.saturating_add(fresh_ms);
         let stale_until = fresh_until.saturating_add(stale_ms);
+        let load_ms = u32::try_from(load_time.as_millis()).unwrap_or(u32::MAX);
         let entry = Entry {
             codec: inner.codec,
             negative,
             fresh_until,
             stale_until,
-            load_ms: u32::try_from(load_time.as_millis()).unwrap_or(u32::MAX),
+            load_ms,
             payload,
         };
         Ok(Sealed {
             bytes: entry.encode(&inner.compression),
             ttl: Duration::from_millis(stale_until - now),
             fresh: Duration::from_millis(fresh_ms),
+            stamp: Stamp {
+                fresh_until,
+                stale_until,
+                load_ms,
+            },
         })
     }
 
     /// Keeps a value read from the store in L1, for no longer than the
-    /// store says it is fresh (and servable).
-    async fn remember(&self, key: &[u8], value: &Option<V>, entry: &Entry, now_ms: u64) {
-        if let Some(l1) = &self.l1 {
+    /// store says it is fresh (and servable), unless the key was
+    /// invalidated since the read began (`ticket`).
+    async fn remember(
+        &self,
+        key: &[u8],
+        value: &Option<V>,
+        entry: &Entry,
+        now_ms: u64,
+        ticket: Option<Ticket>,
+    ) {
+        if let (Some(l1), Some(ticket)) = (&self.local.l1, ticket) {
             let fresh = Duration::from_millis(entry.fresh_until.saturating_sub(now_ms));
             let stale = Duration::from_millis(entry.stale_until.saturating_sub(now_ms));
-            l1.put(self.inner.user_key(key), value.clone(), fresh, stale)
-                .await;
+            let stamp = Stamp {
+                fresh_until: entry.fresh_until,
+                stale_until: entry.stale_until,
+                load_ms: entry.load_ms,
+            };
+            l1.put(
+                self.inner.user_key(key),
+                value.clone(),
+                fresh,
+                stale,
+                stamp,
+                ticket,
+            )
+            .await;
         }
     }
 
-    /// Keeps a value this process just wrote (or loaded) in L1.
-    async fn remember_sealed(&self, key: &[u8], value: Option<V>, sealed: &Sealed) {
-        if let Some(l1) = &self.l1 {
-            l1.put(self.inner.user_key(key), value, sealed.fresh, sealed.ttl)
+    /// Keeps a value this process just wrote (or loaded) in L1, unless the
+    /// key was invalidated since the write or load began (`ticket`).
+    async fn remember_sealed(
+        &self,
+        key: &[u8],
+        value: Option<V>,
+        sealed: &Sealed,
+        ticket: Option<Ticket>,
+    ) {
+        if let (Some(l1), Some(ticket)) = (&self.local.l1, ticket) {
+            let user = self.inner.user_key(key);
+            l1.put(user, value, sealed.fresh, sealed.ttl, sealed.stamp, ticket)
                 .await;
         }
     }
@@ -1017,6 +1116,8 @@ struct Sealed {
     ttl: Duration,
     /// The jittered fresh window.
     fresh: Duration,
+    /// The entry's deadlines and load time, for L1.
+    stamp: Stamp,
 }
 
 /// A caller's loader: its own, until a task has to share it.
@@ -1046,12 +1147,15 @@ struct Read<V> {
     /// Nothing was: the outcome of the key's load (started by the read, or
     /// already in the air: the role says which).
     loaded: Option<(Result<Loaded<V>, Error>, Role)>,
+    /// When the read began, for L1.
+    ticket: Option<Ticket>,
 }
 
 /// What L1 says about a key.
 enum Near<V> {
-    /// A fresh copy: served as it is.
-    Fresh(Fetched<V>),
+    /// A fresh copy: served as it is; with the `fresh_until` of the entry
+    /// an early refresh should replace, if one is due.
+    Fresh(Fetched<V>, Option<u64>),
     /// A copy past its fresh time that may still stand in for the store.
     Stale(Arc<Slot<V>>),
     /// Nothing usable (or no L1).
@@ -1072,6 +1176,13 @@ pub(crate) fn user_key(storage_key: &[u8], prefix_len: usize) -> &[u8] {
         .strip_prefix(b"{")
         .and_then(|t| t.strip_suffix(b"}"))
         .unwrap_or(tagged)
+}
+
+/// The default `lock_wait`: `load_timeout + 2 × lease_ttl`.
+fn default_lock_wait(load_timeout: Duration, lease_ttl: Duration) -> Duration {
+    load_timeout
+        .saturating_add(lease_ttl)
+        .saturating_add(lease_ttl)
 }
 
 /// `{#` + 16 hex digits + `}`.

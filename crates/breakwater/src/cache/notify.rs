@@ -62,6 +62,7 @@ pub(crate) fn value_message(sender: &[u8; SENDER_LEN], key: &[u8]) -> Option<Vec
 /// One message, taken apart.
 #[derive(Debug, PartialEq, Eq)]
 struct Parsed<'m> {
+    kind: u8,
     sender: &'m [u8],
     key: &'m [u8],
     /// Where the entry starts, for a [`FILLED_WITH_VALUE`] message.
@@ -77,6 +78,7 @@ fn parse(message: &[u8]) -> Option<Parsed<'_>> {
     let (sender, rest) = body.split_at(SENDER_LEN);
     if kind != FILLED_WITH_VALUE {
         return Some(Parsed {
+            kind,
             sender,
             key: rest,
             value_at: None,
@@ -86,6 +88,7 @@ fn parse(message: &[u8]) -> Option<Parsed<'_>> {
     let len = usize::try_from(u32::from_be_bytes(*len)).ok()?;
     let key = rest.get(..len).filter(|k| !k.is_empty())?;
     Some(Parsed {
+        kind,
         sender,
         key,
         value_at: Some(1 + SENDER_LEN + 4 + len),
@@ -203,7 +206,8 @@ impl Waiters {
                                 if let Some(hook) = &hook
                                     && parsed.sender != own
                                 {
-                                    hook.changed(parsed.key.to_vec()).await;
+                                    let invalidated = parsed.kind == INVALIDATED;
+                                    hook.changed(parsed.key.to_vec(), invalidated).await;
                                 }
                             }
                         }

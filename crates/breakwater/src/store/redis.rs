@@ -315,8 +315,12 @@ struct Inner {
     generations: AtomicU64,
     clock_refresh_started: AtomicBool,
     clock: RwLock<Option<ClockSample>>,
-    /// The highest time handed out, so the clock never runs backwards when a
-    /// new sample corrects it.
+    /// The highest Redis-derived time handed out, so the clock does not run
+    /// back by a sample's rounding when a new sample corrects it. Only
+    /// readings from a sample count (never the wall-clock stand-in), and a
+    /// new sample that is clearly behind resets it: no application-clock
+    /// reading can pin the store's clock, and a Redis clock that stepped
+    /// back (or a failover to a host behind) is followed, not frozen.
     last_now: AtomicU64,
     /// One pub/sub connection per subscribed channel, fanned out locally.
     channels: Mutex<HashMap<Vec<u8>, ChannelFeed>>,
@@ -437,6 +441,13 @@ struct ClockSample {
     local: Instant,
     redis_ms: u64,
     rtt: Duration,
+}
+
+impl ClockSample {
+    /// Redis's clock now, as this sample extrapolates it.
+    fn reading(&self) -> u64 {
+        self.redis_ms.saturating_add(millis(self.local.elapsed()))
+    }
 }
 
 impl RedisStore {
@@ -800,7 +811,16 @@ impl Inner {
         }
         match (best, failure) {
             (Some(best), _) => {
-                *self.clock.write().unwrap_or_else(|p| p.into_inner()) = Some(best);
+                let mut clock = self.clock.write().unwrap_or_else(|p| p.into_inner());
+                *clock = Some(best);
+                // Behind the last time handed out by more than the sample's
+                // own uncertainty: Redis's clock stepped back (or this is
+                // another host's). Follow it rather than stand still.
+                let now = best.reading();
+                let slack = millis(best.rtt).max(1);
+                if self.last_now.load(Ordering::Relaxed) > now.saturating_add(slack) {
+                    self.last_now.store(now, Ordering::Relaxed);
+                }
                 Ok(())
             }
             (None, Some(err)) => Err(store_error(err)),
@@ -958,12 +978,15 @@ impl Store for RedisStore {
     /// since. Before the first connection it falls back to the system clock.
     fn now_ms(&self) -> u64 {
         let sample = *self.inner.clock.read().unwrap_or_else(|p| p.into_inner());
-        let now = match sample {
-            Some(s) => s.redis_ms.saturating_add(millis(s.local.elapsed())),
+        match sample {
+            Some(s) => {
+                let now = s.reading();
+                let prev = self.inner.last_now.fetch_max(now, Ordering::Relaxed);
+                prev.max(now)
+            }
+            // Not recorded: the first sample replaces it entirely.
             None => self.inner.config.wall_clock.unix_ms(),
-        };
-        let prev = self.inner.last_now.fetch_max(now, Ordering::Relaxed);
-        prev.max(now)
+        }
     }
 
     fn name(&self) -> &'static str {
