@@ -16,7 +16,9 @@
 //!
 //! [`RedisCluster`] starts three such servers in cluster mode and forms a
 //! cluster of them (each serving a third of the slots), for the tests that
-//! must hold on Redis Cluster too.
+//! must hold on Redis Cluster too; with replicas
+//! ([`RedisCluster::start_with_replicas`]) a test can kill a primary and
+//! wait for the automatic failover.
 //!
 //! For network faults that a process cannot simulate (latency, a silent
 //! peer, dropped connections, a refused port) put a [`FaultProxy`] between
