@@ -81,12 +81,16 @@ pub fn command_calls(server: &RedisServer) -> Vec<(String, u64)> {
 }
 
 /// A store that counts `get`s, optionally making each take `get_delay`
-/// first, and hands every operation to `inner`.
+/// first, and hands every operation to `inner`. Two faults can be switched
+/// on: `get` replies that arrive `late` (the read happens at once, its
+/// reply later), and lease attempts whose reply is lost after they ran.
 #[derive(Debug, Clone)]
 pub struct CountingStore<S> {
     inner: S,
     gets: Arc<AtomicUsize>,
     get_delay: Duration,
+    late_replies: Arc<std::sync::Mutex<Duration>>,
+    lose_lease_replies: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl<S: Store + Clone> CountingStore<S> {
@@ -101,7 +105,25 @@ impl<S: Store + Clone> CountingStore<S> {
             inner,
             gets: Arc::default(),
             get_delay,
+            late_replies: Arc::default(),
+            lose_lease_replies: Arc::default(),
         }
+    }
+
+    /// From now on each `get` reads at once and replies `delay` later.
+    pub fn reply_late(&self, delay: Duration) {
+        *self.late_replies.lock().unwrap() = delay;
+    }
+
+    /// From now on (while `lost`) each lease attempt runs, then fails as if
+    /// its reply timed out.
+    pub fn lose_lease_replies(&self, lost: bool) {
+        self.lose_lease_replies.store(lost, Ordering::SeqCst);
+    }
+
+    /// The wrapped store.
+    pub fn into_inner(self) -> S {
+        self.inner
     }
 
     /// The `get`s so far.
@@ -113,11 +135,16 @@ impl<S: Store + Clone> CountingStore<S> {
 impl<S: Store + Clone> Store for CountingStore<S> {
     fn get<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Vec<u8>>> {
         self.gets.fetch_add(1, Ordering::SeqCst);
+        let late = *self.late_replies.lock().unwrap();
         Box::pin(async move {
             if !self.get_delay.is_zero() {
                 tokio::time::sleep(self.get_delay).await;
             }
-            self.inner.get(key).await
+            let value = self.inner.get(key).await;
+            if !late.is_zero() {
+                tokio::time::sleep(late).await;
+            }
+            value
         })
     }
     fn set<'a>(&'a self, k: &'a [u8], v: &'a [u8], t: Duration) -> StoreFuture<'a, ()> {
@@ -141,7 +168,14 @@ impl<S: Store + Clone> Store for CountingStore<S> {
         t: &'a [u8],
         d: Duration,
     ) -> StoreFuture<'a, LeaseAttempt> {
-        self.inner.acquire_lease(l, t, d)
+        let lost = self.lose_lease_replies.load(Ordering::SeqCst);
+        Box::pin(async move {
+            let attempt = self.inner.acquire_lease(l, t, d).await;
+            if lost {
+                return Err(breakwater::Error::store_msg("redis did not answer in time"));
+            }
+            attempt
+        })
     }
     fn lease_held<'a>(&'a self, l: &'a [u8]) -> StoreFuture<'a, bool> {
         self.inner.lease_held(l)
@@ -190,6 +224,11 @@ impl<S: Store + Clone> Store for CountingStore<S> {
 /// The future of [`slow_loader`]'s loader.
 pub type LoadFuture = std::pin::Pin<
     Box<dyn std::future::Future<Output = Result<Option<String>, std::io::Error>> + Send>,
+>;
+
+/// The future of a loader of `u64` versions.
+pub type VersionFuture = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Option<u64>, std::io::Error>> + Send>,
 >;
 
 /// A loader that counts calls and takes `delay`.

@@ -1,0 +1,349 @@
+//! The coherence contract, case by case, on the memory store with paused
+//! time (the seeded simulation in `simulation.rs` checks the same contract
+//! under random fault schedules): an invalidation or a `set` is never
+//! answered by anything that began before it, every load writes through the
+//! lease fence, and early refresh runs on L1 hits.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use breakwater::{Cache, EarlyRefresh, Jitter, L1Config, MemoryStore, Served, Store};
+use serde::{Deserialize, Serialize};
+use support::CountingStore;
+use tokio::time::{advance, sleep};
+
+/// The database: one row whose version every write bumps.
+#[derive(Debug, Default)]
+struct Db {
+    version: AtomicU64,
+    loads: AtomicUsize,
+}
+
+impl Db {
+    fn update(&self) -> u64 {
+        self.version.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// A loader that reads the version when it starts and answers `delay`
+    /// later.
+    fn loader(
+        self: &Arc<Self>,
+        delay: Duration,
+    ) -> impl Fn() -> support::VersionFuture + Send + Sync + 'static {
+        let db = Arc::clone(self);
+        move || {
+            let db = Arc::clone(&db);
+            Box::pin(async move {
+                db.loads.fetch_add(1, Ordering::SeqCst);
+                let version = db.version.load(Ordering::SeqCst);
+                sleep(delay).await;
+                Ok(Some(version))
+            })
+        }
+    }
+}
+
+fn build(store: &CountingStore<MemoryStore>, l1: bool, grace: Duration) -> Cache<u64> {
+    let builder = Cache::builder()
+        .namespace("coherence")
+        .store(store.clone())
+        .ttl(Duration::from_secs(10))
+        .grace(grace)
+        .jitter(Jitter::none())
+        .early_refresh(EarlyRefresh::none());
+    let builder = if l1 {
+        builder.l1(L1Config::new())
+    } else {
+        builder
+    };
+    builder.build().unwrap()
+}
+
+/// A caller starts a 500 ms load (of version 1); the row is updated and the
+/// key invalidated 100 ms in; a caller that starts after `invalidate`
+/// returned must get version 2, and so must every later one.
+async fn invalidate_during_a_slow_load(l1: bool, grace: bool) {
+    let store = CountingStore::new(MemoryStore::new());
+    let grace = if grace {
+        Duration::from_secs(60)
+    } else {
+        Duration::ZERO
+    };
+    let cache = build(&store, l1, grace);
+    let db = Arc::new(Db::default());
+    db.update();
+    let slow = Duration::from_millis(500);
+    let first = if grace.is_zero() {
+        // A miss: the first caller waits for the load.
+        let (cache, loader) = (cache.clone(), db.loader(slow));
+        tokio::spawn(async move { cache.get_or_load_with_meta("k", loader).await })
+    } else {
+        // A stale value inside grace: the caller gets it at once, and the
+        // refresh runs in the background.
+        cache.set("k", &0).await.unwrap();
+        advance(Duration::from_secs(11)).await;
+        let (cache, loader) = (cache.clone(), db.loader(slow));
+        tokio::spawn(async move { cache.get_or_load_with_meta("k", loader).await })
+    };
+    sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        db.loads.load(Ordering::SeqCst),
+        1,
+        "the slow load is running"
+    );
+    let v2 = db.update();
+    cache.invalidate("k").await.unwrap();
+    let after = cache
+        .get_or_load_with_meta("k", db.loader(Duration::from_millis(10)))
+        .await
+        .unwrap();
+    assert_eq!(after.value, Some(v2), "a call after invalidate: {after:?}");
+    let first = first.await.unwrap().unwrap();
+    assert!(
+        first.value < Some(v2),
+        "the first caller started before: {first:?}"
+    );
+    // The old load finished after the invalidation: it is in neither the
+    // store nor L1.
+    sleep(Duration::from_secs(1)).await;
+    for _ in 0..3 {
+        let later = cache
+            .get_or_load_with_meta("k", db.loader(Duration::ZERO))
+            .await
+            .unwrap();
+        assert_eq!(later.value, Some(v2), "{later:?}");
+        assert!(matches!(later.served, Served::Hit), "{later:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn invalidate_during_a_slow_load_without_l1() {
+    invalidate_during_a_slow_load(false, false).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn invalidate_during_a_slow_load_with_l1() {
+    invalidate_during_a_slow_load(true, false).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn invalidate_during_a_grace_refresh_without_l1() {
+    invalidate_during_a_slow_load(false, true).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn invalidate_during_a_grace_refresh_with_l1() {
+    invalidate_during_a_slow_load(true, true).await;
+}
+
+/// `set` during a slow load: the new value wins everywhere, and the old
+/// load's result is neither written nor kept in L1.
+#[tokio::test(start_paused = true)]
+async fn set_during_a_slow_load_is_not_overwritten() {
+    let store = CountingStore::new(MemoryStore::new());
+    let cache = build(&store, true, Duration::ZERO);
+    let db = Arc::new(Db::default());
+    db.update();
+    let first = {
+        let (cache, loader) = (cache.clone(), db.loader(Duration::from_millis(500)));
+        tokio::spawn(async move { cache.get_or_load("k", loader).await })
+    };
+    sleep(Duration::from_millis(100)).await;
+    let v2 = db.update();
+    cache.set("k", &v2).await.unwrap();
+    let after = cache
+        .get_or_load_with_meta("k", db.loader(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!((after.value, after.served), (Some(v2), Served::Hit));
+    assert_eq!(first.await.unwrap().unwrap(), Some(1));
+    let other = build(&store, false, Duration::ZERO);
+    assert_eq!(
+        other.get("k").await.unwrap(),
+        Some(v2),
+        "the store keeps the set value"
+    );
+    assert_eq!(cache.get("k").await.unwrap(), Some(v2), "and so does L1");
+}
+
+/// A store read whose reply lands after an invalidation (the read itself
+/// happened before) neither answers a later caller nor enters L1.
+#[tokio::test(start_paused = true)]
+async fn a_late_read_reply_does_not_outlive_an_invalidation() {
+    let store = CountingStore::new(MemoryStore::new());
+    let cache = build(&store, true, Duration::ZERO);
+    let writer = build(
+        &CountingStore::new(store.clone().into_inner()),
+        false,
+        Duration::ZERO,
+    );
+    let db = Arc::new(Db::default());
+    db.update();
+    writer.set("k", &1).await.unwrap();
+    store.reply_late(Duration::from_millis(200));
+    let first = {
+        let (cache, loader) = (cache.clone(), db.loader(Duration::ZERO));
+        tokio::spawn(async move { cache.get_or_load("k", loader).await })
+    };
+    sleep(Duration::from_millis(50)).await;
+    let v2 = db.update();
+    cache.invalidate("k").await.unwrap();
+    store.reply_late(Duration::ZERO);
+    let after = cache
+        .get_or_load("k", db.loader(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(after, Some(v2));
+    assert_eq!(
+        first.await.unwrap().unwrap(),
+        Some(1),
+        "read before the invalidation"
+    );
+    sleep(Duration::from_millis(300)).await;
+    let later = cache
+        .get_or_load_with_meta("k", db.loader(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(later.value, Some(v2), "L1 kept the late reply: {later:?}");
+}
+
+/// A lease attempt that ran but whose reply was lost: the direct load's
+/// write goes through that token's fence, so it lands (no invalidation)...
+#[tokio::test(start_paused = true)]
+async fn a_direct_load_after_a_lost_lease_reply_writes_through_the_fence() {
+    let store = CountingStore::new(MemoryStore::new());
+    let cache = build(&store, false, Duration::ZERO);
+    let db = Arc::new(Db::default());
+    db.update();
+    store.lose_lease_replies(true);
+    let v = cache
+        .get_or_load("k", db.loader(Duration::from_millis(100)))
+        .await;
+    assert_eq!(v.unwrap(), Some(1));
+    store.lose_lease_replies(false);
+    sleep(Duration::from_millis(10)).await; // the write runs in the background
+    let hit = cache
+        .get_or_load_with_meta("k", db.loader(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!((hit.value, hit.served), (Some(1), Served::Hit));
+    assert!(
+        !store.lease_held(b"bw:coherence:l:{k}").await.unwrap(),
+        "the write released the lease the lost reply left behind"
+    );
+}
+
+/// ...and an invalidation during that load revokes it: the old value is not
+/// resurrected.
+#[tokio::test(start_paused = true)]
+async fn a_direct_load_is_revoked_by_an_invalidation() {
+    let store = CountingStore::new(MemoryStore::new());
+    let cache = build(&store, false, Duration::ZERO);
+    let db = Arc::new(Db::default());
+    db.update();
+    store.lose_lease_replies(true);
+    let first = {
+        let (cache, loader) = (cache.clone(), db.loader(Duration::from_millis(500)));
+        tokio::spawn(async move { cache.get_or_load("k", loader).await })
+    };
+    sleep(Duration::from_millis(100)).await;
+    store.lose_lease_replies(false);
+    let v2 = db.update();
+    cache.invalidate("k").await.unwrap();
+    assert_eq!(first.await.unwrap().unwrap(), Some(1));
+    sleep(Duration::from_millis(10)).await;
+    let other = build(&store, false, Duration::ZERO);
+    assert_eq!(
+        other.get("k").await.unwrap(),
+        None,
+        "the old value was resurrected"
+    );
+    let after = cache
+        .get_or_load("k", db.loader(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(after, Some(v2));
+}
+
+/// A value the codec cannot encode releases the lease at once: the next
+/// caller (another process) loads without waiting for the lease to expire.
+#[tokio::test(start_paused = true)]
+async fn a_codec_failure_releases_the_lease() {
+    #[derive(Debug, Clone, Deserialize)]
+    struct Picky(bool);
+    impl Serialize for Picky {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            if self.0 {
+                s.serialize_bool(true)
+            } else {
+                Err(serde::ser::Error::custom("refuses to be encoded"))
+            }
+        }
+    }
+    let store = MemoryStore::new();
+    let build = || {
+        Cache::<Picky>::builder()
+            .namespace("picky")
+            .store(store.clone())
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (build(), build());
+    let err = a
+        .get_or_load("k", || async {
+            Ok::<_, std::io::Error>(Some(Picky(false)))
+        })
+        .await
+        .unwrap_err();
+    assert!(err.is_codec(), "{err}");
+    assert!(
+        !store.lease_held(b"bw:picky:l:{k}").await.unwrap(),
+        "lease leaked"
+    );
+    let started = tokio::time::Instant::now();
+    let v = b
+        .get_or_load("k", || async { Ok::<_, std::io::Error>(Some(Picky(true))) })
+        .await
+        .unwrap();
+    assert!(v.is_some_and(|p| p.0));
+    assert!(
+        started.elapsed() < Duration::from_millis(10),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// With L1 on and no grace, a hot key is refreshed early (XFetch judged on
+/// L1 hits), so after the first load no caller waits for a load.
+#[tokio::test(start_paused = true)]
+async fn early_refresh_runs_on_l1_hits() {
+    let store = MemoryStore::new();
+    let cache = Cache::<u64>::builder()
+        .namespace("hot")
+        .store(store.clone())
+        .ttl(Duration::from_secs(2))
+        .jitter(Jitter::none())
+        .l1(L1Config::new())
+        .rng_seed(11)
+        .build()
+        .unwrap();
+    let db = Arc::new(Db::default());
+    let loader = || db.loader(Duration::from_millis(100));
+    let first = cache.get_or_load_with_meta("hot", loader()).await.unwrap();
+    assert_eq!(first.served, Served::Loaded);
+    let mut waited = 0;
+    for _ in 0..1_000 {
+        sleep(Duration::from_millis(10)).await;
+        let f = cache.get_or_load_with_meta("hot", loader()).await.unwrap();
+        waited += usize::from(matches!(f.served, Served::Loaded | Served::Coalesced));
+    }
+    assert_eq!(waited, 0, "callers waited for a load");
+    let loads = db.loads.load(Ordering::SeqCst);
+    assert!(
+        loads >= 5,
+        "the key was refreshed every TTL: {loads} loads in 10 s"
+    );
+}
