@@ -17,7 +17,7 @@
 //! A read or load that began before an invalidation of its key was seen
 //! here (this process's `invalidate`/`set`, or another's through the bus)
 //! must not put its older value into L1 when its reply lands late. Every
-//! read and load takes a [`Ticket`] when it starts; an invalidation records
+//! read and load takes a ticket when it starts; an invalidation records
 //! a new epoch for its key; an insert whose ticket predates its key's last
 //! invalidation is undone. The insert is checked *after* it is made (and an
 //! invalidation records its epoch *before* it removes the key), so the two

@@ -379,6 +379,43 @@ fn builder_rejects_invalid_settings_with_exact_messages() {
         msg(Cache::builder().max_key_len(0)),
         "max_key_len must be greater than zero"
     );
+    assert_eq!(
+        msg(Cache::builder().lease_ttl(Duration::from_millis(5))),
+        "lease_ttl must be at least 10ms, got 5ms"
+    );
+    assert_eq!(
+        msg(Cache::builder().lock_wait(Duration::MAX)),
+        "lock_wait must be at most 86400s, got 18446744073709551615.999999999s"
+    );
+    // A wait shorter than the holder's load would start a second load in
+    // every waiting process.
+    assert_eq!(
+        msg(Cache::builder().lock_wait(Duration::from_secs(5))),
+        "lock_wait (5s) must be at least load_timeout + lease_ttl (33s) with \
+         OnLockTimeout::load_anyway, or every waiting process starts a second load while \
+         the holder's is still running; raise lock_wait (or leave it unset), lower \
+         load_timeout, or choose OnLockTimeout::serve_stale() or error()"
+    );
+}
+
+#[test]
+fn safe_lease_settings_are_accepted() {
+    use breakwater::OnLockTimeout;
+    let ok = |b: breakwater::CacheBuilder<u32>| b.build().map(drop);
+    ok(Cache::builder()).unwrap();
+    ok(Cache::builder()
+        .load_timeout(Duration::from_secs(2))
+        .lock_wait(Duration::from_secs(5)))
+    .unwrap();
+    // Other policies never load on a timeout: any wait is safe.
+    ok(Cache::builder()
+        .lock_wait(Duration::from_millis(200))
+        .on_lock_timeout(OnLockTimeout::serve_stale()))
+    .unwrap();
+    ok(Cache::builder()
+        .lock_wait(Duration::from_millis(200))
+        .on_lock_timeout(OnLockTimeout::error()))
+    .unwrap();
 }
 
 #[tokio::test(start_paused = true)]

@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use breakwater::{Delivery, ErrorKind, FencedWrite, Notice, Store, Subscription};
+use breakwater::{Delivery, ErrorKind, FencedWrite, LeaseAttempt, Notice, Store, Subscription};
 
 /// How a backend lets time pass: paused tokio time for the memory store, real
 /// time for Redis (whose expiry runs on its own clock).
@@ -418,6 +418,74 @@ async fn a_waited_on_lease_hands_the_value_to_its_notice(store: &dyn Store, _: T
     assert_eq!(next_message(&mut sub).await, b"plain");
 }
 
+async fn a_lease_attempt_is_idempotent_and_reports_the_time_left(store: &dyn Store, _: Time) {
+    assert!(
+        store
+            .acquire_lease(LEASE, b"token-a", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    // The same token again (a retried call whose reply was lost): still its.
+    assert!(
+        store
+            .acquire_lease(LEASE, b"token-a", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    match store.acquire_lease(LEASE, b"token-b", TTL).await.unwrap() {
+        LeaseAttempt::Held { ttl } => {
+            assert!(ttl <= TTL && ttl > TTL - Duration::from_secs(2), "{ttl:?}");
+        }
+        other => panic!("token-b took a held lease: {other:?}"),
+    }
+    // Token a still holds it, waited on or not.
+    assert!(store.extend_lease(LEASE, b"token-a", TTL).await.unwrap());
+}
+
+async fn replace_writes_revokes_the_lease_and_publishes(store: &dyn Store, _: Time) {
+    let mut sub = subscribed(store).await;
+    assert!(
+        store
+            .acquire_lease(LEASE, b"token-a", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    store
+        .replace(VALUE_KEY, BINARY_VALUE, TTL, LEASE, notice(b"replaced"))
+        .await
+        .unwrap();
+    assert_eq!(next_message(&mut sub).await, b"replaced");
+    assert_eq!(
+        store.get(VALUE_KEY).await.unwrap().as_deref(),
+        Some(BINARY_VALUE)
+    );
+    assert!(
+        !store.lease_held(LEASE).await.unwrap(),
+        "the lease was revoked"
+    );
+    // The revoked holder's write is refused: the replaced value stands.
+    assert!(
+        !store
+            .fenced_set(fenced(b"token-a", b"old", None))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store.get(VALUE_KEY).await.unwrap().as_deref(),
+        Some(BINARY_VALUE)
+    );
+    let ttl = store.ttl(VALUE_KEY).await.unwrap().unwrap();
+    assert!(ttl <= TTL && ttl > TTL - Duration::from_secs(2), "{ttl:?}");
+    let zero = store
+        .replace(VALUE_KEY, b"v", Duration::ZERO, LEASE, notice(b"x"))
+        .await
+        .unwrap_err();
+    assert_eq!(zero.kind(), ErrorKind::Config, "{zero}");
+}
+
 macro_rules! contract {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -468,4 +536,6 @@ contract!(
     a_fenced_write_needs_the_lease,
     a_token_that_is_a_prefix_of_the_holders_holds_nothing,
     a_waited_on_lease_hands_the_value_to_its_notice,
+    a_lease_attempt_is_idempotent_and_reports_the_time_left,
+    replace_writes_revokes_the_lease_and_publishes,
 );

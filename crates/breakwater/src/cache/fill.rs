@@ -89,7 +89,7 @@ impl<V: Value> Cache<V> {
             return Ok((value, Served::Loaded));
         }
         let lease_key = inner.lease_key(&key);
-        let deadline = Instant::now() + inner.lock_wait_for(&options);
+        let deadline = deadline_after(inner.lock_wait_for(&options));
         let mut stale: Option<Entry> = None;
 
         loop {
@@ -147,7 +147,7 @@ impl<V: Value> Cache<V> {
             };
             // Try again just after the lease runs out: a dead holder's lease
             // is not extended, and its expiry is the takeover.
-            let retry_at = Instant::now() + lease_left + LEASE_RETRY_MARGIN;
+            let retry_at = deadline_after(lease_left.saturating_add(LEASE_RETRY_MARGIN));
 
             // 3. Wait to be woken.
             let watch = inner
@@ -452,6 +452,14 @@ struct Lease<'a> {
 /// How long past a held lease's expiry a waiter tries to take it over (the
 /// store's TTLs are whole milliseconds).
 const LEASE_RETRY_MARGIN: Duration = Duration::from_millis(2);
+
+/// `now + wait`, or a day from now if that is later than tokio can tell
+/// (a `load_timeout` of `Duration::MAX`): a deadline never overflows.
+fn deadline_after(wait: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(wait)
+        .unwrap_or_else(|| now + Duration::from_secs(24 * 3600))
+}
 
 fn lock_timeout(waited: Duration) -> Error {
     Error::new(

@@ -107,7 +107,61 @@ impl<T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static> Value for 
 
 /// A typed cache of `V` values in one namespace of a [`Store`].
 ///
-/// Cheap to clone: clones share the store, settings and random source.
+/// Cheap to clone: clones share the store, settings and random source. A
+/// `Cache` and its clones are one *process* below: one set of in-process
+/// flights, one L1, one bus subscription. Two `Cache`s built separately
+/// (even in one OS process) are two processes.
+///
+/// # Coherence: one truth across the fleet
+///
+/// Each line is a property the test suite checks, including a seeded
+/// fault-schedule simulation (`tests/simulation.rs`) that delays, reorders,
+/// times out (after running) and drops store commands, loses bus messages
+/// and stops the store.
+///
+/// 1. **No resurrection.** Once [`invalidate`](Self::invalidate) or
+///    [`set`](Self::set) has returned `Ok`, no load that started before it —
+///    a lease fill, a direct load, a warm-up, a background refresh, a
+///    lock-timeout load — becomes visible in the store, in this process's
+///    L1, or to a caller of this process that starts after it returned.
+///    Every load writes through one fence, the key's lease, which the
+///    invalidation revokes atomically; in-process flights that began before
+///    are detached; L1 refuses values from reads and loads that began before
+///    (per-key epochs).
+/// 2. **Read your invalidation.** In the invalidating process every call
+///    that starts after `invalidate` returned gets a value loaded after it.
+/// 3. **Bounded L1 staleness elsewhere.** Another process's L1 serves the
+///    old value only until the invalidation message reaches it (a
+///    millisecond or two on a healthy bus). With the bus down, or a message
+///    lost, at most until the L1 entry's TTL ([`L1Config::ttl`](crate::L1Config::ttl),
+///    30 s by default) runs out, or until the subscription comes back, which
+///    flushes L1. Without L1 another process serves from the store, which
+///    the fence keeps clean; a read already in the air when the message
+///    arrives may still land there (one store deadline).
+/// 4. **One load per key per expiry**, fleet-wide, while the store is
+///    healthy: waiters keep waiting while the holder's lease is alive (it
+///    is extended every third of `lease_ttl` while the loader runs), so a
+///    slow loader is awaited, not repeated. A holder that dies stops
+///    extending; its lease runs out within `lease_ttl` (3 s by default) and
+///    exactly one waiter takes over, at the moment it expires. Waiting
+///    ends at `lock_wait` (by default `load_timeout + 2 × lease_ttl`):
+///    [`OnLockTimeout`] then applies to a stuck lease, never to a slow
+///    load, and a background refresh never loads without the lease.
+/// 5. **Liveness.** Every call returns. Writing *S* for one store deadline
+///    (`connect_timeout + response_timeout` of a
+///    [`RedisStore`](crate::RedisStore); twice when a broken connection is
+///    retried), a `get_or_load` takes at most: one read (*S*); then either a
+///    load it leads (the bulkhead's `queue_wait` + `load_timeout` + one
+///    write, *S*), or a wait of `lock_wait` plus a few store calls (3*S* +
+///    250 ms) followed, with `load_anyway`, by a load (`queue_wait` +
+///    `load_timeout`). With a store breaker open, store calls fail at once.
+/// 6. **Time.** Freshness is judged on the store's clock (Redis's `TIME`,
+///    sampled); no application-clock reading can pin, freeze or jump it.
+///
+/// When the store cannot be used at all (the read or the lease attempt
+/// failed), values are loaded directly and served; they are written only
+/// through the fence of the lease attempt that failed (which lands only if
+/// that attempt ran after all and nothing revoked it since), or not at all.
 ///
 /// # Examples
 ///
