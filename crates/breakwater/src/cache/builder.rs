@@ -49,7 +49,10 @@ pub(crate) enum LockTimeoutKind {
 
 impl OnLockTimeout {
     /// Call the loader anyway and return its value (without writing it: the
-    /// lease holder will). The default; availability first.
+    /// lease holder will). The default; availability first. Waiters wait as
+    /// long as the lease is held and extended, so this applies to a stuck
+    /// lease (held past `lock_wait`, which must then cover `load_timeout +
+    /// lease_ttl`), never to a slow load.
     pub fn load_anyway() -> Self {
         OnLockTimeout(LockTimeoutKind::LoadAnyway)
     }
