@@ -311,3 +311,61 @@ fn a_killed_holder_costs_exactly_one_more_load_with_defaults() {
 fn four_processes_one_load_with_an_8s_loader_and_defaults() {
     one_load_across_processes(4, 250, 8_000);
 }
+
+/// Another OS process (a worker) is 100 ms into a 500 ms load when this
+/// process invalidates the key: calls here that start after `invalidate`
+/// returned get values loaded after it, and the worker's older result is
+/// never written (its fence was revoked), with L1 on and off.
+#[test]
+fn invalidate_during_a_load_in_another_os_process() {
+    for l1 in [false, true] {
+        let redis = RedisServer::start();
+        let mut worker = Worker::spawn(
+            "worker A",
+            &redis,
+            &["--concurrency", "1", "--loader-ms", "500"],
+        );
+        worker.wait_ready();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let store = breakwater::RedisStore::connect(&redis.url()).unwrap();
+            let mut builder = breakwater::Cache::<String>::builder()
+                .namespace("stampede")
+                .store(store);
+            if l1 {
+                builder = builder.l1(breakwater::L1Config::new());
+            }
+            let cache = builder.build().unwrap();
+            let fresh = || async { Ok::<_, std::io::Error>(Some("fresh".to_owned())) };
+            worker.go();
+            let deadline = Instant::now() + WORKER_TIMEOUT;
+            while get(&redis, "loads") != "1" {
+                assert!(Instant::now() < deadline, "worker A never started loading");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            cache.invalidate("hot").await.unwrap();
+            let after = cache.get_or_load("hot", fresh).await.unwrap();
+            assert_eq!(after.as_deref(), Some("fresh"), "l1={l1}");
+            // Worker A finishes its load after the invalidation...
+            let done = tokio::task::spawn_blocking(move || worker.finish())
+                .await
+                .unwrap();
+            assert_eq!(done, "done ok=1 err=0 first_error=none");
+            // ...and its result was refused by the fence.
+            for _ in 0..3 {
+                let v = cache.get_or_load("hot", fresh).await.unwrap();
+                assert_eq!(v.as_deref(), Some("fresh"), "l1={l1}");
+            }
+            let other = breakwater::Cache::<String>::builder()
+                .namespace("stampede")
+                .store(breakwater::RedisStore::connect(&redis.url()).unwrap())
+                .build()
+                .unwrap();
+            assert_eq!(other.get("hot").await.unwrap().as_deref(), Some("fresh"));
+        });
+    }
+}

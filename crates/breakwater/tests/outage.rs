@@ -316,3 +316,46 @@ async fn a_dropped_connection_is_retried_once_and_costs_the_caller_nothing() {
     }
     assert_eq!(cache.store_breaker_state(), BreakerState::Closed);
 }
+
+/// A `GET` whose reply is held up (by a slow network) past this process's
+/// own invalidation of the key neither answers later callers nor puts the
+/// old value back into L1.
+#[tokio::test]
+async fn a_get_reply_delayed_past_an_invalidation_is_not_kept_in_l1() {
+    let server = RedisServer::start();
+    let writer = Cache::<String>::builder()
+        .namespace("late")
+        .store(support::connect(&server).await)
+        .build()
+        .unwrap();
+    writer.set("k", &"old".to_string()).await.unwrap();
+    let proxy = FaultProxy::start(server.addr());
+    let store = RedisStore::connect_with(&proxy.url(), support::patient()).unwrap();
+    store.warm_up().await.unwrap();
+    let cache = Cache::<String>::builder()
+        .namespace("late")
+        .store(store)
+        .l1(L1Config::new())
+        .build()
+        .unwrap();
+    // Subscribed (through the proxy, too) before the delay starts: a
+    // subscription that comes up later flushes L1 (as it may have missed
+    // messages), which would hide what this test looks for.
+    cache.get("warm").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let new = || async { Ok::<_, std::io::Error>(Some("new".to_owned())) };
+    proxy.set(Fault::Delay(Duration::from_millis(100)));
+    let first = {
+        let cache = cache.clone();
+        tokio::spawn(async move { cache.get_or_load("k", new).await })
+    };
+    // The GET reaches Redis at ~100 ms and reads "old"; its reply lands at
+    // ~200 ms, while the invalidation (sent at 150 ms) is still under way.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    cache.invalidate("k").await.unwrap();
+    assert_eq!(first.await.unwrap().unwrap().as_deref(), Some("old"));
+    for _ in 0..3 {
+        let v = cache.get_or_load_with_meta("k", new).await.unwrap();
+        assert_eq!(v.value.as_deref(), Some("new"), "{v:?}");
+    }
+}
