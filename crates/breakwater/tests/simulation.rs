@@ -1,0 +1,1349 @@
+//! A deterministic, seeded fault-schedule simulation of a fleet of caches
+//! over one store, checking the coherence contract (DESIGN.md, "Coherence").
+//!
+//! # The world
+//!
+//! One [`MemoryStore`] plays the shared Redis. Each simulated process has its
+//! own [`ChaosStore`] in front of it and its own [`Cache`] (some with an L1
+//! near cache, some with grace), so the processes share entries, leases and
+//! the bus exactly as over Redis, while every store call of one process can be
+//! delayed before it runs, delayed after it ran (replies are reordered),
+//! answered with a timeout after it ran, refused before it ran ("connection
+//! dropped"), or, during a stop window, hang for a response timeout and fail.
+//! Each process's subscription is fed by its own forwarding task that loses
+//! messages and sometimes drops the "connection" (`ready` false, `Missed`,
+//! later `ready` true and `Missed` again). A shared table plays the database
+//! (`key -> version`); every loader sleeps a seeded delay (mostly short,
+//! sometimes longer than `lock_wait`), then reads the current version. The
+//! workload bumps the version before every `invalidate` and `set` (writes to
+//! one key are serialised, as an application writing under a row lock
+//! would), so "newer" is simply "higher version".
+//!
+//! Everything runs on a current-thread tokio runtime with paused time, and
+//! every random choice (workload, faults, loader delays, the caches' own
+//! `rng_seed`) derives from one `u64` seed, so a seed replays exactly; see
+//! `one_seed_replays_exactly`. Run one seed with
+//! `BREAKWATER_SIM_SEED=<s> cargo test -p breakwater --test simulation`, a
+//! soak with `BREAKWATER_SIM_SEEDS=<n>` (from `BREAKWATER_SIM_SEED`, or 1000).
+//!
+//! # The checks (one per contract line)
+//!
+//! **no-resurrection** (Coherence 1–3). When `invalidate(k)` or `set(k, ..)`
+//! returns `Ok` in process P after the database reached version `v`, every
+//! `get_or_load(k)` that *starts after it returned* (by a global sequence
+//! number, not by time) must return a version `>= v`: in P always (any
+//! `Served`; no fallback is configured); in another process without L1 if it
+//! starts later than one store reply can take (`MAX_REPLY`: a reply already
+//! on the wire when the invalidation returned may still land, but nothing the
+//! store answers to a request sent afterwards may be older); in another
+//! process with L1 if it starts later than its L1 TTL plus `MAX_REPLY` (the
+//! documented bound when bus messages are lost).
+//!
+//! **one-load-slow-loader** (Coherence 4). A healthy fleet (no faults, the
+//! cache's default lease and lock settings) fires 50 concurrent callers per
+//! process at a fresh key whose loader takes 8 s, longer than the default
+//! `lock_wait`: exactly one loader call, no errors, every caller gets it.
+//!
+//! **one-load-holder-death** (Coherence 4). The same, with a 3 s loader, and
+//! the process whose loader starts first is partitioned from the store at
+//! that moment (every call hangs for the response timeout, then fails, for
+//! good): exactly two loader calls in all (the partitioned one and one
+//! takeover), and every caller in the other processes gets the value.
+//!
+//! **liveness** (Coherence 5). Every call is wrapped in a timeout of
+//! `load_timeout + lock_wait + 10 s` of the settings used (75 s for the
+//! defaults, which may grow to `lock_wait = load_timeout + lease_ttl`); running
+//! into it is a failure.
+//!
+//! **time** (Coherence 6). A `Hit` must not be older than the longest fresh
+//! window (`ttl * (1 + jitter ratio)`), and a `Stale` value not older than
+//! that plus `max_stale`, measured on tokio's clock (the memory store's) at
+//! the call's start, from the most recent moment that version was produced
+//! (a loader's database read, which is the end of the loader, just before
+//! the entry is sealed; or the start of the `set` that wrote it), with 5 ms
+//! of tolerance for whole-millisecond store timestamps.
+//!
+//! **early-refresh-l1** (XFetch under L1). A healthy process with L1, grace
+//! 0 and the default early refresh reads one key every 10 ms for ten TTLs
+//! with a 100 ms loader: after the first load no caller may be served
+//! `Loaded` or `Coalesced` (none allowed; with XFetch(1.0) and reads every
+//! 10 ms an expiry that no read refreshed early has a probability of about
+//! e^-4 per expiry, so a correct cache can rarely fail one seed here).
+//!
+//! Besides: **wrong-key** (a value came back under another key) and
+//! **errors-in-healthy-round**.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::future::Future;
+use std::pin::pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use breakwater::{
+    Cache, Delivery, Error, FencedWrite, Fetched, Jitter, L1Config, LeaseAttempt, MemoryStore,
+    Notice, Served, Store, StoreFuture, Subscription,
+};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{broadcast, watch};
+use tokio::time::{Instant, sleep, timeout};
+
+// ---------------------------------------------------------------- settings
+
+/// How long a call to a stopped (or partitioned) store hangs before failing,
+/// and how long a "timed out after it ran" call takes.
+const RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
+/// The longest chaos delay before or after one store call.
+const MAX_DELAY_MS: u64 = 300;
+/// The longest one store reply can take under the faults: a delay before,
+/// then a response timeout.
+const MAX_REPLY: Duration = Duration::from_millis(MAX_DELAY_MS + 500);
+/// The entries' TTL in the chaos phase, and its jitter ratio.
+const TTL: Duration = Duration::from_secs(3);
+const JITTER: f64 = 0.1;
+/// The L1 TTL of the processes that have an L1.
+const L1_TTL: Duration = Duration::from_secs(2);
+/// Every call's bound with the default `load_timeout` and `lock_wait`.
+const BOUND: Duration = Duration::from_secs(75);
+/// Whole-millisecond store timestamps.
+const TOLERANCE: Duration = Duration::from_millis(5);
+/// The chaos phase's length, and its workload.
+const CHAOS_FOR: Duration = Duration::from_secs(120);
+const WORKERS: usize = 16;
+const KEYS: usize = 12;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// An independent, reproducible stream for one purpose.
+fn stream(seed: u64, purpose: u64) -> StdRng {
+    StdRng::seed_from_u64(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ purpose)
+}
+
+// ---------------------------------------------------------------- the store
+
+/// What can go wrong with one process's store calls, as probabilities.
+#[derive(Debug, Clone, Copy, Default)]
+struct Faults {
+    delay_before: f64,
+    delay_after: f64,
+    timeout_after: f64,
+    fail_before: f64,
+    message_loss: f64,
+    disconnect: f64,
+}
+
+impl Faults {
+    const HEALTHY: Faults = Faults {
+        delay_before: 0.0,
+        delay_after: 0.0,
+        timeout_after: 0.0,
+        fail_before: 0.0,
+        message_loss: 0.0,
+        disconnect: 0.0,
+    };
+
+    fn chaotic(rng: &mut StdRng) -> Faults {
+        Faults {
+            delay_before: rng.random_range(0.0..0.5),
+            delay_after: rng.random_range(0.0..0.5),
+            timeout_after: rng.random_range(0.0..0.08),
+            fail_before: rng.random_range(0.0..0.08),
+            message_loss: rng.random_range(0.0..0.5),
+            disconnect: rng.random_range(0.0..0.03),
+        }
+    }
+}
+
+struct ChaosState {
+    rng: StdRng,
+    faults: Faults,
+    /// `false` while the store is stopped for this process (or it is
+    /// partitioned): calls hang for the response timeout, then fail, and the
+    /// subscription is down.
+    link: watch::Sender<bool>,
+}
+
+/// What one call will suffer, drawn when it is made.
+enum Plan {
+    Down,
+    Dropped,
+    Run {
+        before: Duration,
+        timeout: bool,
+        after: Duration,
+    },
+}
+
+/// One process's view of the shared store, with seeded faults.
+#[derive(Clone)]
+struct ChaosStore {
+    inner: MemoryStore,
+    state: Arc<Mutex<ChaosState>>,
+    /// Where this process's store writes and lease calls are traced.
+    tracer: (Arc<World>, usize),
+}
+
+impl std::fmt::Debug for ChaosStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChaosStore").finish_non_exhaustive()
+    }
+}
+
+impl ChaosStore {
+    fn new(inner: MemoryStore, rng: StdRng, world: Arc<World>, proc: usize) -> Self {
+        ChaosStore {
+            inner,
+            tracer: (world, proc),
+            state: Arc::new(Mutex::new(ChaosState {
+                rng,
+                faults: Faults::HEALTHY,
+                link: watch::Sender::new(true),
+            })),
+        }
+    }
+
+    fn set_faults(&self, faults: Faults) {
+        lock(&self.state).faults = faults;
+    }
+
+    /// Stops (`false`) or restarts (`true`) the store for this process.
+    fn set_up(&self, up: bool) {
+        lock(&self.state).link.send_replace(up);
+    }
+
+    fn is_up(&self) -> bool {
+        *lock(&self.state).link.borrow()
+    }
+
+    fn plan(&self) -> Plan {
+        let mut s = lock(&self.state);
+        if !*s.link.borrow() {
+            return Plan::Down;
+        }
+        let f = s.faults;
+        let rng = &mut s.rng;
+        if rng.random_bool(f.fail_before) {
+            return Plan::Dropped;
+        }
+        let mut delay = |p: f64| {
+            if rng.random_bool(p) {
+                ms(rng.random_range(1..=MAX_DELAY_MS))
+            } else {
+                Duration::ZERO
+            }
+        };
+        let before = delay(f.delay_before);
+        let after = delay(f.delay_after);
+        let timeout = rng.random_bool(f.timeout_after);
+        Plan::Run {
+            before,
+            timeout,
+            after,
+        }
+    }
+
+    /// Runs `op` (an inner store call, made only when it is to run) under
+    /// this call's faults; traces it under `name` unless that is `None`.
+    fn call<'a, T, F>(
+        &'a self,
+        name: Option<&'static str>,
+        key: &'a [u8],
+        op: F,
+    ) -> StoreFuture<'a, T>
+    where
+        T: Send + std::fmt::Debug + 'a,
+        F: FnOnce() -> StoreFuture<'a, T> + Send + 'a,
+    {
+        let plan = self.plan();
+        Box::pin(async move {
+            let start = Instant::now();
+            let (result, ran) = match plan {
+                Plan::Down => {
+                    sleep(RESPONSE_TIMEOUT).await;
+                    (
+                        Err(Error::store_msg("no reply within the response timeout")),
+                        None,
+                    )
+                }
+                Plan::Dropped => (Err(Error::store_msg("connection dropped")), None),
+                Plan::Run {
+                    before,
+                    timeout,
+                    after,
+                } => {
+                    if !before.is_zero() {
+                        sleep(before).await;
+                    }
+                    let result = op().await;
+                    let ran = Some((Instant::now(), show(&result)));
+                    if timeout {
+                        sleep(RESPONSE_TIMEOUT).await;
+                        (Err(Error::store_msg("timed out")), ran)
+                    } else {
+                        if !after.is_zero() {
+                            sleep(after).await;
+                        }
+                        (result, ran)
+                    }
+                }
+            };
+            if let Some(name) = name {
+                let (world, proc) = &self.tracer;
+                let ran = match ran {
+                    Some((at, outcome)) => format!("ran at {} ms: {outcome}", world.ms(at)),
+                    None => "not run".to_owned(),
+                };
+                let outcome = format!("{ran}; replied {}", show(&result));
+                world.trace(*proc, name, &user_key(key), start, outcome);
+            }
+            result
+        })
+    }
+}
+
+fn show<T: std::fmt::Debug>(result: &Result<T, Error>) -> String {
+    match result {
+        Ok(v) => format!("{v:?}"),
+        Err(e) => format!("error ({e})"),
+    }
+}
+
+/// The user key inside a storage or lease key (between the braces).
+fn user_key(key: &[u8]) -> String {
+    let text = String::from_utf8_lossy(key);
+    match (text.find('{'), text.rfind('}')) {
+        (Some(a), Some(b)) if a < b => text[a + 1..b].to_owned(),
+        _ => "-".to_owned(),
+    }
+}
+
+/// Forwards `upstream` to `tx` until everyone is gone, losing messages and
+/// dropping the "connection" as the faults say.
+async fn forward(
+    mut upstream: Subscription,
+    tx: broadcast::Sender<Delivery>,
+    ready: watch::Sender<bool>,
+    state: Arc<Mutex<ChaosState>>,
+) {
+    let mut link = lock(&state).link.subscribe();
+    loop {
+        let delivery = tokio::select! {
+            biased;
+            _ = async { link.wait_for(|up| !*up).await.is_ok() } => None,
+            delivery = upstream.recv() => Some(delivery),
+        };
+        let Some(delivery) = delivery else {
+            // The store stopped: the connection is gone until it is back.
+            ready.send_replace(false);
+            let _ = tx.send(Delivery::Missed);
+            let mut back = link.clone();
+            let back = async move {
+                let _ = back.wait_for(|up| *up).await.is_ok();
+            };
+            if !lose_until(&mut upstream, back).await {
+                return;
+            }
+            ready.send_replace(true);
+            let _ = tx.send(Delivery::Missed);
+            continue;
+        };
+        let Some(delivery) = delivery else { return };
+        let (lose, outage) = {
+            let mut s = lock(&state);
+            let f = s.faults;
+            let lose = s.rng.random_bool(f.message_loss);
+            let outage = s
+                .rng
+                .random_bool(f.disconnect)
+                .then(|| ms(s.rng.random_range(50..=2_000)));
+            (lose, outage)
+        };
+        if let Some(outage) = outage {
+            // This message and everything until the reconnection is lost.
+            ready.send_replace(false);
+            let _ = tx.send(Delivery::Missed);
+            if !lose_until(&mut upstream, sleep(outage)).await {
+                return;
+            }
+            ready.send_replace(true);
+            let _ = tx.send(Delivery::Missed);
+        } else if !lose {
+            let _ = tx.send(delivery);
+        }
+    }
+}
+
+/// Discards what `upstream` delivers until `until`; `false` if it closed.
+async fn lose_until(upstream: &mut Subscription, until: impl Future<Output = ()>) -> bool {
+    let mut until = pin!(until);
+    loop {
+        tokio::select! {
+            biased;
+            () = &mut until => return true,
+            delivery = upstream.recv() => if delivery.is_none() { return false },
+        }
+    }
+}
+
+impl Store for ChaosStore {
+    fn get<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Vec<u8>>> {
+        self.call(None, key, move || self.inner.get(key))
+    }
+
+    fn set<'a>(&'a self, key: &'a [u8], value: &'a [u8], ttl: Duration) -> StoreFuture<'a, ()> {
+        self.call(Some("s.set"), key, move || self.inner.set(key, value, ttl))
+    }
+
+    fn delete<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, bool> {
+        self.call(Some("s.delete"), key, move || self.inner.delete(key))
+    }
+
+    fn ttl<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Duration>> {
+        self.call(None, key, move || self.inner.ttl(key))
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.inner.now_ms()
+    }
+
+    fn name(&self) -> &'static str {
+        "chaos"
+    }
+
+    fn acquire_lease<'a>(
+        &'a self,
+        lease_key: &'a [u8],
+        token: &'a [u8],
+        ttl: Duration,
+    ) -> StoreFuture<'a, LeaseAttempt> {
+        self.call(Some("s.lease"), lease_key, move || {
+            self.inner.acquire_lease(lease_key, token, ttl)
+        })
+    }
+
+    fn lease_held<'a>(&'a self, lease_key: &'a [u8]) -> StoreFuture<'a, bool> {
+        self.call(None, lease_key, move || self.inner.lease_held(lease_key))
+    }
+
+    fn extend_lease<'a>(
+        &'a self,
+        lease_key: &'a [u8],
+        token: &'a [u8],
+        ttl: Duration,
+    ) -> StoreFuture<'a, bool> {
+        self.call(Some("s.extend"), lease_key, move || {
+            self.inner.extend_lease(lease_key, token, ttl)
+        })
+    }
+
+    fn release_lease<'a>(
+        &'a self,
+        lease_key: &'a [u8],
+        token: &'a [u8],
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, bool> {
+        self.call(Some("s.release"), lease_key, move || {
+            self.inner.release_lease(lease_key, token, notice)
+        })
+    }
+
+    fn fenced_set<'a>(&'a self, write: FencedWrite<'a>) -> StoreFuture<'a, bool> {
+        self.call(Some("s.fenced"), write.key, move || {
+            self.inner.fenced_set(write)
+        })
+    }
+
+    fn replace<'a>(
+        &'a self,
+        key: &'a [u8],
+        value: &'a [u8],
+        ttl: Duration,
+        lease_key: &'a [u8],
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, ()> {
+        self.call(Some("s.replace"), key, move || {
+            self.inner.replace(key, value, ttl, lease_key, notice)
+        })
+    }
+
+    fn invalidate<'a>(
+        &'a self,
+        key: &'a [u8],
+        lease_key: &'a [u8],
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, ()> {
+        self.call(Some("s.invalid"), key, move || {
+            self.inner.invalidate(key, lease_key, notice)
+        })
+    }
+
+    fn publish<'a>(&'a self, channel: &'a [u8], message: &'a [u8]) -> StoreFuture<'a, ()> {
+        self.call(None, channel, move || self.inner.publish(channel, message))
+    }
+
+    fn subscribe(&self, channel: &[u8]) -> Subscription {
+        let upstream = self.inner.subscribe(channel);
+        let (tx, rx) = broadcast::channel(4096);
+        let ready = watch::Sender::new(self.is_up());
+        let ready_rx = ready.subscribe();
+        tokio::spawn(forward(upstream, tx, ready, Arc::clone(&self.state)));
+        Subscription::new(rx, ready_rx)
+    }
+}
+
+// ---------------------------------------------------------------- the world
+
+/// The cached value: which key, and which database version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Val {
+    key: String,
+    version: u64,
+}
+
+/// One line of the trace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Event {
+    start_ms: u64,
+    end_ms: u64,
+    proc: usize,
+    op: &'static str,
+    key: String,
+    outcome: String,
+}
+
+impl std::fmt::Display for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:>7}..{:>7} ms  P{} {:<10} {:<12} {}",
+            self.start_ms, self.end_ms, self.proc, self.op, self.key, self.outcome
+        )
+    }
+}
+
+/// A contract line that did not hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Violation {
+    check: &'static str,
+    message: String,
+}
+
+/// An `invalidate` or `set` that returned `Ok`.
+#[derive(Debug, Clone, Copy)]
+struct Fence {
+    proc: usize,
+    /// Sequence number when it returned.
+    seq: u64,
+    at: Instant,
+    version: u64,
+}
+
+/// What a simulated process is, for the checker.
+#[derive(Debug, Clone, Copy)]
+struct Profile {
+    l1_ttl: Option<Duration>,
+    max_stale: Duration,
+}
+
+#[derive(Default)]
+struct History {
+    seq: u64,
+    trace: Vec<Event>,
+    fences: BTreeMap<String, Vec<Fence>>,
+    /// When each (key, version) was produced (loader's read, or `set`).
+    produced: BTreeMap<(String, u64), Vec<Instant>>,
+    /// Loader calls started, per key.
+    load_calls: BTreeMap<String, Vec<usize>>,
+    violations: Vec<Violation>,
+}
+
+/// The database, the history and the checker, shared by every task of one
+/// run.
+struct World {
+    seed: u64,
+    start: Instant,
+    db: Mutex<BTreeMap<String, u64>>,
+    history: Mutex<History>,
+    /// Called with the process whose loader starts (holder-death round).
+    on_load: Mutex<Option<LoadHook>>,
+}
+
+/// Told which process's loader starts, for which key.
+type LoadHook = Box<dyn FnMut(usize, &str) + Send>;
+
+/// What a simulated loader returns.
+type LoadFuture =
+    std::pin::Pin<Box<dyn Future<Output = Result<Option<Val>, std::convert::Infallible>> + Send>>;
+
+impl World {
+    fn new(seed: u64) -> Arc<World> {
+        Arc::new(World {
+            seed,
+            start: Instant::now(),
+            db: Mutex::default(),
+            history: Mutex::default(),
+            on_load: Mutex::new(None),
+        })
+    }
+
+    fn ms(&self, t: Instant) -> u64 {
+        u64::try_from((t - self.start).as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn next_seq(&self) -> u64 {
+        let mut h = lock(&self.history);
+        h.seq += 1;
+        h.seq
+    }
+
+    fn version(&self, key: &str) -> u64 {
+        lock(&self.db).get(key).copied().unwrap_or(0)
+    }
+
+    /// A write to the database: the next version of `key`.
+    fn bump(&self, key: &str) -> u64 {
+        let mut db = lock(&self.db);
+        let v = db.entry(key.to_owned()).or_insert(0);
+        *v += 1;
+        *v
+    }
+
+    fn produced(&self, key: &str, version: u64, at: Instant) {
+        lock(&self.history)
+            .produced
+            .entry((key.to_owned(), version))
+            .or_default()
+            .push(at);
+    }
+
+    fn trace(&self, proc: usize, op: &'static str, key: &str, start: Instant, outcome: String) {
+        let event = Event {
+            start_ms: self.ms(start),
+            end_ms: self.ms(Instant::now()),
+            proc,
+            op,
+            key: key.to_owned(),
+            outcome,
+        };
+        lock(&self.history).trace.push(event);
+    }
+
+    fn violate(&self, check: &'static str, message: String) {
+        let message = format!("[seed {}] {message}", self.seed);
+        lock(&self.history)
+            .violations
+            .push(Violation { check, message });
+    }
+
+    fn load_calls(&self, key: &str) -> Vec<usize> {
+        lock(&self.history)
+            .load_calls
+            .get(key)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The loader of one call in process `proc`: sleeps `delay`, then reads
+    /// the database.
+    fn loader(
+        self: &Arc<Self>,
+        proc: usize,
+        key: &str,
+        delay: Duration,
+    ) -> impl Fn() -> LoadFuture + Send + Sync + 'static {
+        let (world, key) = (Arc::clone(self), key.to_owned());
+        move || {
+            let (world, key) = (Arc::clone(&world), key.clone());
+            Box::pin(async move {
+                let start = Instant::now();
+                lock(&world.history)
+                    .load_calls
+                    .entry(key.clone())
+                    .or_default()
+                    .push(proc);
+                if let Some(hook) = lock(&world.on_load).as_mut() {
+                    hook(proc, &key);
+                }
+                sleep(delay).await;
+                let version = world.version(&key);
+                world.produced(&key, version, Instant::now());
+                world.trace(proc, "load", &key, start, format!("v{version}"));
+                Ok(Some(Val { key, version }))
+            })
+        }
+    }
+
+    /// Checks one `get_or_load` result against every contract line, and
+    /// traces it.
+    #[allow(clippy::too_many_arguments)]
+    fn check_get(
+        &self,
+        proc: usize,
+        profile: Profile,
+        key: &str,
+        seq: u64,
+        start: Instant,
+        result: Result<Result<Fetched<Val>, Error>, tokio::time::error::Elapsed>,
+        bound: Duration,
+    ) -> Option<Val> {
+        let fetched = match result {
+            Err(_) => {
+                self.violate(
+                    "liveness",
+                    format!(
+                        "P{proc} get_or_load({key}) started at {} ms did not return within {bound:?}",
+                        self.ms(start)
+                    ),
+                );
+                self.trace(proc, "get", key, start, "HUNG".into());
+                return None;
+            }
+            Ok(Err(err)) => {
+                self.trace(proc, "get", key, start, format!("error {:?}", err.kind()));
+                return None;
+            }
+            Ok(Ok(fetched)) => fetched,
+        };
+        let served = fetched.served;
+        let Some(val) = fetched.value else {
+            self.trace(proc, "get", key, start, format!("None {served:?}"));
+            self.violate(
+                "wrong-key",
+                format!("P{proc} get_or_load({key}) returned None; the loader never does"),
+            );
+            return None;
+        };
+        self.trace(
+            proc,
+            "get",
+            key,
+            start,
+            format!("v{} {served:?}", val.version),
+        );
+        if val.key != key {
+            self.violate(
+                "wrong-key",
+                format!("P{proc} get_or_load({key}) returned a value of {}", val.key),
+            );
+            return Some(val);
+        }
+        let h = lock(&self.history);
+        // no-resurrection: the newest fence this call must respect.
+        let fences = h.fences.get(key).map(Vec::as_slice).unwrap_or_default();
+        let binding = fences
+            .iter()
+            .filter(|f| f.seq < seq)
+            .filter(|f| {
+                f.proc == proc
+                    || match profile.l1_ttl {
+                        None => start >= f.at + MAX_REPLY,
+                        Some(l1) => start >= f.at + l1 + MAX_REPLY,
+                    }
+            })
+            .max_by_key(|f| f.version);
+        if let Some(f) = binding.filter(|f| val.version < f.version) {
+            let kind = if f.proc == proc {
+                "the invalidating process"
+            } else if profile.l1_ttl.is_some() {
+                "a process with L1, past its L1 TTL + MAX_REPLY"
+            } else {
+                "a process without L1, past MAX_REPLY"
+            };
+            let message = format!(
+                "P{proc} get_or_load({key}) started at {} ms returned v{} ({served:?}), but P{} \
+                 had invalidated/set it at v{} and returned at {} ms ({kind})",
+                self.ms(start),
+                val.version,
+                f.proc,
+                f.version,
+                self.ms(f.at)
+            );
+            drop(h);
+            self.violate("no-resurrection", message);
+            return Some(val);
+        }
+        // time: how old the value is, from when its version was produced.
+        let limit = match served {
+            Served::Hit => Some(fresh_max(TTL)),
+            Served::Stale { .. } => Some(fresh_max(TTL) + profile.max_stale),
+            _ => None,
+        };
+        if let Some(limit) = limit {
+            // Judged somewhere between the call's start and now, and not
+            // before the version existed: only `start - born` is certain.
+            let now = Instant::now();
+            let born = h
+                .produced
+                .get(&(key.to_owned(), val.version))
+                .and_then(|times| times.iter().filter(|&&t| t <= now).max().copied());
+            let message = match born {
+                None => Some(format!(
+                    "P{proc} get_or_load({key}) at {} ms served v{} ({served:?}) that was never produced before",
+                    self.ms(start),
+                    val.version
+                )),
+                Some(born) if start.saturating_duration_since(born) > limit + TOLERANCE => {
+                    Some(format!(
+                        "P{proc} get_or_load({key}) at {} ms served v{} ({served:?}) produced at {} ms: \
+                     {} ms old, the limit is {} ms",
+                        self.ms(start),
+                        val.version,
+                        self.ms(born),
+                        (start - born).as_millis(),
+                        limit.as_millis()
+                    ))
+                }
+                Some(_) => None,
+            };
+            drop(h);
+            if let Some(message) = message {
+                self.violate("time", message);
+            }
+        }
+        Some(val)
+    }
+
+    fn fence(&self, proc: usize, key: &str, version: u64) {
+        let mut h = lock(&self.history);
+        h.seq += 1;
+        let fence = Fence {
+            proc,
+            seq: h.seq,
+            at: Instant::now(),
+            version,
+        };
+        h.fences.entry(key.to_owned()).or_default().push(fence);
+    }
+}
+
+/// The longest fresh window of an entry with `ttl` and the jitter.
+fn fresh_max(ttl: Duration) -> Duration {
+    Jitter::ratio(JITTER).bounds(ttl).1
+}
+
+// ---------------------------------------------------------------- the fleet
+
+/// One simulated process.
+#[derive(Clone)]
+struct Proc {
+    id: usize,
+    cache: Cache<Val>,
+    store: ChaosStore,
+    profile: Profile,
+}
+
+/// `grace` and `l1` of each process of a chaos fleet.
+const CHAOS_FLEET: [(Duration, bool); 4] = [
+    (Duration::from_secs(1), true),
+    (Duration::ZERO, false),
+    (Duration::ZERO, true),
+    (Duration::from_secs(1), false),
+];
+
+/// A fleet over one fresh shared store. `short`: the chaos phase's short
+/// TTLs; otherwise the cache's defaults except the TTL.
+fn fleet(world: &Arc<World>, round: u64, shape: &[(Duration, bool)], short: bool) -> Vec<Proc> {
+    let shared = MemoryStore::new();
+    let seed = world.seed;
+    shape
+        .iter()
+        .enumerate()
+        .map(|(id, &(grace, l1))| {
+            let salt = round * 100 + id as u64;
+            let store = ChaosStore::new(
+                shared.clone(),
+                stream(seed, 1_000 + salt),
+                Arc::clone(world),
+                id,
+            );
+            let mut builder = Cache::<Val>::builder()
+                .namespace("sim")
+                .shared_store(Arc::new(store.clone()))
+                .ttl(TTL)
+                .jitter(Jitter::ratio(JITTER))
+                .grace(grace)
+                .rng_seed(seed.wrapping_mul(31).wrapping_add(salt));
+            if l1 {
+                builder = builder.l1(L1Config::new().ttl(if short {
+                    L1_TTL
+                } else {
+                    Duration::from_secs(30)
+                }));
+            }
+            Proc {
+                id,
+                cache: builder.build().expect("valid settings"),
+                store,
+                profile: Profile {
+                    l1_ttl: l1.then_some(if short {
+                        L1_TTL
+                    } else {
+                        Duration::from_secs(30)
+                    }),
+                    max_stale: grace,
+                },
+            }
+        })
+        .collect()
+}
+
+/// One `get_or_load` through the checker.
+async fn get(world: &Arc<World>, p: &Proc, key: &str, delay: Duration) -> Option<Val> {
+    let seq = world.next_seq();
+    let start = Instant::now();
+    let loader = world.loader(p.id, key, delay);
+    let result = timeout(BOUND, p.cache.get_or_load_with_meta(key, loader)).await;
+    world.check_get(p.id, p.profile, key, seq, start, result, BOUND)
+}
+
+/// A loader delay: mostly short, sometimes longer than `lock_wait`.
+fn loader_delay(rng: &mut StdRng) -> Duration {
+    match rng.random_range(0..100) {
+        0..93 => ms(rng.random_range(1..200)),
+        93..98 => ms(rng.random_range(200..2_000)),
+        _ => ms(rng.random_range(5_500..9_000)),
+    }
+}
+
+// ---------------------------------------------------------------- rounds
+
+/// The chaos phase: workers over the keys while the scheduler toggles
+/// faults. Checks no-resurrection, liveness and time on every result.
+async fn chaos_round(world: &Arc<World>) {
+    let seed = world.seed;
+    let procs = fleet(world, 0, &CHAOS_FLEET, true);
+    let keys: Vec<String> = (0..KEYS).map(|k| format!("k{k:02}")).collect();
+    let writes: BTreeMap<String, Arc<tokio::sync::Mutex<()>>> =
+        keys.iter().map(|k| (k.clone(), Arc::default())).collect();
+    let end = Instant::now() + CHAOS_FOR;
+
+    let scheduler = {
+        let procs = procs.clone();
+        let world = Arc::clone(world);
+        tokio::spawn(async move {
+            let mut rng = stream(seed, 2);
+            let mut phase_until = Instant::now();
+            let mut chaotic = false;
+            let mut stopped_until: Vec<Option<Instant>> = vec![None; procs.len()];
+            while Instant::now() < end {
+                let now = Instant::now();
+                if now >= phase_until {
+                    chaotic = !chaotic;
+                    let length = if chaotic { 5_000..15_000 } else { 2_000..8_000 };
+                    phase_until = now + ms(rng.random_range(length));
+                    for p in &procs {
+                        let faults = if chaotic {
+                            Faults::chaotic(&mut rng)
+                        } else {
+                            Faults::HEALTHY
+                        };
+                        p.store.set_faults(faults);
+                    }
+                    let label = if chaotic { "chaotic" } else { "healthy" };
+                    world.trace(0, "phase", "-", now, label.into());
+                }
+                for (p, until) in procs.iter().zip(stopped_until.iter_mut()) {
+                    match *until {
+                        Some(t) if now >= t => {
+                            p.store.set_up(true);
+                            *until = None;
+                            world.trace(p.id, "store-up", "-", now, String::new());
+                        }
+                        None if chaotic && rng.random_bool(0.03) => {
+                            p.store.set_up(false);
+                            *until = Some(now + ms(rng.random_range(500..3_000)));
+                            world.trace(p.id, "store-down", "-", now, String::new());
+                        }
+                        _ => {}
+                    }
+                }
+                sleep(ms(rng.random_range(200..800))).await;
+            }
+            for p in &procs {
+                p.store.set_up(true);
+                p.store.set_faults(Faults::HEALTHY);
+            }
+        })
+    };
+
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|w| {
+            let (procs, keys, writes) = (procs.clone(), keys.clone(), writes.clone());
+            let world = Arc::clone(world);
+            tokio::spawn(async move {
+                let mut rng = stream(seed, 10 + w as u64);
+                while Instant::now() < end {
+                    let p = &procs[rng.random_range(0..procs.len())];
+                    let key = &keys[rng.random_range(0..keys.len())];
+                    match rng.random_range(0..100) {
+                        0..80 => {
+                            let delay = loader_delay(&mut rng);
+                            get(&world, p, key, delay).await;
+                        }
+                        roll => {
+                            let _row = writes[key].lock().await;
+                            let version = world.bump(key);
+                            let start = Instant::now();
+                            let (op, result) = if roll < 90 {
+                                ("invalidate", timeout(BOUND, p.cache.invalidate(key)).await)
+                            } else {
+                                world.produced(key, version, start);
+                                let val = Val {
+                                    key: key.clone(),
+                                    version,
+                                };
+                                ("set", timeout(BOUND, p.cache.set(key, &val)).await)
+                            };
+                            let outcome = match result {
+                                Ok(Ok(())) => {
+                                    world.fence(p.id, key, version);
+                                    format!("ok v{version}")
+                                }
+                                Ok(Err(err)) => format!("error {:?} v{version}", err.kind()),
+                                Err(_) => {
+                                    world.violate(
+                                        "liveness",
+                                        format!(
+                                            "P{} {op}({key}) started at {} ms did not return within {BOUND:?}",
+                                            p.id,
+                                            world.ms(start)
+                                        ),
+                                    );
+                                    "HUNG".into()
+                                }
+                            };
+                            world.trace(p.id, op, key, start, outcome);
+                        }
+                    }
+                    sleep(ms(rng.random_range(0..400))).await;
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await.expect("worker panicked");
+    }
+    scheduler.await.expect("scheduler panicked");
+}
+
+/// A healthy fleet, 50 callers per process at a fresh key whose loader is
+/// slower than `lock_wait`: exactly one loader call.
+async fn slow_loader_round(world: &Arc<World>) {
+    let seed = world.seed;
+    let procs = fleet(world, 1, &CHAOS_FLEET, false);
+    let key = "slow";
+    let mut rng = stream(seed, 3);
+    let callers = spawn_callers(world, &procs, key, ms(8_000), &mut rng);
+    let mut errors = 0;
+    for (_, caller) in callers {
+        if caller.await.expect("caller panicked").is_none() {
+            errors += 1;
+        }
+    }
+    let calls = world.load_calls(key);
+    if calls.len() != 1 || errors != 0 {
+        world.violate(
+            "one-load-slow-loader",
+            format!(
+                "healthy fleet, 4x50 callers, 8 s loader: {} loader calls (by processes {calls:?}), \
+                 expected 1; {errors} callers got no value, expected 0",
+                calls.len()
+            ),
+        );
+    }
+}
+
+/// A healthy fleet whose first loader's process is partitioned as it
+/// starts: exactly one takeover.
+async fn holder_death_round(world: &Arc<World>) {
+    let seed = world.seed;
+    let procs = fleet(world, 2, &CHAOS_FLEET, false);
+    let key = "orphan";
+    let partitioned: Arc<Mutex<Option<usize>>> = Arc::default();
+    {
+        let stores: Vec<ChaosStore> = procs.iter().map(|p| p.store.clone()).collect();
+        let partitioned = Arc::clone(&partitioned);
+        let world2 = Arc::clone(world);
+        *lock(&world.on_load) = Some(Box::new(move |proc, k| {
+            let mut partitioned = lock(&partitioned);
+            if k == key && partitioned.is_none() {
+                stores[proc].set_up(false);
+                *partitioned = Some(proc);
+                world2.trace(proc, "partition", k, Instant::now(), String::new());
+            }
+        }));
+    }
+    let mut rng = stream(seed, 4);
+    let callers = spawn_callers(world, &procs, key, ms(3_000), &mut rng);
+    let mut missing = BTreeMap::<usize, usize>::new();
+    let mut results = Vec::new();
+    for (proc, caller) in callers {
+        results.push((proc, caller.await.expect("caller panicked")));
+    }
+    let dead = *lock(&partitioned);
+    for (proc, got) in results {
+        if Some(proc) != dead && got.is_none() {
+            *missing.entry(proc).or_default() += 1;
+        }
+    }
+    *lock(&world.on_load) = None;
+    let calls = world.load_calls(key);
+    if calls.len() != 2 || !missing.is_empty() {
+        world.violate(
+            "one-load-holder-death",
+            format!(
+                "healthy fleet, 4x50 callers, 3 s loader, P{dead:?} partitioned as its loader \
+                 started: {} loader calls (by processes {calls:?}), expected 2; callers without a \
+                 value per surviving process: {missing:?}, expected none",
+                calls.len()
+            ),
+        );
+    }
+}
+
+/// Spawns 50 callers per process at `key`, staggered over 100 ms.
+fn spawn_callers(
+    world: &Arc<World>,
+    procs: &[Proc],
+    key: &'static str,
+    delay: Duration,
+    rng: &mut StdRng,
+) -> Vec<(usize, tokio::task::JoinHandle<Option<Val>>)> {
+    let mut callers = Vec::new();
+    for p in procs {
+        for _ in 0..50 {
+            let (world, p) = (Arc::clone(world), p.clone());
+            let stagger = ms(rng.random_range(0..100));
+            callers.push((
+                p.id,
+                tokio::spawn(async move {
+                    sleep(stagger).await;
+                    get(&world, &p, key, delay).await
+                }),
+            ));
+        }
+    }
+    callers
+}
+
+/// One healthy process with L1, grace 0, default early refresh: a hot key
+/// read every 10 ms for ten TTLs must never make a caller wait for a load
+/// after the first.
+async fn hot_key_round(world: &Arc<World>) {
+    let procs = fleet(world, 3, &[(Duration::ZERO, true)], false);
+    let key = "hot";
+    let p = &procs[0];
+    let first = get(world, p, key, ms(100)).await;
+    if first.is_none() {
+        world.violate("early-refresh-l1", "the first load failed".into());
+        return;
+    }
+    let end = Instant::now() + TTL * 10;
+    let mut readers = Vec::new();
+    while Instant::now() < end {
+        let (world, p) = (Arc::clone(world), p.clone());
+        readers.push(tokio::spawn(async move {
+            let seq = world.next_seq();
+            let start = Instant::now();
+            let loader = world.loader(p.id, key, ms(100));
+            let result = timeout(BOUND, p.cache.get_or_load_with_meta(key, loader)).await;
+            let served = match &result {
+                Ok(Ok(fetched)) => Some(fetched.served),
+                _ => None,
+            };
+            world.check_get(p.id, p.profile, key, seq, start, result, BOUND);
+            (world.ms(start), served)
+        }));
+        sleep(ms(10)).await;
+    }
+    let mut waited = Vec::new();
+    let total = readers.len();
+    for reader in readers {
+        let (at, served) = reader.await.expect("reader panicked");
+        if matches!(served, Some(Served::Loaded | Served::Coalesced)) {
+            waited.push(at);
+        }
+    }
+    if !waited.is_empty() {
+        world.violate(
+            "early-refresh-l1",
+            format!(
+                "L1 on, grace 0, xfetch(1.0), 100 ms loader, {total} reads every 10 ms: {} callers \
+                 waited for a load (Loaded/Coalesced) after warm-up, expected 0; at ms {:?}",
+                waited.len(),
+                &waited[..waited.len().min(10)]
+            ),
+        );
+    }
+}
+
+// ---------------------------------------------------------------- running
+
+/// What one seed produced.
+struct Outcome {
+    seed: u64,
+    trace: Vec<Event>,
+    violations: Vec<Violation>,
+}
+
+fn run_seed(seed: u64) -> Outcome {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    let world = runtime.block_on(async {
+        let world = World::new(seed);
+        chaos_round(&world).await;
+        slow_loader_round(&world).await;
+        holder_death_round(&world).await;
+        hot_key_round(&world).await;
+        world
+    });
+    // Background tasks (listeners, forwarders, refreshes) end with the
+    // runtime.
+    drop(runtime);
+    let history = std::mem::take(&mut *lock(&world.history));
+    Outcome {
+        seed,
+        trace: history.trace,
+        violations: history.violations,
+    }
+}
+
+impl Outcome {
+    /// Writes every violation and the whole trace to `<dir>/seed-<s>.txt`.
+    fn dump(&self, dir: &str) {
+        let mut out = String::new();
+        for v in &self.violations {
+            let _ = writeln!(out, "{}: {}", v.check, v.message);
+        }
+        for e in &self.trace {
+            let _ = writeln!(out, "{e}");
+        }
+        let path = std::path::Path::new(dir).join(format!("seed-{}.txt", self.seed));
+        std::fs::write(&path, out).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    }
+
+    /// A report naming the seed, how to re-run it, each failed check with
+    /// its first few violations, and the trace's tail.
+    fn report(&self) -> String {
+        let mut out = String::new();
+        let mut by_check = BTreeMap::<&str, Vec<&Violation>>::new();
+        for v in &self.violations {
+            by_check.entry(v.check).or_default().push(v);
+        }
+        let _ = writeln!(
+            out,
+            "seed {} failed {} check(s); re-run with: BREAKWATER_SIM_SEED={} cargo test -p breakwater --test simulation",
+            self.seed,
+            by_check.len(),
+            self.seed
+        );
+        for (check, vs) in &by_check {
+            let _ = writeln!(out, "  {check}: {} violation(s)", vs.len());
+            for v in vs.iter().take(3) {
+                let _ = writeln!(out, "    {}", v.message);
+            }
+        }
+        let _ = writeln!(out, "  trace tail:");
+        for e in &self.trace[self.trace.len().saturating_sub(25)..] {
+            let _ = writeln!(out, "    {e}");
+        }
+        out
+    }
+}
+
+/// The seeds to run: `BREAKWATER_SIM_SEED` alone, `BREAKWATER_SIM_SEEDS`
+/// from it (or from 1000), or the fixed CI set.
+fn seeds() -> Vec<u64> {
+    let var = |name: &str| {
+        std::env::var(name).ok().map(|v| {
+            v.parse::<u64>()
+                .unwrap_or_else(|_| panic!("{name} must be a number, got {v:?}"))
+        })
+    };
+    match (var("BREAKWATER_SIM_SEED"), var("BREAKWATER_SIM_SEEDS")) {
+        (Some(seed), None) => vec![seed],
+        (start, Some(n)) => {
+            let start = start.unwrap_or(1_000);
+            (start..start + n).collect()
+        }
+        (None, None) => (1..=FIXED_SEEDS).collect(),
+    }
+}
+
+const FIXED_SEEDS: u64 = 4;
+
+#[test]
+fn simulation_fixed_seeds() {
+    let mut failed = Vec::new();
+    let mut summary = BTreeMap::<&str, Vec<u64>>::new();
+    for seed in seeds() {
+        let outcome = run_seed(seed);
+        if let Ok(dir) = std::env::var("BREAKWATER_SIM_DUMP") {
+            outcome.dump(&dir);
+        }
+        if outcome.violations.is_empty() {
+            continue;
+        }
+        for v in &outcome.violations {
+            let seeds = summary.entry(v.check).or_default();
+            if seeds.last() != Some(&seed) {
+                seeds.push(seed);
+            }
+        }
+        failed.push(outcome);
+    }
+    if failed.is_empty() {
+        return;
+    }
+    let mut message =
+        String::from("the coherence contract does not hold; failing seeds by check:\n");
+    for (check, seeds) in &summary {
+        let _ = writeln!(message, "  {check}: seeds {seeds:?}");
+    }
+    for outcome in failed.iter().take(3) {
+        message.push('\n');
+        message.push_str(&outcome.report());
+    }
+    panic!("{message}");
+}
+
+#[test]
+fn one_seed_replays_exactly() {
+    let seed = 7;
+    let first = run_seed(seed);
+    let second = run_seed(seed);
+    assert!(
+        first.trace.len() > 1_000,
+        "too little happened: {} events",
+        first.trace.len()
+    );
+    if let Some(i) = (0..first.trace.len().max(second.trace.len()))
+        .find(|&i| first.trace.get(i) != second.trace.get(i))
+    {
+        let show = |t: &[Event]| {
+            t[i.saturating_sub(5)..(i + 5).min(t.len())]
+                .iter()
+                .map(|e| format!("    {e}\n"))
+                .collect::<String>()
+        };
+        panic!(
+            "seed {seed} did not replay: the traces differ at event {i} of {}/{}\nfirst run:\n{}second run:\n{}",
+            first.trace.len(),
+            second.trace.len(),
+            show(&first.trace),
+            show(&second.trace)
+        );
+    }
+    assert_eq!(first.violations, second.violations);
+}
