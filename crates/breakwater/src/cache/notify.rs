@@ -12,10 +12,12 @@
 //! subscription dropped and came back) it wakes every waiter and flushes L1.
 
 use std::collections::HashMap;
+use std::pin::pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
 use crate::l1::BusHook;
@@ -126,7 +128,38 @@ pub(crate) struct Waiters {
     registry: Arc<Registry>,
     /// The near cache to keep in step, if any.
     hook: Option<Arc<dyn BusHook>>,
-    listener: OnceLock<(AbortHandle, watch::Receiver<bool>)>,
+    listener: OnceLock<(AbortHandle, Arc<Ready>)>,
+}
+
+/// Whether the listener is subscribed, and a wake-up for when it comes up.
+///
+/// Not a `watch` channel: tokio wakes a watch's receivers in a randomly
+/// chosen order, and which waiter goes first must not differ between two
+/// runs of one seeded simulation; `Notify` wakes its waiters in order.
+#[derive(Default)]
+struct Ready {
+    up: AtomicBool,
+    came_up: Notify,
+}
+
+impl Ready {
+    fn set(&self, up: bool) {
+        if !self.up.swap(up, Ordering::SeqCst) && up {
+            self.came_up.notify_waiters();
+        }
+    }
+
+    /// Returns once the listener is subscribed.
+    async fn wait(&self) {
+        loop {
+            let mut came_up = pin!(self.came_up.notified());
+            came_up.as_mut().enable();
+            if self.up.load(Ordering::SeqCst) {
+                return;
+            }
+            came_up.await;
+        }
+    }
 }
 
 impl Waiters {
@@ -162,9 +195,9 @@ impl Waiters {
         key: &[u8],
         ready_within: Duration,
     ) -> Watch<'_> {
-        let mut ready = self.listen(store);
-        if !*ready.borrow() {
-            let _ = tokio::time::timeout(ready_within, ready.wait_for(|r| *r)).await;
+        let ready = self.listen(store);
+        if !ready.up.load(Ordering::SeqCst) {
+            let _ = tokio::time::timeout(ready_within, ready.wait()).await;
         }
         let slot = Arc::clone(lock(&self.registry).entry(key.to_vec()).or_default());
         Watch {
@@ -184,10 +217,12 @@ impl Waiters {
 
     /// Starts the listener if it is not running yet (needs a tokio
     /// runtime); the returned flag says whether it is subscribed.
-    fn listen(&self, store: &dyn Store) -> watch::Receiver<bool> {
+    fn listen(&self, store: &dyn Store) -> Arc<Ready> {
         let (_, ready) = self.listener.get_or_init(|| {
             let mut subscription = store.subscribe(&self.channel);
-            let (ready_tx, ready_rx) = watch::channel(subscription.is_ready());
+            let ready = Arc::new(Ready::default());
+            ready.set(subscription.is_ready());
+            let ready_tx = Arc::clone(&ready);
             let registry = Arc::clone(&self.registry);
             let hook = self.hook.clone();
             let own = self.sender;
@@ -219,12 +254,12 @@ impl Waiters {
                         }
                     }
                     let now = subscription.is_ready();
-                    ready_tx.send_if_modified(|r| std::mem::replace(r, now) != now);
+                    ready_tx.set(now);
                 }
             });
-            (task.abort_handle(), ready_rx)
+            (task.abort_handle(), ready)
         });
-        ready.clone()
+        Arc::clone(ready)
     }
 }
 
@@ -246,7 +281,14 @@ fn wake(registry: &Registry, key: Option<(&[u8], Option<Carried>)>) {
                 slot.deliver(filled);
             }
         }
-        None => registry.values().for_each(|slot| slot.deliver(None)),
+        None => {
+            // In key order, not the map's (randomly seeded) order: which
+            // waiter runs first must not differ between two runs of one
+            // seeded simulation. Only a lost-messages event comes here.
+            let mut slots: Vec<_> = registry.iter().collect();
+            slots.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            slots.into_iter().for_each(|(_, slot)| slot.deliver(None));
+        }
     }
 }
 
