@@ -259,7 +259,7 @@ impl ChaosStore {
         op: F,
     ) -> StoreFuture<'a, T>
     where
-        T: Send + std::fmt::Debug + 'a,
+        T: Send + Brief + 'a,
         F: FnOnce() -> StoreFuture<'a, T> + Send + 'a,
     {
         let plan = self.plan();
@@ -309,10 +309,46 @@ impl ChaosStore {
     }
 }
 
-fn show<T: std::fmt::Debug>(result: &Result<T, Error>) -> String {
+fn show<T: Brief>(result: &Result<T, Error>) -> String {
     match result {
-        Ok(v) => format!("{v:?}"),
+        Ok(v) => v.brief(),
         Err(e) => format!("error ({e})"),
+    }
+}
+
+/// A store reply as the trace shows it (no stored bytes: they hold
+/// wall-clock timestamps).
+trait Brief {
+    fn brief(&self) -> String;
+}
+
+impl Brief for Option<Vec<u8>> {
+    fn brief(&self) -> String {
+        if self.is_some() { "found" } else { "none" }.to_owned()
+    }
+}
+
+impl Brief for Option<Duration> {
+    fn brief(&self) -> String {
+        format!("{self:?}")
+    }
+}
+
+impl Brief for bool {
+    fn brief(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl Brief for () {
+    fn brief(&self) -> String {
+        "ok".to_owned()
+    }
+}
+
+impl Brief for LeaseAttempt {
+    fn brief(&self) -> String {
+        format!("{self:?}")
     }
 }
 
@@ -332,7 +368,9 @@ async fn forward(
     tx: broadcast::Sender<Delivery>,
     ready: watch::Sender<bool>,
     state: Arc<Mutex<ChaosState>>,
+    (world, proc): (Arc<World>, usize),
 ) {
+    let note = |what: &str| world.trace(proc, "bus", "-", Instant::now(), what.to_owned());
     let mut link = lock(&state).link.subscribe();
     loop {
         let delivery = tokio::select! {
@@ -342,6 +380,7 @@ async fn forward(
         };
         let Some(delivery) = delivery else {
             // The store stopped: the connection is gone until it is back.
+            note("down (store stopped)");
             ready.send_replace(false);
             let _ = tx.send(Delivery::Missed);
             let mut back = link.clone();
@@ -351,6 +390,7 @@ async fn forward(
             if !lose_until(&mut upstream, back).await {
                 return;
             }
+            note("up");
             ready.send_replace(true);
             let _ = tx.send(Delivery::Missed);
             continue;
@@ -368,11 +408,13 @@ async fn forward(
         };
         if let Some(outage) = outage {
             // This message and everything until the reconnection is lost.
+            note("down (connection dropped)");
             ready.send_replace(false);
             let _ = tx.send(Delivery::Missed);
             if !lose_until(&mut upstream, sleep(outage)).await {
                 return;
             }
+            note("up");
             ready.send_replace(true);
             let _ = tx.send(Delivery::Missed);
         } else if !lose {
@@ -395,7 +437,7 @@ async fn lose_until(upstream: &mut Subscription, until: impl Future<Output = ()>
 
 impl Store for ChaosStore {
     fn get<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Vec<u8>>> {
-        self.call(None, key, move || self.inner.get(key))
+        self.call(Some("s.get"), key, move || self.inner.get(key))
     }
 
     fn set<'a>(&'a self, key: &'a [u8], value: &'a [u8], ttl: Duration) -> StoreFuture<'a, ()> {
@@ -494,7 +536,14 @@ impl Store for ChaosStore {
         let (tx, rx) = broadcast::channel(4096);
         let ready = watch::Sender::new(self.is_up());
         let ready_rx = ready.subscribe();
-        tokio::spawn(forward(upstream, tx, ready, Arc::clone(&self.state)));
+        let (world, proc) = &self.tracer;
+        tokio::spawn(forward(
+            upstream,
+            tx,
+            ready,
+            Arc::clone(&self.state),
+            (Arc::clone(world), *proc),
+        ));
         Subscription::new(rx, ready_rx)
     }
 }
