@@ -37,7 +37,11 @@
 //! on the wire when the invalidation returned may still land, but nothing the
 //! store answers to a request sent afterwards may be older); in another
 //! process with L1 if it starts later than its L1 TTL plus `MAX_REPLY` (the
-//! documented bound when bus messages are lost).
+//! documented bound when bus messages are lost), except for an answer
+//! `Stale { reason: StoreUnavailable }`: another process's L1 standing in for
+//! an unreachable store is the outage shield DESIGN.md describes ("still
+//! servable as stale while the store is unreachable"), and it may not have
+//! heard of the invalidation; the time check still bounds its age.
 //!
 //! **one-load-slow-loader** (Coherence 4). A healthy fleet (no faults, the
 //! cache's default lease and lock settings) fires 50 concurrent callers per
@@ -57,19 +61,26 @@
 //!
 //! **time** (Coherence 6). A `Hit` must not be older than the longest fresh
 //! window (`ttl * (1 + jitter ratio)`), and a `Stale` value not older than
-//! that plus `max_stale`, measured on tokio's clock (the memory store's) at
-//! the call's start, from the most recent moment that version was produced
-//! (a loader's database read, which is the end of the loader, just before
-//! the entry is sealed; or the start of the `set` that wrote it), with 5 ms
-//! of tolerance for whole-millisecond store timestamps.
+//! that plus the calling process's `max_stale` (its grace: a process with
+//! grace 0 has opted out of stale values), measured on tokio's clock (the
+//! memory store's) at the call's start (the earliest moment it can have
+//! been judged), from the most recent moment that version was produced
+//! before the call returned (a loader's database read, which is the end of
+//! the loader, just before the entry is sealed; or the start of the `set`
+//! that wrote it), with 5 ms of tolerance for whole-millisecond store
+//! timestamps.
 //!
 //! **early-refresh-l1** (XFetch under L1). A healthy process with L1, grace
 //! 0 and the default early refresh reads one key every 10 ms for ten TTLs
-//! with a 100 ms loader: after the first load no caller may be served
-//! `Loaded` or `Coalesced` (none allowed; with XFetch(1.0) and reads every
-//! 10 ms an expiry that no read refreshed early has a probability of about
-//! e^-4 per expiry, so a correct cache can rarely fail one seed here).
-//!
+//! with a 100 ms loader. After the first load no caller may be served
+//! `Loaded` (one caller of every foreground load is: an entry reached its
+//! expiry with no refresh in flight), and at most 10 callers (one load's
+//! worth) may be `Coalesced`. Early expiration is probabilistic: with
+//! XFetch(1.0), a 100 ms load and reads every 10 ms, the first refresh of an
+//! expiry starts inside its last 100 ms about 2 % of the time, and callers
+//! from then on join it; with "no `Coalesced` at all", a correct cache
+//! (the same round without L1) fails 3 of 20 seeds, so that is tolerated.
+
 //! Besides: **wrong-key** (a value came back under another key) and
 //! **errors-in-healthy-round**.
 
@@ -82,7 +93,7 @@ use std::time::Duration;
 
 use breakwater::{
     Cache, Delivery, Error, FencedWrite, Fetched, Jitter, L1Config, LeaseAttempt, MemoryStore,
-    Notice, Served, Store, StoreFuture, Subscription,
+    Notice, Served, StaleReason, Store, StoreFuture, Subscription,
 };
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -583,6 +594,9 @@ impl std::fmt::Display for Event {
 struct Violation {
     check: &'static str,
     message: String,
+    /// The key it is about, and the trace's length when it was found.
+    key: String,
+    at: usize,
 }
 
 /// An `invalidate` or `set` that returned `Ok`.
@@ -685,11 +699,18 @@ impl World {
         lock(&self.history).trace.push(event);
     }
 
-    fn violate(&self, check: &'static str, message: String) {
+    /// Records a violation about `key`, with where the trace stood.
+    fn violate(&self, check: &'static str, key: &str, message: String) {
         let message = format!("[seed {}] {message}", self.seed);
-        lock(&self.history)
-            .violations
-            .push(Violation { check, message });
+        let mut h = lock(&self.history);
+        let at = h.trace.len();
+        let key = key.to_owned();
+        h.violations.push(Violation {
+            check,
+            message,
+            key,
+            at,
+        });
     }
 
     fn load_calls(&self, key: &str) -> Vec<usize> {
@@ -745,8 +766,7 @@ impl World {
     ) -> Option<Val> {
         let fetched = match result {
             Err(_) => {
-                self.violate(
-                    "liveness",
+                self.violate("liveness", key,
                     format!(
                         "P{proc} get_or_load({key}) started at {} ms did not return within {bound:?}",
                         self.ms(start)
@@ -766,6 +786,7 @@ impl World {
             self.trace(proc, "get", key, start, format!("None {served:?}"));
             self.violate(
                 "wrong-key",
+                key,
                 format!("P{proc} get_or_load({key}) returned None; the loader never does"),
             );
             return None;
@@ -780,6 +801,7 @@ impl World {
         if val.key != key {
             self.violate(
                 "wrong-key",
+                key,
                 format!("P{proc} get_or_load({key}) returned a value of {}", val.key),
             );
             return Some(val);
@@ -787,6 +809,13 @@ impl World {
         let h = lock(&self.history);
         // no-resurrection: the newest fence this call must respect.
         let fences = h.fences.get(key).map(Vec::as_slice).unwrap_or_default();
+        // Another process's L1 standing in for an unreachable store may not
+        // have heard of the invalidation (DESIGN: "L1 is a shield during a
+        // Redis outage"); the time check still bounds its age.
+        let shield = served
+            == Served::Stale {
+                reason: StaleReason::StoreUnavailable,
+            };
         let binding = fences
             .iter()
             .filter(|f| f.seq < seq)
@@ -794,6 +823,7 @@ impl World {
                 f.proc == proc
                     || match profile.l1_ttl {
                         None => start >= f.at + MAX_REPLY,
+                        Some(_) if shield => false,
                         Some(l1) => start >= f.at + l1 + MAX_REPLY,
                     }
             })
@@ -816,7 +846,7 @@ impl World {
                 self.ms(f.at)
             );
             drop(h);
-            self.violate("no-resurrection", message);
+            self.violate("no-resurrection", key, message);
             return Some(val);
         }
         // time: how old the value is, from when its version was produced.
@@ -854,7 +884,7 @@ impl World {
             };
             drop(h);
             if let Some(message) = message {
-                self.violate("time", message);
+                self.violate("time", key, message);
             }
         }
         Some(val)
@@ -1058,8 +1088,7 @@ async fn chaos_round(world: &Arc<World>) {
                                 }
                                 Ok(Err(err)) => format!("error {:?} v{version}", err.kind()),
                                 Err(_) => {
-                                    world.violate(
-                                        "liveness",
+                                    world.violate("liveness", key,
                                         format!(
                                             "P{} {op}({key}) started at {} ms did not return within {BOUND:?}",
                                             p.id,
@@ -1099,8 +1128,7 @@ async fn slow_loader_round(world: &Arc<World>) {
     }
     let calls = world.load_calls(key);
     if calls.len() != 1 || errors != 0 {
-        world.violate(
-            "one-load-slow-loader",
+        world.violate("one-load-slow-loader", key,
             format!(
                 "healthy fleet, 4x50 callers, 8 s loader: {} loader calls (by processes {calls:?}), \
                  expected 1; {errors} callers got no value, expected 0",
@@ -1148,10 +1176,12 @@ async fn holder_death_round(world: &Arc<World>) {
     if calls.len() != 2 || !missing.is_empty() {
         world.violate(
             "one-load-holder-death",
+            key,
             format!(
-                "healthy fleet, 4x50 callers, 3 s loader, P{dead:?} partitioned as its loader \
+                "healthy fleet, 4x50 callers, 3 s loader, {} partitioned as its loader \
                  started: {} loader calls (by processes {calls:?}), expected 2; callers without a \
                  value per surviving process: {missing:?}, expected none",
+                dead.map_or_else(|| "nobody".to_owned(), |p| format!("P{p}")),
                 calls.len()
             ),
         );
@@ -1192,7 +1222,7 @@ async fn hot_key_round(world: &Arc<World>) {
     let p = &procs[0];
     let first = get(world, p, key, ms(100)).await;
     if first.is_none() {
-        world.violate("early-refresh-l1", "the first load failed".into());
+        world.violate("early-refresh-l1", key, "the first load failed".into());
         return;
     }
     let end = Instant::now() + TTL * 10;
@@ -1213,26 +1243,35 @@ async fn hot_key_round(world: &Arc<World>) {
         }));
         sleep(ms(10)).await;
     }
-    let mut waited = Vec::new();
     let total = readers.len();
+    let (mut loaded, mut coalesced) = (Vec::new(), Vec::new());
     for reader in readers {
-        let (at, served) = reader.await.expect("reader panicked");
-        if matches!(served, Some(Served::Loaded | Served::Coalesced)) {
-            waited.push(at);
+        match reader.await.expect("reader panicked") {
+            (at, Some(Served::Loaded)) => loaded.push(at),
+            (at, Some(Served::Coalesced)) => coalesced.push(at),
+            _ => {}
         }
     }
-    if !waited.is_empty() {
+    if !loaded.is_empty() || coalesced.len() > HOT_COALESCED_ALLOWED {
         world.violate(
             "early-refresh-l1",
+            key,
             format!(
-                "L1 on, grace 0, xfetch(1.0), 100 ms loader, {total} reads every 10 ms: {} callers \
-                 waited for a load (Loaded/Coalesced) after warm-up, expected 0; at ms {:?}",
-                waited.len(),
-                &waited[..waited.len().min(10)]
+                "L1 on, grace 0, xfetch(1.0), 100 ms loader, {total} reads every 10 ms after \
+                 warm-up: {} callers ran a load themselves (Loaded: the entry expired with no \
+                 refresh in flight), expected 0, at ms {:?}; {} joined a load (Coalesced), at \
+                 most {HOT_COALESCED_ALLOWED} allowed",
+                loaded.len(),
+                &loaded[..loaded.len().min(10)],
+                coalesced.len(),
             ),
         );
     }
 }
+
+/// Callers of the hot-key round that may join a refresh XFetch started
+/// late (inside the last load time before expiry): one load's worth.
+const HOT_COALESCED_ALLOWED: usize = 10;
 
 // ---------------------------------------------------------------- running
 
@@ -1303,9 +1342,19 @@ impl Outcome {
                 let _ = writeln!(out, "    {}", v.message);
             }
         }
-        let _ = writeln!(out, "  trace tail:");
-        for e in &self.trace[self.trace.len().saturating_sub(25)..] {
-            let _ = writeln!(out, "    {e}");
+        if let Some(first) = self.violations.first() {
+            let _ = writeln!(
+                out,
+                "  trace tail at the first violation ({}), key {} and faults:",
+                first.check, first.key
+            );
+            let related: Vec<&Event> = self.trace[..first.at.min(self.trace.len())]
+                .iter()
+                .filter(|e| e.key == first.key || e.key == "-")
+                .collect();
+            for e in &related[related.len().saturating_sub(30)..] {
+                let _ = writeln!(out, "    {e}");
+            }
         }
         out
     }
@@ -1330,7 +1379,7 @@ fn seeds() -> Vec<u64> {
     }
 }
 
-const FIXED_SEEDS: u64 = 4;
+const FIXED_SEEDS: u64 = 8;
 
 #[test]
 fn simulation_fixed_seeds() {
@@ -1367,32 +1416,36 @@ fn simulation_fixed_seeds() {
     panic!("{message}");
 }
 
+/// Seed 37 caught tokio's randomised wake-up order of a `watch` channel's
+/// receivers (see `cache/notify.rs`); seed 7 is a plain one.
 #[test]
 fn one_seed_replays_exactly() {
-    let seed = 7;
-    let first = run_seed(seed);
-    let second = run_seed(seed);
-    assert!(
-        first.trace.len() > 1_000,
-        "too little happened: {} events",
-        first.trace.len()
-    );
-    if let Some(i) = (0..first.trace.len().max(second.trace.len()))
-        .find(|&i| first.trace.get(i) != second.trace.get(i))
-    {
-        let show = |t: &[Event]| {
-            t[i.saturating_sub(5)..(i + 5).min(t.len())]
-                .iter()
-                .map(|e| format!("    {e}\n"))
-                .collect::<String>()
-        };
-        panic!(
-            "seed {seed} did not replay: the traces differ at event {i} of {}/{}\nfirst run:\n{}second run:\n{}",
-            first.trace.len(),
-            second.trace.len(),
-            show(&first.trace),
-            show(&second.trace)
+    for seed in [7, 37] {
+        let first = run_seed(seed);
+        let second = run_seed(seed);
+        assert!(
+            first.trace.len() > 1_000,
+            "too little happened: {} events",
+            first.trace.len()
         );
+        if let Some(i) = (0..first.trace.len().max(second.trace.len()))
+            .find(|&i| first.trace.get(i) != second.trace.get(i))
+        {
+            let show = |t: &[Event]| {
+                t[i.saturating_sub(5).min(t.len())..(i + 5).min(t.len())]
+                    .iter()
+                    .map(|e| format!("    {e}\n"))
+                    .collect::<String>()
+            };
+            panic!(
+                "seed {seed} did not replay: the traces differ at event {i} of {}/{}\n\
+                 first run:\n{}second run:\n{}",
+                first.trace.len(),
+                second.trace.len(),
+                show(&first.trace),
+                show(&second.trace)
+            );
+        }
+        assert_eq!(first.violations, second.violations, "seed {seed}");
     }
-    assert_eq!(first.violations, second.violations);
 }
