@@ -24,7 +24,13 @@
 //! `rng_seed`) derives from one `u64` seed, so a seed replays exactly; see
 //! `one_seed_replays_exactly`. Run one seed with
 //! `BREAKWATER_SIM_SEED=<s> cargo test -p breakwater --test simulation`, a
-//! soak with `BREAKWATER_SIM_SEEDS=<n>` (from `BREAKWATER_SIM_SEED`, or 1000).
+//! soak with `BREAKWATER_SIM_SEEDS=<n>` (from `BREAKWATER_SIM_SEED`, or 1000);
+//! `BREAKWATER_SIM_DUMP=<dir>` writes each seed's violations and whole trace
+//! (every call, every store write, read and lease call with when it ran and
+//! what it replied, bus drops, fault phases) to `<dir>/seed-<s>.txt`.
+//!
+//! On the code of this commit many seeds fail, on purpose: the checks bite
+//! on known bugs (see each check below).
 //!
 //! # The checks (one per contract line)
 //!
