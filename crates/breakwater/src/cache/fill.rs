@@ -428,7 +428,8 @@ impl<V: Value> Cache<V> {
                 return None;
             }
             let value = self.entry_value(key, &entry)?;
-            self.remember(key, &value, &entry, now, ticket).await;
+            self.remember(key, &value, &entry, now, ticket, options)
+                .await;
             return Some(value);
         }
         if self

@@ -353,8 +353,15 @@ impl<V: Value> Cache<V> {
             return Ok(None);
         };
         let value = Some(value);
-        self.remember(&key, &value, &entry, self.inner.store.now_ms(), ticket)
-            .await;
+        self.remember(
+            &key,
+            &value,
+            &entry,
+            self.inner.store.now_ms(),
+            ticket,
+            &self.inner.defaults,
+        )
+        .await;
         Ok(value)
     }
 
@@ -692,7 +699,8 @@ impl<V: Value> Cache<V> {
             match verdict {
                 Freshness::Fresh | Freshness::RefreshEarly => {
                     if let Some(value) = self.entry_value(&key, &entry) {
-                        self.remember(&key, &value, &entry, now, ticket).await;
+                        self.remember(&key, &value, &entry, now, ticket, options)
+                            .await;
                         if verdict == Freshness::RefreshEarly && !self.inner.is_throttled(&key, now)
                         {
                             self.refresh_in_background(
@@ -716,7 +724,8 @@ impl<V: Value> Cache<V> {
                     if (in_grace || throttled)
                         && let Some(value) = self.entry_value(&key, &entry)
                     {
-                        self.remember(&key, &value, &entry, now, ticket).await;
+                        self.remember(&key, &value, &entry, now, ticket, options)
+                            .await;
                         let reason = if throttled {
                             StaleReason::LoaderFailed
                         } else {
@@ -1116,8 +1125,10 @@ impl<V: Value> Cache<V> {
     }
 
     /// Keeps a value read from the store in L1, for no longer than the
-    /// store says it is fresh (and servable), unless the key was
-    /// invalidated since the read began (`ticket`).
+    /// store says it is fresh, and servable as a stand-in no longer than
+    /// both the entry and this reader's own `max_stale` allow (the writer
+    /// may have allowed more), unless the key was invalidated since the read
+    /// began (`ticket`).
     async fn remember(
         &self,
         key: &[u8],
@@ -1125,10 +1136,16 @@ impl<V: Value> Cache<V> {
         entry: &Entry,
         now_ms: u64,
         ticket: Option<Ticket>,
+        options: &Options,
     ) {
         if let (Some(l1), Some(ticket)) = (&self.local.l1, ticket) {
+            let stale_until = entry.stale_until.min(
+                entry
+                    .fresh_until
+                    .saturating_add(millis(options.max_stale())),
+            );
             let fresh = Duration::from_millis(entry.fresh_until.saturating_sub(now_ms));
-            let stale = Duration::from_millis(entry.stale_until.saturating_sub(now_ms));
+            let stale = Duration::from_millis(stale_until.saturating_sub(now_ms));
             let stamp = Stamp {
                 fresh_until: entry.fresh_until,
                 stale_until: entry.stale_until,
