@@ -250,19 +250,18 @@ impl FreshnessPolicy {
     /// it draws; a cheap test for the L1 hit path, which then skips the
     /// draw. (`−ln U` for `U` in `(0, 1]` drawn from 53 random bits is at
     /// most about 36.7.)
-    pub(crate) fn could_refresh_early(&self, r: Reading) -> bool {
-        let fresh_until = r.fresh_until.min(r.stale_until);
-        if r.now_ms >= fresh_until {
-            return false;
-        }
-        let remaining = fresh_until - r.now_ms;
+    ///
+    /// `remaining_ms` is the fresh time left (above zero: a value at or past
+    /// its end is not fresh). For the fixed-fraction policy the answer is
+    /// exact.
+    pub(crate) fn could_refresh_early(&self, remaining_ms: u64, load_ms: u32) -> bool {
         match self.early.kind {
             Kind::None => false,
             Kind::XFetch(beta) => {
-                let span = f64::from(r.load_ms) * clamp_beta(beta);
-                remaining as f64 <= span * 37.0
+                let span = f64::from(load_ms) * clamp_beta(beta);
+                remaining_ms as f64 <= span * 37.0
             }
-            Kind::Fraction(_) => true,
+            Kind::Fraction(fraction) => self.fraction_due(fraction, remaining_ms),
         }
     }
 
@@ -309,13 +308,17 @@ impl FreshnessPolicy {
                 let threshold = remaining_ms as f64 / (f64::from(load_ms) * beta);
                 -u.ln() >= threshold
             }
-            Kind::Fraction(fraction) => {
-                // Rounded so 0.8 of 10 s is exactly 2000 ms, not 1999.99...
-                let left = ((1.0 - clamp_fraction(fraction)) * to_ms(self.ttl) as f64).round();
-                // `as` saturates; `left` is never negative or NaN.
-                remaining_ms <= left as u64
-            }
+            Kind::Fraction(fraction) => self.fraction_due(fraction, remaining_ms),
         }
+    }
+
+    /// The fixed-fraction verdict: `fraction` of the configured TTL has
+    /// passed.
+    fn fraction_due(&self, fraction: f64, remaining_ms: u64) -> bool {
+        // Rounded so 0.8 of 10 s is exactly 2000 ms, not 1999.99...
+        let left = ((1.0 - clamp_fraction(fraction)) * to_ms(self.ttl) as f64).round();
+        // `as` saturates; `left` is never negative or NaN.
+        remaining_ms <= left as u64
     }
 }
 
@@ -702,6 +705,11 @@ mod tests {
                 }
                 if p.early == EarlyRefresh::none() {
                     prop_assert!(verdict != Freshness::RefreshEarly);
+                }
+                // The cheap bound of the L1 hit path never hides a refresh.
+                let fresh_until = r.fresh_until.min(r.stale_until);
+                if verdict == Freshness::RefreshEarly {
+                    prop_assert!(p.could_refresh_early(fresh_until - r.now_ms, r.load_ms));
                 }
             }
         }

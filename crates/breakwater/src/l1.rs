@@ -144,6 +144,10 @@ pub(crate) struct Slot<V> {
     /// The entry's own deadlines and load time, on the store's clock, so an
     /// L1 hit can judge early refresh as a store read would.
     pub(crate) stored: Stamp,
+    /// The entry's fresh end as a local instant (the store's clock as it
+    /// read when the entry was kept, plus the time since): a hit tells how
+    /// close it is without reading the store's clock.
+    pub(crate) refresh_by: Instant,
 }
 
 /// What an L1 entry keeps of the stored entry it came from.
@@ -287,6 +291,7 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
             return;
         }
         let now = Instant::now();
+        let refresh_by = now.checked_add(fresh_for).unwrap_or(now);
         let fresh_for = fresh_for.min(self.ttl);
         let keep = stale_for.max(fresh_for).min(self.keep);
         if keep.is_zero() {
@@ -297,6 +302,7 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
             fresh_until: now + fresh_for,
             stale_until: now + keep,
             stored,
+            refresh_by,
         };
         // Boxed: moka's insert future is large, and inline it would grow
         // every `get_or_load` future that may reach this point.
@@ -331,13 +337,18 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
 
 /// What the bus listener tells the cache about other processes' messages.
 pub(crate) trait BusHook: Send + Sync + 'static {
-    /// Another process changed storage key `key`: refilled it (`invalidated`
-    /// false) or invalidated or replaced it (`true`).
+    /// A process changed storage key `key`: refilled it (`invalidated`
+    /// false) or invalidated or replaced it (`true`); `own`: this cache
+    /// sent the message.
     fn changed(
         &self,
         key: Vec<u8>,
         invalidated: bool,
+        own: bool,
     ) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+    /// Whether a value carried by a fill message about `key`, arriving
+    /// now, may be handed to waiters.
+    fn trusts_carried(&self, key: &[u8]) -> bool;
     /// Messages may have been missed.
     fn missed(&self);
 }

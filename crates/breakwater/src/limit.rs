@@ -221,6 +221,11 @@ pub(crate) struct LoadLimiter {
 
 impl LoadLimiter {
     /// A limiter with every permit and token free.
+    /// The longest a foreground load waits for its turn.
+    pub(crate) fn queue_wait(&self) -> Duration {
+        self.config.queue_wait
+    }
+
     pub(crate) fn new(config: LimitConfig) -> Self {
         let max_concurrent = config.max_concurrent.max(1);
         let permits = usize::try_from(max_concurrent)

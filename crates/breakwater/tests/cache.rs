@@ -391,7 +391,7 @@ fn builder_rejects_invalid_settings_with_exact_messages() {
     // every waiting process.
     assert_eq!(
         msg(Cache::builder().lock_wait(Duration::from_secs(5))),
-        "lock_wait (5s) must be at least load_timeout + lease_ttl (33s) with \
+        "lock_wait (5s) must be at least queue_wait + load_timeout + lease_ttl (34s) with \
          OnLockTimeout::load_anyway, or every waiting process starts a second load while \
          the holder's is still running; raise lock_wait (or leave it unset), lower \
          load_timeout, or choose OnLockTimeout::serve_stale() or error()"
@@ -405,7 +405,7 @@ fn safe_lease_settings_are_accepted() {
     ok(Cache::builder()).unwrap();
     ok(Cache::builder()
         .load_timeout(Duration::from_secs(2))
-        .lock_wait(Duration::from_secs(5)))
+        .lock_wait(Duration::from_secs(6)))
     .unwrap();
     // Other policies never load on a timeout: any wait is safe.
     ok(Cache::builder()

@@ -211,8 +211,9 @@ async fn lock_timeout_case(
             .ttl(Duration::from_secs(10))
             .max_stale(Duration::from_secs(60)) // no grace: stale is only a fallback
             .jitter(Jitter::none())
-            .load_timeout(Duration::from_secs(1))
-            .lease_ttl(Duration::from_secs(1))
+            // queue_wait (1 s) + load_timeout + lease_ttl fit in lock_wait.
+            .load_timeout(Duration::from_millis(500))
+            .lease_ttl(Duration::from_millis(500))
             .lock_wait(Duration::from_secs(2))
             .on_lock_timeout(policy)
             .build()

@@ -91,7 +91,7 @@ impl OnLockTimeout {
 /// | `soft_timeout` | off |
 /// | `fail_safe_throttle` | 5 s |
 /// | `lease_ttl` | 3 s, extended every third (1 s) while the loader runs, so a dead holder is replaced within 3 s |
-/// | `lock_wait` | `load_timeout + 2 × lease_ttl` (36 s): a live holder's whole load, and one takeover |
+/// | `lock_wait` | `queue_wait + load_timeout + 2 × lease_ttl` (37 s): a live holder's whole load (its bulkhead wait included), and one takeover |
 /// | `lock_poll` | 200 ms (jittered 100..=300 ms), a fallback to pub/sub wake-ups |
 /// | `on_lock_timeout` | [`OnLockTimeout::load_anyway`] |
 /// | `load_timeout` | 30 s, retries included (hard: the load is abandoned, callers get `Timeout`) |
@@ -290,9 +290,11 @@ impl<V: Value> CacheBuilder<V> {
     /// a stuck lease, not on a slow load.
     ///
     /// With [`OnLockTimeout::load_anyway`] (the default policy) it must be at
-    /// least `load_timeout + lease_ttl`: a shorter wait would start a second
+    /// least `queue_wait + load_timeout + lease_ttl` (the bulkhead's
+    /// `queue_wait`, 1 s by default): a shorter wait would start a second
     /// load while the holder's may still be running (and not write it). The
-    /// default, `load_timeout + 2 × lease_ttl`, also covers one takeover.
+    /// default, `queue_wait + load_timeout + 2 × lease_ttl`, also covers one
+    /// takeover.
     pub fn lock_wait(mut self, wait: Duration) -> Self {
         self.lock_wait = Some(wait);
         self
@@ -408,13 +410,6 @@ impl<V: Value> CacheBuilder<V> {
             fail_safe_throttle: self.fail_safe_throttle,
         };
         defaults.validate()?;
-        validate_lease(
-            self.lease_ttl,
-            self.lock_wait,
-            self.lock_poll,
-            self.load_timeout,
-            self.on_lock_timeout,
-        )?;
         let origin = match self.origin {
             Some(origin) => {
                 if self.breaker.is_some() || self.limit.is_some() || self.retry.is_some() {
@@ -443,6 +438,13 @@ impl<V: Value> CacheBuilder<V> {
                 origin.build()?
             }
         };
+        validate_lease(
+            self.lease_ttl,
+            self.lock_wait,
+            self.lock_poll,
+            self.load_timeout.saturating_add(origin.queue_wait()),
+            self.on_lock_timeout,
+        )?;
         self.store_breaker.validate()?;
         if let Some(l1) = &self.l1 {
             l1.validate()?;
@@ -504,12 +506,12 @@ const MAX_LEASE_DURATION: Duration = Duration::from_secs(24 * 3600);
 
 /// The lease settings and how they relate: a holder extends its lease every
 /// third of `lease_ttl`; waiters wait `lock_wait`, and with `load_anyway`
-/// that must cover a live holder's load.
+/// that must cover a live holder's `load` (`queue_wait + load_timeout`).
 fn validate_lease(
     lease_ttl: Duration,
     lock_wait: Option<Duration>,
     lock_poll: Duration,
-    load_timeout: Duration,
+    load: Duration,
     on_lock_timeout: OnLockTimeout,
 ) -> Result<(), ConfigError> {
     if lease_ttl < Duration::from_millis(10) {
@@ -536,10 +538,11 @@ fn validate_lease(
     if let Some(wait) = lock_wait
         && on_lock_timeout == OnLockTimeout::load_anyway()
     {
-        let needed = load_timeout.saturating_add(lease_ttl);
+        let needed = load.saturating_add(lease_ttl);
         if wait < needed {
             return Err(ConfigError::new(format!(
-                "lock_wait ({wait:?}) must be at least load_timeout + lease_ttl ({needed:?}) with \
+                "lock_wait ({wait:?}) must be at least queue_wait + load_timeout + lease_ttl \
+                 ({needed:?}) with \
                  OnLockTimeout::load_anyway, or every waiting process starts a second load while \
                  the holder's is still running; raise lock_wait (or leave it unset), lower \
                  load_timeout, or choose OnLockTimeout::serve_stale() or error()"

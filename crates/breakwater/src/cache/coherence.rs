@@ -20,9 +20,18 @@
 //! In the invalidating process this happens before `invalidate`/`set`
 //! returns, after the store has answered; elsewhere, when the bus message
 //! arrives (or, if it is lost, when L1's TTL runs out: the documented bound).
+//!
+//! One more thing could answer from before: a fill message that another
+//! process published *before* the invalidation, still on its way through
+//! this process's bus, carrying the old value to a waiter that starts
+//! after. Until this process hears its own invalidation back (the bus
+//! delivers in order), values carried for that key are not taken; the
+//! waiter reads the store instead.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Mutex;
 
 use super::{Loaded, Read, Value, user_key};
 use crate::flight::SingleFlight;
@@ -32,11 +41,15 @@ use crate::l1::{BusHook, NearCache, Ticket};
 pub(super) struct Local<V> {
     /// Loads in the air, by storage key.
     pub(super) flights: SingleFlight<Loaded<V>>,
+    /// Background refreshes in the air, by storage key.
+    pub(super) background: SingleFlight<Loaded<V>>,
     /// Store reads in the air, by user key: concurrent local reads of one
     /// key share one `GET` (and build no storage key unless they lead).
     pub(super) reads: SingleFlight<Read<V>>,
     /// The in-process near cache, if enabled.
     pub(super) l1: Option<NearCache<V>>,
+    /// Own invalidations published but not yet heard back on the bus.
+    unheard: Mutex<Unheard>,
     /// The length of the storage keys' namespace prefix.
     prefix_len: usize,
 }
@@ -45,7 +58,9 @@ impl<V: Value> Local<V> {
     pub(super) fn new(l1: Option<NearCache<V>>, prefix_len: usize) -> Self {
         Local {
             flights: SingleFlight::new(),
+            background: SingleFlight::new(),
             reads: SingleFlight::new(),
+            unheard: Mutex::default(),
             l1,
             prefix_len,
         }
@@ -66,7 +81,50 @@ impl<V: Value> Local<V> {
         }
         self.reads.detach(user);
         self.flights.detach(key);
+        self.background.detach(key);
     }
+
+    /// This process is about to publish an invalidation of `key`: until it
+    /// hears it back on the bus, a fill message about `key` may be one
+    /// published before (the bus delivers in order), and the value it
+    /// carries must not be taken. Tracked only while the bus is listened to
+    /// (`listening`): otherwise no message from before can arrive anyway.
+    pub(super) fn expect_own_notice(&self, key: &[u8], listening: bool) {
+        if !listening {
+            return;
+        }
+        let mut unheard = self.unheard.lock().unwrap_or_else(|p| p.into_inner());
+        if unheard.keys.len() >= UNHEARD_KEYS && !unheard.keys.contains_key(key) {
+            unheard.overflow += 1;
+            return;
+        }
+        *unheard.keys.entry(key.to_vec()).or_default() += 1;
+    }
+
+    /// An own invalidation of `key` was heard back (or will never be
+    /// published: its store call failed).
+    pub(super) fn own_notice_heard(&self, key: &[u8]) {
+        let mut unheard = self.unheard.lock().unwrap_or_else(|p| p.into_inner());
+        match unheard.keys.get_mut(key) {
+            Some(1) => {
+                unheard.keys.remove(key);
+            }
+            Some(n) => *n -= 1,
+            None => unheard.overflow = unheard.overflow.saturating_sub(1),
+        }
+    }
+}
+
+/// The most keys whose own invalidations are tracked one by one; past it,
+/// every carried value is refused until the surplus has been heard.
+const UNHEARD_KEYS: usize = 4096;
+
+/// Own invalidations not yet heard back, by storage key, and how many
+/// could not be tracked by key.
+#[derive(Debug, Default)]
+struct Unheard {
+    keys: HashMap<Vec<u8>, u32>,
+    overflow: u64,
 }
 
 impl<V: Value> BusHook for Local<V> {
@@ -74,9 +132,15 @@ impl<V: Value> BusHook for Local<V> {
         &self,
         key: Vec<u8>,
         invalidated: bool,
+        own: bool,
     ) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
         Box::pin(async move {
-            if invalidated {
+            if own {
+                // This process dealt with its own change when it made it.
+                if invalidated {
+                    self.own_notice_heard(&key);
+                }
+            } else if invalidated {
                 self.invalidated(&key).await;
             } else if let Some(l1) = &self.l1 {
                 // A refill elsewhere: newer data, read it from the store.
@@ -85,9 +149,63 @@ impl<V: Value> BusHook for Local<V> {
         })
     }
 
+    fn trusts_carried(&self, key: &[u8]) -> bool {
+        let unheard = self.unheard.lock().unwrap_or_else(|p| p.into_inner());
+        unheard.overflow == 0 && !unheard.keys.contains_key(key)
+    }
+
     fn missed(&self) {
+        // A new subscription: nothing from before it can arrive any more.
+        *self.unheard.lock().unwrap_or_else(|p| p.into_inner()) = Unheard::default();
         if let Some(l1) = &self.l1 {
             l1.clear();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn local() -> Local<u32> {
+        Local::new(None, 0)
+    }
+
+    #[test]
+    fn carried_values_wait_for_the_own_invalidation_to_come_back() {
+        let local = local();
+        assert!(local.trusts_carried(b"k"));
+        // Not listening: no message from before can arrive; nothing tracked.
+        local.expect_own_notice(b"k", false);
+        assert!(local.trusts_carried(b"k"));
+        local.expect_own_notice(b"k", true);
+        local.expect_own_notice(b"k", true);
+        assert!(!local.trusts_carried(b"k"));
+        assert!(local.trusts_carried(b"other"));
+        local.own_notice_heard(b"k");
+        assert!(!local.trusts_carried(b"k"), "one of two heard");
+        local.own_notice_heard(b"k");
+        assert!(local.trusts_carried(b"k"));
+        // A new subscription forgets everything.
+        local.expect_own_notice(b"k", true);
+        local.missed();
+        assert!(local.trusts_carried(b"k"));
+    }
+
+    #[test]
+    fn past_the_bound_every_carried_value_waits() {
+        let local = local();
+        for i in 0..UNHEARD_KEYS as u32 {
+            local.expect_own_notice(&i.to_be_bytes(), true);
+        }
+        local.expect_own_notice(b"one too many", true);
+        assert!(!local.trusts_carried(b"never invalidated"));
+        // Heard back in bus order: the surplus clears last.
+        for i in 0..UNHEARD_KEYS as u32 {
+            local.own_notice_heard(&i.to_be_bytes());
+        }
+        assert!(!local.trusts_carried(b"never invalidated"));
+        local.own_notice_heard(b"one too many");
+        assert!(local.trusts_carried(b"never invalidated"));
     }
 }

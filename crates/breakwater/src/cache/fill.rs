@@ -14,16 +14,16 @@
 //!    take the entry the fill's message carried, or read again, then go back
 //!    to 1. A holder that died stops extending its lease: it runs out, and
 //!    the first waiter to try again takes over (one, fleet-wide).
-//! 4. Deadline passed (`lock_wait`; by default `load_timeout + 2 × lease_ttl`,
+//! 4. Deadline passed (`lock_wait`; by default `queue_wait + load_timeout + 2 × lease_ttl`,
 //!    long enough for a live holder's load and one takeover): the
 //!    [`OnLockTimeout`](super::OnLockTimeout) policy, for foreground calls
 //!    only. A background refresh never loads without the lease.
 //! 5. The store fails at 1: load directly (in-process single-flight still
 //!    holds), so a sick Redis degrades to direct loads, never to errors. The
-//!    result is written only through the fence of the token just tried: if
-//!    the attempt ran after all (its reply was lost), the write lands unless
-//!    an invalidation revoked it since; otherwise it is refused. A background
-//!    refresh does not load at all then.
+//!    result is served and kept in L1, not written (no fence can tell a
+//!    load from before an invalidation then), and the token just tried is
+//!    released in case the attempt ran after all. A background refresh does
+//!    not load at all then.
 
 use std::pin::pin;
 use std::sync::Arc;
@@ -81,11 +81,8 @@ impl<V: Value> Cache<V> {
             // Load directly, write nothing; single-flight still makes it one
             // load here.
             let (value, load_time) = self.load_unwritten(&loader, &options, priority).await?;
-            // L1 keeps it (a shield while the store is away); the store does not.
-            if let Ok(sealed) = self.seal(value.as_ref(), load_time, &options) {
-                self.remember_sealed(&key, value.clone(), &sealed, ticket)
-                    .await;
-            }
+            self.keep_local(&key, &value, load_time, &options, ticket)
+                .await;
             return Ok((value, Served::Loaded));
         }
         let lease_key = inner.lease_key(&key);
@@ -268,11 +265,14 @@ impl<V: Value> Cache<V> {
         }
     }
 
-    /// The lease could not be tried (the store failed): load, and write
-    /// through the fence of the token that was tried, in the background (the
-    /// store is sick: callers do not wait for it). The fence makes it safe:
-    /// it lands only if that attempt ran and no invalidation revoked it
-    /// since.
+    /// The lease could not be tried (the store failed): load and serve,
+    /// write nothing. A fence cannot make this write safe: the lease
+    /// attempt may still be on its way and run *after* an invalidation that
+    /// began after this load, and then its token would pass the fence with
+    /// a value loaded before. The attempt's token is released in the
+    /// background (a no-op unless the attempt ran: nobody else holds this
+    /// token), so a lost reply does not leave the lease held. L1 keeps the
+    /// value under the usual epoch rule.
     async fn load_direct<L>(
         &self,
         key: &[u8],
@@ -287,18 +287,34 @@ impl<V: Value> Cache<V> {
     {
         let (value, load_time) = self.load_unwritten(loader, options, priority).await?;
         let cache = self.clone();
-        let (key, lease_key, token) = (key.to_vec(), lease.key.to_vec(), lease.token.to_vec());
-        let (written, options) = (value.clone(), *options);
+        let (key_owned, lease_key, token) =
+            (key.to_vec(), lease.key.to_vec(), lease.token.to_vec());
         tokio::spawn(async move {
             let lease = Lease {
                 key: &lease_key,
                 token: &token,
             };
-            let _ = cache
-                .write_fenced(&key, lease, written.as_ref(), load_time, &options, ticket)
-                .await;
+            cache.release(&key_owned, lease).await;
         });
+        self.keep_local(key, &value, load_time, options, ticket)
+            .await;
         Ok(value)
+    }
+
+    /// A value loaded while the store is unusable: L1 keeps it (a shield
+    /// while the store is away, under the epoch rule); the store does not.
+    async fn keep_local(
+        &self,
+        key: &[u8],
+        value: &Option<V>,
+        load_time: Duration,
+        options: &Options,
+        ticket: Option<Ticket>,
+    ) {
+        if let Ok(sealed) = self.seal(value.as_ref(), load_time, options) {
+            self.remember_sealed(key, value.clone(), &sealed, ticket)
+                .await;
+        }
     }
 
     /// Loads without touching the store.

@@ -144,7 +144,9 @@ impl<T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static> Value for 
 ///    slow loader is awaited, not repeated. A holder that dies stops
 ///    extending; its lease runs out within `lease_ttl` (3 s by default) and
 ///    exactly one waiter takes over, at the moment it expires. Waiting
-///    ends at `lock_wait` (by default `load_timeout + 2 × lease_ttl`):
+///    ends at `lock_wait` (by default `queue_wait + load_timeout + 2 ×
+///    lease_ttl`: a live holder's whole load, and one takeover that starts
+///    within a lease TTL of the wait):
 ///    [`OnLockTimeout`] then applies to a stuck lease, never to a slow
 ///    load, and a background refresh never loads without the lease.
 /// 5. **Liveness.** Every call returns. Writing *S* for one store deadline
@@ -159,9 +161,12 @@ impl<T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static> Value for 
 ///    sampled); no application-clock reading can pin, freeze or jump it.
 ///
 /// When the store cannot be used at all (the read or the lease attempt
-/// failed), values are loaded directly and served; they are written only
-/// through the fence of the lease attempt that failed (which lands only if
-/// that attempt ran after all and nothing revoked it since), or not at all.
+/// failed), values are loaded directly, served and kept in L1, and not
+/// written to the store: no fence can tell such a load from one that began
+/// before an invalidation. A bus message published before this process's
+/// own invalidation (and still on its way) cannot hand a waiter its value
+/// either: until the invalidation is heard back, values carried for that
+/// key are not taken.
 ///
 /// # Examples
 ///
@@ -233,7 +238,7 @@ struct Inner {
     compression: Compression,
     max_key_len: usize,
     lease_ttl: Duration,
-    /// As set; `None`: `load_timeout + 2 × lease_ttl` for each call.
+    /// As set; `None`: `queue_wait + load_timeout + 2 × lease_ttl` for each call.
     lock_wait: Option<Duration>,
     lock_poll: Duration,
     on_lock_timeout: LockPolicy,
@@ -301,12 +306,24 @@ impl Inner {
         throttled.remove(key);
     }
 
-    /// How long a call waits for another holder of the lease: as set, or
-    /// long enough for the holder's whole load (`load_timeout`) and for one
-    /// takeover after a dead holder's lease runs out.
+    /// How long a call waits for another holder of the lease: long enough
+    /// for the holder's whole load (its bulkhead `queue_wait` and this
+    /// call's `load_timeout`) and, by default, one takeover after a dead
+    /// holder's lease runs out. An explicit `lock_wait` is used as set,
+    /// except that with `load_anyway` it never ends before a live holder's
+    /// load could (a per-call `load_timeout` may be longer than the one it
+    /// was checked against).
     fn lock_wait_for(&self, options: &Options) -> Duration {
-        self.lock_wait
-            .unwrap_or_else(|| default_lock_wait(options.load_timeout, self.lease_ttl))
+        let load = options
+            .load_timeout
+            .saturating_add(self.origin.queue_wait());
+        match self.lock_wait {
+            None => default_lock_wait(load, self.lease_ttl),
+            Some(wait) if self.on_lock_timeout == LockPolicy::load_anyway() => {
+                wait.max(load.saturating_add(self.lease_ttl))
+            }
+            Some(wait) => wait,
+        }
     }
 
     fn freshness(&self, options: &Options) -> FreshnessPolicy {
@@ -383,6 +400,8 @@ impl<V: Value> Cache<V> {
         // Revoke any load in flight first, so its (older) result cannot land
         // on top of this value; then write, then wake waiters.
         let message = notify::message(notify::INVALIDATED, self.inner.waiters.sender(), &key);
+        let listening = self.inner.waiters.is_listening();
+        self.local.expect_own_notice(&key, listening);
         let written = self
             .inner
             .store
@@ -397,11 +416,12 @@ impl<V: Value> Cache<V> {
         // Even if the reply was lost (the write may have happened), nothing
         // that began before may answer from now on.
         self.local.invalidated(&key).await;
-        written?;
-        let ticket = self.local.ticket();
-        self.remember_sealed(&key, Some(value.clone()), &sealed, ticket)
-            .await;
-        Ok(())
+        if written.is_err() {
+            self.local.own_notice_heard(&key);
+        }
+        // Not kept in L1: another `set` may have landed after this one while
+        // its reply was on the way; the next read takes the store's value.
+        written
     }
 
     /// Removes `key` and revokes any load in flight for it, so the next read
@@ -422,6 +442,8 @@ impl<V: Value> Cache<V> {
         let key = self.storage_key(key.as_ref())?;
         let lease = self.inner.lease_key(&key);
         let message = notify::message(notify::INVALIDATED, self.inner.waiters.sender(), &key);
+        let listening = self.inner.waiters.is_listening();
+        self.local.expect_own_notice(&key, listening);
         let done = self
             .inner
             .store
@@ -430,6 +452,9 @@ impl<V: Value> Cache<V> {
         // After the store has answered (a read that starts later sees the
         // deletion); also if it failed: the reply may be all that was lost.
         self.local.invalidated(&key).await;
+        if done.is_err() {
+            self.local.own_notice_heard(&key);
+        }
         done
     }
 
@@ -601,7 +626,7 @@ impl<V: Value> Cache<V> {
                 Some(_) => Served::Hit,
                 None => Served::Negative,
             };
-            let refresh = options.and_then(|options| self.refresh_due(&slot, options));
+            let refresh = options.and_then(|options| self.refresh_due(&slot, options, now));
             let fetched = Fetched {
                 value: slot.value.clone(),
                 served,
@@ -618,18 +643,19 @@ impl<V: Value> Cache<V> {
     /// Whether a fresh L1 copy is due for an early refresh: `Some` with the
     /// `fresh_until` it would replace. Cheap unless the copy is close to its
     /// end: the random draw is only made where it could trigger.
-    fn refresh_due(&self, slot: &Slot<V>, options: &Options) -> Option<u64> {
+    fn refresh_due(&self, slot: &Slot<V>, options: &Options, now: Instant) -> Option<u64> {
         let policy = self.inner.freshness(options);
         let stamp = slot.stored;
+        let remaining = millis(slot.refresh_by.saturating_duration_since(now));
+        if remaining == 0 || !policy.could_refresh_early(remaining, stamp.load_ms) {
+            return None;
+        }
         let reading = Reading {
             now_ms: self.inner.store.now_ms(),
             fresh_until: stamp.fresh_until,
             stale_until: stamp.stale_until,
             load_ms: stamp.load_ms,
         };
-        if !policy.could_refresh_early(reading) {
-            return None;
-        }
         let verdict = {
             let mut rng = self.inner.rng.lock().unwrap_or_else(|p| p.into_inner());
             policy.judge(reading, &mut *rng)
@@ -836,8 +862,11 @@ impl<V: Value> Cache<V> {
         }
     }
 
-    /// Starts one refresh of `key` in the background, unless a load of it is
-    /// already in the air. Foreground callers arriving meanwhile join it.
+    /// Starts one refresh of `key` in the background, unless one is already
+    /// in the air. Background flights are kept apart from foreground ones: a
+    /// foreground caller never inherits a background refresh's refusals (it
+    /// never loads without the lease); it takes its own turn at the lease,
+    /// and is woken by the refresh's fill.
     /// `replacing` is the `fresh_until` of the entry being refreshed.
     fn refresh_in_background<L: Load<V>>(
         &self,
@@ -886,7 +915,11 @@ impl<V: Value> Cache<V> {
         priority: Priority,
         mode: Mode,
     ) -> (Joined<Loaded<V>>, Role) {
-        self.local.flights.join(key, || {
+        let flights = match priority {
+            Priority::Foreground => &self.local.flights,
+            Priority::Background => &self.local.background,
+        };
+        flights.join(key, || {
             self.clone().fill(
                 key.to_vec(),
                 loader.shared(),
@@ -1249,11 +1282,10 @@ pub(crate) fn user_key(storage_key: &[u8], prefix_len: usize) -> &[u8] {
         .unwrap_or(tagged)
 }
 
-/// The default `lock_wait`: `load_timeout + 2 × lease_ttl`.
-fn default_lock_wait(load_timeout: Duration, lease_ttl: Duration) -> Duration {
-    load_timeout
-        .saturating_add(lease_ttl)
-        .saturating_add(lease_ttl)
+/// The default `lock_wait`: a holder's whole `load` (`queue_wait +
+/// load_timeout`) `+ 2 × lease_ttl`.
+fn default_lock_wait(load: Duration, lease_ttl: Duration) -> Duration {
+    load.saturating_add(lease_ttl).saturating_add(lease_ttl)
 }
 
 /// `{#` + 16 hex digits + `}`.

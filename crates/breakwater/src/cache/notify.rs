@@ -207,6 +207,11 @@ impl Waiters {
         }
     }
 
+    /// Whether the listener has been started.
+    pub(crate) fn is_listening(&self) -> bool {
+        self.listener.get().is_some()
+    }
+
     /// Makes sure the listener runs (it keeps L1 in step); cheap once it
     /// does.
     pub(crate) fn ensure_listening(&self, store: &dyn Store) {
@@ -233,16 +238,22 @@ impl Waiters {
                     match delivery {
                         Delivery::Message(m) => {
                             if let Some(parsed) = parse(&m) {
-                                let filled = parsed.value_at.map(|at| Carried {
-                                    message: Arc::clone(&m),
-                                    at,
-                                });
+                                // Decided now, in bus order: a value published
+                                // before an own invalidation not yet heard back
+                                // is not handed over (the waiter reads instead).
+                                let trusted = hook
+                                    .as_ref()
+                                    .is_none_or(|hook| hook.trusts_carried(parsed.key));
+                                let filled =
+                                    parsed.value_at.filter(|_| trusted).map(|at| Carried {
+                                        message: Arc::clone(&m),
+                                        at,
+                                    });
                                 wake(&registry, Some((parsed.key, filled)));
-                                if let Some(hook) = &hook
-                                    && parsed.sender != own
-                                {
+                                if let Some(hook) = &hook {
                                     let invalidated = parsed.kind == INVALIDATED;
-                                    hook.changed(parsed.key.to_vec(), invalidated).await;
+                                    let own = parsed.sender == own;
+                                    hook.changed(parsed.key.to_vec(), invalidated, own).await;
                                 }
                             }
                         }

@@ -115,6 +115,12 @@ impl Origin {
         self.inner.limiter.in_flight()
     }
 
+    /// The longest a foreground load waits in the bulkhead before its
+    /// `load_timeout` starts.
+    pub(crate) fn queue_wait(&self) -> Duration {
+        self.inner.limiter.queue_wait()
+    }
+
     /// Fails fast while the breaker refuses loads, before a caller takes a
     /// lease or waits for one.
     pub(crate) fn check(&self) -> Result<(), Error> {

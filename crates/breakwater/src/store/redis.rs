@@ -44,7 +44,9 @@ use crate::jitter::{Backoff, poll_delay};
 /// was lost: idempotent). If someone else holds it, mark it waited on
 /// (`SETRANGE` keeps its TTL) — only a value in this format (a token as long
 /// as ours plus a status byte), so a lease written by an earlier build, a
-/// bare token, is never altered — and return its remaining TTL in ms (≥ 0).
+/// bare token, is never altered — and return its remaining TTL in ms (a
+/// lease without one, never written by breakwater, counts as a full `ttl`,
+/// so waiters do not spin on it).
 static ACQUIRE_LEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"if redis.call('SET', KEYS[1], ARGV[1] .. '-', 'NX', 'PX', ARGV[2]) then
@@ -62,7 +64,7 @@ static ACQUIRE_LEASE: LazyLock<Lua> = LazyLock::new(|| {
           end
           local left = redis.call('PTTL', KEYS[1])
           if left < 0 then
-            left = 0
+            left = tonumber(ARGV[2])
           end
           return left",
     )
