@@ -181,6 +181,28 @@ impl Report {
     fn tally(&self, phase: Phase, f: impl FnOnce(&mut Tally)) {
         f(self.tallies.lock().unwrap().entry(phase).or_default());
     }
+
+    /// Counts one `get_or_load` that started at `started`: hung (past its
+    /// deadline), failed, or served.
+    fn call<T, E: std::fmt::Display>(
+        &self,
+        phase: Phase,
+        started: Instant,
+        result: &Result<Result<T, E>, tokio::time::error::Elapsed>,
+    ) {
+        self.tally(phase, |t| {
+            t.calls += 1;
+            t.slowest = t.slowest.max(started.elapsed());
+            match result {
+                Err(_) => t.hung += 1,
+                Ok(Err(e)) => {
+                    t.errors += 1;
+                    t.error_kinds.push(format!("get_or_load: {e}"));
+                }
+                Ok(Ok(_)) => {}
+            }
+        });
+    }
 }
 
 /// One worker of process A: owns the keys `k % WORKERS == worker` (so no
@@ -226,18 +248,7 @@ async fn invalidating_worker(
         }
         let result = timeout(CALL_DEADLINE, cache.get_or_load(name(key), db.loader(key))).await;
         let phase = timeline.phase(started);
-        report.tally(phase, |t| {
-            t.calls += 1;
-            t.slowest = t.slowest.max(started.elapsed());
-            match &result {
-                Err(_) => t.hung += 1,
-                Ok(Err(e)) => {
-                    t.errors += 1;
-                    t.error_kinds.push(format!("get_or_load: {e}"));
-                }
-                Ok(Ok(_)) => {}
-            }
-        });
+        report.call(phase, started, &result);
         if let Ok(Ok(value)) = result {
             let value = value.expect("the loader always finds a value");
             let (got, version) = parse(&value);
@@ -278,18 +289,7 @@ async fn reading_worker(
         let started = Instant::now();
         let result = timeout(CALL_DEADLINE, cache.get_or_load(name(key), db.loader(key))).await;
         let phase = timeline.phase(started);
-        report.tally(phase, |t| {
-            t.calls += 1;
-            t.slowest = t.slowest.max(started.elapsed());
-            match &result {
-                Err(_) => t.hung += 1,
-                Ok(Err(e)) => {
-                    t.errors += 1;
-                    t.error_kinds.push(format!("get_or_load: {e}"));
-                }
-                Ok(Ok(_)) => {}
-            }
-        });
+        report.call(phase, started, &result);
         if let Ok(Ok(Some(value))) = result {
             let (got, version) = parse(&value);
             let current = db.versions[key].load(Ordering::SeqCst);

@@ -267,36 +267,43 @@ async fn lock_timeout_serve_stale_without_stale_is_a_lock_timeout() {
     assert_eq!(calls, 0);
 }
 
+/// `processes` caches with default settings on `store`, `callers` calls of
+/// key `k` in each, all at once, with a loader of `delay` counted in
+/// `calls`; every caller must get the value.
+async fn fleet_loads(
+    store: &MemoryStore,
+    namespace: &str,
+    processes: usize,
+    callers: usize,
+    calls: &Arc<AtomicUsize>,
+    delay: Duration,
+) {
+    let mut tasks = Vec::new();
+    for _ in 0..processes {
+        let cache: Cache<String> = Cache::builder()
+            .namespace(namespace)
+            .store(store.clone())
+            .build()
+            .unwrap();
+        for _ in 0..callers {
+            let (cache, loader) = (cache.clone(), slow_loader(calls, delay, "v"));
+            tasks.push(tokio::spawn(
+                async move { cache.get_or_load("k", loader).await },
+            ));
+        }
+    }
+    for task in tasks {
+        assert_eq!(task.await.unwrap().unwrap().as_deref(), Some("v"));
+    }
+}
+
 /// With default settings a load slower than the old 5 s `lock_wait` is
 /// awaited by the other processes, not repeated: one load, no errors.
 #[tokio::test(start_paused = true)]
 async fn a_loader_slower_than_lock_wait_used_to_be_is_awaited_not_repeated() {
     let store = MemoryStore::new();
-    let processes: Vec<Cache<String>> = (0..4)
-        .map(|_| {
-            Cache::builder()
-                .namespace("slow")
-                .store(store.clone())
-                .build()
-                .unwrap()
-        })
-        .collect();
     let calls = Arc::new(AtomicUsize::new(0));
-    let mut callers = Vec::new();
-    for cache in &processes {
-        for _ in 0..25 {
-            let (cache, loader) = (
-                cache.clone(),
-                slow_loader(&calls, Duration::from_secs(8), "v"),
-            );
-            callers.push(tokio::spawn(
-                async move { cache.get_or_load("k", loader).await },
-            ));
-        }
-    }
-    for caller in callers {
-        assert_eq!(caller.await.unwrap().unwrap().as_deref(), Some("v"));
-    }
+    fleet_loads(&store, "slow", 4, 25, &calls, Duration::from_secs(8)).await;
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
@@ -306,15 +313,6 @@ async fn a_loader_slower_than_lock_wait_used_to_be_is_awaited_not_repeated() {
 async fn a_dead_holder_is_replaced_by_exactly_one_waiter_with_defaults() {
     use breakwater::Store;
     let store = MemoryStore::new();
-    let processes: Vec<Cache<String>> = (0..3)
-        .map(|_| {
-            Cache::builder()
-                .namespace("takeover")
-                .store(store.clone())
-                .build()
-                .unwrap()
-        })
-        .collect();
     // The dead holder's lease: 3 s (the default lease_ttl), never extended.
     let lease = b"bw:takeover:l:{k}";
     let taken = store
@@ -324,21 +322,15 @@ async fn a_dead_holder_is_replaced_by_exactly_one_waiter_with_defaults() {
     assert!(taken.is_acquired());
     let calls = Arc::new(AtomicUsize::new(0));
     let started = tokio::time::Instant::now();
-    let mut callers = Vec::new();
-    for cache in &processes {
-        for _ in 0..20 {
-            let (cache, loader) = (
-                cache.clone(),
-                slow_loader(&calls, Duration::from_millis(500), "v"),
-            );
-            callers.push(tokio::spawn(
-                async move { cache.get_or_load("k", loader).await },
-            ));
-        }
-    }
-    for caller in callers {
-        assert_eq!(caller.await.unwrap().unwrap().as_deref(), Some("v"));
-    }
+    fleet_loads(
+        &store,
+        "takeover",
+        3,
+        20,
+        &calls,
+        Duration::from_millis(500),
+    )
+    .await;
     assert_eq!(calls.load(Ordering::SeqCst), 1, "exactly one takeover");
     let done = started.elapsed();
     assert!(
