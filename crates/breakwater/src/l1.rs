@@ -8,9 +8,24 @@
 //!
 //! Other processes' writes and invalidations reach L1 through the cache's
 //! namespace channel (the same subscription that wakes lease waiters): the
-//! key is dropped from L1 and read again from the store. When the
-//! subscription drops, invalidations may have been missed, so **L1 is
-//! flushed**; until it is back, entries live at most their L1 TTL.
+//! key is dropped from L1 and read again from the store.
+//!
+//! # Through an outage: unverified, not erased
+//!
+//! When the subscription drops, invalidations may be missed from then on,
+//! so every entry becomes **unverified**: it is no longer served as fresh,
+//! but it is kept. The next call for it reads the store (one `GET`), which
+//! answers and re-verifies it; if the store cannot be reached, the entry
+//! stands in, served as `Stale { StoreUnavailable }` within its stale
+//! window (`max_stale`, and [`L1Config::keep`]). While the bus is down,
+//! values read from the store are kept unverified too; when it is back,
+//! entries are re-verified one read at a time.
+//!
+//! So an entry is served as fresh at most until the drop is noticed: at
+//! once when the connection breaks, within the subscription's `PING`
+//! interval plus its response deadline when Redis hangs (1 s + 50 ms with
+//! [`RedisStoreConfig`](crate::RedisStoreConfig)'s defaults); and never
+//! longer than [`L1Config::ttl`] after it was read.
 //!
 //! # Epochs: no insert from before an invalidation
 //!
@@ -34,7 +49,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -148,6 +163,9 @@ pub(crate) struct Slot<V> {
     /// read when the entry was kept, plus the time since): a hit tells how
     /// close it is without reading the store's clock.
     pub(crate) refresh_by: Instant,
+    /// The bus generation it was verified in (0: never, kept while the bus
+    /// was down); fresh only in the current one.
+    generation: u64,
 }
 
 /// What an L1 entry keeps of the stored entry it came from.
@@ -226,6 +244,11 @@ impl<V> Slot<V> {
 pub(crate) struct NearCache<V> {
     cache: moka::future::Cache<Vec<u8>, Arc<Slot<V>>>,
     epochs: Epochs,
+    /// Bumped whenever invalidations may have been missed: entries kept in
+    /// an older generation are unverified.
+    generation: AtomicU64,
+    /// The bus is down: entries kept now are unverified from the start.
+    bus_down: AtomicBool,
     ttl: Duration,
     keep: Duration,
 }
@@ -249,7 +272,15 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
             ttl: config.ttl,
             keep: config.keep,
             epochs: Epochs::default(),
+            generation: AtomicU64::new(1),
+            bus_down: AtomicBool::new(false),
         }
+    }
+
+    /// Whether `slot` may be served as fresh: verified in the current bus
+    /// generation, and within its fresh time.
+    pub(crate) fn is_fresh(&self, slot: &Slot<V>, now: Instant) -> bool {
+        slot.is_fresh(now) && slot.generation == self.generation.load(Ordering::Relaxed)
     }
 
     /// Taken when a read or load begins; [`put`](Self::put) refuses its
@@ -297,12 +328,18 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
         if keep.is_zero() {
             return;
         }
+        let generation = if self.bus_down.load(Ordering::SeqCst) {
+            0
+        } else {
+            self.generation.load(Ordering::SeqCst)
+        };
         let slot = Slot {
             value,
             fresh_until: now + fresh_for,
             stale_until: now + keep,
             stored,
             refresh_by,
+            generation,
         };
         // Boxed: moka's insert future is large, and inline it would grow
         // every `get_or_load` future that may reach this point.
@@ -327,8 +364,18 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
         self.remove(key).await;
     }
 
-    /// Invalidations may have been missed: drop everything, and refuse every
-    /// read or load that began before.
+    /// Invalidations may have been missed (the bus dropped, `up` false, or
+    /// came back, `true`): every entry becomes unverified (kept as a
+    /// stand-in, not served as fresh), and every read or load that began
+    /// before is refused.
+    pub(crate) fn unverify(&self, up: bool) {
+        self.bus_down.store(!up, Ordering::SeqCst);
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        self.epochs.invalidate_all();
+    }
+
+    /// Drops everything, and refuses every read or load that began before.
+    #[cfg(test)]
     pub(crate) fn clear(&self) {
         self.epochs.invalidate_all();
         self.cache.invalidate_all();
@@ -349,8 +396,9 @@ pub(crate) trait BusHook: Send + Sync + 'static {
     /// Whether a value carried by a fill message about `key`, arriving
     /// now, may be handed to waiters.
     fn trusts_carried(&self, key: &[u8]) -> bool;
-    /// Messages may have been missed.
-    fn missed(&self);
+    /// Messages may have been missed: the bus dropped (`up` false) or came
+    /// back (`true`).
+    fn missed(&self, up: bool);
 }
 
 #[cfg(test)]
@@ -441,6 +489,33 @@ mod tests {
         assert!(l1.get(b"never invalidated").await.is_none());
         put(&l1, b"never invalidated", 1, l1.ticket()).await;
         assert!(l1.get(b"never invalidated").await.is_some());
+    }
+
+    #[tokio::test]
+    async fn a_dropped_bus_unverifies_entries_without_erasing_them() {
+        let l1 = NearCache::<u32>::new(L1Config::new());
+        put(&l1, b"a", 1, l1.ticket()).await;
+        let now = Instant::now();
+        let slot = l1.get(b"a").await.unwrap();
+        assert!(l1.is_fresh(&slot, now));
+        // The bus drops: kept, servable, not fresh.
+        l1.unverify(false);
+        let slot = l1.get(b"a").await.expect("kept through the outage");
+        assert!(!l1.is_fresh(&slot, now));
+        assert!(slot.is_servable(now));
+        // Kept while the bus is down: unverified from the start.
+        put(&l1, b"b", 2, l1.ticket()).await;
+        let slot = l1.get(b"b").await.unwrap();
+        assert!(!l1.is_fresh(&slot, now));
+        // Back: a new read is fresh again.
+        l1.unverify(true);
+        put(&l1, b"b", 3, l1.ticket()).await;
+        let slot = l1.get(b"b").await.unwrap();
+        assert!(l1.is_fresh(&slot, now));
+        assert!(
+            !l1.is_fresh(&l1.get(b"a").await.unwrap(), now),
+            "a stays unverified"
+        );
     }
 
     #[test]

@@ -154,11 +154,11 @@ impl<V: Value> BusHook for Local<V> {
         unheard.overflow == 0 && !unheard.keys.contains_key(key)
     }
 
-    fn missed(&self) {
+    fn missed(&self, up: bool) {
         // A new subscription: nothing from before it can arrive any more.
         *self.unheard.lock().unwrap_or_else(|p| p.into_inner()) = Unheard::default();
         if let Some(l1) = &self.l1 {
-            l1.clear();
+            l1.unverify(up);
         }
     }
 }
@@ -188,7 +188,7 @@ mod tests {
         assert!(local.trusts_carried(b"k"));
         // A new subscription forgets everything.
         local.expect_own_notice(b"k", true);
-        local.missed();
+        local.missed(true);
         assert!(local.trusts_carried(b"k"));
     }
 

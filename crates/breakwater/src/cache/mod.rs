@@ -131,13 +131,18 @@ impl<T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static> Value for 
 /// 2. **Read your invalidation.** In the invalidating process every call
 ///    that starts after `invalidate` returned gets a value loaded after it.
 /// 3. **Bounded L1 staleness elsewhere.** Another process's L1 serves the
-///    old value only until the invalidation message reaches it (a
-///    millisecond or two on a healthy bus). With the bus down, or a message
-///    lost, at most until the L1 entry's TTL ([`L1Config::ttl`](crate::L1Config::ttl),
-///    30 s by default) runs out, or until the subscription comes back, which
-///    flushes L1. Without L1 another process serves from the store, which
-///    the fence keeps clean; a read already in the air when the message
-///    arrives may still land there (one store deadline).
+///    old value as fresh only until the invalidation message reaches it (a
+///    millisecond or two on a healthy bus). A message lost on a live bus:
+///    at most until the L1 entry's TTL ([`L1Config::ttl`](crate::L1Config::ttl),
+///    30 s by default) runs out. A dropped bus: until the drop is noticed
+///    (at once when the connection breaks; within the subscription's `PING`
+///    interval plus its response deadline, 1.05 s by default, when Redis
+///    hangs); from then on every L1 entry is unverified — re-read from the
+///    store, or, while the store is unreachable too, served labelled
+///    `Stale { StoreUnavailable }` within its stale window. Without L1
+///    another process serves from the store, which the fence keeps clean; a
+///    read already in the air when the message arrives may still land there
+///    (one store deadline).
 /// 4. **One load per key per expiry**, fleet-wide, while the store is
 ///    healthy: waiters keep waiting while the holder's lease is alive (it
 ///    is extended every third of `lease_ttl` while the loader runs), so a
@@ -621,7 +626,7 @@ impl<V: Value> Cache<V> {
             return Ok(Near::Miss);
         };
         let now = Instant::now();
-        if slot.is_fresh(now) {
+        if l1.is_fresh(&slot, now) {
             let served = match slot.value {
                 Some(_) => Served::Hit,
                 None => Served::Negative,

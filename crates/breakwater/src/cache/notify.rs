@@ -260,7 +260,7 @@ impl Waiters {
                         Delivery::Missed => {
                             wake(&registry, None);
                             if let Some(hook) = &hook {
-                                hook.missed();
+                                hook.missed(subscription.is_ready());
                             }
                         }
                     }
