@@ -32,10 +32,10 @@ async fn a_hundred_thousand_sets_with_a_hundred_in_flight_all_land() {
                 if i >= total {
                     break;
                 }
-                if let Err(err) = cache.set(format!("k{i}"), &format!("value {i}")).await {
-                    if failed.fetch_add(1, Ordering::Relaxed) < 3 {
-                        eprintln!("set k{i}: {err}");
-                    }
+                if let Err(err) = cache.set(format!("k{i}"), &format!("value {i}")).await
+                    && failed.fetch_add(1, Ordering::Relaxed) < 3
+                {
+                    eprintln!("set k{i}: {err}");
                 }
             }
         }));
