@@ -82,6 +82,8 @@ pub struct Error {
     kind: ErrorKind,
     message: Cow<'static, str>,
     source: Option<Source>,
+    /// A store error that belongs to one key, not to the store.
+    key_fault: bool,
 }
 
 impl Error {
@@ -91,6 +93,7 @@ impl Error {
             kind,
             message: message.into(),
             source: None,
+            key_fault: false,
         }
     }
 
@@ -112,6 +115,22 @@ impl Error {
     /// implementations use this to report their errors.
     pub fn store(source: impl Into<Box<dyn StdError + Send + Sync + 'static>>) -> Self {
         Error::new(ErrorKind::Store, "the store failed").with_source(source)
+    }
+
+    /// A store error that belongs to one key, not to the store: the store
+    /// answered, and refused this operation on this key (in Redis: a value
+    /// of another type under it, `WRONGTYPE`; a script or argument error
+    /// about it; a value too large for the server). Its kind is
+    /// [`Store`](ErrorKind::Store) and [`is_key_fault`](Error::is_key_fault)
+    /// is `true`: it never counts toward the store's circuit breaker, a read
+    /// that meets it is a miss for that key, and the key's next fenced write
+    /// replaces what is there. Custom [`Store`](crate::Store)
+    /// implementations use this for such errors.
+    pub fn key_fault(source: impl Into<Box<dyn StdError + Send + Sync + 'static>>) -> Self {
+        let mut err =
+            Error::new(ErrorKind::Store, "the store refused this key").with_source(source);
+        err.key_fault = true;
+        err
     }
 
     /// A store failure described by a message only.
@@ -140,6 +159,13 @@ impl Error {
     /// `true` if the store failed.
     pub fn is_store(&self) -> bool {
         self.kind == ErrorKind::Store
+    }
+
+    /// `true` for a store error that belongs to one key, not to the store
+    /// (see [`Error::key_fault`]); [`is_store`](Error::is_store) is `true`
+    /// too.
+    pub fn is_key_fault(&self) -> bool {
+        self.key_fault
     }
 
     /// `true` if bytes could not be encoded or decoded.
@@ -182,6 +208,9 @@ impl fmt::Debug for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut d = f.debug_struct("Error");
         d.field("kind", &self.kind).field("message", &self.message);
+        if self.key_fault {
+            d.field("key_fault", &true);
+        }
         if let Some(source) = &self.source {
             d.field("source", source);
         }
@@ -273,6 +302,17 @@ mod tests {
         let err = Error::store(Boom);
         assert!(err.is_store());
         assert!(err.loader_error::<Boom>().is_none());
+    }
+
+    #[test]
+    fn a_key_fault_is_a_store_error_of_one_key() {
+        let err = Error::key_fault(Boom);
+        assert!(err.is_store() && err.is_key_fault());
+        assert!(!Error::store(Boom).is_key_fault());
+        assert_eq!(
+            err.to_string(),
+            "store failed: the store refused this key: boom"
+        );
     }
 
     #[test]

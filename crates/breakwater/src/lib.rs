@@ -57,6 +57,7 @@ pub mod freshness;
 pub mod jitter;
 pub mod l1;
 pub mod limit;
+mod log_limit;
 pub mod metrics;
 pub mod retry;
 pub mod store;

@@ -12,6 +12,7 @@
 //! | `breakwater_lease_total` | counter | `event`: `acquired`, `busy`, `lost`, `revoked` | the key's lease: taken, held by another process (this one waited), lost while loading, or revoked before the write |
 //! | `breakwater_unreadable_entries_total` | counter | | stored bytes that did not decode (treated as misses) |
 //! | `breakwater_store_errors_total` | counter | `op` | store operations that failed |
+//! | `breakwater_key_errors_total` | counter | `op` | store operations refused for one key (a value of another Redis type under it, a script or argument error about it, a value too large for the server): not store failures, never counted by the store breaker; the key's next fenced write replaces it |
 //! | `breakwater_warm_keys_total` | counter | `outcome`: `loaded`, `cached`, `failed` | keys walked by [`Cache::warm`](crate::Cache::warm) |
 
 use std::fmt;
@@ -112,6 +113,12 @@ impl Metrics {
     /// One key of a warm-up: `loaded`, `cached` or `failed`.
     pub(crate) fn warm(&self, outcome: &'static str) {
         counter!("breakwater_warm_keys_total", "namespace" => self.namespace.clone(), "outcome" => outcome)
+            .increment(1);
+    }
+
+    /// A store operation refused for one key (not a store failure).
+    pub(crate) fn key_error(&self, op: &'static str) {
+        counter!("breakwater_key_errors_total", "namespace" => self.namespace.clone(), "op" => op)
             .increment(1);
     }
 

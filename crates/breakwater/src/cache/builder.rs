@@ -13,6 +13,7 @@ use super::guard::GuardedStore;
 use super::notify::{SENDER_LEN, Waiters};
 use super::options::Options;
 use super::origin::Origin;
+use super::throttle::Throttle;
 use super::{Cache, Fallback, Inner, Value};
 use crate::breaker::BreakerConfig;
 use crate::codec::{Codec, Compression};
@@ -21,6 +22,7 @@ use crate::freshness::EarlyRefresh;
 use crate::jitter::Jitter;
 use crate::l1::{BusHook, L1Config, NearCache};
 use crate::limit::LimitConfig;
+use crate::log_limit::LogLimiter;
 use crate::metrics::Metrics;
 use crate::retry::RetryConfig;
 use crate::store::{MemoryStore, Store};
@@ -468,10 +470,13 @@ impl<V: Value> CacheBuilder<V> {
         let mut token_rng: StdRng = rand::make_rng();
         let sender: [u8; SENDER_LEN] = token_rng.random();
         let raw_store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
+        let logs = Arc::new(LogLimiter::default());
         let store = Arc::new(GuardedStore::new(
             Arc::clone(&raw_store),
             self.store_breaker,
             self.rng_seed.map(|s| s.wrapping_add(2)),
+            metrics.clone(),
+            Arc::clone(&logs),
         ));
         Ok(Cache {
             inner: Arc::new(Inner {
@@ -492,7 +497,8 @@ impl<V: Value> CacheBuilder<V> {
                 token_rng: Mutex::new(token_rng),
                 waiters: Waiters::new(channel, sender, hook),
                 metrics,
-                throttled: Mutex::default(),
+                logs,
+                throttled: Throttle::default(),
             }),
             local,
             fallback: self.fallback,

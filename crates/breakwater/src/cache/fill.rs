@@ -40,6 +40,7 @@ use crate::error::{Error, ErrorKind};
 use crate::jitter::poll_delay;
 use crate::l1::Ticket;
 use crate::limit::Priority;
+use crate::log_limit::{Warning, warn_limited};
 use crate::store::{FencedWrite, LeaseAttempt, Store};
 
 /// Whether a flight may use the store.
@@ -131,7 +132,7 @@ impl<V: Value> Cache<V> {
                         return Err(err);
                     }
                     // 5. No store: load directly, write through the fence.
-                    tracing::warn!(key = %show_key(&key), error = %err, "lease unavailable; loading directly");
+                    warn_limited!(inner.logs, Warning::LeaseUnavailable, key = %show_key(&key), error = %err, "lease unavailable; loading directly");
                     let lease = Lease {
                         key: &lease_key,
                         token: &token,
@@ -192,7 +193,7 @@ impl<V: Value> Cache<V> {
         }
         match inner.on_lock_timeout.0 {
             LockTimeoutKind::LoadAnyway => {
-                tracing::warn!(key = %show_key(&key), ?waited, "lease held past lock_wait; loading anyway (not written)");
+                warn_limited!(inner.logs, Warning::LockWaitLoadAnyway, key = %show_key(&key), ?waited, "lease held past lock_wait; loading anyway (not written)");
                 let (value, _) = self.load_unwritten(&loader, &options, priority).await?;
                 Ok((value, Served::Loaded))
             }
@@ -247,7 +248,7 @@ impl<V: Value> Cache<V> {
                             inner.metrics.lease("lost");
                             held = false;
                         }
-                        Err(err) => tracing::warn!(key = %show_key(key), error = %err, "lease extension failed"),
+                        Err(err) => warn_limited!(inner.logs, Warning::LeaseExtension, key = %show_key(key), error = %err, "lease extension failed"),
                     }
                 }
             }
@@ -380,7 +381,7 @@ impl<V: Value> Cache<V> {
                 inner.metrics.lease("revoked");
             }
             Err(err) => {
-                tracing::warn!(key = %show_key(key), error = %err, "store write failed; returning the loaded value");
+                warn_limited!(inner.logs, Warning::StoreWrite, key = %show_key(key), error = %err, "store write failed; returning the loaded value");
                 inner.metrics.store_error("fenced_set");
             }
         }
@@ -400,7 +401,7 @@ impl<V: Value> Cache<V> {
             .release_lease(lease.key, lease.token, inner.notice(&message))
             .await
         {
-            tracing::warn!(key = %show_key(key), error = %err, "lease release failed; it expires on its own");
+            warn_limited!(inner.logs, Warning::LeaseRelease, key = %show_key(key), error = %err, "lease release failed; it expires on its own");
         }
     }
 

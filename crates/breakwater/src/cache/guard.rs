@@ -14,12 +14,22 @@
 //! ([`Store::failure_domains`]): one for a single Redis, one per 256 hash
 //! slots on a Redis Cluster, so a dead node opens the breakers of its own
 //! keys and the other nodes' keys keep their store.
+//!
+//! Errors that belong to one key ([`Error::is_key_fault`]: a value of
+//! another Redis type under it, a script or argument error about it, a
+//! value too large for the server) are not store failures: the store
+//! answered. They never count toward a breaker (nor close one); each is
+//! reported for its key, in `breakwater_key_errors_total` and a
+//! rate-limited warning naming the key, and the key's next fenced write
+//! replaces what is there.
 
 use std::fmt;
 use std::time::Duration;
 
 use crate::breaker::{BreakerConfig, BreakerState, CircuitBreaker};
 use crate::error::{Error, ErrorKind};
+use crate::log_limit::{LogLimiter, Warning, warn_limited};
+use crate::metrics::Metrics;
 use crate::store::{FencedWrite, LeaseAttempt, Notice, Store, StoreFuture, Subscription};
 use std::sync::Arc;
 
@@ -32,6 +42,9 @@ const MAX_BREAKERS: usize = 1024;
 pub(crate) struct GuardedStore {
     store: Arc<dyn Store>,
     breakers: Vec<CircuitBreaker>,
+    /// Where a key fault is reported.
+    metrics: Metrics,
+    logs: Arc<LogLimiter>,
 }
 
 impl fmt::Debug for GuardedStore {
@@ -45,12 +58,23 @@ impl fmt::Debug for GuardedStore {
 }
 
 impl GuardedStore {
-    pub(crate) fn new(store: Arc<dyn Store>, config: BreakerConfig, seed: Option<u64>) -> Self {
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        config: BreakerConfig,
+        seed: Option<u64>,
+        metrics: Metrics,
+        logs: Arc<LogLimiter>,
+    ) -> Self {
         let domains = store.failure_domains().clamp(1, MAX_BREAKERS);
         let breakers = (0..domains)
             .map(|i| CircuitBreaker::new(config, seed.map(|s| s.wrapping_add(i as u64))))
             .collect();
-        GuardedStore { store, breakers }
+        GuardedStore {
+            store,
+            breakers,
+            metrics,
+            logs,
+        }
     }
 
     /// The worst state of the breakers: open if any is open, else half-open
@@ -66,12 +90,14 @@ impl GuardedStore {
         }
     }
 
-    /// Runs one store call about `key` through the breaker of the key's
-    /// failure domain: refused at once while open; store failures count
-    /// against it, successes close it.
+    /// Runs one store call (`op`) about `key` through the breaker of the
+    /// key's failure domain: refused at once while open; store failures
+    /// count against it, successes close it; a key fault is reported for
+    /// the key and leaves the breaker as it was.
     fn guard<'a, T: Send + 'a>(
         &'a self,
-        key: &[u8],
+        op: &'static str,
+        key: &'a [u8],
         call: impl FnOnce() -> StoreFuture<'a, T> + Send + 'a,
     ) -> StoreFuture<'a, T> {
         let breaker = &self.breakers[self.store.failure_domain(key) % self.breakers.len()];
@@ -87,6 +113,22 @@ impl GuardedStore {
                     permit.success();
                     Ok(value)
                 }
+                Err(err) if err.is_key_fault() => {
+                    // The store answered: neither a failure nor a success
+                    // of the store (a half-open probe's permit is given
+                    // back unused).
+                    drop(permit);
+                    self.metrics.key_error(op);
+                    warn_limited!(
+                        self.logs,
+                        Warning::KeyFault,
+                        key = %super::show_key(key),
+                        op,
+                        error = %err,
+                        "the store refused this key (not a store failure); its next write replaces it"
+                    );
+                    Err(err)
+                }
                 Err(err) if err.is_store() => {
                     permit.failure();
                     Err(err)
@@ -99,19 +141,19 @@ impl GuardedStore {
 
 impl Store for GuardedStore {
     fn get<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Vec<u8>>> {
-        self.guard(key, move || self.store.get(key))
+        self.guard("get", key, move || self.store.get(key))
     }
 
     fn set<'a>(&'a self, key: &'a [u8], value: &'a [u8], ttl: Duration) -> StoreFuture<'a, ()> {
-        self.guard(key, move || self.store.set(key, value, ttl))
+        self.guard("set", key, move || self.store.set(key, value, ttl))
     }
 
     fn delete<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, bool> {
-        self.guard(key, move || self.store.delete(key))
+        self.guard("delete", key, move || self.store.delete(key))
     }
 
     fn ttl<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Duration>> {
-        self.guard(key, move || self.store.ttl(key))
+        self.guard("ttl", key, move || self.store.ttl(key))
     }
 
     fn now_ms(&self) -> u64 {
@@ -128,13 +170,15 @@ impl Store for GuardedStore {
         token: &'a [u8],
         ttl: Duration,
     ) -> StoreFuture<'a, LeaseAttempt> {
-        self.guard(lease_key, move || {
+        self.guard("acquire_lease", lease_key, move || {
             self.store.acquire_lease(lease_key, token, ttl)
         })
     }
 
     fn lease_held<'a>(&'a self, lease_key: &'a [u8]) -> StoreFuture<'a, bool> {
-        self.guard(lease_key, move || self.store.lease_held(lease_key))
+        self.guard("lease_held", lease_key, move || {
+            self.store.lease_held(lease_key)
+        })
     }
 
     fn extend_lease<'a>(
@@ -143,7 +187,7 @@ impl Store for GuardedStore {
         token: &'a [u8],
         ttl: Duration,
     ) -> StoreFuture<'a, bool> {
-        self.guard(lease_key, move || {
+        self.guard("extend_lease", lease_key, move || {
             self.store.extend_lease(lease_key, token, ttl)
         })
     }
@@ -154,13 +198,15 @@ impl Store for GuardedStore {
         token: &'a [u8],
         notice: Notice<'a>,
     ) -> StoreFuture<'a, bool> {
-        self.guard(lease_key, move || {
+        self.guard("release_lease", lease_key, move || {
             self.store.release_lease(lease_key, token, notice)
         })
     }
 
     fn fenced_set<'a>(&'a self, write: FencedWrite<'a>) -> StoreFuture<'a, bool> {
-        self.guard(write.key, move || self.store.fenced_set(write))
+        self.guard("fenced_set", write.key, move || {
+            self.store.fenced_set(write)
+        })
     }
 
     fn replace<'a>(
@@ -171,7 +217,7 @@ impl Store for GuardedStore {
         lease_key: &'a [u8],
         notice: Notice<'a>,
     ) -> StoreFuture<'a, ()> {
-        self.guard(key, move || {
+        self.guard("replace", key, move || {
             self.store.replace(key, value, ttl, lease_key, notice)
         })
     }
@@ -182,11 +228,15 @@ impl Store for GuardedStore {
         lease_key: &'a [u8],
         notice: Notice<'a>,
     ) -> StoreFuture<'a, ()> {
-        self.guard(key, move || self.store.invalidate(key, lease_key, notice))
+        self.guard("invalidate", key, move || {
+            self.store.invalidate(key, lease_key, notice)
+        })
     }
 
     fn publish<'a>(&'a self, channel: &'a [u8], message: &'a [u8]) -> StoreFuture<'a, ()> {
-        self.guard(channel, move || self.store.publish(channel, message))
+        self.guard("publish", channel, move || {
+            self.store.publish(channel, message)
+        })
     }
 
     fn failure_domains(&self) -> usize {

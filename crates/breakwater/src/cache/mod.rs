@@ -36,6 +36,7 @@ mod inspect;
 mod notify;
 mod options;
 mod origin;
+mod throttle;
 mod warm;
 
 pub use builder::{CacheBuilder, OnLockTimeout};
@@ -44,7 +45,6 @@ pub use options::{CacheEntry, Fetched, Served, StaleReason};
 pub use origin::{Origin, OriginBuilder};
 pub use warm::{Warm, WarmReport};
 
-use std::collections::HashMap;
 use std::error::Error as StdError;
 use std::fmt;
 use std::future::Future;
@@ -65,6 +65,7 @@ use crate::flight::{Joined, Joining, Role};
 use crate::freshness::{Freshness, FreshnessPolicy, Reading};
 use crate::l1::{Slot, Stamp, Ticket};
 use crate::limit::Priority;
+use crate::log_limit::{LogLimiter, Warning, warn_limited};
 use crate::metrics::Metrics;
 use crate::store::{Notice, Store, fnv1a};
 use builder::OnLockTimeout as LockPolicy;
@@ -73,6 +74,7 @@ use fill::Mode;
 use guard::GuardedStore;
 use notify::Waiters;
 use options::Options;
+use throttle::Throttle;
 use tokio::time::Instant;
 
 /// A loader as every internal step takes it (the public methods spell the
@@ -253,9 +255,12 @@ struct Inner {
     token_rng: Mutex<StdRng>,
     waiters: Waiters,
     metrics: Metrics,
+    /// Repeated warnings, one line per kind per second (shared with the
+    /// guarded store).
+    logs: Arc<LogLimiter>,
     /// Keys whose load failed recently, with the store-clock ms until which
     /// their stale value is served without calling the loader (fail-safe).
-    throttled: Mutex<HashMap<Vec<u8>, u64>>,
+    throttled: Throttle,
 }
 
 impl Inner {
@@ -289,8 +294,7 @@ impl Inner {
 
     /// `true` if `key`'s load failed within the fail-safe throttle.
     fn is_throttled(&self, key: &[u8], now_ms: u64) -> bool {
-        let throttled = self.throttled.lock().unwrap_or_else(|p| p.into_inner());
-        throttled.get(key).is_some_and(|&until| now_ms < until)
+        self.throttled.is_throttled(key, now_ms)
     }
 
     /// Records a failed load of `key`: its stale value is served without
@@ -298,17 +302,12 @@ impl Inner {
     fn throttle(&self, key: &[u8], throttle: Duration) {
         let now = self.store.now_ms();
         let until = now.saturating_add(millis(throttle));
-        let mut throttled = self.throttled.lock().unwrap_or_else(|p| p.into_inner());
-        if throttled.len() >= 4096 {
-            throttled.retain(|_, &mut t| t > now);
-        }
-        throttled.insert(key.to_vec(), until);
+        self.throttled.insert(key, now, until);
     }
 
     /// A successful load lifts the throttle.
     fn clear_throttle(&self, key: &[u8]) {
-        let mut throttled = self.throttled.lock().unwrap_or_else(|p| p.into_inner());
-        throttled.remove(key);
+        self.throttled.remove(key);
     }
 
     /// How long a call waits for another holder of the lease: long enough
@@ -702,7 +701,7 @@ impl<V: Value> Cache<V> {
         let (entry, store_ok, ticket) = match read {
             Ok(read) => (read.entry, true, read.ticket),
             Err(err) => {
-                tracing::warn!(key = %show_key(&key), error = %err, "store read failed; loading directly");
+                warn_limited!(self.inner.logs, Warning::StoreRead, key = %show_key(&key), error = %err, "store read failed; loading directly");
                 self.inner.metrics.store_error("get");
                 // The store is unreachable: a local stale copy stands in.
                 if let Some(slot) = local_stale {
@@ -848,7 +847,7 @@ impl<V: Value> Cache<V> {
                 if let Some((entry, key)) = stale
                     && let Some(value) = self.entry_value(&key, &entry)
                 {
-                    tracing::warn!(key = %show_key(&key), error = %err, "load failed; serving the stale value");
+                    warn_limited!(self.inner.logs, Warning::LoadFailed, key = %show_key(&key), error = %err, "load failed; serving the stale value");
                     if reason == StaleReason::LoaderFailed {
                         self.inner.throttle(&key, options.fail_safe_throttle);
                     }
@@ -856,7 +855,7 @@ impl<V: Value> Cache<V> {
                     return Ok(Fetched { value, served });
                 }
                 if let Some(fallback) = &self.fallback {
-                    tracing::warn!(key = %show_key(user_key), error = %err, "load failed; serving the fallback");
+                    warn_limited!(self.inner.logs, Warning::LoadFailed, key = %show_key(user_key), error = %err, "load failed; serving the fallback");
                     return Ok(Fetched {
                         value: fallback(user_key),
                         served: Served::Fallback,
@@ -899,7 +898,7 @@ impl<V: Value> Cache<V> {
                     tracing::debug!(key = %show_key(&key), error = %err, "background refresh shed");
                 }
                 Err(err) => {
-                    tracing::warn!(key = %show_key(&key), error = %err, "background refresh failed; throttling the key");
+                    warn_limited!(cache.inner.logs, Warning::RefreshFailed, key = %show_key(&key), error = %err, "background refresh failed; throttling the key");
                     cache.inner.throttle(&key, options.fail_safe_throttle);
                 }
                 Ok(_) => {}
@@ -1054,10 +1053,15 @@ impl<V: Value> Cache<V> {
     }
 
     /// Reads and decodes the envelope; unreadable bytes are a miss plus a
-    /// warning, never an error and never a wrong value.
+    /// warning, never an error and never a wrong value. So is a key fault
+    /// (say, a Redis list under the key: reported by the guarded store):
+    /// the store is fine, and the key's next fenced write replaces it.
     async fn read(&self, key: &[u8]) -> Result<Option<Entry>, Error> {
-        let Some(bytes) = self.inner.store.get(key).await? else {
-            return Ok(None);
+        let bytes = match self.inner.store.get(key).await {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return Ok(None),
+            Err(err) if err.is_key_fault() => return Ok(None),
+            Err(err) => return Err(err),
         };
         Ok(self.decode(key, bytes))
     }
@@ -1068,7 +1072,9 @@ impl<V: Value> Cache<V> {
         match Entry::decode(bytes, self.inner.compression.max_decompressed_len()) {
             Ok(entry) if entry.codec == self.inner.codec => Some(entry),
             Ok(entry) => {
-                tracing::warn!(
+                warn_limited!(
+                    self.inner.logs,
+                    Warning::Unreadable,
                     key = %show_key(key),
                     stored = entry.codec.name(),
                     expected = self.inner.codec.name(),
@@ -1077,7 +1083,7 @@ impl<V: Value> Cache<V> {
                 None
             }
             Err(err) => {
-                tracing::warn!(key = %show_key(key), error = %err, "cached entry is unreadable; treating it as a miss");
+                warn_limited!(self.inner.logs, Warning::Unreadable, key = %show_key(key), error = %err, "cached entry is unreadable; treating it as a miss");
                 self.inner.metrics.unreadable();
                 None
             }
@@ -1101,7 +1107,7 @@ impl<V: Value> Cache<V> {
         match entry.value::<V>() {
             Ok(value) => Some(value),
             Err(err) => {
-                tracing::warn!(key = %show_key(key), error = %err, "cached value does not decode; treating it as a miss");
+                warn_limited!(self.inner.logs, Warning::Unreadable, key = %show_key(key), error = %err, "cached value does not decode; treating it as a miss");
                 None
             }
         }
