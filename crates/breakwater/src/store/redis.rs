@@ -46,13 +46,18 @@ use crate::jitter::{Backoff, poll_delay};
 /// as ours plus a status byte), so a lease written by an earlier build, a
 /// bare token, is never altered — and return its remaining TTL in ms (a
 /// lease without one, never written by breakwater, counts as a full `ttl`,
-/// so waiters do not spin on it).
+/// so waiters do not spin on it). A value of another Redis type under the
+/// lease key is no lease: it is replaced by this one.
 static ACQUIRE_LEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"if redis.call('SET', KEYS[1], ARGV[1] .. '-', 'NX', 'PX', ARGV[2]) then
             return -1
           end
-          local held = redis.call('GET', KEYS[1])
+          local held = redis.pcall('GET', KEYS[1])
+          if type(held) == 'table' and held.err then
+            redis.call('SET', KEYS[1], ARGV[1] .. '-', 'PX', ARGV[2])
+            return -1
+          end
           if held and string.sub(held, 1, -2) == ARGV[1] then
             return -1
           end
@@ -97,12 +102,21 @@ static RELEASE_LEASE: LazyLock<Lua> = LazyLock::new(|| {
 /// The leader's write: KEYS = value, lease; ARGV = token, value, ttl ms,
 /// channel, message, value message (empty for none). Writes only while the
 /// token holds the lease; a waited-on lease with a value message publishes
-/// that message with the value appended.
+/// that message with the value appended. `SET` replaces a value of any
+/// Redis type (a list someone pushed under the key is repaired here). If
+/// the server refuses the write (an error about this key), the lease is
+/// still released and waiters told, so they do not wait out its TTL, and
+/// the error is returned.
 static FENCED_SET: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"local held = redis.call('GET', KEYS[2])
           if held and string.sub(held, 1, -2) == ARGV[1] then
-            redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+            local written = redis.pcall('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+            if type(written) == 'table' and written.err then
+              redis.call('DEL', KEYS[2])
+              redis.call('PUBLISH', ARGV[4], ARGV[5])
+              return written
+            end
             redis.call('DEL', KEYS[2])
             if string.sub(held, -1) == 'w' and ARGV[6] ~= '' then
               redis.call('PUBLISH', ARGV[4], ARGV[6] .. ARGV[2])
@@ -310,10 +324,13 @@ struct Inner {
     target: Target,
     config: RedisStoreConfig,
     /// The live connection, if any; dropped after a timeout or a broken
-    /// connection so the next call makes a fresh one.
+    /// connection, and made again in the background.
     conn: RwLock<Option<Live>>,
-    /// One connection attempt at a time.
-    connecting: tokio::sync::Mutex<()>,
+    /// The one task that (re)connects, if it runs.
+    reconnect: Mutex<Reconnect>,
+    /// Counts finished connection attempts (made or failed), to wake the
+    /// callers waiting on one.
+    attempts: watch::Sender<u64>,
     generations: AtomicU64,
     clock_refresh_started: AtomicBool,
     clock: RwLock<Option<ClockSample>>,
@@ -328,6 +345,17 @@ struct Inner {
     channels: Mutex<HashMap<Vec<u8>, ChannelFeed>>,
     /// Background tasks (clock refresh, subscriptions), stopped on drop.
     tasks: Mutex<Vec<AbortHandle>>,
+}
+
+/// The state of the background (re)connection.
+#[derive(Debug, Default)]
+struct Reconnect {
+    /// A task is (re)connecting: making an attempt, or backing off.
+    running: bool,
+    /// When the attempt in progress began; `None` while backing off.
+    attempt_since: Option<Instant>,
+    /// A connection was made at least once.
+    connected_once: bool,
 }
 
 /// A connection and its generation, so a failure only drops the connection
@@ -568,7 +596,8 @@ impl RedisStore {
                 target,
                 config,
                 conn: RwLock::new(None),
-                connecting: tokio::sync::Mutex::new(()),
+                reconnect: Mutex::default(),
+                attempts: watch::Sender::new(0),
                 generations: AtomicU64::new(0),
                 clock_refresh_started: AtomicBool::new(false),
                 clock: RwLock::new(None),
@@ -626,28 +655,73 @@ impl Inner {
         self.conn.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// The connection, made on first use and again after a failure. Each
-    /// attempt is bounded by the connect timeout, and so is waiting for
-    /// another caller's attempt.
-    async fn conn(self: &Arc<Self>) -> Result<Live, Error> {
-        if let Some(live) = self.current() {
-            return Ok(live);
+    /// The connection, or an error at once if none can be had by
+    /// `deadline`. No caller makes a connection or queues behind one: a
+    /// single background task (re)connects, with jittered backoff between
+    /// failed attempts (see [`run_reconnect`]). A caller waits for an
+    /// attempt in progress only while that attempt is young (younger than
+    /// `response_timeout`, or `connect_timeout` before the first connection
+    /// was ever made) and never past `deadline`; an attempt older than
+    /// that is taken for hung, and during backoff calls fail at once. A
+    /// `patient` caller (`warm_up`, the clock refresh) waits until
+    /// `deadline` whatever the attempts do.
+    async fn conn(self: &Arc<Self>, deadline: Instant, patient: bool) -> Result<Live, Error> {
+        let mut attempts = self.attempts.subscribe();
+        loop {
+            if let Some(live) = self.current() {
+                return Ok(live);
+            }
+            let (since, connected_once) = self.start_reconnect();
+            let until = match since {
+                _ if patient => deadline,
+                Some(since) => {
+                    let patience = if connected_once {
+                        self.config.response_timeout
+                    } else {
+                        self.config.connect_timeout
+                    };
+                    (since + patience).min(deadline)
+                }
+                None => return Err(self.reconnecting()),
+            };
+            if tokio::time::timeout_at(until, attempts.changed())
+                .await
+                .is_err()
+            {
+                return Err(self.reconnecting());
+            }
         }
+    }
+
+    /// Starts the reconnecting task unless it runs; when the attempt in
+    /// progress began (`None` while it backs off), and whether a
+    /// connection was ever made.
+    fn start_reconnect(self: &Arc<Self>) -> (Option<Instant>, bool) {
+        let mut reconnect = self.reconnect.lock().unwrap_or_else(|p| p.into_inner());
+        if !reconnect.running {
+            reconnect.running = true;
+            reconnect.attempt_since = Some(Instant::now());
+            let task = tokio::spawn(run_reconnect(Arc::downgrade(self)));
+            self.track(task.abort_handle());
+        }
+        (reconnect.attempt_since, reconnect.connected_once)
+    }
+
+    /// A call that found no connection and will not wait for one.
+    fn reconnecting(&self) -> Error {
+        Error::new(
+            ErrorKind::Store,
+            "redis is unreachable; reconnecting in the background (calls fail at once until then)",
+        )
+    }
+
+    /// One connection attempt, bounded by `connect_timeout` (the clock
+    /// sample included): the connection is made, Redis's clock sampled,
+    /// and the connection installed.
+    async fn connect(self: &Arc<Self>) -> Result<(), Error> {
         let connect_timeout = self.config.connect_timeout;
-        let unreachable = || {
-            Error::new(
-                ErrorKind::Store,
-                format!("could not connect to redis within {connect_timeout:?}"),
-            )
-        };
-        let _attempt = tokio::time::timeout(connect_timeout, self.connecting.lock())
-            .await
-            .map_err(|_| unreachable())?;
-        if let Some(live) = self.current() {
-            return Ok(live);
-        }
-        let connect = async {
-            match &self.target {
+        let attempt = async {
+            let conn = match &self.target {
                 Target::Node(client) => {
                     let config = ConnectionManagerConfig::new()
                         .set_connection_timeout(Some(connect_timeout))
@@ -660,31 +734,30 @@ impl Inner {
                 Target::Cluster { client, .. } => {
                     client.get_async_connection().await.map(Conn::Cluster)
                 }
-            }
+            };
+            let mut conn = conn.map_err(store_error)?;
+            let sampled = self.sample_clock(&mut conn).await;
+            Ok::<_, Error>((conn, sampled))
         };
-        let mut conn = tokio::time::timeout(connect_timeout, connect)
+        let (conn, sampled) = tokio::time::timeout(connect_timeout, attempt)
             .await
-            .map_err(|_| unreachable())?
-            .map_err(store_error)?;
-        if let Err(err) = self.sample_clock(&mut conn).await {
-            let sampled = self
-                .clock
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .is_some();
-            match (&conn, sampled) {
-                // A reconnect keeps the previous sample.
-                (_, true) => {
-                    tracing::warn!(error = %err, "redis clock sample failed on reconnect; keeping the previous one");
-                }
+            .map_err(|_| {
+                Error::new(
+                    ErrorKind::Store,
+                    format!("could not connect to redis within {connect_timeout:?}"),
+                )
+            })??;
+        if let Err(err) = sampled {
+            match &conn {
                 // A cluster whose clock nodes do not answer still serves the
-                // other nodes' keys: the system clock stands in until the
-                // next refresh.
-                (Conn::Cluster(_), false) => {
-                    tracing::warn!(error = %err, "redis cluster clock unavailable; using the system clock until the next sample");
+                // other nodes' keys: the previous sample (or the system
+                // clock) stands in until the next refresh.
+                Conn::Cluster(_) => {
+                    tracing::warn!(error = %err, "redis cluster clock unavailable; keeping the previous sample or the system clock until the next one");
                 }
-                // One server that cannot answer `TIME` cannot serve either.
-                (Conn::Node(_), false) => return Err(err),
+                // One server that cannot answer `TIME` cannot serve either
+                // (a hung server accepts connections it never answers).
+                Conn::Node(_) => return Err(err),
             }
         }
         if !self.clock_refresh_started.swap(true, Ordering::Relaxed) {
@@ -694,8 +767,8 @@ impl Inner {
             generation: self.generations.fetch_add(1, Ordering::Relaxed) + 1,
             conn,
         };
-        *self.conn.write().unwrap_or_else(|p| p.into_inner()) = Some(live.clone());
-        Ok(live)
+        *self.conn.write().unwrap_or_else(|p| p.into_inner()) = Some(live);
+        Ok(())
     }
 
     /// Forgets connection `generation` (if still current), so the next call
@@ -720,12 +793,33 @@ impl Inner {
     {
         let mut retried = false;
         loop {
-            let live = self.conn().await?;
+            // One deadline for the call: waiting for a reconnect in
+            // progress counts against it.
+            let deadline = Instant::now() + self.config.response_timeout;
+            let (live, waited) = match self.current() {
+                Some(live) => (live, false),
+                None => (self.conn(deadline, false).await?, true),
+            };
             // A cluster connection reconnects each node on its own, and one
             // node's failure says nothing about the others': it is kept, and
             // a failed command is not retried on it.
             let cluster = matches!(live.conn, Conn::Cluster(_));
-            match command(live.conn).await {
+            let outcome = if waited {
+                // What is left of the deadline; running out of it says
+                // nothing about the new connection, which is kept.
+                match tokio::time::timeout_at(deadline, command(live.conn)).await {
+                    Ok(outcome) => outcome,
+                    Err(_) => {
+                        return Err(Error::new(
+                            ErrorKind::Store,
+                            "redis did not answer in time (part of the deadline went to a reconnect)",
+                        ));
+                    }
+                }
+            } else {
+                command(live.conn).await
+            };
+            match outcome {
                 Ok(value) => return Ok(value),
                 Err(err) => {
                     let broken = err.is_connection_dropped()
@@ -831,6 +925,43 @@ impl Inner {
     }
 }
 
+/// (Re)connects until a connection is made: one attempt at a time, with
+/// full-jitter backoff (50 ms doubling to 2 s) between failed attempts, so
+/// a fleet does not reconnect in lockstep. Holds the store only during an
+/// attempt; ends when the store is dropped.
+async fn run_reconnect(inner: Weak<Inner>) {
+    let backoff = Backoff::full_jitter(Duration::from_millis(50), Duration::from_secs(2));
+    let mut rng: StdRng = rand::make_rng();
+    let mut failures = 0u32;
+    loop {
+        let Some(inner) = inner.upgrade() else { return };
+        inner
+            .reconnect
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .attempt_since = Some(Instant::now());
+        let made = inner.connect().await;
+        {
+            let mut reconnect = inner.reconnect.lock().unwrap_or_else(|p| p.into_inner());
+            reconnect.attempt_since = None;
+            if made.is_ok() {
+                reconnect.running = false;
+                reconnect.connected_once = true;
+            }
+        }
+        inner.attempts.send_modify(|n| *n = n.wrapping_add(1));
+        match made {
+            Ok(()) => return,
+            Err(err) => {
+                tracing::debug!(error = %err, "redis connection attempt failed; backing off")
+            }
+        }
+        failures = failures.saturating_add(1);
+        drop(inner);
+        tokio::time::sleep(backoff.delay(failures, None, &mut rng)).await;
+    }
+}
+
 /// Keeps the clock sample current while the store is alive.
 fn spawn_clock_refresh(inner: Weak<Inner>) -> AbortHandle {
     tokio::spawn(async move {
@@ -841,7 +972,8 @@ fn spawn_clock_refresh(inner: Weak<Inner>) -> AbortHandle {
             };
             tokio::time::sleep(every).await;
             let Some(inner) = inner.upgrade() else { return };
-            let sampled = match inner.conn().await {
+            let deadline = Instant::now() + inner.config.connect_timeout;
+            let sampled = match inner.conn(deadline, true).await {
                 Ok(mut live) => inner.sample_clock(&mut live.conn).await,
                 Err(err) => Err(err),
             };
@@ -921,11 +1053,38 @@ async fn run_subscription(
     }
 }
 
+/// A command's failure as a store error: a [key fault](Error::key_fault)
+/// if Redis answered with an error about the command's key, else a store
+/// failure.
 fn store_error(err: redis::RedisError) -> Error {
     if err.is_timeout() {
         Error::new(ErrorKind::Store, "redis did not answer in time").with_source(err)
+    } else if is_key_fault(&err) {
+        Error::key_fault(err)
     } else {
         Error::store(err)
+    }
+}
+
+/// Whether Redis answered with an error that belongs to the command's key
+/// (every command here is about one key, or a key and its lease): the
+/// server is up and answered, so this is not a store failure.
+///
+/// - `WRONGTYPE`: a value of another type under the key (a list where a
+///   string belongs); also when raised inside a script.
+/// - `ERR`: a general error about this command: a script's error, an
+///   argument the server refused (an expiry out of range), a value over
+///   `proto-max-bulk-len`.
+///
+/// Everything that says the server or node cannot serve (`LOADING`,
+/// `MASTERDOWN`, `CLUSTERDOWN`, `TRYAGAIN`, `READONLY`, `BUSY`, `OOM`,
+/// `NOPERM`, I/O, timeouts, ...) stays a store failure. Classified by
+/// redis-rs's kind and the reply's code, never by its message.
+fn is_key_fault(err: &redis::RedisError) -> bool {
+    match err.kind() {
+        redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) => true,
+        redis::ErrorKind::Extension => err.code() == Some("WRONGTYPE"),
+        _ => false,
     }
 }
 
@@ -1197,7 +1356,8 @@ impl RedisStore {
     ///
     /// [`Store`](ErrorKind::Store) if Redis cannot be reached in time.
     pub async fn warm_up(&self) -> Result<(), Error> {
-        self.inner.conn().await.map(drop)
+        let deadline = Instant::now() + self.inner.config.connect_timeout;
+        self.inner.conn(deadline, true).await.map(drop)
     }
 }
 
