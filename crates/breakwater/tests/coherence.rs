@@ -359,3 +359,37 @@ async fn early_refresh_runs_on_l1_hits() {
         "the key was refreshed every TTL: {loads} loads in 10 s"
     );
 }
+
+/// A transient failure of the store does not lose an invalidation: it is
+/// tried again, within its deadline...
+#[tokio::test(start_paused = true)]
+async fn an_invalidation_is_retried_through_a_transient_failure() {
+    let store = CountingStore::new(MemoryStore::new());
+    let cache = build(&store, false, Duration::ZERO);
+    cache.set("k", &1).await.unwrap();
+    store.fail_invalidations(2);
+    cache.invalidate("k").await.unwrap();
+    assert_eq!(cache.get("k").await.unwrap(), None);
+}
+
+/// ...and one that cannot get through says so.
+#[tokio::test(start_paused = true)]
+async fn an_undelivered_invalidation_says_so_within_its_deadline() {
+    let store = CountingStore::new(MemoryStore::new());
+    let cache = build(&store, false, Duration::ZERO);
+    cache.set("k", &1).await.unwrap();
+    store.fail_invalidations(100);
+    let started = tokio::time::Instant::now();
+    let err = cache.invalidate("k").await.unwrap_err();
+    assert!(
+        started.elapsed() <= Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(err.is_store(), "{err}");
+    assert!(
+        err.to_string()
+            .contains("the invalidation of bw:coherence:v:{k} was not delivered (4 attempt(s)"),
+        "{err}"
+    );
+}

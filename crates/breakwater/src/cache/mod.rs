@@ -253,6 +253,8 @@ struct Inner {
     on_lock_timeout: LockPolicy,
     /// Jitter and early-refresh draws; seedable.
     rng: Mutex<StdRng>,
+    /// The retries of `invalidate`.
+    deliveries: crate::retry::Retry,
     /// Lease tokens; always from the OS, never seeded, so unguessable.
     token_rng: Mutex<StdRng>,
     waiters: Waiters,
@@ -434,6 +436,12 @@ impl<V: Value> Cache<V> {
     /// loads fresh data and a slow load that started before cannot write its
     /// result back.
     ///
+    /// A transient store failure is tried again (up to 4 attempts, jittered,
+    /// all within 1 s: the delete and its notice are idempotent). If none
+    /// gets through, the error says the invalidation was not delivered:
+    /// other processes may serve the old value until its TTL ends, so the
+    /// caller should retry it (or fail the write it belongs to).
+    ///
     /// Once it has returned `Ok`, every call in this process that starts
     /// later gets a value loaded after it: loads and shared reads that began
     /// before are detached (their own callers still get their result), and
@@ -449,18 +457,32 @@ impl<V: Value> Cache<V> {
         let lease = self.inner.lease_key(&key);
         let message = notify::message(notify::INVALIDATED, self.inner.waiters.sender(), &key);
         let listening = self.inner.waiters.is_listening();
-        self.local.expect_own_notice(&key, listening);
-        let done = self
-            .inner
-            .store
-            .invalidate(&key, &lease, self.inner.notice(&message))
-            .await;
+        // Idempotent (a delete and a notice), so a transient failure is
+        // tried again, within one deadline.
+        let attempts = self.inner.deliveries.run(|_| async {
+            self.local.expect_own_notice(&key, listening);
+            let done = self
+                .inner
+                .store
+                .invalidate(&key, &lease, self.inner.notice(&message))
+                .await;
+            if done.is_err() {
+                self.local.own_notice_heard(&key);
+            }
+            done
+        });
+        let done = match tokio::time::timeout(INVALIDATE_WITHIN, attempts).await {
+            Ok((Ok(()), _)) => Ok(()),
+            Ok((Err(err), made)) => Err(undelivered(&key, made, err)),
+            Err(_) => Err(undelivered(
+                &key,
+                0,
+                Error::new(ErrorKind::Timeout, "no attempt finished in time"),
+            )),
+        };
         // After the store has answered (a read that starts later sees the
         // deletion); also if it failed: the reply may be all that was lost.
         self.local.invalidated(&key).await;
-        if done.is_err() {
-            self.local.own_notice_heard(&key);
-        }
         done
     }
 
@@ -1318,6 +1340,36 @@ fn reading(entry: &Entry, now_ms: u64) -> Reading {
 /// while one refresh runs (past it, a read waits for the load).
 fn in_grace(entry: &Entry, now_ms: u64, options: &Options) -> bool {
     now_ms < entry.fresh_until.saturating_add(millis(options.grace))
+}
+
+/// How long `invalidate` keeps trying to deliver one invalidation.
+const INVALIDATE_WITHIN: Duration = Duration::from_secs(1);
+
+/// The retries of `invalidate`: up to 4 attempts, 10..250 ms apart with
+/// full jitter, for store failures that may pass (not a key's own fault).
+fn delivery_retries(seed: Option<u64>) -> crate::retry::Retry {
+    let config = crate::RetryConfig::new()
+        .max_attempts(4)
+        .backoff(crate::Backoff::full_jitter(
+            Duration::from_millis(10),
+            Duration::from_millis(250),
+        ))
+        .retry_if(|err| err.is_store() && !err.is_key_fault());
+    crate::retry::Retry::new(config, seed)
+}
+
+/// The error of an invalidation that did not get through.
+fn undelivered(key: &[u8], attempts: u32, last: Error) -> Error {
+    Error::new(
+        ErrorKind::Store,
+        format!(
+            "the invalidation of {} was not delivered ({attempts} attempt(s) within {:?}): \
+             other processes may serve the old value until its TTL ends; retry it",
+            show_key(key),
+            INVALIDATE_WITHIN
+        ),
+    )
+    .with_source(last)
 }
 
 /// A key as it may appear in logs: lossy UTF-8, cut at 128 bytes.

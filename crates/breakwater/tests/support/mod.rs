@@ -91,6 +91,7 @@ pub struct CountingStore<S> {
     get_delay: Duration,
     late_replies: Arc<std::sync::Mutex<Duration>>,
     lose_lease_replies: Arc<std::sync::atomic::AtomicBool>,
+    failing_invalidations: Arc<AtomicUsize>,
 }
 
 impl<S: Store + Clone> CountingStore<S> {
@@ -107,7 +108,13 @@ impl<S: Store + Clone> CountingStore<S> {
             get_delay,
             late_replies: Arc::default(),
             lose_lease_replies: Arc::default(),
+            failing_invalidations: Arc::default(),
         }
+    }
+
+    /// The next `n` invalidations fail (without running).
+    pub fn fail_invalidations(&self, n: usize) {
+        self.failing_invalidations.store(n, Ordering::SeqCst);
     }
 
     /// From now on each `get` reads at once and replies `delay` later.
@@ -205,6 +212,13 @@ impl<S: Store + Clone> Store for CountingStore<S> {
         self.inner.replace(k, v, t, l, n)
     }
     fn invalidate<'a>(&'a self, k: &'a [u8], l: &'a [u8], n: Notice<'a>) -> StoreFuture<'a, ()> {
+        let failing = self
+            .failing_invalidations
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if failing {
+            return Box::pin(async { Err(breakwater::Error::store_msg("connection reset")) });
+        }
         self.inner.invalidate(k, l, n)
     }
     fn publish<'a>(&'a self, c: &'a [u8], m: &'a [u8]) -> StoreFuture<'a, ()> {
