@@ -9,6 +9,7 @@ use std::borrow::Cow;
 use std::error::Error as StdError;
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A shared, type-erased error source.
 pub(crate) type Source = Arc<dyn StdError + Send + Sync + 'static>;
@@ -255,6 +256,43 @@ impl ConfigError {
     /// The message, without any prefix.
     pub fn message(&self) -> &str {
         &self.message
+    }
+
+    /// `Err` unless `value <= limit`: "`{name}` must be at most {limit},
+    /// got {value:?}; {instead}".
+    pub(crate) fn at_most(
+        name: &str,
+        value: Duration,
+        limit: Duration,
+        instead: &str,
+    ) -> Result<(), ConfigError> {
+        if value <= limit {
+            return Ok(());
+        }
+        Err(ConfigError::new(format!(
+            "{name} must be at most {}, got {value:?}; {instead}",
+            show_limit(limit)
+        )))
+    }
+}
+
+/// The longest TTL-like window any setting accepts (a TTL, grace,
+/// `max_stale`, a jitter spread or floor, an L1 lifetime, a breaker window
+/// or cool-down): 365 days. Sums of such windows stay far from overflowing
+/// a store-clock millisecond count, an [`Instant`](tokio::time::Instant),
+/// moka's 1,000-year limit or Redis's `PX`.
+pub(crate) const MAX_WINDOW: Duration = Duration::from_secs(365 * DAY_SECS);
+
+const DAY_SECS: u64 = 24 * 3600;
+
+/// A limit as a message shows it: `365 days`, `1 day`, else `{:?}`.
+fn show_limit(limit: Duration) -> String {
+    let secs = limit.as_secs();
+    if limit.subsec_nanos() == 0 && secs > 0 && secs.is_multiple_of(DAY_SECS) {
+        let days = secs / DAY_SECS;
+        format!("{days} day{}", if days == 1 { "" } else { "s" })
+    } else {
+        format!("{limit:?}")
     }
 }
 

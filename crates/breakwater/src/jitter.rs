@@ -18,7 +18,7 @@ use std::time::Duration;
 use rand::{Rng, RngExt};
 
 use crate::clock::millis as to_ms;
-use crate::error::ConfigError;
+use crate::error::{ConfigError, MAX_WINDOW};
 
 /// The floor [`Interval`] uses when its jitter has no explicit floor.
 const INTERVAL_FLOOR_MS: u64 = 1;
@@ -70,7 +70,12 @@ enum Kind {
 ///
 /// Every result is at least the floor ([`Jitter::DEFAULT_FLOOR`], 1 s, unless
 /// changed with [`Jitter::with_floor`]) and at least 1 ms, so a tiny or zero
-/// TTL never turns into "expire immediately".
+/// TTL never turns into "expire immediately". The one exception is
+/// [`Jitter::down`], which never returns more than its base: below the
+/// floor it returns the base itself (no jitter; at least 1 ms).
+///
+/// A fixed or additive spread and the floor must be at most 365 days
+/// ([`validate`](Jitter::validate)).
 ///
 /// # Examples
 ///
@@ -140,6 +145,10 @@ impl Jitter {
     /// the base. Use it when the base is a maximum age that must hold.
     /// `r` must be in `0..=1`.
     ///
+    /// The floor raises the low end, but never above the base: on a base
+    /// below the floor (a sub-second TTL with the default 1 s floor) the
+    /// result is the base itself, unjittered (and at least 1 ms).
+    ///
     /// # Examples
     ///
     /// ```
@@ -149,6 +158,10 @@ impl Jitter {
     /// let (low, high) = Jitter::down(0.2).bounds(Duration::from_secs(300));
     /// assert_eq!(low, Duration::from_secs(240));
     /// assert_eq!(high, Duration::from_secs(300));
+    ///
+    /// // Below the floor: the base, never more.
+    /// let short = Duration::from_millis(500);
+    /// assert_eq!(Jitter::down(0.2).bounds(short), (short, short));
     /// ```
     pub fn down(r: f64) -> Jitter {
         Jitter::of(Kind::Down(r))
@@ -214,8 +227,9 @@ impl Jitter {
         self.floor.unwrap_or(Self::DEFAULT_FLOOR)
     }
 
-    /// Checks the parameters: a ratio must be in `0..=1` (not NaN) and the
-    /// floor at least 1 ms.
+    /// Checks the parameters: a ratio must be in `0..=1` (not NaN), a fixed
+    /// or additive spread at most 365 days, and the floor between 1 ms and
+    /// 365 days.
     ///
     /// # Examples
     ///
@@ -229,7 +243,13 @@ impl Jitter {
     pub fn validate(&self) -> Result<(), ConfigError> {
         match self.kind {
             Kind::Ratio(r) | Kind::Down(r) => check_ratio(r)?,
-            Kind::None | Kind::Fixed(_) | Kind::UpTo(_) => {}
+            Kind::Fixed(d) | Kind::UpTo(d) => ConfigError::at_most(
+                "jitter spread",
+                d,
+                MAX_WINDOW,
+                "use a spread well below the TTL, or Jitter::ratio",
+            )?,
+            Kind::None => {}
         }
         let floor = self.floor();
         if to_ms(floor) == 0 {
@@ -238,7 +258,12 @@ impl Jitter {
                 to_ms(floor)
             )));
         }
-        Ok(())
+        ConfigError::at_most(
+            "jitter floor",
+            floor,
+            MAX_WINDOW,
+            "use a floor below the TTL (the default is 1s)",
+        )
     }
 
     /// The inclusive range `(low, high)` of what [`Jitter::apply`] can return
@@ -277,7 +302,12 @@ impl Jitter {
                 let d = delta(r);
                 (base_ms - d, base_ms.saturating_add(d))
             }
-            Kind::Down(r) => (base_ms - delta(r), base_ms),
+            Kind::Down(r) => {
+                // Never above the base: the floor lifts the low end at most
+                // to the base, so a base below the floor is used as it is.
+                let low = (base_ms - delta(r)).max(floor_ms.min(base_ms));
+                return (low.max(1), base_ms.max(1));
+            }
             Kind::Fixed(d) => {
                 let d = to_ms(d);
                 (base_ms.saturating_sub(d), base_ms.saturating_add(d))
@@ -647,12 +677,13 @@ mod tests {
         fn down_never_exceeds_base(
             r in 0.0..=1.0f64,
             floor in any_floor(),
-            base in 0..=TEN_DAYS_MS,
+            base in prop_oneof![0..=2_000u64, 0..=TEN_DAYS_MS],
             seed in any::<u64>(),
         ) {
             let jitter = with_floor(Jitter::down(r), floor);
             let base = ms(base);
-            let limit = base.max(jitter.floor());
+            // Never above the base, whatever the floor (1 ms at least).
+            let limit = base.max(ms(1));
             prop_assert!(jitter.bounds(base).1 <= limit);
             let mut rng = rng(seed);
             for _ in 0..16 {
@@ -829,12 +860,7 @@ mod tests {
     #[test]
     fn tiny_ttls_never_below_default_floor() {
         for base in [ms(0), ms(1), ms(500)] {
-            for jitter in [
-                Jitter::ratio(1.0),
-                Jitter::fixed(secs(10)),
-                Jitter::down(1.0),
-                Jitter::none(),
-            ] {
+            for jitter in [Jitter::ratio(1.0), Jitter::fixed(secs(10)), Jitter::none()] {
                 let (low, _) = jitter.bounds(base);
                 assert_eq!(low, secs(1), "{jitter} on {base:?}");
                 let out = samples(jitter, base, 46);
@@ -842,6 +868,20 @@ mod tests {
             }
         }
         assert_eq!(Jitter::none().bounds(ms(500)), (secs(1), secs(1)));
+    }
+
+    /// The floor never lifts `down` above its base: a sub-second TTL is
+    /// used as it is.
+    #[test]
+    fn down_below_the_floor_is_the_base() {
+        for base in [ms(1), ms(500), ms(999)] {
+            assert_eq!(Jitter::down(0.2).bounds(base), (base, base));
+            assert_eq!(Jitter::down(1.0).apply(base, &mut rng(3)), base);
+        }
+        assert_eq!(Jitter::down(1.0).bounds(ms(0)), (ms(1), ms(1)));
+        // Above the floor, the floor still lifts the low end.
+        assert_eq!(Jitter::down(0.9).bounds(secs(2)), (secs(1), secs(2)));
+        assert_eq!(Jitter::down(0.2).bounds(ms(1100)), (secs(1), ms(1100)));
     }
 
     #[test]
@@ -930,15 +970,36 @@ mod tests {
             Err("jitter ratio must be in 0..=1, got 2".to_owned())
         );
 
+        let year = secs(365 * 24 * 3600);
+        assert_eq!(
+            msg(Jitter::fixed(Duration::MAX).validate()),
+            Err(format!(
+                "jitter spread must be at most 365 days, got {:?}; use a spread well below the TTL, or Jitter::ratio",
+                Duration::MAX
+            ))
+        );
+        assert_eq!(
+            msg(Jitter::up_to(year + ms(1)).validate()),
+            Err("jitter spread must be at most 365 days, got 31536000.001s; use a spread well below the TTL, or Jitter::ratio".to_owned())
+        );
+        assert_eq!(
+            msg(Jitter::none().with_floor(Duration::MAX).validate()),
+            Err(format!(
+                "jitter floor must be at most 365 days, got {:?}; use a floor below the TTL (the default is 1s)",
+                Duration::MAX
+            ))
+        );
+
         for ok in [
             Jitter::none(),
             Jitter::ratio(0.0),
             Jitter::ratio(1.0),
             Jitter::down(0.5),
             Jitter::fixed(Duration::ZERO),
-            Jitter::fixed(Duration::MAX),
-            Jitter::up_to(Duration::MAX),
+            Jitter::fixed(year),
+            Jitter::up_to(year),
             Jitter::ratio(0.2).with_floor(ms(1)),
+            Jitter::ratio(0.2).with_floor(year),
         ] {
             assert_eq!(msg(ok.validate()), Ok(()), "{ok}");
         }
