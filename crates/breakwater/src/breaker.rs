@@ -22,12 +22,15 @@ use rand::rngs::StdRng;
 use tokio::time::Instant;
 
 use crate::clock::millis as to_ms;
-use crate::error::{ConfigError, Error, ErrorKind};
+use crate::error::{ConfigError, Error, ErrorKind, MAX_WAIT};
 use crate::jitter::Jitter;
 
 /// The sliding window is kept as this many buckets, so it slides in steps of
 /// `window / BUCKETS` and its memory does not grow with the load.
 const BUCKETS: u64 = 10;
+
+/// The most half-open probes accepted.
+const MAX_PROBES: u32 = 1_000;
 
 /// How far ahead "never" is when a cool-down overflows the clock (30 years,
 /// as tokio does).
@@ -177,6 +180,12 @@ impl BreakerConfig {
                     "breaker failure window must be greater than zero",
                 ));
             }
+            ConfigError::at_most(
+                "breaker failure window",
+                window,
+                MAX_WAIT,
+                "use seconds to minutes, e.g. 30s",
+            )?;
             if min_calls == 0 {
                 return Err(ConfigError::new("breaker min calls must be at least 1"));
             }
@@ -185,6 +194,19 @@ impl BreakerConfig {
             return Err(ConfigError::new(
                 "breaker cool-down must be greater than zero",
             ));
+        }
+        ConfigError::at_most(
+            "breaker cool-down",
+            self.cool_down,
+            MAX_WAIT,
+            "use seconds to minutes (the default is 5s)",
+        )?;
+        if self.half_open_probes > MAX_PROBES {
+            return Err(ConfigError::new(format!(
+                "breaker half-open probes must be at most {MAX_PROBES}, got {}; a few probes \
+                 tell whether the origin is back",
+                self.half_open_probes
+            )));
         }
         self.cool_down_jitter.validate()?;
         if self.half_open_probes == 0 {

@@ -192,13 +192,24 @@ impl Compression {
         }
     }
 
+    /// The largest decompressed-size cap accepted: 1 GiB.
+    pub const MAX_MAX_DECOMPRESSED: usize = 1024 * 1024 * 1024;
+
     /// Checks the settings: the decompressed-size cap must be greater than
-    /// zero.
+    /// zero and at most 1 GiB.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.max_decompressed == 0 {
             return Err(ConfigError::new(
                 "max decompressed size must be greater than zero",
             ));
+        }
+        if self.max_decompressed > Self::MAX_MAX_DECOMPRESSED {
+            return Err(ConfigError::new(format!(
+                "max decompressed size must be at most {} bytes (1 GiB), got {}; \
+                 use the default (64 MiB) or the largest value you cache",
+                Self::MAX_MAX_DECOMPRESSED,
+                self.max_decompressed
+            )));
         }
         Ok(())
     }

@@ -283,6 +283,11 @@ impl ConfigError {
 /// moka's 1,000-year limit or Redis's `PX`.
 pub(crate) const MAX_WINDOW: Duration = Duration::from_secs(365 * DAY_SECS);
 
+/// The longest wait, timeout or interval any setting accepts
+/// (`load_timeout`, `fail_safe_throttle`, a queue wait, a backoff cap, a
+/// breaker cool-down, a Redis timeout): a day.
+pub(crate) const MAX_WAIT: Duration = Duration::from_secs(DAY_SECS);
+
 const DAY_SECS: u64 = 24 * 3600;
 
 /// A limit as a message shows it: `365 days`, `1 day`, else `{:?}`.

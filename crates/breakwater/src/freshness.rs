@@ -89,6 +89,10 @@ enum Kind {
     Fraction(f64),
 }
 
+/// The largest XFetch β accepted: past it nearly every read of a key
+/// whose load takes any time would refresh it.
+const MAX_BETA: f64 = 100.0;
+
 /// Probabilistic or deterministic refresh before a value stops being fresh.
 ///
 /// The default is [`EarlyRefresh::xfetch`] with β = 1.
@@ -118,7 +122,7 @@ impl EarlyRefresh {
     /// (ms) and `U` uniform in `(0, 1]`. A read refreshes with probability
     /// `exp(−remaining / (δβ))`; β > 1 favours earlier refresh. The default
     /// is β = 1. With δ = 0 (an instant load) it never refreshes early. β must
-    /// be finite and greater than zero.
+    /// be finite, greater than zero and at most 100.
     pub fn xfetch(beta: f64) -> Self {
         EarlyRefresh {
             kind: Kind::XFetch(beta),
@@ -136,8 +140,9 @@ impl EarlyRefresh {
         }
     }
 
-    /// Checks the parameters: β must be finite and greater than zero, a
-    /// fraction strictly between 0 and 1 (NaN is rejected by both).
+    /// Checks the parameters: β must be finite, greater than zero and at
+    /// most 100, a fraction strictly between 0 and 1 (NaN is rejected by
+    /// both).
     ///
     /// # Examples
     ///
@@ -153,12 +158,17 @@ impl EarlyRefresh {
         match self.kind {
             Kind::None => Ok(()),
             Kind::XFetch(beta) => {
-                if beta.is_finite() && beta > 0.0 {
-                    Ok(())
-                } else {
+                if !(beta.is_finite() && beta > 0.0) {
                     Err(ConfigError::new(format!(
                         "xfetch beta must be a finite number greater than zero, got {beta}"
                     )))
+                } else if beta > MAX_BETA {
+                    Err(ConfigError::new(format!(
+                        "xfetch beta must be at most {MAX_BETA}, got {beta}; use 1 (the default) \
+                         or a little more for earlier refreshes"
+                    )))
+                } else {
+                    Ok(())
                 }
             }
             Kind::Fraction(f) => {
@@ -725,7 +735,7 @@ mod tests {
         }
 
         #[test]
-        fn valid_params_pass_validation(beta in 1e-6..1e6f64, fraction in 1e-6..(1.0 - 1e-6)) {
+        fn valid_params_pass_validation(beta in 1e-6..=100f64, fraction in 1e-6..(1.0 - 1e-6)) {
             prop_assert!(EarlyRefresh::xfetch(beta).validate().is_ok());
             prop_assert!(EarlyRefresh::after_fraction(fraction).validate().is_ok());
         }

@@ -18,7 +18,7 @@ use std::time::Duration;
 use rand::{Rng, RngExt};
 
 use crate::clock::millis as to_ms;
-use crate::error::{ConfigError, MAX_WINDOW};
+use crate::error::{ConfigError, MAX_WAIT, MAX_WINDOW};
 
 /// The floor [`Interval`] uses when its jitter has no explicit floor.
 const INTERVAL_FLOOR_MS: u64 = 1;
@@ -430,7 +430,8 @@ impl Backoff {
     }
 
     /// Checks the parameters: the base must be at least 1 ms (arithmetic is
-    /// in whole milliseconds) and the cap at least the base.
+    /// in whole milliseconds) and the cap at least the base and at most a
+    /// day.
     ///
     /// # Examples
     ///
@@ -453,7 +454,12 @@ impl Backoff {
                 self.cap, self.base
             )));
         }
-        Ok(())
+        ConfigError::at_most(
+            "backoff cap",
+            self.cap,
+            MAX_WAIT,
+            "use seconds (load_timeout bounds the retries anyway)",
+        )
     }
 
     /// The largest delay `attempt` (0-based) can get: `min(cap, base·2^attempt)`
@@ -627,6 +633,7 @@ mod tests {
     }
 
     const TEN_DAYS_MS: u64 = 10 * 24 * 60 * 60 * 1000;
+    const ONE_DAY_MS: u64 = 24 * 60 * 60 * 1000;
 
     fn any_jitter() -> impl Strategy<Value = Jitter> {
         prop_oneof![
@@ -654,20 +661,25 @@ mod tests {
         fn apply_lies_within_bounds(
             jitter in any_jitter(),
             floor in any_floor(),
-            base in 0..=TEN_DAYS_MS,
+            base in prop_oneof![0..=2_000u64, 0..=TEN_DAYS_MS],
             seed in any::<u64>(),
         ) {
             let jitter = with_floor(jitter, floor);
             prop_assert!(jitter.validate().is_ok());
             let base = ms(base);
+            // `down` never goes above its base, floor or not.
+            let floor = match jitter.kind {
+                Kind::Down(_) => jitter.floor().min(base).max(ms(1)),
+                _ => jitter.floor(),
+            };
             let (low, high) = jitter.bounds(base);
             prop_assert!(low <= high);
-            prop_assert!(low >= jitter.floor());
+            prop_assert!(low >= floor);
             let mut rng = rng(seed);
             for _ in 0..16 {
                 let out = jitter.apply(base, &mut rng);
                 prop_assert!(low <= out && out <= high, "{out:?} not in {low:?}..={high:?}");
-                prop_assert!(out >= jitter.floor());
+                prop_assert!(out >= floor);
                 prop_assert!(out >= ms(1));
                 prop_assert_eq!(out.subsec_nanos() % 1_000_000, 0);
             }
@@ -733,7 +745,7 @@ mod tests {
         #[test]
         fn full_jitter_within_ceiling(
             base in 1..=60_000u64,
-            extra in 0..=TEN_DAYS_MS,
+            extra in 0..=(ONE_DAY_MS - 60_000),
             attempt in 0..=300u32,
             seed in any::<u64>(),
         ) {

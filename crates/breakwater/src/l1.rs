@@ -56,7 +56,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::error::ConfigError;
+use crate::error::{ConfigError, MAX_WINDOW};
+
+/// The most L1 entries accepted.
+const MAX_L1_ENTRIES: u64 = 100_000_000;
 
 /// Near-cache settings.
 ///
@@ -127,11 +130,31 @@ impl L1Config {
     /// # Errors
     ///
     /// `l1 entries must be at least 1`, `l1 ttl must be at least 1ms, got 0ns`,
-    /// `l1 keep (1s) must be at least the l1 ttl (30s)`.
+    /// `l1 keep (1s) must be at least the l1 ttl (30s)`; at most
+    /// 100,000,000 entries, and `ttl` and `keep` at most 365 days.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.entries == 0 {
             return Err(ConfigError::new("l1 entries must be at least 1"));
         }
+        if self.entries > MAX_L1_ENTRIES {
+            return Err(ConfigError::new(format!(
+                "l1 entries must be at most {MAX_L1_ENTRIES}, got {}; an in-process cache that \
+                 large belongs in the store, use fewer entries",
+                self.entries
+            )));
+        }
+        ConfigError::at_most(
+            "l1 ttl",
+            self.ttl,
+            MAX_WINDOW,
+            "use an l1 ttl of seconds to minutes (the default is 30s)",
+        )?;
+        ConfigError::at_most(
+            "l1 keep",
+            self.keep,
+            MAX_WINDOW,
+            "use an l1 keep of at most 365 days (the default is 10 min)",
+        )?;
         if self.ttl < Duration::from_millis(1) {
             return Err(ConfigError::new(format!(
                 "l1 ttl must be at least 1ms, got {:?}",
@@ -333,10 +356,16 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
         } else {
             self.generation.load(Ordering::SeqCst)
         };
+        // Both are bounded by the validated `ttl`/`keep`; saturate anyway.
+        let (Some(fresh_until), Some(stale_until)) =
+            (now.checked_add(fresh_for), now.checked_add(keep))
+        else {
+            return;
+        };
         let slot = Slot {
             value,
-            fresh_until: now + fresh_for,
-            stale_until: now + keep,
+            fresh_until,
+            stale_until,
             stored,
             refresh_by,
             generation,

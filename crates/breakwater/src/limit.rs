@@ -21,7 +21,12 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::clock::millis as to_ms;
-use crate::error::{ConfigError, Error, ErrorKind};
+use crate::error::{ConfigError, Error, ErrorKind, MAX_WAIT};
+
+/// The most concurrent loads, loads per second or burst accepted: a
+/// million (a rate above it spaces loads less than 1 µs apart, which the
+/// token bucket cannot tell from no limit).
+const MAX_COUNT: u32 = 1_000_000;
 
 /// How many loads may run, how fast they may start and how long they may
 /// queue.
@@ -124,18 +129,43 @@ impl LimitConfig {
         if self.max_concurrent == 0 {
             return Err(ConfigError::new("max concurrent loads must be at least 1"));
         }
+        if self.max_concurrent > MAX_COUNT {
+            return Err(ConfigError::new(format!(
+                "max concurrent loads must be at most {MAX_COUNT}, got {}; use what the \
+                 database can serve at once",
+                self.max_concurrent
+            )));
+        }
         if let Some(rate) = self.rate {
             if rate.per_second == 0 {
                 return Err(ConfigError::new("load rate must be at least 1 per second"));
             }
+            if rate.per_second > MAX_COUNT {
+                return Err(ConfigError::new(format!(
+                    "load rate must be at most {MAX_COUNT} per second, got {}; leave rate \
+                     unset for no limit",
+                    rate.per_second
+                )));
+            }
             if rate.burst == 0 {
                 return Err(ConfigError::new("load burst must be at least 1"));
+            }
+            if rate.burst > MAX_COUNT {
+                return Err(ConfigError::new(format!(
+                    "load burst must be at most {MAX_COUNT}, got {}; use at most the rate",
+                    rate.burst
+                )));
             }
         }
         if self.queue_wait.is_zero() {
             return Err(ConfigError::new("queue wait must be greater than zero"));
         }
-        Ok(())
+        ConfigError::at_most(
+            "queue wait",
+            self.queue_wait,
+            MAX_WAIT,
+            "use milliseconds to seconds (the default is 1s)",
+        )
     }
 }
 

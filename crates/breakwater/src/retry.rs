@@ -20,6 +20,9 @@ use crate::jitter::Backoff;
 
 type Classifier = Arc<dyn Fn(&Error) -> bool + Send + Sync + 'static>;
 
+/// The most attempts accepted.
+const MAX_ATTEMPTS: u32 = 100;
+
 /// How often and how patiently a failed load is tried again.
 ///
 /// # Defaults
@@ -159,6 +162,13 @@ impl RetryConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.max_attempts == 0 {
             return Err(ConfigError::new("retry max attempts must be at least 1"));
+        }
+        if self.max_attempts > MAX_ATTEMPTS {
+            return Err(ConfigError::new(format!(
+                "retry max attempts must be at most {MAX_ATTEMPTS}, got {}; a few attempts \
+                 (load_timeout bounds them all together) are enough",
+                self.max_attempts
+            )));
         }
         self.backoff.validate()
     }

@@ -398,6 +398,193 @@ fn builder_rejects_invalid_settings_with_exact_messages() {
     );
 }
 
+/// Every setting whose arithmetic could overflow (or that makes no sense)
+/// has an upper bound, with a message that says what to use instead.
+#[test]
+fn builder_rejects_settings_past_their_upper_bounds() {
+    use breakwater::{Backoff, BreakerConfig, EarlyRefresh, L1Config, LimitConfig, RetryConfig};
+    let msg = |b: breakwater::CacheBuilder<u32>| b.build().unwrap_err().to_string();
+    let max = Duration::MAX;
+    let year = Duration::from_secs(365 * 24 * 3600);
+    let day = Duration::from_secs(24 * 3600);
+    let over = |d: Duration| d + Duration::from_millis(1);
+    assert_eq!(
+        msg(Cache::builder().ttl(max)),
+        format!(
+            "ttl must be at most 365 days, got {max:?}; a value kept longer belongs in the \
+             database; use at most 365 days"
+        )
+    );
+    assert_eq!(
+        msg(Cache::builder().negative_ttl(over(year))),
+        "negative_ttl must be at most 365 days, got 31536000.001s; a value kept longer \
+         belongs in the database; use at most 365 days"
+    );
+    assert_eq!(
+        msg(Cache::builder().grace(max)),
+        format!(
+            "grace must be at most 365 days, got {max:?}; use a grace of at most 365 days \
+             (Duration::ZERO for none)"
+        )
+    );
+    assert_eq!(
+        msg(Cache::builder().max_stale(max)),
+        format!(
+            "max_stale must be at most 365 days, got {max:?}; use a max_stale of at most 365 days"
+        )
+    );
+    assert_eq!(
+        msg(Cache::builder().load_timeout(over(day))),
+        "load_timeout must be at most 1 day, got 86400.001s; use a load_timeout of at most 1 day"
+    );
+    assert_eq!(
+        msg(Cache::builder().fail_safe_throttle(max)),
+        format!(
+            "fail_safe_throttle must be at most 1 day, got {max:?}; use a throttle of at most \
+             1 day (the default is 5s)"
+        )
+    );
+    assert_eq!(
+        msg(Cache::builder().jitter(Jitter::fixed(max))),
+        format!(
+            "jitter spread must be at most 365 days, got {max:?}; use a spread well below the \
+             TTL, or Jitter::ratio"
+        )
+    );
+    assert_eq!(
+        msg(Cache::builder().jitter(Jitter::up_to(max))),
+        format!(
+            "jitter spread must be at most 365 days, got {max:?}; use a spread well below the \
+             TTL, or Jitter::ratio"
+        )
+    );
+    assert_eq!(
+        msg(Cache::builder().early_refresh(EarlyRefresh::xfetch(1e6))),
+        "xfetch beta must be at most 100, got 1000000; use 1 (the default) or a little more \
+         for earlier refreshes"
+    );
+    assert_eq!(
+        msg(Cache::builder().max_key_len(usize::MAX)),
+        format!(
+            "max_key_len must be at most 65536 bytes, got {}; hash longer keys into a short one",
+            usize::MAX
+        )
+    );
+    assert_eq!(
+        msg(Cache::builder().l1(L1Config::new().ttl(max).keep(max))),
+        format!(
+            "l1 ttl must be at most 365 days, got {max:?}; use an l1 ttl of seconds to minutes \
+             (the default is 30s)"
+        )
+    );
+    assert_eq!(
+        msg(Cache::builder().l1(L1Config::new().keep(max))),
+        format!(
+            "l1 keep must be at most 365 days, got {max:?}; use an l1 keep of at most 365 days \
+             (the default is 10 min)"
+        )
+    );
+    assert_eq!(
+        msg(Cache::builder().l1(L1Config::new().entries(u64::MAX))),
+        format!(
+            "l1 entries must be at most 100000000, got {}; an in-process cache that large \
+             belongs in the store, use fewer entries",
+            u64::MAX
+        )
+    );
+    assert_eq!(
+        msg(Cache::builder().store_breaker(BreakerConfig::new().cool_down(max))),
+        format!(
+            "breaker cool-down must be at most 1 day, got {max:?}; use seconds to minutes (the \
+             default is 5s)"
+        )
+    );
+    assert_eq!(
+        msg(Cache::builder().breaker(BreakerConfig::new().failure_ratio(0.5, max, 10))),
+        format!(
+            "breaker failure window must be at most 1 day, got {max:?}; use seconds to minutes, \
+             e.g. 30s"
+        )
+    );
+    assert_eq!(
+        msg(Cache::builder().breaker(BreakerConfig::new().half_open_probes(u32::MAX))),
+        format!(
+            "breaker half-open probes must be at most 1000, got {}; a few probes tell whether \
+             the origin is back",
+            u32::MAX
+        )
+    );
+    assert_eq!(
+        msg(Cache::builder().limit(LimitConfig::new().max_concurrent(u32::MAX))),
+        format!(
+            "max concurrent loads must be at most 1000000, got {}; use what the database can \
+             serve at once",
+            u32::MAX
+        )
+    );
+    assert_eq!(
+        msg(Cache::builder().limit(LimitConfig::new().rate(u32::MAX, 1))),
+        format!(
+            "load rate must be at most 1000000 per second, got {}; leave rate unset for no limit",
+            u32::MAX
+        )
+    );
+    assert_eq!(
+        msg(Cache::builder().limit(LimitConfig::new().rate(10, u32::MAX))),
+        format!(
+            "load burst must be at most 1000000, got {}; use at most the rate",
+            u32::MAX
+        )
+    );
+    assert_eq!(
+        msg(Cache::builder().limit(LimitConfig::new().queue_wait(max))),
+        format!(
+            "queue wait must be at most 1 day, got {max:?}; use milliseconds to seconds (the \
+             default is 1s)"
+        )
+    );
+    assert_eq!(
+        msg(Cache::builder().retry(RetryConfig::new().max_attempts(u32::MAX))),
+        format!(
+            "retry max attempts must be at most 100, got {}; a few attempts (load_timeout \
+             bounds them all together) are enough",
+            u32::MAX
+        )
+    );
+    assert_eq!(
+        msg(Cache::builder().retry(
+            RetryConfig::new().backoff(Backoff::full_jitter(Duration::from_millis(100), max))
+        )),
+        format!(
+            "backoff cap must be at most 1 day, got {max:?}; use seconds (load_timeout bounds \
+             the retries anyway)"
+        )
+    );
+    assert_eq!(
+        msg(Cache::builder().compression(Compression::lz4().max_decompressed(usize::MAX))),
+        format!(
+            "max decompressed size must be at most 1073741824 bytes (1 GiB), got {}; use the \
+             default (64 MiB) or the largest value you cache",
+            usize::MAX
+        )
+    );
+    // Each bound itself is accepted.
+    Cache::<u32>::builder()
+        .ttl(year)
+        .negative_ttl(year)
+        .grace(year)
+        .max_stale(year)
+        .jitter(Jitter::up_to(year))
+        .load_timeout(Duration::from_secs(3600))
+        .fail_safe_throttle(day)
+        .early_refresh(EarlyRefresh::xfetch(100.0))
+        .max_key_len(64 * 1024)
+        .l1(L1Config::new().ttl(year).keep(year).entries(100_000_000))
+        .store_breaker(BreakerConfig::new().cool_down(day))
+        .build()
+        .unwrap();
+}
+
 #[test]
 fn safe_lease_settings_are_accepted() {
     use breakwater::OnLockTimeout;

@@ -102,6 +102,17 @@ impl OnLockTimeout {
 /// | `l1` | off; [`L1Config::new`] when enabled: 10,000 entries, 30 s |
 /// | `store_breaker` | opens after 5 consecutive store failures, 1 s cool-down (jittered ±20 %); one per failure domain (per 256 hash slots on a Redis Cluster) |
 /// | `rng_seed` | none (seeded from the OS) |
+///
+/// # Limits
+///
+/// [`build`](Self::build) rejects, with a message saying what to use
+/// instead, any setting whose arithmetic could overflow or that makes no
+/// sense: windows (`ttl`, `negative_ttl`, `grace`, `max_stale`, a jitter's
+/// spread and floor, L1's `ttl` and `keep`) above 365 days; waits
+/// (`load_timeout`, `fail_safe_throttle`, `lease_ttl`, `lock_wait`,
+/// `lock_poll`, a bulkhead's `queue_wait`, a backoff cap, a breaker's
+/// cool-down and window) above a day; `max_key_len` above 64 KiB; counts
+/// past what their policy can use (see each config's `validate`).
 pub struct CacheBuilder<V> {
     namespace: String,
     store: Option<Arc<dyn Store>>,
@@ -141,6 +152,9 @@ impl<V> fmt::Debug for CacheBuilder<V> {
             .finish_non_exhaustive()
     }
 }
+
+/// The largest `max_key_len` accepted, in bytes.
+const MAX_KEY_LEN: usize = 64 * 1024;
 
 /// The longest namespace accepted, in bytes.
 const MAX_NAMESPACE_LEN: usize = 128;
@@ -453,6 +467,13 @@ impl<V: Value> CacheBuilder<V> {
         }
         if self.max_key_len == 0 {
             return Err(ConfigError::new("max_key_len must be greater than zero"));
+        }
+        if self.max_key_len > MAX_KEY_LEN {
+            return Err(ConfigError::new(format!(
+                "max_key_len must be at most {MAX_KEY_LEN} bytes, got {}; hash longer keys \
+                 into a short one",
+                self.max_key_len
+            )));
         }
         self.compression.validate()?;
         let rng = match self.rng_seed {

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use super::{Cache, Value};
-use crate::error::{ConfigError, Error};
+use crate::error::{ConfigError, Error, MAX_WAIT, MAX_WINDOW};
 use crate::freshness::EarlyRefresh;
 use crate::jitter::Jitter;
 
@@ -32,6 +32,10 @@ impl Options {
     }
 
     /// Every rule a set of options must satisfy, with exact messages.
+    ///
+    /// Windows (`ttl`, `negative_ttl`, `grace`, `max_stale`) are at most 365
+    /// days and waits (`load_timeout`, `fail_safe_throttle`) at most a day,
+    /// so no deadline computed from them can overflow.
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         for (name, value) in [("ttl", self.ttl), ("negative_ttl", self.negative_ttl)] {
             if value < Duration::from_millis(1) {
@@ -39,6 +43,26 @@ impl Options {
                     "{name} must be at least 1ms, got {value:?}"
                 )));
             }
+            ConfigError::at_most(
+                name,
+                value,
+                MAX_WINDOW,
+                "a value kept longer belongs in the database; use at most 365 days",
+            )?;
+        }
+        ConfigError::at_most(
+            "grace",
+            self.grace,
+            MAX_WINDOW,
+            "use a grace of at most 365 days (Duration::ZERO for none)",
+        )?;
+        if let Some(max_stale) = self.max_stale {
+            ConfigError::at_most(
+                "max_stale",
+                max_stale,
+                MAX_WINDOW,
+                "use a max_stale of at most 365 days",
+            )?;
         }
         if let Some(max_stale) = self.max_stale
             && self.grace > max_stale
@@ -54,6 +78,18 @@ impl Options {
                 self.load_timeout
             )));
         }
+        ConfigError::at_most(
+            "load_timeout",
+            self.load_timeout,
+            MAX_WAIT,
+            "use a load_timeout of at most 1 day",
+        )?;
+        ConfigError::at_most(
+            "fail_safe_throttle",
+            self.fail_safe_throttle,
+            MAX_WAIT,
+            "use a throttle of at most 1 day (the default is 5s)",
+        )?;
         if let Some(soft) = self.soft_timeout
             && (soft.is_zero() || soft >= self.load_timeout)
         {

@@ -432,6 +432,19 @@ impl Store for MemoryStore {
 mod tests {
     use super::*;
 
+    /// A TTL past what an instant can hold is cut to ten years, not a panic.
+    #[tokio::test(start_paused = true)]
+    async fn an_endless_ttl_saturates() {
+        let store = MemoryStore::new();
+        store.set(b"k", b"v", Duration::MAX).await.unwrap();
+        assert_eq!(store.get(b"k").await.unwrap(), Some(b"v".to_vec()));
+        let ttl = store.ttl(b"k").await.unwrap().unwrap();
+        assert!(ttl > Duration::from_secs(9 * 365 * 24 * 3600), "{ttl:?}");
+        let attempt = store.acquire_lease(b"l", b"t", Duration::MAX).await;
+        assert!(matches!(attempt, Ok(LeaseAttempt::Acquired)));
+        assert!(store.extend_lease(b"l", b"t", Duration::MAX).await.unwrap());
+    }
+
     #[tokio::test(start_paused = true)]
     async fn entries_expire_on_tokios_clock() {
         let store = MemoryStore::new();

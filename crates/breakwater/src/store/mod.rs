@@ -287,7 +287,14 @@ pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-/// Converts a TTL to whole milliseconds, rejecting anything below 1 ms.
+/// The longest TTL a store is asked for, in ms: 10 years. Longer ones are
+/// cut to it: Redis refuses a `PX` that overflows its clock ("invalid expire
+/// time"), and an instant that far out would overflow. The cache's own TTLs
+/// (each window at most 365 days) never come near it.
+pub(crate) const MAX_STORE_TTL_MS: u64 = 10 * 365 * 24 * 3600 * 1000;
+
+/// Converts a TTL to whole milliseconds, rejecting anything below 1 ms and
+/// saturating at [`MAX_STORE_TTL_MS`].
 pub(crate) fn ttl_millis(ttl: Duration) -> Result<u64, Error> {
     let ms = crate::clock::millis(ttl);
     if ms == 0 {
@@ -296,5 +303,5 @@ pub(crate) fn ttl_millis(ttl: Duration) -> Result<u64, Error> {
         ))
         .into());
     }
-    Ok(ms)
+    Ok(ms.min(MAX_STORE_TTL_MS))
 }

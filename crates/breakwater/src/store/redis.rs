@@ -32,7 +32,7 @@ use super::{
     Subscription, ttl_millis,
 };
 use crate::clock::{SystemClock, WallClock, millis};
-use crate::error::{ConfigError, Error, ErrorKind};
+use crate::error::{ConfigError, Error, ErrorKind, MAX_WAIT};
 use crate::jitter::{Backoff, poll_delay};
 
 // A lease's value is its holder's token followed by one status byte: `-`,
@@ -271,6 +271,7 @@ impl RedisStoreConfig {
         self
     }
 
+    /// Every setting greater than zero and at most a day.
     fn validate(&self) -> Result<(), ConfigError> {
         for (name, value) in [
             ("connect_timeout", self.connect_timeout),
@@ -283,6 +284,12 @@ impl RedisStoreConfig {
                     "redis {name} must be greater than zero"
                 )));
             }
+            ConfigError::at_most(
+                &format!("redis {name}"),
+                value,
+                MAX_WAIT,
+                "use milliseconds to seconds (see RedisStoreConfig's defaults)",
+            )?;
         }
         Ok(())
     }
@@ -1415,6 +1422,22 @@ mod tests {
             err.to_string(),
             "invalid configuration: redis response_timeout must be greater than zero"
         );
+    }
+
+    #[test]
+    fn timeouts_past_a_day_are_rejected() {
+        let config = RedisStoreConfig::default().connect_timeout(Duration::MAX);
+        let err = RedisStore::connect_with("redis://127.0.0.1:1/", config).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "invalid configuration: redis connect_timeout must be at most 1 day, got {:?}; \
+                 use milliseconds to seconds (see RedisStoreConfig's defaults)",
+                Duration::MAX
+            )
+        );
+        let config = RedisStoreConfig::default().clock_refresh(Duration::from_secs(86_401));
+        assert!(RedisStore::connect_cluster_with(["redis://127.0.0.1:1/"], config).is_err());
     }
 
     #[tokio::test]
