@@ -39,6 +39,10 @@ pub enum ErrorKind {
     /// Too many loads were already running or queued; this one was shed
     /// instead of piling onto the database.
     Overloaded,
+    /// An encoded value was larger than the cache's `max_value_size`
+    /// ([`CacheBuilder::max_value_size`](crate::CacheBuilder::max_value_size)):
+    /// it was not written (a loaded value is still returned to its callers).
+    TooLarge,
 }
 
 impl ErrorKind {
@@ -53,6 +57,7 @@ impl ErrorKind {
             ErrorKind::LockTimeout => "lock wait timed out",
             ErrorKind::CircuitOpen => "circuit open",
             ErrorKind::Overloaded => "overloaded",
+            ErrorKind::TooLarge => "value too large",
         }
     }
 }
@@ -202,6 +207,12 @@ impl Error {
     /// `true` if the load was shed because too many were running.
     pub fn is_overloaded(&self) -> bool {
         self.kind == ErrorKind::Overloaded
+    }
+
+    /// `true` if an encoded value was larger than `max_value_size` and was
+    /// not cached.
+    pub fn is_too_large(&self) -> bool {
+        self.kind == ErrorKind::TooLarge
     }
 }
 

@@ -13,6 +13,7 @@
 //! | `breakwater_unreadable_entries_total` | counter | | stored bytes that did not decode (treated as misses) |
 //! | `breakwater_store_errors_total` | counter | `op` | store operations that failed |
 //! | `breakwater_key_errors_total` | counter | `op` | store operations refused for one key (a value of another Redis type under it, a script or argument error about it, a value too large for the server): not store failures, never counted by the store breaker; the key's next fenced write replaces it |
+//! | `breakwater_too_large_total` | counter | | values not cached because their encoded entry was larger than `max_value_size` (a `set` that failed with `TooLarge`, or a load returned unwritten) |
 //! | `breakwater_warm_keys_total` | counter | `outcome`: `loaded`, `cached`, `failed` | keys walked by [`Cache::warm`](crate::Cache::warm) |
 
 use std::fmt;
@@ -108,6 +109,11 @@ impl Metrics {
     pub(crate) fn unreadable(&self) {
         counter!("breakwater_unreadable_entries_total", "namespace" => self.namespace.clone())
             .increment(1);
+    }
+
+    /// A value too large to cache.
+    pub(crate) fn too_large(&self) {
+        counter!("breakwater_too_large_total", "namespace" => self.namespace.clone()).increment(1);
     }
 
     /// One key of a warm-up: `loaded`, `cached` or `failed`.

@@ -87,6 +87,7 @@ impl OnLockTimeout {
 /// | `codec` | [`Codec::msgpack`] |
 /// | `compression` | [`Compression::lz4`] above 1 KiB |
 /// | `max_key_len` | 1024 bytes |
+/// | `max_value_size` | 16 MiB of encoded entry |
 /// | `grace` | 0 (no stale-while-revalidate) |
 /// | `max_stale` | `grace` (no value is ever served older than this past its fresh window) |
 /// | `early_refresh` | [`EarlyRefresh::xfetch(1.0)`](EarlyRefresh::xfetch) |
@@ -111,7 +112,8 @@ impl OnLockTimeout {
 /// spread and floor, L1's `ttl` and `keep`) above 365 days; waits
 /// (`load_timeout`, `fail_safe_throttle`, `lease_ttl`, `lock_wait`,
 /// `lock_poll`, a bulkhead's `queue_wait`, a backoff cap, a breaker's
-/// cool-down and window) above a day; `max_key_len` above 64 KiB; counts
+/// cool-down and window) above a day; `max_key_len` above 64 KiB;
+/// `max_value_size` outside 1 KiB..=512 MiB; counts
 /// past what their policy can use (see each config's `validate`).
 pub struct CacheBuilder<V> {
     namespace: String,
@@ -122,6 +124,7 @@ pub struct CacheBuilder<V> {
     codec: Codec,
     compression: Compression,
     max_key_len: usize,
+    max_value_size: usize,
     grace: Duration,
     max_stale: Option<Duration>,
     early_refresh: EarlyRefresh,
@@ -153,6 +156,29 @@ impl<V> fmt::Debug for CacheBuilder<V> {
     }
 }
 
+/// The default `max_value_size`: 16 MiB.
+const DEFAULT_MAX_VALUE_SIZE: usize = 16 * 1024 * 1024;
+/// The smallest `max_value_size` accepted: 1 KiB.
+const MIN_MAX_VALUE_SIZE: usize = 1024;
+/// The largest `max_value_size` accepted: 512 MiB, Redis's largest string.
+const MAX_MAX_VALUE_SIZE: usize = 512 * 1024 * 1024;
+
+fn validate_max_value_size(bytes: usize) -> Result<(), ConfigError> {
+    if bytes < MIN_MAX_VALUE_SIZE {
+        return Err(ConfigError::new(format!(
+            "max_value_size must be at least {MIN_MAX_VALUE_SIZE} bytes, got {bytes}; use the \
+             default (16 MiB) or the largest value you cache"
+        )));
+    }
+    if bytes > MAX_MAX_VALUE_SIZE {
+        return Err(ConfigError::new(format!(
+            "max_value_size must be at most {MAX_MAX_VALUE_SIZE} bytes (512 MiB, Redis's largest \
+             string), got {bytes}; use the default (16 MiB) or the largest value you cache"
+        )));
+    }
+    Ok(())
+}
+
 /// The largest `max_key_len` accepted, in bytes.
 const MAX_KEY_LEN: usize = 64 * 1024;
 
@@ -170,6 +196,7 @@ impl<V: Value> CacheBuilder<V> {
             codec: Codec::msgpack(),
             compression: Compression::lz4(),
             max_key_len: 1024,
+            max_value_size: DEFAULT_MAX_VALUE_SIZE,
             grace: Duration::ZERO,
             max_stale: None,
             early_refresh: EarlyRefresh::xfetch(1.0),
@@ -248,6 +275,19 @@ impl<V: Value> CacheBuilder<V> {
     /// The longest user key accepted, in bytes.
     pub fn max_key_len(mut self, bytes: usize) -> Self {
         self.max_key_len = bytes;
+        self
+    }
+
+    /// The largest entry written, in encoded bytes (after serialization and
+    /// compression, header included); between 1 KiB and 512 MiB (Redis's
+    /// largest string). A larger value is never cached:
+    /// [`Cache::set`] fails with [`TooLarge`](crate::ErrorKind::TooLarge),
+    /// and a loaded one is returned to its callers but not written (the
+    /// lease is released, so waiters elsewhere load for themselves). Each
+    /// one is counted in `breakwater_too_large_total` and logged with its
+    /// key and size. A value is fully encoded before it is measured.
+    pub fn max_value_size(mut self, bytes: usize) -> Self {
+        self.max_value_size = bytes;
         self
     }
 
@@ -475,6 +515,7 @@ impl<V: Value> CacheBuilder<V> {
                 self.max_key_len
             )));
         }
+        validate_max_value_size(self.max_value_size)?;
         self.compression.validate()?;
         let rng = match self.rng_seed {
             Some(seed) => StdRng::seed_from_u64(seed),
@@ -510,6 +551,7 @@ impl<V: Value> CacheBuilder<V> {
                 codec: self.codec,
                 compression: self.compression,
                 max_key_len: self.max_key_len,
+                max_value_size: self.max_value_size,
                 lease_ttl: self.lease_ttl,
                 lock_wait: self.lock_wait,
                 lock_poll: self.lock_poll,

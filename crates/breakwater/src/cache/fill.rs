@@ -312,7 +312,7 @@ impl<V: Value> Cache<V> {
         options: &Options,
         ticket: Option<Ticket>,
     ) {
-        if let Ok(sealed) = self.seal(value.as_ref(), load_time, options) {
+        if let Ok(sealed) = self.seal(key, value.as_ref(), load_time, options) {
             self.remember_sealed(key, value.clone(), &sealed, ticket)
                 .await;
         }
@@ -339,7 +339,8 @@ impl<V: Value> Cache<V> {
     /// one fence every load's write goes through), releasing the lease and
     /// publishing "filled" atomically; keeps it in L1 unless the key was
     /// invalidated since `ticket`. A value that cannot be sealed releases the
-    /// lease (waiters are told) and fails.
+    /// lease (waiters are told) and fails, except one too large to cache,
+    /// which is returned unwritten.
     async fn write_fenced(
         &self,
         key: &[u8],
@@ -350,11 +351,12 @@ impl<V: Value> Cache<V> {
         ticket: Option<Ticket>,
     ) -> Result<(), Error> {
         let inner = &self.inner;
-        let sealed = match self.seal(value, load_time, options) {
+        let sealed = match self.seal(key, value, load_time, options) {
             Ok(sealed) => sealed,
             Err(err) => {
                 self.release(key, lease).await;
-                return Err(err);
+                // Too large to cache: the callers still get the value.
+                return if err.is_too_large() { Ok(()) } else { Err(err) };
             }
         };
         inner.clear_throttle(key);

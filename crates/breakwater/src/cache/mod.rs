@@ -246,6 +246,8 @@ struct Inner {
     codec: Codec,
     compression: Compression,
     max_key_len: usize,
+    /// The largest encoded entry written.
+    max_value_size: usize,
     lease_ttl: Duration,
     /// As set; `None`: `queue_wait + load_timeout + 2 × lease_ttl` for each call.
     lock_wait: Option<Duration>,
@@ -400,11 +402,12 @@ impl<V: Value> Cache<V> {
     /// # Errors
     ///
     /// [`InvalidKey`](ErrorKind::InvalidKey), [`Codec`](ErrorKind::Codec) if
-    /// the value cannot be serialized, [`Store`](ErrorKind::Store) if the
-    /// write fails.
+    /// the value cannot be serialized, [`TooLarge`](ErrorKind::TooLarge) if
+    /// its encoded entry is larger than `max_value_size` (nothing is
+    /// written), [`Store`](ErrorKind::Store) if the write fails.
     pub async fn set(&self, key: impl AsRef<[u8]>, value: &V) -> Result<(), Error> {
         let key = self.storage_key(key.as_ref())?;
-        let sealed = self.seal(Some(value), Duration::ZERO, &self.inner.defaults)?;
+        let sealed = self.seal(&key, Some(value), Duration::ZERO, &self.inner.defaults)?;
         // Revoke any load in flight first, so its (older) result cannot land
         // on top of this value; then write, then wake waiters.
         let message = notify::message(notify::INVALIDATED, self.inner.waiters.sender(), &key);
@@ -1141,8 +1144,19 @@ impl<V: Value> Cache<V> {
     /// jittered TTL (the negative TTL for negative entries), and returns it
     /// with its physical TTL, which ends at `stale_until` (the fresh window
     /// plus `max_stale`).
+    ///
+    /// Every step saturates: the windows are validated (at most 365 days
+    /// each), and even unvalidated ones give a TTL the store cuts to what
+    /// it accepts, never an overflow.
+    ///
+    /// # Errors
+    ///
+    /// [`Codec`](ErrorKind::Codec) if the value does not serialize;
+    /// [`TooLarge`](ErrorKind::TooLarge) if the encoded entry is larger
+    /// than `max_value_size` (counted, and logged with `key` and the size).
     fn seal(
         &self,
+        key: &[u8],
         value: Option<&V>,
         load_time: Duration,
         options: &Options,
@@ -1180,9 +1194,28 @@ impl<V: Value> Cache<V> {
             load_ms,
             payload,
         };
+        let bytes = entry.encode(&inner.compression);
+        if bytes.len() > inner.max_value_size {
+            inner.metrics.too_large();
+            tracing::warn!(
+                key = %show_key(key),
+                bytes = bytes.len(),
+                max_value_size = inner.max_value_size,
+                "value is larger than max_value_size; not cached"
+            );
+            return Err(Error::new(
+                ErrorKind::TooLarge,
+                format!(
+                    "the encoded value is {} bytes, above max_value_size ({} bytes); it was not \
+                     cached (raise CacheBuilder::max_value_size, or cache smaller values)",
+                    bytes.len(),
+                    inner.max_value_size
+                ),
+            ));
+        }
         Ok(Sealed {
-            bytes: entry.encode(&inner.compression),
-            ttl: Duration::from_millis(stale_until - now),
+            bytes,
+            ttl: Duration::from_millis(stale_until.saturating_sub(now)),
             fresh: Duration::from_millis(fresh_ms),
             stamp: Stamp {
                 fresh_until,
