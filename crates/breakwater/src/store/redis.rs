@@ -586,7 +586,19 @@ impl RedisStore {
                 .retries(2)
                 .build()
                 .map_err(|e| {
-                    Error::new(ErrorKind::Config, "invalid redis cluster node list").with_source(e)
+                    // redis-rs's reason as text, without any node's password.
+                    let reason = nodes.iter().fold(e.to_string(), |reason, node| {
+                        match node.get_connection_info().redis_settings().password() {
+                            Some(password) if !password.is_empty() => {
+                                reason.replace(password, "***")
+                            }
+                            _ => reason,
+                        }
+                    });
+                    Error::new(
+                        ErrorKind::Config,
+                        format!("invalid redis cluster node list: {reason}"),
+                    )
                 })?;
         Ok(Self::with_target(
             Target::Cluster {
@@ -638,13 +650,79 @@ fn hash_slot(key: &[u8]) -> u16 {
 }
 
 /// A client for one server's URL (with `TCP_NODELAY`, see
-/// [`connection_info`]).
+/// [`connection_info`]). A URL that does not parse is named with its
+/// password masked ([`redact_url`]), and redis-rs's reason is kept as text
+/// with any copy of the URL or password masked too.
 fn node_client(url: &str) -> Result<redis::Client, Error> {
     connection_info(url)
         .and_then(redis::Client::open)
         .map_err(|e| {
-            Error::new(ErrorKind::Config, format!("invalid redis url {url:?}")).with_source(e)
+            let reason = mask_secrets(&e.to_string(), url);
+            Error::new(
+                ErrorKind::Config,
+                format!("invalid redis url {:?}: {reason}", redact_url(url)),
+            )
         })
+}
+
+/// `url` with its password masked, for errors, logs and `Debug`:
+/// `redis://user:hunter2@host/0` → `redis://user:***@host/0`, a bare
+/// `redis://secret@host` → `redis://***@host`, and a `pass=`/`password=`
+/// query parameter (`redis+unix:` URLs) → `pass=***`. It works on the text
+/// alone, so a URL that does not parse is masked too; everything up to the
+/// last `@` counts as credentials (more is masked, never less).
+pub(crate) fn redact_url(url: &str) -> String {
+    let (scheme, rest) = match url.find("://") {
+        Some(i) => url.split_at(i + 3),
+        None => ("", url),
+    };
+    let rest = match rest.rfind('@') {
+        Some(at) => {
+            let (userinfo, host) = rest.split_at(at);
+            match userinfo.find(':') {
+                Some(colon) => format!("{}:***{host}", &userinfo[..colon]),
+                None => format!("***{host}"),
+            }
+        }
+        None => rest.to_owned(),
+    };
+    let mut out = String::with_capacity(scheme.len() + rest.len());
+    out.push_str(scheme);
+    let mut rest = rest.as_str();
+    // Query parameters that carry a password.
+    while let Some(i) = find_password_param(rest) {
+        let (head, tail) = rest.split_at(i);
+        out.push_str(head);
+        let eq = tail.find('=').map_or(tail.len(), |e| e + 1);
+        out.push_str(&tail[..eq]);
+        out.push_str("***");
+        let end = tail[eq..].find('&').map_or(tail.len(), |e| eq + e);
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Where a `pass=` or `password=` query parameter starts in `s`.
+fn find_password_param(s: &str) -> Option<usize> {
+    ["?pass=", "&pass=", "?password=", "&password="]
+        .iter()
+        .filter_map(|p| s.find(p).map(|i| i + 1))
+        .min()
+}
+
+/// `text` with every copy of `url`, and of the password in it, masked.
+fn mask_secrets(text: &str, url: &str) -> String {
+    let mut text = text.replace(url, &redact_url(url));
+    let secrets = url.find("://").map_or(url, |i| &url[i + 3..]);
+    if let Some(at) = secrets.rfind('@') {
+        let userinfo = &secrets[..at];
+        let password = userinfo.find(':').map_or(userinfo, |c| &userinfo[c + 1..]);
+        if !password.is_empty() {
+            text = text.replace(password, "***");
+        }
+    }
+    text
 }
 
 /// The URL parsed, with `TCP_NODELAY` on: redis-rs leaves Nagle's algorithm
@@ -1377,6 +1455,99 @@ mod tests {
         let err = RedisStore::connect("mysql://nope").unwrap_err();
         assert!(err.is_config(), "{err}");
         assert!(err.to_string().contains("invalid redis url"), "{err}");
+    }
+
+    const SECRET_URL: &str = "redis://user:hunter2@host:notaport/0";
+
+    /// Display and Debug of an error, which must not show a password.
+    fn shown(err: &Error) -> String {
+        format!("{err} | {err:?}")
+    }
+
+    #[test]
+    fn a_bad_url_is_named_with_its_password_masked() {
+        let err = RedisStore::connect(SECRET_URL).unwrap_err();
+        assert!(err.is_config(), "{err}");
+        let shown = shown(&err);
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(
+            err.to_string().starts_with(
+                "invalid configuration: invalid redis url \"redis://user:***@host:notaport/0\""
+            ),
+            "{err}"
+        );
+        let config = RedisStoreConfig::default();
+        let err = RedisStore::connect_with(SECRET_URL, config).unwrap_err();
+        assert!(!self::shown(&err).contains("hunter2"), "{err:?}");
+    }
+
+    #[test]
+    fn a_bad_cluster_url_is_named_with_its_password_masked() {
+        let err = RedisStore::connect_cluster(["redis://:other-secret@127.0.0.1:7000", SECRET_URL])
+            .unwrap_err();
+        let shown = shown(&err);
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(
+            shown.contains("redis://user:***@host:notaport/0"),
+            "{shown}"
+        );
+        // Valid URLs whose passwords differ: the cluster client's reason
+        // does not show them either.
+        let result = RedisStore::connect_cluster([
+            "redis://:s3cret-a@127.0.0.1:7000",
+            "redis://:s3cret-b@127.0.0.1:7001",
+        ]);
+        if let Err(err) = result {
+            let shown = self::shown(&err);
+            assert!(!shown.contains("s3cret"), "{shown}");
+        }
+    }
+
+    #[test]
+    fn debug_never_shows_a_password() {
+        let store = RedisStore::connect("redis://user:hunter2@127.0.0.1:1/0").unwrap();
+        let shown = format!("{store:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        let cluster = RedisStore::connect_cluster(["redis://:hunter2@127.0.0.1:1/"]).unwrap();
+        let shown = format!("{cluster:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+    }
+
+    #[tokio::test]
+    async fn connect_errors_never_show_a_password() {
+        let store = RedisStore::connect("redis://user:hunter2@127.0.0.1:1/0").unwrap();
+        let err = store.get(b"k").await.unwrap_err();
+        assert!(!shown(&err).contains("hunter2"), "{err:?}");
+    }
+
+    #[test]
+    fn urls_are_redacted() {
+        for (url, redacted) in [
+            ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+            (
+                "redis://user:hunter2@host:notaport/0",
+                "redis://user:***@host:notaport/0",
+            ),
+            ("redis://:hunter2@host", "redis://:***@host"),
+            ("redis://hunter2@host", "redis://***@host"),
+            ("rediss://u:p@ss:w/rd@host/0", "rediss://u:***@host/0"),
+            ("user:hunter2@host", "user:***@host"),
+            (
+                "redis+unix:///tmp/r.sock?db=1&pass=hunter2&x=1",
+                "redis+unix:///tmp/r.sock?db=1&pass=***&x=1",
+            ),
+            (
+                "redis+unix:///tmp/r.sock?password=hunter2",
+                "redis+unix:///tmp/r.sock?password=***",
+            ),
+            ("", ""),
+        ] {
+            assert_eq!(redact_url(url), redacted, "{url}");
+        }
+        assert_eq!(
+            mask_secrets("bad redis://u:hunter2@h and hunter2", "redis://u:hunter2@h"),
+            "bad redis://u:***@h and ***"
+        );
     }
 
     #[test]
