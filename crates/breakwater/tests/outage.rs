@@ -81,6 +81,20 @@ fn cache_on(store: RedisStore, l1_ttl: Duration, max_concurrent: u32) -> Cache<S
         .unwrap()
 }
 
+/// Loads `<prefix>:0..n` (value `v<k>`), then, once the bus is up (entries
+/// kept before it are unverified), reads them again, so every key is in L1.
+async fn warm_l1(cache: &Cache<String>, db: &Db, prefix: &str, n: usize) {
+    for _ in 0..2 {
+        for k in 0..n {
+            cache
+                .get_or_load(format!("{prefix}:{k}"), db.loader(format!("v{k}")))
+                .await
+                .unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
 /// Waits (bounded, no timing assertion) until `check` holds.
 async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -98,17 +112,7 @@ async fn redis_killed_under_load_no_errors_bounded_loads_and_recovery() {
     // L1 entries stay fresh 500 ms, so the outage outlasts them and forces loads.
     let cache = cache_on(store, Duration::from_millis(500), 8);
     let db = Db::default();
-    // Loaded, then read again once the bus is up (entries kept before it
-    // are unverified), so every key is in L1.
-    for _ in 0..2 {
-        for k in 0..100 {
-            cache
-                .get_or_load(format!("hot:{k}"), db.loader(format!("v{k}")))
-                .await
-                .unwrap();
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    warm_l1(&cache, &db, "hot", 100).await;
     assert_eq!(db.calls(), 100);
 
     server.kill();
@@ -382,17 +386,7 @@ async fn warm_keys_through_an_outage(server: &mut RedisServer, kill: bool) -> Ve
     store.warm_up().await.unwrap();
     let cache = cache_on(store, Duration::from_secs(30), 8);
     let db = Db::default();
-    // Warm: loaded, then (once the bus is up: entries kept before it are
-    // unverified) read again, so every key is in L1.
-    for _ in 0..2 {
-        for k in 0..50 {
-            cache
-                .get_or_load(format!("warm:{k}"), db.loader(format!("v{k}")))
-                .await
-                .unwrap();
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    warm_l1(&cache, &db, "warm", 50).await;
     let failing = || async { Err::<Option<String>, _>(std::io::Error::other("database down")) };
     if kill {
         server.kill();
