@@ -22,32 +22,46 @@ async fn a_hundred_thousand_sets_with_a_hundred_in_flight_all_land() {
     let total = 100_000usize;
     let next = Arc::new(AtomicUsize::new(0));
     let failed = Arc::new(AtomicUsize::new(0));
+    let latencies = Arc::new(std::sync::Mutex::new(Vec::with_capacity(total)));
     let started = Instant::now();
     let mut workers = Vec::new();
     for _ in 0..100 {
         let (cache, next, failed) = (cache.clone(), Arc::clone(&next), Arc::clone(&failed));
+        let latencies = Arc::clone(&latencies);
         workers.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= total {
                     break;
                 }
-                if let Err(err) = cache.set(format!("k{i}"), &format!("value {i}")).await
+                let sent = Instant::now();
+                let result = cache.set(format!("k{i}"), &format!("value {i}")).await;
+                mine.push(sent.elapsed());
+                if let Err(err) = result
                     && failed.fetch_add(1, Ordering::Relaxed) < 3
                 {
                     eprintln!("set k{i}: {err}");
                 }
             }
+            latencies.lock().unwrap().extend(mine);
         }));
     }
     for worker in workers {
         worker.await.unwrap();
     }
     let took = started.elapsed();
+    let mut latencies = std::mem::take(&mut *latencies.lock().unwrap());
+    latencies.sort();
+    let at = |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
     eprintln!(
-        "{total} sets, 100 in flight: {took:?} ({:.0}/s), {} failed",
+        "{total} sets, 100 in flight: {took:?} ({:.0}/s), {} failed; latency p50 {:?} p99 {:?} p99.9 {:?} max {:?}",
         total as f64 / took.as_secs_f64(),
-        failed.load(Ordering::Relaxed)
+        failed.load(Ordering::Relaxed),
+        at(0.5),
+        at(0.99),
+        at(0.999),
+        latencies[latencies.len() - 1]
     );
     assert_eq!(failed.load(Ordering::Relaxed), 0);
     assert_eq!(server.command(&["DBSIZE"]).unwrap(), total.to_string());
