@@ -103,7 +103,9 @@ pub(crate) async fn main(opts: WorkerOpts) -> ExitCode {
 pub(crate) async fn bench_store(url: &str) -> Result<RedisStore, breakwater::Error> {
     let store = RedisStore::connect_with(
         url,
-        RedisStoreConfig::default().response_timeout(Duration::from_secs(2)),
+        RedisStoreConfig::default()
+            .response_timeout(Duration::from_secs(2))
+            .write_timeout(Duration::from_secs(2)),
     )?;
     store.warm_up().await?;
     Ok(store)

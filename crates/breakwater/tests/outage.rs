@@ -461,3 +461,35 @@ async fn warm_keys_survive_a_hung_redis_and_a_failing_database() {
     // reconnect.
     assert!(at(0.99) <= Duration::from_millis(110), "p99 {:?}", at(0.99));
 }
+
+/// A write (or a lease script) gets its own, longer deadline than a read:
+/// with every reply 120 ms late, reads time out (50 ms) while writes and
+/// invalidations land (250 ms).
+#[tokio::test]
+async fn writes_have_their_own_deadline() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let store = RedisStore::connect(&proxy.url()).unwrap();
+    store.warm_up().await.unwrap();
+    let cache = Cache::<String>::builder()
+        .namespace("deadlines")
+        .store(store.clone())
+        .build()
+        .unwrap();
+    // The scripts are loaded first (a first `EVALSHA` costs a second trip).
+    cache.set("k", &"v".to_string()).await.unwrap();
+    cache.invalidate("k").await.unwrap();
+    proxy.set(Fault::Delay(Duration::from_millis(60)));
+    cache.set("k", &"v".to_string()).await.unwrap();
+    assert_eq!(
+        server.command(&["EXISTS", "bw:deadlines:v:{k}"]).unwrap(),
+        "1"
+    );
+    cache.invalidate("k").await.unwrap();
+    assert_eq!(
+        server.command(&["EXISTS", "bw:deadlines:v:{k}"]).unwrap(),
+        "0"
+    );
+    let read = breakwater::Store::get(&store, b"bw:deadlines:v:{k}").await;
+    assert!(read.unwrap_err().is_store(), "a read past 50 ms fails");
+}

@@ -157,11 +157,12 @@ impl<T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static> Value for 
 ///    [`OnLockTimeout`] then applies to a stuck lease, never to a slow
 ///    load, and a background refresh never loads without the lease.
 /// 5. **Liveness.** Every call returns. Writing *S* for one store deadline
-///    (a [`RedisStore`](crate::RedisStore)'s `response_timeout`, 50 ms by
-///    default: a reconnect runs in the background and no call waits for it
-///    longer than that; `connect_timeout` only for the very first
-///    connection; twice when a broken connection is retried once), a
-///    `get_or_load` takes at most: one read (*S*); then either a
+///    (a [`RedisStore`](crate::RedisStore)'s `response_timeout`, 50 ms, for
+///    a read; its `write_timeout`, 250 ms, for a write or a lease script; a
+///    reconnect runs in the background and no call waits for it longer
+///    than that; `connect_timeout` only for the very first connection;
+///    twice when a broken connection is retried once), a `get_or_load`
+///    takes at most: one read (*S*); then either a
 ///    load it leads (the bulkhead's `queue_wait` + `load_timeout` + one
 ///    write, *S*), or a wait of `lock_wait` plus a few store calls (3*S* +
 ///    250 ms) followed, with `load_anyway`, by a load (`queue_wait` +

@@ -17,6 +17,7 @@ pub fn patient() -> RedisStoreConfig {
     RedisStoreConfig::default()
         .connect_timeout(Duration::from_secs(5))
         .response_timeout(Duration::from_secs(5))
+        .write_timeout(Duration::from_secs(5))
 }
 
 /// A private Redis and a connected store on it (with [`patient`] timeouts).
