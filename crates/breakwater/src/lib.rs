@@ -75,8 +75,8 @@ pub use l1::L1Config;
 pub use limit::LimitConfig;
 pub use retry::RetryConfig;
 pub use store::{
-    Delivery, FencedWrite, LeaseAttempt, MemoryStore, Notice, RedisStore, RedisStoreConfig, Store,
-    StoreFuture, Subscription,
+    Delivery, FencedWrite, LeaseAttempt, MemoryStore, Notice, RedisStore, RedisStoreConfig,
+    Replace, Store, StoreFuture, Subscription,
 };
 
 /// The README's examples, compiled and run as doctests.

@@ -66,3 +66,51 @@ async fn a_hundred_thousand_sets_with_a_hundred_in_flight_all_land() {
     assert_eq!(failed.load(Ordering::Relaxed), 0);
     assert_eq!(server.command(&["DBSIZE"]).unwrap(), total.to_string());
 }
+
+/// `set_many` of 100,000 keys with default settings, next to raw pipelined
+/// `SET PX`s of the same entries (batches of 500) in the same run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_many_writes_a_hundred_thousand_keys_next_to_raw_pipelined_sets() {
+    let server = RedisServer::start();
+    let cache = Cache::<String>::builder()
+        .namespace("bulk")
+        .store(RedisStore::connect(&server.url()).unwrap())
+        .build()
+        .unwrap();
+    let total = 100_000usize;
+    let started = Instant::now();
+    cache
+        .set_many((0..total).map(|i| (format!("k{i}"), format!("value {i}"))))
+        .await
+        .unwrap();
+    let ours = started.elapsed();
+    assert_eq!(server.command(&["DBSIZE"]).unwrap(), total.to_string());
+    assert_eq!(
+        cache.get("k4242").await.unwrap().as_deref(),
+        Some("value 4242")
+    );
+
+    server.command(&["FLUSHALL"]).unwrap();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let started = Instant::now();
+    for chunk in (0..total).collect::<Vec<_>>().chunks(500) {
+        let mut pipe = redis::pipe();
+        for i in chunk {
+            pipe.cmd("SET")
+                .arg(format!("bw:bulk:v:{{k{i}}}"))
+                .arg(format!("value {i}"))
+                .arg("PX")
+                .arg(300_000)
+                .ignore();
+        }
+        pipe.query_async::<()>(&mut conn).await.unwrap();
+    }
+    let raw = started.elapsed();
+    assert_eq!(server.command(&["DBSIZE"]).unwrap(), total.to_string());
+    eprintln!(
+        "{total} keys: set_many {ours:?} ({:.0}/s), raw pipelined SET PX {raw:?} ({:.0}/s)",
+        total as f64 / ours.as_secs_f64(),
+        total as f64 / raw.as_secs_f64()
+    );
+}

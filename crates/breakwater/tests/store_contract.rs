@@ -6,7 +6,9 @@ mod support;
 
 use std::time::Duration;
 
-use breakwater::{Delivery, ErrorKind, FencedWrite, LeaseAttempt, Notice, Store, Subscription};
+use breakwater::{
+    Delivery, ErrorKind, FencedWrite, LeaseAttempt, Notice, Replace, Store, Subscription,
+};
 
 /// How a backend lets time pass: paused tokio time for the memory store, real
 /// time for Redis (whose expiry runs on its own clock).
@@ -486,6 +488,43 @@ async fn replace_writes_revokes_the_lease_and_publishes(store: &dyn Store, _: Ti
     assert_eq!(zero.kind(), ErrorKind::Config, "{zero}");
 }
 
+async fn replace_many_writes_every_entry_and_revokes_every_lease(store: &dyn Store, _: Time) {
+    let mut sub = subscribed(store).await;
+    let keys: Vec<Vec<u8>> = (0..3)
+        .map(|i| format!("bw:test:v:{{m{i}}}").into_bytes())
+        .collect();
+    let leases: Vec<Vec<u8>> = (0..3)
+        .map(|i| format!("bw:test:l:{{m{i}}}").into_bytes())
+        .collect();
+    for lease in &leases {
+        assert!(
+            store
+                .acquire_lease(lease, b"holder", TTL)
+                .await
+                .unwrap()
+                .is_acquired()
+        );
+    }
+    let writes: Vec<Replace<'_>> = keys
+        .iter()
+        .zip(&leases)
+        .map(|(key, lease_key)| Replace {
+            key,
+            value: BINARY_VALUE,
+            ttl: TTL,
+            lease_key,
+            notice: notice(b"replaced"),
+        })
+        .collect();
+    store.replace_many(&writes).await.unwrap();
+    for (key, lease) in keys.iter().zip(&leases) {
+        assert_eq!(next_message(&mut sub).await, b"replaced");
+        assert_eq!(store.get(key).await.unwrap().as_deref(), Some(BINARY_VALUE));
+        assert!(!store.lease_held(lease).await.unwrap());
+    }
+    store.replace_many(&[]).await.unwrap();
+}
+
 macro_rules! contract {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -538,4 +577,5 @@ contract!(
     a_waited_on_lease_hands_the_value_to_its_notice,
     a_lease_attempt_is_idempotent_and_reports_the_time_left,
     replace_writes_revokes_the_lease_and_publishes,
+    replace_many_writes_every_entry_and_revokes_every_lease,
 );

@@ -30,7 +30,7 @@ use crate::breaker::{BreakerConfig, BreakerState, CircuitBreaker};
 use crate::error::{Error, ErrorKind};
 use crate::log_limit::{LogLimiter, Warning, warn_limited};
 use crate::metrics::Metrics;
-use crate::store::{FencedWrite, LeaseAttempt, Notice, Store, StoreFuture, Subscription};
+use crate::store::{FencedWrite, LeaseAttempt, Notice, Replace, Store, StoreFuture, Subscription};
 use std::sync::Arc;
 
 /// The most breakers one store gets, however many failure domains it
@@ -220,6 +220,26 @@ impl Store for GuardedStore {
         self.guard("replace", key, move || {
             self.store.replace(key, value, ttl, lease_key, notice)
         })
+    }
+
+    /// One guarded batch when every write is in one failure domain (always,
+    /// on a single server); otherwise each write through its own breaker.
+    fn replace_many<'a>(&'a self, writes: &'a [Replace<'a>]) -> StoreFuture<'a, ()> {
+        let domain = |w: &Replace<'_>| self.store.failure_domain(w.key);
+        match writes.first() {
+            Some(first) if writes.iter().all(|w| domain(w) == domain(first)) => {
+                self.guard("replace_many", first.key, move || {
+                    self.store.replace_many(writes)
+                })
+            }
+            _ => Box::pin(async move {
+                for w in writes {
+                    self.replace(w.key, w.value, w.ttl, w.lease_key, w.notice)
+                        .await?;
+                }
+                Ok(())
+            }),
+        }
     }
 
     fn invalidate<'a>(

@@ -67,7 +67,7 @@ use crate::l1::{Slot, Stamp, Ticket};
 use crate::limit::Priority;
 use crate::log_limit::{LogLimiter, Warning, warn_limited};
 use crate::metrics::Metrics;
-use crate::store::{Notice, Store, fnv1a};
+use crate::store::{Notice, Replace, Store, fnv1a};
 use builder::OnLockTimeout as LockPolicy;
 use coherence::Local;
 use fill::Mode;
@@ -409,30 +409,94 @@ impl<V: Value> Cache<V> {
     pub async fn set(&self, key: impl AsRef<[u8]>, value: &V) -> Result<(), Error> {
         let key = self.storage_key(key.as_ref())?;
         let sealed = self.seal(&key, Some(value), Duration::ZERO, &self.inner.defaults)?;
-        // Revoke any load in flight first, so its (older) result cannot land
-        // on top of this value; then write, then wake waiters.
-        let message = notify::message(notify::INVALIDATED, self.inner.waiters.sender(), &key);
-        let listening = self.inner.waiters.is_listening();
-        self.local.expect_own_notice(&key, listening);
-        let written = self
-            .inner
-            .store
-            .replace(
-                &key,
-                &sealed.bytes,
-                sealed.ttl,
-                &self.inner.lease_key(&key),
-                self.inner.notice(&message),
-            )
-            .await;
+        self.replace_batch(vec![(key, sealed)]).await
+    }
+
+    /// [`set`](Self::set) for many keys, written in batches of 500 (on
+    /// Redis, one pipeline, one round trip, per batch; each write atomic on
+    /// its own). Each key gets its own jittered TTL.
+    ///
+    /// # Errors
+    ///
+    /// As [`set`](Self::set); the first batch that fails stops the call
+    /// (earlier batches are written; sending the same items again is safe).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use breakwater::Cache;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), breakwater::Error> {
+    /// let cache = Cache::<u64>::builder().build()?;
+    /// cache.set_many((0..1_000u64).map(|i| (format!("sku:{i}"), i))).await?;
+    /// assert_eq!(cache.get("sku:7").await?, Some(7));
+    /// # Ok(()) }
+    /// ```
+    pub async fn set_many<K, I>(&self, items: I) -> Result<(), Error>
+    where
+        K: AsRef<[u8]>,
+        I: IntoIterator<Item = (K, V)>,
+    {
+        let mut batch = Vec::with_capacity(SET_MANY_BATCH);
+        for (key, value) in items {
+            let key = self.storage_key(key.as_ref())?;
+            let sealed = self.seal(&key, Some(&value), Duration::ZERO, &self.inner.defaults)?;
+            batch.push((key, sealed));
+            if batch.len() == SET_MANY_BATCH {
+                self.replace_batch(std::mem::take(&mut batch)).await?;
+            }
+        }
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.replace_batch(batch).await
+    }
+
+    /// Writes sealed entries with [`Store::replace`] (one) or
+    /// [`Store::replace_many`]: each revokes any load in flight for its key
+    /// first, so an older result cannot land on top of it, then wakes
+    /// waiters. Nothing that began before answers in this process
+    /// afterwards; the values are not kept in L1 (another `set` may land
+    /// after this one while its reply is on the way: the next read takes
+    /// the store's value).
+    async fn replace_batch(&self, batch: Vec<(Vec<u8>, Sealed)>) -> Result<(), Error> {
+        let inner = &self.inner;
+        let listening = inner.waiters.is_listening();
+        let prepared: Vec<_> = batch
+            .iter()
+            .map(|(key, _)| {
+                self.local.expect_own_notice(key, listening);
+                let message = notify::message(notify::INVALIDATED, inner.waiters.sender(), key);
+                (inner.lease_key(key), message)
+            })
+            .collect();
+        let writes: Vec<Replace<'_>> = batch
+            .iter()
+            .zip(&prepared)
+            .map(|((key, sealed), (lease_key, message))| Replace {
+                key,
+                value: &sealed.bytes,
+                ttl: sealed.ttl,
+                lease_key,
+                notice: inner.notice(message),
+            })
+            .collect();
+        let written = match writes.as_slice() {
+            [w] => {
+                inner
+                    .store
+                    .replace(w.key, w.value, w.ttl, w.lease_key, w.notice)
+                    .await
+            }
+            writes => inner.store.replace_many(writes).await,
+        };
         // Even if the reply was lost (the write may have happened), nothing
         // that began before may answer from now on.
-        self.local.invalidated(&key).await;
-        if written.is_err() {
-            self.local.own_notice_heard(&key);
+        for (key, _) in &batch {
+            self.local.invalidated(key).await;
+            if written.is_err() {
+                self.local.own_notice_heard(key);
+            }
         }
-        // Not kept in L1: another `set` may have landed after this one while
-        // its reply was on the way; the next read takes the store's value.
         written
     }
 
@@ -1375,6 +1439,9 @@ fn reading(entry: &Entry, now_ms: u64) -> Reading {
 fn in_grace(entry: &Entry, now_ms: u64, options: &Options) -> bool {
     now_ms < entry.fresh_until.saturating_add(millis(options.grace))
 }
+
+/// How many writes `set_many` sends as one batch.
+const SET_MANY_BATCH: usize = 500;
 
 /// How long `invalidate` keeps trying to deliver one invalidation.
 const INVALIDATE_WITHIN: Duration = Duration::from_secs(1);

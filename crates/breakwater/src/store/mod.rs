@@ -141,6 +141,22 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         notice: Notice<'a>,
     ) -> StoreFuture<'a, ()>;
 
+    /// Several [`replace`](Store::replace)s, as one batch where the backend
+    /// can (Redis: one pipeline, one round trip). Each write is atomic on its
+    /// own; the batch is not. `Err` if any write may have failed (a batch
+    /// is safe to send again: each write is idempotent).
+    ///
+    /// The default runs them one after another.
+    fn replace_many<'a>(&'a self, writes: &'a [Replace<'a>]) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            for w in writes {
+                self.replace(w.key, w.value, w.ttl, w.lease_key, w.notice)
+                    .await?;
+            }
+            Ok(())
+        })
+    }
+
     /// Deletes a value and its lease together and publishes `notice`, so a
     /// load that started before cannot write its result back.
     fn invalidate<'a>(
@@ -176,6 +192,22 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// [ready](Subscription::ready) are delivered; when some may have been
     /// missed (lag, reconnection) the subscriber is told so.
     fn subscribe(&self, channel: &[u8]) -> Subscription;
+}
+
+/// One write of [`Store::replace_many`]: the arguments of
+/// [`Store::replace`].
+#[derive(Debug, Clone, Copy)]
+pub struct Replace<'a> {
+    /// Where the value goes.
+    pub key: &'a [u8],
+    /// The encoded entry.
+    pub value: &'a [u8],
+    /// The value's TTL.
+    pub ttl: Duration,
+    /// The lease revoked with the write.
+    pub lease_key: &'a [u8],
+    /// Published after the write.
+    pub notice: Notice<'a>,
 }
 
 /// What [`Store::acquire_lease`] found.

@@ -28,7 +28,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::{
-    Delivery, FencedWrite, LeaseAttempt, Notice, SUBSCRIPTION_BUFFER, Store, StoreFuture,
+    Delivery, FencedWrite, LeaseAttempt, Notice, Replace, SUBSCRIPTION_BUFFER, Store, StoreFuture,
     Subscription, ttl_millis,
 };
 use crate::clock::{SystemClock, WallClock, millis};
@@ -1420,6 +1420,43 @@ impl Store for RedisStore {
                 )
                 .await?;
             Ok(())
+        })
+    }
+
+    /// One pipeline of `EVAL`s on a single server (the script's code rides
+    /// along, so no write depends on the node already knowing it), bounded
+    /// by the write deadline; one after another on a cluster, whose writes
+    /// go to different nodes.
+    fn replace_many<'a>(&'a self, writes: &'a [Replace<'a>]) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            if writes.is_empty() {
+                return Ok(());
+            }
+            if matches!(self.inner.target, Target::Cluster { .. }) {
+                for w in writes {
+                    self.replace(w.key, w.value, w.ttl, w.lease_key, w.notice)
+                        .await?;
+                }
+                return Ok(());
+            }
+            let mut pipeline = redis::pipe();
+            for w in writes {
+                let ms = ttl_millis(w.ttl)?;
+                let eval = REPLACE
+                    .key(w.key)
+                    .key(w.lease_key)
+                    .arg(w.value)
+                    .arg(ms)
+                    .arg(w.notice.channel)
+                    .arg(w.notice.message);
+                pipeline.add_command(eval.cmd(true)).ignore();
+            }
+            let pipeline = &pipeline;
+            self.inner
+                .call(Op::Write, |mut conn| async move {
+                    pipeline.query_async::<()>(&mut conn).await
+                })
+                .await
         })
     }
 
