@@ -389,7 +389,7 @@ async fn an_undelivered_invalidation_says_so_within_its_deadline() {
     assert!(err.is_store(), "{err}");
     assert!(
         err.to_string()
-            .contains("the invalidation of bw:coherence:v:{k} was not delivered (4 attempt(s)"),
+            .contains("the invalidation of bw:coherence:v:{k} was not delivered ("),
         "{err}"
     );
 }

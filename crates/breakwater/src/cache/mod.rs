@@ -504,8 +504,8 @@ impl<V: Value> Cache<V> {
     /// loads fresh data and a slow load that started before cannot write its
     /// result back.
     ///
-    /// A transient store failure is tried again (up to 4 attempts, jittered,
-    /// all within 1 s: the delete and its notice are idempotent). If none
+    /// A transient store failure is tried again (up to 10 attempts,
+    /// jittered, all within 1 s: the delete and its notice are idempotent). If none
     /// gets through, the error says the invalidation was not delivered:
     /// other processes may serve the old value until its TTL ends, so the
     /// caller should retry it (or fail the write it belongs to).
@@ -527,26 +527,31 @@ impl<V: Value> Cache<V> {
         let listening = self.inner.waiters.is_listening();
         // Idempotent (a delete and a notice), so a transient failure is
         // tried again, within one deadline.
-        let attempts = self.inner.deliveries.run(|_| async {
-            self.local.expect_own_notice(&key, listening);
+        let last = Mutex::new((0u32, None::<Error>));
+        let (key, lease, message, last) = (&key, &lease, &message, &last);
+        let attempts = self.inner.deliveries.run(|made| async move {
+            self.local.expect_own_notice(key, listening);
             let done = self
                 .inner
                 .store
-                .invalidate(&key, &lease, self.inner.notice(&message))
+                .invalidate(key, lease, self.inner.notice(message))
                 .await;
-            if done.is_err() {
-                self.local.own_notice_heard(&key);
+            if let Err(err) = &done {
+                self.local.own_notice_heard(key);
+                *last.lock().unwrap_or_else(|p| p.into_inner()) = (made, Some(err.clone()));
             }
             done
         });
         let done = match tokio::time::timeout(INVALIDATE_WITHIN, attempts).await {
             Ok((Ok(()), _)) => Ok(()),
             Ok((Err(err), made)) => Err(undelivered(&key, made, err)),
-            Err(_) => Err(undelivered(
-                &key,
-                0,
-                Error::new(ErrorKind::Timeout, "no attempt finished in time"),
-            )),
+            Err(_) => {
+                let (made, err) = last.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let err = err.unwrap_or_else(|| {
+                    Error::new(ErrorKind::Timeout, "no attempt finished in time")
+                });
+                Err(undelivered(&key, made, err))
+            }
         };
         // After the store has answered (a read that starts later sees the
         // deletion); also if it failed: the reply may be all that was lost.
@@ -1446,14 +1451,16 @@ const SET_MANY_BATCH: usize = 500;
 /// How long `invalidate` keeps trying to deliver one invalidation.
 const INVALIDATE_WITHIN: Duration = Duration::from_secs(1);
 
-/// The retries of `invalidate`: up to 4 attempts, 10..250 ms apart with
-/// full jitter, for store failures that may pass (not a key's own fault).
+/// The retries of `invalidate`: up to 10 attempts, 20..400 ms apart with
+/// full jitter (spread over the whole second, so a store breaker's
+/// cool-down can pass), for store failures that may pass (not a key's own
+/// fault).
 fn delivery_retries(seed: Option<u64>) -> crate::retry::Retry {
     let config = crate::RetryConfig::new()
-        .max_attempts(4)
+        .max_attempts(10)
         .backoff(crate::Backoff::full_jitter(
-            Duration::from_millis(10),
-            Duration::from_millis(250),
+            Duration::from_millis(20),
+            Duration::from_millis(400),
         ))
         .retry_if(|err| err.is_store() && !err.is_key_fault());
     crate::retry::Retry::new(config, seed)

@@ -265,7 +265,7 @@ impl RedisStoreConfig {
     }
 
     /// How long a write (`SET`, `DEL`, `PUBLISH`) or a lease script may wait
-    /// for its reply.
+    /// for its reply; never less than `response_timeout`.
     pub fn write_timeout(mut self, timeout: Duration) -> Self {
         self.write_timeout = timeout;
         self
@@ -904,7 +904,8 @@ impl Inner {
         let mut retried = false;
         let wait = match op {
             Op::Read => self.config.response_timeout,
-            Op::Write => self.config.write_timeout,
+            // A write is never less patient than a read.
+            Op::Write => self.config.write_timeout.max(self.config.response_timeout),
         };
         loop {
             // One deadline for the call: waiting for a reconnect in
