@@ -544,18 +544,18 @@ impl<V: Value> Cache<V> {
         });
         let done = match tokio::time::timeout(INVALIDATE_WITHIN, attempts).await {
             Ok((Ok(()), _)) => Ok(()),
-            Ok((Err(err), made)) => Err(undelivered(&key, made, err)),
+            Ok((Err(err), made)) => Err(undelivered(key, made, err)),
             Err(_) => {
                 let (made, err) = last.lock().unwrap_or_else(|p| p.into_inner()).clone();
                 let err = err.unwrap_or_else(|| {
                     Error::new(ErrorKind::Timeout, "no attempt finished in time")
                 });
-                Err(undelivered(&key, made, err))
+                Err(undelivered(key, made, err))
             }
         };
         // After the store has answered (a read that starts later sees the
         // deletion); also if it failed: the reply may be all that was lost.
-        self.local.invalidated(&key).await;
+        self.local.invalidated(key).await;
         done
     }
 
