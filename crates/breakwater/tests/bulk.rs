@@ -114,3 +114,38 @@ async fn set_many_writes_a_hundred_thousand_keys_next_to_raw_pipelined_sets() {
         total as f64 / raw.as_secs_f64()
     );
 }
+
+/// A warm-up of 100,000 keys, 100 in flight, otherwise default settings:
+/// every key loaded and written, none failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_up_of_a_hundred_thousand_keys_with_a_hundred_in_flight() {
+    let server = RedisServer::start();
+    let cache = Cache::<String>::builder()
+        .namespace("bulk")
+        .store(RedisStore::connect(&server.url()).unwrap())
+        .build()
+        .unwrap();
+    let total = 100_000usize;
+    let report = cache
+        .warm(
+            (0..total).map(|i| format!("k{i}")),
+            |key: String| async move { Ok::<_, std::io::Error>(Some(format!("value of {key}"))) },
+            breakwater::Warm::new().rate(1_000_000).concurrency(100),
+        )
+        .await
+        .unwrap();
+    eprintln!(
+        "warm of {total} keys, 100 in flight: {:?} ({:.0}/s), loaded {}, failed {}",
+        report.elapsed,
+        total as f64 / report.elapsed.as_secs_f64(),
+        report.loaded,
+        report.failed
+    );
+    assert_eq!(
+        (report.loaded, report.failed),
+        (total, 0),
+        "{:?}",
+        report.first_error
+    );
+    assert_eq!(server.command(&["DBSIZE"]).unwrap(), total.to_string());
+}
