@@ -47,8 +47,6 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
@@ -409,25 +407,6 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
         self.epochs.invalidate_all();
         self.cache.invalidate_all();
     }
-}
-
-/// What the bus listener tells the cache about other processes' messages.
-pub(crate) trait BusHook: Send + Sync + 'static {
-    /// A process changed storage key `key`: refilled it (`invalidated`
-    /// false) or invalidated or replaced it (`true`); `own`: this cache
-    /// sent the message.
-    fn changed(
-        &self,
-        key: Vec<u8>,
-        invalidated: bool,
-        own: bool,
-    ) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
-    /// Whether a value carried by a fill message about `key`, arriving
-    /// now, may be handed to waiters.
-    fn trusts_carried(&self, key: &[u8]) -> bool;
-    /// Messages may have been missed: the bus dropped (`up` false) or came
-    /// back (`true`).
-    fn missed(&self, up: bool);
 }
 
 #[cfg(test)]

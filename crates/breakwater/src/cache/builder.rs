@@ -10,7 +10,7 @@ use rand::{RngExt, SeedableRng};
 
 use super::coherence::Local;
 use super::guard::GuardedStore;
-use super::notify::{SENDER_LEN, Waiters};
+use super::notify::{BusHook, SENDER_LEN, Waiters};
 use super::options::Options;
 use super::origin::Origin;
 use super::throttle::Throttle;
@@ -20,7 +20,7 @@ use crate::codec::{Codec, Compression};
 use crate::error::ConfigError;
 use crate::freshness::EarlyRefresh;
 use crate::jitter::Jitter;
-use crate::l1::{BusHook, L1Config, NearCache};
+use crate::l1::{L1Config, NearCache};
 use crate::limit::LimitConfig;
 use crate::log_limit::LogLimiter;
 use crate::metrics::Metrics;

@@ -33,9 +33,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Mutex;
 
+use super::notify::BusHook;
 use super::{Loaded, Read, Value, user_key};
 use crate::flight::SingleFlight;
-use crate::l1::{BusHook, NearCache, Ticket};
+use crate::l1::{NearCache, Ticket};
 
 /// The in-process state of one cache: flights and L1.
 pub(super) struct Local<V> {

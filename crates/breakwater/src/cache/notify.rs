@@ -12,7 +12,8 @@
 //! subscription dropped and came back) it wakes every waiter and flushes L1.
 
 use std::collections::HashMap;
-use std::pin::pin;
+use std::future::Future;
+use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
@@ -20,8 +21,27 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
-use crate::l1::BusHook;
 use crate::store::{Delivery, Store};
+
+/// What the bus listener tells the cache about every message (the
+/// cache's in-process state, `coherence::Local`, implements it).
+pub(crate) trait BusHook: Send + Sync + 'static {
+    /// A process changed storage key `key`: refilled it (`invalidated`
+    /// false) or invalidated or replaced it (`true`); `own`: this cache
+    /// sent the message.
+    fn changed(
+        &self,
+        key: Vec<u8>,
+        invalidated: bool,
+        own: bool,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+    /// Whether a value carried by a fill message about `key`, arriving
+    /// now, may be handed to waiters.
+    fn trusts_carried(&self, key: &[u8]) -> bool;
+    /// Messages may have been missed: the bus dropped (`up` false) or came
+    /// back (`true`).
+    fn missed(&self, up: bool);
+}
 
 /// Message kinds on the namespace channel.
 pub(crate) const FILLED: u8 = b'f';
