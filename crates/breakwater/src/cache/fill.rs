@@ -93,9 +93,13 @@ impl<V: Value> Cache<V> {
         loop {
             // 1. The lease.
             let token = inner.new_token();
+            let lease = Lease {
+                key: &lease_key,
+                token: &token,
+            };
             let lease_left = match inner
                 .store
-                .acquire_lease(&lease_key, &token, inner.lease_ttl)
+                .acquire_lease(lease.key, lease.token, inner.lease_ttl)
                 .await
             {
                 Ok(LeaseAttempt::Acquired) => {
@@ -108,14 +112,10 @@ impl<V: Value> Cache<V> {
                         let message = notify::message(FILLED, inner.waiters.sender(), &key);
                         let _ = inner
                             .store
-                            .release_lease(&lease_key, &token, inner.notice(&message))
+                            .release_lease(lease.key, lease.token, inner.notice(&message))
                             .await;
                         return Ok((value, Served::Coalesced));
                     }
-                    let lease = Lease {
-                        key: &lease_key,
-                        token: &token,
-                    };
                     let value = self
                         .lead(&key, lease, &loader, &options, priority, ticket)
                         .await?;
@@ -131,12 +131,8 @@ impl<V: Value> Cache<V> {
                         // Never a load outside the lease in the background.
                         return Err(err);
                     }
-                    // 5. No store: load directly, write through the fence.
+                    // 5. No store: load directly, write nothing.
                     warn_limited!(inner.logs, Warning::LeaseUnavailable, key = %show_key(&key), error = %err, "lease unavailable; loading directly");
-                    let lease = Lease {
-                        key: &lease_key,
-                        token: &token,
-                    };
                     let value = self
                         .load_direct(&key, lease, &loader, &options, priority, ticket)
                         .await?;
@@ -302,8 +298,10 @@ impl<V: Value> Cache<V> {
         Ok(value)
     }
 
-    /// A value loaded while the store is unusable: L1 keeps it (a shield
-    /// while the store is away, under the epoch rule); the store does not.
+    /// A value loaded while the store is unusable: the load succeeded, so
+    /// the fail-safe throttle is lifted (as a written load lifts it); L1
+    /// keeps it (a shield while the store is away, under the epoch rule);
+    /// the store does not.
     async fn keep_local(
         &self,
         key: &[u8],
@@ -312,6 +310,7 @@ impl<V: Value> Cache<V> {
         options: &Options,
         ticket: Option<Ticket>,
     ) {
+        self.inner.clear_throttle(key);
         if let Ok(sealed) = self.seal(key, value.as_ref(), load_time, options) {
             self.remember_sealed(key, value.clone(), &sealed, ticket)
                 .await;
