@@ -676,19 +676,13 @@ impl<V: Value> Cache<V> {
     {
         let result = match self.near(key, Some(options)).await {
             Ok(Near::Fresh(fetched, None)) => Ok(fetched),
-            Ok(Near::Fresh(fetched, Some(replacing))) => {
-                // Early refresh, judged on the L1 copy as on a store read.
-                match self.storage_key(key) {
-                    Ok(storage) => {
-                        if !self.inner.is_throttled(&storage, self.inner.store.now_ms()) {
-                            let loader = Arc::new(loader);
-                            self.refresh_in_background(storage, loader, *options, replacing);
-                        }
-                        Ok(fetched)
-                    }
-                    Err(err) => Err(err),
+            // Early refresh, judged on the L1 copy as on a store read.
+            Ok(Near::Fresh(fetched, Some(replacing))) => self.storage_key(key).map(|storage| {
+                if !self.inner.is_throttled(&storage, self.inner.store.now_ms()) {
+                    self.refresh_in_background(storage, Arc::new(loader), *options, replacing);
                 }
-            }
+                fetched
+            }),
             Ok(Near::Stale(slot)) => {
                 Box::pin(self.pipeline(key, loader, options, Some(slot))).await
             }
@@ -1287,11 +1281,7 @@ impl<V: Value> Cache<V> {
             bytes,
             ttl: Duration::from_millis(stale_until.saturating_sub(now)),
             fresh: Duration::from_millis(fresh_ms),
-            stamp: Stamp {
-                fresh_until,
-                stale_until,
-                load_ms,
-            },
+            stamp: stamp(&entry),
         })
     }
 
@@ -1317,17 +1307,12 @@ impl<V: Value> Cache<V> {
             );
             let fresh = Duration::from_millis(entry.fresh_until.saturating_sub(now_ms));
             let stale = Duration::from_millis(stale_until.saturating_sub(now_ms));
-            let stamp = Stamp {
-                fresh_until: entry.fresh_until,
-                stale_until: entry.stale_until,
-                load_ms: entry.load_ms,
-            };
             l1.put(
                 self.inner.user_key(key),
                 value.clone(),
                 fresh,
                 stale,
-                stamp,
+                stamp(entry),
                 ticket,
             )
             .await;
@@ -1428,6 +1413,15 @@ fn default_lock_wait(load: Duration, lease_ttl: Duration) -> Duration {
 
 /// `{#` + 16 hex digits + `}`.
 const HASH_TAG_LEN: usize = 19;
+
+/// What L1 keeps of an entry: its deadlines and load time.
+fn stamp(entry: &Entry) -> Stamp {
+    Stamp {
+        fresh_until: entry.fresh_until,
+        stale_until: entry.stale_until,
+        load_ms: entry.load_ms,
+    }
+}
 
 /// What the freshness policy needs of an entry.
 fn reading(entry: &Entry, now_ms: u64) -> Reading {
