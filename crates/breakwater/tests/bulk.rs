@@ -10,15 +10,19 @@ use std::time::Instant;
 use breakwater::{Cache, RedisStore};
 use support::RedisServer;
 
+/// A cache with default settings on `server`.
+fn bulk_cache(server: &RedisServer) -> Cache<String> {
+    Cache::builder()
+        .namespace("bulk")
+        .store(RedisStore::connect(&server.url()).unwrap())
+        .build()
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_thousand_sets_with_a_hundred_in_flight_all_land() {
     let server = RedisServer::start();
-    let store = RedisStore::connect(&server.url()).unwrap();
-    let cache = Cache::<String>::builder()
-        .namespace("bulk")
-        .store(store)
-        .build()
-        .unwrap();
+    let cache = bulk_cache(&server);
     let total = 100_000usize;
     let next = Arc::new(AtomicUsize::new(0));
     let failed = Arc::new(AtomicUsize::new(0));
@@ -72,11 +76,7 @@ async fn a_hundred_thousand_sets_with_a_hundred_in_flight_all_land() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn set_many_writes_a_hundred_thousand_keys_next_to_raw_pipelined_sets() {
     let server = RedisServer::start();
-    let cache = Cache::<String>::builder()
-        .namespace("bulk")
-        .store(RedisStore::connect(&server.url()).unwrap())
-        .build()
-        .unwrap();
+    let cache = bulk_cache(&server);
     let total = 100_000usize;
     let started = Instant::now();
     cache
@@ -120,11 +120,7 @@ async fn set_many_writes_a_hundred_thousand_keys_next_to_raw_pipelined_sets() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_warm_up_of_a_hundred_thousand_keys_with_a_hundred_in_flight() {
     let server = RedisServer::start();
-    let cache = Cache::<String>::builder()
-        .namespace("bulk")
-        .store(RedisStore::connect(&server.url()).unwrap())
-        .build()
-        .unwrap();
+    let cache = bulk_cache(&server);
     let total = 100_000usize;
     let report = cache
         .warm(
