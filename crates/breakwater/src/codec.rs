@@ -80,10 +80,40 @@ impl Codec {
 
     /// Serializes `value`. Fails with [`ErrorKind::Codec`], carrying the
     /// serializer's error as its source.
+    #[cfg(test)]
     pub(crate) fn encode<V: Serialize + ?Sized>(&self, value: &V) -> Result<Vec<u8>, Error> {
-        match self.format {
-            Format::MsgPack => rmp_serde::to_vec_named(value).map_err(|e| self.error("encode", e)),
-            Format::Json => serde_json::to_vec(value).map_err(|e| self.error("encode", e)),
+        self.encode_within(value, usize::MAX).map_err(|e| match e {
+            Encode::Failed(e) => e,
+            Encode::TooLarge { .. } => unreachable!("no limit"),
+        })
+    }
+
+    /// Serializes `value` into at most `limit` bytes. Serialization stops
+    /// at the first write past `limit` ([`Encode::TooLarge`]), so a value far
+    /// above the limit costs what serializing `limit` bytes costs, not its
+    /// whole size (a 64 MiB string is refused without copying it).
+    pub(crate) fn encode_within<V: Serialize + ?Sized>(
+        &self,
+        value: &V,
+        limit: usize,
+    ) -> Result<Vec<u8>, Encode> {
+        let mut out = Bounded {
+            buf: Vec::new(),
+            limit,
+            refused: None,
+        };
+        let result = match self.format {
+            Format::MsgPack => {
+                rmp_serde::encode::write_named(&mut out, value).map_err(|e| self.error("encode", e))
+            }
+            Format::Json => {
+                serde_json::to_writer(&mut out, value).map_err(|e| self.error("encode", e))
+            }
+        };
+        match (result, out.refused) {
+            (_, Some(at_least)) => Err(Encode::TooLarge { at_least }),
+            (Err(e), None) => Err(Encode::Failed(e)),
+            (Ok(()), None) => Ok(out.buf),
         }
     }
 
@@ -222,6 +252,41 @@ impl Compression {
     /// The cap on a stored entry's decompressed size.
     pub(crate) fn max_decompressed_len(&self) -> usize {
         self.max_decompressed
+    }
+}
+
+/// Why [`Codec::encode_within`] produced no bytes.
+#[derive(Debug)]
+pub(crate) enum Encode {
+    /// The serializer failed ([`ErrorKind::Codec`]).
+    Failed(Error),
+    /// The value serializes to more than the limit: at least this many
+    /// bytes (the size written so far plus the write that crossed it; the
+    /// exact size for a string or byte value, which is one write).
+    TooLarge { at_least: usize },
+}
+
+/// A `Vec` writer that refuses the first write past its limit.
+struct Bounded {
+    buf: Vec<u8>,
+    limit: usize,
+    /// The size the refused write would have reached.
+    refused: Option<usize>,
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        let total = self.buf.len().saturating_add(data.len());
+        if total > self.limit {
+            self.refused = Some(total);
+            return Err(std::io::Error::other("value larger than max_value_size"));
+        }
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

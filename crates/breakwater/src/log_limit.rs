@@ -49,10 +49,12 @@ pub(crate) enum Warning {
     Unreadable,
     /// The store refused one key (a value of another type under it, ...).
     KeyFault,
+    /// A value was larger than `max_value_size` and not cached.
+    TooLarge,
 }
 
 impl Warning {
-    const COUNT: usize = 10;
+    const COUNT: usize = 11;
 
     fn index(self) -> usize {
         self as usize

@@ -57,7 +57,7 @@ async fn set_of_a_value_past_max_value_size_is_a_typed_error_and_writes_nothing(
     assert_eq!(err.kind(), breakwater::ErrorKind::TooLarge);
     assert!(
         err.to_string()
-            .starts_with("value too large: the encoded value is 100"),
+            .starts_with("value too large: the serialized value is at least 100"),
         "{err}"
     );
     assert!(
@@ -225,10 +225,11 @@ async fn a_64_mb_value_is_refused_without_reaching_redis() {
     cache.get_or_load("huge", loader).await.unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 2, "not cached");
     eprintln!("64 MB: set refused in {set_took:?}, get_or_load returned in {load_took:?}");
-    // Nothing is sent to Redis: what is left is encoding 64 MB (about 0.2 s
-    // for `set`, 0.55 s for a load with its clones, in a debug build), well
-    // inside a write's deadline of one store deadline (connect + response
-    // timeouts) plus that encoding; before, one call took 4.7 s and failed.
+    // Nothing is sent to Redis, and serialization stops at max_value_size:
+    // a 64 MB string is refused without being copied (set: 0.1 ms; the load
+    // 0.11 s, the loader's own 64 MB clone, in a debug build); before, one
+    // call took 4.7 s and failed. The bound is loose on purpose (a slow
+    // machine must not fail it); the figures are printed above.
     let deadline = config_deadline() + Duration::from_millis(1_500);
     assert!(set_took < deadline, "set took {set_took:?}");
     assert!(load_took < deadline, "get_or_load took {load_took:?}");
@@ -257,12 +258,12 @@ fn max_value_size_is_checked_by_build() {
     assert_eq!(
         msg(usize::MAX),
         format!(
-            "max_value_size must be at most 536870912 bytes (512 MiB, Redis's largest string), \
-             got {}; use the default (16 MiB) or the largest value you cache",
+            "max_value_size must be at most 536869888 bytes (512 MiB, Redis's largest string, \
+             less room for the header), got {}; use the default (16 MiB) or the largest value you cache",
             usize::MAX
         )
     );
-    for ok in [1024, 16 << 20, 512 << 20] {
+    for ok in [1024, 16 << 20, (512 << 20) - 1024] {
         Cache::<String>::builder()
             .max_value_size(ok)
             .build()

@@ -87,7 +87,7 @@ impl OnLockTimeout {
 /// | `codec` | [`Codec::msgpack`] |
 /// | `compression` | [`Compression::lz4`] above 1 KiB |
 /// | `max_key_len` | 1024 bytes |
-/// | `max_value_size` | 16 MiB of encoded entry |
+/// | `max_value_size` | 16 MiB of serialized value |
 /// | `grace` | 0 (no stale-while-revalidate) |
 /// | `max_stale` | `grace` (no value is ever served older than this past its fresh window) |
 /// | `early_refresh` | [`EarlyRefresh::xfetch(1.0)`](EarlyRefresh::xfetch) |
@@ -160,8 +160,9 @@ impl<V> fmt::Debug for CacheBuilder<V> {
 const DEFAULT_MAX_VALUE_SIZE: usize = 16 * 1024 * 1024;
 /// The smallest `max_value_size` accepted: 1 KiB.
 const MIN_MAX_VALUE_SIZE: usize = 1024;
-/// The largest `max_value_size` accepted: 512 MiB, Redis's largest string.
-const MAX_MAX_VALUE_SIZE: usize = 512 * 1024 * 1024;
+/// The largest `max_value_size` accepted: 512 MiB (Redis's largest
+/// string) less 1 KiB for the entry's header.
+const MAX_MAX_VALUE_SIZE: usize = 512 * 1024 * 1024 - 1024;
 
 fn validate_max_value_size(bytes: usize) -> Result<(), ConfigError> {
     if bytes < MIN_MAX_VALUE_SIZE {
@@ -173,7 +174,7 @@ fn validate_max_value_size(bytes: usize) -> Result<(), ConfigError> {
     if bytes > MAX_MAX_VALUE_SIZE {
         return Err(ConfigError::new(format!(
             "max_value_size must be at most {MAX_MAX_VALUE_SIZE} bytes (512 MiB, Redis's largest \
-             string), got {bytes}; use the default (16 MiB) or the largest value you cache"
+             string, less room for the header), got {bytes}; use the default (16 MiB) or the largest value you cache"
         )));
     }
     Ok(())
@@ -278,14 +279,18 @@ impl<V: Value> CacheBuilder<V> {
         self
     }
 
-    /// The largest entry written, in encoded bytes (after serialization and
-    /// compression, header included); between 1 KiB and 512 MiB (Redis's
-    /// largest string). A larger value is never cached:
+    /// The largest value cached, in serialized bytes (what the codec
+    /// produces, before compression; the stored entry adds a 33-byte
+    /// header); between 1 KiB and 512 MiB less 1 KiB (Redis's largest
+    /// string). A larger value is never cached:
     /// [`Cache::set`] fails with [`TooLarge`](crate::ErrorKind::TooLarge),
     /// and a loaded one is returned to its callers but not written (the
     /// lease is released, so waiters elsewhere load for themselves). Each
-    /// one is counted in `breakwater_too_large_total` and logged with its
-    /// key and size. A value is fully encoded before it is measured.
+    /// one is counted in `breakwater_too_large_total` and logged
+    /// (rate-limited) with its key and size. Serialization stops at the
+    /// limit, so refusing a value costs at most serializing
+    /// `max_value_size` bytes: a 64 MiB string is refused without being
+    /// copied.
     pub fn max_value_size(mut self, bytes: usize) -> Self {
         self.max_value_size = bytes;
         self

@@ -58,7 +58,7 @@ use serde::de::DeserializeOwned;
 
 use crate::breaker::BreakerState;
 use crate::clock::millis;
-use crate::codec::{Codec, Compression};
+use crate::codec::{Codec, Compression, Encode};
 use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
 use crate::flight::{Joined, Joining, Role};
@@ -1204,6 +1204,30 @@ impl<V: Value> Cache<V> {
         }
     }
 
+    /// Counts and reports (rate-limited) a value above `max_value_size`,
+    /// and builds the error for its caller.
+    fn too_large(&self, key: &[u8], at_least: usize) -> Error {
+        let inner = &self.inner;
+        inner.metrics.too_large();
+        warn_limited!(
+            inner.logs,
+            Warning::TooLarge,
+            key = %show_key(key),
+            bytes_at_least = at_least,
+            max_value_size = inner.max_value_size,
+            "value is larger than max_value_size; not cached"
+        );
+        Error::new(
+            ErrorKind::TooLarge,
+            format!(
+                "the serialized value is at least {at_least} bytes, above max_value_size \
+                 ({} bytes); it was not cached (raise CacheBuilder::max_value_size, or cache \
+                 smaller values)",
+                inner.max_value_size
+            ),
+        )
+    }
+
     /// Encodes `value` (`None`: a negative entry) into an entry with the
     /// jittered TTL (the negative TTL for negative entries), and returns it
     /// with its physical TTL, which ends at `stale_until` (the fresh window
@@ -1227,7 +1251,11 @@ impl<V: Value> Cache<V> {
     ) -> Result<Sealed, Error> {
         let inner = &self.inner;
         let (payload, negative) = match value {
-            Some(v) => (inner.codec.encode(v)?, false),
+            Some(v) => match inner.codec.encode_within(v, inner.max_value_size) {
+                Ok(payload) => (payload, false),
+                Err(Encode::Failed(err)) => return Err(err),
+                Err(Encode::TooLarge { at_least }) => return Err(self.too_large(key, at_least)),
+            },
             None => (Vec::new(), true),
         };
         let base = if negative {
@@ -1259,24 +1287,6 @@ impl<V: Value> Cache<V> {
             payload,
         };
         let bytes = entry.encode(&inner.compression);
-        if bytes.len() > inner.max_value_size {
-            inner.metrics.too_large();
-            tracing::warn!(
-                key = %show_key(key),
-                bytes = bytes.len(),
-                max_value_size = inner.max_value_size,
-                "value is larger than max_value_size; not cached"
-            );
-            return Err(Error::new(
-                ErrorKind::TooLarge,
-                format!(
-                    "the encoded value is {} bytes, above max_value_size ({} bytes); it was not \
-                     cached (raise CacheBuilder::max_value_size, or cache smaller values)",
-                    bytes.len(),
-                    inner.max_value_size
-                ),
-            ));
-        }
         Ok(Sealed {
             bytes,
             ttl: Duration::from_millis(stale_until.saturating_sub(now)),
