@@ -190,3 +190,49 @@ async fn a_hung_redis_costs_each_call_one_read_deadline() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Connections the server has accepted so far (this query's own included).
+fn connections_received(server: &RedisServer) -> u64 {
+    let info = server.command(&["INFO", "stats"]).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_connections_received:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// One slow reply (every client paused for 200 ms with `CLIENT PAUSE`, less
+/// than the 250 ms write deadline past which the connection gives up) times
+/// a read out, but the shared connection is kept: it is probed with a `PING`
+/// in the background, which is answered once the pause ends, and no new
+/// connection is made. Before, every timeout dropped the connection, and the
+/// calls behind it waited for (or failed during) a reconnect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_slow_reply_keeps_the_connection() {
+    use breakwater::store::Store;
+    let server = RedisServer::start();
+    let store = RedisStore::connect_with(
+        &server.url(),
+        RedisStoreConfig::default().response_timeout(Duration::from_millis(50)),
+    )
+    .unwrap();
+    store.warm_up().await.unwrap();
+    assert_eq!(store.get(b"k").await.unwrap(), None);
+
+    let before = connections_received(&server);
+    assert_eq!(server.command(&["CLIENT", "PAUSE", "200", "ALL"]).unwrap(), "OK");
+    let err = store.get(b"k").await.unwrap_err();
+    assert!(err.to_string().contains("did not answer in time"), "{err}");
+    // The pause ends, the probe is answered, and the same connection serves.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(store.get(b"k").await.unwrap(), None);
+    let after = connections_received(&server);
+    assert_eq!(
+        after - before,
+        2,
+        "only the test's own two commands connected (CLIENT PAUSE, INFO): the store made {} new \
+         connection(s)",
+        after - before - 2
+    );
+}

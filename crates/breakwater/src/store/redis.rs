@@ -355,8 +355,8 @@ pub struct RedisStore {
 struct Inner {
     target: Target,
     config: RedisStoreConfig,
-    /// The live connection, if any; dropped after a timeout or a broken
-    /// connection, and made again in the background.
+    /// The live connection, if any; dropped when broken or when it fails a
+    /// probe after a timeout, and made again in the background.
     conn: RwLock<Option<Live>>,
     /// The one task that (re)connects, if it runs.
     reconnect: Mutex<Reconnect>,
@@ -364,6 +364,8 @@ struct Inner {
     /// callers waiting on one.
     attempts: watch::Sender<u64>,
     generations: AtomicU64,
+    /// A probe of the current connection runs (after a command timed out).
+    probing: AtomicBool,
     clock_refresh_started: AtomicBool,
     clock: RwLock<Option<ClockSample>>,
     /// The highest Redis-derived time handed out, so the clock does not run
@@ -643,6 +645,7 @@ impl RedisStore {
                 reconnect: Mutex::default(),
                 attempts: watch::Sender::new(0),
                 generations: AtomicU64::new(0),
+                probing: AtomicBool::new(false),
                 clock_refresh_started: AtomicBool::new(false),
                 clock: RwLock::new(None),
                 last_now: AtomicU64::new(0),
@@ -882,8 +885,8 @@ impl Inner {
     }
 
     /// Forgets connection `generation` (if still current), so the next call
-    /// reconnects: after a timeout the connection may be dead (a host that
-    /// vanished never resets it) or out of step.
+    /// reconnects: the connection is broken, or it failed a probe (a host
+    /// that vanished never resets it).
     fn forget(&self, generation: u64) {
         let mut conn = self.conn.write().unwrap_or_else(|p| p.into_inner());
         if conn.as_ref().is_some_and(|c| c.generation == generation) {
@@ -891,8 +894,43 @@ impl Inner {
         }
     }
 
-    /// Runs one command on the connection. A timeout or a broken connection
-    /// drops the connection (the next call reconnects). A broken connection
+    /// A command on `live` timed out. One slow reply (a large value ahead
+    /// of it, a busy server) says little, and dropping a shared connection
+    /// for it would fail or delay every call behind a reconnect; so the
+    /// connection is kept and probed instead: one `PING` in the background
+    /// (at most one probe at a time), given `connect_timeout` (at least the
+    /// write deadline). A connection that does not answer is forgotten and
+    /// re-made in the background; until then calls keep failing after one
+    /// deadline each, never more.
+    fn suspect(self: &Arc<Self>, live: Live) {
+        if self.probing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let inner = Arc::downgrade(self);
+        let wait = self.config.connect_timeout.max(self.config.longest_reply());
+        let task = tokio::spawn(async move {
+            let Live {
+                generation,
+                mut conn,
+            } = live;
+            let answered = tokio::time::timeout(
+                wait,
+                redis::cmd("PING").query_async::<redis::Value>(&mut conn),
+            )
+            .await;
+            let Some(inner) = inner.upgrade() else { return };
+            if !matches!(answered, Ok(Ok(_))) {
+                tracing::debug!(?wait, "redis connection did not answer a probe; reconnecting");
+                inner.forget(generation);
+            }
+            inner.probing.store(false, Ordering::Release);
+        });
+        self.track(task.abort_handle());
+    }
+
+    /// Runs one command on the connection. A broken connection is dropped
+    /// (the next call reconnects); a timeout has the connection probed
+    /// ([`suspect`](Self::suspect)). A broken connection
     /// (not a timeout: that would double the deadline) is retried once on a
     /// fresh connection after a short jittered pause, so a Redis restart or a
     /// failover costs a request nothing.
@@ -919,7 +957,7 @@ impl Inner {
             // node's failure says nothing about the others': it is kept, and
             // a failed command is not retried on it.
             let cluster = matches!(live.conn, Conn::Cluster(_));
-            let generation = live.generation;
+            let live_again = live.clone();
             let outcome = match tokio::time::timeout_at(deadline, command(live.conn)).await {
                 Ok(outcome) => outcome,
                 // After waiting for a reconnect: what was left of the
@@ -935,7 +973,7 @@ impl Inner {
                 // longest of them): as a timeout reported by the connection.
                 Err(_) => {
                     if !cluster {
-                        self.forget(generation);
+                        self.suspect(live_again);
                     }
                     return Err(Error::new(ErrorKind::Store, "redis did not answer in time"));
                 }
@@ -946,8 +984,10 @@ impl Inner {
                     let broken = err.is_connection_dropped()
                         || err.is_io_error()
                         || err.is_connection_refusal();
-                    if (broken || err.is_timeout()) && !cluster {
-                        self.forget(live.generation);
+                    if broken && !cluster {
+                        self.forget(live_again.generation);
+                    } else if err.is_timeout() && !cluster {
+                        self.suspect(live_again);
                     }
                     if !broken || err.is_timeout() || retried || cluster {
                         return Err(store_error(err));
