@@ -128,8 +128,16 @@ impl Metrics {
             .increment(1);
     }
 
+    /// A failed store operation, unless it was refused for one key (a key
+    /// fault, counted by the store guard under `key_errors_total`).
+    pub(crate) fn store_failed(&self, op: &'static str, err: &crate::Error) {
+        if !err.is_key_fault() {
+            self.store_error(op);
+        }
+    }
+
     /// A failed store operation.
-    pub(crate) fn store_error(&self, op: &'static str) {
+    fn store_error(&self, op: &'static str) {
         counter!("breakwater_store_errors_total", "namespace" => self.namespace.clone(), "op" => op)
             .increment(1);
     }

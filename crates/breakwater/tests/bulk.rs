@@ -145,3 +145,23 @@ async fn a_warm_up_of_a_hundred_thousand_keys_with_a_hundred_in_flight() {
     );
     assert_eq!(server.command(&["DBSIZE"]).unwrap(), total.to_string());
 }
+
+/// `set_many` sends its batch as `EVALSHA`s; a server that lost its scripts
+/// (`SCRIPT FLUSH`, a restart, a failover) gets the batch again with `EVAL`,
+/// and every key lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_many_survives_a_script_flush() {
+    let server = RedisServer::start();
+    let cache = bulk_cache(&server);
+    for round in 0..3 {
+        assert_eq!(server.command(&["SCRIPT", "FLUSH"]).unwrap(), "OK");
+        cache
+            .set_many((0..1_000).map(|i| (format!("k{i}"), format!("{round}:{i}"))))
+            .await
+            .unwrap();
+        for i in [0, 499, 999] {
+            let got = cache.get(&format!("k{i}")).await.unwrap();
+            assert_eq!(got, Some(format!("{round}:{i}")));
+        }
+    }
+}

@@ -389,3 +389,24 @@ async fn a_new_process_connects_while_slot_0s_primary_is_silent() {
     assert_eq!(calls.load(Ordering::SeqCst), 0);
     cluster.nodes()[0].resume();
 }
+
+/// `set_many` on a cluster: a batch whose keys live on every node is
+/// written (side by side, each to its key's node) and read back by another
+/// process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_many_writes_keys_on_every_node() {
+    let (cluster, store) = cluster_store().await;
+    let other = connect_cluster(&cluster).await;
+    let (writer, reader) = (cache_on(&store), cache_on(&other));
+    let keys: Vec<String> = (0..1_000).map(|i| format!("bulk:{i}")).collect();
+    let nodes: std::collections::HashSet<usize> =
+        keys.iter().map(|k| node_of(&cluster, &writer, k)).collect();
+    assert_eq!(nodes.len(), 3, "the batch spans every node");
+    writer
+        .set_many(keys.iter().map(|k| (k.clone(), format!("v-{k}"))))
+        .await
+        .unwrap();
+    for k in &keys {
+        assert_eq!(reader.get(k).await.unwrap(), Some(format!("v-{k}")), "{k}");
+    }
+}

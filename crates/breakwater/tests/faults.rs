@@ -33,6 +33,11 @@ fn counted(
 /// key (a plain `GET` reads a string again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrongtype_key_affects_only_itself_and_is_repaired_by_the_next_load() {
+    // The only test of this binary with a recorder; counts are read for
+    // this test's namespace alone.
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder.install().unwrap();
     let server = RedisServer::start();
     let cache = Cache::<String>::builder()
         .namespace("wrongtype")
@@ -93,6 +98,28 @@ async fn a_wrongtype_key_affects_only_itself_and_is_repaired_by_the_next_load() 
     );
     assert_eq!(server.command(&["TYPE", &bad_key]).unwrap(), "string");
     assert!(!server.command(&["GET", &bad_key]).unwrap().starts_with('-'));
+    // Counted as one key's error, never as a store failure.
+    let counted = |name: &str| -> u64 {
+        snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(key, ..)| {
+                key.key().name() == name
+                    && key
+                        .key()
+                        .labels()
+                        .any(|l| l.key() == "namespace" && l.value() == "wrongtype")
+            })
+            .map(|(.., value)| match value {
+                metrics_util::debugging::DebugValue::Counter(n) => n,
+                _ => 0,
+            })
+            .sum()
+    };
+    // The read and the lease holder's re-read were refused, once each.
+    assert!(counted("breakwater_key_errors_total") >= 1);
+    assert_eq!(counted("breakwater_store_errors_total"), 0);
 }
 /// p50, p99 and max of `samples`.
 fn percentiles(samples: &mut [Duration]) -> (Duration, Duration, Duration) {
@@ -221,7 +248,10 @@ async fn one_slow_reply_keeps_the_connection() {
     assert_eq!(store.get(b"k").await.unwrap(), None);
 
     let before = connections_received(&server);
-    assert_eq!(server.command(&["CLIENT", "PAUSE", "200", "ALL"]).unwrap(), "OK");
+    assert_eq!(
+        server.command(&["CLIENT", "PAUSE", "200", "ALL"]).unwrap(),
+        "OK"
+    );
     let err = store.get(b"k").await.unwrap_err();
     assert!(err.to_string().contains("did not answer in time"), "{err}");
     // The pause ends, the probe is answered, and the same connection serves.

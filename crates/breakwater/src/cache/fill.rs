@@ -126,7 +126,7 @@ impl<V: Value> Cache<V> {
                     ttl
                 }
                 Err(err) => {
-                    inner.metrics.store_error("acquire_lease");
+                    inner.metrics.store_failed("acquire_lease", &err);
                     if background {
                         // Never a load outside the lease in the background.
                         return Err(err);
@@ -383,7 +383,7 @@ impl<V: Value> Cache<V> {
             }
             Err(err) => {
                 warn_limited!(inner.logs, Warning::StoreWrite, key = %show_key(key), error = %err, "store write failed; returning the loaded value");
-                inner.metrics.store_error("fenced_set");
+                inner.metrics.store_failed("fenced_set", &err);
             }
         }
         // L1 follows the epoch rule whatever the store said: an

@@ -793,7 +793,7 @@ impl<V: Value> Cache<V> {
             Ok(read) => (read.entry, true, read.ticket),
             Err(err) => {
                 warn_limited!(self.inner.logs, Warning::StoreRead, key = %show_key(&key), error = %err, "store read failed; loading directly");
-                self.inner.metrics.store_error("get");
+                self.inner.metrics.store_failed("get", &err);
                 // The store is unreachable: a local stale copy stands in.
                 if let Some(slot) = local_stale {
                     return Ok(Fetched {

@@ -149,6 +149,9 @@ static INVALIDATE: LazyLock<Lua> = LazyLock::new(|| {
     )
 });
 
+/// How many writes of one `replace_many` run at a time on a cluster.
+const CLUSTER_WRITES_IN_FLIGHT: usize = 64;
+
 /// Which deadline a command gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Op {
@@ -920,7 +923,10 @@ impl Inner {
             .await;
             let Some(inner) = inner.upgrade() else { return };
             if !matches!(answered, Ok(Ok(_))) {
-                tracing::debug!(?wait, "redis connection did not answer a probe; reconnecting");
+                tracing::debug!(
+                    ?wait,
+                    "redis connection did not answer a probe; reconnecting"
+                );
                 inner.forget(generation);
             }
             inner.probing.store(false, Ordering::Release);
@@ -1474,28 +1480,56 @@ impl Store for RedisStore {
                 return Ok(());
             }
             if matches!(self.inner.target, Target::Cluster { .. }) {
-                for w in writes {
-                    self.replace(w.key, w.value, w.ttl, w.lease_key, w.notice)
-                        .await?;
+                // Keys of a batch live on many nodes: the writes run
+                // side by side (each routed to its key's node), a bounded
+                // number at a time.
+                for chunk in writes.chunks(CLUSTER_WRITES_IN_FLIGHT) {
+                    let written = futures_util::future::join_all(
+                        chunk
+                            .iter()
+                            .map(|w| self.replace(w.key, w.value, w.ttl, w.lease_key, w.notice)),
+                    )
+                    .await;
+                    written.into_iter().collect::<Result<(), Error>>()?;
                 }
                 return Ok(());
             }
-            let mut pipeline = redis::pipe();
+            let mut invocations = Vec::with_capacity(writes.len());
             for w in writes {
                 let ms = ttl_millis(w.ttl)?;
-                let eval = REPLACE
-                    .key(w.key)
-                    .key(w.lease_key)
-                    .arg(w.value)
-                    .arg(ms)
-                    .arg(w.notice.channel)
-                    .arg(w.notice.message);
-                pipeline.add_command(eval.cmd(true)).ignore();
+                invocations.push(
+                    REPLACE
+                        .key(w.key)
+                        .key(w.lease_key)
+                        .arg(w.value)
+                        .arg(ms)
+                        .arg(w.notice.channel)
+                        .arg(w.notice.message),
+                );
             }
+            // One pipeline of `EVALSHA`; a node that does not know the
+            // script (`NOSCRIPT` for all of them, so none ran) gets the
+            // batch again with `EVAL`, which also caches it there.
+            let pipeline = |with_code: bool| {
+                let mut pipeline = redis::pipe();
+                for invocation in &invocations {
+                    pipeline.add_command(invocation.cmd(with_code)).ignore();
+                }
+                pipeline
+            };
+            let by_sha = &pipeline(false);
             let pipeline = &pipeline;
             self.inner
                 .call(Op::Write, |mut conn| async move {
-                    pipeline.query_async::<()>(&mut conn).await
+                    match by_sha.query_async::<()>(&mut conn).await {
+                        Err(err)
+                            if err.kind()
+                                == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                        {
+                            pipeline(true).query_async::<()>(&mut conn).await
+                        }
+                        other => other,
+                    }
                 })
                 .await
         })
