@@ -717,6 +717,11 @@ impl<V: Value> Cache<V> {
         };
         let now = Instant::now();
         if l1.is_fresh(&slot, now) {
+            // A hit completes without waiting on anything: it takes a unit
+            // of tokio's cooperative budget (yielding once the task's budget
+            // is spent), or a loop of hits would never let the runtime run
+            // its timers and other tasks.
+            tokio::task::coop::consume_budget().await;
             let served = match slot.value {
                 Some(_) => Served::Hit,
                 None => Served::Negative,
