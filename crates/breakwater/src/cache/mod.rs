@@ -344,6 +344,21 @@ impl Inner {
             max_stale: Some(options.max_stale()),
         }
     }
+
+    /// The verdict on a store read. The shared (seedable) generator is
+    /// locked only when a draw could change the answer: a value far from
+    /// its end is fresh without one, so a hit takes no process-wide lock.
+    fn judge(&self, options: &Options, reading: Reading) -> Freshness {
+        let policy = self.freshness(options);
+        let fresh_until = reading.fresh_until.min(reading.stale_until);
+        if reading.now_ms < fresh_until
+            && !policy.could_refresh_early(fresh_until - reading.now_ms, reading.load_ms)
+        {
+            return Freshness::Fresh;
+        }
+        let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+        policy.judge(reading, &mut *rng)
+    }
 }
 
 impl<V: Value> Cache<V> {
@@ -816,12 +831,7 @@ impl<V: Value> Cache<V> {
         let mut fallback: Option<Arc<Entry>> = None;
         if let Some(entry) = entry {
             let now = self.inner.store.now_ms();
-            let verdict = {
-                let mut rng = self.inner.rng.lock().unwrap_or_else(|p| p.into_inner());
-                self.inner
-                    .freshness(options)
-                    .judge(reading(&entry, now), &mut *rng)
-            };
+            let verdict = self.inner.judge(options, reading(&entry, now));
             match verdict {
                 Freshness::Fresh | Freshness::RefreshEarly => {
                     if let Some(value) = self.entry_value(&key, &entry) {
