@@ -14,6 +14,7 @@
 //! cool-down with `tokio::time::advance`.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -387,7 +388,15 @@ enum Verdict {
 pub(crate) struct CircuitBreaker {
     config: BreakerConfig,
     inner: Mutex<Inner>,
+    /// The generation while nothing needs the lock: closed, no failure
+    /// counted, no ratio window to record into; [`SLOW`] otherwise. Written
+    /// under the lock after every change, read without it: a healthy
+    /// breaker grants permits and takes successes with one atomic load.
+    quick: AtomicU64,
 }
+
+/// [`CircuitBreaker::quick`] when a permit or a verdict needs the lock.
+const SLOW: u64 = u64::MAX;
 
 impl CircuitBreaker {
     /// A closed breaker. `rng_seed` seeds the cool-down jitter (from the OS
@@ -397,8 +406,14 @@ impl CircuitBreaker {
             Some(seed) => StdRng::seed_from_u64(seed),
             None => rand::make_rng(),
         };
+        let quick = if config.failure_ratio.is_none() {
+            0
+        } else {
+            SLOW
+        };
         CircuitBreaker {
             config,
+            quick: AtomicU64::new(quick),
             inner: Mutex::new(Inner {
                 phase: Phase::Closed,
                 generation: 0,
@@ -428,6 +443,15 @@ impl CircuitBreaker {
     /// HalfOpen → a probe permit while fewer than `half_open_probes` probes
     /// are in flight, else `Rejected` with a zero `retry_in`.
     pub(crate) fn try_acquire(&self) -> Result<BreakerPermit<'_>, Rejected> {
+        let quick = self.quick.load(Ordering::Acquire);
+        if quick != SLOW {
+            return Ok(BreakerPermit {
+                breaker: self,
+                probe: false,
+                generation: quick,
+                settled: false,
+            });
+        }
         let mut inner = self.lock();
         let probe = self.admit(&mut inner, true)?;
         Ok(BreakerPermit {
@@ -442,6 +466,9 @@ impl CircuitBreaker {
     /// taking a permit (or a probe slot): for failing fast before work that
     /// will ask for a permit later.
     pub(crate) fn admits(&self) -> Result<(), Rejected> {
+        if self.quick.load(Ordering::Acquire) != SLOW {
+            return Ok(());
+        }
         self.admit(&mut self.lock(), false).map(drop)
     }
 
@@ -514,8 +541,30 @@ impl CircuitBreaker {
     }
 
     fn settle(&self, probe: bool, generation: u64, verdict: Verdict) {
+        // A success (or a cancellation) while closed with nothing counted
+        // changes nothing.
+        if !probe && verdict != Verdict::Failure && self.quick.load(Ordering::Acquire) == generation
+        {
+            return;
+        }
         let now = Instant::now();
         let mut inner = self.lock();
+        self.settle_locked(&mut inner, now, probe, generation, verdict);
+        let quick = match inner.phase {
+            Phase::Closed if inner.consecutive == 0 && inner.window.is_none() => inner.generation,
+            _ => SLOW,
+        };
+        self.quick.store(quick, Ordering::Release);
+    }
+
+    fn settle_locked(
+        &self,
+        inner: &mut Inner,
+        now: Instant,
+        probe: bool,
+        generation: u64,
+        verdict: Verdict,
+    ) {
         if inner.generation != generation {
             return;
         }
@@ -524,8 +573,8 @@ impl CircuitBreaker {
                 *probes = probes.saturating_sub(1);
             }
             match verdict {
-                Verdict::Success => self.close(&mut inner),
-                Verdict::Failure => self.open(&mut inner, now, "a probe load failed"),
+                Verdict::Success => self.close(inner),
+                Verdict::Failure => self.open(inner, now, "a probe load failed"),
                 Verdict::Cancelled => {}
             }
             return;
@@ -533,15 +582,15 @@ impl CircuitBreaker {
         match verdict {
             Verdict::Success => {
                 inner.consecutive = 0;
-                self.record(&mut inner, now, false);
+                self.record(inner, now, false);
             }
             Verdict::Failure => {
                 inner.consecutive = inner.consecutive.saturating_add(1);
-                self.record(&mut inner, now, true);
+                self.record(inner, now, true);
                 if inner.consecutive >= self.config.failure_threshold.max(1) {
-                    self.open(&mut inner, now, "consecutive failures");
+                    self.open(inner, now, "consecutive failures");
                 } else if self.ratio_tripped(&inner, now) {
-                    self.open(&mut inner, now, "failure ratio");
+                    self.open(inner, now, "failure ratio");
                 }
             }
             Verdict::Cancelled => {}
