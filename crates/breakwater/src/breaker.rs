@@ -589,7 +589,7 @@ impl CircuitBreaker {
                 self.record(inner, now, true);
                 if inner.consecutive >= self.config.failure_threshold.max(1) {
                     self.open(inner, now, "consecutive failures");
-                } else if self.ratio_tripped(&inner, now) {
+                } else if self.ratio_tripped(inner, now) {
                     self.open(inner, now, "failure ratio");
                 }
             }
