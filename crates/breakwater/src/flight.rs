@@ -22,9 +22,20 @@ type Flights<T> = Arc<Mutex<HashMap<Vec<u8>, Arc<Cell<T>>>>>;
 
 /// Where one flight's result lands: set once, then every waiter is woken.
 /// (Lighter than a `watch` channel: no versions, no lock to read it.)
+/// `None`: an inline leader ([`Lead`]) went away without a result; its
+/// followers try again.
 struct Cell<T> {
-    result: OnceLock<Result<T, Error>>,
+    result: OnceLock<Option<Result<T, Error>>>,
     landed: Notify,
+}
+
+impl<T> Cell<T> {
+    fn new() -> Arc<Self> {
+        Arc::new(Cell {
+            result: OnceLock::new(),
+            landed: Notify::new(),
+        })
+    }
 }
 
 /// Whether a caller started the flight or joined one already in the air.
@@ -85,16 +96,14 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
             let cell = Arc::clone(cell);
             return (Joined { cell }, Joining::Followed(seed));
         }
-        let cell = Arc::new(Cell {
-            result: OnceLock::new(),
-            landed: Notify::new(),
-        });
+        let cell = Cell::new();
         flights.insert(key.to_vec(), Arc::clone(&cell));
         drop(flights);
         let landing = Landing {
             key: key.to_vec(),
             flights: Arc::clone(&self.flights),
             cell: Some(Arc::clone(&cell)),
+            inline: false,
         };
         let (work, kept) = start(seed);
         tokio::spawn(async move {
@@ -102,6 +111,34 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
             landing.land(result);
         });
         (Joined { cell }, Joining::Led(kept))
+    }
+
+    /// Leads the flight for `key` in the caller's own task, or joins the
+    /// one in the air. No task is spawned: the leader does the work inline
+    /// and [`Lead::land`]s its result. A leader that goes away first (its
+    /// future dropped) hands nothing down: its followers'
+    /// [`Joined::outcome`] is `None`, and they try again (one of them
+    /// leads). For work whose repetition is harmless (a read), where a
+    /// spawn would cost more than the work.
+    pub(crate) fn lead_or_join(&self, key: &[u8]) -> Turn<T> {
+        let mut flights = lock(&self.flights);
+        if let Some(cell) = flights.get(key) {
+            return Turn::Follow(Joined {
+                cell: Arc::clone(cell),
+            });
+        }
+        let cell = Cell::new();
+        let key = key.to_vec();
+        flights.insert(key.clone(), Arc::clone(&cell));
+        drop(flights);
+        Turn::Lead(Lead {
+            landing: Landing {
+                key,
+                flights: Arc::clone(&self.flights),
+                cell: Some(cell),
+                inline: true,
+            },
+        })
     }
 
     /// Detaches the flight for `key`, if one is in the air: its callers
@@ -140,6 +177,27 @@ pub(crate) enum Joining<X, S> {
     Followed(S),
 }
 
+/// [`SingleFlight::lead_or_join`]'s answer.
+pub(crate) enum Turn<T> {
+    /// This call leads: it does the work and lands the result.
+    Lead(Lead<T>),
+    /// A flight was in the air.
+    Follow(Joined<T>),
+}
+
+/// An inline flight's leadership: [`land`](Self::land) its result; dropped
+/// without one, the followers try again.
+pub(crate) struct Lead<T> {
+    landing: Landing<T>,
+}
+
+impl<T> Lead<T> {
+    /// Hands `result` to every follower and frees the key.
+    pub(crate) fn land(self, result: Result<T, Error>) {
+        self.landing.land(result);
+    }
+}
+
 /// One flight, joined.
 pub(crate) struct Joined<T> {
     cell: Arc<Cell<T>>,
@@ -148,6 +206,12 @@ pub(crate) struct Joined<T> {
 impl<T: Clone> Joined<T> {
     /// The flight's result, once it has landed.
     pub(crate) async fn result(self) -> Result<T, Error> {
+        self.outcome().await.unwrap_or_else(|| Err(abandoned()))
+    }
+
+    /// The flight's result once it has landed, or `None` if its inline
+    /// leader went away without one.
+    pub(crate) async fn outcome(self) -> Option<Result<T, Error>> {
         loop {
             // Registered before the result is checked, so a landing in
             // between still wakes this waiter.
@@ -172,14 +236,17 @@ struct Landing<T> {
     key: Vec<u8>,
     flights: Flights<T>,
     cell: Option<Arc<Cell<T>>>,
+    /// The leader works in the caller's task ([`Lead`]): going away
+    /// without a result hands the followers `None`, not an error.
+    inline: bool,
 }
 
 impl<T> Landing<T> {
     fn land(mut self, result: Result<T, Error>) {
-        self.finish(result);
+        self.finish(Some(result));
     }
 
-    fn finish(&mut self, result: Result<T, Error>) {
+    fn finish(&mut self, result: Option<Result<T, Error>>) {
         let Some(cell) = self.cell.take() else { return };
         {
             let mut flights = lock(&self.flights);
@@ -198,7 +265,12 @@ impl<T> Landing<T> {
 
 impl<T> Drop for Landing<T> {
     fn drop(&mut self) {
-        self.finish(Err(abandoned()));
+        let gone = if self.inline {
+            None
+        } else {
+            Some(Err(abandoned()))
+        };
+        self.finish(gone);
     }
 }
 
@@ -219,6 +291,51 @@ mod tests {
             let (joined, role) = self.join(key, start);
             (joined.result().await, role)
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_inline_leader_lands_for_its_followers() {
+        let flight = SingleFlight::<u64>::new();
+        let Turn::Lead(lead) = flight.lead_or_join(b"k") else {
+            panic!("the first call leads")
+        };
+        let followers: Vec<_> = (0..3)
+            .map(|_| match flight.lead_or_join(b"k") {
+                Turn::Follow(joined) => joined,
+                Turn::Lead(_) => panic!("a read is in the air"),
+            })
+            .collect();
+        assert_eq!(flight.in_flight(), 1);
+        lead.land(Ok(7));
+        assert_eq!(flight.in_flight(), 0);
+        for joined in followers {
+            assert_eq!(joined.outcome().await.unwrap().unwrap(), 7);
+        }
+        assert!(matches!(flight.lead_or_join(b"k"), Turn::Lead(_)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn followers_of_a_cancelled_inline_leader_try_again() {
+        let flight = Arc::new(SingleFlight::<u64>::new());
+        let Turn::Lead(lead) = flight.lead_or_join(b"k") else {
+            panic!("the first call leads")
+        };
+        let Turn::Follow(joined) = flight.lead_or_join(b"k") else {
+            panic!("a read is in the air")
+        };
+        let waiting = tokio::spawn(joined.outcome());
+        tokio::task::yield_now().await;
+        drop(lead);
+        assert!(waiting.await.unwrap().is_none(), "nothing handed down");
+        assert_eq!(flight.in_flight(), 0);
+        let Turn::Lead(again) = flight.lead_or_join(b"k") else {
+            panic!("the key is free again")
+        };
+        again.land(Ok(1));
+        // A spawned flight's waiters still see an abandoned flight as an
+        // error, never as `None`.
+        let (joined, _) = flight.join(b"j", || async { Ok(2) });
+        assert_eq!(joined.result().await.unwrap(), 2);
     }
 
     #[tokio::test(start_paused = true)]

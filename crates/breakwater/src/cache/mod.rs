@@ -61,7 +61,7 @@ use crate::clock::millis;
 use crate::codec::{Codec, Compression, Encode};
 use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
-use crate::flight::{Joined, Joining, Role};
+use crate::flight::{Joined, Role, Turn};
 use crate::freshness::{Freshness, FreshnessPolicy, Reading};
 use crate::l1::{Slot, Stamp, Ticket};
 use crate::limit::Priority;
@@ -792,23 +792,15 @@ impl<V: Value> Cache<V> {
         L: Load<V>,
     {
         // 3. Read the store (shared with concurrent reads of the key).
-        let (read, read_role, loader) = self.read_shared(user_key, loader, options).await;
-        if let Ok(Read {
-            loaded: Some((result, load_role)),
-            ..
-        }) = read
-        {
-            // The read found nothing and waited for the key's load: the
-            // caller that did the read led it if the read started it. No
-            // stale value can stand in, and no storage key is needed.
-            let role = if read_role == Role::Leader && load_role == Role::Leader {
-                Role::Leader
-            } else {
-                Role::Follower
-            };
-            return self.settle(user_key, result, role, None, options);
-        }
         let key = self.storage_key(user_key)?;
+        let (read, loader) = match self.read_shared(user_key, &key, loader, options).await {
+            // The read found nothing and waited for the key's load. No
+            // stale value can stand in.
+            Shared::Loaded(result, role) => {
+                return self.settle(user_key, result, role, None, options);
+            }
+            Shared::Read(read, loader) => (read, loader),
+        };
         let (entry, store_ok, ticket) = match read {
             Ok(read) => (read.entry, true, read.ticket),
             Err(err) => {
@@ -1102,60 +1094,69 @@ impl<V: Value> Cache<V> {
         &self.inner.raw_store
     }
 
-    /// [`read`](Self::read), shared by every concurrent caller for `key` in
-    /// this process: in a stampede, one `GET` instead of one per caller.
-    ///
-    /// A read that finds nothing starts (or joins) the key's load at once,
-    /// with the reading caller's loader and options, and lands only with
-    /// the load's outcome: every caller sharing the read would wait for that
-    /// one load anyway. They are woken once, with the value, instead of once
-    /// for the miss and again for the value, and the load does not wait
-    /// behind a thousand wake-ups. Callers arriving meanwhile join the read.
-    ///
-    /// The caller's loader comes back: still its own if it only joined a
-    /// read (no allocation on the path every waiter of a stampede takes),
-    /// shared with the read's task if it started it.
+    /// Step 3: reads the store, shared with the reads of the key already in
+    /// the air. With none in the air, the read runs inline in the caller's
+    /// task (no task, no shared loader: an uncontended hit is one `GET` and
+    /// its decoding); later readers of the key join it. Finding nothing,
+    /// the read joins (or starts) the key's load, and its followers get
+    /// that load's outcome too. A leader that goes away (its caller
+    /// cancelled) hands nothing down: its followers read again, one of them
+    /// leading, and a load already started goes on in its own task.
     async fn read_shared<L: Load<V>>(
         &self,
         user_key: &[u8],
+        key: &[u8],
         loader: L,
         options: &Options,
-    ) -> (Result<Read<V>, Error>, Role, Loader<L>) {
-        let (read, joining) = self.local.reads.join_with(user_key, loader, |loader| {
-            let loader = Arc::new(loader);
-            let (cache, key) = (self.clone(), self.storage_key(user_key));
-            let (task_loader, options) = (Arc::clone(&loader), *options);
-            let work = async move {
-                let key = key?;
-                let ticket = cache.local.ticket();
-                let entry = cache.read(&key).await?.map(Arc::new);
-                let loaded = match entry {
-                    Some(_) => None,
-                    None => {
-                        let (load, role) = cache.join_fill(
-                            &key,
-                            Loader::Shared(task_loader),
-                            options,
-                            None,
-                            Priority::Foreground,
-                            Mode::Fleet,
-                        );
-                        Some((load.result().await, role))
+    ) -> Shared<V, L> {
+        loop {
+            let joined = match self.local.reads.lead_or_join(user_key) {
+                Turn::Lead(lead) => {
+                    let ticket = self.local.ticket();
+                    let entry = match self.read(key).await {
+                        Ok(entry) => entry.map(Arc::new),
+                        Err(err) => {
+                            lead.land(Err(err.clone()));
+                            return Shared::Read(Err(err), Loader::Own(loader));
+                        }
+                    };
+                    if entry.is_some() {
+                        let read = Read {
+                            entry,
+                            loaded: None,
+                            ticket,
+                        };
+                        lead.land(Ok(read.clone()));
+                        return Shared::Read(Ok(read), Loader::Own(loader));
                     }
-                };
-                Ok(Read {
-                    entry,
-                    loaded,
-                    ticket,
-                })
+                    let (load, role) = self.join_fill(
+                        key,
+                        Loader::Own(loader),
+                        *options,
+                        None,
+                        Priority::Foreground,
+                        Mode::Fleet,
+                    );
+                    let result = load.result().await;
+                    lead.land(Ok(Read {
+                        entry: None,
+                        loaded: Some((result.clone(), role)),
+                        ticket,
+                    }));
+                    return Shared::Loaded(result, role);
+                }
+                Turn::Follow(joined) => joined,
             };
-            (work, loader)
-        });
-        let (role, loader) = match joining {
-            Joining::Led(shared) => (Role::Leader, Loader::Shared(shared)),
-            Joining::Followed(own) => (Role::Follower, Loader::Own(own)),
-        };
-        (read.result().await, role, loader)
+            match joined.outcome().await {
+                Some(Ok(Read {
+                    loaded: Some((result, _)),
+                    ..
+                })) => return Shared::Loaded(result, Role::Follower),
+                Some(read) => return Shared::Read(read, Loader::Own(loader)),
+                // The leader went away: read again.
+                None => {}
+            }
+        }
     }
 
     /// Reads and decodes the envelope; unreadable bytes are a miss plus a
@@ -1401,6 +1402,15 @@ struct Read<V> {
     loaded: Option<(Result<Loaded<V>, Error>, Role)>,
     /// When the read began, for L1.
     ticket: Option<Ticket>,
+}
+
+/// How a shared store read ended for one caller.
+enum Shared<V, L> {
+    /// Nothing was stored: the key's load, and this caller's part in it
+    /// (the leader only if it led the read and the load).
+    Loaded(Result<Loaded<V>, Error>, Role),
+    /// The read's outcome, and the caller's loader, still unused.
+    Read(Result<Read<V>, Error>, Loader<L>),
 }
 
 /// What L1 says about a key.
