@@ -9,12 +9,16 @@
 //! shares single-flight, the lease and origin protection with live
 //! traffic (a key that a request is loading is not loaded twice), and every
 //! write gets the cache's TTL jitter (or the warm-up's own), so the warmed
-//! keys do not expire together later. A key whose store read fails is
-//! counted as failed, without a load.
+//! keys do not expire together later. A key whose store read fails (after
+//! up to 10 attempts within about a second and a half, for failures that
+//! may pass: a timeout, an open store breaker) is counted as failed,
+//! without a load; after such a key, the next keys try once until a read
+//! succeeds again, so a store that is down fails a warm-up fast.
 
 use std::error::Error as StdError;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -194,11 +198,13 @@ impl<V: Value> Cache<V> {
         let mut pace = tokio::time::interval(Duration::from_secs(1) / warm.rate);
         pace.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let pace = Mutex::new(pace);
+        let store_down = AtomicBool::new(false);
+        let store_down = &store_down;
         let mut report = WarmReport::default();
         let mut outcomes = futures_util::stream::iter(keys)
             .map(|key| {
                 let loader = Arc::clone(&loader);
-                let outcome = self.warm_one(key.clone(), loader, &pace, warm.jitter);
+                let outcome = self.warm_one(key.clone(), loader, &pace, warm.jitter, store_down);
                 async move { (key, outcome.await) }
             })
             .buffer_unordered(warm.concurrency);
@@ -232,6 +238,7 @@ impl<V: Value> Cache<V> {
         loader: Arc<F>,
         pace: &Mutex<Interval>,
         jitter: Option<Jitter>,
+        store_down: &AtomicBool,
     ) -> Outcome
     where
         K: AsRef<[u8]> + Clone + Send + Sync + 'static,
@@ -257,7 +264,23 @@ impl<V: Value> Cache<V> {
         // One read decides. Without the store there is nothing to warm: the
         // key fails, and the database is spared a load that could not be
         // written.
-        let stale = match self.read(&storage_key).await {
+        // A store failure that may pass (a timeout, an open breaker's
+        // cool-down) is tried again, as an invalidation is: a busy moment
+        // must not fail the rest of a warm-up. Once a key has run out of
+        // attempts, later keys try once until a read succeeds again: a
+        // store that is down fails the warm-up fast, not a second and a
+        // half per key.
+        let read = if store_down.load(Ordering::Relaxed) {
+            self.read(&storage_key).await
+        } else {
+            self.inner
+                .deliveries
+                .run(|_| self.read(&storage_key))
+                .await
+                .0
+        };
+        store_down.store(read.is_err(), Ordering::Relaxed);
+        let stale = match read {
             // Fresh and readable as this cache's value type.
             Ok(Some(entry))
                 if self.is_fresh(&entry) && self.entry_value(&storage_key, &entry).is_some() =>
