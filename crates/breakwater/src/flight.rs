@@ -18,7 +18,8 @@ use tokio::sync::Notify;
 
 use crate::error::{Error, ErrorKind};
 
-type Flights<T> = Arc<Mutex<HashMap<Vec<u8>, Arc<Cell<T>>>>>;
+/// Keys are shared with the flight's landing: one allocation per flight.
+type Flights<T> = Arc<Mutex<HashMap<Arc<[u8]>, Arc<Cell<T>>>>>;
 
 /// Where one flight's result lands: set once, then every waiter is woken.
 /// (Lighter than a `watch` channel: no versions, no lock to read it.)
@@ -97,10 +98,11 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
             return (Joined { cell }, Joining::Followed(seed));
         }
         let cell = Cell::new();
-        flights.insert(key.to_vec(), Arc::clone(&cell));
+        let key: Arc<[u8]> = Arc::from(key);
+        flights.insert(Arc::clone(&key), Arc::clone(&cell));
         drop(flights);
         let landing = Landing {
-            key: key.to_vec(),
+            key,
             flights: Arc::clone(&self.flights),
             cell: Some(Arc::clone(&cell)),
             inline: false,
@@ -128,8 +130,8 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
             });
         }
         let cell = Cell::new();
-        let key = key.to_vec();
-        flights.insert(key.clone(), Arc::clone(&cell));
+        let key: Arc<[u8]> = Arc::from(key);
+        flights.insert(Arc::clone(&key), Arc::clone(&cell));
         drop(flights);
         Turn::Lead(Lead {
             landing: Landing {
@@ -156,7 +158,7 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
     }
 }
 
-fn lock<T>(flights: &Flights<T>) -> MutexGuard<'_, HashMap<Vec<u8>, Arc<Cell<T>>>> {
+fn lock<T>(flights: &Flights<T>) -> MutexGuard<'_, HashMap<Arc<[u8]>, Arc<Cell<T>>>> {
     // Every critical section is a single map operation: poisoning cannot
     // leave it half-done.
     flights.lock().unwrap_or_else(|p| p.into_inner())
@@ -233,7 +235,7 @@ impl<T: Clone> Joined<T> {
 /// The leader's duty: free the key and hand the result to every waiter,
 /// exactly once, however the flight's task ends.
 struct Landing<T> {
-    key: Vec<u8>,
+    key: Arc<[u8]>,
     flights: Flights<T>,
     cell: Option<Arc<Cell<T>>>,
     /// The leader works in the caller's task ([`Lead`]): going away

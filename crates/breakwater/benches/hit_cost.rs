@@ -1,0 +1,150 @@
+//! What one cache hit costs in heap allocations, counted (not timed), so
+//! the figures do not depend on a noisy machine: an L1 hit next to a bare
+//! `moka` get, and a Redis hit through `get_or_load` next to a raw `GET` on
+//! a private `redis-server`.
+//!
+//! ```sh
+//! cargo bench -p breakwater --bench hit_cost
+//! ```
+//!
+//! For instructions per hit, run the same binary under callgrind with two
+//! hit counts and divide the difference (the set-up cancels out):
+//!
+//! ```sh
+//! B=$(ls -t target/release/deps/hit_cost-* | grep -v '\.d$' | head -1)
+//! for n in 1000 6000; do
+//!   BREAKWATER_COST=redis BREAKWATER_HITS=$n valgrind --tool=callgrind \
+//!     --callgrind-out-file=/tmp/cg.$n $B --bench
+//! done
+//! ```
+//!
+//! (`BREAKWATER_COST` is one of `l1`, `moka`, `redis`, `raw`; the counting
+//! allocator's own instructions are in every figure alike.)
+
+use std::time::Duration;
+
+use breakwater::{Cache, L1Config, RedisStore};
+use breakwater_testkit::RedisServer;
+
+#[global_allocator]
+static ALLOC: dhat::Alloc = dhat::Alloc;
+
+fn hits() -> u64 {
+    std::env::var("BREAKWATER_HITS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(10_000)
+}
+
+/// Whether scenario `name` runs: all of them unless `BREAKWATER_COST`
+/// names one (`l1`, `moka`, `redis`, `raw`), for callgrind.
+fn runs(name: &str) -> bool {
+    std::env::var("BREAKWATER_COST").map_or(true, |only| only == name)
+}
+
+/// Heap blocks allocated while `f` runs (it runs only if `name` does).
+async fn blocks<F: AsyncFnOnce()>(name: &str, f: F) -> u64 {
+    if !runs(name) {
+        return 0;
+    }
+    let before = dhat::HeapStats::get().total_blocks;
+    f().await;
+    dhat::HeapStats::get().total_blocks - before
+}
+
+fn main() {
+    let _profiler = dhat::Profiler::builder().testing().build();
+    let n = hits();
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        // L1 hits, u64 values (a clone allocates nothing).
+        let l1 = Cache::<u64>::builder()
+            .namespace("cost")
+            .ttl(Duration::from_secs(3_600))
+            .l1(L1Config::new().ttl(Duration::from_secs(600)))
+            .build()
+            .expect("cache");
+        let load = || async { Ok::<_, std::io::Error>(Some(7u64)) };
+        l1.get_or_load("hot", load).await.expect("warm");
+        let ours = blocks("l1", async || {
+            for _ in 0..n {
+                std::hint::black_box(l1.get_or_load("hot", load).await.unwrap());
+            }
+        })
+        .await;
+        let moka = moka::future::Cache::<String, u64>::new(10_000);
+        moka.insert("hot".to_owned(), 7).await;
+        let bare = blocks("moka", async || {
+            for _ in 0..n {
+                std::hint::black_box(moka.get("hot").await);
+            }
+        })
+        .await;
+        println!(
+            "L1 hit:        {:>6.2} allocations per hit (bare moka get: {:.2})",
+            ours as f64 / n as f64,
+            bare as f64 / n as f64
+        );
+
+        // Redis hits, String values, L1 off.
+        let store = RedisStore::connect(&server.url()).expect("store");
+        store.warm_up().await.expect("redis");
+        let l2 = Cache::<String>::builder()
+            .namespace("cost")
+            .store(store)
+            .ttl(Duration::from_secs(3_600))
+            .build()
+            .expect("cache");
+        let value = "value of product:42, about the size of a small row".to_owned();
+        let v = value.clone();
+        l2.get_or_load("product:42", move || {
+            let v = v.clone();
+            async move { Ok::<_, std::io::Error>(Some(v)) }
+        })
+        .await
+        .expect("warm");
+        let ours = blocks("redis", async || {
+            for _ in 0..n {
+                let got = l2
+                    .get_or_load("product:42", || async {
+                        Ok::<_, std::io::Error>(Some(String::new()))
+                    })
+                    .await
+                    .unwrap();
+                assert_eq!(got.as_deref(), Some(value.as_str()));
+            }
+        })
+        .await;
+        let client = redis::Client::open(server.url()).expect("client");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connection");
+        redis::cmd("SET")
+            .arg("raw")
+            .arg(&value)
+            .query_async::<()>(&mut conn)
+            .await
+            .expect("set");
+        let raw = blocks("raw", async || {
+            for _ in 0..n {
+                let got: Option<String> = redis::cmd("GET")
+                    .arg("raw")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                assert!(got.is_some());
+            }
+        })
+        .await;
+        println!(
+            "Redis hit:     {:>6.2} allocations per hit (raw GET: {:.2}; {n} hits each)",
+            ours as f64 / n as f64,
+            raw as f64 / n as f64
+        );
+    });
+}
