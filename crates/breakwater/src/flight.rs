@@ -18,8 +18,10 @@ use tokio::sync::Notify;
 
 use crate::error::{Error, ErrorKind};
 
-/// Keys are shared with the flight's landing: one allocation per flight.
-type Flights<T> = Arc<Mutex<HashMap<Arc<[u8]>, Arc<Cell<T>>>>>;
+/// The flights in the air by key; keys are shared with the flight's
+/// landing: one allocation per flight.
+type FlightMap<T> = HashMap<Arc<[u8]>, Arc<Cell<T>>>;
+type Flights<T> = Arc<Mutex<FlightMap<T>>>;
 
 /// Where one flight's result lands: set once, then every waiter is woken.
 /// (Lighter than a `watch` channel: no versions, no lock to read it.)
@@ -158,7 +160,7 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
     }
 }
 
-fn lock<T>(flights: &Flights<T>) -> MutexGuard<'_, HashMap<Arc<[u8]>, Arc<Cell<T>>>> {
+fn lock<T>(flights: &Flights<T>) -> MutexGuard<'_, FlightMap<T>> {
     // Every critical section is a single map operation: poisoning cannot
     // leave it half-done.
     flights.lock().unwrap_or_else(|p| p.into_inner())
