@@ -100,42 +100,56 @@ impl GuardedStore {
         key: &'a [u8],
         call: impl FnOnce() -> StoreFuture<'a, T> + Send + 'a,
     ) -> StoreFuture<'a, T> {
+        Box::pin(self.guarded(op, key, call))
+    }
+
+    /// A read of `key` through its breaker, as [`Store::get`] is, without
+    /// boxing this layer's future: the hit path's one store call.
+    pub(crate) async fn get_inline(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        self.guarded("get", key, || self.store.get(key)).await
+    }
+
+    /// [`guard`](Self::guard)'s work, unboxed.
+    async fn guarded<'a, T: Send + 'a>(
+        &'a self,
+        op: &'static str,
+        key: &'a [u8],
+        call: impl FnOnce() -> StoreFuture<'a, T> + Send + 'a,
+    ) -> Result<T, Error> {
         let breaker = &self.breakers[self.store.failure_domain(key) % self.breakers.len()];
-        Box::pin(async move {
-            let permit = breaker.try_acquire().map_err(|rejected| {
-                Error::new(
-                    ErrorKind::Store,
-                    rejected.describe("the store", "store calls", "store call"),
-                )
-            })?;
-            match call().await {
-                Ok(value) => {
-                    permit.success();
-                    Ok(value)
-                }
-                Err(err) if err.is_key_fault() => {
-                    // The store answered: neither a failure nor a success
-                    // of the store (a half-open probe's permit is given
-                    // back unused).
-                    drop(permit);
-                    self.metrics.key_error(op);
-                    warn_limited!(
-                        self.logs,
-                        Warning::KeyFault,
-                        key = %super::show_key(key),
-                        op,
-                        error = %err,
-                        "the store refused this key (not a store failure); its next write replaces it"
-                    );
-                    Err(err)
-                }
-                Err(err) if err.is_store() => {
-                    permit.failure();
-                    Err(err)
-                }
-                Err(err) => Err(err),
+        let permit = breaker.try_acquire().map_err(|rejected| {
+            Error::new(
+                ErrorKind::Store,
+                rejected.describe("the store", "store calls", "store call"),
+            )
+        })?;
+        match call().await {
+            Ok(value) => {
+                permit.success();
+                Ok(value)
             }
-        })
+            Err(err) if err.is_key_fault() => {
+                // The store answered: neither a failure nor a success
+                // of the store (a half-open probe's permit is given
+                // back unused).
+                drop(permit);
+                self.metrics.key_error(op);
+                warn_limited!(
+                    self.logs,
+                    Warning::KeyFault,
+                    key = %super::show_key(key),
+                    op,
+                    error = %err,
+                    "the store refused this key (not a store failure); its next write replaces it"
+                );
+                Err(err)
+            }
+            Err(err) if err.is_store() => {
+                permit.failure();
+                Err(err)
+            }
+            Err(err) => Err(err),
+        }
     }
 }
 

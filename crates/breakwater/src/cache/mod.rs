@@ -1164,7 +1164,7 @@ impl<V: Value> Cache<V> {
     /// (say, a Redis list under the key: reported by the guarded store):
     /// the store is fine, and the key's next fenced write replaces it.
     async fn read(&self, key: &[u8]) -> Result<Option<Entry>, Error> {
-        let bytes = match self.inner.store.get(key).await {
+        let bytes = match self.inner.store.get_inline(key).await {
             Ok(Some(bytes)) => bytes,
             Ok(None) => return Ok(None),
             Err(err) if err.is_key_fault() => return Ok(None),
