@@ -20,6 +20,11 @@
 //! ([`RedisCluster::start_with_replicas`]) a test can kill a primary and
 //! wait for the automatic failover.
 //!
+//! [`RedisSentinel`] starts a master, a replica and one or more sentinels
+//! watching them ([`SentinelSetup`]: how many sentinels, passwords), so a
+//! test can fail the master over (`SENTINEL FAILOVER`, or by killing it)
+//! and wait for the promotion.
+//!
 //! For network faults that a process cannot simulate (latency, a silent
 //! peer, dropped connections, a refused port) put a [`FaultProxy`] between
 //! the cache and the server and switch its [`Fault`] during the test.
@@ -48,8 +53,10 @@
 mod cluster;
 mod proxy;
 mod resp;
+mod sentinel;
 mod server;
 
 pub use cluster::RedisCluster;
 pub use proxy::{Fault, FaultProxy};
+pub use sentinel::{RedisSentinel, SentinelSetup};
 pub use server::RedisServer;

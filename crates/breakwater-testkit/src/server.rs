@@ -44,6 +44,9 @@ pub struct RedisServer {
     port: u16,
     dir: PathBuf,
     extra_args: Vec<String>,
+    /// A configuration file's text, written to the server's directory and
+    /// given as its first argument (a sentinel needs one it can rewrite).
+    config: Option<String>,
 }
 
 /// Why one spawn attempt did not produce a ready server.
@@ -80,11 +83,24 @@ impl RedisServer {
     /// As [`RedisServer::start`]; also if the extra arguments make
     /// `redis-server` exit (the panic message includes its output).
     pub fn start_with(args: &[&str]) -> RedisServer {
+        RedisServer::start_inner(None, args)
+    }
+
+    /// Like [`RedisServer::start_with`], with a configuration file: `config`
+    /// is written to `redis.conf` in the server's directory (again before
+    /// each restart) and passed as the first argument, e.g. a sentinel's
+    /// `sentinel monitor ...` lines with `&["--sentinel"]`.
+    pub(crate) fn start_with_config(config: &str, args: &[&str]) -> RedisServer {
+        RedisServer::start_inner(Some(config.to_owned()), args)
+    }
+
+    fn start_inner(config: Option<String>, args: &[&str]) -> RedisServer {
         let mut server = RedisServer {
             child: None,
             port: 0,
             dir: make_temp_dir(),
             extra_args: args.iter().map(|&a| a.to_owned()).collect(),
+            config,
         };
         for _ in 0..START_ATTEMPTS {
             server.port = free_port();
@@ -226,7 +242,14 @@ impl RedisServer {
     /// timed out (5 s for connect, write and read), or the reply was
     /// malformed.
     pub fn command(&self, args: &[&str]) -> io::Result<String> {
-        command_at(self.addr(), args, COMMAND_TIMEOUT)
+        command_at(self.addr(), self.password(), args, COMMAND_TIMEOUT)
+    }
+
+    /// The password the server was started with (`--requirepass`), which
+    /// [`command`](RedisServer::command) sends with `AUTH` first.
+    fn password(&self) -> Option<&str> {
+        let at = self.extra_args.iter().position(|a| a == "--requirepass")?;
+        self.extra_args.get(at + 1).map(String::as_str)
     }
 
     fn signal(&self, signal: Signal) {
@@ -243,6 +266,10 @@ impl RedisServer {
         self.dir.join("output.log")
     }
 
+    fn config_path(&self) -> PathBuf {
+        self.dir.join("redis.conf")
+    }
+
     /// Spawns the process on `self.port` and waits for it to be ready.
     /// On failure the process has been reaped and `self.child` is `None`.
     fn spawn_and_wait(&mut self) -> Result<(), StartError> {
@@ -256,6 +283,10 @@ impl RedisServer {
             .try_clone()
             .unwrap_or_else(|e| panic!("cannot clone output file handle: {e}"));
 
+        if let Some(config) = &self.config {
+            fs::write(self.config_path(), config)
+                .unwrap_or_else(|e| panic!("cannot write {}: {e}", self.config_path().display()));
+        }
         let binary = std::env::var_os(BINARY_ENV).unwrap_or_else(|| "redis-server".into());
         // With util-linux's `setpriv`, the server gets SIGKILL when the
         // thread that started it dies, so a test process killed outright
@@ -270,6 +301,10 @@ impl RedisServer {
             }
             None => Command::new(&binary),
         };
+        // A configuration file must come first.
+        if self.config.is_some() {
+            cmd.arg(self.config_path());
+        }
         cmd.arg("--port")
             .arg(self.port.to_string())
             .args(["--bind", "127.0.0.1"])
@@ -320,19 +355,21 @@ impl RedisServer {
     fn wait_ready(&mut self) -> Result<(), StartError> {
         let deadline = Instant::now() + READY_TIMEOUT;
         let poll_timeout = Duration::from_millis(500);
+        let addr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, self.port));
+        let password = self.password().map(str::to_owned);
+        let password = password.as_deref();
         let Some(child) = self.child.as_mut() else {
             return Err(StartError::TimedOut);
         };
         let expected_pid = format!("process_id:{}", child.id());
-        let addr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, self.port));
         loop {
             match child.try_wait() {
                 Ok(Some(status)) => return Err(StartError::Exited(status)),
                 Ok(None) => {}
                 Err(e) => panic!("cannot poll redis-server process: {e}"),
             }
-            if command_at(addr, &["PING"], poll_timeout).is_ok_and(|r| r == "PONG")
-                && command_at(addr, &["INFO", "server"], poll_timeout)
+            if command_at(addr, password, &["PING"], poll_timeout).is_ok_and(|r| r == "PONG")
+                && command_at(addr, password, &["INFO", "server"], poll_timeout)
                     .is_ok_and(|info| info.lines().any(|l| l.trim() == expected_pid))
             {
                 return Ok(());
@@ -470,12 +507,26 @@ fn make_temp_dir() -> PathBuf {
     }
 }
 
-/// Sends one command to `addr` over a fresh connection and reads one reply.
-fn command_at(addr: SocketAddr, args: &[&str], timeout: Duration) -> io::Result<String> {
+/// Sends one command to `addr` over a fresh connection (after `AUTH
+/// password`, if given) and reads one reply.
+fn command_at(
+    addr: SocketAddr,
+    password: Option<&str>,
+    args: &[&str],
+    timeout: Duration,
+) -> io::Result<String> {
     let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
     stream.set_nodelay(true)?;
+    let mut replies = BufReader::new(stream.try_clone()?);
+    if let Some(password) = password {
+        resp::write_command(&mut stream, &["AUTH", password])?;
+        let auth = resp::read_reply(&mut replies)?;
+        if auth != "OK" {
+            return Err(io::Error::other(format!("AUTH was refused: {auth}")));
+        }
+    }
     resp::write_command(&mut stream, args)?;
-    resp::read_reply(&mut BufReader::new(stream))
+    resp::read_reply(&mut replies)
 }
