@@ -76,7 +76,7 @@ pub use limit::LimitConfig;
 pub use retry::RetryConfig;
 pub use store::{
     Delivery, FencedWrite, LeaseAttempt, MemoryStore, Notice, RedisStore, RedisStoreConfig,
-    Replace, Store, StoreFuture, Subscription,
+    Replace, SentinelError, Store, StoreFuture, Subscription,
 };
 
 /// The README's examples, compiled and run as doctests.

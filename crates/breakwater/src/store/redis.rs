@@ -1,4 +1,5 @@
-//! The Redis backend: one server, or a Redis Cluster.
+//! The Redis backend: one server, a Redis Cluster, or the master that Redis
+//! Sentinel names ([`sentinel`] says how a failover is followed).
 //!
 //! Commands share one multiplexed connection (or one cluster connection,
 //! which routes each command by its key's hash slot), each bounded by
@@ -16,7 +17,9 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use rand::rngs::StdRng;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
@@ -34,6 +37,11 @@ use super::{
 use crate::clock::{SystemClock, WallClock, millis};
 use crate::error::{ConfigError, Error, ErrorKind, MAX_WAIT};
 use crate::jitter::{Backoff, poll_delay};
+
+mod sentinel;
+
+pub use sentinel::SentinelError;
+use sentinel::{MasterAddr, Revocation, Sentinel};
 
 // A lease's value is its holder's token followed by one status byte: `-`,
 // or `w` once someone else has tried to take it (a waiter). The holder is
@@ -366,6 +374,9 @@ struct Inner {
     /// Counts finished connection attempts (made or failed), to wake the
     /// callers waiting on one.
     attempts: watch::Sender<u64>,
+    /// Why the last connection attempt failed (cleared when one succeeds):
+    /// the cause carried by the errors of calls that find no connection.
+    last_failure: Mutex<Option<Error>>,
     generations: AtomicU64,
     /// A probe of the current connection runs (after a command timed out).
     probing: AtomicBool,
@@ -413,6 +424,8 @@ enum Target {
         client: Box<ClusterClient>,
         nodes: Vec<redis::Client>,
     },
+    /// The master that Redis Sentinel names, found again after a failover.
+    Sentinel(Arc<Sentinel>),
 }
 
 impl Target {
@@ -422,18 +435,42 @@ impl Target {
         match self {
             Target::Node(client) => std::slice::from_ref(client),
             Target::Cluster { nodes, .. } => nodes,
+            // The master is whichever server the sentinels name.
+            Target::Sentinel(_) => &[],
+        }
+    }
+
+    /// The Sentinel state, for a store on a Sentinel-managed master.
+    fn sentinel(&self) -> Option<&Arc<Sentinel>> {
+        match self {
+            Target::Sentinel(sentinel) => Some(sentinel),
+            Target::Node(_) | Target::Cluster { .. } => None,
         }
     }
 }
 
-/// A live connection: to one server, or to a cluster.
+/// A live connection: to one server, to a cluster, or to the master that
+/// the sentinels named.
 #[derive(Clone)]
 enum Conn {
     Node(ConnectionManager),
     Cluster(ClusterConnection),
+    /// A plain multiplexed connection, not a `ConnectionManager`: that one
+    /// would reconnect to the same address by itself, and after a failover
+    /// the address may be a replica, or a restarted, empty master. A broken
+    /// connection is made again through the sentinels instead.
+    Master(MultiplexedConnection, MasterAddr),
 }
 
 impl Conn {
+    /// The master this connection goes to, on a Sentinel store.
+    fn master(&self) -> Option<&MasterAddr> {
+        match self {
+            Conn::Master(_, addr) => Some(addr),
+            Conn::Node(_) | Conn::Cluster(_) => None,
+        }
+    }
+
     /// The server's `TIME`. In a cluster it is asked of the primary that
     /// serves slot 0, so every process that shares the cluster reads the same
     /// node's clock (a keyless `TIME` goes to a random node, and two nodes'
@@ -442,6 +479,7 @@ impl Conn {
     async fn time(&mut self, any_node: bool) -> redis::RedisResult<(u64, u64)> {
         match self {
             Conn::Node(c) => redis::cmd("TIME").query_async(c).await,
+            Conn::Master(c, _) => redis::cmd("TIME").query_async(c).await,
             Conn::Cluster(c) => {
                 let route = SingleNodeRoutingInfo::SpecificNode(Route::new(0, SlotAddr::Master));
                 match c
@@ -465,6 +503,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Node(c) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Master(c, _) => c.req_packed_command(cmd),
         }
     }
 
@@ -477,6 +516,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Node(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Master(c, _) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -484,6 +524,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Node(c) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
+            Conn::Master(c, _) => c.get_db(),
         }
     }
 }
@@ -639,6 +680,102 @@ impl RedisStore {
         ))
     }
 
+    /// A store on the master that the Redis Sentinels at `sentinels` (one or
+    /// more of their URLs, `redis://[:password@]host:port`) name `master`,
+    /// with default timeouts. No connection is made yet.
+    ///
+    /// `master` is the name the sentinels monitor it under (`"mymaster"`),
+    /// or, when the master needs a password or another database, a URL
+    /// whose host is that name: `redis://:password@mymaster/2` (user,
+    /// password and database apply to the master and its replacements; each
+    /// sentinel URL carries the sentinels' own password, if they have one).
+    ///
+    /// # Failover
+    ///
+    /// Every connection, commands and the pub/sub subscription alike, goes
+    /// to the master the sentinels name, checked with `ROLE`; nothing
+    /// reconnects to a remembered address. The store moves to a new master
+    /// when its connection breaks, when a write is refused as `READONLY`,
+    /// or when the sentinels (asked every `subscription_ping`) name another
+    /// one; the reconnect then starts at once.
+    ///
+    /// Replication is asynchronous, so a failover can lose the last writes
+    /// the old master acknowledged; after `SENTINEL FAILOVER` the old master
+    /// even keeps accepting writes until the sentinels demote it (measured:
+    /// 10 s later). Lost fills and leases cost a miss or a second load. Lost
+    /// invalidations (and `set`s) would bring old values back, so the store
+    /// remembers those of the last 10 s + 2 × `subscription_ping` (up to
+    /// 100,000) with the master that acknowledged them, and applies them
+    /// again, notices included, on a new master before using it. One that a
+    /// master the sentinels no longer name acknowledged fails instead (and
+    /// `invalidate` tries it again).
+    ///
+    /// The bound: once the sentinels name the new master, an invalidated
+    /// value may still be served as fresh by a process that has not noticed
+    /// yet (at most `subscription_ping` + `connect_timeout`; its L1 then
+    /// becomes unverified, as whenever the bus drops), and from the new
+    /// master until the invalidating process has reconnected there (about
+    /// as long). Not covered: an invalidating process that dies before it
+    /// reconnects, and more invalidations in the window than it keeps.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use breakwater::{Cache, RedisStore};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = RedisStore::connect_sentinel(
+    ///     ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
+    ///     "redis://:master-password@mymaster/0",
+    /// )?;
+    /// let cache = Cache::<String>::builder()
+    ///     .namespace("catalog")
+    ///     .store(store)
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Config`](ErrorKind::Config) if `sentinels` is empty, a URL cannot
+    /// be parsed, a sentinel URL selects a database, or `master` is neither
+    /// a name nor a URL with the name as its host. Once connecting, calls
+    /// fail with a [`Store`](ErrorKind::Store) error whose source chain holds
+    /// a [`SentinelError`] when no sentinel answers, none knows `master`, or
+    /// the server they name is not a master.
+    pub fn connect_sentinel<I, S>(sentinels: I, master: &str) -> Result<Self, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Self::connect_sentinel_with(sentinels, master, RedisStoreConfig::default())
+    }
+
+    /// Like [`connect_sentinel`](RedisStore::connect_sentinel), with explicit
+    /// timeouts (`subscription_ping` is also how often the sentinels are
+    /// asked whether the master moved).
+    ///
+    /// # Errors
+    ///
+    /// As [`connect_sentinel`](RedisStore::connect_sentinel); also if a
+    /// timeout is zero.
+    pub fn connect_sentinel_with<I, S>(
+        sentinels: I,
+        master: &str,
+        config: RedisStoreConfig,
+    ) -> Result<Self, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        config.validate()?;
+        let sentinel = Sentinel::new(sentinels, master, &config)?;
+        Ok(Self::with_target(
+            Target::Sentinel(Arc::new(sentinel)),
+            config,
+        ))
+    }
+
     fn with_target(target: Target, config: RedisStoreConfig) -> Self {
         RedisStore {
             inner: Arc::new(Inner {
@@ -647,6 +784,7 @@ impl RedisStore {
                 conn: RwLock::new(None),
                 reconnect: Mutex::default(),
                 attempts: watch::Sender::new(0),
+                last_failure: Mutex::default(),
                 generations: AtomicU64::new(0),
                 probing: AtomicBool::new(false),
                 clock_refresh_started: AtomicBool::new(false),
@@ -823,12 +961,22 @@ impl Inner {
         (reconnect.attempt_since, reconnect.connected_once)
     }
 
-    /// A call that found no connection and will not wait for one.
+    /// A call that found no connection and will not wait for one; the
+    /// last attempt's failure, if any, is its source.
     fn reconnecting(&self) -> Error {
-        Error::new(
+        let err = Error::new(
             ErrorKind::Store,
             "redis is unreachable; reconnecting in the background (calls fail at once until then)",
-        )
+        );
+        let last = self
+            .last_failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        match last {
+            Some(cause) => err.with_source(cause),
+            None => err,
+        }
     }
 
     /// One connection attempt, bounded by `connect_timeout` (the clock
@@ -837,7 +985,7 @@ impl Inner {
     async fn connect(self: &Arc<Self>) -> Result<(), Error> {
         let connect_timeout = self.config.connect_timeout;
         let attempt = async {
-            let conn = match &self.target {
+            let mut conn = match &self.target {
                 Target::Node(client) => {
                     let config = ConnectionManagerConfig::new()
                         .set_connection_timeout(Some(connect_timeout))
@@ -846,13 +994,23 @@ impl Inner {
                     ConnectionManager::new_with_config(client.clone(), config)
                         .await
                         .map(Conn::Node)
+                        .map_err(store_error)?
                 }
-                Target::Cluster { client, .. } => {
-                    client.get_async_connection().await.map(Conn::Cluster)
+                Target::Cluster { client, .. } => client
+                    .get_async_connection()
+                    .await
+                    .map(Conn::Cluster)
+                    .map_err(store_error)?,
+                Target::Sentinel(sentinel) => {
+                    let (conn, master) = sentinel.connect_master(&self.config).await?;
+                    Conn::Master(conn, master)
                 }
             };
-            let mut conn = conn.map_err(store_error)?;
             let sampled = self.sample_clock(&mut conn).await;
+            // After a failover, first what the former master may have lost.
+            if let (Some(sentinel), Conn::Master(conn, master)) = (self.target.sentinel(), &conn) {
+                sentinel.replay(&mut conn.clone(), master).await?;
+            }
             Ok::<_, Error>((conn, sampled))
         };
         let (conn, sampled) = tokio::time::timeout(connect_timeout, attempt)
@@ -873,11 +1031,17 @@ impl Inner {
                 }
                 // One server that cannot answer `TIME` cannot serve either
                 // (a hung server accepts connections it never answers).
-                Conn::Node(_) => return Err(err),
+                Conn::Node(_) | Conn::Master(..) => return Err(err),
             }
         }
         if !self.clock_refresh_started.swap(true, Ordering::Relaxed) {
             self.track(spawn_clock_refresh(Arc::downgrade(self)));
+        }
+        if let Some(sentinel) = self.target.sentinel()
+            && sentinel.start_watching()
+        {
+            let task = tokio::spawn(sentinel::watch(Arc::downgrade(self)));
+            self.track(task.abort_handle());
         }
         let live = Live {
             generation: self.generations.fetch_add(1, Ordering::Relaxed) + 1,
@@ -964,6 +1128,7 @@ impl Inner {
             // a failed command is not retried on it.
             let cluster = matches!(live.conn, Conn::Cluster(_));
             let live_again = live.clone();
+            let sentinel_master = live.conn.master().is_some();
             let outcome = match tokio::time::timeout_at(deadline, command(live.conn)).await {
                 Ok(outcome) => outcome,
                 // After waiting for a reconnect: what was left of the
@@ -989,7 +1154,10 @@ impl Inner {
                 Err(err) => {
                     let broken = err.is_connection_dropped()
                         || err.is_io_error()
-                        || err.is_connection_refusal();
+                        || err.is_connection_refusal()
+                        // The sentinels' master was demoted: the connection
+                        // is made again to the master they name now.
+                        || (sentinel_master && sentinel::moved(&err));
                     if broken && !cluster {
                         self.forget(live_again.generation);
                     } else if err.is_timeout() && !cluster {
@@ -1029,16 +1197,43 @@ impl Inner {
     async fn eval<T: FromRedisValue>(self: &Arc<Self>, script: Invocation<'_>) -> Result<T, Error> {
         let script = &script;
         self.call(Op::Write, |mut conn| async move {
-            match script.cmd(false).query_async(&mut conn).await {
-                Err(err)
-                    if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                {
-                    script.cmd(true).query_async(&mut conn).await
-                }
-                other => other,
-            }
+            run_script(&mut conn, script).await
         })
         .await
+    }
+
+    /// A write that revokes (`INVALIDATE`, `REPLACE`) through
+    /// [`eval`](Self::eval). On a Sentinel store it counts only if the
+    /// master that acknowledged it is still the one the sentinels name, and
+    /// it is remembered, to be applied again on the next master should the
+    /// failover have lost it (see [`sentinel`]).
+    async fn revoke(
+        self: &Arc<Self>,
+        script: Invocation<'_>,
+        revoked: Revocation<'_>,
+    ) -> Result<(), Error> {
+        let script = &script;
+        let master = self
+            .call(Op::Write, |mut conn| async move {
+                let _: i64 = run_script(&mut conn, script).await?;
+                Ok(conn.master().cloned())
+            })
+            .await?;
+        self.acknowledged(master, std::slice::from_ref(&revoked))
+    }
+
+    /// Revocations that the master `master` acknowledged (`None`: not a
+    /// Sentinel store), recorded for the next failover; an error if the
+    /// sentinels have named another master since.
+    fn acknowledged(
+        &self,
+        master: Option<MasterAddr>,
+        revoked: &[Revocation<'_>],
+    ) -> Result<(), Error> {
+        match (self.target.sentinel(), master) {
+            (Some(sentinel), Some(master)) => sentinel.acknowledged(&master, revoked),
+            _ => Ok(()),
+        }
     }
 
     fn track(&self, task: AbortHandle) {
@@ -1100,10 +1295,24 @@ impl Inner {
     }
 }
 
+/// `EVALSHA`, then `EVAL` if the node does not have the script.
+async fn run_script<T: FromRedisValue>(
+    conn: &mut Conn,
+    script: &Invocation<'_>,
+) -> redis::RedisResult<T> {
+    match script.cmd(false).query_async(conn).await {
+        Err(err) if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            script.cmd(true).query_async(conn).await
+        }
+        other => other,
+    }
+}
+
 /// (Re)connects until a connection is made: one attempt at a time, with
 /// full-jitter backoff (50 ms doubling to 2 s) between failed attempts, so
-/// a fleet does not reconnect in lockstep. Holds the store only during an
-/// attempt; ends when the store is dropped.
+/// a fleet does not reconnect in lockstep (on a Sentinel store, the
+/// sentinels naming a new master cuts the backoff short). Holds the store
+/// only during an attempt; ends when the store is dropped.
 async fn run_reconnect(inner: Weak<Inner>) {
     let backoff = Backoff::full_jitter(Duration::from_millis(50), Duration::from_secs(2));
     let mut rng: StdRng = rand::make_rng();
@@ -1124,6 +1333,7 @@ async fn run_reconnect(inner: Weak<Inner>) {
                 reconnect.connected_once = true;
             }
         }
+        *inner.last_failure.lock().unwrap_or_else(|p| p.into_inner()) = made.clone().err();
         inner.attempts.send_modify(|n| *n = n.wrapping_add(1));
         match made {
             Ok(()) => return,
@@ -1132,8 +1342,18 @@ async fn run_reconnect(inner: Weak<Inner>) {
             }
         }
         failures = failures.saturating_add(1);
+        let sentinel = inner.target.sentinel().cloned();
         drop(inner);
-        tokio::time::sleep(backoff.delay(failures, None, &mut rng)).await;
+        let pause = tokio::time::sleep(backoff.delay(failures, None, &mut rng));
+        match sentinel {
+            Some(sentinel) => {
+                tokio::select! {
+                    () = pause => {}
+                    () = sentinel.new_master_named() => {}
+                }
+            }
+            None => pause.await,
+        }
     }
 }
 
@@ -1160,6 +1380,46 @@ fn spawn_clock_refresh(inner: Weak<Inner>) -> AbortHandle {
     .abort_handle()
 }
 
+/// Where a subscription connects.
+enum Feed {
+    /// The store's one server, or the cluster's seed nodes in turn.
+    Nodes(Vec<redis::Client>),
+    /// The master the sentinels name.
+    Sentinel(Arc<Sentinel>),
+}
+
+impl Feed {
+    /// A client for attempt `attempt`, and the master it goes to on a
+    /// Sentinel store; `None` if there is nowhere to connect.
+    async fn client(
+        &self,
+        attempt: usize,
+        config: &RedisStoreConfig,
+    ) -> Option<Result<(redis::Client, Option<MasterAddr>), Error>> {
+        match self {
+            Feed::Nodes(clients) => {
+                let client = clients.get(attempt % clients.len().max(1))?;
+                Some(Ok((client.clone(), None)))
+            }
+            Feed::Sentinel(sentinel) => Some(
+                sentinel
+                    .subscription_client(config)
+                    .await
+                    .map(|(client, master)| (client, Some(master))),
+            ),
+        }
+    }
+
+    /// Resolves once the sentinels name another master than `master`;
+    /// never for a subscription that is not on a Sentinel's master.
+    async fn master_moved(&self, master: Option<&MasterAddr>) {
+        match (self, master) {
+            (Feed::Sentinel(sentinel), Some(master)) => sentinel.moved_from(master).await,
+            _ => std::future::pending().await,
+        }
+    }
+}
+
 /// Keeps one channel subscribed on a dedicated pub/sub connection,
 /// reconnecting with jittered backoff, and fans its messages out. An idle
 /// connection is checked with `PING` every `subscription_ping`; one that does
@@ -1167,8 +1427,11 @@ fn spawn_clock_refresh(inner: Weak<Inner>) -> AbortHandle {
 /// dropped. Every (re)connection is announced as [`Delivery::Missed`], since
 /// messages sent while it was down are lost. In a cluster each attempt tries
 /// the next node: a `PUBLISH` on any node reaches every node's subscribers.
+/// On a Sentinel store it subscribes on the master the sentinels name, and
+/// drops the subscription as soon as they name another one (what is
+/// published there would not reach it).
 async fn run_subscription(
-    clients: Vec<redis::Client>,
+    feed: Feed,
     config: RedisStoreConfig,
     channel: Vec<u8>,
     messages: broadcast::Sender<Delivery>,
@@ -1178,17 +1441,19 @@ async fn run_subscription(
     let mut rng: StdRng = rand::make_rng();
     let mut failures = 0u32;
     for attempt in 0usize.. {
-        // In a cluster, each new attempt tries the next node.
-        let Some(client) = clients.get(attempt % clients.len().max(1)) else {
-            return;
-        };
         let connect = async {
-            let mut pubsub = client.get_async_pubsub().await?;
-            pubsub.subscribe(&channel).await?;
-            Ok::<_, redis::RedisError>(pubsub)
+            // In a cluster, each new attempt tries the next node.
+            let Some(client) = feed.client(attempt, &config).await else {
+                return Ok(None);
+            };
+            let (client, master) = client?;
+            let mut pubsub = client.get_async_pubsub().await.map_err(store_error)?;
+            pubsub.subscribe(&channel).await.map_err(store_error)?;
+            Ok::<_, Error>(Some((pubsub, master)))
         };
         match tokio::time::timeout(config.connect_timeout, connect).await {
-            Ok(Ok(pubsub)) => {
+            Ok(Ok(None)) => return,
+            Ok(Ok(Some((pubsub, master)))) => {
                 failures = 0;
                 ready.send_replace(true);
                 let _ = messages.send(Delivery::Missed);
@@ -1213,6 +1478,10 @@ async fn run_subscription(
                             if !matches!(pong, Ok(Ok(_))) {
                                 break;
                             }
+                        }
+                        () = feed.master_moved(master.as_ref()) => {
+                            tracing::warn!("the redis sentinels name a new master; subscribing there");
+                            break;
                         }
                     }
                 }
@@ -1265,8 +1534,12 @@ fn is_key_fault(err: &redis::RedisError) -> bool {
 
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisStore")
-            .field(
+        let mut d = f.debug_struct("RedisStore");
+        match self.inner.target.sentinel() {
+            Some(sentinel) => d
+                .field("sentinels", &sentinel.addrs())
+                .field("master", &sentinel.master_name()),
+            None => d.field(
                 "addrs",
                 &self
                     .inner
@@ -1275,8 +1548,9 @@ impl fmt::Debug for RedisStore {
                     .iter()
                     .map(|c| c.get_connection_info().addr().to_string())
                     .collect::<Vec<_>>(),
-            )
-            .field("config", &self.inner.config)
+            ),
+        };
+        d.field("config", &self.inner.config)
             .finish_non_exhaustive()
     }
 }
@@ -1343,14 +1617,14 @@ impl Store for RedisStore {
     /// keys fall into its own domains.
     fn failure_domains(&self) -> usize {
         match self.inner.target {
-            Target::Node(_) => 1,
+            Target::Node(_) | Target::Sentinel(_) => 1,
             Target::Cluster { .. } => usize::from(SLOTS / SLOTS_PER_DOMAIN),
         }
     }
 
     fn failure_domain(&self, key: &[u8]) -> usize {
         match self.inner.target {
-            Target::Node(_) => 0,
+            Target::Node(_) | Target::Sentinel(_) => 0,
             Target::Cluster { .. } => usize::from(hash_slot(key) / SLOTS_PER_DOMAIN),
         }
     }
@@ -1454,19 +1728,16 @@ impl Store for RedisStore {
     ) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             let ms = ttl_millis(ttl)?;
-            let _: i64 = self
-                .inner
-                .eval(
-                    REPLACE
-                        .key(key)
-                        .key(lease_key)
-                        .arg(value)
-                        .arg(ms)
-                        .arg(notice.channel)
-                        .arg(notice.message),
-                )
-                .await?;
-            Ok(())
+            let script = REPLACE
+                .key(key)
+                .key(lease_key)
+                .arg(value)
+                .arg(ms)
+                .arg(notice.channel)
+                .arg(notice.message);
+            self.inner
+                .revoke(script, Revocation::new(key, lease_key, notice))
+                .await
         })
     }
 
@@ -1519,19 +1790,26 @@ impl Store for RedisStore {
             };
             let by_sha = &pipeline(false);
             let pipeline = &pipeline;
-            self.inner
+            let master = self
+                .inner
                 .call(Op::Write, |mut conn| async move {
                     match by_sha.query_async::<()>(&mut conn).await {
                         Err(err)
                             if err.kind()
                                 == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
                         {
-                            pipeline(true).query_async::<()>(&mut conn).await
+                            pipeline(true).query_async::<()>(&mut conn).await?
                         }
-                        other => other,
+                        other => other?,
                     }
+                    Ok(conn.master().cloned())
                 })
-                .await
+                .await?;
+            let revoked: Vec<_> = writes
+                .iter()
+                .map(|w| Revocation::new(w.key, w.lease_key, w.notice))
+                .collect();
+            self.inner.acknowledged(master, &revoked)
         })
     }
 
@@ -1542,17 +1820,14 @@ impl Store for RedisStore {
         notice: Notice<'a>,
     ) -> StoreFuture<'a, ()> {
         Box::pin(async move {
-            let _: i64 = self
-                .inner
-                .eval(
-                    INVALIDATE
-                        .key(key)
-                        .key(lease_key)
-                        .arg(notice.channel)
-                        .arg(notice.message),
-                )
-                .await?;
-            Ok(())
+            let script = INVALIDATE
+                .key(key)
+                .key(lease_key)
+                .arg(notice.channel)
+                .arg(notice.message);
+            self.inner
+                .revoke(script, Revocation::new(key, lease_key, notice))
+                .await
         })
     }
 
@@ -1576,8 +1851,12 @@ impl Store for RedisStore {
                 messages: broadcast::channel(SUBSCRIPTION_BUFFER).0,
                 ready: watch::Sender::new(false),
             };
+            let source = match self.inner.target.sentinel() {
+                Some(sentinel) => Feed::Sentinel(Arc::clone(sentinel)),
+                None => Feed::Nodes(self.inner.target.nodes().to_vec()),
+            };
             let task = tokio::spawn(run_subscription(
-                self.inner.target.nodes().to_vec(),
+                source,
                 self.inner.config.clone(),
                 channel.to_vec(),
                 feed.messages.clone(),
