@@ -1,6 +1,7 @@
 //! The `Store` contract, run against every backend: `MemoryStore` on paused
-//! tokio time, and `RedisStore` on a private, real `redis-server` and on a
-//! private three-node Redis Cluster.
+//! tokio time, and `RedisStore` on a private, real `redis-server`, on a
+//! private three-node Redis Cluster, and on the master of a private Redis
+//! Sentinel setup.
 
 mod support;
 
@@ -554,6 +555,17 @@ macro_rules! contract {
                 #[tokio::test]
                 async fn $case() {
                     let (_cluster, store) = cluster_store().await;
+                    super::$case(&store, super::Time::Real).await;
+                }
+            )*
+        }
+
+        mod sentinel {
+            use crate::support::sentinel_store;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let (_setup, store) = sentinel_store().await;
                     super::$case(&store, super::Time::Real).await;
                 }
             )*

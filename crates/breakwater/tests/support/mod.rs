@@ -9,7 +9,7 @@ use breakwater::{
     Cache, FencedWrite, LeaseAttempt, Notice, RedisStore, RedisStoreConfig, Store, StoreFuture,
     Subscription,
 };
-pub use breakwater_testkit::{RedisCluster, RedisServer};
+pub use breakwater_testkit::{RedisCluster, RedisSentinel, RedisServer};
 
 /// Timeouts for tests that are about something other than a slow Redis:
 /// generous, so a loaded CI machine cannot turn them into outage tests.
@@ -49,6 +49,20 @@ pub async fn connect_cluster(cluster: &RedisCluster) -> RedisStore {
     let store = RedisStore::connect_cluster_with(cluster.urls(), patient()).expect("valid urls");
     store.warm_up().await.expect("private cluster is reachable");
     store
+}
+
+/// A private Redis Sentinel setup (a master, its replica, one sentinel) and
+/// a store connected through the sentinel (with [`patient`] timeouts).
+pub async fn sentinel_store() -> (RedisSentinel, RedisStore) {
+    let setup = RedisSentinel::start();
+    let store =
+        RedisStore::connect_sentinel_with(setup.sentinel_urls(), setup.master_name(), patient())
+            .expect("valid urls");
+    store
+        .warm_up()
+        .await
+        .expect("private sentinel is reachable");
+    (setup, store)
 }
 
 /// The loader error of the integration tests.
