@@ -223,7 +223,11 @@ async fn invalidating_worker(
     let mut step = worker;
     while !stop.load(Ordering::Relaxed) {
         step = step.wrapping_mul(1_103_515_245).wrapping_add(12_345) % 1_000_003;
-        let key = owned[step % owned.len()];
+        // The key from other bits of the step than the choice to
+        // invalidate (`step % 10`): with `step % owned.len()` (50 keys) the
+        // keys invalidated were never the keys read, and the no-going-back
+        // check below checked nothing.
+        let key = owned[(step / 10) % owned.len()];
         let started = Instant::now();
         if step.is_multiple_of(10) {
             let version = db.write(key);
