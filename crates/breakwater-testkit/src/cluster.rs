@@ -4,7 +4,8 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::server::{RedisServer, free_port};
+use crate::process::free_port;
+use crate::server::RedisServer;
 
 /// Hash slots in a Redis Cluster.
 const SLOTS: u16 = 16_384;

@@ -1,8 +1,9 @@
 //! Dev-only test support for breakwater.
 //!
 //! This crate is used only as a `dev-dependency` by breakwater's tests that
-//! talk to a *real* Redis. It is never published and never linked into
-//! production code.
+//! talk to a *real* Redis (and, for the example service, a real
+//! PostgreSQL). It is never published and never linked into production
+//! code.
 //!
 //! The main item is [`RedisServer`]: a private, throw-away `redis-server`
 //! process bound to a free loopback port (never 6379), with no persistence,
@@ -24,6 +25,15 @@
 //! watching them ([`SentinelSetup`]: how many sentinels, passwords), so a
 //! test can fail the master over (`SENTINEL FAILOVER`, or by killing it)
 //! and wait for the promotion.
+//!
+//! [`PostgresServer`] is the same for PostgreSQL: `initdb` and `postgres` in
+//! a temporary directory on a free loopback port (never 5432), logging every
+//! statement so a test can count the queries that reached the database.
+//!
+//! Every server dies with the test: on drop, and, through
+//! [`tied_command`], when the test process is killed outright. Processes of
+//! a test's own (a service binary under test) can be started the same way
+//! as a [`TiedChild`].
 //!
 //! For network faults that a process cannot simulate (latency, a silent
 //! peer, dropped connections, a refused port) put a [`FaultProxy`] between
@@ -51,12 +61,16 @@
 //! ```
 
 mod cluster;
+mod postgres;
+mod process;
 mod proxy;
 mod resp;
 mod sentinel;
 mod server;
 
 pub use cluster::RedisCluster;
+pub use postgres::{PostgresServer, Statement};
+pub use process::{TiedChild, free_port, tied_command};
 pub use proxy::{Fault, FaultProxy};
 pub use sentinel::{RedisSentinel, SentinelSetup};
 pub use server::RedisServer;

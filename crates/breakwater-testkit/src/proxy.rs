@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use crate::server::bind_loopback;
+use crate::process::bind_loopback;
 
 /// How often the acceptor polls its non-blocking listener.
 const ACCEPT_POLL: Duration = Duration::from_millis(5);

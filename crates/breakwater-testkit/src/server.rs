@@ -2,22 +2,19 @@
 
 use std::fs::{self, File};
 use std::io::{self, BufReader};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::process::{Child, ExitStatus, Stdio};
 use std::thread;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 
+use crate::process::{free_port, kill_and_reap, make_temp_dir, pid_of, spawn, tied_command};
 use crate::resp;
 
 /// Environment variable naming the `redis-server` binary to run.
 const BINARY_ENV: &str = "BREAKWATER_REDIS_SERVER";
-/// The shared Redis on developer machines; never used by tests.
-const FORBIDDEN_PORT: u16 = 6379;
 /// How long a server gets to answer `PING` after being spawned.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Fresh-port attempts in [`RedisServer::start_with`].
@@ -27,8 +24,6 @@ const RESTART_ATTEMPTS: usize = 50;
 /// Timeout for connecting to, writing to and reading from the server in
 /// [`RedisServer::command`].
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
-
-static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
 /// A private `redis-server` child process listening on `127.0.0.1` for the
 /// duration of one test.
@@ -98,7 +93,7 @@ impl RedisServer {
         let mut server = RedisServer {
             child: None,
             port: 0,
-            dir: make_temp_dir(),
+            dir: make_temp_dir("breakwater-redis"),
             extra_args: args.iter().map(|&a| a.to_owned()).collect(),
             config,
         };
@@ -155,14 +150,8 @@ impl RedisServer {
     /// Kills the server with `SIGKILL` (resuming it first if paused) and
     /// reaps it. Does nothing if it is not running; safe to call repeatedly.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            if let Some(pid) = pid_of(&child) {
-                let _ = kill(pid, Signal::SIGCONT);
-                let _ = kill(pid, Signal::SIGKILL);
-            } else {
-                let _ = child.kill();
-            }
-            let _ = child.wait();
+        if let Some(child) = self.child.take() {
+            kill_and_reap(child);
         }
     }
 
@@ -288,19 +277,9 @@ impl RedisServer {
                 .unwrap_or_else(|e| panic!("cannot write {}: {e}", self.config_path().display()));
         }
         let binary = std::env::var_os(BINARY_ENV).unwrap_or_else(|| "redis-server".into());
-        // With util-linux's `setpriv`, the server gets SIGKILL when the
-        // thread that started it dies, so a test process killed outright
-        // (a CI timeout, SIGKILL) leaves no server behind. `setpriv` execs
-        // the server: the child's pid stays the server's. (The starting
-        // thread is one that lives as long as the process; see `spawn`.)
-        let mut cmd = match pdeathsig_wrapper() {
-            Some(setpriv) => {
-                let mut cmd = Command::new(setpriv);
-                cmd.args(["--pdeathsig", "KILL", "--"]).arg(&binary);
-                cmd
-            }
-            None => Command::new(&binary),
-        };
+        // The server gets SIGKILL when the test process dies, even killed
+        // outright (a CI timeout, SIGKILL): see `tied_command`.
+        let mut cmd = tied_command(&binary);
         // A configuration file must come first.
         if self.config.is_some() {
             cmd.arg(self.config_path());
@@ -410,100 +389,6 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
         let _ = fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn pid_of(child: &Child) -> Option<Pid> {
-    i32::try_from(child.id()).ok().map(Pid::from_raw)
-}
-
-/// Spawns `cmd` from one thread that lives as long as the process: a
-/// parent-death signal fires when the *thread* that spawned the child ends,
-/// and a server started from a short-lived thread must not die with it.
-fn spawn(cmd: Command) -> io::Result<Child> {
-    type Request = (Command, std::sync::mpsc::Sender<io::Result<Child>>);
-    static SPAWNER: std::sync::OnceLock<std::sync::Mutex<std::sync::mpsc::Sender<Request>>> =
-        std::sync::OnceLock::new();
-    let spawner = SPAWNER.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel::<Request>();
-        thread::Builder::new()
-            .name("redis-spawner".into())
-            .spawn(move || {
-                for (mut cmd, reply) in rx {
-                    let _ = reply.send(cmd.spawn());
-                }
-            })
-            .unwrap_or_else(|e| panic!("cannot start the redis-spawner thread: {e}"));
-        std::sync::Mutex::new(tx)
-    });
-    let (reply, answer) = std::sync::mpsc::channel();
-    spawner
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .send((cmd, reply))
-        .map_err(|_| io::Error::other("the redis-spawner thread is gone"))?;
-    answer
-        .recv()
-        .map_err(|_| io::Error::other("the redis-spawner thread is gone"))?
-}
-
-/// `setpriv` if it is installed and can set a parent-death signal.
-fn pdeathsig_wrapper() -> Option<&'static Path> {
-    static WRAPPER: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
-    WRAPPER
-        .get_or_init(|| {
-            let ok = Command::new("setpriv")
-                .args(["--pdeathsig", "KILL", "--", "true"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            ok.then(|| PathBuf::from("setpriv"))
-        })
-        .as_deref()
-}
-
-/// A port that was free on 127.0.0.1 a moment ago (never 6379).
-pub(crate) fn free_port() -> u16 {
-    bind_loopback().1
-}
-
-/// A listener on a free loopback port (never 6379), and its port.
-///
-/// # Panics
-///
-/// If no loopback port can be bound.
-pub(crate) fn bind_loopback() -> (TcpListener, u16) {
-    loop {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .unwrap_or_else(|e| panic!("cannot bind a loopback port: {e}"));
-        let port = listener
-            .local_addr()
-            .unwrap_or_else(|e| panic!("cannot read local address: {e}"))
-            .port();
-        if port != FORBIDDEN_PORT {
-            return (listener, port);
-        }
-    }
-}
-
-/// Creates a fresh directory under the system temp dir, unique per server.
-fn make_temp_dir() -> PathBuf {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    loop {
-        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!(
-            "breakwater-redis-{}-{id}-{nanos}",
-            std::process::id()
-        ));
-        match fs::create_dir(&dir) {
-            Ok(()) => return dir,
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-            Err(e) => panic!("cannot create temp dir {}: {e}", dir.display()),
-        }
     }
 }
 
