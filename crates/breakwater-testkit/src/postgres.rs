@@ -185,16 +185,14 @@ impl PostgresServer {
         parse_statements(&self.log())
     }
 
-    /// Runs `sql` with `psql` (from the same installation) as the superuser
-    /// and returns its output unaligned, without headers: one line per row,
-    /// columns separated by `|`.
-    ///
-    /// # Errors
-    ///
-    /// If `psql` cannot be run, or fails (the error carries its output).
-    pub fn psql(&self, sql: &str) -> io::Result<String> {
-        let output = Command::new(self.bin.join("psql"))
-            .args(["--no-psqlrc", "--no-align", "--tuples-only", "--quiet"])
+    /// A `psql` command (from the same installation) connected as the
+    /// superuser, printing rows unaligned without headers (columns
+    /// separated by `|`) and stopping at the first error; add
+    /// `--command SQL` (or a script on stdin) and run it. For a session
+    /// that must outlive one call, e.g. one holding a lock.
+    pub fn psql_command(&self) -> Command {
+        let mut cmd = Command::new(self.bin.join("psql"));
+        cmd.args(["--no-psqlrc", "--no-align", "--tuples-only", "--quiet"])
             .args(["--set", "ON_ERROR_STOP=1"])
             .args([
                 "--host",
@@ -205,7 +203,19 @@ impl PostgresServer {
                 "postgres",
             ])
             .arg("--port")
-            .arg(self.port.to_string())
+            .arg(self.port.to_string());
+        cmd
+    }
+
+    /// Runs `sql` with [`psql_command`](Self::psql_command) and returns its
+    /// output: one line per row, columns separated by `|`.
+    ///
+    /// # Errors
+    ///
+    /// If `psql` cannot be run, or fails (the error carries its output).
+    pub fn psql(&self, sql: &str) -> io::Result<String> {
+        let output = self
+            .psql_command()
             .arg("--command")
             .arg(sql)
             .stdin(Stdio::null())

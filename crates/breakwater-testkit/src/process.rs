@@ -8,7 +8,7 @@ use std::fs;
 use std::io;
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStderr, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Sender, channel};
 use std::sync::{Mutex, OnceLock};
@@ -97,6 +97,17 @@ impl TiedChild {
     /// The child's pid (the program's own when `setpriv` wrapped it).
     pub fn id(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
+    }
+
+    /// The child's stdout, if it was piped (`Stdio::piped()`) and not
+    /// taken yet.
+    pub fn take_stdout(&mut self) -> Option<ChildStdout> {
+        self.child.as_mut().and_then(|c| c.stdout.take())
+    }
+
+    /// The child's stderr, if it was piped and not taken yet.
+    pub fn take_stderr(&mut self) -> Option<ChildStderr> {
+        self.child.as_mut().and_then(|c| c.stderr.take())
     }
 
     /// The exit status if the child has exited, `None` while it runs.
