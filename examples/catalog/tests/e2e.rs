@@ -10,6 +10,8 @@
 //! 2. A `PUT` through process A is seen by `GET`s through process B well
 //!    within B's L1 TTL: the invalidation crossed processes.
 //! 3. A missing product is a 404, remembered as a negative entry.
+//! 4. With PostgreSQL stopped, cached products are still served, and after
+//!    5 failed loads the breaker answers 503 with `Retry-After`.
 //!
 //! It reports the requests made, the SQL queries that reached the database
 //! and both bursts' latency percentiles (eprintln; `--nocapture` shows
@@ -174,6 +176,7 @@ fn collect(mut pipe: Box<dyn Read + Send>, output: &Mutex<String>) {
 struct Reply {
     status: StatusCode,
     x_cache: Option<String>,
+    retry_after: Option<String>,
     text: String,
     took: Duration,
 }
@@ -202,11 +205,15 @@ async fn send(
     let started = Instant::now();
     let response = http.request(request).await.map_err(|e| e.to_string())?;
     let status = response.status();
-    let x_cache = response
-        .headers()
-        .get("x-cache")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let x_cache = header("x-cache");
+    let retry_after = header("retry-after");
     let bytes = response
         .into_body()
         .collect()
@@ -216,6 +223,7 @@ async fn send(
     Ok(Reply {
         status,
         x_cache,
+        retry_after,
         text: String::from_utf8_lossy(&bytes).into_owned(),
         took: started.elapsed(),
     })
@@ -416,7 +424,7 @@ impl Drop for TableLock<'_> {
 
 #[test]
 fn two_services_share_one_query_and_see_each_others_writes() {
-    let pg = PostgresServer::start();
+    let mut pg = PostgresServer::start();
     let redis = RedisServer::start();
     let mut a = Service::start("A", &pg, &redis);
     let mut b = Service::start("B", &pg, &redis);
@@ -427,7 +435,7 @@ fn two_services_share_one_query_and_see_each_others_writes() {
         .build()
         .unwrap();
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        runtime.block_on(scenario(&pg, &mut a, &mut b));
+        runtime.block_on(scenario(&mut pg, &mut a, &mut b));
     }));
     if let Err(panic) = outcome {
         eprintln!("--- service A output ---\n{}", a.output());
@@ -436,7 +444,7 @@ fn two_services_share_one_query_and_see_each_others_writes() {
     }
 }
 
-async fn scenario(pg: &PostgresServer, a: &mut Service, b: &mut Service) {
+async fn scenario(pg: &mut PostgresServer, a: &mut Service, b: &mut Service) {
     let http: HttpClient = Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(30))
         .build_http();
@@ -634,6 +642,43 @@ async fn scenario(pg: &PostgresServer, a: &mut Service, b: &mut Service) {
         .iter()
         .filter(|s| s.sql.starts_with("SELECT ") && s.sql.ends_with("FROM products WHERE id = $1"))
         .count();
+
+    // 4. The database goes away: cached products are still served, and
+    // after 5 failed loads A's breaker refuses loads with a Retry-After.
+    tokio::task::block_in_place(|| pg.stop());
+    let cached = request(
+        &http,
+        Method::GET,
+        &a.url(&format!("/products/{HOT_ID}")),
+        None,
+    )
+    .await;
+    requests += 1;
+    assert_eq!(cached.status, StatusCode::OK, "{}", cached.text);
+    assert_eq!(cached.json(), first);
+    let mut failures = 0;
+    let refused = loop {
+        let id = 500 + failures;
+        let reply = request(&http, Method::GET, &a.url(&format!("/products/{id}")), None).await;
+        requests += 1;
+        assert_eq!(
+            reply.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{}",
+            reply.text
+        );
+        if reply.retry_after.is_some() {
+            break reply;
+        }
+        assert_eq!(reply.json()["error"], "the database is unavailable");
+        failures += 1;
+        assert!(failures <= 5, "the breaker opens after 5 failures");
+    };
+    assert_eq!(failures, 5);
+    assert_eq!(refused.retry_after.as_deref(), Some("5"));
+    let health = request(&http, Method::GET, &a.url("/healthz"), None).await;
+    requests += 1;
+    assert_eq!(health.json()["database_breaker"], "open");
     eprintln!(
         "e2e: {requests} HTTP requests; {product_selects} product SELECTs reached PostgreSQL \
          ({} statements in all, schema and seed included)",
@@ -656,5 +701,9 @@ async fn scenario(pg: &PostgresServer, a: &mut Service, b: &mut Service) {
     );
     eprintln!(
         "e2e: a PUT through A was seen through B after {seen_after:?} (bound {PROPAGATION_BOUND:?}, L1 TTL {L1_TTL:?})"
+    );
+    eprintln!(
+        "e2e: PostgreSQL stopped: cached product still served; {failures} failed loads, then 503 \
+         with Retry-After: 5 (breaker open)"
     );
 }
