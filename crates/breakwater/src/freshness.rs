@@ -275,6 +275,27 @@ impl FreshnessPolicy {
         }
     }
 
+    /// The fresh time left at or below which [`judge`](Self::judge) could
+    /// answer [`RefreshEarly`](Freshness::RefreshEarly), in whole
+    /// milliseconds (`None`: never): `could_refresh_early(r, load_ms)` is
+    /// `early_window_ms(load_ms).is_some_and(|w| r <= w)`. Computed once
+    /// per L1 entry, so a hit far from its end is judged by comparing two
+    /// instants.
+    pub(crate) fn early_window_ms(&self, load_ms: u32) -> Option<u64> {
+        match self.early.kind {
+            Kind::None => None,
+            Kind::XFetch(beta) => {
+                let span = f64::from(load_ms) * clamp_beta(beta);
+                // `as` saturates; the product is never negative or NaN.
+                Some((span * 37.0).floor() as u64)
+            }
+            Kind::Fraction(fraction) => {
+                let left = ((1.0 - clamp_fraction(fraction)) * to_ms(self.ttl) as f64).round();
+                Some(left as u64)
+            }
+        }
+    }
+
     /// True if a stale value may still be served at `now_ms`: `now <
     /// stale_until`, and `now < fresh_until + max_stale` when `max_stale` is
     /// set.
@@ -694,6 +715,23 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn the_early_window_agrees_with_could_refresh_early(
+            p in any_policy(),
+            load_ms in any::<u32>(),
+            remaining in any::<u64>(),
+        ) {
+            let window = p.early_window_ms(load_ms);
+            prop_assert_eq!(
+                p.could_refresh_early(remaining, load_ms),
+                window.is_some_and(|w| remaining <= w)
+            );
+            if let Some(w) = window {
+                prop_assert!(p.could_refresh_early(w, load_ms));
+                prop_assert!(w == u64::MAX || !p.could_refresh_early(w + 1, load_ms));
+            }
+        }
+
         #[test]
         fn judge_never_panics_and_respects_the_bounds(
             p in any_policy(),

@@ -184,6 +184,10 @@ pub(crate) struct Slot<V> {
     /// read when the entry was kept, plus the time since): a hit tells how
     /// close it is without reading the store's clock.
     pub(crate) refresh_by: Instant,
+    /// Under the cache's default freshness policy, no early refresh can be
+    /// due before this instant (`None`: none ever is); set when the entry
+    /// is kept, so a hit far from its end costs one comparison.
+    pub(crate) quiet_until: Option<Instant>,
     /// The bus generation it was verified in (0: never, kept while the bus
     /// was down); fresh only in the current one.
     generation: u64,
@@ -330,6 +334,9 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
     /// Remembers `value` under the user's `key`, fresh in L1 for at most
     /// `fresh_for` (capped by the L1 TTL) and servable as stale for
     /// `stale_for` in all, unless `key` was invalidated since `ticket`.
+    /// `early_window_ms`: the fresh time left at or below which the default
+    /// policy could refresh early (see `Slot::quiet_until`).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn put(
         &self,
         key: &[u8],
@@ -337,6 +344,7 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
         fresh_for: Duration,
         stale_for: Duration,
         stored: Stamp,
+        early_window_ms: Option<u64>,
         ticket: Ticket,
     ) {
         if !self.epochs.still_valid(key, ticket) {
@@ -344,6 +352,12 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
         }
         let now = Instant::now();
         let refresh_by = now.checked_add(fresh_for).unwrap_or(now);
+        // Due once fewer than `window + 1` whole milliseconds are left.
+        let quiet_until = early_window_ms.map(|window| {
+            refresh_by
+                .checked_sub(Duration::from_millis(window.saturating_add(1)))
+                .unwrap_or(now)
+        });
         let fresh_for = fresh_for.min(self.ttl);
         let keep = stale_for.max(fresh_for).min(self.keep);
         if keep.is_zero() {
@@ -366,6 +380,7 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
             stale_until,
             stored,
             refresh_by,
+            quiet_until,
             generation,
         };
         // Boxed: moka's insert future is large, and inline it would grow
@@ -423,6 +438,7 @@ mod tests {
             Duration::from_secs(1),
             Duration::from_secs(5),
             Stamp::default(),
+            None,
             ticket,
         )
         .await;
@@ -446,8 +462,16 @@ mod tests {
 
     async fn put(l1: &NearCache<u32>, key: &[u8], value: u32, ticket: Ticket) {
         let fresh = Duration::from_secs(60);
-        l1.put(key, Some(value), fresh, fresh, Stamp::default(), ticket)
-            .await;
+        l1.put(
+            key,
+            Some(value),
+            fresh,
+            fresh,
+            Stamp::default(),
+            None,
+            ticket,
+        )
+        .await;
     }
 
     #[tokio::test]

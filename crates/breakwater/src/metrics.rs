@@ -17,7 +17,7 @@
 //! | `breakwater_warm_keys_total` | counter | `outcome`: `loaded`, `cached`, `failed` | keys walked by [`Cache::warm`](crate::Cache::warm) |
 
 use std::fmt;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use metrics::{Counter, Recorder, SharedString, counter, histogram};
@@ -27,6 +27,15 @@ struct Served {
     /// Identifies the recorder the handles belong to.
     recorder: usize,
     counters: Vec<Counter>,
+}
+
+/// The request counter's handles: registered once with the first recorder
+/// seen (read without a lock on every call after that), and with a later
+/// one (a recorder installed after the cache was built) under a mutex.
+#[derive(Default)]
+struct ServedHandles {
+    first: OnceLock<Served>,
+    later: Mutex<Option<Served>>,
 }
 
 /// The cache's handle on the metrics facade.
@@ -40,7 +49,7 @@ pub(crate) struct Metrics {
     namespace: SharedString,
     /// Every value of the `served` label, as the cache names them.
     served_labels: &'static [&'static str],
-    served: Arc<RwLock<Option<Served>>>,
+    served: Arc<ServedHandles>,
 }
 
 impl fmt::Debug for Metrics {
@@ -68,27 +77,47 @@ impl Metrics {
     /// One `get_or_load` call, served as `served_labels[index]`.
     pub(crate) fn served(&self, index: usize) {
         let recorder = recorder_id();
+        if let Some(h) = self.served.first.get()
+            && h.recorder == recorder
         {
-            let handles = self.served.read().unwrap_or_else(|p| p.into_inner());
-            if let Some(h) = handles.as_ref().filter(|h| h.recorder == recorder) {
-                if let Some(counter) = h.counters.get(index) {
-                    counter.increment(1);
-                }
-                return;
+            if let Some(counter) = h.counters.get(index) {
+                counter.increment(1);
             }
+            return;
         }
-        let counters: Vec<Counter> = self
-            .served_labels
-            .iter()
-            .map(|label| {
-                counter!("breakwater_requests_total", "namespace" => self.namespace.clone(), "served" => *label)
-            })
-            .collect();
-        if let Some(counter) = counters.get(index) {
+        self.served_later(recorder, index);
+    }
+
+    /// [`served`](Self::served) for a recorder other than the first.
+    #[cold]
+    fn served_later(&self, recorder: usize, index: usize) {
+        let register = || {
+            Served {
+            recorder,
+            counters: self
+                .served_labels
+                .iter()
+                .map(|label| {
+                    counter!("breakwater_requests_total", "namespace" => self.namespace.clone(), "served" => *label)
+                })
+                .collect(),
+        }
+        };
+        let first = self.served.first.get_or_init(register);
+        if first.recorder == recorder {
+            if let Some(counter) = first.counters.get(index) {
+                counter.increment(1);
+            }
+            return;
+        }
+        let mut later = self.served.later.lock().unwrap_or_else(|p| p.into_inner());
+        let handles = match later.as_mut() {
+            Some(h) if h.recorder == recorder => h,
+            _ => later.insert(register()),
+        };
+        if let Some(counter) = handles.counters.get(index) {
             counter.increment(1);
         }
-        *self.served.write().unwrap_or_else(|p| p.into_inner()) =
-            Some(Served { recorder, counters });
     }
 
     /// One loader call and how long it took.
