@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::process::free_port;
 use crate::server::RedisServer;
+use crate::tls::TestCerts;
 
 /// Hash slots in a Redis Cluster.
 const SLOTS: u16 = 16_384;
@@ -74,7 +75,20 @@ impl RedisCluster {
     /// As [`RedisServer::start`] for each node; also if the nodes do not
     /// agree on a healthy cluster within 30 seconds.
     pub fn start() -> RedisCluster {
-        Self::start_nodes(0, NODE_TIMEOUT_MS)
+        Self::start_nodes(0, NODE_TIMEOUT_MS, None)
+    }
+
+    /// Like [`start`](RedisCluster::start), every node listening for TLS
+    /// only ([`RedisServer::start_tls`]) with `certs`, the cluster bus over
+    /// TLS too (`tls-cluster yes`): [`urls`](RedisCluster::urls) are
+    /// `rediss://…`, and a client connected over TLS is told the nodes' TLS
+    /// ports.
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](RedisCluster::start).
+    pub fn start_tls(certs: &TestCerts) -> RedisCluster {
+        Self::start_nodes(0, NODE_TIMEOUT_MS, Some(certs))
     }
 
     /// Starts three primaries and `replicas_per_primary` replicas of each,
@@ -93,12 +107,18 @@ impl RedisCluster {
     /// As [`RedisServer::start`] for each node; also if the cluster does
     /// not form, or a replica does not sync, within 30 seconds.
     pub fn start_with_replicas(replicas_per_primary: usize) -> RedisCluster {
-        Self::start_nodes(replicas_per_primary, FAILOVER_NODE_TIMEOUT_MS)
+        Self::start_nodes(replicas_per_primary, FAILOVER_NODE_TIMEOUT_MS, None)
     }
 
-    fn start_nodes(replicas: usize, node_timeout_ms: u32) -> RedisCluster {
+    fn start_nodes(
+        replicas: usize,
+        node_timeout_ms: u32,
+        certs: Option<&TestCerts>,
+    ) -> RedisCluster {
         let count = SHARDS * (1 + replicas);
-        let (nodes, buses) = (0..count).map(|_| start_node(node_timeout_ms)).unzip();
+        let (nodes, buses) = (0..count)
+            .map(|_| start_node(node_timeout_ms, certs))
+            .unzip();
         let cluster = RedisCluster {
             nodes,
             buses,
@@ -331,25 +351,34 @@ impl RedisCluster {
 /// (the default, port + 10,000, can lie past 65,535 for a high ephemeral
 /// port). A replica syncs over the socket at once (no RDB file, no 5 s
 /// wait for other replicas), and may take over however long its primary
-/// has been gone (validity factor 0).
-fn start_node(node_timeout_ms: u32) -> (RedisServer, u16) {
+/// has been gone (validity factor 0). With `certs`, the node listens for
+/// TLS only, and its bus and replication links use TLS too.
+fn start_node(node_timeout_ms: u32, certs: Option<&TestCerts>) -> (RedisServer, u16) {
     let bus = free_port();
-    let server = RedisServer::start_with(&[
+    let (node_timeout, bus_port) = (node_timeout_ms.to_string(), bus.to_string());
+    let args = [
         "--cluster-enabled",
         "yes",
         "--cluster-config-file",
         "nodes.conf",
         "--cluster-node-timeout",
-        &node_timeout_ms.to_string(),
+        &node_timeout,
         "--cluster-port",
-        &bus.to_string(),
+        &bus_port,
         "--cluster-replica-validity-factor",
         "0",
         "--repl-diskless-sync",
         "yes",
         "--repl-diskless-sync-delay",
         "0",
-    ]);
+    ];
+    let server = match certs {
+        None => RedisServer::start_with(&args),
+        Some(certs) => {
+            let tls = ["--tls-cluster", "yes", "--tls-replication", "yes"];
+            RedisServer::start_tls_with(certs, &[&args[..], &tls[..]].concat())
+        }
+    };
     (server, bus)
 }
 

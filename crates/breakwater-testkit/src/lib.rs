@@ -35,6 +35,10 @@
 //! a test's own (a service binary under test) can be started the same way
 //! as a [`TiedChild`].
 //!
+//! [`RedisServer::start_tls`] and [`RedisCluster::start_tls`] start the
+//! same servers listening for TLS only, with certificates made for the test
+//! ([`TestCerts`]: a private CA, a server and a client certificate).
+//!
 //! For network faults that a process cannot simulate (latency, a silent
 //! peer, dropped connections, a refused port) put a [`FaultProxy`] between
 //! the cache and the server and switch its [`Fault`] during the test.
@@ -67,6 +71,7 @@ mod proxy;
 mod resp;
 mod sentinel;
 mod server;
+mod tls;
 
 pub use cluster::RedisCluster;
 pub use postgres::{PostgresServer, Statement};
@@ -74,3 +79,4 @@ pub use process::{TiedChild, free_port, tied_command};
 pub use proxy::{Fault, FaultProxy};
 pub use sentinel::{RedisSentinel, SentinelSetup};
 pub use server::RedisServer;
+pub use tls::TestCerts;

@@ -1,10 +1,11 @@
 //! A private `redis-server` process for one test.
 
 use std::fs::{self, File};
-use std::io::{self, BufReader};
+use std::io::{self, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ExitStatus, Stdio};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -12,6 +13,7 @@ use nix::sys::signal::{Signal, kill};
 
 use crate::process::{free_port, kill_and_reap, make_temp_dir, pid_of, spawn, tied_command};
 use crate::resp;
+use crate::tls::{self, ServerFiles, TestCerts};
 
 /// Environment variable naming the `redis-server` binary to run.
 const BINARY_ENV: &str = "BREAKWATER_REDIS_SERVER";
@@ -33,6 +35,11 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
 /// test output. Dropping the value kills the process (even if it is paused)
 /// and deletes the directory; this also happens while unwinding from a
 /// panicking test.
+///
+/// A TLS server ([`RedisServer::start_tls`]) listens for TLS only
+/// (`--port 0 --tls-port PORT`); its [`url`](RedisServer::url) is
+/// `rediss://…` and the kit's own [`command`](RedisServer::command)s go over
+/// TLS too.
 #[derive(Debug)]
 pub struct RedisServer {
     child: Option<Child>,
@@ -42,6 +49,14 @@ pub struct RedisServer {
     /// A configuration file's text, written to the server's directory and
     /// given as its first argument (a sentinel needs one it can rewrite).
     config: Option<String>,
+    tls: Option<Tls>,
+}
+
+/// A TLS server's files, and the client the kit talks to it with.
+#[derive(Debug)]
+struct Tls {
+    files: ServerFiles,
+    client: Arc<rustls::ClientConfig>,
 }
 
 /// Why one spawn attempt did not produce a ready server.
@@ -78,7 +93,7 @@ impl RedisServer {
     /// As [`RedisServer::start`]; also if the extra arguments make
     /// `redis-server` exit (the panic message includes its output).
     pub fn start_with(args: &[&str]) -> RedisServer {
-        RedisServer::start_inner(None, args)
+        RedisServer::start_inner(None, args, None)
     }
 
     /// Like [`RedisServer::start_with`], with a configuration file: `config`
@@ -86,16 +101,52 @@ impl RedisServer {
     /// each restart) and passed as the first argument, e.g. a sentinel's
     /// `sentinel monitor ...` lines with `&["--sentinel"]`.
     pub(crate) fn start_with_config(config: &str, args: &[&str]) -> RedisServer {
-        RedisServer::start_inner(Some(config.to_owned()), args)
+        RedisServer::start_inner(Some(config.to_owned()), args, None)
     }
 
-    fn start_inner(config: Option<String>, args: &[&str]) -> RedisServer {
+    /// Like [`RedisServer::start`], listening for TLS only (`--port 0
+    /// --tls-port PORT`) with `certs`' server certificate, and requiring
+    /// client certificates signed by `certs`' authority (redis-server's
+    /// default, `tls-auth-clients yes`; pass `--tls-auth-clients optional`
+    /// to [`start_tls_with`](RedisServer::start_tls_with) to allow clients
+    /// without one). Its [`url`](RedisServer::url) is
+    /// `rediss://127.0.0.1:PORT/`.
+    ///
+    /// # Panics
+    ///
+    /// As [`RedisServer::start`]; also if `redis-server` was built without
+    /// TLS (it then exits at startup, and the panic shows why).
+    pub fn start_tls(certs: &TestCerts) -> RedisServer {
+        RedisServer::start_tls_with(certs, &[])
+    }
+
+    /// [`start_tls`](RedisServer::start_tls) with extra `redis-server`
+    /// command-line configuration, as [`start_with`](RedisServer::start_with).
+    ///
+    /// # Panics
+    ///
+    /// As [`RedisServer::start_tls`].
+    pub fn start_tls_with(certs: &TestCerts, args: &[&str]) -> RedisServer {
+        RedisServer::start_inner(None, args, Some(certs))
+    }
+
+    fn start_inner(
+        config: Option<String>,
+        args: &[&str],
+        certs: Option<&TestCerts>,
+    ) -> RedisServer {
+        let dir = make_temp_dir("breakwater-redis");
+        let tls = certs.map(|certs| Tls {
+            files: certs.write_server_files(&dir),
+            client: certs.client_config(),
+        });
         let mut server = RedisServer {
             child: None,
             port: 0,
-            dir: make_temp_dir("breakwater-redis"),
+            dir,
             extra_args: args.iter().map(|&a| a.to_owned()).collect(),
             config,
+            tls,
         };
         for _ in 0..START_ATTEMPTS {
             server.port = free_port();
@@ -137,9 +188,16 @@ impl RedisServer {
         self.port
     }
 
-    /// The connection URL, `redis://127.0.0.1:PORT/`.
+    /// The connection URL, `redis://127.0.0.1:PORT/`, or
+    /// `rediss://127.0.0.1:PORT/` for a TLS server.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        let scheme = if self.is_tls() { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}/", self.port)
+    }
+
+    /// Whether the server listens for TLS ([`RedisServer::start_tls`]).
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
     }
 
     /// The socket address, `127.0.0.1:PORT`.
@@ -231,7 +289,13 @@ impl RedisServer {
     /// timed out (5 s for connect, write and read), or the reply was
     /// malformed.
     pub fn command(&self, args: &[&str]) -> io::Result<String> {
-        command_at(self.addr(), self.password(), args, COMMAND_TIMEOUT)
+        command_at(
+            self.addr(),
+            self.password(),
+            args,
+            COMMAND_TIMEOUT,
+            self.tls.as_ref().map(|tls| &tls.client),
+        )
     }
 
     /// The password the server was started with (`--requirepass`), which
@@ -284,9 +348,19 @@ impl RedisServer {
         if self.config.is_some() {
             cmd.arg(self.config_path());
         }
-        cmd.arg("--port")
-            .arg(self.port.to_string())
-            .args(["--bind", "127.0.0.1"])
+        match &self.tls {
+            None => cmd.arg("--port").arg(self.port.to_string()),
+            Some(Tls { files, .. }) => cmd
+                .args(["--port", "0", "--tls-port"])
+                .arg(self.port.to_string())
+                .arg("--tls-cert-file")
+                .arg(&files.cert)
+                .arg("--tls-key-file")
+                .arg(&files.key)
+                .arg("--tls-ca-cert-file")
+                .arg(&files.ca),
+        };
+        cmd.args(["--bind", "127.0.0.1"])
             .args(["--save", ""])
             .args(["--appendonly", "no"])
             .args(["--daemonize", "no"])
@@ -337,6 +411,8 @@ impl RedisServer {
         let addr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, self.port));
         let password = self.password().map(str::to_owned);
         let password = password.as_deref();
+        let tls = self.tls.as_ref().map(|tls| Arc::clone(&tls.client));
+        let tls = tls.as_ref();
         let Some(child) = self.child.as_mut() else {
             return Err(StartError::TimedOut);
         };
@@ -347,8 +423,8 @@ impl RedisServer {
                 Ok(None) => {}
                 Err(e) => panic!("cannot poll redis-server process: {e}"),
             }
-            if command_at(addr, password, &["PING"], poll_timeout).is_ok_and(|r| r == "PONG")
-                && command_at(addr, password, &["INFO", "server"], poll_timeout)
+            if command_at(addr, password, &["PING"], poll_timeout, tls).is_ok_and(|r| r == "PONG")
+                && command_at(addr, password, &["INFO", "server"], poll_timeout, tls)
                     .is_ok_and(|info| info.lines().any(|l| l.trim() == expected_pid))
             {
                 return Ok(());
@@ -392,26 +468,43 @@ impl Drop for RedisServer {
     }
 }
 
-/// Sends one command to `addr` over a fresh connection (after `AUTH
-/// password`, if given) and reads one reply.
+/// Sends one command to `addr` over a fresh connection (TLS with `tls`;
+/// after `AUTH password`, if given) and reads one reply.
 fn command_at(
     addr: SocketAddr,
     password: Option<&str>,
     args: &[&str],
     timeout: Duration,
+    tls: Option<&Arc<rustls::ClientConfig>>,
 ) -> io::Result<String> {
-    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
+    let stream = TcpStream::connect_timeout(&addr, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
     stream.set_nodelay(true)?;
-    let mut replies = BufReader::new(stream.try_clone()?);
+    match tls {
+        None => exchange(BufReader::new(stream), password, args),
+        Some(config) => exchange(
+            BufReader::new(tls::connect(config, stream)?),
+            password,
+            args,
+        ),
+    }
+}
+
+/// `AUTH password` (if given), then one command on `conn`, reading one
+/// reply to each.
+fn exchange<S: Read + Write>(
+    mut conn: BufReader<S>,
+    password: Option<&str>,
+    args: &[&str],
+) -> io::Result<String> {
     if let Some(password) = password {
-        resp::write_command(&mut stream, &["AUTH", password])?;
-        let auth = resp::read_reply(&mut replies)?;
+        resp::write_command(conn.get_mut(), &["AUTH", password])?;
+        let auth = resp::read_reply(&mut conn)?;
         if auth != "OK" {
             return Err(io::Error::other(format!("AUTH was refused: {auth}")));
         }
     }
-    resp::write_command(&mut stream, args)?;
-    resp::read_reply(&mut replies)
+    resp::write_command(conn.get_mut(), args)?;
+    resp::read_reply(&mut conn)
 }

@@ -5,7 +5,7 @@ use std::net::{Shutdown, TcpStream};
 use std::thread;
 use std::time::Duration;
 
-use breakwater_testkit::RedisServer;
+use breakwater_testkit::{RedisServer, TestCerts};
 
 /// Whether something still accepts connections and answers PING on `server`'s address.
 fn answers(addr: std::net::SocketAddr) -> bool {
@@ -32,6 +32,31 @@ fn start_answers_ping() {
     );
     assert_eq!(server.addr().port(), server.port());
     assert!(server.addr().ip().is_loopback());
+}
+
+/// A TLS server speaks TLS only: the kit's commands go over TLS (with the
+/// client certificate), a plain connection gets no answer, and a restart
+/// keeps it so.
+#[test]
+fn a_tls_server_listens_for_tls_only() {
+    let certs = TestCerts::generate();
+    let mut server = RedisServer::start_tls(&certs);
+    assert!(server.is_tls());
+    assert_eq!(
+        server.url(),
+        format!("rediss://127.0.0.1:{}/", server.port())
+    );
+    assert_eq!(server.command(&["SET", "k", "v"]).unwrap(), "OK");
+    assert_eq!(server.command(&["GET", "k"]).unwrap(), "v");
+    assert_eq!(
+        server.command(&["CONFIG", "GET", "port"]).unwrap(),
+        "port\n0"
+    );
+    assert!(!answers(server.addr()), "a plain-text PING was answered");
+    server.restart();
+    assert_eq!(server.command(&["PING"]).unwrap(), "PONG");
+    assert!(!answers(server.addr()));
+    assert!(!format!("{certs:?}").contains("PRIVATE KEY"));
 }
 
 #[test]
