@@ -28,6 +28,10 @@
 //! [`RedisStore`] shares them between processes. Both judge time on the
 //! store's clock, never by comparing application machines' clocks.
 //!
+//! `rediss://` URLs (managed Redis services) need the `tls` feature
+//! (rustls): see [`RedisStoreConfig`]'s `# TLS` for a private CA and client
+//! certificates.
+//!
 //! # Examples
 //!
 //! ```

@@ -266,12 +266,14 @@ impl Sentinel {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
+        super::tls::refuse_for_sentinel(master, &config.tls)?;
         let (name, master_info) = parse_master(master)?;
         let mut secrets = Vec::new();
         let mut nodes = Vec::new();
         for url in sentinels {
             let url = url.as_ref();
-            let client = node_client(url)?;
+            super::tls::refuse_for_sentinel(url, &config.tls)?;
+            let client = node_client(url, config)?;
             let info = client.get_connection_info();
             if info.redis_settings().db() != 0 {
                 return Err(ConfigError::new(format!(
