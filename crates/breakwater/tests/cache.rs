@@ -349,6 +349,58 @@ fn rmp_size(v: &[String]) -> usize {
 }
 
 #[test]
+fn the_key_prefix_starts_every_key_and_is_checked() {
+    let cache = Cache::<u32>::builder().namespace("ns").build().unwrap();
+    assert_eq!(cache.storage_key(b"k").unwrap(), b"bw:ns:v:{k}");
+    let cache = Cache::<u32>::builder()
+        .key_prefix("myapp:")
+        .namespace("ns")
+        .build()
+        .unwrap();
+    assert_eq!(cache.storage_key(b"k").unwrap(), b"myapp:ns:v:{k}");
+    let braced = cache.storage_key(b"a{b").unwrap();
+    assert!(braced.starts_with(b"myapp:ns:v:{#") && braced.ends_with(b"}a{b"));
+    let long = "p".repeat(64);
+    let cache = Cache::<u32>::builder().key_prefix(long.as_str()).build();
+    assert!(cache.is_ok());
+
+    let msg = |prefix: &str| {
+        Cache::<u32>::builder()
+            .key_prefix(prefix)
+            .build()
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        msg(""),
+        "key_prefix must not be empty; the default is \"bw:\""
+    );
+    assert_eq!(
+        msg(&"p".repeat(65)),
+        "key_prefix must be at most 64 bytes, got 65"
+    );
+    for (prefix, found) in [
+        ("my{app}:", "'{'"),
+        ("app}", "'}'"),
+        ("app*", "'*'"),
+        ("a?", "'?'"),
+        ("a[b]", "'['"),
+        ("a\\b", "'\\\\'"),
+        ("my app:", "' '"),
+        ("app:\n", "'\\n'"),
+    ] {
+        assert_eq!(
+            msg(prefix),
+            format!(
+                "key_prefix must not contain braces (the keys' hash tags follow it), the ACL \
+                 glob characters * ? [ ] \\, whitespace or control characters (found {found} in \
+                 {prefix:?})"
+            )
+        );
+    }
+}
+
+#[test]
 fn builder_rejects_invalid_settings_with_exact_messages() {
     let msg = |b: breakwater::CacheBuilder<u32>| b.build().unwrap_err().to_string();
     assert_eq!(

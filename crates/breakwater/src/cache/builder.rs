@@ -80,6 +80,7 @@ impl OnLockTimeout {
 /// | setting | default |
 /// |---|---|
 /// | `namespace` | `"default"` |
+/// | `key_prefix` | `"bw:"`: keys `bw:<namespace>:v:{<key>}`, leases `bw:<namespace>:l:{<key>}`, channel `bw:<namespace>:events` |
 /// | `store` | a new [`MemoryStore`] |
 /// | `ttl` | 5 minutes |
 /// | `jitter` | [`Jitter::ratio(0.1)`](Jitter::ratio) (±10 %, floor 1 s) |
@@ -117,6 +118,7 @@ impl OnLockTimeout {
 /// past what their policy can use (see each config's `validate`).
 pub struct CacheBuilder<V> {
     namespace: String,
+    key_prefix: String,
     store: Option<Arc<dyn Store>>,
     ttl: Duration,
     negative_ttl: Option<Duration>,
@@ -150,6 +152,7 @@ impl<V> fmt::Debug for CacheBuilder<V> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CacheBuilder")
             .field("namespace", &self.namespace)
+            .field("key_prefix", &self.key_prefix)
             .field("ttl", &self.ttl)
             .field("jitter", &self.jitter)
             .finish_non_exhaustive()
@@ -186,10 +189,14 @@ const MAX_KEY_LEN: usize = 64 * 1024;
 /// The longest namespace accepted, in bytes.
 const MAX_NAMESPACE_LEN: usize = 128;
 
+/// The longest key prefix accepted, in bytes.
+const MAX_KEY_PREFIX_LEN: usize = 64;
+
 impl<V: Value> CacheBuilder<V> {
     pub(super) fn new() -> Self {
         CacheBuilder {
             namespace: "default".to_owned(),
+            key_prefix: "bw:".to_owned(),
             store: None,
             ttl: Duration::from_secs(300),
             negative_ttl: None,
@@ -226,6 +233,56 @@ impl<V: Value> CacheBuilder<V> {
     /// different namespaces never see each other's keys.
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.namespace = namespace.into();
+        self
+    }
+
+    /// What every Redis key and channel of this cache starts with: the
+    /// value of a key is stored under `<prefix><namespace>:v:{<key>}`, its
+    /// lease under `<prefix><namespace>:l:{<key>}`, and fill and
+    /// invalidation notices go to the channel `<prefix><namespace>:events`.
+    /// The store touches no other key. `"bw:"` by default.
+    ///
+    /// Used as given (end it with a separator such as `:`), 1 to 64 bytes,
+    /// without `{` or `}` (the keys' Redis Cluster hash tags follow it), and
+    /// without whitespace, control characters or the ACL glob characters
+    /// `*`, `?`, `[`, `]`, `\`, so that the patterns `~<prefix>*` and
+    /// `&<prefix>*` match exactly this cache's keys and channels.
+    ///
+    /// # Redis ACL users
+    ///
+    /// A Redis user limited to an application's own keys and channels works
+    /// when the prefix is theirs. The commands the store sends are `GET`,
+    /// `SET`, `DEL`, `PTTL`, `EXISTS`, `PUBLISH`, `SUBSCRIBE`, `EVALSHA` and
+    /// `EVAL` (its Lua scripts also run `SETRANGE` and `PEXPIRE`), and the
+    /// keyless `PING` and `TIME`; a Redis Cluster also needs
+    /// `CLUSTER SLOTS`. The narrowest user:
+    ///
+    /// ```text
+    /// ACL SETUSER app on >secret resetkeys ~myapp:* resetchannels &myapp:* -@all
+    ///     +get +set +del +pttl +exists +publish +subscribe +evalsha +eval
+    ///     +setrange +pexpire +ping +time +cluster|slots
+    /// ```
+    ///
+    /// or, less strictly, `+@all -@dangerous` for the commands. Connect as
+    /// it with `redis://app:secret@host:6379/`. With another prefix (the
+    /// default `bw:` included) every command fails with `NOPERM`: a
+    /// [`Store`](crate::ErrorKind::Store) error that names the missing
+    /// permission.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use breakwater::Cache;
+    ///
+    /// let cache = Cache::<String>::builder()
+    ///     .key_prefix("myapp:")
+    ///     .namespace("catalog")
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(cache.storage_key(b"product:42").unwrap(), b"myapp:catalog:v:{product:42}");
+    /// ```
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
         self
     }
 
@@ -457,6 +514,7 @@ impl<V: Value> CacheBuilder<V> {
     /// `jitter ratio must be in 0..=1, got 1.5`.
     pub fn build(self) -> Result<Cache<V>, ConfigError> {
         validate_namespace(&self.namespace)?;
+        validate_key_prefix(&self.key_prefix)?;
         let defaults = Options {
             ttl: self.ttl,
             negative_ttl: self
@@ -526,9 +584,9 @@ impl<V: Value> CacheBuilder<V> {
             Some(seed) => StdRng::seed_from_u64(seed),
             None => rand::make_rng(),
         };
-        let value_prefix = format!("bw:{}:v:", self.namespace).into_bytes();
+        let value_prefix = format!("{}{}:v:", self.key_prefix, self.namespace).into_bytes();
         let metrics = Metrics::new(&self.namespace, &super::options::SERVED_LABELS);
-        let channel = format!("bw:{}:events", self.namespace).into_bytes();
+        let channel = format!("{}{}:events", self.key_prefix, self.namespace).into_bytes();
         let local = Arc::new(Local::new(
             self.l1.map(NearCache::<V>::new),
             value_prefix.len(),
@@ -644,6 +702,29 @@ fn validate_namespace(ns: &str) -> Result<(), ConfigError> {
         return Err(ConfigError::new(format!(
             "namespace must not contain braces, whitespace or control characters \
              (found {c:?} in {ns:?})"
+        )));
+    }
+    Ok(())
+}
+
+fn validate_key_prefix(prefix: &str) -> Result<(), ConfigError> {
+    if prefix.is_empty() {
+        return Err(ConfigError::new(
+            "key_prefix must not be empty; the default is \"bw:\"",
+        ));
+    }
+    if prefix.len() > MAX_KEY_PREFIX_LEN {
+        return Err(ConfigError::new(format!(
+            "key_prefix must be at most {MAX_KEY_PREFIX_LEN} bytes, got {}",
+            prefix.len()
+        )));
+    }
+    if let Some(c) = prefix.chars().find(|c| {
+        matches!(c, '{' | '}' | '*' | '?' | '[' | ']' | '\\') || c.is_whitespace() || c.is_control()
+    }) {
+        return Err(ConfigError::new(format!(
+            "key_prefix must not contain braces (the keys' hash tags follow it), the ACL glob \
+             characters * ? [ ] \\, whitespace or control characters (found {c:?} in {prefix:?})"
         )));
     }
     Ok(())

@@ -234,7 +234,8 @@ impl<V> fmt::Debug for Cache<V> {
 /// Everything a cache knows, independent of its value type.
 struct Inner {
     namespace: String,
-    /// `bw:<namespace>:v:`; the user key follows inside a hash tag.
+    /// `<key_prefix><namespace>:v:` (`bw:` by default); the user key
+    /// follows inside a hash tag.
     value_prefix: Vec<u8>,
     /// The store as the user gave it.
     raw_store: Arc<dyn Store>,
@@ -1057,7 +1058,8 @@ impl<V: Value> Cache<V> {
 
     /// The exact key the entry for `key` is stored under:
     /// `bw:<namespace>:v:{<key>}`, or `bw:<namespace>:v:{#<hash>}<key>` when
-    /// the key itself contains a brace. The braces are a Redis Cluster hash
+    /// the key itself contains a brace (`bw:` is the default
+    /// [`key_prefix`](CacheBuilder::key_prefix)). The braces are a Redis Cluster hash
     /// tag, so every record of one key shares one slot.
     ///
     /// # Errors

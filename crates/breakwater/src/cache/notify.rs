@@ -2,10 +2,11 @@
 //! and keeping the L1 near cache in step with other processes' writes.
 //!
 //! One subscription per cache listens on the namespace channel
-//! (`bw:<namespace>:events`). A message is one byte of kind, the sending
-//! cache's 8-byte id, and the storage key; a `v` message (a fill that
-//! somebody waited for) has the key's length (4 bytes, big-endian) before the
-//! key and the stored entry after it, so a woken waiter need not read the
+//! (`<key_prefix><namespace>:events`, `bw:<namespace>:events` by default). A
+//! message is one byte of kind, the sending cache's 8-byte id, and the
+//! storage key; a `v` message (a fill that somebody waited for) has the
+//! key's length (4 bytes, big-endian) before the key and the stored entry
+//! after it, so a woken waiter need not read the
 //! value back. The dispatcher wakes the local waiter for that key (handing it
 //! the entry, if the message has one) and drops the key from L1 (unless this
 //! cache sent the message itself); when messages may have been lost (the
