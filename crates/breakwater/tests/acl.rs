@@ -159,7 +159,9 @@ async fn a_user_limited_to_its_prefix_runs_every_operation() {
 
 /// The same user with the default prefix (`bw:`): every key and the
 /// channel are out of bounds. Reads and writes fail with a store error
-/// that names the missing permission, never the password.
+/// that names the missing permission, never the password; also once the
+/// store breaker has opened on them (an invalidation is retried 10 times,
+/// and the breaker opens after 5 failures).
 #[tokio::test]
 async fn a_prefix_limited_user_cannot_use_the_default_prefix() {
     let (server, store) = app_server().await;
@@ -168,7 +170,14 @@ async fn a_prefix_limited_user_cannot_use_the_default_prefix() {
         cache.get("k").await.unwrap_err(),
         cache.set("k", &"v".to_owned()).await.unwrap_err(),
         cache.inspect("k").await.unwrap_err(),
+        cache.invalidate("k").await.unwrap_err(),
+        cache.get("k").await.unwrap_err(),
     ];
+    assert!(
+        errors[4].to_string().contains("failed repeatedly"),
+        "the breaker is open: {}",
+        errors[4]
+    );
     for err in errors {
         assert!(err.is_store(), "{err}");
         let shown = format!("{err} | {err:?}");

@@ -31,7 +31,7 @@ use crate::error::{Error, ErrorKind};
 use crate::log_limit::{LogLimiter, Warning, warn_limited};
 use crate::metrics::Metrics;
 use crate::store::{FencedWrite, LeaseAttempt, Notice, Replace, Store, StoreFuture, Subscription};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// The most breakers one store gets, however many failure domains it
 /// reports.
@@ -42,6 +42,11 @@ const MAX_BREAKERS: usize = 1024;
 pub(crate) struct GuardedStore {
     store: Arc<dyn Store>,
     breakers: Vec<CircuitBreaker>,
+    /// Each breaker's last store failure: a refusal carries it as its
+    /// source, so a caller refused by an open breaker still learns why the
+    /// store failed (a refused password or `NOPERM`, not just "failed
+    /// repeatedly").
+    causes: Vec<Mutex<Option<Error>>>,
     /// Where a key fault is reported.
     metrics: Metrics,
     logs: Arc<LogLimiter>,
@@ -72,6 +77,7 @@ impl GuardedStore {
         GuardedStore {
             store,
             breakers,
+            causes: (0..domains).map(|_| Mutex::new(None)).collect(),
             metrics,
             logs,
         }
@@ -116,12 +122,17 @@ impl GuardedStore {
         key: &'a [u8],
         call: impl FnOnce() -> StoreFuture<'a, T> + Send + 'a,
     ) -> Result<T, Error> {
-        let breaker = &self.breakers[self.store.failure_domain(key) % self.breakers.len()];
+        let domain = self.store.failure_domain(key) % self.breakers.len();
+        let (breaker, cause) = (&self.breakers[domain], &self.causes[domain]);
         let permit = breaker.try_acquire().map_err(|rejected| {
-            Error::new(
+            let refused = Error::new(
                 ErrorKind::Store,
                 rejected.describe("the store", "store calls", "store call"),
-            )
+            );
+            match cause.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+                Some(cause) => refused.with_source(cause),
+                None => refused,
+            }
         })?;
         match call().await {
             Ok(value) => {
@@ -146,6 +157,7 @@ impl GuardedStore {
             }
             Err(err) if err.is_store() => {
                 permit.failure();
+                *cause.lock().unwrap_or_else(|p| p.into_inner()) = Some(err.clone());
                 Err(err)
             }
             Err(err) => Err(err),
