@@ -203,3 +203,42 @@ async fn a_prefix_limited_user_cannot_use_the_default_prefix() {
         acl_log(&server)
     );
 }
+
+/// On a Redis Cluster the same user needs `CLUSTER SLOTS` too (the client
+/// asks it for the slot map); nothing else.
+#[tokio::test]
+async fn a_prefix_limited_user_works_on_a_cluster_with_cluster_slots() {
+    let cluster = support::RedisCluster::start();
+    let mut rules = APP_USER.to_vec();
+    rules.push("+cluster|slots");
+    for node in cluster.nodes() {
+        set_user(node, "app", &rules);
+    }
+    let urls: Vec<String> = cluster
+        .nodes()
+        .iter()
+        .map(|n| format!("redis://app:s3cret-app@127.0.0.1:{}/", n.port()))
+        .collect();
+    let connect = || async {
+        let store = RedisStore::connect_cluster_with(&urls, patient()).unwrap();
+        store.warm_up().await.expect("the app user may connect");
+        store
+    };
+    let a = cache_on(connect().await, Some("myapp:"));
+    let b_store = CountingStore::new(connect().await);
+    let b = cache_on(b_store.clone(), Some("myapp:"));
+    let (got, gets_after_wake) =
+        support::wait_for_a_fill(a.clone(), b.clone(), || b_store.gets(), "k", "filled").await;
+    assert_eq!(got.as_deref(), Some("filled"));
+    assert_eq!(gets_after_wake, 0, "woken by the message, not by polling");
+    for i in 0..20 {
+        let key = format!("p:{i}");
+        a.set(&key, &key).await.unwrap();
+        assert_eq!(b.get(&key).await.unwrap().as_deref(), Some(key.as_str()));
+        a.invalidate(&key).await.unwrap();
+        assert_eq!(b.get(&key).await.unwrap(), None);
+    }
+    for node in cluster.nodes() {
+        assert_eq!(acl_log(node), "", "node {} refused something", node.port());
+    }
+}
