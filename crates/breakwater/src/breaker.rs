@@ -281,6 +281,7 @@ impl From<Rejected> for Error {
             ErrorKind::CircuitOpen,
             rejected.describe("the loader", "loads", "load"),
         )
+        .with_retry_after(rejected.retry_in)
     }
 }
 

@@ -4,6 +4,17 @@
 //! failure can reach every caller that was waiting on the same load. A loader's
 //! own error is carried, never stringified: get it back with
 //! [`Error::loader_error`].
+//!
+//! # Messages
+//!
+//! An error's text says each thing once: what failed (the kind), what
+//! breakwater knows about it, then its causes down to the root, e.g.
+//! `store failed: broken pipe`, `loader failed: connection refused`. A cause
+//! whose text is already in the message (many errors repeat their source's
+//! text in their own) is not repeated. The causes are also reachable as
+//! [`source`](std::error::Error::source) (the loader's own error is the
+//! first one), so print an [`Error`] with `{}` alone, not with a reporter
+//! that walks the source chain as well.
 
 use std::borrow::Cow;
 use std::error::Error as StdError;
@@ -86,10 +97,14 @@ impl ErrorKind {
 #[derive(Clone)]
 pub struct Error {
     kind: ErrorKind,
+    /// What breakwater knows beyond the kind; empty when the source says it
+    /// all (`store failed: broken pipe`).
     message: Cow<'static, str>,
     source: Option<Source>,
     /// A store error that belongs to one key, not to the store.
     key_fault: bool,
+    /// When trying again may succeed; see [`Error::retry_after`].
+    retry_after: Option<Duration>,
 }
 
 impl Error {
@@ -100,7 +115,14 @@ impl Error {
             message: message.into(),
             source: None,
             key_fault: false,
+            retry_after: None,
         }
+    }
+
+    /// Says when trying again may succeed (see [`Error::retry_after`]).
+    pub(crate) fn with_retry_after(mut self, after: Duration) -> Self {
+        self.retry_after = Some(after);
+        self
     }
 
     /// Attaches a source error.
@@ -114,13 +136,13 @@ impl Error {
 
     /// Wraps a loader's error, keeping it intact for [`Error::loader_error`].
     pub fn loader(source: impl Into<Box<dyn StdError + Send + Sync + 'static>>) -> Self {
-        Error::new(ErrorKind::Loader, "the loader returned an error").with_source(source)
+        Error::new(ErrorKind::Loader, "").with_source(source)
     }
 
     /// Wraps a store (backend) failure. Custom [`Store`](crate::Store)
     /// implementations use this to report their errors.
     pub fn store(source: impl Into<Box<dyn StdError + Send + Sync + 'static>>) -> Self {
-        Error::new(ErrorKind::Store, "the store failed").with_source(source)
+        Error::new(ErrorKind::Store, "").with_source(source)
     }
 
     /// A store error that belongs to one key, not to the store: the store
@@ -133,8 +155,7 @@ impl Error {
     /// replaces what is there. Custom [`Store`](crate::Store)
     /// implementations use this for such errors.
     pub fn key_fault(source: impl Into<Box<dyn StdError + Send + Sync + 'static>>) -> Self {
-        let mut err =
-            Error::new(ErrorKind::Store, "the store refused this key").with_source(source);
+        let mut err = Error::new(ErrorKind::Store, "refused for this key").with_source(source);
         err.key_fault = true;
         err
     }
@@ -147,6 +168,55 @@ impl Error {
     /// What kind of failure this is.
     pub fn kind(&self) -> ErrorKind {
         self.kind
+    }
+
+    /// How long to wait before trying again, when the refusal is temporary
+    /// and its end is known; for a `Retry-After` header.
+    ///
+    /// - [`CircuitOpen`](ErrorKind::CircuitOpen) (the origin's breaker) and a
+    ///   [`Store`](ErrorKind::Store) error from the store's open breaker:
+    ///   the time until the breaker lets a probe through. Zero when it is
+    ///   half-open and its probes are already running: they decide in about
+    ///   one load (or store call), so try again shortly.
+    /// - [`Overloaded`](ErrorKind::Overloaded): with a load rate limit, the
+    ///   time until the next load may start; else the bulkhead's
+    ///   `queue_wait`, the wait that just ran out (loads were all busy for
+    ///   that long; a retry sooner would most likely queue behind them).
+    /// - Anything else: `None` (no known time: a loader error, a timeout, a
+    ///   store failure without an open breaker...).
+    ///
+    /// A `Retry-After` header takes whole seconds: round up.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use breakwater::{BreakerConfig, Cache, Jitter};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() -> Result<(), breakwater::Error> {
+    /// let cache = Cache::<u64>::builder()
+    ///     .breaker(
+    ///         BreakerConfig::new()
+    ///             .consecutive_failures(1)
+    ///             .cool_down(Duration::from_secs(30))
+    ///             .cool_down_jitter(Jitter::none().with_floor(Duration::from_millis(1))),
+    ///     )
+    ///     .build()?;
+    /// let failing = || async { Err::<Option<u64>, _>(std::io::Error::other("db down")) };
+    /// let err = cache.get_or_load("a", failing).await.unwrap_err();
+    /// assert_eq!(err.to_string(), "loader failed: db down");
+    /// assert_eq!(err.retry_after(), None);
+    ///
+    /// // The breaker is open now: refused at once, with the time until it probes.
+    /// let err = cache.get_or_load("b", failing).await.unwrap_err();
+    /// assert!(err.is_circuit_open());
+    /// let after = err.retry_after().unwrap();
+    /// let header = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+    /// assert_eq!(header, 30);
+    /// # Ok(()) }
+    /// ```
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
     }
 
     /// The loader's own error, if this error carries one of type `E`.
@@ -223,6 +293,9 @@ impl fmt::Debug for Error {
         if self.key_fault {
             d.field("key_fault", &true);
         }
+        if let Some(after) = self.retry_after {
+            d.field("retry_after", &after);
+        }
         if let Some(source) = &self.source {
             d.field("source", source);
         }
@@ -231,12 +304,34 @@ impl fmt::Debug for Error {
 }
 
 impl fmt::Display for Error {
+    /// `kind: message: cause: ... : root cause`, each part once (see the
+    /// module docs).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.kind.as_str(), self.message)?;
-        if let Some(source) = &self.source {
-            write!(f, ": {source}")?;
+        let mut text = String::from(self.kind.as_str());
+        if !self.message.is_empty() {
+            text.push_str(": ");
+            text.push_str(&self.message);
         }
-        Ok(())
+        let mut cause = self
+            .source
+            .as_deref()
+            .map(|s| s as &(dyn StdError + 'static));
+        while let Some(err) = cause {
+            let part = match err.downcast_ref::<Error>() {
+                // One of ours inside: its own part only (its causes follow),
+                // and its kind only when it differs.
+                Some(inner) if inner.kind == self.kind => inner.message.to_string(),
+                Some(inner) if inner.message.is_empty() => inner.kind.as_str().to_owned(),
+                Some(inner) => format!("{}: {}", inner.kind.as_str(), inner.message),
+                None => err.to_string(),
+            };
+            if !part.is_empty() && !text.contains(&part) {
+                text.push_str(": ");
+                text.push_str(&part);
+            }
+            cause = err.source();
+        }
+        f.write_str(&text)
     }
 }
 
@@ -345,10 +440,84 @@ mod tests {
         let clone = err.clone();
         assert!(clone.loader_error::<Boom>().is_some());
         assert!(clone.loader_error::<ConfigError>().is_none());
+        assert_eq!(clone.to_string(), "loader failed: boom");
+    }
+
+    /// An error that says what it is and keeps its cause in `source`.
+    #[derive(Debug)]
+    struct Query(std::io::Error);
+    impl fmt::Display for Query {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("query failed")
+        }
+    }
+    impl StdError for Query {
+        fn source(&self) -> Option<&(dyn StdError + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    /// An error that repeats its cause's text in its own.
+    #[derive(Debug)]
+    struct Repeats(std::io::Error);
+    impl fmt::Display for Repeats {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "db error: {}", self.0)
+        }
+    }
+    impl StdError for Repeats {
+        fn source(&self) -> Option<&(dyn StdError + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn messages_say_each_thing_once_down_to_the_root_cause() {
+        let io = || std::io::Error::other("relation \"users\" does not exist");
+        let err = Error::loader(Query(io()));
         assert_eq!(
-            clone.to_string(),
-            "loader failed: the loader returned an error: boom"
+            err.to_string(),
+            "loader failed: query failed: relation \"users\" does not exist"
         );
+        assert!(err.loader_error::<Query>().is_some(), "still typed");
+        let source = StdError::source(&err).unwrap();
+        assert!(
+            source.is::<Query>(),
+            "the loader's error is the first source"
+        );
+
+        let err = Error::loader(Repeats(io()));
+        assert_eq!(
+            err.to_string(),
+            "loader failed: db error: relation \"users\" does not exist"
+        );
+
+        let err = Error::store(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+        assert_eq!(err.to_string(), "store failed: broken pipe");
+
+        // One of ours inside one of ours: its kind is not repeated.
+        let err = Error::new(ErrorKind::Store, "the invalidation was not delivered")
+            .with_source(Error::store(std::io::Error::other("connection reset")));
+        assert_eq!(
+            err.to_string(),
+            "store failed: the invalidation was not delivered: connection reset"
+        );
+        let err = Error::new(ErrorKind::Store, "the invalidation was not delivered").with_source(
+            Error::new(ErrorKind::Timeout, "no attempt finished in time"),
+        );
+        assert_eq!(
+            err.to_string(),
+            "store failed: the invalidation was not delivered: timed out: no attempt finished in time"
+        );
+    }
+
+    #[test]
+    fn only_temporary_refusals_say_when_to_retry() {
+        assert_eq!(Error::loader(Boom).retry_after(), None);
+        let err =
+            Error::new(ErrorKind::CircuitOpen, "open").with_retry_after(Duration::from_secs(3));
+        assert_eq!(err.retry_after(), Some(Duration::from_secs(3)));
+        assert_eq!(err.clone().retry_after(), Some(Duration::from_secs(3)));
     }
 
     #[test]
@@ -363,10 +532,7 @@ mod tests {
         let err = Error::key_fault(Boom);
         assert!(err.is_store() && err.is_key_fault());
         assert!(!Error::store(Boom).is_key_fault());
-        assert_eq!(
-            err.to_string(),
-            "store failed: the store refused this key: boom"
-        );
+        assert_eq!(err.to_string(), "store failed: refused for this key: boom");
     }
 
     #[test]

@@ -184,6 +184,9 @@ pub(crate) struct Shed {
     /// How long the request waited before it was shed (zero for background
     /// requests, which never wait).
     pub(crate) waited: Duration,
+    /// When a retry may get through: the next rate token's time if the rate
+    /// shed it, else the queue wait (every permit was busy that long).
+    pub(crate) retry_in: Duration,
 }
 
 impl From<Shed> for Error {
@@ -195,6 +198,7 @@ impl From<Shed> for Error {
                 to_ms(shed.waited)
             ),
         )
+        .with_retry_after(shed.retry_in)
     }
 }
 
@@ -227,13 +231,19 @@ impl Bucket {
     /// deadline) and returns when it may be used; `None` if it is not.
     fn reserve(&mut self, now: Instant, deadline: Option<Instant>) -> Option<Instant> {
         let tat = self.tat.max(now);
-        let start = tat.checked_sub(self.tolerance).unwrap_or(now).max(now);
+        let start = self.next_start(now);
         if deadline.is_some_and(|deadline| start > deadline) {
             return None;
         }
         // A `tat` past the end of the clock means "no more tokens".
         self.tat = tat.checked_add(self.interval)?;
         Some(start)
+    }
+
+    /// When the next token may be used, without taking it.
+    fn next_start(&self, now: Instant) -> Instant {
+        let tat = self.tat.max(now);
+        tat.checked_sub(self.tolerance).unwrap_or(now).max(now)
     }
 }
 
@@ -294,13 +304,14 @@ impl LoadLimiter {
 
     async fn acquire_foreground(&self) -> Result<LoadPermit, Shed> {
         let start = Instant::now();
-        let shed = || {
+        let queue_wait = self.config.queue_wait;
+        let shed = |retry_in| {
             let waited = start.elapsed();
             tracing::debug!(
                 ?waited,
                 "load shed: no permit and rate token within the queue wait"
             );
-            Shed { waited }
+            Shed { waited, retry_in }
         };
         let permit = match timeout(
             self.config.queue_wait,
@@ -310,14 +321,18 @@ impl LoadLimiter {
         {
             Ok(Ok(permit)) => permit,
             // Err(_) inside: the semaphore is never closed; shed all the same.
-            Ok(Err(_)) | Err(_) => return Err(shed()),
+            Ok(Err(_)) | Err(_) => return Err(shed(queue_wait)),
         };
         if let Some(bucket) = &self.bucket {
             let deadline = start.checked_add(self.config.queue_wait);
-            let reserved = lock(bucket).reserve(Instant::now(), deadline);
+            let now = Instant::now();
+            let (reserved, next) = {
+                let mut bucket = lock(bucket);
+                (bucket.reserve(now, deadline), bucket.next_start(now))
+            };
             match reserved {
                 Some(at) => sleep(at.saturating_duration_since(Instant::now())).await,
-                None => return Err(shed()),
+                None => return Err(shed(next.saturating_duration_since(now))),
             }
         }
         Ok(LoadPermit {
@@ -329,6 +344,7 @@ impl LoadLimiter {
     fn try_acquire_background(&self) -> Result<LoadPermit, Shed> {
         let shed = Shed {
             waited: Duration::ZERO,
+            retry_in: self.config.queue_wait,
         };
         let share = self.background_share;
         if self
@@ -351,9 +367,11 @@ impl LoadLimiter {
         };
         if let Some(bucket) = &self.bucket {
             let now = Instant::now();
-            if lock(bucket).reserve(now, Some(now)).is_none() {
+            let mut bucket = lock(bucket);
+            if bucket.reserve(now, Some(now)).is_none() {
                 tracing::debug!("background load shed: no rate token free");
-                return Err(shed);
+                let retry_in = bucket.next_start(now).saturating_duration_since(now);
+                return Err(Shed { retry_in, ..shed });
             }
         }
         Ok(LoadPermit {
@@ -549,7 +567,13 @@ mod tests {
         let held = limiter.acquire(Priority::Foreground).await.expect("free");
         let start = Instant::now();
         let shed = limiter.acquire(Priority::Foreground).await.unwrap_err();
-        assert_eq!(shed, Shed { waited: ms(250) });
+        assert_eq!(
+            shed,
+            Shed {
+                waited: ms(250),
+                retry_in: ms(250)
+            }
+        );
         assert_eq!(start.elapsed(), ms(250));
         drop(held);
         assert!(limiter.acquire(Priority::Foreground).await.is_ok());
@@ -563,6 +587,7 @@ mod tests {
         // The next token is 1 s away, past the 500 ms queue wait.
         let shed = limiter.acquire(Priority::Foreground).await.unwrap_err();
         assert_eq!(shed.waited, Duration::ZERO);
+        assert_eq!(shed.retry_in, secs(1), "when the next token comes");
         assert_eq!(start.elapsed(), Duration::ZERO);
         // The shed request took no token: the next one is still 1 s after the first.
         sleep(ms(600)).await;
@@ -582,7 +607,8 @@ mod tests {
         assert_eq!(
             limiter.acquire(Priority::Background).await.unwrap_err(),
             Shed {
-                waited: Duration::ZERO
+                waited: Duration::ZERO,
+                retry_in: secs(1)
             }
         );
         assert_eq!(start.elapsed(), Duration::ZERO, "background never waits");
@@ -641,8 +667,12 @@ mod tests {
 
     #[test]
     fn shed_becomes_an_overloaded_error() {
-        let err = Error::from(Shed { waited: secs(1) });
+        let err = Error::from(Shed {
+            waited: secs(1),
+            retry_in: ms(300),
+        });
         assert!(err.is_overloaded());
+        assert_eq!(err.retry_after(), Some(ms(300)));
         assert_eq!(
             err.to_string(),
             "overloaded: too many loads are running; this one was shed after waiting 1000ms"

@@ -86,6 +86,9 @@ async fn an_open_breaker_stops_loads_lets_probes_through_and_closes_on_recovery(
             .await
             .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::CircuitOpen, "{err}");
+        // For a Retry-After header: the time until the breaker probes.
+        let until_probe = Duration::from_secs(5) - started.elapsed();
+        assert_eq!(err.retry_after(), Some(until_probe), "{err}");
         tokio::time::advance(Duration::from_millis(10)).await;
         i += 1;
     }
@@ -118,7 +121,11 @@ async fn an_open_breaker_stops_loads_lets_probes_through_and_closes_on_recovery(
     for task in tasks {
         match task.await.unwrap() {
             Ok(_) => ok += 1,
-            Err(err) => assert_eq!(err.kind(), ErrorKind::CircuitOpen),
+            Err(err) => {
+                assert_eq!(err.kind(), ErrorKind::CircuitOpen);
+                // Half-open, probes running: they decide shortly.
+                assert_eq!(err.retry_after(), Some(Duration::ZERO), "{err}");
+            }
         }
     }
     assert_eq!(ok, 2, "half-open lets exactly the allowed probes through");
@@ -211,6 +218,40 @@ async fn during_an_outage_stale_values_then_the_fallback_then_circuit_open() {
     assert!(err.is_circuit_open(), "{err}");
 }
 
+/// The store's breaker refuses at once, and says when it lets a call
+/// through again (for a `Retry-After` header).
+#[tokio::test(start_paused = true)]
+async fn an_open_store_breaker_says_when_to_retry() {
+    let store = support::CountingStore::new(MemoryStore::new());
+    let cache: Cache<String> = Cache::builder()
+        .shared_store(Arc::new(store.clone()))
+        .store_breaker(
+            BreakerConfig::new()
+                .consecutive_failures(1)
+                .cool_down(Duration::from_secs(10))
+                .cool_down_jitter(Jitter::none().with_floor(Duration::from_millis(1))),
+        )
+        .build()
+        .unwrap();
+    let opened = Instant::now();
+    store.fail_invalidations(1);
+    let err = cache.invalidate("k").await.unwrap_err();
+    assert!(err.is_store(), "{err}");
+    // Its later attempts met the open breaker: the undelivered invalidation
+    // says when to try again.
+    let after = err.retry_after().expect("the breaker is open");
+    assert_eq!(after, Duration::from_secs(10) - opened.elapsed(), "{err}");
+    let err = cache.set("k", &"v".to_owned()).await.unwrap_err();
+    assert!(err.is_store(), "{err}");
+    assert_eq!(
+        err.retry_after(),
+        Some(Duration::from_secs(10) - opened.elapsed()),
+        "{err}"
+    );
+    tokio::time::advance(Duration::from_secs(10)).await;
+    cache.set("k", &"v".to_owned()).await.unwrap();
+}
+
 #[tokio::test(start_paused = true)]
 async fn cold_start_ten_thousand_keys_never_more_than_the_bulkhead_at_once() {
     for (queue_wait, expect_shed) in [
@@ -247,7 +288,10 @@ async fn cold_start_ten_thousand_keys_never_more_than_the_bulkhead_at_once() {
             for task in tasks {
                 match task.await.unwrap() {
                     Ok(Some(_)) => values += 1,
-                    Err(err) if err.is_overloaded() => shed += 1,
+                    Err(err) if err.is_overloaded() => {
+                        assert_eq!(err.retry_after(), Some(queue_wait), "{err}");
+                        shed += 1;
+                    }
                     other => panic!("unexpected {other:?}"),
                 }
             }

@@ -128,7 +128,8 @@ impl GuardedStore {
             let refused = Error::new(
                 ErrorKind::Store,
                 rejected.describe("the store", "store calls", "store call"),
-            );
+            )
+            .with_retry_after(rejected.retry_in);
             match cause.lock().unwrap_or_else(|p| p.into_inner()).clone() {
                 Some(cause) => refused.with_source(cause),
                 None => refused,

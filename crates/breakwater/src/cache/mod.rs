@@ -549,7 +549,7 @@ impl<V: Value> Cache<V> {
         let listening = self.inner.waiters.is_listening();
         // Idempotent (a delete and a notice), so a transient failure is
         // tried again, within one deadline.
-        let last = Mutex::new((0u32, None::<Error>));
+        let last = Mutex::new((0u32, None::<Error>, Instant::now()));
         let (key, lease, message, last) = (&key, &lease, &message, &last);
         let attempts = self.inner.deliveries.run(|made| async move {
             self.local.expect_own_notice(key, listening);
@@ -560,19 +560,20 @@ impl<V: Value> Cache<V> {
                 .await;
             if let Err(err) = &done {
                 self.local.own_notice_heard(key);
-                *last.lock().unwrap_or_else(|p| p.into_inner()) = (made, Some(err.clone()));
+                *last.lock().unwrap_or_else(|p| p.into_inner()) =
+                    (made, Some(err.clone()), Instant::now());
             }
             done
         });
         let done = match tokio::time::timeout(INVALIDATE_WITHIN, attempts).await {
             Ok((Ok(()), _)) => Ok(()),
-            Ok((Err(err), made)) => Err(undelivered(key, made, err)),
+            Ok((Err(err), made)) => Err(undelivered(key, made, err, Instant::now())),
             Err(_) => {
-                let (made, err) = last.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let (made, err, at) = last.lock().unwrap_or_else(|p| p.into_inner()).clone();
                 let err = err.unwrap_or_else(|| {
                     Error::new(ErrorKind::Timeout, "no attempt finished in time")
                 });
-                Err(undelivered(key, made, err))
+                Err(undelivered(key, made, err, at))
             }
         };
         // After the store has answered (a read that starts later sees the
@@ -1554,9 +1555,14 @@ fn delivery_retries(seed: Option<u64>) -> crate::retry::Retry {
     crate::retry::Retry::new(config, seed)
 }
 
-/// The error of an invalidation that did not get through.
-fn undelivered(key: &[u8], attempts: u32, last: Error) -> Error {
-    Error::new(
+/// The error of an invalidation that did not get through; when the last
+/// attempt (failed at `at`) was refused by the store's open breaker, it says
+/// when that ends.
+fn undelivered(key: &[u8], attempts: u32, last: Error, at: Instant) -> Error {
+    let retry_after = last
+        .retry_after()
+        .map(|after| after.saturating_sub(at.elapsed()));
+    let err = Error::new(
         ErrorKind::Store,
         format!(
             "the invalidation of {} was not delivered ({attempts} attempt(s) within {:?}): \
@@ -1565,7 +1571,11 @@ fn undelivered(key: &[u8], attempts: u32, last: Error) -> Error {
             INVALIDATE_WITHIN
         ),
     )
-    .with_source(last)
+    .with_source(last);
+    match retry_after {
+        Some(after) => err.with_retry_after(after),
+        None => err,
+    }
 }
 
 /// A key as it may appear in logs: lossy UTF-8, cut at 128 bytes.

@@ -225,7 +225,7 @@ struct Panicked;
 
 impl fmt::Display for Panicked {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("the next call for this key loads again")
+        f.write_str("panicked")
     }
 }
 
@@ -263,14 +263,15 @@ where
         Ok(Err(err)) => ("error", Err(err)),
         Err(join) if join.is_panic() => (
             "panic",
-            Err(Error::new(ErrorKind::Loader, "the loader panicked").with_source(Panicked)),
+            Err(Error::new(
+                ErrorKind::Loader,
+                "panicked; the next call for this key loads again",
+            )
+            .with_source(Panicked)),
         ),
         Err(_) => (
             "error",
-            Err(Error::new(
-                ErrorKind::Loader,
-                "the loader's task was cancelled",
-            )),
+            Err(Error::new(ErrorKind::Loader, "its task was cancelled")),
         ),
     };
     metrics.load(outcome, took);
