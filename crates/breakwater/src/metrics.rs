@@ -6,7 +6,7 @@
 //!
 //! | metric | kind | labels | meaning |
 //! |---|---|---|---|
-//! | `breakwater_requests_total` | counter | `served`: `hit`, `negative`, `stale_refreshing`, `stale_loader_failed`, `stale_soft_timeout`, `stale_lock_timeout`, `stale_breaker_open`, `stale_overloaded`, `stale_store_unavailable`, `loaded`, `coalesced`, `fallback`, `error` | how each `get_or_load` call (and each load a warm-up makes) was served; negative hits are counted apart from real values |
+//! | `breakwater_requests_total` | counter | `served`: `hit`, `negative`, `stale_refreshing`, `stale_loader_failed`, `stale_soft_timeout`, `stale_lock_timeout`, `stale_breaker_open`, `stale_overloaded`, `stale_store_unavailable`, `loaded`, `coalesced`, `fallback`, `error` | how each `get_or_load` call (and each load a warm-up makes) was served ([`Served::as_str`](crate::Served::as_str) gives the same words); negative hits are counted apart from real values |
 //! | `breakwater_loads_total` | counter | `outcome`: `value`, `negative`, `error`, `panic`, `timeout` | loader calls made by this process |
 //! | `breakwater_load_seconds` | histogram | | how long each loader call took |
 //! | `breakwater_lease_total` | counter | `event`: `acquired`, `busy`, `lost`, `revoked` | the key's lease: taken, held by another process (this one waited), lost while loading, or revoked before the write |

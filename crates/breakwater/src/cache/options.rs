@@ -149,6 +149,27 @@ pub(crate) const SERVED_LABELS: [&str; 13] = [
 pub(crate) const SERVED_ERROR: usize = SERVED_LABELS.len() - 1;
 
 impl Served {
+    /// The outcome as one word: the `served` label of
+    /// `breakwater_requests_total` (see [`metrics`](crate::metrics)):
+    /// `hit`, `negative`, `stale_refreshing`, `stale_loader_failed`,
+    /// `stale_soft_timeout`, `stale_lock_timeout`, `stale_breaker_open`,
+    /// `stale_overloaded`, `stale_store_unavailable`, `loaded`,
+    /// `coalesced` or `fallback`. [`Display`](std::fmt::Display) writes the
+    /// same, so it fits an `x-cache` header or a log field.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use breakwater::{Served, StaleReason};
+    ///
+    /// assert_eq!(Served::Hit.as_str(), "hit");
+    /// let stale = Served::Stale { reason: StaleReason::Refreshing };
+    /// assert_eq!(stale.to_string(), "stale_refreshing");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        SERVED_LABELS[self.metric_index()]
+    }
+
     /// Where this outcome's label sits in [`SERVED_LABELS`].
     pub(crate) fn metric_index(self) -> usize {
         match self {
@@ -167,6 +188,13 @@ impl Served {
             Served::Coalesced => 10,
             Served::Fallback => 11,
         }
+    }
+}
+
+impl std::fmt::Display for Served {
+    /// [`Served::as_str`].
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -348,6 +376,8 @@ mod tests {
         ];
         for (served, label) in expected {
             assert_eq!(SERVED_LABELS[served.metric_index()], label, "{served:?}");
+            assert_eq!(served.as_str(), label);
+            assert_eq!(served.to_string(), label);
         }
         assert_eq!(SERVED_LABELS[SERVED_ERROR], "error");
         assert_eq!(SERVED_LABELS.len(), expected.len() + 1);

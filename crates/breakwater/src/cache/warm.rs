@@ -322,7 +322,7 @@ impl<V: Value> Cache<V> {
                 Served::Stale { .. } | Served::Fallback => Outcome::Failed(Error::new(
                     ErrorKind::Loader,
                     format!(
-                        "the load did not succeed; the cache served {:?} instead",
+                        "the load did not succeed; the cache served {} instead",
                         fetched.served
                     ),
                 )),
