@@ -748,3 +748,55 @@ fn a_loop_of_l1_hits_lets_a_timer_fire() {
         );
     });
 }
+
+/// Integer ids are keys as they are (their decimal digits), in every call
+/// that takes a key, with L1 on so the near cache is keyed the same way.
+#[tokio::test(start_paused = true)]
+async fn integer_keys_need_no_format() {
+    let cache: Cache<Product> = Cache::builder()
+        .l1(breakwater::L1Config::new())
+        .build()
+        .unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let load = |id: u64| {
+        let calls = Arc::clone(&calls);
+        move || {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async move { Ok::<_, DbDown>(Some(product(id))) }
+        }
+    };
+    let id: u64 = 42;
+    assert_eq!(
+        cache.get_or_load(id, load(id)).await.unwrap(),
+        Some(product(42))
+    );
+    assert_eq!(cache.get("42").await.unwrap(), Some(product(42)), "one key");
+    assert_eq!(cache.get(42i8).await.unwrap(), Some(product(42)));
+    let fetched = cache.get_or_load_with_meta(42u128, load(id)).await.unwrap();
+    assert_eq!(fetched.served, breakwater::Served::Hit);
+    cache.invalidate(42usize).await.unwrap();
+    assert_eq!(cache.get(id).await.unwrap(), None);
+    cache.set(-1i64, &product(1)).await.unwrap();
+    assert_eq!(cache.get("-1").await.unwrap(), Some(product(1)));
+    cache
+        .set_many((0u32..3).map(|i| (i, product(u64::from(i)))))
+        .await
+        .unwrap();
+    assert_eq!(cache.get(b"2").await.unwrap(), Some(product(2)));
+    let entry = cache.entry(7u16).ttl(Duration::from_secs(1));
+    assert_eq!(entry.get_or_load(load(7)).await.unwrap(), Some(product(7)));
+    let report = cache
+        .warm(
+            [7u64, 8],
+            |id: u64| async move { Ok::<_, DbDown>(Some(product(id))) },
+            breakwater::Warm::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!((report.loaded, report.cached), (1, 1));
+    assert_eq!(
+        cache.inspect(8u8).await.unwrap().storage_key,
+        b"bw:default:v:{8}"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}

@@ -117,8 +117,8 @@ impl<V: Value> Cache<V> {
     ///
     /// [`InvalidKey`](crate::ErrorKind::InvalidKey) for an empty or
     /// over-long key, [`Store`](crate::ErrorKind::Store) if a read fails.
-    pub async fn inspect(&self, key: impl AsRef<[u8]>) -> Result<Inspection, Error> {
-        let storage_key = self.storage_key(key.as_ref())?;
+    pub async fn inspect(&self, key: impl crate::CacheKey) -> Result<Inspection, Error> {
+        let storage_key = self.storage_key(key)?;
         let store = &self.inner.store;
         let bytes = store.get(&storage_key).await?;
         let store_ttl = store.ttl(&storage_key).await?;

@@ -63,6 +63,7 @@ use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
 use crate::flight::{Joined, Role, Turn};
 use crate::freshness::{Freshness, FreshnessPolicy, Reading};
+use crate::key::CacheKey;
 use crate::l1::{Slot, Stamp, Ticket};
 use crate::limit::Priority;
 use crate::log_limit::{LogLimiter, Warning, warn_limited};
@@ -387,11 +388,12 @@ impl<V: Value> Cache<V> {
     ///
     /// [`InvalidKey`](ErrorKind::InvalidKey) for an empty or over-long key,
     /// [`Store`](ErrorKind::Store) if the store fails.
-    pub async fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<V>, Error> {
-        if let Near::Fresh(fetched, _) = self.near(key.as_ref(), None).await? {
+    pub async fn get(&self, key: impl CacheKey) -> Result<Option<V>, Error> {
+        let key = key.key_bytes();
+        if let Near::Fresh(fetched, _) = self.near(&key, None).await? {
             return Ok(fetched.value);
         }
-        let key = self.storage_key(key.as_ref())?;
+        let key = self.key_in_store(&key)?;
         let ticket = self.local.ticket();
         let Some(entry) = self.read(&key).await? else {
             return Ok(None);
@@ -428,8 +430,8 @@ impl<V: Value> Cache<V> {
     /// the value cannot be serialized, [`TooLarge`](ErrorKind::TooLarge) if
     /// its encoded entry is larger than `max_value_size` (nothing is
     /// written), [`Store`](ErrorKind::Store) if the write fails.
-    pub async fn set(&self, key: impl AsRef<[u8]>, value: &V) -> Result<(), Error> {
-        let key = self.storage_key(key.as_ref())?;
+    pub async fn set(&self, key: impl CacheKey, value: &V) -> Result<(), Error> {
+        let key = self.key_in_store(&key.key_bytes())?;
         let sealed = self.seal(&key, Some(value), Duration::ZERO, &self.inner.defaults)?;
         self.replace_batch(vec![(key, sealed)]).await
     }
@@ -455,12 +457,12 @@ impl<V: Value> Cache<V> {
     /// ```
     pub async fn set_many<K, I>(&self, items: I) -> Result<(), Error>
     where
-        K: AsRef<[u8]>,
+        K: CacheKey,
         I: IntoIterator<Item = (K, V)>,
     {
         let mut batch = Vec::with_capacity(SET_MANY_BATCH);
         for (key, value) in items {
-            let key = self.storage_key(key.as_ref())?;
+            let key = self.key_in_store(&key.key_bytes())?;
             let sealed = self.seal(&key, Some(&value), Duration::ZERO, &self.inner.defaults)?;
             batch.push((key, sealed));
             if batch.len() == SET_MANY_BATCH {
@@ -542,8 +544,8 @@ impl<V: Value> Cache<V> {
     ///
     /// [`InvalidKey`](ErrorKind::InvalidKey), or [`Store`](ErrorKind::Store)
     /// if the delete fails.
-    pub async fn invalidate(&self, key: impl AsRef<[u8]>) -> Result<(), Error> {
-        let key = self.storage_key(key.as_ref())?;
+    pub async fn invalidate(&self, key: impl CacheKey) -> Result<(), Error> {
+        let key = self.key_in_store(&key.key_bytes())?;
         let lease = self.inner.lease_key(&key);
         let message = notify::message(notify::INVALIDATED, self.inner.waiters.sender(), &key);
         let listening = self.inner.waiters.is_listening();
@@ -637,7 +639,7 @@ impl<V: Value> Cache<V> {
     /// [`Codec`](ErrorKind::Codec) if the loaded value cannot be serialized.
     pub async fn get_or_load<F, Fut, E>(
         &self,
-        key: impl AsRef<[u8]>,
+        key: impl CacheKey,
         loader: F,
     ) -> Result<Option<V>, Error>
     where
@@ -646,7 +648,7 @@ impl<V: Value> Cache<V> {
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {
         let fetched = self
-            .fetch(key.as_ref(), loader, &self.inner.defaults)
+            .fetch(&key.key_bytes(), loader, &self.inner.defaults)
             .await?;
         Ok(fetched.value)
     }
@@ -671,7 +673,7 @@ impl<V: Value> Cache<V> {
     /// ```
     pub async fn get_or_load_with_meta<F, Fut, E>(
         &self,
-        key: impl AsRef<[u8]>,
+        key: impl CacheKey,
         loader: F,
     ) -> Result<Fetched<V>, Error>
     where
@@ -679,12 +681,13 @@ impl<V: Value> Cache<V> {
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {
-        self.fetch(key.as_ref(), loader, &self.inner.defaults).await
+        self.fetch(&key.key_bytes(), loader, &self.inner.defaults)
+            .await
     }
 
     /// One call with its own settings (TTL, jitter, grace, timeouts...).
-    pub fn entry(&self, key: impl AsRef<[u8]>) -> CacheEntry<'_, V> {
-        CacheEntry::new(self, key.as_ref(), self.inner.defaults)
+    pub fn entry(&self, key: impl CacheKey) -> CacheEntry<'_, V> {
+        CacheEntry::new(self, &key.key_bytes(), self.inner.defaults)
     }
 
     /// The pipeline, counted in `breakwater_requests_total`.
@@ -700,7 +703,7 @@ impl<V: Value> Cache<V> {
         let result = match self.near(key, Some(options)).await {
             Ok(Near::Fresh(fetched, None)) => Ok(fetched),
             // Early refresh, judged on the L1 copy as on a store read.
-            Ok(Near::Fresh(fetched, Some(replacing))) => self.storage_key(key).map(|storage| {
+            Ok(Near::Fresh(fetched, Some(replacing))) => self.key_in_store(key).map(|storage| {
                 if !self.inner.is_throttled(&storage, self.inner.store.now_ms()) {
                     self.refresh_in_background(storage, Arc::new(loader), *options, replacing);
                 }
@@ -816,7 +819,7 @@ impl<V: Value> Cache<V> {
         L: Load<V>,
     {
         // 3. Read the store (shared with concurrent reads of the key).
-        let key = self.storage_key(user_key)?;
+        let key = self.key_in_store(user_key)?;
         let (read, loader) = match self.read_shared(user_key, &key, loader, options).await {
             // The read found nothing and waited for the key's load. No
             // stale value can stand in.
@@ -1067,7 +1070,12 @@ impl<V: Value> Cache<V> {
     ///
     /// [`InvalidKey`](ErrorKind::InvalidKey) for an empty key or one longer
     /// than `max_key_len`.
-    pub fn storage_key(&self, key: &[u8]) -> Result<Vec<u8>, Error> {
+    pub fn storage_key(&self, key: impl CacheKey) -> Result<Vec<u8>, Error> {
+        self.key_in_store(&key.key_bytes())
+    }
+
+    /// [`storage_key`](Self::storage_key) of a key's bytes.
+    fn key_in_store(&self, key: &[u8]) -> Result<Vec<u8>, Error> {
         self.check_key(key)?;
         let prefix = &self.inner.value_prefix;
         let mut out = Vec::with_capacity(prefix.len() + key.len() + 20);

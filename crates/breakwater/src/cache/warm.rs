@@ -30,6 +30,7 @@ use super::options::Served;
 use super::{Cache, Loader, Value, reading};
 use crate::error::{ConfigError, Error, ErrorKind};
 use crate::jitter::Jitter;
+use crate::key::CacheKey;
 use crate::limit::Priority;
 use crate::store::Store;
 
@@ -184,7 +185,7 @@ impl<V: Value> Cache<V> {
     ) -> Result<WarmReport, ConfigError>
     where
         I: IntoIterator<Item = K>,
-        K: AsRef<[u8]> + Clone + Send + Sync + 'static,
+        K: CacheKey + Clone + Send + Sync + 'static,
         F: Fn(K) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
@@ -222,7 +223,7 @@ impl<V: Value> Cache<V> {
                     report.failed += 1;
                     self.inner.metrics.warm("failed");
                     if report.first_error.is_none() {
-                        let shown = String::from_utf8_lossy(key.as_ref()).into_owned();
+                        let shown = String::from_utf8_lossy(&key.key_bytes()).into_owned();
                         report.first_error = Some((shown, err));
                     }
                 }
@@ -241,14 +242,14 @@ impl<V: Value> Cache<V> {
         store_down: &AtomicBool,
     ) -> Outcome
     where
-        K: AsRef<[u8]> + Clone + Send + Sync + 'static,
+        K: CacheKey + Clone + Send + Sync + 'static,
         F: Fn(K) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {
         // The store is what is warmed: L1 is neither asked nor trusted (a
         // flushed Redis sends no message to clear it).
-        let storage_key = match self.storage_key(key.as_ref()) {
+        let storage_key = match self.storage_key(&key) {
             Ok(storage_key) => storage_key,
             Err(err) => return Outcome::Failed(err),
         };
@@ -312,7 +313,7 @@ impl<V: Value> Cache<V> {
             Priority::Foreground,
             Mode::Fleet,
         );
-        let fetched = self.settle(key.as_ref(), load.result().await, role, stale, &options);
+        let fetched = self.settle(&key.key_bytes(), load.result().await, role, stale, &options);
         self.count_served(&fetched);
         match fetched {
             Ok(fetched) => match fetched.served {
