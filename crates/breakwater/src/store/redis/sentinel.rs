@@ -991,7 +991,7 @@ mod tests {
         assert_eq!(SentinelError::find(&outer), Some(&cause));
         assert_eq!(
             outer.to_string(),
-            "store failed: reconnecting: store failed: lookup: no redis sentinel monitors a \
+            "store failed: reconnecting: lookup: no redis sentinel monitors a \
              master named \"m\" (2 of 3 sentinels answered); check the name in the sentinels' \
              `sentinel monitor` lines"
         );
