@@ -40,7 +40,8 @@ fn cache(store: &MemoryStore) -> Cache<Product> {
 fn counting(
     calls: &Arc<AtomicUsize>,
     value: Option<Product>,
-) -> impl Fn() -> std::future::Ready<Result<Option<Product>, DbDown>> + Send + Sync + 'static {
+) -> impl Fn() -> std::future::Ready<Result<Option<Product>, DbDown>> + Clone + Send + Sync + 'static
+{
     let calls = Arc::clone(calls);
     move || {
         calls.fetch_add(1, Ordering::SeqCst);

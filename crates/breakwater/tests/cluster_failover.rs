@@ -60,8 +60,11 @@ impl Db {
     fn loader(
         self: &Arc<Self>,
         key: usize,
-    ) -> impl Fn() -> std::future::Ready<Result<Option<String>, std::io::Error>> + Send + Sync + 'static
-    {
+    ) -> impl Fn() -> std::future::Ready<Result<Option<String>, std::io::Error>>
+    + Clone
+    + Send
+    + Sync
+    + 'static {
         let db = Arc::clone(self);
         move || {
             db.loads.fetch_add(1, Ordering::SeqCst);

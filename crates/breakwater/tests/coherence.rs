@@ -32,7 +32,7 @@ impl Db {
     fn loader(
         self: &Arc<Self>,
         delay: Duration,
-    ) -> impl Fn() -> support::VersionFuture + Send + Sync + 'static {
+    ) -> impl Fn() -> support::VersionFuture + Clone + Send + Sync + 'static {
         let db = Arc::clone(self);
         move || {
             let db = Arc::clone(&db);

@@ -18,8 +18,11 @@ use tokio::time::Instant;
 fn counted(
     calls: &Arc<AtomicUsize>,
     value: &str,
-) -> impl Fn() -> std::future::Ready<Result<Option<String>, std::io::Error>> + Send + Sync + 'static
-{
+) -> impl Fn() -> std::future::Ready<Result<Option<String>, std::io::Error>>
++ Clone
++ Send
++ Sync
++ 'static {
     let (calls, value) = (Arc::clone(calls), value.to_owned());
     move || {
         calls.fetch_add(1, Ordering::SeqCst);

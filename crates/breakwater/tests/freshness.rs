@@ -25,7 +25,7 @@ fn loader(
     calls: &Arc<AtomicUsize>,
     delay: Duration,
     value: Option<&str>,
-) -> impl Fn() -> LoadFuture + Send + Sync + 'static {
+) -> impl Fn() -> LoadFuture + Clone + Send + Sync + 'static {
     let calls = Arc::clone(calls);
     let value = value.map(str::to_owned);
     move || {

@@ -27,7 +27,7 @@ impl Db {
     fn loader(
         &self,
         value: &str,
-    ) -> impl Fn() -> std::future::Ready<Result<Option<String>, DbDown>> + Send + Sync + 'static
+    ) -> impl Fn() -> std::future::Ready<Result<Option<String>, DbDown>> + Clone + Send + Sync + 'static
     {
         let db = self.clone();
         let value = value.to_owned();
@@ -391,6 +391,29 @@ async fn transient_failures_are_retried_with_backoff_and_the_breaker_sees_the_ou
     assert_eq!(calls.load(Ordering::SeqCst), 3);
     // Two failed attempts, one success: the breaker (threshold 1) saw a success.
     assert_eq!(origin.breaker_state(), BreakerState::Closed);
+
+    // A loader that moves its captures into its future is retried too:
+    // each attempt calls a fresh clone of it.
+    let origin = Origin::builder("moving")
+        .retry(RetryConfig::new().max_attempts(3))
+        .build()
+        .unwrap();
+    let cache: Cache<String> = Cache::builder().origin(origin).build().unwrap();
+    let (attempts, row) = (Arc::new(AtomicUsize::new(0)), String::from("row 7"));
+    let load = {
+        let attempts = Arc::clone(&attempts);
+        move || async move {
+            match attempts.fetch_add(1, Ordering::SeqCst) {
+                0 => Err(DbDown),
+                _ => Ok(Some(row)),
+            }
+        }
+    };
+    assert_eq!(
+        cache.get_or_load(7u64, load).await.unwrap().as_deref(),
+        Some("row 7")
+    );
+    assert_eq!(attempts.load(Ordering::SeqCst), 2);
 
     // A non-retryable error is tried once.
     let origin = Origin::builder("picky")

@@ -29,7 +29,7 @@ struct Db {
 }
 
 impl Db {
-    fn loader(&self, value: String) -> impl Fn() -> LoadFuture + Send + Sync + 'static {
+    fn loader(&self, value: String) -> impl Fn() -> LoadFuture + Clone + Send + Sync + 'static {
         let db = self.clone();
         move || {
             let db = db.clone();

@@ -739,7 +739,7 @@ impl World {
         proc: usize,
         key: &str,
         delay: Duration,
-    ) -> impl Fn() -> LoadFuture + Send + Sync + 'static {
+    ) -> impl Fn() -> LoadFuture + Clone + Send + Sync + 'static {
         let (world, key) = (Arc::clone(self), key.to_owned());
         move || {
             let (world, key) = (Arc::clone(&world), key.clone());

@@ -79,7 +79,8 @@ use throttle::Throttle;
 use tokio::time::Instant;
 
 /// A loader as every internal step takes it (the public methods spell the
-/// bounds out): `Fn() -> impl Future<Output = Result<Option<V>, E>>`.
+/// bounds out): `FnOnce() -> impl Future<Output = Result<Option<V>, E>>`,
+/// cloned for each call.
 pub(crate) trait Load<V>: Send + Sync + 'static {
     /// The loader's future.
     type Fut: Future<Output = Result<Option<V>, Self::Err>> + Send + 'static;
@@ -91,7 +92,7 @@ pub(crate) trait Load<V>: Send + Sync + 'static {
 
 impl<V, F, Fut, E> Load<V> for F
 where
-    F: Fn() -> Fut + Send + Sync + 'static,
+    F: FnOnce() -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
     E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
 {
@@ -99,7 +100,7 @@ where
     type Err = E;
 
     fn call(&self) -> Fut {
-        self()
+        (self.clone())()
     }
 }
 
@@ -586,13 +587,68 @@ impl<V: Value> Cache<V> {
 
     /// The cached value under `key`, or the loader's, which is then cached.
     ///
-    /// The loader is any `Fn() -> impl Future`: it may be called again when
-    /// the origin's [`RetryConfig`](crate::RetryConfig) retries a failure, so
-    /// clone what it needs inside it (`move || { let db = db.clone(); async
-    /// move { db.query().await } }`). It returns `Ok(Some(value))`, `Ok(None)` for "does not exist"
-    /// (cached as a negative entry for `negative_ttl`, so a missing row is not
-    /// queried on every request), or an error, which is returned to the caller
-    /// intact inside [`Error`] (see [`Error::loader_error`]) and not cached.
+    /// The loader is a closure returning a future of `Ok(Some(value))`,
+    /// `Ok(None)` for "does not exist" (cached as a negative entry for
+    /// `negative_ttl`, so a missing row is not queried on every request), or
+    /// an error, which is returned to the caller intact inside [`Error`]
+    /// (see [`Error::loader_error`]) and not cached.
+    ///
+    /// # Writing a loader
+    ///
+    /// The load runs in its own task and may outlive this call (other
+    /// callers share it), so the loader owns what it uses (`'static`):
+    /// write `move`. It is `FnOnce() + Clone`: each call of the loader is a
+    /// fresh clone, so an `async move` block may move the captures out, and
+    /// a retry (the origin's [`RetryConfig`](crate::RetryConfig)) calls
+    /// another clone. Every closure whose captures are `Clone` is: an
+    /// `Arc`, a connection pool, a client, an owned id.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// # use breakwater::Cache;
+    /// # #[derive(Debug)] struct DbError;
+    /// # impl std::fmt::Display for DbError { fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { f.write_str("db") } }
+    /// # impl std::error::Error for DbError {}
+    /// # struct Db;
+    /// # impl Db { async fn product(&self, id: u64) -> Result<String, DbError> { Ok(format!("p{id}")) } }
+    ///
+    /// /// With a declared return type, `?` needs no annotation.
+    /// async fn load_product(db: Arc<Db>, id: u64) -> Result<Option<String>, DbError> {
+    ///     let row = db.product(id).await?;
+    ///     Ok(Some(row))
+    /// }
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), breakwater::Error> {
+    /// # let cache = Cache::<String>::builder().build()?;
+    /// let db = Arc::new(Db);
+    /// let id: u64 = 42;
+    /// // Captures moved into the load.
+    /// let a = cache.get_or_load(id, move || async move { db.product(id).await.map(Some) });
+    /// # let db = Arc::new(Db);
+    /// // An async closure.
+    /// let b = cache.get_or_load(id, async move || db.product(id).await.map(Some));
+    /// # let db = Arc::new(Db);
+    /// // A named async fn.
+    /// let c = cache.get_or_load(id, move || load_product(db.clone(), id));
+    /// # assert_eq!(a.await?.as_deref(), Some("p42"));
+    /// # b.await?; c.await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// What the compiler says, and what to write instead:
+    ///
+    /// - **E0373** "closure may outlive the current function, but it borrows
+    ///   `db`": add `move`.
+    /// - **E0521** "borrowed data escapes": a borrowed value (a `&str` id,
+    ///   `&self`) is captured. Capture an owned one: `let slug =
+    ///   slug.to_owned();`, `let db = self.db.clone();`. An integer id is
+    ///   `Copy` and a key as it is ([`CacheKey`]).
+    /// - **E0283** "type annotations needed" on a `?` in an `async` block: the
+    ///   block's error type is open. End it with `Ok::<_, DbError>(Some(row))`,
+    ///   or use a named `async fn` as above.
+    /// - **E0277** "`X: Clone` is not satisfied in `{closure}`": a capture is
+    ///   not `Clone`; put it in an `Arc`. A loader returned from a helper
+    ///   as `impl Fn() -> Fut` needs `+ Clone` in that signature.
     ///
     /// # One load per key
     ///
@@ -643,7 +699,7 @@ impl<V: Value> Cache<V> {
         loader: F,
     ) -> Result<Option<V>, Error>
     where
-        F: Fn() -> Fut + Send + Sync + 'static,
+        F: FnOnce() -> Fut + Clone + Send + Sync + 'static,
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {
@@ -677,7 +733,7 @@ impl<V: Value> Cache<V> {
         loader: F,
     ) -> Result<Fetched<V>, Error>
     where
-        F: Fn() -> Fut + Send + Sync + 'static,
+        F: FnOnce() -> Fut + Clone + Send + Sync + 'static,
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {

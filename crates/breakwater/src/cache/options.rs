@@ -325,7 +325,7 @@ impl<'a, V: Value> CacheEntry<'a, V> {
     /// this call's settings are invalid.
     pub async fn get_or_load<F, Fut, E>(self, loader: F) -> Result<Option<V>, Error>
     where
-        F: Fn() -> Fut + Send + Sync + 'static,
+        F: FnOnce() -> Fut + Clone + Send + Sync + 'static,
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {
@@ -339,7 +339,7 @@ impl<'a, V: Value> CacheEntry<'a, V> {
     /// As [`get_or_load`](Self::get_or_load).
     pub async fn get_or_load_with_meta<F, Fut, E>(self, loader: F) -> Result<Fetched<V>, Error>
     where
-        F: Fn() -> Fut + Send + Sync + 'static,
+        F: FnOnce() -> Fut + Clone + Send + Sync + 'static,
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {

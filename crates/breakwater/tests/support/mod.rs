@@ -265,7 +265,7 @@ pub fn slow_loader(
     calls: &Arc<AtomicUsize>,
     delay: Duration,
     value: &str,
-) -> impl Fn() -> LoadFuture + Send + Sync + 'static {
+) -> impl Fn() -> LoadFuture + Clone + Send + Sync + 'static {
     let calls = Arc::clone(calls);
     let value = value.to_string();
     move || {
