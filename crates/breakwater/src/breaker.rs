@@ -23,7 +23,7 @@ use rand::rngs::StdRng;
 use tokio::time::Instant;
 
 use crate::clock::millis as to_ms;
-use crate::error::{ConfigError, Error, ErrorKind, MAX_WAIT};
+use crate::error::{ConfigError, Error, ErrorKind, KeyedResult, MAX_WAIT};
 use crate::jitter::Jitter;
 
 /// The sliding window is kept as this many buckets, so it slides in steps of
@@ -161,9 +161,10 @@ impl BreakerConfig {
     /// ```
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.failure_threshold == 0 {
-            return Err(ConfigError::new(
-                "breaker failure threshold must be at least 1",
-            ));
+            return Err(
+                ConfigError::new("breaker failure threshold must be at least 1")
+                    .for_key("consecutive_failures"),
+            );
         }
         if let Some(RatioRule {
             ratio,
@@ -174,46 +175,56 @@ impl BreakerConfig {
             if !(ratio > 0.0 && ratio <= 1.0) {
                 return Err(ConfigError::new(format!(
                     "breaker failure ratio must be in (0, 1], got {ratio}"
-                )));
+                ))
+                .for_key("failure_ratio.ratio"));
             }
             if window.is_zero() {
-                return Err(ConfigError::new(
-                    "breaker failure window must be greater than zero",
-                ));
+                return Err(
+                    ConfigError::new("breaker failure window must be greater than zero")
+                        .for_key("failure_ratio.window"),
+                );
             }
             ConfigError::at_most(
                 "breaker failure window",
                 window,
                 MAX_WAIT,
                 "use seconds to minutes, e.g. 30s",
-            )?;
+            )
+            .for_key("failure_ratio.window")?;
             if min_calls == 0 {
-                return Err(ConfigError::new("breaker min calls must be at least 1"));
+                return Err(ConfigError::new("breaker min calls must be at least 1")
+                    .for_key("failure_ratio.min_calls"));
             }
         }
         if to_ms(self.cool_down) == 0 {
-            return Err(ConfigError::new(
-                "breaker cool-down must be greater than zero",
-            ));
+            return Err(
+                ConfigError::new("breaker cool-down must be greater than zero")
+                    .for_key("cool_down"),
+            );
         }
         ConfigError::at_most(
             "breaker cool-down",
             self.cool_down,
             MAX_WAIT,
             "use seconds to minutes (the default is 5s)",
-        )?;
+        )
+        .for_key("cool_down")?;
         if self.half_open_probes > MAX_PROBES {
             return Err(ConfigError::new(format!(
                 "breaker half-open probes must be at most {MAX_PROBES}, got {}; a few probes \
                  tell whether the origin is back",
                 self.half_open_probes
-            )));
+            ))
+            .for_key("half_open_probes"));
         }
-        self.cool_down_jitter.validate()?;
+        self.cool_down_jitter
+            .validate()
+            .within("cool_down_jitter")?;
         if self.half_open_probes == 0 {
-            return Err(ConfigError::new(
-                "breaker half-open probes must be at least 1",
-            ));
+            return Err(
+                ConfigError::new("breaker half-open probes must be at least 1")
+                    .for_key("half_open_probes"),
+            );
         }
         Ok(())
     }

@@ -229,9 +229,10 @@ impl Compression {
     /// zero and at most 1 GiB.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.max_decompressed == 0 {
-            return Err(ConfigError::new(
-                "max decompressed size must be greater than zero",
-            ));
+            return Err(
+                ConfigError::new("max decompressed size must be greater than zero")
+                    .for_key("max_decompressed"),
+            );
         }
         if self.max_decompressed > Self::MAX_MAX_DECOMPRESSED {
             return Err(ConfigError::new(format!(
@@ -239,7 +240,8 @@ impl Compression {
                  use the default (64 MiB) or the largest value you cache",
                 Self::MAX_MAX_DECOMPRESSED,
                 self.max_decompressed
-            )));
+            ))
+            .for_key("max_decompressed"));
         }
         Ok(())
     }

@@ -345,10 +345,12 @@ impl StdError for Error {
 
 /// A configuration value was invalid. The message names the setting, the
 /// allowed range and the value given, e.g.
-/// `jitter ratio must be in 0..=1, got 1.5`.
+/// `jitter ratio must be in 0..=1, got 1.5`; [`key`](Self::key) names the
+/// setting as a configuration key (`jitter.ratio`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
     message: String,
+    key: Option<String>,
 }
 
 impl ConfigError {
@@ -356,12 +358,52 @@ impl ConfigError {
     pub(crate) fn new(message: impl Into<String>) -> Self {
         ConfigError {
             message: message.into(),
+            key: None,
         }
     }
 
     /// The message, without any prefix.
     pub fn message(&self) -> &str {
         &self.message
+    }
+
+    /// The setting at fault, as a key of a [`CacheConfig`](crate::config::CacheConfig)
+    /// (the builder method's name, and its config type's inside it):
+    /// `ttl`, `l1.ttl`, `breaker.cool_down`, `retry.backoff.cap`,
+    /// `redis.response_timeout`... `None` when no one setting is to blame.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use breakwater::{Cache, L1Config};
+    ///
+    /// let err = Cache::<u64>::builder()
+    ///     .l1(L1Config::new().ttl(Duration::ZERO))
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert_eq!(err.key(), Some("l1.ttl"));
+    /// assert_eq!(err.message(), "l1 ttl must be at least 1ms, got 0ns");
+    /// ```
+    pub fn key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+
+    /// Names the setting at fault, unless a more precise key is known.
+    pub(crate) fn for_key(mut self, key: &str) -> Self {
+        if self.key.is_none() {
+            self.key = Some(key.to_owned());
+        }
+        self
+    }
+
+    /// Puts the key inside `section` (`ttl` in `l1` is `l1.ttl`).
+    pub(crate) fn within(mut self, section: &str) -> Self {
+        self.key = Some(match self.key.take() {
+            Some(key) => format!("{section}.{key}"),
+            None => section.to_owned(),
+        });
+        self
     }
 
     /// `Err` unless `value <= limit`: "`{name}` must be at most {limit},
@@ -414,6 +456,24 @@ impl fmt::Display for ConfigError {
 }
 
 impl StdError for ConfigError {}
+
+/// [`ConfigError::for_key`] and [`ConfigError::within`] on a result.
+pub(crate) trait KeyedResult {
+    /// Names the setting at fault, unless a more precise key is known.
+    fn for_key(self, key: &str) -> Self;
+    /// Puts the key inside `section`.
+    fn within(self, section: &str) -> Self;
+}
+
+impl<T> KeyedResult for Result<T, ConfigError> {
+    fn for_key(self, key: &str) -> Self {
+        self.map_err(|e| e.for_key(key))
+    }
+
+    fn within(self, section: &str) -> Self {
+        self.map_err(|e| e.within(section))
+    }
+}
 
 impl From<ConfigError> for Error {
     fn from(err: ConfigError) -> Self {

@@ -161,12 +161,14 @@ impl EarlyRefresh {
                 if !(beta.is_finite() && beta > 0.0) {
                     Err(ConfigError::new(format!(
                         "xfetch beta must be a finite number greater than zero, got {beta}"
-                    )))
+                    ))
+                    .for_key("xfetch"))
                 } else if beta > MAX_BETA {
                     Err(ConfigError::new(format!(
                         "xfetch beta must be at most {MAX_BETA}, got {beta}; use 1 (the default) \
                          or a little more for earlier refreshes"
-                    )))
+                    ))
+                    .for_key("xfetch"))
                 } else {
                     Ok(())
                 }
@@ -177,7 +179,8 @@ impl EarlyRefresh {
                 } else {
                     Err(ConfigError::new(format!(
                         "early refresh fraction must be in 0..1, got {f}"
-                    )))
+                    ))
+                    .for_key("after_fraction"))
                 }
             }
         }

@@ -18,7 +18,7 @@ use std::time::Duration;
 use rand::{Rng, RngExt};
 
 use crate::clock::millis as to_ms;
-use crate::error::{ConfigError, MAX_WAIT, MAX_WINDOW};
+use crate::error::{ConfigError, KeyedResult, MAX_WAIT, MAX_WINDOW};
 
 /// The floor [`Interval`] uses when its jitter has no explicit floor.
 const INTERVAL_FLOOR_MS: u64 = 1;
@@ -242,13 +242,19 @@ impl Jitter {
     /// ```
     pub fn validate(&self) -> Result<(), ConfigError> {
         match self.kind {
-            Kind::Ratio(r) | Kind::Down(r) => check_ratio(r)?,
+            Kind::Ratio(r) => check_ratio(r).for_key("ratio")?,
+            Kind::Down(r) => check_ratio(r).for_key("down")?,
             Kind::Fixed(d) | Kind::UpTo(d) => ConfigError::at_most(
                 "jitter spread",
                 d,
                 MAX_WINDOW,
                 "use a spread well below the TTL, or Jitter::ratio",
-            )?,
+            )
+            .for_key(if matches!(self.kind, Kind::Fixed(_)) {
+                "fixed"
+            } else {
+                "up_to"
+            })?,
             Kind::None => {}
         }
         let floor = self.floor();
@@ -256,7 +262,8 @@ impl Jitter {
             return Err(ConfigError::new(format!(
                 "jitter floor must be at least 1ms, got {}ms",
                 to_ms(floor)
-            )));
+            ))
+            .for_key("floor"));
         }
         ConfigError::at_most(
             "jitter floor",
@@ -264,6 +271,7 @@ impl Jitter {
             MAX_WINDOW,
             "use a floor below the TTL (the default is 1s)",
         )
+        .for_key("floor")
     }
 
     /// The inclusive range `(low, high)` of what [`Jitter::apply`] can return
@@ -429,6 +437,11 @@ impl Backoff {
         }
     }
 
+    /// `(base, cap, decorrelated)`: what it was built from.
+    pub(crate) fn parts(&self) -> (Duration, Duration, bool) {
+        (self.base, self.cap, self.strategy == Mode::Decorrelated)
+    }
+
     /// Checks the parameters: the base must be at least 1 ms (arithmetic is
     /// in whole milliseconds) and the cap at least the base and at most a
     /// day.
@@ -446,13 +459,14 @@ impl Backoff {
     /// ```
     pub fn validate(&self) -> Result<(), ConfigError> {
         if to_ms(self.base) == 0 {
-            return Err(ConfigError::new("backoff base must be greater than zero"));
+            return Err(ConfigError::new("backoff base must be greater than zero").for_key("base"));
         }
         if self.cap < self.base {
             return Err(ConfigError::new(format!(
                 "backoff cap ({:?}) must be at least the base ({:?})",
                 self.cap, self.base
-            )));
+            ))
+            .for_key("cap"));
         }
         ConfigError::at_most(
             "backoff cap",
@@ -460,6 +474,7 @@ impl Backoff {
             MAX_WAIT,
             "use seconds (load_timeout bounds the retries anyway)",
         )
+        .for_key("cap")
     }
 
     /// The largest delay `attempt` (0-based) can get: `min(cap, base·2^attempt)`

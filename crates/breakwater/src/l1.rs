@@ -54,7 +54,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::error::{ConfigError, MAX_WINDOW};
+use crate::error::{ConfigError, KeyedResult, MAX_WINDOW};
 
 /// The most L1 entries accepted.
 const MAX_L1_ENTRIES: u64 = 100_000_000;
@@ -132,38 +132,43 @@ impl L1Config {
     /// 100,000,000 entries, and `ttl` and `keep` at most 365 days.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.entries == 0 {
-            return Err(ConfigError::new("l1 entries must be at least 1"));
+            return Err(ConfigError::new("l1 entries must be at least 1").for_key("entries"));
         }
         if self.entries > MAX_L1_ENTRIES {
             return Err(ConfigError::new(format!(
                 "l1 entries must be at most {MAX_L1_ENTRIES}, got {}; an in-process cache that \
                  large belongs in the store, use fewer entries",
                 self.entries
-            )));
+            ))
+            .for_key("entries"));
         }
         ConfigError::at_most(
             "l1 ttl",
             self.ttl,
             MAX_WINDOW,
             "use an l1 ttl of seconds to minutes (the default is 30s)",
-        )?;
+        )
+        .for_key("ttl")?;
         ConfigError::at_most(
             "l1 keep",
             self.keep,
             MAX_WINDOW,
             "use an l1 keep of at most 365 days (the default is 10 min)",
-        )?;
+        )
+        .for_key("keep")?;
         if self.ttl < Duration::from_millis(1) {
             return Err(ConfigError::new(format!(
                 "l1 ttl must be at least 1ms, got {:?}",
                 self.ttl
-            )));
+            ))
+            .for_key("ttl"));
         }
         if self.keep < self.ttl {
             return Err(ConfigError::new(format!(
                 "l1 keep ({:?}) must be at least the l1 ttl ({:?})",
                 self.keep, self.ttl
-            )));
+            ))
+            .for_key("keep"));
         }
         Ok(())
     }

@@ -32,6 +32,13 @@
 //! (rustls): see [`RedisStoreConfig`]'s `# TLS` for a private CA and client
 //! certificates.
 //!
+//! # Configuration
+//!
+//! Every setting has a builder method, and the same settings can come from
+//! a TOML or JSON file or from environment variables
+//! (`BREAKWATER_CACHE_TTL=5m`): [`config::CacheConfig`], checked by the
+//! builder's own checks, with every key and its default in [`config`].
+//!
 //! # Examples
 //!
 //! ```
@@ -54,6 +61,7 @@ pub mod breaker;
 mod cache;
 pub mod clock;
 pub mod codec;
+pub mod config;
 mod entry;
 mod error;
 mod flight;
@@ -70,7 +78,7 @@ pub mod store;
 pub use breaker::{BreakerConfig, BreakerState};
 pub use cache::{
     Cache, CacheBuilder, CacheEntry, EntryView, Fetched, Inspection, OnLockTimeout, Origin,
-    OriginBuilder, Served, StaleReason, Stored, Value, Warm, WarmReport,
+    OriginBuilder, Served, Settings, StaleReason, Stored, Value, Warm, WarmReport,
 };
 pub use codec::{Codec, Compression};
 pub use error::{ConfigError, Error, ErrorKind};

@@ -21,7 +21,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::clock::millis as to_ms;
-use crate::error::{ConfigError, Error, ErrorKind, MAX_WAIT};
+use crate::error::{ConfigError, Error, ErrorKind, KeyedResult, MAX_WAIT};
 
 /// The most concurrent loads, loads per second or burst accepted: a
 /// million (a rate above it spaces loads less than 1 µs apart, which the
@@ -127,38 +127,45 @@ impl LimitConfig {
     /// ```
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.max_concurrent == 0 {
-            return Err(ConfigError::new("max concurrent loads must be at least 1"));
+            return Err(ConfigError::new("max concurrent loads must be at least 1")
+                .for_key("max_concurrent"));
         }
         if self.max_concurrent > MAX_COUNT {
             return Err(ConfigError::new(format!(
                 "max concurrent loads must be at most {MAX_COUNT}, got {}; use what the \
                  database can serve at once",
                 self.max_concurrent
-            )));
+            ))
+            .for_key("max_concurrent"));
         }
         if let Some(rate) = self.rate {
             if rate.per_second == 0 {
-                return Err(ConfigError::new("load rate must be at least 1 per second"));
+                return Err(ConfigError::new("load rate must be at least 1 per second")
+                    .for_key("rate.per_second"));
             }
             if rate.per_second > MAX_COUNT {
                 return Err(ConfigError::new(format!(
                     "load rate must be at most {MAX_COUNT} per second, got {}; leave rate \
                      unset for no limit",
                     rate.per_second
-                )));
+                ))
+                .for_key("rate.per_second"));
             }
             if rate.burst == 0 {
-                return Err(ConfigError::new("load burst must be at least 1"));
+                return Err(ConfigError::new("load burst must be at least 1").for_key("rate.burst"));
             }
             if rate.burst > MAX_COUNT {
                 return Err(ConfigError::new(format!(
                     "load burst must be at most {MAX_COUNT}, got {}; use at most the rate",
                     rate.burst
-                )));
+                ))
+                .for_key("rate.burst"));
             }
         }
         if self.queue_wait.is_zero() {
-            return Err(ConfigError::new("queue wait must be greater than zero"));
+            return Err(
+                ConfigError::new("queue wait must be greater than zero").for_key("queue_wait")
+            );
         }
         ConfigError::at_most(
             "queue wait",
@@ -166,6 +173,7 @@ impl LimitConfig {
             MAX_WAIT,
             "use milliseconds to seconds (the default is 1s)",
         )
+        .for_key("queue_wait")
     }
 }
 

@@ -15,7 +15,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use tokio::time::sleep;
 
-use crate::error::{ConfigError, Error};
+use crate::error::{ConfigError, Error, KeyedResult};
 use crate::jitter::Backoff;
 
 type Classifier = Arc<dyn Fn(&Error) -> bool + Send + Sync + 'static>;
@@ -161,16 +161,32 @@ impl RetryConfig {
     /// ```
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.max_attempts == 0 {
-            return Err(ConfigError::new("retry max attempts must be at least 1"));
+            return Err(
+                ConfigError::new("retry max attempts must be at least 1").for_key("max_attempts")
+            );
         }
         if self.max_attempts > MAX_ATTEMPTS {
             return Err(ConfigError::new(format!(
                 "retry max attempts must be at most {MAX_ATTEMPTS}, got {}; a few attempts \
                  (load_timeout bounds them all together) are enough",
                 self.max_attempts
-            )));
+            ))
+            .for_key("max_attempts"));
         }
-        self.backoff.validate()
+        self.backoff.validate().within("backoff")
+    }
+
+    /// The same attempts and backoff, and either both or neither with a
+    /// custom `retry_if` (closures cannot be compared).
+    pub(crate) fn same_settings(&self, other: &RetryConfig) -> bool {
+        self.max_attempts == other.max_attempts
+            && self.backoff == other.backoff
+            && self.retry_if.is_some() == other.retry_if.is_some()
+    }
+
+    /// The backoff between attempts.
+    pub(crate) fn backoff_config(&self) -> Backoff {
+        self.backoff
     }
 
     pub(crate) fn retryable(&self, err: &Error) -> bool {

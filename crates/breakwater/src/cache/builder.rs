@@ -13,11 +13,13 @@ use super::guard::GuardedStore;
 use super::notify::{BusHook, SENDER_LEN, Waiters};
 use super::options::Options;
 use super::origin::Origin;
+use super::settings::Settings;
 use super::throttle::Throttle;
 use super::{Cache, Fallback, Inner, Value};
 use crate::breaker::BreakerConfig;
 use crate::codec::{Codec, Compression};
-use crate::error::ConfigError;
+use crate::config::CacheConfig;
+use crate::error::{ConfigError, KeyedResult};
 use crate::freshness::EarlyRefresh;
 use crate::jitter::Jitter;
 use crate::l1::{L1Config, NearCache};
@@ -74,6 +76,10 @@ impl OnLockTimeout {
 
 /// Builds a [`Cache`]; every setting has a default, and [`build`](Self::build)
 /// rejects invalid ones with an exact message.
+///
+/// The same settings can come from a file or the environment:
+/// [`config`](Self::config) with a [`CacheConfig`], whose keys are these
+/// methods' names.
 ///
 /// # Defaults
 ///
@@ -159,6 +165,14 @@ impl<V> fmt::Debug for CacheBuilder<V> {
     }
 }
 
+/// The store breaker's default: opens after 5 consecutive store failures,
+/// for 1 s (jittered ±20 %).
+pub(crate) fn default_store_breaker() -> BreakerConfig {
+    BreakerConfig::new()
+        .consecutive_failures(5)
+        .cool_down(Duration::from_secs(1))
+}
+
 /// The default `max_value_size`: 16 MiB.
 const DEFAULT_MAX_VALUE_SIZE: usize = 16 * 1024 * 1024;
 /// The smallest `max_value_size` accepted: 1 KiB.
@@ -193,7 +207,7 @@ const MAX_NAMESPACE_LEN: usize = 128;
 const MAX_KEY_PREFIX_LEN: usize = 64;
 
 impl<V: Value> CacheBuilder<V> {
-    pub(super) fn new() -> Self {
+    pub(crate) fn new() -> Self {
         CacheBuilder {
             namespace: "default".to_owned(),
             key_prefix: "bw:".to_owned(),
@@ -221,9 +235,7 @@ impl<V: Value> CacheBuilder<V> {
             retry: None,
             fallback: None,
             l1: None,
-            store_breaker: BreakerConfig::new()
-                .consecutive_failures(5)
-                .cool_down(Duration::from_secs(1)),
+            store_breaker: default_store_breaker(),
             rng_seed: None,
             _value: PhantomData,
         }
@@ -505,16 +517,36 @@ impl<V: Value> CacheBuilder<V> {
         self
     }
 
-    /// Checks every setting and builds the cache. No I/O happens here: a
-    /// [`RedisStore`](crate::RedisStore) connects on first use.
+    /// Every setting applied from `config` (see [`CacheConfig`]); the
+    /// settings it leaves out keep what this builder has. Checked by
+    /// [`build`](Self::build) like every other setting.
     ///
-    /// # Errors
+    /// # Examples
     ///
-    /// A [`ConfigError`] naming the first invalid setting, e.g.
-    /// `jitter ratio must be in 0..=1, got 1.5`.
-    pub fn build(self) -> Result<Cache<V>, ConfigError> {
-        validate_namespace(&self.namespace)?;
-        validate_key_prefix(&self.key_prefix)?;
+    /// ```
+    /// use breakwater::Cache;
+    /// use breakwater::config::CacheConfig;
+    ///
+    /// let config = CacheConfig::from_toml_str(r#"
+    ///     namespace = "catalog"
+    ///     ttl = "10m"
+    ///     jitter = { ratio = 0.2 }
+    ///     [l1]
+    ///     entries = 50_000
+    /// "#)?;
+    /// let cache = Cache::<String>::builder().config(&config).build()?;
+    /// assert_eq!(cache.namespace(), "catalog");
+    /// # Ok::<(), breakwater::ConfigError>(())
+    /// ```
+    pub fn config(self, config: &CacheConfig) -> Self {
+        config.apply(self)
+    }
+
+    /// Every check [`build`](Self::build) makes, in its order, and what it
+    /// builds from them: the per-call defaults and the origin.
+    pub(crate) fn check(&self) -> Result<Checked, ConfigError> {
+        validate_namespace(&self.namespace).for_key("namespace")?;
+        validate_key_prefix(&self.key_prefix).for_key("key_prefix")?;
         let defaults = Options {
             ttl: self.ttl,
             negative_ttl: self
@@ -529,15 +561,16 @@ impl<V: Value> CacheBuilder<V> {
             fail_safe_throttle: self.fail_safe_throttle,
         };
         defaults.validate()?;
-        let origin = match self.origin {
+        let origin = match &self.origin {
             Some(origin) => {
                 if self.breaker.is_some() || self.limit.is_some() || self.retry.is_some() {
                     return Err(ConfigError::new(
                         "breaker, limit and retry belong to the shared Origin when one is given; \
                          set them on Origin::builder instead",
-                    ));
+                    )
+                    .for_key("origin"));
                 }
-                origin
+                origin.clone()
             }
             None => {
                 // Only what was set: the origin's own defaults stand otherwise.
@@ -548,8 +581,8 @@ impl<V: Value> CacheBuilder<V> {
                 if let Some(limit) = self.limit {
                     origin = origin.limit(limit);
                 }
-                if let Some(retry) = self.retry {
-                    origin = origin.retry(retry);
+                if let Some(retry) = &self.retry {
+                    origin = origin.retry(retry.clone());
                 }
                 if let Some(seed) = self.rng_seed {
                     origin = origin.rng_seed(seed);
@@ -564,22 +597,75 @@ impl<V: Value> CacheBuilder<V> {
             self.load_timeout.saturating_add(origin.queue_wait()),
             self.on_lock_timeout,
         )?;
-        self.store_breaker.validate()?;
+        self.store_breaker.validate().within("store_breaker")?;
         if let Some(l1) = &self.l1 {
-            l1.validate()?;
+            l1.validate().within("l1")?;
         }
         if self.max_key_len == 0 {
-            return Err(ConfigError::new("max_key_len must be greater than zero"));
+            return Err(
+                ConfigError::new("max_key_len must be greater than zero").for_key("max_key_len")
+            );
         }
         if self.max_key_len > MAX_KEY_LEN {
             return Err(ConfigError::new(format!(
                 "max_key_len must be at most {MAX_KEY_LEN} bytes, got {}; hash longer keys \
                  into a short one",
                 self.max_key_len
-            )));
+            ))
+            .for_key("max_key_len"));
         }
-        validate_max_value_size(self.max_value_size)?;
-        self.compression.validate()?;
+        validate_max_value_size(self.max_value_size).for_key("max_value_size")?;
+        self.compression.validate().within("compression")?;
+        Ok(Checked { defaults, origin })
+    }
+
+    /// The effective settings of a cache built from this builder.
+    fn settings(&self, defaults: &Options, origin: &Origin) -> Settings {
+        let (breaker, limit, retry) = origin.configs().clone();
+        let load = defaults.load_timeout.saturating_add(origin.queue_wait());
+        Settings {
+            namespace: self.namespace.clone(),
+            key_prefix: self.key_prefix.clone(),
+            ttl: defaults.ttl,
+            negative_ttl: defaults.negative_ttl,
+            jitter: defaults.jitter,
+            codec: self.codec,
+            compression: self.compression,
+            max_key_len: self.max_key_len,
+            max_value_size: self.max_value_size,
+            grace: defaults.grace,
+            max_stale: defaults.max_stale(),
+            early_refresh: defaults.early_refresh,
+            soft_timeout: defaults.soft_timeout,
+            fail_safe_throttle: defaults.fail_safe_throttle,
+            lease_ttl: self.lease_ttl,
+            lock_wait: self
+                .lock_wait
+                .unwrap_or_else(|| super::default_lock_wait(load, self.lease_ttl)),
+            lock_poll: self.lock_poll,
+            on_lock_timeout: self.on_lock_timeout,
+            load_timeout: defaults.load_timeout,
+            origin: origin.name().to_owned(),
+            breaker,
+            limit,
+            retry,
+            fallback: self.fallback.is_some(),
+            l1: self.l1,
+            store_breaker: self.store_breaker,
+        }
+    }
+
+    /// Checks every setting and builds the cache. No I/O happens here: a
+    /// [`RedisStore`](crate::RedisStore) connects on first use.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the first invalid setting, e.g.
+    /// `jitter ratio must be in 0..=1, got 1.5`, with the setting's key
+    /// ([`ConfigError::key`]: `jitter.ratio`).
+    pub fn build(self) -> Result<Cache<V>, ConfigError> {
+        let Checked { defaults, origin } = self.check()?;
+        let settings = self.settings(&defaults, &origin);
         let rng = match self.rng_seed {
             Some(seed) => StdRng::seed_from_u64(seed),
             None => rand::make_rng(),
@@ -626,11 +712,19 @@ impl<V: Value> CacheBuilder<V> {
                 metrics,
                 logs,
                 throttled: Throttle::default(),
+                settings,
             }),
             local,
             fallback: self.fallback,
         })
     }
+}
+
+/// What [`CacheBuilder::check`] found valid and built.
+pub(crate) struct Checked {
+    /// The per-call settings unless a call overrides them.
+    defaults: Options,
+    origin: Origin,
 }
 
 /// The longest `lease_ttl` or `lock_wait` accepted: a day. Longer ones are
@@ -650,12 +744,14 @@ fn validate_lease(
     if lease_ttl < Duration::from_millis(10) {
         return Err(ConfigError::new(format!(
             "lease_ttl must be at least 10ms, got {lease_ttl:?}"
-        )));
+        ))
+        .for_key("lease_ttl"));
     }
     if lock_poll < Duration::from_millis(2) {
-        return Err(ConfigError::new(format!(
-            "lock_poll must be at least 2ms, got {lock_poll:?}"
-        )));
+        return Err(
+            ConfigError::new(format!("lock_poll must be at least 2ms, got {lock_poll:?}"))
+                .for_key("lock_poll"),
+        );
     }
     for (name, value) in [
         ("lease_ttl", Some(lease_ttl)),
@@ -665,7 +761,8 @@ fn validate_lease(
         if let Some(value) = value.filter(|v| *v > MAX_LEASE_DURATION) {
             return Err(ConfigError::new(format!(
                 "{name} must be at most {MAX_LEASE_DURATION:?}, got {value:?}"
-            )));
+            ))
+            .for_key(name));
         }
     }
     if let Some(wait) = lock_wait
@@ -679,7 +776,8 @@ fn validate_lease(
                  OnLockTimeout::load_anyway, or every waiting process starts a second load while \
                  the holder's is still running; raise lock_wait (or leave it unset), lower \
                  load_timeout, or choose OnLockTimeout::serve_stale() or error()"
-            )));
+            ))
+            .for_key("lock_wait"));
         }
     }
     Ok(())

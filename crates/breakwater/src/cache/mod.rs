@@ -36,13 +36,16 @@ mod inspect;
 mod notify;
 mod options;
 mod origin;
+mod settings;
 mod throttle;
 mod warm;
 
+pub(crate) use builder::default_store_breaker;
 pub use builder::{CacheBuilder, OnLockTimeout};
 pub use inspect::{EntryView, Inspection, Stored};
 pub use options::{CacheEntry, Fetched, Served, StaleReason};
 pub use origin::{Origin, OriginBuilder};
+pub use settings::Settings;
 pub use warm::{Warm, WarmReport};
 
 use std::error::Error as StdError;
@@ -271,6 +274,8 @@ struct Inner {
     /// Keys whose load failed recently, with the store-clock ms until which
     /// their stale value is served without calling the loader (fail-safe).
     throttled: Throttle,
+    /// What the cache was built with, defaults resolved.
+    settings: Settings,
 }
 
 impl Inner {
@@ -1169,6 +1174,12 @@ impl<V: Value> Cache<V> {
     /// The namespace this cache was built with.
     pub fn namespace(&self) -> &str {
         &self.inner.namespace
+    }
+
+    /// The settings this cache runs with, every default resolved; print
+    /// them with `{:#?}` (see [`Settings`]).
+    pub fn settings(&self) -> &Settings {
+        &self.inner.settings
     }
 
     /// The state of the store's circuit breaker. On a Redis Cluster there

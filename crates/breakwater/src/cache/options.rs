@@ -5,7 +5,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use super::{Cache, Value};
-use crate::error::{ConfigError, Error, MAX_WAIT, MAX_WINDOW};
+use crate::error::{ConfigError, Error, KeyedResult, MAX_WAIT, MAX_WINDOW};
 use crate::freshness::EarlyRefresh;
 use crate::jitter::Jitter;
 
@@ -41,28 +41,32 @@ impl Options {
             if value < Duration::from_millis(1) {
                 return Err(ConfigError::new(format!(
                     "{name} must be at least 1ms, got {value:?}"
-                )));
+                ))
+                .for_key(name));
             }
             ConfigError::at_most(
                 name,
                 value,
                 MAX_WINDOW,
                 "a value kept longer belongs in the database; use at most 365 days",
-            )?;
+            )
+            .for_key(name)?;
         }
         ConfigError::at_most(
             "grace",
             self.grace,
             MAX_WINDOW,
             "use a grace of at most 365 days (Duration::ZERO for none)",
-        )?;
+        )
+        .for_key("grace")?;
         if let Some(max_stale) = self.max_stale {
             ConfigError::at_most(
                 "max_stale",
                 max_stale,
                 MAX_WINDOW,
                 "use a max_stale of at most 365 days",
-            )?;
+            )
+            .for_key("max_stale")?;
         }
         if let Some(max_stale) = self.max_stale
             && self.grace > max_stale
@@ -70,36 +74,41 @@ impl Options {
             return Err(ConfigError::new(format!(
                 "grace ({:?}) must not exceed max_stale ({max_stale:?})",
                 self.grace
-            )));
+            ))
+            .for_key("grace"));
         }
         if self.load_timeout < Duration::from_millis(2) {
             return Err(ConfigError::new(format!(
                 "load_timeout must be at least 2ms, got {:?}",
                 self.load_timeout
-            )));
+            ))
+            .for_key("load_timeout"));
         }
         ConfigError::at_most(
             "load_timeout",
             self.load_timeout,
             MAX_WAIT,
             "use a load_timeout of at most 1 day",
-        )?;
+        )
+        .for_key("load_timeout")?;
         ConfigError::at_most(
             "fail_safe_throttle",
             self.fail_safe_throttle,
             MAX_WAIT,
             "use a throttle of at most 1 day (the default is 5s)",
-        )?;
+        )
+        .for_key("fail_safe_throttle")?;
         if let Some(soft) = self.soft_timeout
             && (soft.is_zero() || soft >= self.load_timeout)
         {
             return Err(ConfigError::new(format!(
                 "soft_timeout ({soft:?}) must be greater than zero and below load_timeout ({:?})",
                 self.load_timeout
-            )));
+            ))
+            .for_key("soft_timeout"));
         }
-        self.jitter.validate()?;
-        self.early_refresh.validate()
+        self.jitter.validate().within("jitter")?;
+        self.early_refresh.validate().within("early_refresh")
     }
 }
 

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use super::Load;
 use crate::breaker::{BreakerConfig, BreakerState, CircuitBreaker};
-use crate::error::{ConfigError, Error, ErrorKind};
+use crate::error::{ConfigError, Error, ErrorKind, KeyedResult};
 use crate::limit::{LimitConfig, LoadLimiter, Priority};
 use crate::metrics::Metrics;
 use crate::retry::{Retry, RetryConfig};
@@ -58,6 +58,8 @@ struct Inner {
     breaker: CircuitBreaker,
     limiter: LoadLimiter,
     retry: Retry,
+    /// The settings as given, for [`Settings`](super::Settings).
+    configs: (BreakerConfig, LimitConfig, RetryConfig),
 }
 
 impl fmt::Debug for Origin {
@@ -113,6 +115,11 @@ impl Origin {
     /// Loads running (or waiting for a rate token) now.
     pub fn loads_in_flight(&self) -> u32 {
         self.inner.limiter.in_flight()
+    }
+
+    /// The breaker, bulkhead and retry settings, as given.
+    pub(crate) fn configs(&self) -> &(BreakerConfig, LimitConfig, RetryConfig) {
+        &self.inner.configs
     }
 
     /// The longest a foreground load waits in the bulkhead before its
@@ -200,9 +207,10 @@ impl OriginBuilder {
     ///
     /// The first invalid setting's [`ConfigError`].
     pub fn build(self) -> Result<Origin, ConfigError> {
-        self.breaker.validate()?;
-        self.limit.validate()?;
-        self.retry.validate()?;
+        self.breaker.validate().within("breaker")?;
+        self.limit.validate().within("limit")?;
+        self.retry.validate().within("retry")?;
+        let configs = (self.breaker, self.limit, self.retry.clone());
         // A panic is a bug, not a passing failure: never retried.
         let user = self.retry.clone();
         let retry = self
@@ -214,6 +222,7 @@ impl OriginBuilder {
                 breaker: CircuitBreaker::new(self.breaker, self.rng_seed),
                 limiter: LoadLimiter::new(self.limit),
                 retry: Retry::new(retry, self.rng_seed.map(|s| s.wrapping_add(1))),
+                configs,
             }),
         })
     }

@@ -375,7 +375,7 @@ impl RedisStoreConfig {
 
     /// Every setting greater than zero and at most a day; certificates
     /// and keys that parse.
-    fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         for (name, value) in [
             ("connect_timeout", self.connect_timeout),
             ("response_timeout", self.response_timeout),
@@ -384,16 +384,18 @@ impl RedisStoreConfig {
             ("subscription_ping", self.subscription_ping),
         ] {
             if value.is_zero() {
-                return Err(ConfigError::new(format!(
-                    "redis {name} must be greater than zero"
-                )));
+                return Err(
+                    ConfigError::new(format!("redis {name} must be greater than zero"))
+                        .for_key(name),
+                );
             }
             ConfigError::at_most(
                 &format!("redis {name}"),
                 value,
                 MAX_WAIT,
                 "use milliseconds to seconds (see RedisStoreConfig's defaults)",
-            )?;
+            )
+            .map_err(|e| e.for_key(name))?;
         }
         self.tls.validate()
     }

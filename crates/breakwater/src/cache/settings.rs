@@ -1,0 +1,95 @@
+//! [`Settings`]: what a built cache runs with, defaults resolved.
+
+use std::time::Duration;
+
+use super::builder::OnLockTimeout;
+use crate::breaker::BreakerConfig;
+use crate::codec::{Codec, Compression};
+use crate::freshness::EarlyRefresh;
+use crate::jitter::Jitter;
+use crate::l1::L1Config;
+use crate::limit::LimitConfig;
+use crate::retry::RetryConfig;
+
+/// The effective settings of a [`Cache`](crate::Cache), every default
+/// resolved (`negative_ttl`, `max_stale` and `lock_wait` as computed, the
+/// origin's breaker, bulkhead and retries as they are): see
+/// [`Cache::settings`](crate::Cache::settings).
+///
+/// For logs and comparisons: print it with `{:#?}`, compare two with `==`
+/// (a custom `retry_if` compares equal to any other custom one). The
+/// printed form is not a stable format. The store and a fallback value are
+/// not settings (a fallback's presence is).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use breakwater::Cache;
+///
+/// let cache = Cache::<u64>::builder().ttl(Duration::from_secs(60)).build()?;
+/// let settings = format!("{:?}", cache.settings());
+/// assert!(settings.contains("ttl: 60s"), "{settings}");
+/// assert!(settings.contains("lock_wait: 37s"), "{settings}");
+/// # Ok::<(), breakwater::ConfigError>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub(super) namespace: String,
+    pub(super) key_prefix: String,
+    pub(super) ttl: Duration,
+    pub(super) negative_ttl: Duration,
+    pub(super) jitter: Jitter,
+    pub(super) codec: Codec,
+    pub(super) compression: Compression,
+    pub(super) max_key_len: usize,
+    pub(super) max_value_size: usize,
+    pub(super) grace: Duration,
+    pub(super) max_stale: Duration,
+    pub(super) early_refresh: EarlyRefresh,
+    pub(super) soft_timeout: Option<Duration>,
+    pub(super) fail_safe_throttle: Duration,
+    pub(super) lease_ttl: Duration,
+    pub(super) lock_wait: Duration,
+    pub(super) lock_poll: Duration,
+    pub(super) on_lock_timeout: OnLockTimeout,
+    pub(super) load_timeout: Duration,
+    pub(super) origin: String,
+    pub(super) breaker: BreakerConfig,
+    pub(super) limit: LimitConfig,
+    pub(super) retry: RetryConfig,
+    pub(super) fallback: bool,
+    pub(super) l1: Option<L1Config>,
+    pub(super) store_breaker: BreakerConfig,
+}
+
+impl PartialEq for Settings {
+    fn eq(&self, other: &Self) -> bool {
+        self.namespace == other.namespace
+            && self.key_prefix == other.key_prefix
+            && self.ttl == other.ttl
+            && self.negative_ttl == other.negative_ttl
+            && self.jitter == other.jitter
+            && self.codec == other.codec
+            && self.compression == other.compression
+            && self.max_key_len == other.max_key_len
+            && self.max_value_size == other.max_value_size
+            && self.grace == other.grace
+            && self.max_stale == other.max_stale
+            && self.early_refresh == other.early_refresh
+            && self.soft_timeout == other.soft_timeout
+            && self.fail_safe_throttle == other.fail_safe_throttle
+            && self.lease_ttl == other.lease_ttl
+            && self.lock_wait == other.lock_wait
+            && self.lock_poll == other.lock_poll
+            && self.on_lock_timeout == other.on_lock_timeout
+            && self.load_timeout == other.load_timeout
+            && self.origin == other.origin
+            && self.breaker == other.breaker
+            && self.limit == other.limit
+            && self.retry.same_settings(&other.retry)
+            && self.fallback == other.fallback
+            && self.l1 == other.l1
+            && self.store_breaker == other.store_breaker
+    }
+}
