@@ -199,7 +199,7 @@ fn a_file_and_the_environment_give_the_builders_settings() {
         "30s"
     );
     assert_eq!(env["BREAKWATER_CACHE_JITTER__FIXED"], "20s");
-    assert_eq!(env.len(), 48, "every key: {env:#?}");
+    assert_eq!(env.len(), 49, "every key: {env:#?}");
     // Variables of other programs are left alone.
     let vars = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).chain([
         ("PATH", "/bin"),
