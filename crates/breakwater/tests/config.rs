@@ -527,3 +527,22 @@ fn from_env_reads_the_process_environment() {
         .unwrap();
     assert!(status.success(), "the child failed: {status}");
 }
+
+/// The snapshot tells caches apart by what they run with, code-only
+/// settings included.
+#[test]
+fn settings_tell_caches_apart() {
+    let plain = Cache::<u64>::builder().build().unwrap();
+    let same = Cache::<u64>::builder().build().unwrap();
+    assert_eq!(plain.settings(), same.settings());
+    let custom_retry = Cache::<u64>::builder()
+        .retry(RetryConfig::none().retry_if(|_| true))
+        .build()
+        .unwrap();
+    assert_ne!(plain.settings(), custom_retry.settings());
+    let fallback = Cache::<u64>::builder().fallback(0).build().unwrap();
+    assert_ne!(plain.settings(), fallback.settings());
+    let shown = format!("{:?}", fallback.settings());
+    assert!(shown.contains("fallback: true"), "{shown}");
+    assert!(shown.contains("origin: \"default\""), "{shown}");
+}

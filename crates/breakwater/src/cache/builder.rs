@@ -648,7 +648,7 @@ impl<V: Value> CacheBuilder<V> {
             origin: origin.name().to_owned(),
             breaker,
             limit,
-            retry,
+            retry: super::settings::Retry(retry),
             fallback: self.fallback.is_some(),
             l1: self.l1,
             store_breaker: self.store_breaker,

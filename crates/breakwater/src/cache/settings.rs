@@ -1,5 +1,6 @@
 //! [`Settings`]: what a built cache runs with, defaults resolved.
 
+use std::fmt;
 use std::time::Duration;
 
 use super::builder::OnLockTimeout;
@@ -33,7 +34,7 @@ use crate::retry::RetryConfig;
 /// assert!(settings.contains("lock_wait: 37s"), "{settings}");
 /// # Ok::<(), breakwater::ConfigError>(())
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Settings {
     pub(super) namespace: String,
     pub(super) key_prefix: String,
@@ -57,39 +58,25 @@ pub struct Settings {
     pub(super) origin: String,
     pub(super) breaker: BreakerConfig,
     pub(super) limit: LimitConfig,
-    pub(super) retry: RetryConfig,
+    pub(super) retry: Retry,
     pub(super) fallback: bool,
     pub(super) l1: Option<L1Config>,
     pub(super) store_breaker: BreakerConfig,
 }
 
-impl PartialEq for Settings {
+/// A [`RetryConfig`] compared by its attempts, backoff and whether it has
+/// a custom `retry_if` (closures cannot be compared).
+#[derive(Clone)]
+pub(super) struct Retry(pub(super) RetryConfig);
+
+impl fmt::Debug for Retry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl PartialEq for Retry {
     fn eq(&self, other: &Self) -> bool {
-        self.namespace == other.namespace
-            && self.key_prefix == other.key_prefix
-            && self.ttl == other.ttl
-            && self.negative_ttl == other.negative_ttl
-            && self.jitter == other.jitter
-            && self.codec == other.codec
-            && self.compression == other.compression
-            && self.max_key_len == other.max_key_len
-            && self.max_value_size == other.max_value_size
-            && self.grace == other.grace
-            && self.max_stale == other.max_stale
-            && self.early_refresh == other.early_refresh
-            && self.soft_timeout == other.soft_timeout
-            && self.fail_safe_throttle == other.fail_safe_throttle
-            && self.lease_ttl == other.lease_ttl
-            && self.lock_wait == other.lock_wait
-            && self.lock_poll == other.lock_poll
-            && self.on_lock_timeout == other.on_lock_timeout
-            && self.load_timeout == other.load_timeout
-            && self.origin == other.origin
-            && self.breaker == other.breaker
-            && self.limit == other.limit
-            && self.retry.same_settings(&other.retry)
-            && self.fallback == other.fallback
-            && self.l1 == other.l1
-            && self.store_breaker == other.store_breaker
+        self.0.same_settings(&other.0)
     }
 }
