@@ -10,8 +10,8 @@
 //! An error's text says each thing once: what failed (the kind), what
 //! breakwater knows about it, then its causes down to the root, e.g.
 //! `store failed: broken pipe`, `loader failed: connection refused`. A cause
-//! whose text is already in the message (many errors repeat their source's
-//! text in their own) is not repeated. The causes are also reachable as
+//! whose text ends the part before it (many errors repeat their source's
+//! text at the end of their own) is not repeated. The causes are also reachable as
 //! [`source`](std::error::Error::source) (the loader's own error is the
 //! first one), so print an [`Error`] with `{}` alone, not with a reporter
 //! that walks the source chain as well.
@@ -307,11 +307,13 @@ impl fmt::Display for Error {
     /// `kind: message: cause: ... : root cause`, each part once (see the
     /// module docs).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut text = String::from(self.kind.as_str());
+        f.write_str(self.kind.as_str())?;
         if !self.message.is_empty() {
-            text.push_str(": ");
-            text.push_str(&self.message);
+            write!(f, ": {}", self.message)?;
         }
+        // The last part written: a cause that only repeats its end (as
+        // `db error: {source}` does) is not written again.
+        let mut last = self.message.to_string();
         let mut cause = self
             .source
             .as_deref()
@@ -325,13 +327,13 @@ impl fmt::Display for Error {
                 Some(inner) => format!("{}: {}", inner.kind.as_str(), inner.message),
                 None => err.to_string(),
             };
-            if !part.is_empty() && !text.contains(&part) {
-                text.push_str(": ");
-                text.push_str(&part);
+            if !part.is_empty() && !last.ends_with(&part) {
+                write!(f, ": {part}")?;
+                last = part;
             }
             cause = err.source();
         }
-        f.write_str(&text)
+        Ok(())
     }
 }
 
@@ -554,6 +556,10 @@ mod tests {
 
         let err = Error::store(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
         assert_eq!(err.to_string(), "store failed: broken pipe");
+
+        // A cause is never hidden because the kind's words contain it.
+        let err = Error::loader(std::io::Error::other("failed"));
+        assert_eq!(err.to_string(), "loader failed: failed");
 
         // One of ours inside one of ours: its kind is not repeated.
         let err = Error::new(ErrorKind::Store, "the invalidation was not delivered")

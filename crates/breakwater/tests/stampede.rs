@@ -150,7 +150,7 @@ async fn a_panicking_loader_fails_every_waiter_and_the_next_call_loads_again() {
         assert_eq!(err.kind(), ErrorKind::Loader);
         assert_eq!(
             err.to_string(),
-            "loader failed: panicked; the next call for this key loads again"
+            "loader failed: panicked: the next call for this key loads again"
         );
     }
     // The lease was released, not left to expire, and nothing was cached.

@@ -234,7 +234,7 @@ struct Panicked;
 
 impl fmt::Display for Panicked {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("panicked")
+        f.write_str("the next call for this key loads again")
     }
 }
 
@@ -272,11 +272,7 @@ where
         Ok(Err(err)) => ("error", Err(err)),
         Err(join) if join.is_panic() => (
             "panic",
-            Err(Error::new(
-                ErrorKind::Loader,
-                "panicked; the next call for this key loads again",
-            )
-            .with_source(Panicked)),
+            Err(Error::new(ErrorKind::Loader, "panicked").with_source(Panicked)),
         ),
         Err(_) => (
             "error",

@@ -125,7 +125,9 @@
 //! BREAKWATER_CACHE_EARLY_REFRESH=none
 //! ```
 //!
-//! Values are the text of the TOML value without quotes. A variable with
+//! Values are the text of the TOML value without quotes. A table whose
+//! keys all keep their defaults needs one of them to exist here (`[l1]`
+//! is `BREAKWATER_CACHE_L1__ENTRIES=10000`). A variable with
 //! the prefix that names no key is an error, so a typo is not silently
 //! ignored. The prefix is not plain `BREAKWATER_`: breakwater's own tools
 //! use that for other things (`BREAKWATER_REDIS_SERVER`). Several caches
