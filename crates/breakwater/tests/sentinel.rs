@@ -80,8 +80,11 @@ fn cache_on(store: RedisStore, l1: bool) -> Cache<String> {
 /// A loader of `value`.
 fn value(
     value: &str,
-) -> impl Fn() -> std::future::Ready<Result<Option<String>, std::io::Error>> + Send + Sync + 'static
-{
+) -> impl Fn() -> std::future::Ready<Result<Option<String>, std::io::Error>>
++ Clone
++ Send
++ Sync
++ 'static {
     let value = value.to_owned();
     move || std::future::ready(Ok(Some(value.clone())))
 }
@@ -322,8 +325,11 @@ impl Db {
     fn loader(
         self: &Arc<Self>,
         key: usize,
-    ) -> impl Fn() -> std::future::Ready<Result<Option<String>, std::io::Error>> + Send + Sync + 'static
-    {
+    ) -> impl Fn() -> std::future::Ready<Result<Option<String>, std::io::Error>>
+    + Clone
+    + Send
+    + Sync
+    + 'static {
         let db = Arc::clone(self);
         move || {
             db.loads.fetch_add(1, Ordering::SeqCst);
