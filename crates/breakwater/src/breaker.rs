@@ -11,7 +11,11 @@
 //! again with a fresh cool-down.
 //!
 //! All time is [`tokio::time::Instant`], so paused-time tests drive the
-//! cool-down with `tokio::time::advance`.
+//! cool-down with `tokio::time::advance`. That is why it is written here
+//! rather than taken from a crate: the breaker crates read the system clock,
+//! which a paused tokio runtime does not move. A healthy closed breaker is
+//! lock-free (one atomic load per permit and per success); state changes
+//! take its mutex.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};

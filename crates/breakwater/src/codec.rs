@@ -2,10 +2,12 @@
 //! payload [`Compression`] policy.
 //!
 //! Both are small `Copy` values picked with named constructors. Every stored
-//! entry records the codec that wrote it, so a cache can read entries written
-//! with a different codec than the one it currently writes with. Compressed
-//! entries are always readable, even when the cache itself no longer
-//! compresses ([`Compression::none`]).
+//! entry records the codec that wrote it. A cache reads only entries of its
+//! own codec: one written with another (during a switch from JSON to
+//! MessagePack, say) is treated as a miss, logged, and replaced by the next
+//! load, never decoded with the wrong format. Compressed entries are always
+//! readable, even when the cache itself no longer compresses
+//! ([`Compression::none`]).
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;

@@ -165,7 +165,16 @@ async fn a_user_limited_to_its_prefix_runs_every_operation() {
 #[tokio::test]
 async fn a_prefix_limited_user_cannot_use_the_default_prefix() {
     let (server, store) = app_server().await;
-    let cache = cache_on(store, None);
+    // A cool-down longer than the test, so the breaker is still open at
+    // the last call however slow the machine (with the default 1 s it could
+    // be half-open again after the invalidation's second of retries).
+    let cache = Cache::builder()
+        .namespace("catalog")
+        .ttl(Duration::from_secs(60))
+        .store_breaker(breakwater::BreakerConfig::new().cool_down(Duration::from_secs(60)))
+        .store(store)
+        .build()
+        .unwrap();
     let errors = [
         cache.get("k").await.unwrap_err(),
         cache.set("k", &"v".to_owned()).await.unwrap_err(),

@@ -18,7 +18,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use breakwater::{
     BreakerConfig, Cache, ConfigError, Error, Fetched, Jitter, L1Config, LimitConfig, Origin,
-    RedisStore, Served, StaleReason,
+    RedisStore, Served,
 };
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
@@ -269,35 +269,11 @@ fn error(status: StatusCode, message: &str) -> Response {
 }
 
 fn with_cache_header(mut response: Response, served: Served) -> Response {
+    // The same words as breakwater's `served` metric label.
     response
         .headers_mut()
-        .insert("x-cache", HeaderValue::from_static(served_label(served)));
+        .insert("x-cache", HeaderValue::from_static(served.as_str()));
     response
-}
-
-/// How a value was served, as breakwater's `served` metric labels name it.
-///
-/// TODO: `Served::as_str()` is being added to breakwater; use it here
-/// instead once it lands (this match is its stand-in).
-fn served_label(served: Served) -> &'static str {
-    match served {
-        Served::Hit => "hit",
-        Served::Negative => "negative",
-        Served::Stale { reason } => match reason {
-            StaleReason::Refreshing => "stale_refreshing",
-            StaleReason::LoaderFailed => "stale_loader_failed",
-            StaleReason::SoftTimeout => "stale_soft_timeout",
-            StaleReason::LockTimeout => "stale_lock_timeout",
-            StaleReason::BreakerOpen => "stale_breaker_open",
-            StaleReason::Overloaded => "stale_overloaded",
-            StaleReason::StoreUnavailable => "stale_store_unavailable",
-            _ => "stale",
-        },
-        Served::Loaded => "loaded",
-        Served::Coalesced => "coalesced",
-        Served::Fallback => "fallback",
-        _ => "other",
-    }
 }
 
 #[cfg(test)]
@@ -331,15 +307,5 @@ mod tests {
         let origin = origin(16).unwrap();
         let store = RedisStore::connect("redis://127.0.0.1:1/").unwrap();
         assert!(product_cache(store, origin).is_ok());
-    }
-
-    #[test]
-    fn served_labels_match_breakwater_metric_labels() {
-        assert_eq!(served_label(Served::Hit), "hit");
-        assert_eq!(served_label(Served::Coalesced), "coalesced");
-        let stale = Served::Stale {
-            reason: StaleReason::Refreshing,
-        };
-        assert_eq!(served_label(stale), "stale_refreshing");
     }
 }
