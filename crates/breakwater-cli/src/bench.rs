@@ -1,7 +1,8 @@
 //! `breakwater bench stampede`: one hot key, C concurrent callers in each of
 //! P processes, released together against a Redis where the key is missing.
-//! Runs breakwater's `get_or_load` and a port of the seed article's naive
-//! lock-and-sleep algorithm side by side, on the same Redis, and reports
+//! Runs breakwater's `get_or_load` and the common naive lock-and-sleep
+//! algorithm (`GET`; on a miss `SET NX` a lock and load, while the others
+//! sleep and retry) side by side, on the same Redis, and reports
 //! loads, call latency and wake-up delay (how long after the value was
 //! produced each caller got it).
 
@@ -21,6 +22,47 @@ pub(crate) enum BenchCommand {
     Stampede(StampedeOpts),
     /// A hot key in grace: how many callers wait for its refresh (goal 0).
     Grace(GraceOpts),
+    /// Redis hits: `get_or_load` next to raw GETs on one connection, with ratios.
+    Hit(HitOpts),
+}
+
+/// Options of `breakwater bench hit`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct HitOpts {
+    /// Redis URL to run against (writes keys under `bw:bench-hit:` and
+    /// `raw:bench-hit:`, expiring after an hour).
+    #[arg(long)]
+    pub(crate) redis: String,
+    /// Interleaved trials per scenario; the ratio is of the medians.
+    #[arg(long, default_value_t = 3)]
+    pub(crate) trials: usize,
+    /// Length of one trial, in milliseconds.
+    #[arg(long, default_value_t = 1_000)]
+    pub(crate) trial_ms: u64,
+}
+
+/// The comparison itself, shared with `cargo bench -p breakwater --bench hit`.
+#[path = "../../breakwater/benches/common/hit.rs"]
+#[allow(unreachable_pub, dead_code)]
+mod hit;
+
+/// `breakwater bench hit`: the three scenarios, one line each.
+async fn hit(opts: &HitOpts) -> Result<(), Box<dyn std::error::Error>> {
+    println!(
+        "Redis hits on {}: get_or_load (L1 off: one GET per hit) next to raw GETs on one \
+         connection; {} trial(s) of {} ms, interleaved; current-thread runtime",
+        opts.redis, opts.trials, opts.trial_ms
+    );
+    let rows = hit::compare(
+        &opts.redis,
+        opts.trials,
+        Duration::from_millis(opts.trial_ms.max(1)),
+    )
+    .await?;
+    for row in rows {
+        println!("{row}");
+    }
+    Ok(())
 }
 
 /// What every bench takes.
@@ -65,6 +107,7 @@ pub(crate) async fn main(command: BenchCommand) -> ExitCode {
     let (name, result) = match command {
         BenchCommand::Stampede(opts) => ("stampede", stampede(&opts).await),
         BenchCommand::Grace(opts) => ("grace", grace(&opts).await),
+        BenchCommand::Hit(opts) => ("hit", hit(&opts).await),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
