@@ -42,7 +42,16 @@ fn sentinel_failover_promotes_the_replica_with_its_data() {
     setup.wait_for_master(1, Duration::from_secs(20));
     eprintln!("SENTINEL FAILOVER took {:?}", started.elapsed());
     assert_eq!(setup.named_master(), Some(1));
-    assert_eq!(setup.nodes()[1].command(&["GET", "k"]).unwrap(), "v");
+    // The sentinels name the new master a moment before it has settled
+    // (under load it was seen answering `(nil)` once): its data must be
+    // there within a few seconds, and stay.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut got = setup.nodes()[1].command(&["GET", "k"]).unwrap();
+    while got != "v" && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        got = setup.nodes()[1].command(&["GET", "k"]).unwrap();
+    }
+    assert_eq!(got, "v");
 
     // Dropping the setup stops every process.
     let pids: Vec<i32> = setup
