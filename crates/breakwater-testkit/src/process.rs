@@ -207,13 +207,27 @@ pub(crate) fn pdeathsig_wrapper() -> Option<&'static Path> {
         .as_deref()
 }
 
-/// A port that was free on 127.0.0.1 a moment ago (never 6379 or 5432).
+/// A port that was free on 127.0.0.1 a moment ago (never 6379 or 5432),
+/// and never one this process handed out before.
+///
+/// A port is not handed out twice: a test's processes outlive their use of
+/// a port by a moment, and a sentinel (or a replica) of one test that found
+/// its old master's port taken by another test's server would talk to that
+/// server as if it were its own.
 ///
 /// # Panics
 ///
 /// If no loopback port can be bound.
 pub fn free_port() -> u16 {
-    bind_loopback().1
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    loop {
+        let port = bind_loopback().1;
+        let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|p| p.into_inner());
+        if !handed_out.contains(&port) {
+            handed_out.push(port);
+            return port;
+        }
+    }
 }
 
 /// A listener on a free loopback port (never 6379 or 5432), and its port.
