@@ -176,7 +176,14 @@ async fn warmed_keys_do_not_expire_together() {
         last - first > Duration::from_secs(120),
         "{first:?}..{last:?}"
     );
-    assert!(first >= Duration::from_secs(480) && last <= Duration::from_secs(720));
+    // The earliest keys' TTLs have run for the warm-up's own (virtual)
+    // time when they are read: with 200 draws, the lowest lands within that
+    // much of 480 s now and then.
+    let ran = report.elapsed + Duration::from_millis(1);
+    assert!(
+        first + ran >= Duration::from_secs(480) && last <= Duration::from_secs(720),
+        "{first:?}..{last:?}, {ran:?} after the first write"
+    );
 }
 
 #[tokio::test(start_paused = true)]
