@@ -20,7 +20,12 @@ use crate::error::{Error, ErrorKind};
 
 /// The flights in the air by key; keys are shared with the flight's
 /// landing: one allocation per flight.
-type FlightMap<T> = HashMap<Arc<[u8]>, Arc<Cell<T>>>;
+/// Hashed with foldhash, not SipHash: a read registers and unregisters
+/// its key on every uncontended hit, and SipHash cost two hundred
+/// instructions each way; flight keys are the application's own keys,
+/// bounded in length, and the map is per process (a flood of colliding
+/// keys costs that process a slower map, nothing else).
+type FlightMap<T> = HashMap<Arc<[u8]>, Arc<Cell<T>>, foldhash::fast::RandomState>;
 type Flights<T> = Arc<Mutex<FlightMap<T>>>;
 
 /// Where one flight's result lands: set once, then every waiter is woken.
@@ -254,12 +259,18 @@ impl<T> Landing<T> {
         let Some(cell) = self.cell.take() else { return };
         {
             let mut flights = lock(&self.flights);
-            if flights
-                .get(&self.key)
-                .is_some_and(|mine| Arc::ptr_eq(mine, &cell))
+            // One lookup: put back a newer flight that took the key after
+            // this one was detached (rare).
+            if let Some((key, newer)) = flights.remove_entry(&self.key)
+                && !Arc::ptr_eq(&newer, &cell)
             {
-                flights.remove(&self.key);
+                flights.insert(key, newer);
             }
+        }
+        // Out of the map, nobody can join any more: without followers
+        // there is nobody to hand the result to.
+        if Arc::strong_count(&cell) == 1 {
+            return;
         }
         // Only this landing sets the cell, once: `set` cannot find it full.
         let _ = cell.result.set(result);
