@@ -272,7 +272,11 @@ impl<V> Slot<V> {
 
 /// The near cache of one `Cache`, keyed by the user's key.
 pub(crate) struct NearCache<V> {
-    cache: moka::future::Cache<Vec<u8>, Arc<Slot<V>>>,
+    /// Hashed with foldhash (seeded per process), not moka's default
+    /// SipHash: hashing the key is a large share of an L1 hit. The cache is
+    /// bounded, so keys chosen to collide cost a slower lookup, nothing
+    /// more.
+    cache: moka::future::Cache<Vec<u8>, Arc<Slot<V>>, foldhash::fast::RandomState>,
     epochs: Epochs,
     /// Bumped whenever invalidations may have been missed: entries kept in
     /// an older generation are unverified.
@@ -298,7 +302,7 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
             cache: moka::future::Cache::builder()
                 .max_capacity(config.entries)
                 .time_to_live(config.keep)
-                .build(),
+                .build_with_hasher(foldhash::fast::RandomState::default()),
             ttl: config.ttl,
             keep: config.keep,
             epochs: Epochs::default(),
