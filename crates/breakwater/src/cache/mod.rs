@@ -766,7 +766,7 @@ impl<V: Value> Cache<V> {
             // Early refresh, judged on the L1 copy as on a store read.
             Ok(Near::Fresh(fetched, Some(replacing))) => self.key_in_store(key).map(|storage| {
                 if !self.inner.is_throttled(&storage, self.inner.store.now_ms()) {
-                    self.refresh_in_background(storage, Arc::new(loader), *options, replacing);
+                    self.refresh_in_background(storage, loader, *options, replacing);
                 }
                 fetched
             }),
@@ -919,12 +919,7 @@ impl<V: Value> Cache<V> {
                             .await;
                         if verdict == Freshness::RefreshEarly && !self.inner.is_throttled(&key, now)
                         {
-                            self.refresh_in_background(
-                                key,
-                                loader.shared(),
-                                *options,
-                                entry.fresh_until,
-                            );
+                            self.refresh_in_background(key, loader, *options, entry.fresh_until);
                         }
                         let served = if entry.negative {
                             Served::Negative
@@ -945,12 +940,7 @@ impl<V: Value> Cache<V> {
                         let reason = if throttled {
                             StaleReason::LoaderFailed
                         } else {
-                            self.refresh_in_background(
-                                key,
-                                loader.shared(),
-                                *options,
-                                entry.fresh_until,
-                            );
+                            self.refresh_in_background(key, loader, *options, entry.fresh_until);
                             StaleReason::Refreshing
                         };
                         return Ok(Fetched {
@@ -1061,13 +1051,13 @@ impl<V: Value> Cache<V> {
     fn refresh_in_background<L: Load<V>>(
         &self,
         key: Vec<u8>,
-        loader: Arc<L>,
+        loader: L,
         options: Options,
         replacing: u64,
     ) {
         let (load, role) = self.join_fill(
             &key,
-            Loader::Shared(loader),
+            loader,
             options,
             Some(replacing),
             Priority::Background,
@@ -1094,12 +1084,12 @@ impl<V: Value> Cache<V> {
 
     /// Joins the load flight for storage key `key`, starting one that runs
     /// [`fill`](Self::fill) with these settings if none is in the air. The
-    /// loader is shared only if the flight starts, so a caller that joins
-    /// one already in the air allocates nothing.
+    /// loader is put in an `Arc` only if the flight starts, so a caller that
+    /// joins one already in the air allocates nothing.
     fn join_fill<L: Load<V>>(
         &self,
         key: &[u8],
-        loader: Loader<L>,
+        loader: L,
         options: Options,
         replacing: Option<u64>,
         priority: Priority,
@@ -1112,7 +1102,7 @@ impl<V: Value> Cache<V> {
         flights.join(key, || {
             self.clone().fill(
                 key.to_vec(),
-                loader.shared(),
+                Arc::new(loader),
                 options,
                 replacing,
                 priority,
@@ -1217,7 +1207,7 @@ impl<V: Value> Cache<V> {
                         Ok(entry) => entry.map(Arc::new),
                         Err(err) => {
                             lead.land(Err(err.clone()));
-                            return Shared::Read(Err(err), Loader::Own(loader));
+                            return Shared::Read(Err(err), loader);
                         }
                     };
                     if entry.is_some() {
@@ -1227,11 +1217,11 @@ impl<V: Value> Cache<V> {
                             ticket,
                         };
                         lead.land(Ok(read.clone()));
-                        return Shared::Read(Ok(read), Loader::Own(loader));
+                        return Shared::Read(Ok(read), loader);
                     }
                     let (load, role) = self.join_fill(
                         key,
-                        Loader::Own(loader),
+                        loader,
                         *options,
                         None,
                         Priority::Foreground,
@@ -1252,7 +1242,7 @@ impl<V: Value> Cache<V> {
                     loaded: Some((result, _)),
                     ..
                 })) => return Shared::Loaded(result, Role::Follower),
-                Some(read) => return Shared::Read(read, Loader::Own(loader)),
+                Some(read) => return Shared::Read(read, loader),
                 // The leader went away: read again.
                 None => {}
             }
@@ -1483,22 +1473,6 @@ struct Sealed {
     stamp: Stamp,
 }
 
-/// A caller's loader: its own, until a task has to share it.
-enum Loader<L> {
-    Own(L),
-    Shared(Arc<L>),
-}
-
-impl<L> Loader<L> {
-    /// The loader as a handle a task can keep.
-    fn shared(self) -> Arc<L> {
-        match self {
-            Loader::Own(loader) => Arc::new(loader),
-            Loader::Shared(loader) => loader,
-        }
-    }
-}
-
 /// What a load flight lands with: the value and how it was served.
 type Loaded<V> = (Option<V>, Served);
 
@@ -1520,7 +1494,7 @@ enum Shared<V, L> {
     /// (the leader only if it led the read and the load).
     Loaded(Result<Loaded<V>, Error>, Role),
     /// The read's outcome, and the caller's loader, still unused.
-    Read(Result<Read<V>, Error>, Loader<L>),
+    Read(Result<Read<V>, Error>, L),
 }
 
 /// What L1 says about a key.

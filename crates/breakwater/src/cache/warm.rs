@@ -27,7 +27,7 @@ use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 use super::fill::Mode;
 use super::options::Served;
-use super::{Cache, Loader, Value, reading};
+use super::{Cache, Value, reading};
 use crate::error::{ConfigError, Error, ErrorKind};
 use crate::jitter::Jitter;
 use crate::key::CacheKey;
@@ -307,7 +307,7 @@ impl<V: Value> Cache<V> {
         let owned = key.clone();
         let (load, role) = self.join_fill(
             &storage_key,
-            Loader::Own(move || loader(owned.clone())),
+            move || loader(owned.clone()),
             options,
             None,
             Priority::Foreground,
