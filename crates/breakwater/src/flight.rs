@@ -69,7 +69,7 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
 
     /// Joins the flight for `key`, starting one with `start` if none is in
     /// the air; [`Joined::result`] waits for its result. `start` is called
-    /// at most once, and only by the leader.
+    /// at most once, and only by the leader; its work runs in its own task.
     ///
     /// Joining (and starting) happens here, at the call: a waiter then holds
     /// only the flight's handle, not `start` and everything it captured.
@@ -78,48 +78,19 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, Error>> + Send + 'static,
     {
-        let (joined, joining) = self.join_with(key, (), |()| (start(), ()));
-        let role = match joining {
-            Joining::Led(()) => Role::Leader,
-            Joining::Followed(()) => Role::Follower,
+        let landing = match self.enter(key, false) {
+            Ok(landing) => landing,
+            Err(joined) => return (joined, Role::Follower),
         };
-        (joined, role)
-    }
-
-    /// [`join`](Self::join), handing `seed` to the flight if this call
-    /// starts it, or back to the caller if a flight is already in the air:
-    /// `start` turns the seed into the work and something the leader keeps.
-    pub(crate) fn join_with<S, X, F, Fut>(
-        &self,
-        key: &[u8],
-        seed: S,
-        start: F,
-    ) -> (Joined<T>, Joining<X, S>)
-    where
-        F: FnOnce(S) -> (Fut, X),
-        Fut: Future<Output = Result<T, Error>> + Send + 'static,
-    {
-        let mut flights = lock(&self.flights);
-        if let Some(cell) = flights.get(key) {
-            let cell = Arc::clone(cell);
-            return (Joined { cell }, Joining::Followed(seed));
-        }
-        let cell = Cell::new();
-        let key: Arc<[u8]> = Arc::from(key);
-        flights.insert(Arc::clone(&key), Arc::clone(&cell));
-        drop(flights);
-        let landing = Landing {
-            key,
-            flights: Arc::clone(&self.flights),
-            cell: Some(Arc::clone(&cell)),
-            inline: false,
+        let joined = Joined {
+            cell: Arc::clone(&landing.cell),
         };
-        let (work, kept) = start(seed);
+        let work = start();
         tokio::spawn(async move {
             let result = work.await;
             landing.land(result);
         });
-        (Joined { cell }, Joining::Led(kept))
+        (joined, Role::Leader)
     }
 
     /// Leads the flight for `key` in the caller's own task, or joins the
@@ -130,9 +101,18 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
     /// leads). For work whose repetition is harmless (a read), where a
     /// spawn would cost more than the work.
     pub(crate) fn lead_or_join(&self, key: &[u8]) -> Turn<T> {
+        match self.enter(key, true) {
+            Ok(landing) => Turn::Lead(Lead { landing }),
+            Err(joined) => Turn::Follow(joined),
+        }
+    }
+
+    /// The flight in the air for `key` (`Err`), or a new one registered for
+    /// this caller to land (`Ok`).
+    fn enter(&self, key: &[u8], inline: bool) -> Result<Landing<T>, Joined<T>> {
         let mut flights = lock(&self.flights);
         if let Some(cell) = flights.get(key) {
-            return Turn::Follow(Joined {
+            return Err(Joined {
                 cell: Arc::clone(cell),
             });
         }
@@ -140,13 +120,12 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
         let key: Arc<[u8]> = Arc::from(key);
         flights.insert(Arc::clone(&key), Arc::clone(&cell));
         drop(flights);
-        Turn::Lead(Lead {
-            landing: Landing {
-                key,
-                flights: Arc::clone(&self.flights),
-                cell: Some(cell),
-                inline: true,
-            },
+        Ok(Landing {
+            key,
+            flights: Arc::clone(&self.flights),
+            cell,
+            landed: false,
+            inline,
         })
     }
 
@@ -176,14 +155,6 @@ fn abandoned() -> Error {
         ErrorKind::Loader,
         "the load was abandoned before it finished (its task panicked or the runtime shut down)",
     )
-}
-
-/// How [`SingleFlight::join_with`] went for the caller.
-pub(crate) enum Joining<X, S> {
-    /// This call started the flight; what `start` left for it.
-    Led(X),
-    /// A flight was in the air; the seed, unused.
-    Followed(S),
 }
 
 /// [`SingleFlight::lead_or_join`]'s answer.
@@ -244,7 +215,9 @@ impl<T: Clone> Joined<T> {
 struct Landing<T> {
     key: Arc<[u8]>,
     flights: Flights<T>,
-    cell: Option<Arc<Cell<T>>>,
+    cell: Arc<Cell<T>>,
+    /// The result was handed down (or the flight abandoned): once only.
+    landed: bool,
     /// The leader works in the caller's task ([`Lead`]): going away
     /// without a result hands the followers `None`, not an error.
     inline: bool,
@@ -256,20 +229,23 @@ impl<T> Landing<T> {
     }
 
     fn finish(&mut self, result: Option<Result<T, Error>>) {
-        let Some(cell) = self.cell.take() else { return };
+        if std::mem::replace(&mut self.landed, true) {
+            return;
+        }
+        let cell = &self.cell;
         {
             let mut flights = lock(&self.flights);
             // One lookup: put back a newer flight that took the key after
             // this one was detached (rare).
             if let Some((key, newer)) = flights.remove_entry(&self.key)
-                && !Arc::ptr_eq(&newer, &cell)
+                && !Arc::ptr_eq(&newer, cell)
             {
                 flights.insert(key, newer);
             }
         }
         // Out of the map, nobody can join any more: without followers
         // there is nobody to hand the result to.
-        if Arc::strong_count(&cell) == 1 {
+        if Arc::strong_count(cell) == 1 {
             return;
         }
         // Only this landing sets the cell, once: `set` cannot find it full.
