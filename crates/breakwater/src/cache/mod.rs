@@ -859,10 +859,7 @@ impl<V: Value> Cache<V> {
             stale_until: stamp.stale_until,
             load_ms: stamp.load_ms,
         };
-        let verdict = {
-            let mut rng = self.inner.rng.lock().unwrap_or_else(|p| p.into_inner());
-            policy.judge(reading, &mut *rng)
-        };
+        let verdict = self.inner.judge(options, reading);
         (verdict == Freshness::RefreshEarly).then_some(stamp.fresh_until)
     }
 
