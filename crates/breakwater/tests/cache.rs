@@ -676,6 +676,38 @@ async fn concurrent_reads_of_one_key_share_one_get() {
     assert_eq!(calls.load(Ordering::SeqCst), 0);
 }
 
+/// The caller leading a shared read (it runs in that caller's own task) is
+/// cancelled while its `GET` is on the way: the callers that joined the read
+/// are neither failed nor sent to the loader; one of them reads again, and
+/// all get the stored value. (A follower that took the leader's going away
+/// for a store failure would load directly.)
+#[tokio::test(start_paused = true)]
+async fn followers_of_a_cancelled_read_read_again() {
+    let store = CountingStore::slow(MemoryStore::new(), Duration::from_millis(100));
+    let cache: Cache<Product> = Cache::builder().store(store.clone()).build().unwrap();
+    cache.set("p:1", &product(1)).await.unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let leader = tokio::spawn({
+        let (cache, loader) = (cache.clone(), counting(&calls, Some(product(2))));
+        async move { cache.get_or_load("p:1", loader).await }
+    });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let mut followers = Vec::new();
+    for _ in 0..10 {
+        let (cache, loader) = (cache.clone(), counting(&calls, Some(product(2))));
+        followers.push(tokio::spawn(async move {
+            cache.get_or_load("p:1", loader).await
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    leader.abort();
+    for follower in followers {
+        assert_eq!(follower.await.unwrap().unwrap(), Some(product(1)));
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "nobody loaded");
+    assert_eq!(store.gets(), 2, "the cancelled read, then one more");
+}
+
 #[tokio::test(start_paused = true)]
 async fn get_is_served_by_l1_once_it_has_read_a_value() {
     let store = CountingStore::new(MemoryStore::new());
