@@ -706,7 +706,7 @@ impl<V: Value> CacheBuilder<V> {
                 lock_poll: self.lock_poll,
                 on_lock_timeout: self.on_lock_timeout,
                 rng: Mutex::new(rng),
-                deliveries: super::delivery_retries(self.rng_seed.map(|s| s.wrapping_add(3))),
+                store_retries: super::store_retries(self.rng_seed.map(|s| s.wrapping_add(3))),
                 token_rng: Mutex::new(token_rng),
                 waiters: Waiters::new(channel, sender, hook),
                 metrics,

@@ -262,8 +262,9 @@ struct Inner {
     on_lock_timeout: LockPolicy,
     /// Jitter and early-refresh draws; seedable.
     rng: Mutex<StdRng>,
-    /// The retries of `invalidate`.
-    deliveries: crate::retry::Retry,
+    /// Retries of store calls that are safe to repeat and may meet a
+    /// passing failure: `invalidate`, and a warm-up's reads.
+    store_retries: crate::retry::Retry,
     /// Lease tokens; always from the OS, never seeded, so unguessable.
     token_rng: Mutex<StdRng>,
     waiters: Waiters,
@@ -559,7 +560,7 @@ impl<V: Value> Cache<V> {
         // tried again, within one deadline.
         let last = Mutex::new((0u32, None::<Error>, Instant::now()));
         let (key, lease, message, last) = (&key, &lease, &message, &last);
-        let attempts = self.inner.deliveries.run(|made| async move {
+        let attempts = self.inner.store_retries.run(|made| async move {
             self.local.expect_own_notice(key, listening);
             let done = self
                 .inner
@@ -1586,11 +1587,11 @@ const SET_MANY_BATCH: usize = 500;
 /// How long `invalidate` keeps trying to deliver one invalidation.
 const INVALIDATE_WITHIN: Duration = Duration::from_secs(1);
 
-/// The retries of `invalidate`: up to 10 attempts, 20..400 ms apart with
-/// full jitter (spread over the whole second, so a store breaker's
-/// cool-down can pass), for store failures that may pass (not a key's own
-/// fault).
-fn delivery_retries(seed: Option<u64>) -> crate::retry::Retry {
+/// Retries of store calls safe to repeat (`invalidate`, a warm-up's
+/// reads): up to 10 attempts, 20..400 ms apart with full jitter (spread
+/// over a second or more, so a store breaker's cool-down can pass), for
+/// store failures that may pass (not a key's own fault).
+fn store_retries(seed: Option<u64>) -> crate::retry::Retry {
     let config = crate::RetryConfig::new()
         .max_attempts(10)
         .backoff(crate::Backoff::full_jitter(

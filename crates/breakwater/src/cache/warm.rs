@@ -275,7 +275,7 @@ impl<V: Value> Cache<V> {
             self.read(&storage_key).await
         } else {
             self.inner
-                .deliveries
+                .store_retries
                 .run(|_| self.read(&storage_key))
                 .await
                 .0
