@@ -249,24 +249,27 @@ impl Store for GuardedStore {
         })
     }
 
-    /// One guarded batch when every write is in one failure domain (always,
-    /// on a single server); otherwise each write through its own breaker.
+    /// One guarded batch per failure domain (one, on a single server), the
+    /// batches side by side: each breaker sees its own keys, and a cluster's
+    /// batch is not written one key at a time.
     fn replace_many<'a>(&'a self, writes: &'a [Replace<'a>]) -> StoreFuture<'a, ()> {
-        let domain = |w: &Replace<'_>| self.store.failure_domain(w.key);
-        match writes.first() {
-            Some(first) if writes.iter().all(|w| domain(w) == domain(first)) => {
-                self.guard("replace_many", first.key, move || {
-                    self.store.replace_many(writes)
-                })
-            }
-            _ => Box::pin(async move {
-                for w in writes {
-                    self.replace(w.key, w.value, w.ttl, w.lease_key, w.notice)
-                        .await?;
+        Box::pin(async move {
+            let mut groups: Vec<(usize, Vec<Replace<'a>>)> = Vec::new();
+            for &w in writes {
+                let domain = self.store.failure_domain(w.key);
+                match groups.iter_mut().find(|(d, _)| *d == domain) {
+                    Some((_, group)) => group.push(w),
+                    None => groups.push((domain, vec![w])),
                 }
-                Ok(())
-            }),
-        }
+            }
+            let written = futures_util::future::join_all(groups.iter().map(|(_, group)| {
+                self.guard("replace_many", group[0].key, move || {
+                    self.store.replace_many(group)
+                })
+            }))
+            .await;
+            written.into_iter().collect()
+        })
     }
 
     fn invalidate<'a>(
