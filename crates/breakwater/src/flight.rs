@@ -18,15 +18,32 @@ use tokio::sync::Notify;
 
 use crate::error::{Error, ErrorKind};
 
-/// The flights in the air by key; keys are shared with the flight's
+/// The flights in the air by key; a key is shared with the flight's
 /// landing: one allocation per flight.
 /// Hashed with foldhash, not SipHash: a read registers and unregisters
 /// its key on every uncontended hit, and SipHash cost two hundred
 /// instructions each way; flight keys are the application's own keys,
 /// bounded in length, and the map is per process (a flood of colliding
 /// keys costs that process a slower map, nothing else).
-type FlightMap<T> = HashMap<Arc<[u8]>, Arc<Cell<T>>, foldhash::fast::RandomState>;
-type Flights<T> = Arc<Mutex<FlightMap<T>>>;
+type FlightMap<T> = HashMap<Arc<[u8]>, Flight<T>, foldhash::fast::RandomState>;
+type Flights<T> = Arc<Mutex<Registry<T>>>;
+
+/// The flights in the air, and the detached ones that have followers.
+struct Registry<T> {
+    by_key: FlightMap<T>,
+    /// Flights detached ([`SingleFlight::detach`]) while someone waited on
+    /// them, by id: their landing still reaches those callers.
+    detached: HashMap<u64, Arc<Cell<T>>, foldhash::fast::RandomState>,
+    /// The next flight's id.
+    next_id: u64,
+}
+
+/// One flight in the map. Its cell exists once someone waits on it: an
+/// inline leader nobody joins (an uncontended read) allocates none.
+struct Flight<T> {
+    id: u64,
+    cell: Option<Arc<Cell<T>>>,
+}
 
 /// Where one flight's result lands: set once, then every waiter is woken.
 /// (Lighter than a `watch` channel: no versions, no lock to read it.)
@@ -46,6 +63,10 @@ impl<T> Cell<T> {
     }
 }
 
+/// A flight registered for its leader: the landing, and the cell unless
+/// the flight is inline.
+type Entered<T> = (Landing<T>, Option<Arc<Cell<T>>>);
+
 /// Whether a caller started the flight or joined one already in the air.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Role {
@@ -63,7 +84,11 @@ pub(crate) struct SingleFlight<T> {
 impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
     pub(crate) fn new() -> Self {
         SingleFlight {
-            flights: Arc::default(),
+            flights: Arc::new(Mutex::new(Registry {
+                by_key: HashMap::default(),
+                detached: HashMap::default(),
+                next_id: 0,
+            })),
         }
     }
 
@@ -78,55 +103,65 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, Error>> + Send + 'static,
     {
-        let landing = match self.enter(key, false) {
+        let (landing, cell) = match self.enter(key, false) {
             Ok(landing) => landing,
             Err(joined) => return (joined, Role::Follower),
         };
+        // A spawned flight's leader waits on its cell as a follower would.
         let joined = Joined {
-            cell: Arc::clone(&landing.cell),
+            cell: cell.expect("a spawned flight's cell is made with it"),
         };
         let work = start();
         tokio::spawn(async move {
             let result = work.await;
-            landing.land(result);
+            landing.land_with(|| result);
         });
         (joined, Role::Leader)
     }
 
     /// Leads the flight for `key` in the caller's own task, or joins the
     /// one in the air. No task is spawned: the leader does the work inline
-    /// and [`Lead::land`]s its result. A leader that goes away first (its
-    /// future dropped) hands nothing down: its followers'
+    /// and [`Lead::land_with`]s its result. A leader that goes away first
+    /// (its future dropped) hands nothing down: its followers'
     /// [`Joined::outcome`] is `None`, and they try again (one of them
     /// leads). For work whose repetition is harmless (a read), where a
     /// spawn would cost more than the work.
     pub(crate) fn lead_or_join(&self, key: &[u8]) -> Turn<T> {
         match self.enter(key, true) {
-            Ok(landing) => Turn::Lead(Lead { landing }),
+            Ok((landing, _)) => Turn::Lead(Lead { landing }),
             Err(joined) => Turn::Follow(joined),
         }
     }
 
     /// The flight in the air for `key` (`Err`), or a new one registered for
-    /// this caller to land (`Ok`).
-    fn enter(&self, key: &[u8], inline: bool) -> Result<Landing<T>, Joined<T>> {
+    /// this caller to land (`Ok`, with its cell unless `inline`: an inline
+    /// flight gets one when someone joins it).
+    fn enter(&self, key: &[u8], inline: bool) -> Result<Entered<T>, Joined<T>> {
         let mut flights = lock(&self.flights);
-        if let Some(cell) = flights.get(key) {
+        if let Some(flight) = flights.by_key.get_mut(key) {
+            let cell = flight.cell.get_or_insert_with(Cell::new);
             return Err(Joined {
                 cell: Arc::clone(cell),
             });
         }
-        let cell = Cell::new();
+        let id = flights.next_id;
+        flights.next_id = id.wrapping_add(1);
+        let cell = (!inline).then(Cell::new);
         let key: Arc<[u8]> = Arc::from(key);
-        flights.insert(Arc::clone(&key), Arc::clone(&cell));
+        let flight = Flight {
+            id,
+            cell: cell.clone(),
+        };
+        flights.by_key.insert(Arc::clone(&key), flight);
         drop(flights);
-        Ok(Landing {
+        let landing = Landing {
             key,
+            id,
             flights: Arc::clone(&self.flights),
-            cell,
             landed: false,
             inline,
-        })
+        };
+        Ok((landing, cell))
     }
 
     /// Detaches the flight for `key`, if one is in the air: its callers
@@ -134,19 +169,27 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
     /// (An invalidation must not be answered by a load that began before
     /// it.)
     pub(crate) fn detach(&self, key: &[u8]) {
-        lock(&self.flights).remove(key);
+        let mut flights = lock(&self.flights);
+        if let Some(Flight {
+            id,
+            cell: Some(cell),
+        }) = flights.by_key.remove(key)
+        {
+            flights.detached.insert(id, cell);
+        }
     }
 
-    /// How many flights are in the air.
+    /// How many flights are in the air (detached ones not counted).
     #[cfg(test)]
     pub(crate) fn in_flight(&self) -> usize {
-        lock(&self.flights).len()
+        lock(&self.flights).by_key.len()
     }
 }
 
-fn lock<T>(flights: &Flights<T>) -> MutexGuard<'_, FlightMap<T>> {
-    // Every critical section is a single map operation: poisoning cannot
-    // leave it half-done.
+fn lock<T>(flights: &Flights<T>) -> MutexGuard<'_, Registry<T>> {
+    // Every critical section is a few map operations that cannot panic
+    // half-way (no user code runs under the lock): poisoning cannot leave
+    // it half-done.
     flights.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -165,16 +208,17 @@ pub(crate) enum Turn<T> {
     Follow(Joined<T>),
 }
 
-/// An inline flight's leadership: [`land`](Self::land) its result; dropped
-/// without one, the followers try again.
+/// An inline flight's leadership: [`land_with`](Self::land_with) its
+/// result; dropped without one, the followers try again.
 pub(crate) struct Lead<T> {
     landing: Landing<T>,
 }
 
 impl<T> Lead<T> {
-    /// Hands `result` to every follower and frees the key.
-    pub(crate) fn land(self, result: Result<T, Error>) {
-        self.landing.land(result);
+    /// Frees the key and hands the result, made by `result` (called only
+    /// if someone follows), to every follower.
+    pub(crate) fn land_with(self, result: impl FnOnce() -> Result<T, Error>) {
+        self.landing.land_with(result);
     }
 }
 
@@ -214,8 +258,10 @@ impl<T: Clone> Joined<T> {
 /// exactly once, however the flight's task ends.
 struct Landing<T> {
     key: Arc<[u8]>,
+    /// This flight among the flights that had `key` (it may have been
+    /// detached and followed by another).
+    id: u64,
     flights: Flights<T>,
-    cell: Arc<Cell<T>>,
     /// The result was handed down (or the flight abandoned): once only.
     landed: bool,
     /// The leader works in the caller's task ([`Lead`]): going away
@@ -224,44 +270,43 @@ struct Landing<T> {
 }
 
 impl<T> Landing<T> {
-    fn land(mut self, result: Result<T, Error>) {
-        self.finish(Some(result));
+    fn land_with(mut self, result: impl FnOnce() -> Result<T, Error>) {
+        self.finish(|| Some(result()));
     }
 
-    fn finish(&mut self, result: Option<Result<T, Error>>) {
+    /// Frees the key; then, if anyone waits, hands them `result()`.
+    fn finish(&mut self, result: impl FnOnce() -> Option<Result<T, Error>>) {
         if std::mem::replace(&mut self.landed, true) {
             return;
         }
-        let cell = &self.cell;
-        {
+        let cell = {
             let mut flights = lock(&self.flights);
-            // One lookup: put back a newer flight that took the key after
-            // this one was detached (rare).
-            if let Some((key, newer)) = flights.remove_entry(&self.key)
-                && !Arc::ptr_eq(&newer, cell)
-            {
-                flights.insert(key, newer);
+            let flights = &mut *flights;
+            match flights.by_key.get(&self.key) {
+                // One lookup more only when a newer flight took the key
+                // after this one was detached (rare).
+                Some(flight) if flight.id == self.id => {
+                    flights.by_key.remove(&self.key).and_then(|f| f.cell)
+                }
+                _ => flights.detached.remove(&self.id),
             }
-        }
+        };
         // Out of the map, nobody can join any more: without followers
         // there is nobody to hand the result to.
-        if Arc::strong_count(cell) == 1 {
+        let Some(cell) = cell else { return };
+        if Arc::strong_count(&cell) == 1 {
             return;
         }
         // Only this landing sets the cell, once: `set` cannot find it full.
-        let _ = cell.result.set(result);
+        let _ = cell.result.set(result());
         cell.landed.notify_waiters();
     }
 }
 
 impl<T> Drop for Landing<T> {
     fn drop(&mut self) {
-        let gone = if self.inline {
-            None
-        } else {
-            Some(Err(abandoned()))
-        };
-        self.finish(gone);
+        let inline = self.inline;
+        self.finish(|| (!inline).then(|| Err(abandoned())));
     }
 }
 
@@ -297,12 +342,48 @@ mod tests {
             })
             .collect();
         assert_eq!(flight.in_flight(), 1);
-        lead.land(Ok(7));
+        lead.land_with(|| Ok(7));
         assert_eq!(flight.in_flight(), 0);
         for joined in followers {
             assert_eq!(joined.outcome().await.unwrap().unwrap(), 7);
         }
         assert!(matches!(flight.lead_or_join(b"k"), Turn::Lead(_)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_detached_inline_flight_still_lands_for_its_followers() {
+        let flight = SingleFlight::<u64>::new();
+        let Turn::Lead(old) = flight.lead_or_join(b"k") else {
+            panic!("the first call leads")
+        };
+        let Turn::Follow(old_follower) = flight.lead_or_join(b"k") else {
+            panic!("a read is in the air")
+        };
+        flight.detach(b"k");
+        // A new flight takes the key; the old one lands on its own.
+        let Turn::Lead(new) = flight.lead_or_join(b"k") else {
+            panic!("a detached flight is not joined")
+        };
+        let Turn::Follow(new_follower) = flight.lead_or_join(b"k") else {
+            panic!("the new flight is in the air")
+        };
+        old.land_with(|| Ok(1));
+        assert_eq!(old_follower.outcome().await.unwrap().unwrap(), 1);
+        assert_eq!(flight.in_flight(), 1, "the old landing left the new flight");
+        new.land_with(|| Ok(2));
+        assert_eq!(new_follower.outcome().await.unwrap().unwrap(), 2);
+        assert_eq!(flight.in_flight(), 0);
+        assert!(lock(&flight.flights).detached.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nobody_following_an_inline_flight_means_no_result_is_made() {
+        let flight = SingleFlight::<u64>::new();
+        let Turn::Lead(lead) = flight.lead_or_join(b"k") else {
+            panic!("the first call leads")
+        };
+        lead.land_with(|| panic!("made a result nobody waits for"));
+        assert_eq!(flight.in_flight(), 0);
     }
 
     #[tokio::test(start_paused = true)]
@@ -322,7 +403,7 @@ mod tests {
         let Turn::Lead(again) = flight.lead_or_join(b"k") else {
             panic!("the key is free again")
         };
-        again.land(Ok(1));
+        again.land_with(|| Ok(1));
         // A spawned flight's waiters still see an abandoned flight as an
         // error, never as `None`.
         let (joined, _) = flight.join(b"j", || async { Ok(2) });
