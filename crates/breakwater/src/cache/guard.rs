@@ -23,14 +23,18 @@
 //! rate-limited warning naming the key, and the key's next fenced write
 //! replaces what is there.
 
+use std::any::Any;
 use std::fmt;
+use std::future::Future;
 use std::time::Duration;
 
 use crate::breaker::{BreakerConfig, BreakerState, CircuitBreaker};
 use crate::error::{Error, ErrorKind};
 use crate::log_limit::{LogLimiter, Warning, warn_limited};
 use crate::metrics::Metrics;
-use crate::store::{FencedWrite, LeaseAttempt, Notice, Replace, Store, StoreFuture, Subscription};
+use crate::store::{
+    FencedWrite, LeaseAttempt, Notice, RedisStore, Replace, Store, StoreFuture, Subscription,
+};
 use std::sync::{Arc, Mutex};
 
 /// The most breakers one store gets, however many failure domains it
@@ -41,6 +45,9 @@ const MAX_BREAKERS: usize = 1024;
 /// Redis Cluster's nodes fail separately); see the module docs.
 pub(crate) struct GuardedStore {
     store: Arc<dyn Store>,
+    /// `store`, when it is a [`RedisStore`]: its reads are called without
+    /// a box on the hit path.
+    redis: Option<RedisStore>,
     breakers: Vec<CircuitBreaker>,
     /// Each breaker's last store failure: a refusal carries it as its
     /// source, so a caller refused by an open breaker still learns why the
@@ -74,8 +81,10 @@ impl GuardedStore {
         let breakers = (0..domains)
             .map(|i| CircuitBreaker::new(config, seed.map(|s| s.wrapping_add(i as u64))))
             .collect();
+        let redis = (&*store as &dyn Any).downcast_ref::<RedisStore>().cloned();
         GuardedStore {
             store,
+            redis,
             breakers,
             causes: (0..domains).map(|_| Mutex::new(None)).collect(),
             metrics,
@@ -111,16 +120,20 @@ impl GuardedStore {
 
     /// A read of `key` through its breaker, as [`Store::get`] is, without
     /// boxing this layer's future: the hit path's one store call.
+    /// A `RedisStore`'s read is not boxed either.
     pub(crate) async fn get_inline(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-        self.guarded("get", key, || self.store.get(key)).await
+        match &self.redis {
+            Some(redis) => self.guarded("get", key, || redis.get_unboxed(key)).await,
+            None => self.guarded("get", key, || self.store.get(key)).await,
+        }
     }
 
     /// [`guard`](Self::guard)'s work, unboxed.
-    async fn guarded<'a, T: Send + 'a>(
+    async fn guarded<'a, T: Send + 'a, F: Future<Output = Result<T, Error>> + Send + 'a>(
         &'a self,
         op: &'static str,
         key: &'a [u8],
-        call: impl FnOnce() -> StoreFuture<'a, T> + Send + 'a,
+        call: impl FnOnce() -> F + Send + 'a,
     ) -> Result<T, Error> {
         let domain = self.store.failure_domain(key) % self.breakers.len();
         let (breaker, cause) = (&self.breakers[domain], &self.causes[domain]);

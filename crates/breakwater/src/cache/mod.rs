@@ -755,9 +755,10 @@ impl<V: Value> Cache<V> {
     /// The pipeline, counted in `breakwater_requests_total`.
     ///
     /// A fresh L1 copy is served here; everything else goes through
-    /// [`pipeline`](Self::pipeline), boxed: its future is large, and inline
-    /// it would be built, moved and stored (by every task that awaits a
-    /// `get_or_load`) on the hit path too.
+    /// [`pipeline`](Self::pipeline), whose load step is boxed: that part
+    /// of the future is large, and inline it would be built, moved and
+    /// stored (by every task that awaits a `get_or_load`) on the hit path
+    /// too.
     async fn fetch<L>(&self, key: &[u8], loader: L, options: &Options) -> Result<Fetched<V>, Error>
     where
         L: Load<V>,
@@ -771,10 +772,8 @@ impl<V: Value> Cache<V> {
                 }
                 fetched
             }),
-            Ok(Near::Stale(slot)) => {
-                Box::pin(self.pipeline(key, loader, options, Some(slot))).await
-            }
-            Ok(Near::Miss) => Box::pin(self.pipeline(key, loader, options, None)).await,
+            Ok(Near::Stale(slot)) => self.pipeline(key, loader, options, Some(slot)).await,
+            Ok(Near::Miss) => self.pipeline(key, loader, options, None).await,
             Err(err) => Err(err),
         };
         self.count_served(&result);
@@ -953,9 +952,27 @@ impl<V: Value> Cache<V> {
             }
         }
 
-        // 5. One flight per key in this process; the flight takes the
-        // lease, loads and writes (see `fill`). A soft timeout gives up
-        // waiting (not loading) when there is a stale value to serve.
+        // 5. Boxed: the load's part of the future is the large one, and
+        // a hit (which returned above) would otherwise build and carry it.
+        Box::pin(self.load(user_key, key, loader, options, fallback, store_ok)).await
+    }
+
+    /// Step 5 of the pipeline, past a store read that served nothing: one
+    /// flight per key in this process; the flight takes the lease, loads
+    /// and writes (see `fill`). A soft timeout gives up waiting (not
+    /// loading) when there is a stale value (`fallback`) to serve.
+    async fn load<L>(
+        &self,
+        user_key: &[u8],
+        key: Vec<u8>,
+        loader: L,
+        options: &Options,
+        fallback: Option<Arc<Entry>>,
+        store_ok: bool,
+    ) -> Result<Fetched<V>, Error>
+    where
+        L: Load<V>,
+    {
         let mode = if store_ok { Mode::Fleet } else { Mode::Local };
         let (result, role) = {
             let (load, role) =
@@ -1204,7 +1221,7 @@ impl<V: Value> Cache<V> {
                     let entry = match self.read(key).await {
                         Ok(entry) => entry.map(Arc::new),
                         Err(err) => {
-                            lead.land(Err(err.clone()));
+                            lead.land_with(|| Err(err.clone()));
                             return Shared::Read(Err(err), loader);
                         }
                     };
@@ -1214,7 +1231,7 @@ impl<V: Value> Cache<V> {
                             loaded: None,
                             ticket,
                         };
-                        lead.land(Ok(read.clone()));
+                        lead.land_with(|| Ok(read.clone()));
                         return Shared::Read(Ok(read), loader);
                     }
                     let (load, role) = self.join_fill(
@@ -1226,11 +1243,13 @@ impl<V: Value> Cache<V> {
                         Mode::Fleet,
                     );
                     let result = load.result().await;
-                    lead.land(Ok(Read {
-                        entry: None,
-                        loaded: Some((result.clone(), role)),
-                        ticket,
-                    }));
+                    lead.land_with(|| {
+                        Ok(Read {
+                            entry: None,
+                            loaded: Some((result.clone(), role)),
+                            ticket,
+                        })
+                    });
                     return Shared::Loaded(result, role);
                 }
                 Turn::Follow(joined) => joined,

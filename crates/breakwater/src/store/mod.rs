@@ -14,6 +14,7 @@
 //! pause and advance it; for [`RedisStore`] it is Redis's own `TIME`, so two
 //! application machines whose clocks disagree still agree on what is fresh.
 
+use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -58,7 +59,7 @@ pub(crate) const SUBSCRIPTION_BUFFER: usize = 4096;
 ///   through it, and [`invalidate`](Store::invalidate) revokes it.
 ///
 /// The same contract test suite runs against every backend in this crate.
-pub trait Store: Send + Sync + fmt::Debug + 'static {
+pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
     /// Reads the value under `key`, or `None` if it is missing or expired.
     fn get<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Vec<u8>>>;
 
