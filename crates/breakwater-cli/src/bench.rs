@@ -5,24 +5,41 @@
 //! sleep and retry) side by side, on the same Redis, and reports
 //! loads, call latency and wake-up delay (how long after the value was
 //! produced each caller got it).
+//!
+//! Every bench checks the URL and that Redis answers before it prints
+//! anything, and deletes the keys it wrote when it ends, also when it fails
+//! (keys named with this process's id, so another bench's keys are left
+//! alone).
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, ExitCode, Stdio};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
+use clap::builder::RangedU64ValueParser;
 use clap::{Args, Subcommand};
 
+use crate::failure::{Failure, bad_url, shown, unreachable};
 use crate::worker::Algo;
 
 /// `breakwater bench` subcommands.
 #[derive(Debug, Subcommand)]
 pub(crate) enum BenchCommand {
     /// Stampede on one hot key: loads, latency and wake-up, breakwater vs naive.
+    #[command(
+        after_help = "Example:\n  breakwater bench stampede --redis redis://127.0.0.1:6379 \\\n      --concurrency 100,1000 --processes 1,4 --runs 3"
+    )]
     Stampede(StampedeOpts),
-    /// A hot key in grace: how many callers wait for its refresh (goal 0).
+    /// A hot key in grace: how many callers wait on its refresh instead of
+    /// being served the stale value at once (goal 0).
+    #[command(
+        after_help = "Example:\n  breakwater bench grace --redis redis://127.0.0.1:6379 --concurrency 100,1000"
+    )]
     Grace(GraceOpts),
     /// Redis hits: `get_or_load` next to raw GETs on one connection, with ratios.
+    #[command(
+        after_help = "Example:\n  breakwater bench hit --redis redis://127.0.0.1:6379 --trials 3 --trial-ms 1000"
+    )]
     Hit(HitOpts),
 }
 
@@ -33,11 +50,11 @@ pub(crate) struct HitOpts {
     /// `raw:bench-hit:`, expiring after an hour).
     #[arg(long)]
     pub(crate) redis: String,
-    /// Interleaved trials per scenario; the ratio is of the medians.
-    #[arg(long, default_value_t = 3)]
+    /// Interleaved trials per scenario (1 to 100); the ratio is of the medians.
+    #[arg(long, default_value_t = 3, value_parser = RangedU64ValueParser::<usize>::new().range(1..=100))]
     pub(crate) trials: usize,
-    /// Length of one trial, in milliseconds.
-    #[arg(long, default_value_t = 1_000)]
+    /// Length of one trial, in milliseconds (1 to 600,000).
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
     pub(crate) trial_ms: u64,
 }
 
@@ -47,19 +64,24 @@ pub(crate) struct HitOpts {
 mod hit;
 
 /// `breakwater bench hit`: the three scenarios, one line each.
-async fn hit(opts: &HitOpts) -> Result<(), Box<dyn std::error::Error>> {
+async fn hit(opts: &HitOpts) -> Result<(), Failure> {
+    check_redis(&opts.redis).await?;
     println!(
         "Redis hits on {}: get_or_load (L1 off: one GET per hit) next to raw GETs on one \
          connection; {} trial(s) of {} ms, interleaved; current-thread runtime",
-        opts.redis, opts.trials, opts.trial_ms
+        shown(&opts.redis),
+        opts.trials,
+        opts.trial_ms
     );
+    let spinner = crate::progress::spinner("bench hit: 3 scenarios");
     let rows = hit::compare(
         &opts.redis,
         opts.trials,
-        Duration::from_millis(opts.trial_ms.max(1)),
+        Duration::from_millis(opts.trial_ms),
     )
-    .await?;
-    for row in rows {
+    .await;
+    spinner.finish_and_clear();
+    for row in rows.map_err(Failure::runtime)? {
         println!("{row}");
     }
     Ok(())
@@ -71,14 +93,20 @@ pub(crate) struct BenchArgs {
     /// Redis URL to run against (see the README for the keys the benches write).
     #[arg(long)]
     pub(crate) redis: String,
-    /// Loader latency in milliseconds.
-    #[arg(long, default_value_t = 50)]
+    /// Loader latency in milliseconds (0 to 60,000).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(0..=60_000))]
     pub(crate) loader_ms: u64,
-    /// Concurrent callers, per process (comma-separated list).
-    #[arg(long, value_delimiter = ',', default_values_t = [100, 1000])]
+    /// Concurrent callers, per process (comma-separated list, each 1 to
+    /// 100,000).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_values_t = [100, 1000],
+        value_parser = RangedU64ValueParser::<usize>::new().range(1..=100_000)
+    )]
     pub(crate) concurrency: Vec<usize>,
-    /// Repetitions of each scenario; figures are over all of them.
-    #[arg(long, default_value_t = 3)]
+    /// Repetitions of each scenario (1 to 1,000); figures are over all of them.
+    #[arg(long, default_value_t = 3, value_parser = RangedU64ValueParser::<usize>::new().range(1..=1_000))]
     pub(crate) runs: usize,
 }
 
@@ -94,28 +122,115 @@ pub(crate) struct GraceOpts {
 pub(crate) struct StampedeOpts {
     #[command(flatten)]
     pub(crate) bench: BenchArgs,
-    /// Processes (comma-separated list).
-    #[arg(long, value_delimiter = ',', default_values_t = [1, 4])]
+    /// Processes (comma-separated list, each 1 to 64).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_values_t = [1, 4],
+        value_parser = RangedU64ValueParser::<usize>::new().range(1..=64)
+    )]
     pub(crate) processes: Vec<usize>,
 }
 
-/// Runs a bench subcommand.
+/// Runs a bench subcommand, then deletes the keys it wrote (also when it
+/// failed).
 ///
 /// The orchestration blocks on child processes; nothing else runs on the
 /// runtime meanwhile, so that is harmless here.
 pub(crate) async fn main(command: BenchCommand) -> ExitCode {
-    let (name, result) = match command {
-        BenchCommand::Stampede(opts) => ("stampede", stampede(&opts).await),
-        BenchCommand::Grace(opts) => ("grace", grace(&opts).await),
-        BenchCommand::Hit(opts) => ("hit", hit(&opts).await),
+    let pid = std::process::id();
+    let (name, url, result, written) = match &command {
+        BenchCommand::Stampede(opts) => (
+            "bench stampede",
+            &opts.bench.redis,
+            stampede(opts).await,
+            vec![
+                format!("naive:hot:{pid}:*"),
+                format!("lock:naive:hot:{pid}:*"),
+                format!("bench:loads:{pid}:*"),
+                format!("bw:bench:*{{hot:{pid}:*"),
+            ],
+        ),
+        BenchCommand::Grace(opts) => (
+            "bench grace",
+            &opts.bench.redis,
+            grace(opts).await,
+            vec![format!("bw:bench-grace:*{{hot:{pid}:*")],
+        ),
+        BenchCommand::Hit(opts) => (
+            "bench hit",
+            &opts.redis,
+            hit(opts).await,
+            vec![
+                "bw:bench-hit:*{product:*".to_owned(),
+                "raw:bench-hit:product:*".to_owned(),
+            ],
+        ),
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("bench {name}: {err}");
-            ExitCode::FAILURE
+    // Nothing was written if Redis could not be reached or the URL is bad.
+    let cleaned = if matches!(result, Err(Failure::Usage(_))) {
+        Ok(())
+    } else {
+        delete_matching(url, &written).await
+    };
+    match (result, cleaned) {
+        (Err(failure), _) => failure.exit(name),
+        (Ok(()), Err(err)) => Failure::runtime(format!(
+            "could not delete the bench's keys ({err}); delete keys matching {} by hand",
+            written.join(", ")
+        ))
+        .exit(name),
+        (Ok(()), Ok(())) => ExitCode::SUCCESS,
+    }
+}
+
+/// Checks that `url` parses (a usage error if not) and that Redis answers
+/// (a runtime failure if not), before a bench prints anything.
+async fn check_redis(url: &str) -> Result<breakwater::RedisStore, Failure> {
+    redis::Client::open(url).map_err(|err| bad_url(url, err))?;
+    crate::worker::bench_store(url).await.map_err(|err| {
+        if err.is_config() {
+            bad_url(url, err)
+        } else {
+            unreachable(url, err)
+        }
+    })
+}
+
+/// Deletes every key matching one of `patterns` (SCAN and UNLINK, never
+/// KEYS); every wait is bounded by the connection's timeouts.
+async fn delete_matching(url: &str, patterns: &[String]) -> Result<(), redis::RedisError> {
+    let client = redis::Client::open(url)?;
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(5)))
+        .set_response_timeout(Some(Duration::from_secs(5)));
+    let mut conn = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await?;
+    for pattern in patterns {
+        let mut cursor = 0u64;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(1_000)
+                .query_async(&mut conn)
+                .await?;
+            if !keys.is_empty() {
+                redis::cmd("UNLINK")
+                    .arg(&keys)
+                    .query_async::<i64>(&mut conn)
+                    .await?;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
         }
     }
+    Ok(())
 }
 
 /// What one scenario measured.
@@ -127,11 +242,19 @@ struct Figures {
     wakes_us: Vec<u64>,
 }
 
-async fn stampede(opts: &StampedeOpts) -> Result<(), Box<dyn std::error::Error>> {
+/// `breakwater bench stampede`: checks Redis, then the table.
+async fn stampede(opts: &StampedeOpts) -> Result<(), Failure> {
+    check_redis(&opts.bench.redis).await?;
+    stampede_table(opts).await.map_err(Failure::runtime)
+}
+
+async fn stampede_table(opts: &StampedeOpts) -> Result<(), Box<dyn std::error::Error>> {
     let exe = std::env::current_exe()?;
     println!(
         "stampede bench: one missing hot key, loader {} ms, {} run(s) per row, {}",
-        opts.bench.loader_ms, opts.bench.runs, opts.bench.redis
+        opts.bench.loader_ms,
+        opts.bench.runs,
+        shown(&opts.bench.redis)
     );
     println!();
     println!(
@@ -147,6 +270,8 @@ async fn stampede(opts: &StampedeOpts) -> Result<(), Box<dyn std::error::Error>>
         "wake p99",
         "errors"
     );
+    let total = opts.processes.len() * opts.bench.concurrency.len() * 2 * opts.bench.runs;
+    let progress = crate::progress::bar(total as u64, "bench stampede");
     let mut scenario = 0u64;
     for &processes in &opts.processes {
         for &concurrency in &opts.bench.concurrency {
@@ -155,6 +280,7 @@ async fn stampede(opts: &StampedeOpts) -> Result<(), Box<dyn std::error::Error>>
                 for _ in 0..opts.bench.runs {
                     scenario += 1;
                     let run = run_once(&exe, opts, algo, processes, concurrency, scenario).await?;
+                    progress.inc(1);
                     all.loads += run.loads;
                     all.errors += run.errors;
                     all.latencies_us.extend(run.latencies_us);
@@ -163,22 +289,25 @@ async fn stampede(opts: &StampedeOpts) -> Result<(), Box<dyn std::error::Error>>
                 all.latencies_us.sort_unstable();
                 all.wakes_us.sort_unstable();
                 let name = algo.name();
-                println!(
-                    "{:<11} {:>2} {:>5} {:>6} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9}",
-                    name,
-                    processes,
-                    concurrency,
-                    format!("{:.1}", all.loads as f64 / opts.bench.runs as f64),
-                    ms(percentile(&all.latencies_us, 0.50)),
-                    ms(percentile(&all.latencies_us, 0.99)),
-                    ms(all.latencies_us.last().copied()),
-                    ms(percentile(&all.wakes_us, 0.50)),
-                    ms(percentile(&all.wakes_us, 0.99)),
-                    all.errors,
-                );
+                progress.suspend(|| {
+                    println!(
+                        "{:<11} {:>2} {:>5} {:>6} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9}",
+                        name,
+                        processes,
+                        concurrency,
+                        format!("{:.1}", all.loads as f64 / opts.bench.runs as f64),
+                        ms(percentile(&all.latencies_us, 0.50)),
+                        ms(percentile(&all.latencies_us, 0.99)),
+                        ms(all.latencies_us.last().copied()),
+                        ms(percentile(&all.wakes_us, 0.50)),
+                        ms(percentile(&all.wakes_us, 0.99)),
+                        all.errors,
+                    )
+                });
             }
         }
     }
+    progress.finish_and_clear();
     println!();
     println!(
         "loads: loader calls per run (goal 1). Latency: from the release to each call's return."
@@ -190,26 +319,45 @@ async fn stampede(opts: &StampedeOpts) -> Result<(), Box<dyn std::error::Error>>
     Ok(())
 }
 
+/// `breakwater bench grace`: checks Redis, then the table.
+async fn grace(opts: &GraceOpts) -> Result<(), Failure> {
+    let store = check_redis(&opts.bench.redis).await?;
+    grace_table(opts, store).await.map_err(Failure::runtime)
+}
+
 /// C callers of one key whose fresh window has just ended (grace 60 s): how
-/// many of them waited for the loader, and how many loads the refresh took.
-async fn grace(opts: &GraceOpts) -> Result<(), Box<dyn std::error::Error>> {
-    use std::sync::Arc;
+/// many of them waited on a load instead of being served the stale value at
+/// once, and how many loads the refresh took.
+async fn grace_table(
+    opts: &GraceOpts,
+    store: breakwater::RedisStore,
+) -> Result<(), Box<dyn std::error::Error>> {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use breakwater::{Cache, EarlyRefresh, Jitter, Served};
     use tokio::time::Instant;
 
     let loader_time = Duration::from_millis(opts.bench.loader_ms);
+    // The calls are spawned one by one; a caller's latency includes the
+    // fan-out, so it is no measure of waiting (a busy machine takes longer
+    // than the loader to start 1,000 tasks).
     println!(
         "grace bench: one hot key just past its fresh window (grace 60 s), loader {} ms, {} run(s), {}",
-        opts.bench.loader_ms, opts.bench.runs, opts.bench.redis
+        opts.bench.loader_ms,
+        opts.bench.runs,
+        shown(&opts.bench.redis)
     );
+    println!("waited: callers that waited on a load instead of being served at once (the stale");
+    println!("value, or the new one once it landed); goal 0 of all callers.");
     println!();
     println!(
-        "{:>5} {:>8} {:>12} {:>8} {:>8} {:>8}",
+        "{:>7} {:>16} {:>12} {:>8} {:>8} {:>8}",
         "C", "waited", "loads/run", "p50 ms", "p99 ms", "max ms"
     );
-    let store = crate::worker::bench_store(&opts.bench.redis).await?;
+    let progress = crate::progress::bar(
+        (opts.bench.concurrency.len() * opts.bench.runs) as u64,
+        "bench grace",
+    );
     for &concurrency in &opts.bench.concurrency {
         let (mut waited, mut loads) = (0usize, 0usize);
         let mut latencies = Vec::with_capacity(concurrency * opts.bench.runs);
@@ -249,7 +397,8 @@ async fn grace(opts: &GraceOpts) -> Result<(), Box<dyn std::error::Error>> {
             for task in tasks {
                 let (fetched, latency) = task.await?;
                 let fetched = fetched?;
-                if !matches!(fetched.served, Served::Stale { .. }) || latency >= loader_time {
+                // Served by a load (its own or a shared one): it waited.
+                if matches!(fetched.served, Served::Loaded | Served::Coalesced) {
                     waited += 1;
                 }
                 latencies.push(u64::try_from(latency.as_micros()).unwrap_or(u64::MAX));
@@ -260,23 +409,27 @@ async fn grace(opts: &GraceOpts) -> Result<(), Box<dyn std::error::Error>> {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             loads += calls.load(Ordering::SeqCst);
+            progress.inc(1);
         }
         latencies.sort_unstable();
-        println!(
-            "{:>5} {:>8} {:>12} {:>8} {:>8} {:>8}",
-            concurrency,
-            waited,
-            format!("{:.1}", loads as f64 / opts.bench.runs as f64),
-            ms(percentile(&latencies, 0.50)),
-            ms(percentile(&latencies, 0.99)),
-            ms(latencies.last().copied()),
-        );
+        let callers = concurrency * opts.bench.runs;
+        progress.suspend(|| {
+            println!(
+                "{:>7} {:>16} {:>12} {:>8} {:>8} {:>8}",
+                concurrency,
+                format!("{waited} of {callers}"),
+                format!("{:.1}", loads as f64 / opts.bench.runs as f64),
+                ms(percentile(&latencies, 0.50)),
+                ms(percentile(&latencies, 0.99)),
+                ms(latencies.last().copied()),
+            )
+        });
     }
+    progress.finish_and_clear();
     println!();
-    println!(
-        "waited: callers not served the stale value at once (goal 0); loads/run: loader calls"
-    );
-    println!("per refresh (goal 1).");
+    println!("waited: of all callers in all runs. loads/run: loader calls per refresh (goal 1).");
+    println!("Latency: from the release to each call's return; a busy machine shows here, not");
+    println!("in waited.");
     Ok(())
 }
 
@@ -316,9 +469,18 @@ async fn run_once(
             .args(["--loader-ms", &opts.bench.loader_ms.to_string()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()?;
         let stdout = child.stdout.take().ok_or("worker has no stdout")?;
+        let stderr = child.stderr.take().ok_or("worker has no stderr")?;
+        let last_error = Arc::new(Mutex::new(String::new()));
+        let keep = Arc::clone(&last_error);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                *keep.lock().unwrap_or_else(|p| p.into_inner()) = line;
+            }
+        });
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
@@ -328,12 +490,16 @@ async fn run_once(
                 }
             }
         });
-        workers.push(Worker { child, lines: rx });
+        workers.push(Worker {
+            child,
+            lines: rx,
+            last_error,
+        });
     }
     for worker in &mut workers {
         match worker.lines.recv_timeout(Duration::from_secs(30)) {
             Ok(line) if line == "ready" => {}
-            other => return Err(format!("worker did not get ready: {other:?}").into()),
+            other => return Err(worker.failed("get ready", other).into()),
         }
     }
     for worker in &mut workers {
@@ -343,7 +509,7 @@ async fn run_once(
     for worker in &mut workers {
         match worker.lines.recv_timeout(Duration::from_secs(120)) {
             Ok(line) if line == "finished" => {}
-            other => return Err(format!("worker did not finish: {other:?}").into()),
+            other => return Err(worker.failed("finish", other).into()),
         }
     }
     for worker in &mut workers {
@@ -383,9 +549,35 @@ async fn run_once(
 struct Worker {
     child: Child,
     lines: mpsc::Receiver<String>,
+    /// The last line the worker wrote on stderr.
+    last_error: Arc<Mutex<String>>,
 }
 
 impl Worker {
+    /// Why the worker did not `step`, from what it said instead.
+    fn failed(&mut self, step: &str, got: Result<String, mpsc::RecvTimeoutError>) -> String {
+        let said = match got {
+            Ok(line) => format!("it said {line:?}"),
+            Err(mpsc::RecvTimeoutError::Timeout) => "it timed out".to_owned(),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                // Its stderr ends with its exit; give the reader a moment.
+                let _ = self.child.wait();
+                std::thread::sleep(Duration::from_millis(50));
+                let last = self
+                    .last_error
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone();
+                if last.is_empty() {
+                    "it exited".to_owned()
+                } else {
+                    format!("it exited: {last}")
+                }
+            }
+        };
+        format!("a stampede-worker process did not {step} ({said})")
+    }
+
     /// Writes one line to the worker's stdin.
     fn send(&mut self, line: &[u8]) -> std::io::Result<()> {
         let stdin = self

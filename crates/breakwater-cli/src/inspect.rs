@@ -5,8 +5,10 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use breakwater::{Cache, Codec, Error, Inspection, Stored};
+use breakwater::{Cache, Codec, Inspection, Stored};
 use clap::{Args, ValueEnum};
+
+use crate::failure::{Failure, bad_url, unreachable};
 
 /// The codec the inspected cache writes with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -42,21 +44,17 @@ pub(crate) async fn main(opts: InspectOpts) -> ExitCode {
             print!("{text}");
             ExitCode::SUCCESS
         }
-        Err(err) => {
-            eprintln!("error: {err}");
-            if err.is_config() || err.is_invalid_key() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::FAILURE
-            }
-        }
+        Err(failure) => failure.exit("inspect"),
     }
 }
 
 /// Inspects every key and renders the report.
-async fn run(opts: &InspectOpts) -> Result<String, Error> {
-    let store = crate::redis_store(&opts.redis)?;
-    store.warm_up().await?;
+async fn run(opts: &InspectOpts) -> Result<String, Failure> {
+    let store = crate::redis_store(&opts.redis).map_err(|err| bad_url(&opts.redis, err))?;
+    store
+        .warm_up()
+        .await
+        .map_err(|err| unreachable(&opts.redis, err))?;
     let codec = match opts.codec {
         CodecArg::Msgpack => Codec::msgpack(),
         CodecArg::Json => Codec::json(),

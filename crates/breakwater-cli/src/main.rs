@@ -9,7 +9,10 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod db;
 mod demo;
+mod failure;
+mod histogram;
 mod inspect;
+mod progress;
 mod simulate;
 mod warm;
 mod worker;
@@ -24,18 +27,30 @@ struct Cli {
 }
 
 /// The subcommands.
+///
+/// Exit codes, for every subcommand: 0 on success, 2 for a usage or
+/// configuration error (a bad option value, a URL that does not parse), 1
+/// for a failure at run time (Redis unreachable, a command failed).
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Show how TTL jitter spreads expiries (embedded memory store, no server).
+    #[command(after_help = "Example:\n  breakwater demo")]
     Demo(demo::DemoOpts),
     /// Simulate minutes of traffic on a virtual clock: a naive cache next to
     /// breakwater, database queries per second and latency.
+    #[command(after_help = "Example:\n  breakwater simulate")]
     Simulate(simulate::SimulateOpts),
     /// Warm a cold cache at a bounded rate and width, and show how the
     /// warmed keys' expiries spread (memory store, or `--redis URL`).
+    #[command(
+        after_help = "Example:\n  breakwater warm --keys 2000 --rate 1000 --concurrency 16\n  breakwater warm --redis redis://127.0.0.1:6379 --namespace shop --keys 10000"
+    )]
     Warm(warm::WarmOpts),
     /// Show what Redis holds for cache keys: fresh or stale and for how
     /// long, negative, unreadable, the record's TTL, the lease.
+    #[command(
+        after_help = "Example:\n  breakwater inspect --redis redis://127.0.0.1:6379 --namespace shop product:1 product:2"
+    )]
     Inspect(inspect::InspectOpts),
     /// Measure: `bench stampede` (one hot key, breakwater vs the naive algorithm)
     /// and `bench grace` (callers during a grace refresh).

@@ -12,11 +12,13 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use breakwater::{Cache, Error, Jitter, MemoryStore, Store, Warm, WarmReport};
+use breakwater::{Cache, Error, Jitter, MemoryStore, Store, Value, Warm, WarmReport};
 use clap::Args;
+use clap::builder::RangedU64ValueParser;
 
 use crate::db::Database;
-use crate::demo::{ExpiryStats, expiry_ms, expiry_stats};
+use crate::failure::{Failure, bad_url, shown};
+use crate::histogram;
 
 /// Options of `breakwater warm`.
 #[derive(Debug, Clone, Args)]
@@ -28,20 +30,20 @@ pub(crate) struct WarmOpts {
     /// Cache namespace (the keys are `bw:<namespace>:v:{key:<i>}`).
     #[arg(long, default_value = "warm-demo")]
     pub(crate) namespace: String,
-    /// Keys to warm.
-    #[arg(long, default_value_t = 2_000)]
+    /// Keys to warm (1 to 10,000,000).
+    #[arg(long, default_value_t = 2_000, value_parser = RangedU64ValueParser::<usize>::new().range(1..=10_000_000))]
     pub(crate) keys: usize,
     /// Most loads started per second.
     #[arg(long, default_value_t = 1_000)]
     pub(crate) rate: u32,
-    /// Most keys in progress at once.
-    #[arg(long, default_value_t = 16)]
+    /// Most keys in progress at once (1 to 10,000).
+    #[arg(long, default_value_t = 16, value_parser = RangedU64ValueParser::<usize>::new().range(1..=10_000))]
     pub(crate) concurrency: usize,
-    /// How long one database query takes, in milliseconds.
-    #[arg(long, default_value_t = 5)]
+    /// How long one database query takes, in milliseconds (0 to 60,000).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=60_000))]
     pub(crate) loader_ms: u64,
-    /// Base TTL in seconds.
-    #[arg(long, default_value_t = 3_600)]
+    /// Base TTL in seconds (1 to 31,536,000, a year).
+    #[arg(long, default_value_t = 3_600, value_parser = clap::value_parser!(u64).range(1..=31_536_000))]
     pub(crate) ttl_secs: u64,
     /// Jitter ratio of the warmed TTLs (±ratio).
     #[arg(long, default_value_t = 0.2, allow_negative_numbers = true)]
@@ -59,38 +61,42 @@ pub(crate) struct WarmRun {
     pub(crate) queries: usize,
     /// The most queries that ran at once.
     pub(crate) peak_queries: usize,
-    /// How the warmed keys' expiries spread (ms after the first pass began).
-    pub(crate) expiries: ExpiryStats,
+    /// When the warmed keys expire, in ms after the first pass began,
+    /// ascending.
+    pub(crate) expiries: Vec<u64>,
 }
 
 /// Runs `breakwater warm`.
 pub(crate) async fn main(opts: WarmOpts) -> ExitCode {
-    match run(&opts).await {
+    let spinner = crate::progress::spinner(&format!("warming {} keys, twice", opts.keys));
+    let result = run(&opts).await;
+    spinner.finish_and_clear();
+    match result {
         Ok(run) => {
             print!("{}", render(&opts, &run));
             if run.cold.failed + run.warm.failed == 0 {
                 ExitCode::SUCCESS
             } else {
-                ExitCode::FAILURE
+                Failure::runtime(format!(
+                    "{} key(s) failed to load; the first failure is above",
+                    run.cold.failed + run.warm.failed
+                ))
+                .exit("warm")
             }
         }
-        Err(err) => {
-            eprintln!("error: {err}");
-            if err.is_config() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::FAILURE
-            }
-        }
+        Err(failure) => failure.exit("warm"),
     }
 }
 
 /// Warms `opts.keys` keys twice and reads their expiries back.
-pub(crate) async fn run(opts: &WarmOpts) -> Result<WarmRun, Error> {
+pub(crate) async fn run(opts: &WarmOpts) -> Result<WarmRun, Failure> {
     let store: Arc<dyn Store> = match &opts.redis {
         Some(url) => {
-            let store = crate::redis_store(url)?;
-            store.warm_up().await?;
+            let store = crate::redis_store(url).map_err(|err| bad_url(url, err))?;
+            store
+                .warm_up()
+                .await
+                .map_err(|err| crate::failure::unreachable(url, err))?;
             Arc::new(store)
         }
         None => Arc::new(MemoryStore::new()),
@@ -127,13 +133,31 @@ pub(crate) async fn run(opts: &WarmOpts) -> Result<WarmRun, Error> {
             expiries.push(at);
         }
     }
+    expiries.sort_unstable();
     Ok(WarmRun {
         cold,
         warm: warm_pass,
         queries: db.started_ms().len(),
         peak_queries: db.peak(),
-        expiries: expiry_stats(&expiries),
+        expiries,
     })
+}
+
+/// When `key` expires, in ms after `since_ms` on the store's clock; `None`
+/// if it is gone or has no TTL.
+async fn expiry_ms<V: Value>(
+    cache: &Cache<V>,
+    store: &dyn Store,
+    key: &str,
+    since_ms: u64,
+) -> Result<Option<u64>, Error> {
+    let raw = cache.storage_key(key.as_bytes())?;
+    let now_ms = store.now_ms();
+    let left = store.ttl(&raw).await?;
+    Ok(left.map(|left| {
+        let left_ms = u64::try_from(left.as_micros().div_ceil(1000)).unwrap_or(u64::MAX);
+        now_ms.saturating_add(left_ms).saturating_sub(since_ms)
+    }))
 }
 
 /// The report as text.
@@ -141,7 +165,10 @@ pub(crate) fn render(opts: &WarmOpts, run: &WarmRun) -> String {
     use std::fmt::Write as _;
 
     let mut out = String::new();
-    let store = opts.redis.as_deref().unwrap_or("the embedded memory store");
+    let store = opts
+        .redis
+        .as_deref()
+        .map_or("the embedded memory store".to_owned(), shown);
     let _ = writeln!(
         out,
         "warm: {} keys on {store}, at most {} loads/s and {} keys at once, {} ms per query",
@@ -170,14 +197,34 @@ pub(crate) fn render(opts: &WarmOpts, run: &WarmRun) -> String {
         run.queries, run.peak_queries, opts.concurrency
     );
     let e = &run.expiries;
-    if e.count > 0 {
+    if let (Some(first), Some(last)) = (e.first(), e.last()) {
+        let _ = writeln!(out);
         let _ = writeln!(
             out,
-            "expiries: {} keys from {:.0} s to {:.0} s after the warm-up began, at most {} in any one second",
-            e.count,
-            e.first_ms as f64 / 1000.0,
-            e.last_ms as f64 / 1000.0,
-            e.peak_1s
+            "expiries: {} keys from {:.0} s to {:.0} s after the warm-up began (TTL {} s ±{:.0}%)",
+            histogram::count(e.len()),
+            *first as f64 / 1000.0,
+            *last as f64 / 1000.0,
+            opts.ttl_secs,
+            opts.ratio * 100.0
+        );
+        out.push_str(&histogram::render(
+            "seconds after the warm-up began",
+            &[("expiries", e)],
+        ));
+        let window_s = 2.0 * opts.ratio * opts.ttl_secs as f64;
+        let ideal = if window_s >= 1.0 {
+            format!(
+                "uniform ideal {:.0}/s (the keys spread evenly over ttl·(1±ratio))",
+                e.len() as f64 / window_s
+            )
+        } else {
+            "uniform ideal: all of them, there is no jitter window".to_owned()
+        };
+        let _ = writeln!(
+            out,
+            "busiest second: {}; {ideal}",
+            histogram::count(histogram::peak_1s(e))
         );
     }
     out
@@ -221,8 +268,9 @@ mod tests {
             run.cold.elapsed
         );
         // ±20 % of an hour: spread over minutes.
-        assert_eq!(run.expiries.count, 200);
-        assert!(run.expiries.spread_ms > 600_000, "{:?}", run.expiries);
+        assert_eq!(run.expiries.len(), 200);
+        let spread_ms = run.expiries[199] - run.expiries[0];
+        assert!(spread_ms > 600_000, "{spread_ms}");
         let text = render(&o, &run);
         assert!(
             text.contains("cold cache: loaded 200, already cached 0, failed 0"),
@@ -237,7 +285,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_zero_rate_is_a_config_error() {
         let err = run(&opts(10, 0, 4)).await.unwrap_err();
-        assert!(err.is_config(), "{err}");
+        assert!(matches!(err, Failure::Usage(_)), "{err}");
         assert!(
             err.to_string().contains("warm rate must be at least 1"),
             "{err}"

@@ -61,8 +61,8 @@ pub(crate) struct WorkerOpts {
     /// The one key every call asks for.
     #[arg(long, default_value = "hot")]
     pub(crate) key: String,
-    /// Concurrent `get_or_load` calls in this process.
-    #[arg(long, default_value_t = 250)]
+    /// Concurrent `get_or_load` calls in this process (1 to 100,000).
+    #[arg(long, default_value_t = 250, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     pub(crate) concurrency: usize,
     /// How long the loader sleeps, in milliseconds.
     #[arg(long, default_value_t = 50)]

@@ -1,5 +1,8 @@
-//! `breakwater inspect` and `breakwater warm` against a private
-//! `redis-server` and a private three-node cluster.
+//! `breakwater inspect`, `warm` and `bench` against a private
+//! `redis-server` and a private three-node cluster, and how every
+//! subcommand behaves on bad input: exit code 2 for a usage or
+//! configuration error, 1 for a failure at run time, one line on stderr
+//! that says what to fix.
 
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -12,6 +15,13 @@ use breakwater_testkit::{RedisCluster, RedisServer};
 /// Runs `breakwater` with `args`; (exit code, stdout, stderr). The process
 /// gets 60 s.
 fn breakwater(args: &[&str]) -> (i32, String, String) {
+    breakwater_within(args, Duration::from_secs(60))
+}
+
+/// Runs `breakwater` with `args`, killing it and failing the test if it has
+/// not exited within `deadline`; (exit code, stdout, stderr). The output is
+/// read while the process runs, so a full pipe cannot stall it.
+fn breakwater_within(args: &[&str], deadline: Duration) -> (i32, String, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_breakwater"))
         .args(args)
         .stdin(Stdio::null())
@@ -19,31 +29,31 @@ fn breakwater(args: &[&str]) -> (i32, String, String) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn breakwater");
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let out = thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout.read_to_string(&mut text);
+        text
+    });
+    let err = thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let until = Instant::now() + deadline;
     let status = loop {
         if let Some(status) = child.try_wait().expect("try_wait") {
             break status;
         }
-        if Instant::now() > deadline {
+        if Instant::now() > until {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("breakwater {args:?} did not exit within 60 s");
+            panic!("breakwater {args:?} did not exit within {deadline:?}");
         }
         thread::sleep(Duration::from_millis(20));
     };
-    let (mut out, mut err) = (String::new(), String::new());
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+    let (out, err) = (out.join().unwrap(), err.join().unwrap());
     (status.code().unwrap_or(-1), out, err)
 }
 
@@ -187,4 +197,313 @@ async fn warm_fills_a_cluster_named_by_its_node_urls() {
         .filter(|node| node.command(&["DBSIZE"]).unwrap() != "0")
         .count();
     assert!(holding > 1, "{holding}");
+}
+
+/// A Redis URL nothing listens on: a private server's, after it was killed.
+fn unreachable_url() -> String {
+    let mut server = RedisServer::start();
+    let url = server.url();
+    server.kill();
+    url
+}
+
+/// Every key of a (private) server, by SCAN.
+fn all_keys(server: &RedisServer) -> Vec<String> {
+    let mut keys = Vec::new();
+    let mut cursor = "0".to_owned();
+    loop {
+        let reply = server.command(&["SCAN", &cursor, "COUNT", "1000"]).unwrap();
+        let mut lines = reply.lines();
+        cursor = lines.next().unwrap_or("0").to_owned();
+        keys.extend(lines.map(str::to_owned));
+        if cursor == "0" {
+            return keys;
+        }
+    }
+}
+
+/// The error is one line that names no Rust type (`Err(..)`, `Disconnected`).
+fn assert_one_line_error(err: &str) {
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(!err.contains("Err("), "{err}");
+    assert!(!err.contains("Disconnected"), "{err}");
+    assert!(!err.contains("Some("), "{err}");
+}
+
+#[test]
+fn zero_or_absurd_bench_arguments_are_usage_errors_not_hangs() {
+    let server = RedisServer::start();
+    let url = server.url();
+    for (args, bad) in [
+        (
+            &[
+                "stampede",
+                "--concurrency",
+                "0",
+                "--processes",
+                "1",
+                "--runs",
+                "1",
+            ][..],
+            "--concurrency",
+        ),
+        (
+            &[
+                "stampede",
+                "--concurrency",
+                "5",
+                "--processes",
+                "0",
+                "--runs",
+                "1",
+            ],
+            "--processes",
+        ),
+        (
+            &[
+                "stampede",
+                "--concurrency",
+                "5",
+                "--processes",
+                "1",
+                "--runs",
+                "0",
+            ],
+            "--runs",
+        ),
+        (
+            &["stampede", "--concurrency", "100000000", "--processes", "1"],
+            "--concurrency",
+        ),
+        (
+            &["grace", "--concurrency", "0", "--runs", "1"],
+            "--concurrency",
+        ),
+        (
+            &["grace", "--concurrency", "5", "--loader-ms", "99999999"],
+            "--loader-ms",
+        ),
+        (&["hit", "--trials", "0"], "--trials"),
+    ] {
+        let mut all = vec!["bench"];
+        all.extend_from_slice(args);
+        all.extend(["--redis", &url]);
+        let (code, out, err) = breakwater_within(&all, Duration::from_secs(20));
+        assert_eq!(code, 2, "{all:?}\nstdout:\n{out}\nstderr:\n{err}");
+        assert!(out.is_empty(), "{all:?}: {out}");
+        assert!(err.contains(bad), "{all:?}: {err}");
+    }
+    let (code, _, err) = breakwater_within(
+        &["warm", "--keys", "10", "--concurrency", "0"],
+        Duration::from_secs(20),
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--concurrency"), "{err}");
+}
+
+#[test]
+fn benches_report_an_unreachable_redis_in_one_line_before_any_table() {
+    let url = unreachable_url();
+    for bench in ["stampede", "grace", "hit"] {
+        let (code, out, err) = breakwater_within(
+            &[
+                "bench",
+                bench,
+                "--redis",
+                &url,
+                "--runs",
+                "1",
+                "--concurrency",
+                "5",
+            ][..if bench == "hit" { 4 } else { 8 }],
+            Duration::from_secs(30),
+        );
+        assert_eq!(code, 1, "bench {bench}\nstdout:\n{out}\nstderr:\n{err}");
+        assert!(
+            out.is_empty(),
+            "bench {bench} printed before it failed: {out}"
+        );
+        assert_one_line_error(&err);
+        assert!(err.contains("check --redis"), "bench {bench}: {err}");
+    }
+}
+
+#[test]
+fn a_bad_url_is_a_usage_error_for_every_command() {
+    for args in [
+        &["inspect", "--namespace", "ns", "key"][..],
+        &["warm", "--keys", "10"],
+        &[
+            "bench",
+            "stampede",
+            "--concurrency",
+            "5",
+            "--processes",
+            "1",
+            "--runs",
+            "1",
+        ],
+        &["bench", "grace", "--concurrency", "5", "--runs", "1"],
+        &["bench", "hit", "--trials", "1"],
+    ] {
+        let mut all = args.to_vec();
+        all.extend(["--redis", "not-a-url"]);
+        let (code, out, err) = breakwater_within(&all, Duration::from_secs(30));
+        assert_eq!(code, 2, "{all:?}\nstdout:\n{out}\nstderr:\n{err}");
+        assert!(out.is_empty(), "{all:?}: {out}");
+        assert_one_line_error(&err);
+        assert!(err.contains("--redis"), "{all:?}: {err}");
+    }
+}
+
+#[test]
+fn benches_delete_the_keys_they_wrote() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let (code, out, err) = breakwater(&[
+        "bench",
+        "stampede",
+        "--redis",
+        &url,
+        "--concurrency",
+        "5",
+        "--processes",
+        "1",
+        "--runs",
+        "1",
+        "--loader-ms",
+        "1",
+    ]);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert_eq!(
+        all_keys(&server),
+        Vec::<String>::new(),
+        "bench stampede left keys"
+    );
+    let (code, out, err) = breakwater(&[
+        "bench",
+        "grace",
+        "--redis",
+        &url,
+        "--concurrency",
+        "5",
+        "--runs",
+        "1",
+        "--loader-ms",
+        "1",
+    ]);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert_eq!(
+        all_keys(&server),
+        Vec::<String>::new(),
+        "bench grace left keys"
+    );
+    let (code, out, err) = breakwater(&[
+        "bench",
+        "hit",
+        "--redis",
+        &url,
+        "--trials",
+        "1",
+        "--trial-ms",
+        "20",
+    ]);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert_eq!(
+        all_keys(&server),
+        Vec::<String>::new(),
+        "bench hit left keys"
+    );
+    // Someone else's keys are not the bench's to delete.
+    server.command(&["SET", "naive:hot:theirs", "1"]).unwrap();
+    server
+        .command(&["SET", "bw:bench:v:{theirs}", "1"])
+        .unwrap();
+    let (code, _, err) = breakwater(&[
+        "bench",
+        "stampede",
+        "--redis",
+        &url,
+        "--concurrency",
+        "2",
+        "--processes",
+        "1",
+        "--runs",
+        "1",
+        "--loader-ms",
+        "1",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let mut left = all_keys(&server);
+    left.sort();
+    assert_eq!(left, ["bw:bench:v:{theirs}", "naive:hot:theirs"]);
+}
+
+#[test]
+fn bench_grace_says_what_waited_means_next_to_its_figure() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let (code, out, err) = breakwater(&[
+        "bench",
+        "grace",
+        "--redis",
+        &url,
+        "--concurrency",
+        "5",
+        "--runs",
+        "1",
+        "--loader-ms",
+        "1",
+    ]);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        out.contains("waited: callers that waited on a load instead of being served at once"),
+        "{out}"
+    );
+    // The figure is "of" the callers, so 0 reads as a result, not a goal.
+    assert!(out.contains(" of 5"), "{out}");
+}
+
+#[test]
+fn warm_shows_how_the_expiries_spread() {
+    let (code, out, err) = breakwater(&[
+        "warm",
+        "--keys",
+        "300",
+        "--rate",
+        "100000",
+        "--loader-ms",
+        "1",
+        "--ttl-secs",
+        "100",
+    ]);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    // ±20 % of 100 s: a histogram of rows over 80..120 s, bars and counts.
+    let rows = out.lines().filter(|l| l.contains('█')).count();
+    assert!(rows >= 5, "{out}");
+    assert!(out.contains("busiest second"), "{out}");
+    assert!(out.contains("uniform ideal"), "{out}");
+}
+
+#[test]
+fn every_subcommand_has_an_example_in_its_help() {
+    for args in [
+        &["demo"][..],
+        &["simulate"],
+        &["warm"],
+        &["inspect"],
+        &["bench", "stampede"],
+        &["bench", "grace"],
+        &["bench", "hit"],
+    ] {
+        let mut all = args.to_vec();
+        all.push("--help");
+        let (code, out, err) = breakwater_within(&all, Duration::from_secs(20));
+        assert_eq!(code, 0, "{all:?}: {err}");
+        assert!(out.contains("Example"), "{all:?}:\n{out}");
+        assert!(
+            out.contains(&format!("breakwater {}", args.join(" "))),
+            "{all:?}:\n{out}"
+        );
+    }
 }
