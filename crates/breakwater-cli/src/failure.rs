@@ -67,6 +67,14 @@ impl From<breakwater::ConfigError> for Failure {
     }
 }
 
+/// Reports the result of a subcommand: exit code 0, or the failure's.
+pub(crate) fn finish(command: &str, result: Result<(), Failure>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => failure.exit(command),
+    }
+}
+
 /// `url` with its password, if any, replaced by `***`: URLs are printed in
 /// reports and errors, secrets are not.
 pub(crate) fn shown(url: &str) -> String {

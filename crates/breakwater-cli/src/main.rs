@@ -14,6 +14,7 @@ mod histogram;
 mod inspect;
 mod progress;
 mod simulate;
+mod spread;
 mod warm;
 mod worker;
 
@@ -52,6 +53,11 @@ enum Command {
         after_help = "Example:\n  breakwater inspect --redis redis://127.0.0.1:6379 --namespace shop product:1 product:2"
     )]
     Inspect(inspect::InspectOpts),
+    /// Fix an avalanche already in a live Redis: shorten the TTLs of the
+    /// keys matching a pattern by up to a ratio, so they expire spread out
+    /// instead of together (single node; not Redis Cluster).
+    #[command(after_help = spread::AFTER_HELP)]
+    Spread(spread::SpreadOpts),
     /// Measure: `bench stampede` (one hot key, breakwater vs the naive algorithm)
     /// and `bench grace` (callers during a grace refresh).
     #[command(subcommand)]
@@ -80,6 +86,7 @@ async fn main() -> ExitCode {
         Command::Simulate(opts) => simulate::main(opts).await,
         Command::Warm(opts) => warm::main(opts).await,
         Command::Inspect(opts) => inspect::main(opts).await,
+        Command::Spread(opts) => spread::main(opts).await,
         Command::Bench(command) => bench::main(command).await,
         Command::StampedeWorker(opts) => worker::main(opts).await,
     }

@@ -345,6 +345,7 @@ fn a_bad_url_is_a_usage_error_for_every_command() {
         ],
         &["bench", "grace", "--concurrency", "5", "--runs", "1"],
         &["bench", "hit", "--trials", "1"],
+        &["spread", "--match", "k:*", "--jitter", "0.2"],
     ] {
         let mut all = args.to_vec();
         all.extend(["--redis", "not-a-url"]);
@@ -495,6 +496,7 @@ fn every_subcommand_has_an_example_in_its_help() {
         &["bench", "stampede"],
         &["bench", "grace"],
         &["bench", "hit"],
+        &["spread"],
     ] {
         let mut all = args.to_vec();
         all.push("--help");
