@@ -9,6 +9,7 @@
 //! waiter gets an error and the key is free again.
 
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -31,18 +32,17 @@ type Flights<T> = Arc<Mutex<Registry<T>>>;
 /// The flights in the air, and the detached ones that have followers.
 struct Registry<T> {
     by_key: FlightMap<T>,
-    /// Flights detached ([`SingleFlight::detach`]) while someone waited on
-    /// them, by id: their landing still reaches those callers.
+    /// Flights detached ([`SingleFlight::detach`]), by id: their landing
+    /// still reaches their callers.
     detached: HashMap<u64, Arc<Cell<T>>, foldhash::fast::RandomState>,
     /// The next flight's id.
     next_id: u64,
 }
 
-/// One flight in the map. Its cell exists once someone waits on it: an
-/// inline leader nobody joins (an uncontended read) allocates none.
+/// One flight in the map.
 struct Flight<T> {
     id: u64,
-    cell: Option<Arc<Cell<T>>>,
+    cell: Arc<Cell<T>>,
 }
 
 /// Where one flight's result lands: set once, then every waiter is woken.
@@ -63,9 +63,8 @@ impl<T> Cell<T> {
     }
 }
 
-/// A flight registered for its leader: the landing, and the cell unless
-/// the flight is inline.
-type Entered<T> = (Landing<T>, Option<Arc<Cell<T>>>);
+/// A flight registered for its leader: the landing, and the cell.
+type Entered<T> = (Landing<T>, Arc<Cell<T>>);
 
 /// Whether a caller started the flight or joined one already in the air.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,14 +102,12 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, Error>> + Send + 'static,
     {
-        let (landing, cell) = match self.enter(key, false) {
+        let (landing, cell) = match self.enter(key) {
             Ok(landing) => landing,
             Err(joined) => return (joined, Role::Follower),
         };
-        // A spawned flight's leader waits on its cell as a follower would.
-        let joined = Joined {
-            cell: cell.expect("a spawned flight's cell is made with it"),
-        };
+        // The leader waits on its cell as a follower would.
+        let joined = Joined { cell };
         let work = start();
         tokio::spawn(async move {
             let result = work.await;
@@ -119,38 +116,22 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
         (joined, Role::Leader)
     }
 
-    /// Leads the flight for `key` in the caller's own task, or joins the
-    /// one in the air. No task is spawned: the leader does the work inline
-    /// and [`Lead::land_with`]s its result. A leader that goes away first
-    /// (its future dropped) hands nothing down: its followers'
-    /// [`Joined::outcome`] is `None`, and they try again (one of them
-    /// leads). For work whose repetition is harmless (a read), where a
-    /// spawn would cost more than the work.
-    pub(crate) fn lead_or_join(&self, key: &[u8]) -> Turn<T> {
-        match self.enter(key, true) {
-            Ok((landing, _)) => Turn::Lead(Lead { landing }),
-            Err(joined) => Turn::Follow(joined),
-        }
-    }
-
     /// The flight in the air for `key` (`Err`), or a new one registered for
-    /// this caller to land (`Ok`, with its cell unless `inline`: an inline
-    /// flight gets one when someone joins it).
-    fn enter(&self, key: &[u8], inline: bool) -> Result<Entered<T>, Joined<T>> {
+    /// this caller to land (`Ok`, with its cell).
+    fn enter(&self, key: &[u8]) -> Result<Entered<T>, Joined<T>> {
         let mut flights = lock(&self.flights);
-        if let Some(flight) = flights.by_key.get_mut(key) {
-            let cell = flight.cell.get_or_insert_with(Cell::new);
+        if let Some(flight) = flights.by_key.get(key) {
             return Err(Joined {
-                cell: Arc::clone(cell),
+                cell: Arc::clone(&flight.cell),
             });
         }
         let id = flights.next_id;
         flights.next_id = id.wrapping_add(1);
-        let cell = (!inline).then(Cell::new);
+        let cell = Cell::new();
         let key: Arc<[u8]> = Arc::from(key);
         let flight = Flight {
             id,
-            cell: cell.clone(),
+            cell: Arc::clone(&cell),
         };
         flights.by_key.insert(Arc::clone(&key), flight);
         drop(flights);
@@ -159,7 +140,6 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
             id,
             flights: Arc::clone(&self.flights),
             landed: false,
-            inline,
         };
         Ok((landing, cell))
     }
@@ -170,11 +150,7 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
     /// it.)
     pub(crate) fn detach(&self, key: &[u8]) {
         let mut flights = lock(&self.flights);
-        if let Some(Flight {
-            id,
-            cell: Some(cell),
-        }) = flights.by_key.remove(key)
-        {
+        if let Some(Flight { id, cell }) = flights.by_key.remove(key) {
             flights.detached.insert(id, cell);
         }
     }
@@ -198,28 +174,6 @@ fn abandoned() -> Error {
         ErrorKind::Loader,
         "the load was abandoned before it finished (its task panicked or the runtime shut down)",
     )
-}
-
-/// [`SingleFlight::lead_or_join`]'s answer.
-pub(crate) enum Turn<T> {
-    /// This call leads: it does the work and lands the result.
-    Lead(Lead<T>),
-    /// A flight was in the air.
-    Follow(Joined<T>),
-}
-
-/// An inline flight's leadership: [`land_with`](Self::land_with) its
-/// result; dropped without one, the followers try again.
-pub(crate) struct Lead<T> {
-    landing: Landing<T>,
-}
-
-impl<T> Lead<T> {
-    /// Frees the key and hands the result, made by `result` (called only
-    /// if someone follows), to every follower.
-    pub(crate) fn land_with(self, result: impl FnOnce() -> Result<T, Error>) {
-        self.landing.land_with(result);
-    }
 }
 
 /// One flight, joined.
@@ -264,9 +218,6 @@ struct Landing<T> {
     flights: Flights<T>,
     /// The result was handed down (or the flight abandoned): once only.
     landed: bool,
-    /// The leader works in the caller's task ([`Lead`]): going away
-    /// without a result hands the followers `None`, not an error.
-    inline: bool,
 }
 
 impl<T> Landing<T> {
@@ -286,7 +237,7 @@ impl<T> Landing<T> {
                 // One lookup more only when a newer flight took the key
                 // after this one was detached (rare).
                 Some(flight) if flight.id == self.id => {
-                    flights.by_key.remove(&self.key).and_then(|f| f.cell)
+                    flights.by_key.remove(&self.key).map(|f| f.cell)
                 }
                 _ => flights.detached.remove(&self.id),
             }
@@ -305,8 +256,220 @@ impl<T> Landing<T> {
 
 impl<T> Drop for Landing<T> {
     fn drop(&mut self) {
-        let inline = self.inline;
-        self.finish(|| (!inline).then(|| Err(abandoned())));
+        self.finish(|| Some(Err(abandoned())));
+    }
+}
+
+/// How many slots [`Reads`] has. Keys that share a slot are still told
+/// apart (the slot keeps each key in the air); more slots only make that
+/// rarer.
+const READ_SLOTS: usize = 256;
+
+/// Reads in the air, for work done inline by the caller that leads it
+/// (a store read): concurrent reads of one key share it.
+///
+/// Unlike [`SingleFlight`] this registers a read without allocating and
+/// without a map: a key hashes to one of a fixed set of slots, and the
+/// slot keeps the key in a buffer it reuses. An uncontended read takes
+/// the slot's lock twice (to register, to land) and copies its key once;
+/// the cell that hands a result down is made only when someone joins.
+/// Keys that hash to a slot already busy with another key are kept beside
+/// it in the same slot (allocating, as rarely as slots collide).
+pub(crate) struct Reads<T> {
+    slots: Box<[Mutex<ReadSlot<T>>]>,
+    hasher: foldhash::fast::FixedState,
+}
+
+/// One slot of [`Reads`].
+struct ReadSlot<T> {
+    /// The slot's own flight, whose key buffer is kept between reads.
+    main: InlineFlight<T>,
+    /// Flights of other keys that hashed here while `main` was busy.
+    more: Vec<InlineFlight<T>>,
+    /// Flights detached ([`Reads::detach`]) that have followers, by id.
+    detached: Vec<(u64, Arc<Cell<T>>)>,
+    /// The next flight's id in this slot.
+    next_id: u64,
+}
+
+/// One read in the air (or, for a slot's `main`, none: `id` is `None`).
+struct InlineFlight<T> {
+    key: Vec<u8>,
+    id: Option<u64>,
+    /// Made by the first follower.
+    cell: Option<Arc<Cell<T>>>,
+}
+
+impl<T> InlineFlight<T> {
+    fn is(&self, key: &[u8]) -> bool {
+        self.id.is_some() && self.key == key
+    }
+}
+
+impl<T: Clone> Reads<T> {
+    pub(crate) fn new() -> Self {
+        let slots = (0..READ_SLOTS)
+            .map(|_| {
+                Mutex::new(ReadSlot {
+                    main: InlineFlight {
+                        key: Vec::new(),
+                        id: None,
+                        cell: None,
+                    },
+                    more: Vec::new(),
+                    detached: Vec::new(),
+                    next_id: 0,
+                })
+            })
+            .collect();
+        Reads {
+            slots,
+            // Seeded per process, so which keys share a slot cannot be
+            // chosen from outside (and sharing costs only an allocation).
+            hasher: foldhash::fast::FixedState::with_seed(rand::random()),
+        }
+    }
+
+    fn slot(&self, key: &[u8]) -> &Mutex<ReadSlot<T>> {
+        let hash = self.hasher.hash_one(key);
+        // The hash's high bits: foldhash mixes them best.
+        &self.slots[(hash >> 56) as usize % READ_SLOTS]
+    }
+
+    /// Leads the read of `key` in the caller's own task, or joins the one
+    /// in the air. No task is spawned: the leader does the work inline and
+    /// [`Lead::land_with`]s its result. A leader that goes away first (its
+    /// future dropped) hands nothing down: its followers'
+    /// [`Joined::outcome`] is `None`, and they try again (one of them
+    /// leads). For work whose repetition is harmless (a read), where a
+    /// spawn would cost more than the work.
+    pub(crate) fn lead_or_join<'a>(&'a self, key: &[u8]) -> Turn<'a, T> {
+        let slot = self.slot(key);
+        let mut guard = lock_slot(slot);
+        let state = &mut *guard;
+        let flight = if state.main.is(key) {
+            Some(&mut state.main)
+        } else {
+            state.more.iter_mut().find(|f| f.is(key))
+        };
+        if let Some(flight) = flight {
+            let cell = flight.cell.get_or_insert_with(Cell::new);
+            return Turn::Follow(Joined {
+                cell: Arc::clone(cell),
+            });
+        }
+        let id = state.next_id;
+        state.next_id = id.wrapping_add(1);
+        if state.main.id.is_none() {
+            state.main.key.clear();
+            state.main.key.extend_from_slice(key);
+            state.main.id = Some(id);
+        } else {
+            state.more.push(InlineFlight {
+                key: key.to_vec(),
+                id: Some(id),
+                cell: None,
+            });
+        }
+        Turn::Lead(Lead {
+            slot,
+            id,
+            landed: false,
+        })
+    }
+
+    /// Detaches the read of `key`, if one is in the air: its callers still
+    /// get its result, but callers from now on start a new read.
+    pub(crate) fn detach(&self, key: &[u8]) {
+        let mut guard = lock_slot(self.slot(key));
+        let state = &mut *guard;
+        let detached = if state.main.is(key) {
+            state.main.id.take().map(|id| (id, state.main.cell.take()))
+        } else {
+            let at = state.more.iter().position(|f| f.is(key));
+            at.map(|at| state.more.swap_remove(at))
+                .and_then(|f| f.id.map(|id| (id, f.cell)))
+        };
+        if let Some((id, Some(cell))) = detached {
+            state.detached.push((id, cell));
+        }
+    }
+
+    /// How many reads are in the air (detached ones not counted).
+    #[cfg(test)]
+    pub(crate) fn in_flight(&self) -> usize {
+        self.slots
+            .iter()
+            .map(|slot| {
+                let state = lock_slot(slot);
+                usize::from(state.main.id.is_some()) + state.more.len()
+            })
+            .sum()
+    }
+}
+
+fn lock_slot<T>(slot: &Mutex<ReadSlot<T>>) -> MutexGuard<'_, ReadSlot<T>> {
+    // No user code runs under the lock, and no step in it can leave the
+    // slot half-changed by panicking.
+    slot.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// [`Reads::lead_or_join`]'s answer.
+pub(crate) enum Turn<'a, T> {
+    /// This call leads: it does the work and lands the result.
+    Lead(Lead<'a, T>),
+    /// A read was in the air.
+    Follow(Joined<T>),
+}
+
+/// An inline read's leadership: [`land_with`](Self::land_with) its
+/// result; dropped without one, the followers try again.
+pub(crate) struct Lead<'a, T> {
+    slot: &'a Mutex<ReadSlot<T>>,
+    id: u64,
+    landed: bool,
+}
+
+impl<T> Lead<'_, T> {
+    /// Frees the key and hands the result, made by `result` (called only
+    /// if someone follows), to every follower.
+    pub(crate) fn land_with(mut self, result: impl FnOnce() -> Result<T, Error>) {
+        self.finish(|| Some(result()));
+    }
+
+    fn finish(&mut self, result: impl FnOnce() -> Option<Result<T, Error>>) {
+        if std::mem::replace(&mut self.landed, true) {
+            return;
+        }
+        let cell = {
+            let mut guard = lock_slot(self.slot);
+            let state = &mut *guard;
+            if state.main.id == Some(self.id) {
+                state.main.id = None;
+                state.main.cell.take()
+            } else if let Some(at) = state.more.iter().position(|f| f.id == Some(self.id)) {
+                state.more.swap_remove(at).cell
+            } else if let Some(at) = state.detached.iter().position(|(id, _)| *id == self.id) {
+                Some(state.detached.swap_remove(at).1)
+            } else {
+                None
+            }
+        };
+        // Out of the slot, nobody can join any more: without followers
+        // there is nobody to hand the result to.
+        let Some(cell) = cell else { return };
+        if Arc::strong_count(&cell) == 1 {
+            return;
+        }
+        let _ = cell.result.set(result());
+        cell.landed.notify_waiters();
+    }
+}
+
+impl<T> Drop for Lead<'_, T> {
+    fn drop(&mut self) {
+        // Gone without a result: the followers try again.
+        self.finish(|| None);
     }
 }
 
@@ -331,7 +494,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_inline_leader_lands_for_its_followers() {
-        let flight = SingleFlight::<u64>::new();
+        let flight = Reads::<u64>::new();
         let Turn::Lead(lead) = flight.lead_or_join(b"k") else {
             panic!("the first call leads")
         };
@@ -352,7 +515,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_detached_inline_flight_still_lands_for_its_followers() {
-        let flight = SingleFlight::<u64>::new();
+        let flight = Reads::<u64>::new();
         let Turn::Lead(old) = flight.lead_or_join(b"k") else {
             panic!("the first call leads")
         };
@@ -373,12 +536,17 @@ mod tests {
         new.land_with(|| Ok(2));
         assert_eq!(new_follower.outcome().await.unwrap().unwrap(), 2);
         assert_eq!(flight.in_flight(), 0);
-        assert!(lock(&flight.flights).detached.is_empty());
+        assert!(
+            flight
+                .slots
+                .iter()
+                .all(|s| lock_slot(s).detached.is_empty())
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn nobody_following_an_inline_flight_means_no_result_is_made() {
-        let flight = SingleFlight::<u64>::new();
+        let flight = Reads::<u64>::new();
         let Turn::Lead(lead) = flight.lead_or_join(b"k") else {
             panic!("the first call leads")
         };
@@ -388,7 +556,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn followers_of_a_cancelled_inline_leader_try_again() {
-        let flight = Arc::new(SingleFlight::<u64>::new());
+        let flight = Arc::new(Reads::<u64>::new());
         let Turn::Lead(lead) = flight.lead_or_join(b"k") else {
             panic!("the first call leads")
         };
@@ -404,10 +572,42 @@ mod tests {
             panic!("the key is free again")
         };
         again.land_with(|| Ok(1));
-        // A spawned flight's waiters still see an abandoned flight as an
-        // error, never as `None`.
-        let (joined, _) = flight.join(b"j", || async { Ok(2) });
-        assert_eq!(joined.result().await.unwrap(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn keys_that_share_a_slot_are_told_apart() {
+        // More keys than slots: many share one.
+        let reads = Reads::<usize>::new();
+        let keys: Vec<Vec<u8>> = (0..4 * READ_SLOTS)
+            .map(|i| format!("key:{i}").into_bytes())
+            .collect();
+        let leads: Vec<_> = keys
+            .iter()
+            .map(|key| match reads.lead_or_join(key) {
+                Turn::Lead(lead) => lead,
+                Turn::Follow(_) => panic!("each key's first read leads"),
+            })
+            .collect();
+        assert_eq!(reads.in_flight(), keys.len());
+        let followers: Vec<_> = keys
+            .iter()
+            .map(|key| match reads.lead_or_join(key) {
+                Turn::Follow(joined) => joined,
+                Turn::Lead(_) => panic!("the key's read is in the air"),
+            })
+            .collect();
+        // Half detached first: their followers still get their result.
+        for key in keys.iter().step_by(2) {
+            reads.detach(key);
+        }
+        for (i, lead) in leads.into_iter().enumerate().rev() {
+            lead.land_with(|| Ok(i));
+        }
+        for (i, joined) in followers.into_iter().enumerate() {
+            assert_eq!(joined.outcome().await.unwrap().unwrap(), i);
+        }
+        assert_eq!(reads.in_flight(), 0);
+        assert!(reads.slots.iter().all(|s| lock_slot(s).detached.is_empty()));
     }
 
     #[tokio::test(start_paused = true)]

@@ -35,7 +35,7 @@ use std::sync::Mutex;
 
 use super::notify::BusHook;
 use super::{Loaded, Read, Value, user_key};
-use crate::flight::SingleFlight;
+use crate::flight::{Reads, SingleFlight};
 use crate::l1::{NearCache, Ticket};
 
 /// The in-process state of one cache: flights and L1.
@@ -46,7 +46,7 @@ pub(super) struct Local<V> {
     pub(super) background: SingleFlight<Loaded<V>>,
     /// Store reads in the air, by user key: concurrent local reads of one
     /// key share one `GET` (and build no storage key unless they lead).
-    pub(super) reads: SingleFlight<Read<V>>,
+    pub(super) reads: Reads<Read<V>>,
     /// The in-process near cache, if enabled.
     pub(super) l1: Option<NearCache<V>>,
     /// Own invalidations published but not yet heard back on the bus.
@@ -60,7 +60,7 @@ impl<V: Value> Local<V> {
         Local {
             flights: SingleFlight::new(),
             background: SingleFlight::new(),
-            reads: SingleFlight::new(),
+            reads: Reads::new(),
             unheard: Mutex::default(),
             l1,
             prefix_len,
