@@ -10,7 +10,8 @@
 //! ([`Compression::none`]).
 
 use serde::Serialize;
-use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde::de::{DeserializeOwned, IgnoredAny};
 
 use crate::error::{ConfigError, Error, ErrorKind};
 
@@ -125,17 +126,25 @@ impl Codec {
     pub(crate) fn decode<V: DeserializeOwned>(&self, bytes: &[u8]) -> Result<V, Error> {
         match self.format {
             Format::MsgPack => {
-                let mut de = rmp_serde::Deserializer::new(bytes);
+                // Read in place: a reader over the bytes would allocate a
+                // buffer on every decode.
+                let mut de = rmp_serde::Deserializer::from_read_ref(bytes);
                 de.set_max_depth(MSGPACK_MAX_DEPTH);
                 let value = V::deserialize(&mut de).map_err(|e| self.error("decode", e))?;
-                let rest = de.get_ref().len();
-                if rest != 0 {
-                    return Err(Error::new(
+                // Nothing may follow the value: reading past it must find
+                // the end of the bytes (a borrowed reader does not say how
+                // much it has left).
+                match IgnoredAny::deserialize(&mut de) {
+                    Err(rmp_serde::decode::Error::InvalidMarkerRead(e))
+                        if e.kind() == std::io::ErrorKind::UnexpectedEof =>
+                    {
+                        Ok(value)
+                    }
+                    _ => Err(Error::new(
                         ErrorKind::Codec,
-                        format!("could not decode msgpack: {rest} trailing bytes after the value"),
-                    ));
+                        "could not decode msgpack: trailing bytes after the value",
+                    )),
                 }
-                Ok(value)
             }
             Format::Json => serde_json::from_slice(bytes).map_err(|e| self.error("decode", e)),
         }
@@ -391,6 +400,17 @@ mod tests {
             let err = codec.decode::<Product>(&bytes).unwrap_err();
             assert!(err.is_codec(), "{}", codec.name());
         }
+        // Whatever follows a msgpack value: a whole value, a reserved
+        // marker, a value cut short.
+        let codec = Codec::msgpack();
+        for tail in [&[0x01][..], &[0xc1], &[0xd9], &[0xd9, 0x05, b'a'], &[0xc0, 0xc0]] {
+            let mut bytes = codec.encode(&product()).unwrap();
+            bytes.extend_from_slice(tail);
+            let err = codec.decode::<Product>(&bytes).unwrap_err();
+            assert!(err.is_codec(), "{tail:?}");
+        }
+        let bytes = codec.encode(&product()).unwrap();
+        assert_eq!(codec.decode::<Product>(&bytes).unwrap(), product());
     }
 
     #[test]

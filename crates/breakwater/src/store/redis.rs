@@ -1667,7 +1667,10 @@ impl RedisStore {
     /// [`Store::get`], unboxed: the cache calls it directly on the hit
     /// path when its store is a `RedisStore`.
     pub(crate) async fn get_unboxed(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
-        self.inner.query(Op::Read, redis::cmd("GET").arg(key)).await
+        // Sized up front: the command's buffer is not grown for the key.
+        let mut get = redis::Cmd::with_capacity(2, 3 + key.len());
+        get.arg("GET").arg(key);
+        self.inner.query(Op::Read, &get).await
     }
 }
 
@@ -1716,8 +1719,13 @@ impl Store for RedisStore {
         match sample {
             Some(s) => {
                 let now = s.reading();
-                let prev = self.inner.last_now.fetch_max(now, Ordering::Relaxed);
-                prev.max(now)
+                // Written only when the clock moved on: within one
+                // millisecond, calls from every thread only read it.
+                let prev = self.inner.last_now.load(Ordering::Relaxed);
+                if now <= prev {
+                    return prev;
+                }
+                self.inner.last_now.fetch_max(now, Ordering::Relaxed).max(now)
             }
             // Not recorded: the first sample replaces it entirely.
             None => self.inner.config.wall_clock.unix_ms(),
