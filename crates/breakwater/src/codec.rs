@@ -9,8 +9,8 @@
 //! readable, even when the cache itself no longer compresses
 //! ([`Compression::none`]).
 
-use serde::Serialize;
 use serde::Deserialize;
+use serde::Serialize;
 use serde::de::{DeserializeOwned, IgnoredAny};
 
 use crate::error::{ConfigError, Error, ErrorKind};
@@ -403,7 +403,13 @@ mod tests {
         // Whatever follows a msgpack value: a whole value, a reserved
         // marker, a value cut short.
         let codec = Codec::msgpack();
-        for tail in [&[0x01][..], &[0xc1], &[0xd9], &[0xd9, 0x05, b'a'], &[0xc0, 0xc0]] {
+        for tail in [
+            &[0x01][..],
+            &[0xc1],
+            &[0xd9],
+            &[0xd9, 0x05, b'a'],
+            &[0xc0, 0xc0],
+        ] {
             let mut bytes = codec.encode(&product()).unwrap();
             bytes.extend_from_slice(tail);
             let err = codec.decode::<Product>(&bytes).unwrap_err();

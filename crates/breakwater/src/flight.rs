@@ -9,8 +9,8 @@
 //! waiter gets an error and the key is free again.
 
 use std::collections::HashMap;
-use std::hash::BuildHasher;
 use std::future::Future;
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use std::sync::OnceLock;

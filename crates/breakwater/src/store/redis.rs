@@ -1725,7 +1725,10 @@ impl Store for RedisStore {
                 if now <= prev {
                     return prev;
                 }
-                self.inner.last_now.fetch_max(now, Ordering::Relaxed).max(now)
+                self.inner
+                    .last_now
+                    .fetch_max(now, Ordering::Relaxed)
+                    .max(now)
             }
             // Not recorded: the first sample replaces it entirely.
             None => self.inner.config.wall_clock.unix_ms(),
