@@ -1413,7 +1413,6 @@ impl<V: Value> Cache<V> {
         Ok(Sealed {
             bytes,
             ttl: Duration::from_millis(stale_until.saturating_sub(now)),
-            fresh: Duration::from_millis(fresh_ms),
             stamp: stamp(&entry),
         })
     }
@@ -1465,11 +1464,16 @@ impl<V: Value> Cache<V> {
         if let (Some(l1), Some(ticket)) = (&self.local.l1, ticket) {
             let user = self.inner.user_key(key);
             let window = self.inner.default_early_window(sealed.stamp.load_ms);
+            // What is left of the entry's windows now, not the windows it
+            // was sealed with: a write that took its time (a slow or
+            // timed-out store) must not extend the copy's life by as much.
+            let now = self.inner.store.now_ms();
+            let left = |until: u64| Duration::from_millis(until.saturating_sub(now));
             l1.put(
                 user,
                 value,
-                sealed.fresh,
-                sealed.ttl,
+                left(sealed.stamp.fresh_until),
+                left(sealed.stamp.stale_until),
                 sealed.stamp,
                 window,
                 ticket,
@@ -1479,13 +1483,11 @@ impl<V: Value> Cache<V> {
     }
 }
 
-/// An encoded entry with its physical TTL and fresh window.
+/// An encoded entry with its physical TTL and its deadlines.
 struct Sealed {
     bytes: Vec<u8>,
     /// The store TTL: the fresh window plus `max_stale`.
     ttl: Duration,
-    /// The jittered fresh window.
-    fresh: Duration,
     /// The entry's deadlines and load time, for L1.
     stamp: Stamp,
 }
