@@ -18,7 +18,8 @@
 //! done
 //! ```
 //!
-//! (`BREAKWATER_COST` is one of `l1`, `moka`, `redis`, `raw`; the counting
+//! (`BREAKWATER_COST` is one of `l1`, `moka`, `redis`, `raw`, `redis50`,
+//! `raw50`, `floor50`; the counting
 //! allocator's own instructions are in every figure alike.)
 
 use std::time::Duration;
@@ -29,6 +30,9 @@ use breakwater_testkit::RedisServer;
 #[global_allocator]
 static ALLOC: dhat::Alloc = dhat::Alloc;
 
+/// Callers at once in the concurrent scenarios (`redis50`, `raw50`).
+const CALLERS: usize = 50;
+
 fn hits() -> u64 {
     std::env::var("BREAKWATER_HITS")
         .ok()
@@ -37,7 +41,9 @@ fn hits() -> u64 {
 }
 
 /// Whether scenario `name` runs: all of them unless `BREAKWATER_COST`
-/// names one (`l1`, `moka`, `redis`, `raw`), for callgrind.
+/// names one (`l1`, `moka`, `redis`, `raw`, `redis50`, `raw50`,
+/// `floor50`), for
+/// callgrind.
 fn runs(name: &str) -> bool {
     std::env::var("BREAKWATER_COST").map_or(true, |only| only == name)
 }
@@ -159,6 +165,98 @@ fn main() {
             "Redis hit:     {:>6.2} allocations per hit (raw GET: {:.2}; {n} hits each)",
             ours as f64 / n as f64,
             raw as f64 / n as f64
+        );
+
+        // The same, 50 callers at once on 50 distinct keys: what a hit
+        // costs when the connection's round trips are shared.
+        let keys: Vec<String> = (0..CALLERS).map(|k| format!("product:{k}")).collect();
+        for key in &keys {
+            let v = value.clone();
+            l2.get_or_load(key, move || async move { Ok::<_, std::io::Error>(Some(v)) })
+                .await
+                .expect("warm");
+            redis::cmd("SET")
+                .arg(key)
+                .arg(&value)
+                .query_async::<()>(&mut conn)
+                .await
+                .expect("set");
+        }
+        let per = n / CALLERS as u64;
+        let ours = blocks("redis50", async || {
+            let mut callers = tokio::task::JoinSet::new();
+            for key in keys.clone() {
+                let l2 = l2.clone();
+                callers.spawn(async move {
+                    for _ in 0..per {
+                        let got = l2
+                            .get_or_load(&key, || async {
+                                Ok::<_, std::io::Error>(Some(String::new()))
+                            })
+                            .await
+                            .unwrap();
+                        assert!(got.is_some());
+                    }
+                });
+            }
+            callers.join_all().await;
+        })
+        .await;
+        let raw = blocks("raw50", async || {
+            let mut callers = tokio::task::JoinSet::new();
+            for key in keys.clone() {
+                let mut conn = conn.clone();
+                callers.spawn(async move {
+                    for _ in 0..per {
+                        let got: Option<String> = redis::cmd("GET")
+                            .arg(&key)
+                            .query_async(&mut conn)
+                            .await
+                            .unwrap();
+                        assert!(got.is_some());
+                    }
+                });
+            }
+            callers.join_all().await;
+        })
+        .await;
+        // The floor of a checked read: a raw GET of msgpack bytes (under
+        // the connection's deadline, as above), decoded to the value (no
+        // envelope, no coalescing, no breaker, no metrics).
+        let packed = rmp_serde::to_vec(&value).expect("msgpack");
+        for key in &keys {
+            redis::cmd("SET")
+                .arg(format!("packed:{key}"))
+                .arg(&packed)
+                .query_async::<()>(&mut conn)
+                .await
+                .expect("set");
+        }
+        let floor = blocks("floor50", async || {
+            let mut callers = tokio::task::JoinSet::new();
+            for key in keys.clone() {
+                let mut conn = conn.clone();
+                let key = format!("packed:{key}");
+                callers.spawn(async move {
+                    for _ in 0..per {
+                        let mut get = redis::cmd("GET");
+                        get.arg(&key);
+                        // The connection's own response timeout (500 ms
+                        // by default) is the deadline, as for the raw GETs.
+                        let got: Option<Vec<u8>> = get.query_async(&mut conn).await.unwrap();
+                        let v: String = rmp_serde::from_slice(&got.unwrap()).unwrap();
+                        std::hint::black_box(v);
+                    }
+                });
+            }
+            callers.join_all().await;
+        })
+        .await;
+        println!(
+            "Redis hit, {CALLERS} callers on {CALLERS} keys: {:>6.2} allocations per hit (raw GET: {:.2}; raw GET + msgpack decode: {:.2})",
+            ours as f64 / (per * CALLERS as u64) as f64,
+            raw as f64 / (per * CALLERS as u64) as f64,
+            floor as f64 / (per * CALLERS as u64) as f64
         );
     });
 }
