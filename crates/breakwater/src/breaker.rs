@@ -19,9 +19,10 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use metrics::SharedString;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use tokio::time::Instant;
@@ -409,6 +410,52 @@ pub(crate) struct CircuitBreaker {
     /// under the lock after every change, read without it: a healthy
     /// breaker grants permits and takes successes with one atomic load.
     quick: AtomicU64,
+    /// What the breaker guards, for its logs and metrics.
+    label: BreakerLabel,
+}
+
+/// What a breaker guards: an origin (by name) or one failure domain of a
+/// cache's store (by the cache's namespace and the domain's index). Its
+/// log lines and its `breakwater_breaker_state` gauge say which.
+#[derive(Debug, Clone)]
+pub(crate) struct BreakerLabel {
+    kind: &'static str,
+    name: SharedString,
+    domain: Option<usize>,
+}
+
+impl BreakerLabel {
+    /// The breaker of the origin `name`.
+    pub(crate) fn origin(name: &str) -> Self {
+        BreakerLabel {
+            kind: "origin",
+            name: SharedString::from(Arc::<str>::from(name)),
+            domain: None,
+        }
+    }
+
+    /// The breaker of failure domain `domain` of cache `namespace`'s store.
+    pub(crate) fn store(namespace: &str, domain: usize) -> Self {
+        BreakerLabel {
+            kind: "store",
+            name: SharedString::from(Arc::<str>::from(namespace)),
+            domain: Some(domain),
+        }
+    }
+
+    /// Records a change to `to`: the state gauge, the transitions counter.
+    fn record(&self, to: BreakerState) {
+        let domain = SharedString::from(self.domain.map_or_else(String::new, |d| d.to_string()));
+        let to_label = match to {
+            BreakerState::Closed => "closed",
+            BreakerState::HalfOpen => "half_open",
+            BreakerState::Open => "open",
+        };
+        metrics::gauge!("breakwater_breaker_state", "breaker" => self.kind, "name" => self.name.clone(), "domain" => domain.clone())
+            .set(crate::metrics::breaker_gauge(to));
+        metrics::counter!("breakwater_breaker_transitions_total", "breaker" => self.kind, "name" => self.name.clone(), "domain" => domain, "to" => to_label)
+            .increment(1);
+    }
 }
 
 /// [`CircuitBreaker::quick`] when a permit or a verdict needs the lock.
@@ -430,6 +477,7 @@ impl CircuitBreaker {
         CircuitBreaker {
             config,
             quick: AtomicU64::new(quick),
+            label: BreakerLabel::origin(""),
             inner: Mutex::new(Inner {
                 phase: Phase::Closed,
                 generation: 0,
@@ -440,6 +488,12 @@ impl CircuitBreaker {
                 rng,
             }),
         }
+    }
+
+    /// Names what the breaker guards (for its logs and metrics).
+    pub(crate) fn labelled(mut self, label: BreakerLabel) -> Self {
+        self.label = label;
+        self
     }
 
     /// The current state; an open breaker whose cool-down has passed reports
@@ -524,7 +578,19 @@ impl CircuitBreaker {
         {
             inner.phase = Phase::HalfOpen { probes: 0 };
             inner.generation = inner.generation.wrapping_add(1);
-            tracing::debug!("circuit breaker half-open; letting a probe load through");
+            let l = &self.label;
+            match l.domain {
+                None => tracing::info!(
+                    origin = %l.name,
+                    "origin circuit breaker half-open; letting a probe load through"
+                ),
+                Some(domain) => tracing::info!(
+                    namespace = %l.name,
+                    domain,
+                    "store circuit breaker half-open; letting a probe call through"
+                ),
+            }
+            l.record(BreakerState::HalfOpen);
         }
     }
 
@@ -539,11 +605,23 @@ impl CircuitBreaker {
             .unwrap_or(now);
         inner.phase = Phase::Open { until };
         inner.generation = inner.generation.wrapping_add(1);
-        tracing::info!(
-            reason,
-            ?cool_down,
-            "circuit breaker opened; loads are refused"
-        );
+        let l = &self.label;
+        match l.domain {
+            None => tracing::warn!(
+                origin = %l.name,
+                reason,
+                ?cool_down,
+                "origin circuit breaker opened; loads from it are refused (stale values are served where there are any)"
+            ),
+            Some(domain) => tracing::warn!(
+                namespace = %l.name,
+                domain,
+                reason,
+                ?cool_down,
+                "store circuit breaker opened; store calls fail fast (reads miss, writes are dropped, loads run per process)"
+            ),
+        }
+        l.record(BreakerState::Open);
     }
 
     fn close(&self, inner: &mut Inner) {
@@ -553,7 +631,16 @@ impl CircuitBreaker {
         if let Some(window) = &mut inner.window {
             window.clear();
         }
-        tracing::info!("circuit breaker closed; loads resume");
+        let l = &self.label;
+        match l.domain {
+            None => tracing::info!(origin = %l.name, "origin circuit breaker closed; loads resume"),
+            Some(domain) => tracing::info!(
+                namespace = %l.name,
+                domain,
+                "store circuit breaker closed; store calls resume"
+            ),
+        }
+        l.record(BreakerState::Closed);
     }
 
     fn settle(&self, probe: bool, generation: u64, verdict: Verdict) {

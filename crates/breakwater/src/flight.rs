@@ -75,6 +75,16 @@ pub(crate) enum Role {
     Follower,
 }
 
+impl Role {
+    /// `leader` or `follower`, for spans.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Role::Leader => "leader",
+            Role::Follower => "follower",
+        }
+    }
+}
+
 /// The flights in the air, by key.
 pub(crate) struct SingleFlight<T> {
     flights: Flights<T>,

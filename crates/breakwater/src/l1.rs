@@ -402,6 +402,12 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
         }
     }
 
+    /// Entries held (moka's count: approximate, updated by its
+    /// housekeeping).
+    pub(crate) fn entries(&self) -> u64 {
+        self.cache.entry_count()
+    }
+
     /// Drops the user's `key` (it was refilled elsewhere: newer data, not an
     /// invalidation).
     pub(crate) async fn remove(&self, key: &[u8]) {

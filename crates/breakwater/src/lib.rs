@@ -87,6 +87,7 @@ pub use jitter::{Backoff, Interval, Jitter};
 pub use key::{CacheKey, KeyBytes};
 pub use l1::L1Config;
 pub use limit::LimitConfig;
+pub use metrics::{LeaseStats, LoadStats, NoticeStats, Stats};
 pub use retry::RetryConfig;
 pub use store::{
     Delivery, FencedWrite, LeaseAttempt, MemoryStore, Notice, RedisStore, RedisStoreConfig,

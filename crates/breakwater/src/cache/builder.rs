@@ -133,6 +133,7 @@ pub struct CacheBuilder<V> {
     compression: Compression,
     max_key_len: usize,
     max_value_size: usize,
+    trace_keys: bool,
     grace: Duration,
     max_stale: Option<Duration>,
     early_refresh: EarlyRefresh,
@@ -237,6 +238,7 @@ impl<V: Value> CacheBuilder<V> {
             l1: None,
             store_breaker: default_store_breaker(),
             rng_seed: None,
+            trace_keys: false,
             _value: PhantomData,
         }
     }
@@ -362,6 +364,16 @@ impl<V: Value> CacheBuilder<V> {
     /// copied.
     pub fn max_value_size(mut self, bytes: usize) -> Self {
         self.max_value_size = bytes;
+        self
+    }
+
+    /// Whether spans carry the raw key (`key` field). Off by default, for
+    /// privacy: a key may hold an email address or a user id. Spans always
+    /// carry `key.hash`, a 64-bit FNV-1a hash of the key (the same key gives
+    /// the same hash in every process), so one key's calls can be followed
+    /// without it. See [`Cache`]'s `# Tracing`.
+    pub fn trace_keys(mut self, on: bool) -> Self {
+        self.trace_keys = on;
         self
     }
 
@@ -671,7 +683,7 @@ impl<V: Value> CacheBuilder<V> {
             None => rand::make_rng(),
         };
         let value_prefix = format!("{}{}:v:", self.key_prefix, self.namespace).into_bytes();
-        let metrics = Metrics::new(&self.namespace, &super::options::SERVED_LABELS);
+        let metrics = Metrics::new(&self.namespace, origin.name());
         let channel = format!("{}{}:events", self.key_prefix, self.namespace).into_bytes();
         let local = Arc::new(Local::new(
             self.l1.map(NearCache::<V>::new),
@@ -684,6 +696,7 @@ impl<V: Value> CacheBuilder<V> {
         let logs = Arc::new(LogLimiter::default());
         let store = Arc::new(GuardedStore::new(
             Arc::clone(&raw_store),
+            &self.namespace,
             self.store_breaker,
             self.rng_seed.map(|s| s.wrapping_add(2)),
             metrics.clone(),
@@ -701,6 +714,7 @@ impl<V: Value> CacheBuilder<V> {
                 compression: self.compression,
                 max_key_len: self.max_key_len,
                 max_value_size: self.max_value_size,
+                trace_keys: self.trace_keys,
                 lease_ttl: self.lease_ttl,
                 lock_wait: self.lock_wait,
                 lock_poll: self.lock_poll,
@@ -708,7 +722,7 @@ impl<V: Value> CacheBuilder<V> {
                 rng: Mutex::new(rng),
                 store_retries: super::store_retries(self.rng_seed.map(|s| s.wrapping_add(3))),
                 token_rng: Mutex::new(token_rng),
-                waiters: Waiters::new(channel, sender, hook),
+                waiters: Waiters::new(channel, sender, hook, Some(metrics.clone())),
                 metrics,
                 logs,
                 throttled: Throttle::default(),

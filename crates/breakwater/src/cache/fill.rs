@@ -30,6 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep, sleep_until};
+use tracing::{Instrument, Span};
 
 use super::builder::LockTimeoutKind;
 use super::notify::{self, FILLED, RELEASED, VALUE_IN_MESSAGE_MAX};
@@ -104,6 +105,7 @@ impl<V: Value> Cache<V> {
             {
                 Ok(LeaseAttempt::Acquired) => {
                     inner.metrics.lease("acquired");
+                    Span::current().record("lease", "acquired");
                     // 2. Double-check, then lead.
                     if let Some(value) = self
                         .fresh_value(&key, &mut stale, &options, replacing, ticket)
@@ -123,10 +125,12 @@ impl<V: Value> Cache<V> {
                 }
                 Ok(LeaseAttempt::Held { ttl }) => {
                     inner.metrics.lease("busy");
+                    Span::current().record("lease", "busy");
                     ttl
                 }
                 Err(err) => {
                     inner.metrics.store_failed("acquire_lease", &err);
+                    Span::current().record("lease", "unavailable");
                     if background {
                         // Never a load outside the lease in the background.
                         return Err(err);
@@ -372,7 +376,13 @@ impl<V: Value> Cache<V> {
             notice: inner.notice(&message),
             value_notice: value_message.as_deref(),
         };
-        match inner.store.fenced_set(write).await {
+        let written = inner
+            .store
+            .fenced_set(write)
+            .instrument(tracing::debug_span!("breakwater.store.fenced_set"))
+            .await;
+        Span::current().record("written", matches!(written, Ok(true)));
+        match written {
             Ok(true) => {}
             Ok(false) => {
                 tracing::debug!(

@@ -28,7 +28,7 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
-use crate::breaker::{BreakerConfig, BreakerState, CircuitBreaker};
+use crate::breaker::{BreakerConfig, BreakerLabel, BreakerState, CircuitBreaker};
 use crate::error::{Error, ErrorKind};
 use crate::log_limit::{LogLimiter, Warning, warn_limited};
 use crate::metrics::Metrics;
@@ -72,6 +72,7 @@ impl fmt::Debug for GuardedStore {
 impl GuardedStore {
     pub(crate) fn new(
         store: Arc<dyn Store>,
+        namespace: &str,
         config: BreakerConfig,
         seed: Option<u64>,
         metrics: Metrics,
@@ -79,7 +80,10 @@ impl GuardedStore {
     ) -> Self {
         let domains = store.failure_domains().clamp(1, MAX_BREAKERS);
         let breakers = (0..domains)
-            .map(|i| CircuitBreaker::new(config, seed.map(|s| s.wrapping_add(i as u64))))
+            .map(|i| {
+                CircuitBreaker::new(config, seed.map(|s| s.wrapping_add(i as u64)))
+                    .labelled(BreakerLabel::store(namespace, i))
+            })
             .collect();
         let redis = (&*store as &dyn Any).downcast_ref::<RedisStore>().cloned();
         GuardedStore {
@@ -128,6 +132,17 @@ impl GuardedStore {
         }
     }
 
+    /// `write`, counting `n` notices sent if it succeeds.
+    fn sent<'a>(&'a self, n: u64, write: StoreFuture<'a, ()>) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let written = write.await;
+            if written.is_ok() {
+                self.metrics.notices("sent", n);
+            }
+            written
+        })
+    }
+
     /// [`guard`](Self::guard)'s work, unboxed.
     async fn guarded<'a, T: Send + 'a, F: Future<Output = Result<T, Error>> + Send + 'a>(
         &'a self,
@@ -148,7 +163,10 @@ impl GuardedStore {
                 None => refused,
             }
         })?;
-        match call().await {
+        let started = std::time::Instant::now();
+        let result = call().await;
+        self.metrics.store_call(op, started.elapsed());
+        match result {
             Ok(value) => {
                 permit.success();
                 Ok(value)
@@ -244,8 +262,16 @@ impl Store for GuardedStore {
     }
 
     fn fenced_set<'a>(&'a self, write: FencedWrite<'a>) -> StoreFuture<'a, bool> {
-        self.guard("fenced_set", write.key, move || {
-            self.store.fenced_set(write)
+        Box::pin(async move {
+            let written = self
+                .guarded("fenced_set", write.key, move || {
+                    self.store.fenced_set(write)
+                })
+                .await;
+            if matches!(written, Ok(true)) {
+                self.metrics.notices("sent", 1);
+            }
+            written
         })
     }
 
@@ -257,9 +283,12 @@ impl Store for GuardedStore {
         lease_key: &'a [u8],
         notice: Notice<'a>,
     ) -> StoreFuture<'a, ()> {
-        self.guard("replace", key, move || {
-            self.store.replace(key, value, ttl, lease_key, notice)
-        })
+        self.sent(
+            1,
+            self.guard("replace", key, move || {
+                self.store.replace(key, value, ttl, lease_key, notice)
+            }),
+        )
     }
 
     /// One guarded batch per failure domain (one, on a single server), the
@@ -281,7 +310,11 @@ impl Store for GuardedStore {
                 })
             }))
             .await;
-            written.into_iter().collect()
+            let written: Result<(), Error> = written.into_iter().collect();
+            if written.is_ok() {
+                self.metrics.notices("sent", writes.len() as u64);
+            }
+            written
         })
     }
 
@@ -291,15 +324,21 @@ impl Store for GuardedStore {
         lease_key: &'a [u8],
         notice: Notice<'a>,
     ) -> StoreFuture<'a, ()> {
-        self.guard("invalidate", key, move || {
-            self.store.invalidate(key, lease_key, notice)
-        })
+        self.sent(
+            1,
+            self.guard("invalidate", key, move || {
+                self.store.invalidate(key, lease_key, notice)
+            }),
+        )
     }
 
     fn publish<'a>(&'a self, channel: &'a [u8], message: &'a [u8]) -> StoreFuture<'a, ()> {
-        self.guard("publish", channel, move || {
-            self.store.publish(channel, message)
-        })
+        self.sent(
+            1,
+            self.guard("publish", channel, move || {
+                self.store.publish(channel, message)
+            }),
+        )
     }
 
     fn failure_domains(&self) -> usize {

@@ -43,6 +43,7 @@ mod warm;
 pub(crate) use builder::default_store_breaker;
 pub use builder::{CacheBuilder, OnLockTimeout};
 pub use inspect::{EntryView, Inspection, Stored};
+pub(crate) use options::SERVED_METRIC_LABELS;
 pub use options::{CacheEntry, Fetched, Served, StaleReason};
 pub use origin::{Origin, OriginBuilder};
 pub use settings::Settings;
@@ -71,6 +72,7 @@ use crate::l1::{Slot, Stamp, Ticket};
 use crate::limit::Priority;
 use crate::log_limit::{LogLimiter, Warning, warn_limited};
 use crate::metrics::Metrics;
+use crate::metrics::Stats;
 use crate::store::{Notice, Replace, Store, fnv1a};
 use builder::OnLockTimeout as LockPolicy;
 use coherence::Local;
@@ -80,6 +82,8 @@ use notify::Waiters;
 use options::Options;
 use throttle::Throttle;
 use tokio::time::Instant;
+use tracing::field::Empty;
+use tracing::{Instrument, Span};
 
 /// A loader as every internal step takes it (the public methods spell the
 /// bounds out): `FnOnce() -> impl Future<Output = Result<Option<V>, E>>`,
@@ -255,6 +259,8 @@ struct Inner {
     max_key_len: usize,
     /// The largest encoded entry written.
     max_value_size: usize,
+    /// Whether spans carry the raw key.
+    trace_keys: bool,
     lease_ttl: Duration,
     /// As set; `None`: `queue_wait + load_timeout + 2 × lease_ttl` for each call.
     lock_wait: Option<Duration>,
@@ -397,10 +403,23 @@ impl<V: Value> Cache<V> {
     /// [`Store`](ErrorKind::Store) if the store fails.
     pub async fn get(&self, key: impl CacheKey) -> Result<Option<V>, Error> {
         let key = key.key_bytes();
-        if let Near::Fresh(fetched, _) = self.near(&key, None).await? {
+        let span = self.span(Op::Get, &key);
+        let got = self.get_bytes(&key).instrument(span.clone()).await;
+        if !span.is_disabled() {
+            match &got {
+                Ok(value) => span.record("found", value.is_some()),
+                Err(err) => span.record("error", tracing::field::display(err)),
+            };
+        }
+        got
+    }
+
+    /// [`get`](Self::get), in its span.
+    async fn get_bytes(&self, key: &[u8]) -> Result<Option<V>, Error> {
+        if let Near::Fresh(fetched, _) = self.near(key, None).await? {
             return Ok(fetched.value);
         }
-        let key = self.key_in_store(&key)?;
+        let key = self.key_in_store(key)?;
         let ticket = self.local.ticket();
         let Some(entry) = self.read(&key).await? else {
             return Ok(None);
@@ -438,9 +457,17 @@ impl<V: Value> Cache<V> {
     /// its encoded entry is larger than `max_value_size` (nothing is
     /// written), [`Store`](ErrorKind::Store) if the write fails.
     pub async fn set(&self, key: impl CacheKey, value: &V) -> Result<(), Error> {
-        let key = self.key_in_store(&key.key_bytes())?;
-        let sealed = self.seal(&key, Some(value), Duration::ZERO, &self.inner.defaults)?;
-        self.replace_batch(vec![(key, sealed)]).await
+        let key = key.key_bytes();
+        let span = self.span(Op::Set, &key);
+        let done = async {
+            let key = self.key_in_store(&key)?;
+            let sealed = self.seal(&key, Some(value), Duration::ZERO, &self.inner.defaults)?;
+            self.replace_batch(vec![(key, sealed)]).await
+        }
+        .instrument(span.clone())
+        .await;
+        record_error(&span, &done);
+        done
     }
 
     /// [`set`](Self::set) for many keys, written in batches of 500 (on
@@ -552,7 +579,16 @@ impl<V: Value> Cache<V> {
     /// [`InvalidKey`](ErrorKind::InvalidKey), or [`Store`](ErrorKind::Store)
     /// if the delete fails.
     pub async fn invalidate(&self, key: impl CacheKey) -> Result<(), Error> {
-        let key = self.key_in_store(&key.key_bytes())?;
+        let key = key.key_bytes();
+        let span = self.span(Op::Invalidate, &key);
+        let done = self.invalidate_bytes(&key).instrument(span.clone()).await;
+        record_error(&span, &done);
+        done
+    }
+
+    /// [`invalidate`](Self::invalidate), in its span.
+    async fn invalidate_bytes(&self, key: &[u8]) -> Result<(), Error> {
+        let key = self.key_in_store(key)?;
         let lease = self.inner.lease_key(&key);
         let message = notify::message(notify::INVALIDATED, self.inner.waiters.sender(), &key);
         let listening = self.inner.waiters.is_listening();
@@ -759,32 +795,82 @@ impl<V: Value> Cache<V> {
     /// of the future is large, and inline it would be built, moved and
     /// stored (by every task that awaits a `get_or_load`) on the hit path
     /// too.
+    ///
+    /// The call's span is made here (nothing is, without a subscriber), and
+    /// entered only around the pipeline (see `pipeline_in`): an L1 hit
+    /// neither builds nor wraps anything.
     async fn fetch<L>(&self, key: &[u8], loader: L, options: &Options) -> Result<Fetched<V>, Error>
     where
         L: Load<V>,
     {
+        let span = self.span(Op::GetOrLoad, key);
+        let mut near = false;
         let result = match self.near(key, Some(options)).await {
-            Ok(Near::Fresh(fetched, None)) => Ok(fetched),
+            Ok(Near::Fresh(fetched, None)) => {
+                near = true;
+                Ok(fetched)
+            }
             // Early refresh, judged on the L1 copy as on a store read.
-            Ok(Near::Fresh(fetched, Some(replacing))) => self.key_in_store(key).map(|storage| {
-                if !self.inner.is_throttled(&storage, self.inner.store.now_ms()) {
-                    self.refresh_in_background(storage, loader, *options, replacing);
-                }
-                fetched
-            }),
-            Ok(Near::Stale(slot)) => self.pipeline(key, loader, options, Some(slot)).await,
-            Ok(Near::Miss) => self.pipeline(key, loader, options, None).await,
+            Ok(Near::Fresh(fetched, Some(replacing))) => {
+                near = true;
+                self.key_in_store(key).map(|storage| {
+                    if !self.inner.is_throttled(&storage, self.inner.store.now_ms()) {
+                        let _in = span.enter();
+                        self.refresh_in_background(storage, loader, *options, replacing, true);
+                    }
+                    fetched
+                })
+            }
+            Ok(Near::Stale(slot)) => {
+                self.pipeline_in(&span, key, loader, options, Some(slot))
+                    .await
+            }
+            Ok(Near::Miss) => self.pipeline_in(&span, key, loader, options, None).await,
             Err(err) => Err(err),
         };
-        self.count_served(&result);
+        self.count_served(&result, near);
+        if !span.is_disabled() {
+            match &result {
+                Ok(fetched) => span.record("served", fetched.served.as_str()),
+                Err(err) => span.record("error", tracing::field::display(err)),
+            };
+        }
         result
     }
 
-    /// Counts how a request was served (the `served` metric).
-    fn count_served(&self, result: &Result<Fetched<V>, Error>) {
+    /// [`pipeline`](Self::pipeline) in the call's `span` (the parent of
+    /// its child spans) when a subscriber listens; unwrapped otherwise, in
+    /// place in the caller's future.
+    async fn pipeline_in<L>(
+        &self,
+        span: &Span,
+        user_key: &[u8],
+        loader: L,
+        options: &Options,
+        local_stale: Option<Arc<Slot<V>>>,
+    ) -> Result<Fetched<V>, Error>
+    where
+        L: Load<V>,
+    {
+        if span.is_disabled() {
+            self.pipeline(user_key, loader, options, local_stale).await
+        } else {
+            Box::pin(self.pipeline(user_key, loader, options, local_stale))
+                .instrument(span.clone())
+                .await
+        }
+    }
+
+    /// Counts how a request was served (the `served` metric; a hit from
+    /// the `near` cache as `l1_hit`) and the kind of its error.
+    fn count_served(&self, result: &Result<Fetched<V>, Error>, near: bool) {
         let index = match result {
+            Ok(fetched) if near && fetched.served == Served::Hit => crate::metrics::SERVED_L1_HIT,
             Ok(fetched) => fetched.served.metric_index(),
-            Err(_) => options::SERVED_ERROR,
+            Err(err) => {
+                self.inner.metrics.error(err.kind());
+                options::SERVED_ERROR
+            }
         };
         self.inner.metrics.served(index);
     }
@@ -916,7 +1002,13 @@ impl<V: Value> Cache<V> {
                             .await;
                         if verdict == Freshness::RefreshEarly && !self.inner.is_throttled(&key, now)
                         {
-                            self.refresh_in_background(key, loader, *options, entry.fresh_until);
+                            self.refresh_in_background(
+                                key,
+                                loader,
+                                *options,
+                                entry.fresh_until,
+                                true,
+                            );
                         }
                         let served = if entry.negative {
                             Served::Negative
@@ -937,7 +1029,13 @@ impl<V: Value> Cache<V> {
                         let reason = if throttled {
                             StaleReason::LoaderFailed
                         } else {
-                            self.refresh_in_background(key, loader, *options, entry.fresh_until);
+                            self.refresh_in_background(
+                                key,
+                                loader,
+                                *options,
+                                entry.fresh_until,
+                                false,
+                            );
                             StaleReason::Refreshing
                         };
                         return Ok(Fetched {
@@ -977,7 +1075,11 @@ impl<V: Value> Cache<V> {
         let (result, role) = {
             let (load, role) =
                 self.join_fill(&key, loader, *options, None, Priority::Foreground, mode);
-            let flight = async move { (load.result().await, role) };
+            let metrics = &self.inner.metrics;
+            let flight = async move {
+                let _waiting = (role == Role::Follower).then(|| metrics.waiting());
+                (load.result().await, role)
+            };
             match (options.soft_timeout, &fallback) {
                 (Some(soft), Some(stale)) => match tokio::time::timeout(soft, flight).await {
                     Ok(done) => done,
@@ -1062,13 +1164,15 @@ impl<V: Value> Cache<V> {
     /// foreground caller never inherits a background refresh's refusals (it
     /// never loads without the lease); it takes its own turn at the lease,
     /// and is woken by the refresh's fill.
-    /// `replacing` is the `fresh_until` of the entry being refreshed.
+    /// `replacing` is the `fresh_until` of the entry being refreshed;
+    /// `early` if it is still fresh (an early refresh, counted).
     fn refresh_in_background<L: Load<V>>(
         &self,
         key: Vec<u8>,
         loader: L,
         options: Options,
         replacing: u64,
+        early: bool,
     ) {
         let (load, role) = self.join_fill(
             &key,
@@ -1080,6 +1184,9 @@ impl<V: Value> Cache<V> {
         );
         if role == Role::Follower {
             return;
+        }
+        if early {
+            self.inner.metrics.early_refresh();
         }
         let cache = self.clone();
         tokio::spawn(async move {
@@ -1114,16 +1221,83 @@ impl<V: Value> Cache<V> {
             Priority::Foreground => &self.local.flights,
             Priority::Background => &self.local.background,
         };
-        flights.join(key, || {
-            self.clone().fill(
-                key.to_vec(),
-                Arc::new(loader),
-                options,
-                replacing,
-                priority,
-                mode,
-            )
-        })
+        let (joined, role) = flights.join(key, || {
+            // A child of the caller's span, though it runs in its own task.
+            let span = tracing::info_span!(
+                "breakwater.fill",
+                background = priority == Priority::Background,
+                lease = Empty,
+                written = Empty,
+            );
+            self.clone()
+                .fill(
+                    key.to_vec(),
+                    Arc::new(loader),
+                    options,
+                    replacing,
+                    priority,
+                    mode,
+                )
+                .instrument(span)
+        });
+        if priority == Priority::Foreground {
+            Span::current().record("role", role.as_str());
+        }
+        (joined, role)
+    }
+
+    /// The span of one public call on `key` (see `# Tracing` on
+    /// [`Cache`]); fields are filled only when a subscriber listens.
+    fn span(&self, op: Op, key: &[u8]) -> Span {
+        // Two instructions when no subscriber was ever set, in place of
+        // the span macro's callsite checks.
+        if !tracing::dispatcher::has_been_set() {
+            return Span::none();
+        }
+        let ns = &self.inner.namespace;
+        let span = match op {
+            Op::GetOrLoad => tracing::info_span!(
+                "breakwater.get_or_load",
+                namespace = %ns,
+                key.hash = Empty,
+                key = Empty,
+                served = Empty,
+                role = Empty,
+                error = Empty,
+            ),
+            Op::Get => tracing::info_span!(
+                "breakwater.get",
+                namespace = %ns,
+                key.hash = Empty,
+                key = Empty,
+                found = Empty,
+                error = Empty,
+            ),
+            Op::Set => tracing::info_span!(
+                "breakwater.set",
+                namespace = %ns,
+                key.hash = Empty,
+                key = Empty,
+                error = Empty,
+            ),
+            Op::Invalidate => tracing::info_span!(
+                "breakwater.invalidate",
+                namespace = %ns,
+                key.hash = Empty,
+                key = Empty,
+                error = Empty,
+            ),
+        };
+        if !span.is_disabled() {
+            span.record(
+                "key.hash",
+                tracing::field::display(format_args!("{:016x}", crate::store::fnv1a(key))),
+            );
+            if self.inner.trace_keys {
+                span.record("key", show_key(key));
+            }
+        }
+        span
     }
 
     /// The exact key the entry for `key` is stored under:
@@ -1194,6 +1368,34 @@ impl<V: Value> Cache<V> {
         self.inner.store.state()
     }
 
+    /// A snapshot of this cache's counts since it was built (hits by
+    /// tier, stale served by reason, loads, coalesced calls, errors by
+    /// kind) and of its breakers now: what the [`metrics`](crate::metrics)
+    /// report, for applications without a metrics stack. Cheap: it reads a
+    /// few atomics (and each breaker's state).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use breakwater::Cache;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), breakwater::Error> {
+    /// let cache = Cache::<u64>::builder().build()?;
+    /// cache.get_or_load("k", || async { Ok::<_, std::io::Error>(Some(1)) }).await?;
+    /// let stats = cache.stats();
+    /// assert_eq!(stats.loads.value, 1);
+    /// assert_eq!(stats.errors_total(), 0);
+    /// # Ok(()) }
+    /// ```
+    pub fn stats(&self) -> Stats {
+        let origin = &self.inner.origin;
+        self.inner.metrics.stats(
+            origin.breaker_state(),
+            self.inner.store.state(),
+            origin.loads_in_flight(),
+            self.local.l1.as_ref().map_or(0, |l1| l1.entries()),
+        )
+    }
+
     /// The store behind this cache.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.inner.raw_store
@@ -1254,7 +1456,11 @@ impl<V: Value> Cache<V> {
                 }
                 Turn::Follow(joined) => joined,
             };
-            match joined.outcome().await {
+            let outcome = {
+                let _waiting = self.inner.metrics.waiting();
+                joined.outcome().await
+            };
+            match outcome {
                 Some(Ok(Read {
                     loaded: Some((result, _)),
                     ..
@@ -1271,7 +1477,18 @@ impl<V: Value> Cache<V> {
     /// (say, a Redis list under the key: reported by the guarded store):
     /// the store is fine, and the key's next fenced write replaces it.
     async fn read(&self, key: &[u8]) -> Result<Option<Entry>, Error> {
-        let bytes = match self.inner.store.get_inline(key).await {
+        let span = if tracing::dispatcher::has_been_set() {
+            tracing::debug_span!("breakwater.store.get")
+        } else {
+            Span::none()
+        };
+        // Not wrapped unless a subscriber listens (see `fetch`).
+        let read = if span.is_disabled() {
+            self.inner.store.get_inline(key).await
+        } else {
+            self.inner.store.get_inline(key).instrument(span).await
+        };
+        let bytes = match read {
             Ok(Some(bytes)) => bytes,
             Ok(None) => return Ok(None),
             Err(err) if err.is_key_fault() => return Ok(None),
@@ -1449,6 +1666,7 @@ impl<V: Value> Cache<V> {
                 ticket,
             )
             .await;
+            self.inner.metrics.l1_entries(l1.entries());
         }
     }
 
@@ -1479,6 +1697,7 @@ impl<V: Value> Cache<V> {
                 ticket,
             )
             .await;
+            self.inner.metrics.l1_entries(l1.entries());
         }
     }
 }
@@ -1643,6 +1862,22 @@ fn undelivered(key: &[u8], attempts: u32, last: Error, at: Instant) -> Error {
     match retry_after {
         Some(after) => err.with_retry_after(after),
         None => err,
+    }
+}
+
+/// The public calls that have a span.
+#[derive(Clone, Copy)]
+enum Op {
+    GetOrLoad,
+    Get,
+    Set,
+    Invalidate,
+}
+
+/// Records a call's error on its span.
+fn record_error<T>(span: &Span, result: &Result<T, Error>) {
+    if let (false, Err(err)) = (span.is_disabled(), result) {
+        span.record("error", tracing::field::display(err));
     }
 }
 

@@ -22,6 +22,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
+use crate::metrics::Metrics;
 use crate::store::{Delivery, Store};
 
 /// What the bus listener tells the cache about every message (the
@@ -149,6 +150,8 @@ pub(crate) struct Waiters {
     registry: Arc<Registry>,
     /// The near cache to keep in step, if any.
     hook: Option<Arc<dyn BusHook>>,
+    /// Where notices heard (and possibly missed) are counted.
+    metrics: Option<Metrics>,
     listener: OnceLock<(AbortHandle, Arc<Ready>)>,
 }
 
@@ -188,12 +191,14 @@ impl Waiters {
         channel: Vec<u8>,
         sender: [u8; SENDER_LEN],
         hook: Option<Arc<dyn BusHook>>,
+        metrics: Option<Metrics>,
     ) -> Self {
         Waiters {
             channel,
             sender,
             registry: Arc::default(),
             hook,
+            metrics,
             listener: OnceLock::new(),
         }
     }
@@ -252,12 +257,16 @@ impl Waiters {
             let registry = Arc::clone(&self.registry);
             let hook = self.hook.clone();
             let own = self.sender;
+            let metrics = self.metrics.clone();
             // Stores announce every (re)subscription with `Missed`, so the
             // ready flag is refreshed after each delivery.
             let task = tokio::spawn(async move {
                 while let Some(delivery) = subscription.recv().await {
                     match delivery {
                         Delivery::Message(m) => {
+                            if let Some(metrics) = &metrics {
+                                metrics.notices("received", 1);
+                            }
                             if let Some(parsed) = parse(&m) {
                                 // Decided now, in bus order: a value published
                                 // before an own invalidation not yet heard back
@@ -279,6 +288,9 @@ impl Waiters {
                             }
                         }
                         Delivery::Missed => {
+                            if let Some(metrics) = &metrics {
+                                metrics.notices("missed", 1);
+                            }
                             wake(&registry, None);
                             if let Some(hook) = &hook {
                                 hook.missed(subscription.is_ready());
@@ -406,7 +418,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_watch_sees_what_the_latest_message_carried() {
-        let waiters = Waiters::new(b"chan".to_vec(), SENDER, None);
+        let waiters = Waiters::new(b"chan".to_vec(), SENDER, None, None);
         let store = crate::store::MemoryStore::new();
         let watch = waiters.watch(&store, b"k", Duration::from_secs(1)).await;
         assert_eq!(watch.filled(), None);

@@ -157,6 +157,20 @@ pub(crate) const SERVED_LABELS: [&str; 13] = [
 /// The index of the `error` label in [`SERVED_LABELS`].
 pub(crate) const SERVED_ERROR: usize = SERVED_LABELS.len() - 1;
 
+/// The `served` label values the request counter reports: those of
+/// [`SERVED_LABELS`] (same indexes), then `l1_hit`, a hit served by the
+/// near cache (a [`Served::Hit`] to its caller).
+pub(crate) const SERVED_METRIC_LABELS: [&str; SERVED_LABELS.len() + 1] = {
+    let mut labels = [""; SERVED_LABELS.len() + 1];
+    let mut i = 0;
+    while i < SERVED_LABELS.len() {
+        labels[i] = SERVED_LABELS[i];
+        i += 1;
+    }
+    labels[SERVED_LABELS.len()] = "l1_hit";
+    labels
+};
+
 impl Served {
     /// The outcome as one word: the `served` label of
     /// `breakwater_requests_total` (see [`metrics`](crate::metrics)):

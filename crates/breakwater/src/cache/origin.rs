@@ -21,9 +21,11 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tracing::Instrument;
+use tracing::field::Empty;
 
 use super::Load;
-use crate::breaker::{BreakerConfig, BreakerState, CircuitBreaker};
+use crate::breaker::{BreakerConfig, BreakerLabel, BreakerState, CircuitBreaker};
 use crate::error::{ConfigError, Error, ErrorKind, KeyedResult};
 use crate::limit::{LimitConfig, LoadLimiter, Priority};
 use crate::metrics::Metrics;
@@ -148,11 +150,65 @@ impl Origin {
         V: Send + 'static,
         L: Load<V>,
     {
+        let span = tracing::info_span!(
+            "breakwater.load",
+            origin = %self.inner.name,
+            outcome = Empty,
+            load_ms = Empty,
+        );
+        let result = self
+            .load_in_span(loader, deadline, priority, metrics)
+            .instrument(span.clone())
+            .await;
+        if !span.is_disabled() {
+            match &result {
+                Ok((value, took)) => {
+                    span.record(
+                        "outcome",
+                        if value.is_some() { "value" } else { "negative" },
+                    );
+                    span.record("load_ms", took.as_millis() as u64);
+                }
+                Err(err) => {
+                    span.record("outcome", tracing::field::display(err));
+                }
+            }
+        }
+        result
+    }
+
+    /// [`load`](Self::load), in its span.
+    async fn load_in_span<V, L>(
+        &self,
+        loader: &Arc<L>,
+        deadline: Duration,
+        priority: Priority,
+        metrics: &Metrics,
+    ) -> Result<(Option<V>, Duration), Error>
+    where
+        V: Send + 'static,
+        L: Load<V>,
+    {
         let inner = &self.inner;
         // 1. Breaker.
         let permit = inner.breaker.try_acquire().map_err(Error::from)?;
-        // 2. Bulkhead.
-        let _slot = inner.limiter.acquire(priority).await.map_err(Error::from)?;
+        // 2. Bulkhead. The gauge is set again once the slot is given back
+        // (the guard is dropped after it), however the load ends.
+        let _gauge = InFlightGauge {
+            origin: self,
+            metrics,
+        };
+        let _slot = match inner.limiter.acquire(priority).await {
+            Ok(slot) => slot,
+            Err(shed) => {
+                metrics.shed(match priority {
+                    Priority::Foreground => "foreground",
+                    Priority::Background => "background",
+                });
+                return Err(shed.into());
+            }
+        };
+        metrics.loads_in_flight(inner.limiter.in_flight());
         // 3. Retries, inside one deadline.
         let attempts = inner
             .retry
@@ -218,8 +274,9 @@ impl OriginBuilder {
             .retry_if(move |err| !is_panic(err) && user.retryable(err));
         Ok(Origin {
             inner: Arc::new(Inner {
+                breaker: CircuitBreaker::new(self.breaker, self.rng_seed)
+                    .labelled(BreakerLabel::origin(&self.name)),
                 name: self.name,
-                breaker: CircuitBreaker::new(self.breaker, self.rng_seed),
                 limiter: LoadLimiter::new(self.limit),
                 retry: Retry::new(retry, self.rng_seed.map(|s| s.wrapping_add(1))),
                 configs,
@@ -242,6 +299,19 @@ impl StdError for Panicked {}
 
 fn is_panic(err: &Error) -> bool {
     StdError::source(err).is_some_and(|s| s.is::<Panicked>())
+}
+
+/// Sets `breakwater_loads_in_flight` when dropped.
+struct InFlightGauge<'a> {
+    origin: &'a Origin,
+    metrics: &'a Metrics,
+}
+
+impl Drop for InFlightGauge<'_> {
+    fn drop(&mut self) {
+        self.metrics
+            .loads_in_flight(self.origin.inner.limiter.in_flight());
+    }
 }
 
 /// Aborts the task when dropped, so a timed-out load does not run on.

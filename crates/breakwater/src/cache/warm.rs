@@ -314,7 +314,7 @@ impl<V: Value> Cache<V> {
             Mode::Fleet,
         );
         let fetched = self.settle(&key.key_bytes(), load.result().await, role, stale, &options);
-        self.count_served(&fetched);
+        self.count_served(&fetched, false);
         match fetched {
             Ok(fetched) => match fetched.served {
                 Served::Loaded => Outcome::Loaded,
