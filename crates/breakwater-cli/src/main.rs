@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod chart;
 mod db;
 mod demo;
 mod failure;
@@ -15,6 +16,7 @@ mod inspect;
 mod progress;
 mod simulate;
 mod spread;
+mod traffic;
 mod warm;
 mod worker;
 
@@ -34,12 +36,17 @@ struct Cli {
 /// for a failure at run time (Redis unreachable, a command failed).
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Show how TTL jitter spreads expiries (embedded memory store, no server).
-    #[command(after_help = "Example:\n  breakwater demo")]
+    /// Three stories, a naive cache next to breakwater: avalanche, stampede,
+    /// outage (embedded store, virtual clock, no server); tables and charts.
+    #[command(
+        after_help = "Example:\n  breakwater demo\n  breakwater demo --seed 7 --out /tmp/charts"
+    )]
     Demo(demo::DemoOpts),
     /// Simulate minutes of traffic on a virtual clock: a naive cache next to
-    /// breakwater, database queries per second and latency.
-    #[command(after_help = "Example:\n  breakwater simulate")]
+    /// breakwater, database queries per second and latency, with a chart.
+    #[command(
+        after_help = "Example:\n  breakwater simulate\n  breakwater simulate --keys 100000 --ttl 5m --jitter ratio:0.1 --duration 7m --rps 2000"
+    )]
     Simulate(simulate::SimulateOpts),
     /// Warm a cold cache at a bounded rate and width, and show how the
     /// warmed keys' expiries spread (memory store, or `--redis URL`).
@@ -101,31 +108,5 @@ mod tests {
     #[test]
     fn cli_definition_is_valid() {
         Cli::command().debug_assert();
-    }
-
-    #[test]
-    fn demo_defaults() {
-        let cli = Cli::try_parse_from(["breakwater", "demo"]).unwrap();
-        let Command::Demo(opts) = cli.command else {
-            panic!("expected the demo subcommand");
-        };
-        assert_eq!(opts.keys, 10_000);
-        assert_eq!(opts.ttl_secs, 10);
-        assert_eq!(opts.ratio, 0.2);
-        assert_eq!(opts.seed, None);
-    }
-
-    /// clap takes `-0.5` as a value, not a flag, so the library's own check
-    /// (with its exact message) is what rejects it.
-    #[tokio::test]
-    async fn negative_ratio_reaches_the_library_check() {
-        let cli = Cli::try_parse_from(["breakwater", "demo", "--ratio", "-0.5"]).unwrap();
-        let Command::Demo(opts) = cli.command else {
-            panic!("expected the demo subcommand");
-        };
-        assert_eq!(opts.ratio, -0.5);
-        let err = demo::run(&opts).await.unwrap_err();
-        assert!(matches!(err, demo::DemoError::Config(_)), "{err:?}");
-        assert_eq!(err.to_string(), "jitter ratio must be in 0..=1, got -0.5");
     }
 }

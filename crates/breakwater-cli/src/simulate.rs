@@ -1,34 +1,38 @@
 //! `breakwater simulate`: a keyspace written at once, then steady traffic on
-//! a virtual clock, against a slow database: a naive cache next to
-//! breakwater, to watch the avalanche (every key expiring in the same
-//! second) and the stampede (every request for a missing hot key querying
-//! the database) happen, and not happen.
+//! a virtual clock against a simulated database, once per strategy: a
+//! naive cache next to breakwater, to watch the avalanche (every key
+//! expiring in the same second) and the stampede (every request for a
+//! missing hot key querying the database) happen, and not happen.
 //!
-//! Both scenarios run on the embedded memory store with paused tokio time
-//! (a run of minutes takes seconds, and the same seed gives the same
+//! Every strategy runs on its own embedded memory store with paused tokio
+//! time (a run of minutes takes seconds, and the same seed gives the same
 //! figures). Requests arrive evenly at `--rps` and pick keys with a Zipf
-//! distribution (a few hot keys, a long tail).
+//! law (a few hot keys, a long tail); the database ([`Database`]) slows
+//! down past its capacity.
 //!
 //! - **naive**: `GET`; on a miss, query the database and `SET` with the one
-//!   TTL. No jitter, no coalescing.
-//! - **breakwater**: [`Cache::get_or_load`] with jitter, single-flight and a
-//!   grace window of a tenth of the TTL.
+//!   TTL. No jitter, no coalescing, no stale values.
+//! - **breakwater**: [`Cache::get_or_load`](breakwater::Cache::get_or_load)
+//!   with the jitter, single-flight, the grace window and early refresh.
 
+use std::fmt::Write as _;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use breakwater::{Cache, Error, Jitter, MemoryStore, Store};
-use clap::Args;
+use breakwater::{Error, Jitter, MemoryStore};
 use clap::builder::RangedU64ValueParser;
-use rand::rngs::StdRng;
-use rand::{RngExt, SeedableRng};
-use tokio::task::JoinSet;
-use tokio::time::Instant;
+use clap::{Args, ValueEnum};
+use indicatif::ProgressBar;
+use serde::Serialize;
 
-use crate::bench::percentile;
-use crate::db::Database;
-use crate::demo::expiry_stats;
+use crate::chart::{self, Chart, Event, Line};
+use crate::db::{self, Database};
+use crate::failure::{self, Failure};
+use crate::histogram::count;
+use crate::progress;
+use crate::traffic::{self, Client, Expiries, Workload};
 
 /// Options of `breakwater simulate`.
 #[derive(Debug, Clone, Args)]
@@ -37,346 +41,444 @@ pub(crate) struct SimulateOpts {
     #[arg(long, default_value_t = 2_000,
           value_parser = RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
     pub(crate) keys: usize,
+    /// Base TTL of every key (`600s`, `10m`).
+    #[arg(long, default_value = "10m", value_parser = window)]
+    pub(crate) ttl: Duration,
+    /// breakwater's jitter: `ratio:R` (±R of the TTL), `down:R` (−R..0),
+    /// `fixed:D` (±D), `up-to:D` (0..+D) or `none`.
+    #[arg(long, default_value = "ratio:0.2", value_parser = jitter, allow_hyphen_values = true)]
+    pub(crate) jitter: Jitter,
+    /// breakwater's grace (stale-while-revalidate) window; a tenth of the
+    /// TTL when not given.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub(crate) grace: Option<Duration>,
     /// Requests per second.
     #[arg(long, default_value_t = 400, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub(crate) rps: u32,
-    /// Simulated minutes of traffic.
-    #[arg(long, default_value_t = 25, value_parser = clap::value_parser!(u64).range(1..=1_440))]
-    pub(crate) minutes: u64,
-    /// Base TTL in seconds.
-    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=86_400))]
-    pub(crate) ttl_secs: u64,
-    /// breakwater's jitter ratio (±ratio).
-    #[arg(long, default_value_t = 0.2, allow_negative_numbers = true)]
-    pub(crate) ratio: f64,
-    /// How long one database query takes, in milliseconds.
-    #[arg(long, default_value_t = 50)]
-    pub(crate) db_ms: u64,
     /// Zipf exponent of key popularity (0 = uniform).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = zipf)]
     pub(crate) zipf: f64,
+    /// How long one database query takes at or under capacity (`50ms`).
+    #[arg(long, default_value = "50ms", value_parser = latency)]
+    pub(crate) loader_latency: Duration,
+    /// Queries the database runs at once at that latency; past it every
+    /// query slows down in proportion (0 = no limit).
+    #[arg(long, default_value_t = 100)]
+    pub(crate) db_capacity: usize,
+    /// Simulated time of traffic (`90s`, `25m`); longer than the TTL to see
+    /// the bulk write expire.
+    #[arg(long, default_value = "25m", value_parser = window)]
+    pub(crate) duration: Duration,
+    /// The strategies to run, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "naive,breakwater")]
+    pub(crate) strategies: Vec<Strategy>,
     /// Seed for key choice and jitter.
     #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,
+    /// Print the figures as JSON instead of tables.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Directory the chart is written to (created if missing).
+    #[arg(long, default_value = "breakwater-simulate")]
+    pub(crate) out: PathBuf,
 }
 
-/// What one scenario measured.
-#[derive(Debug, Clone)]
+/// A caching strategy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Strategy {
+    /// GET, and on a miss query and SET: no jitter, no coalescing.
+    Naive,
+    /// breakwater's `get_or_load`.
+    Breakwater,
+}
+
+impl Strategy {
+    fn name(self) -> &'static str {
+        match self {
+            Strategy::Naive => "naive",
+            Strategy::Breakwater => "breakwater",
+        }
+    }
+}
+
+/// A duration of 1 s to 1 day.
+fn window(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|err| err.to_string())?;
+    if (Duration::from_secs(1)..=Duration::from_secs(86_400)).contains(&d) {
+        Ok(d)
+    } else {
+        Err("must be between 1s and 1 day".to_owned())
+    }
+}
+
+/// A query latency of at most a minute.
+fn latency(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|err| err.to_string())?;
+    if d <= Duration::from_secs(60) {
+        Ok(d)
+    } else {
+        Err("must be at most 1m".to_owned())
+    }
+}
+
+/// A Zipf exponent in `0..=10`.
+fn zipf(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
+    if (0.0..=10.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err("must be between 0 and 10".to_owned())
+    }
+}
+
+/// `ratio:R`, `down:R`, `fixed:D`, `up-to:D` or `none`, checked by the
+/// library.
+pub(crate) fn jitter(s: &str) -> Result<Jitter, String> {
+    let (kind, size) = s.split_once(':').unwrap_or((s, ""));
+    let ratio = || {
+        size.parse::<f64>()
+            .map_err(|_| format!("`{size}` is not a ratio (e.g. ratio:0.2)"))
+    };
+    let span = || humantime::parse_duration(size).map_err(|err| format!("`{size}`: {err}"));
+    let jitter = match kind {
+        "none" if size.is_empty() => Jitter::none(),
+        "ratio" => Jitter::ratio(ratio()?),
+        "down" => Jitter::down(ratio()?),
+        "fixed" => Jitter::fixed(span()?),
+        "up-to" => Jitter::up_to(span()?),
+        _ => {
+            return Err(
+                "expected ratio:R, down:R, fixed:DURATION, up-to:DURATION or none".to_owned(),
+            );
+        }
+    };
+    jitter.validate().map_err(|err| err.to_string())?;
+    Ok(jitter)
+}
+
+/// What one strategy measured.
+#[derive(Debug, Clone, Serialize)]
 pub(crate) struct Outcome {
-    /// Database queries in all (the initial bulk write not counted).
+    /// The strategy.
+    pub(crate) strategy: Strategy,
+    /// How the bulk write's expiries spread.
+    pub(crate) expiries: Expiries,
+    /// Database queries in all (the bulk write not counted).
     pub(crate) queries: usize,
-    /// The most queries started in any one second.
+    /// The most queries started in one whole second.
     pub(crate) peak_per_second: usize,
     /// The most queries running at once.
     pub(crate) peak_at_once: usize,
-    /// Queries started in each simulated minute.
-    pub(crate) per_minute: Vec<usize>,
-    /// Request latencies in microseconds, sorted.
-    pub(crate) latencies_us: Vec<u64>,
+    /// Requests made.
+    pub(crate) requests: usize,
+    /// Requests that waited at all (for a load or a bulkhead permit).
+    pub(crate) waited: usize,
+    /// Requests answered with a stale value.
+    pub(crate) stale: usize,
     /// Requests that failed.
     pub(crate) errors: usize,
+    /// Latency quantiles of the answered requests, in ms.
+    pub(crate) p50_ms: Option<f64>,
+    /// 99th percentile.
+    pub(crate) p99_ms: Option<f64>,
+    /// The slowest.
+    pub(crate) max_ms: Option<f64>,
+    /// Queries started in each second.
+    pub(crate) per_second: Vec<usize>,
 }
 
-/// Both scenarios.
-#[derive(Debug, Clone)]
-pub(crate) struct Simulation {
-    pub(crate) naive: Outcome,
-    pub(crate) breakwater: Outcome,
-}
-
-/// The most requests one scenario simulates (the latencies are kept).
+/// The most requests one strategy simulates (the latencies are kept).
 const MAX_REQUESTS: u64 = 20_000_000;
-
-/// Why a simulation could not run.
-#[derive(Debug)]
-pub(crate) enum SimError {
-    /// `rps × minutes × 60` is above [`MAX_REQUESTS`].
-    TooLarge(u64),
-    /// The library refused an option, or the store failed.
-    Cache(Error),
-}
-
-impl std::fmt::Display for SimError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SimError::TooLarge(n) => write!(
-                f,
-                "{n} requests per scenario is too many (at most {MAX_REQUESTS}): lower --rps or --minutes"
-            ),
-            SimError::Cache(err) => err.fmt(f),
-        }
-    }
-}
-
-impl From<Error> for SimError {
-    fn from(err: Error) -> Self {
-        SimError::Cache(err)
-    }
-}
-
-impl From<breakwater::ConfigError> for SimError {
-    fn from(err: breakwater::ConfigError) -> Self {
-        SimError::Cache(err.into())
-    }
-}
+/// Sparklines have at most this many cells.
+const SPARK_CELLS: usize = 60;
 
 /// Runs `breakwater simulate`.
 pub(crate) async fn main(opts: SimulateOpts) -> ExitCode {
-    let handle = std::thread::spawn(move || {
-        let simulation = simulate(&opts);
-        (opts, simulation)
-    });
-    // The simulation has its own paused runtime on its own thread; wait for
-    // it without blocking this runtime.
-    let joined = tokio::task::spawn_blocking(move || handle.join()).await;
-    match joined {
-        Ok(Ok((opts, Ok(simulation)))) => {
-            print!("{}", render(&opts, &simulation));
-            ExitCode::SUCCESS
-        }
-        Ok(Ok((_, Err(err)))) => {
-            eprintln!("error: {err}");
-            match err {
-                SimError::TooLarge(_) => ExitCode::from(2),
-                SimError::Cache(err) if err.is_config() => ExitCode::from(2),
-                SimError::Cache(_) => ExitCode::FAILURE,
-            }
-        }
-        _ => {
-            eprintln!("error: the simulation panicked");
-            ExitCode::FAILURE
-        }
+    let warnings = warnings(&opts);
+    for warning in &warnings {
+        eprintln!("breakwater simulate: warning: {warning}");
+    }
+    let total = workload(&opts).total();
+    if total > MAX_REQUESTS {
+        return Failure::usage(format!(
+            "{total} requests per strategy is too many (at most {MAX_REQUESTS}): lower --rps \
+             or --duration"
+        ))
+        .exit("simulate");
+    }
+    let bar = progress::bar(total * opts.strategies.len() as u64, "simulating");
+    let (run_opts, run_bar) = (opts.clone(), bar.clone());
+    let outcomes = traffic::off_thread(move || simulate(&run_opts, Some(&run_bar))).await;
+    bar.finish_and_clear();
+    let result = match outcomes {
+        None => Err(Failure::runtime("the simulation panicked")),
+        Some(outcomes) => outcomes
+            .map_err(Failure::from)
+            .and_then(|outcomes| report(&opts, &outcomes, &warnings)),
+    };
+    failure::finish("simulate", result)
+}
+
+/// Writes the chart and prints the report.
+fn report(opts: &SimulateOpts, outcomes: &[Outcome], warnings: &[String]) -> Result<(), Failure> {
+    let chart = Chart {
+        title: format!(
+            "{} keys written at once, TTL {}, {} requests/s",
+            count(opts.keys),
+            humantime::format_duration(opts.ttl),
+            count(opts.rps as usize)
+        ),
+        lines: outcomes
+            .iter()
+            .map(|o| Line {
+                name: o.strategy.name().to_owned(),
+                per_second: o.per_second.clone(),
+            })
+            .collect(),
+        events: vec![Event {
+            at_s: opts.ttl.as_secs_f64(),
+            label: "TTL".to_owned(),
+        }],
+    };
+    let charts = chart::write(&chart, &opts.out, "simulate")?;
+    if opts.json {
+        let json = serde_json::json!({
+            "keys": opts.keys,
+            "ttl_s": opts.ttl.as_secs_f64(),
+            "jitter": opts.jitter.to_string(),
+            "grace_s": grace(opts).as_secs_f64(),
+            "rps": opts.rps,
+            "zipf": opts.zipf,
+            "loader_latency_ms": opts.loader_latency.as_secs_f64() * 1000.0,
+            "db_capacity": opts.db_capacity,
+            "duration_s": opts.duration.as_secs_f64(),
+            "seed": opts.seed,
+            "warnings": warnings,
+            "strategies": outcomes,
+            "charts": charts,
+        });
+        println!("{json:#}");
+    } else {
+        print!("{}", render(opts, outcomes));
+        println!("chart: {} and {}", charts[0].display(), charts[1].display());
+    }
+    Ok(())
+}
+
+/// What looks wrong with the options, said before running.
+pub(crate) fn warnings(opts: &SimulateOpts) -> Vec<String> {
+    let mut out = Vec::new();
+    if opts.duration < opts.ttl {
+        out.push(format!(
+            "--duration {} is shorter than --ttl {}: no key of the bulk write expires inside \
+             the window, so the figures show no avalanche; use a --duration longer than the TTL",
+            humantime::format_duration(opts.duration),
+            humantime::format_duration(opts.ttl)
+        ));
+    }
+    out
+}
+
+/// breakwater's grace: as given, or a tenth of the TTL.
+fn grace(opts: &SimulateOpts) -> Duration {
+    opts.grace.unwrap_or(opts.ttl / 10)
+}
+
+fn workload(opts: &SimulateOpts) -> Workload {
+    Workload {
+        keys: opts.keys,
+        rps: opts.rps,
+        duration: opts.duration,
+        zipf: opts.zipf,
+        seed: opts.seed,
     }
 }
 
-/// Runs both scenarios, each on a fresh paused runtime.
+/// Runs every strategy, each on a fresh paused runtime.
 ///
 /// # Errors
 ///
 /// A [`Config`](breakwater::ErrorKind::Config) error for options the
-/// library rejects (e.g. a ratio outside `0..=1`).
-pub(crate) fn simulate(opts: &SimulateOpts) -> Result<Simulation, SimError> {
-    Jitter::ratio(opts.ratio).validate()?;
-    let total = u64::from(opts.rps) * opts.minutes * 60;
-    if total > MAX_REQUESTS {
-        return Err(SimError::TooLarge(total));
-    }
-    let run = |naive: bool| {
-        // A current-thread runtime with a paused clock allocates and spawns
-        // nothing that can fail short of memory exhaustion.
-        tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .expect("a current-thread runtime")
-            .block_on(scenario(opts, naive))
-    };
-    Ok(Simulation {
-        naive: run(true)?,
-        breakwater: run(false)?,
-    })
-}
-
-/// Zipf key choice: `cdf[i]` is the probability of a key `<= i`.
-fn zipf_cdf(keys: usize, s: f64) -> Vec<f64> {
-    let weights: Vec<f64> = (1..=keys).map(|rank| 1.0 / (rank as f64).powf(s)).collect();
-    let total: f64 = weights.iter().sum();
-    let mut acc = 0.0;
-    weights
+/// library rejects (e.g. a grace window above its limit).
+pub(crate) fn simulate(
+    opts: &SimulateOpts,
+    progress: Option<&ProgressBar>,
+) -> Result<Vec<Outcome>, Error> {
+    opts.strategies
         .iter()
-        .map(|w| {
-            acc += w / total;
-            acc
-        })
+        .map(|&strategy| traffic::paused_runtime().block_on(scenario(opts, strategy, progress)))
         .collect()
 }
 
-fn pick(cdf: &[f64], u: f64) -> usize {
-    cdf.partition_point(|&p| p < u).min(cdf.len() - 1)
-}
-
-/// One scenario on the current (paused) runtime.
-async fn scenario(opts: &SimulateOpts, naive: bool) -> Result<Outcome, Error> {
+/// One strategy on the current (paused) runtime.
+async fn scenario(
+    opts: &SimulateOpts,
+    strategy: Strategy,
+    progress: Option<&ProgressBar>,
+) -> Result<Outcome, Error> {
     let store = MemoryStore::new();
-    let ttl = Duration::from_secs(opts.ttl_secs);
-    let cache = Cache::<u64>::builder()
-        .namespace("simulate")
-        .store(store.clone())
-        .ttl(ttl)
-        .jitter(Jitter::ratio(opts.ratio))
-        .grace(ttl / 10)
-        .rng_seed(opts.seed)
-        .build()?;
-    let naive_key = |key: usize| format!("naive:{key}").into_bytes();
-
-    // The bulk write that every key's expiry dates from.
-    for key in 0..opts.keys {
-        if naive {
-            store
-                .set(&naive_key(key), &(key as u64).to_be_bytes(), ttl)
-                .await?;
-        } else {
-            cache.set(key.to_string(), &(key as u64)).await?;
-        }
-    }
-
-    let cdf = Arc::new(zipf_cdf(opts.keys, opts.zipf));
-    let mut rng = StdRng::seed_from_u64(opts.seed);
-    let total = u64::from(opts.rps) * opts.minutes * 60;
-    let gap_ns = 1_000_000_000 / u64::from(opts.rps);
-    let db = Arc::new(Database::new(Duration::from_millis(opts.db_ms)));
-    let began = Instant::now();
-    // Finished requests are reaped as the run goes, so memory follows the
-    // requests in flight, not all of them.
-    let mut tasks = JoinSet::new();
-    let mut latencies_us = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
-    let mut errors = 0;
-    let mut record = |done: Result<Result<Duration, Error>, tokio::task::JoinError>| match done {
-        Ok(Ok(latency)) => {
-            latencies_us.push(u64::try_from(latency.as_micros()).unwrap_or(u64::MAX));
-        }
-        _ => errors += 1,
+    let client = match strategy {
+        Strategy::Naive => Client::Naive {
+            store,
+            ttl: opts.ttl,
+        },
+        Strategy::Breakwater => Client::Breakwater(
+            traffic::builder(&store, opts.jitter, opts.seed)
+                .ttl(opts.ttl)
+                .grace(grace(opts))
+                .build()?,
+        ),
     };
-    for i in 0..total {
-        let arrival = began + Duration::from_nanos(gap_ns * i);
-        tokio::time::sleep_until(arrival).await;
-        let key = pick(&cdf, rng.random::<f64>());
-        let db = Arc::clone(&db);
-        if naive {
-            let store = store.clone();
-            let raw = naive_key(key);
-            tasks.spawn(async move {
-                let start = Instant::now();
-                if store.get(&raw).await?.is_none() {
-                    db.query().await;
-                    store.set(&raw, &(key as u64).to_be_bytes(), ttl).await?;
-                }
-                Ok::<_, Error>(start.elapsed())
-            });
-        } else {
-            let cache = cache.clone();
-            tasks.spawn(async move {
-                let start = Instant::now();
-                cache
-                    .get_or_load(key.to_string(), move || {
-                        let db = Arc::clone(&db);
-                        async move {
-                            db.query().await;
-                            Ok::<_, Error>(Some(key as u64))
-                        }
-                    })
-                    .await?;
-                Ok::<_, Error>(start.elapsed())
-            });
-        }
-        while let Some(done) = tasks.try_join_next() {
-            record(done);
-        }
+    let mut db = Database::new(opts.loader_latency);
+    if opts.db_capacity > 0 {
+        db = db.with_capacity(opts.db_capacity);
     }
-    while let Some(done) = tasks.join_next().await {
-        record(done);
-    }
-    latencies_us.sort_unstable();
+    let db = Arc::new(db);
+    client.preload(opts.keys).await?;
+    let expiries: Vec<u64> = client
+        .expiries_ms(opts.keys)
+        .await?
+        .into_iter()
+        .flatten()
+        .collect();
+    let tally = traffic::run(&client, &db, &workload(opts), progress).await;
     let started = db.started_ms();
-    let mut per_minute = vec![0; usize::try_from(opts.minutes).unwrap_or(0).max(1)];
-    for &ms in &started {
-        let minute = usize::try_from(ms / 60_000).unwrap_or(usize::MAX);
-        if let Some(slot) = per_minute.get_mut(minute) {
-            *slot += 1;
-        }
-    }
+    let seconds = usize::try_from(opts.duration.as_secs()).unwrap_or(usize::MAX);
+    let per_second = db::per_second(&started, seconds);
     Ok(Outcome {
+        strategy,
+        expiries: Expiries::of(&expiries),
         queries: started.len(),
-        peak_per_second: expiry_stats(&started).peak_1s,
+        peak_per_second: per_second.iter().copied().max().unwrap_or(0),
         peak_at_once: db.peak(),
-        per_minute,
-        latencies_us,
-        errors,
+        requests: tally.requests(),
+        waited: tally.waited(),
+        stale: tally.stale,
+        errors: tally.errors,
+        p50_ms: tally.quantile_ms(0.5),
+        p99_ms: tally.quantile_ms(0.99),
+        max_ms: tally.quantile_ms(1.0),
+        per_second,
     })
 }
 
 /// The report as text.
-pub(crate) fn render(opts: &SimulateOpts, sim: &Simulation) -> String {
-    use std::fmt::Write as _;
-
+pub(crate) fn render(opts: &SimulateOpts, outcomes: &[Outcome]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "simulate: {} keys written at once with a {} s TTL, then {} requests/s for {} min",
-        opts.keys, opts.ttl_secs, opts.rps, opts.minutes
+        "simulate: {} keys written at once with TTL {}, then {} requests/s for {} (Zipf s={})",
+        count(opts.keys),
+        humantime::format_duration(opts.ttl),
+        count(opts.rps as usize),
+        humantime::format_duration(opts.duration),
+        opts.zipf
     );
+    let capacity = if opts.db_capacity == 0 {
+        "no capacity limit".to_owned()
+    } else {
+        format!("slower past {} at once", count(opts.db_capacity))
+    };
     let _ = writeln!(
         out,
-        "(Zipf s={}), database {} ms per query, virtual clock, seed {}",
-        opts.zipf, opts.db_ms, opts.seed
+        "database {} a query, {capacity}; breakwater: jitter {}, grace {}; virtual clock, seed {}",
+        humantime::format_duration(opts.loader_latency),
+        opts.jitter,
+        humantime::format_duration(grace(opts)),
+        opts.seed
     );
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "{:<11} {:>8} {:>7} {:>8} {:>8} {:>8} {:>8} {:>7}",
-        "", "queries", "peak/s", "at once", "waited", "p99 ms", "max ms", "errors"
+        "{:<11} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7}",
+        "",
+        "queries",
+        "peak/s",
+        "at once",
+        "waited",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "stale",
+        "errors"
     );
-    for (name, o) in [("naive", &sim.naive), ("breakwater", &sim.breakwater)] {
-        // Requests that waited for the database (any wait at all: the
-        // store itself answers at once on the virtual clock).
-        let waited = o.latencies_us.iter().filter(|&&us| us >= 1_000).count();
+    let ms = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"));
+    for o in outcomes {
         let _ = writeln!(
             out,
-            "{name:<11} {:>8} {:>7} {:>8} {:>8} {:>8} {:>8} {:>7}",
-            o.queries,
-            o.peak_per_second,
-            o.peak_at_once,
-            waited,
-            quantile_ms(&o.latencies_us, 0.99),
-            quantile_ms(&o.latencies_us, 1.0),
-            o.errors
+            "{:<11} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7}",
+            o.strategy.name(),
+            count(o.queries),
+            count(o.peak_per_second),
+            count(o.peak_at_once),
+            count(o.waited),
+            ms(o.p50_ms),
+            ms(o.p99_ms),
+            ms(o.max_ms),
+            count(o.stale),
+            count(o.errors)
         );
     }
     let _ = writeln!(
         out,
-        "(queries: database queries; peak/s: most started in one second; at once: most"
-    );
-    let _ = writeln!(
-        out,
-        "running together; waited: requests that waited for one)"
+        "(queries: database queries; peak/s: most started in one second; at once: most\n \
+         running together; waited: requests not answered at once)"
     );
     let _ = writeln!(out);
-    let _ = writeln!(
-        out,
-        "database queries per minute (each row to its own peak):"
-    );
-    for (name, o) in [("naive", &sim.naive), ("breakwater", &sim.breakwater)] {
-        let peak = o.per_minute.iter().copied().max().unwrap_or(0);
-        let _ = writeln!(out, "{name:<11} {} (peak {peak})", sparkline(&o.per_minute));
+    let _ = writeln!(out, "expiries of the bulk write:");
+    for o in outcomes {
+        let _ = writeln!(out, "{:<11} {}", o.strategy.name(), o.expiries.describe());
     }
     let _ = writeln!(out);
+    let seconds = outcomes
+        .iter()
+        .map(|o| o.per_second.len())
+        .max()
+        .unwrap_or(0);
+    let width = seconds.div_ceil(SPARK_CELLS).max(1);
+    let rows: Vec<Vec<usize>> = outcomes
+        .iter()
+        .map(|o| o.per_second.chunks(width).map(|c| c.iter().sum()).collect())
+        .collect();
+    let peak = rows.iter().flatten().copied().max().unwrap_or(0);
     let _ = writeln!(
         out,
-        "naive: every key written together expires together, and every request for a"
+        "database queries per {width} s, one scale for every row (█ = {}):",
+        count(peak)
     );
-    let _ = writeln!(
-        out,
-        "missing key queries the database. breakwater: jittered TTLs spread the expiries;"
-    );
-    let _ = writeln!(
-        out,
-        "one query per key refills it while callers get the stale value (grace)."
-    );
+    for (o, line) in outcomes.iter().zip(sparklines(&rows)) {
+        let own = rows_peak(&o.per_second, width);
+        let _ = writeln!(
+            out,
+            "{:<11} {line} (peak {})",
+            o.strategy.name(),
+            count(own)
+        );
+    }
     out
 }
 
-/// The `p` quantile (nearest rank) of sorted µs samples, in ms.
-fn quantile_ms(sorted_us: &[u64], p: f64) -> String {
-    percentile(sorted_us, p).map_or("-".to_owned(), |us| format!("{:.1}", us as f64 / 1000.0))
+/// The most queries in one `width`-second bucket of `per_second`.
+fn rows_peak(per_second: &[usize], width: usize) -> usize {
+    per_second
+        .chunks(width)
+        .map(|c| c.iter().sum())
+        .max()
+        .unwrap_or(0)
 }
 
-/// One block character per value, scaled to the largest.
-fn sparkline(values: &[usize]) -> String {
+/// One block character per value, every row on one scale: the largest
+/// value of all rows is a full block, so rows compare at a glance.
+fn sparklines(rows: &[Vec<usize>]) -> Vec<String> {
     const BLOCKS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
-    let max = values.iter().copied().max().unwrap_or(0).max(1);
-    values
-        .iter()
-        .map(|&v| BLOCKS[(v * (BLOCKS.len() - 1)).div_ceil(max).min(BLOCKS.len() - 1)])
+    let max = rows.iter().flatten().copied().max().unwrap_or(0).max(1);
+    rows.iter()
+        .map(|row| {
+            row.iter()
+                .map(|&v| BLOCKS[(v * (BLOCKS.len() - 1)).div_ceil(max).min(BLOCKS.len() - 1)])
+                .collect()
+        })
         .collect()
 }
 
@@ -387,22 +489,27 @@ mod tests {
     fn opts() -> SimulateOpts {
         SimulateOpts {
             keys: 200,
+            ttl: Duration::from_secs(60),
+            jitter: Jitter::ratio(0.2),
+            grace: None,
             rps: 400,
-            minutes: 3,
-            ttl_secs: 60,
-            ratio: 0.2,
-            db_ms: 50,
             zipf: 1.0,
+            loader_latency: Duration::from_millis(50),
+            db_capacity: 100,
+            duration: Duration::from_secs(180),
+            strategies: vec![Strategy::Naive, Strategy::Breakwater],
             seed: 7,
+            json: false,
+            out: PathBuf::new(),
         }
     }
 
     #[test]
     fn breakwater_flattens_the_avalanche_and_the_stampede() {
-        let sim = simulate(&opts()).unwrap();
-        let (naive, bw) = (&sim.naive, &sim.breakwater);
+        let outcomes = simulate(&opts(), None).unwrap();
+        let (naive, bw) = (&outcomes[0], &outcomes[1]);
         assert_eq!((naive.errors, bw.errors), (0, 0));
-        assert_eq!(naive.latencies_us.len(), 400 * 180);
+        assert_eq!(naive.requests, 400 * 180);
         // Every naive key expires at 60 s exactly: the busiest second
         // queries for many keys at once (and for hot keys, many times).
         assert!(
@@ -413,54 +520,93 @@ mod tests {
         );
         assert!(naive.peak_at_once > bw.peak_at_once, "{naive:?} {bw:?}");
         // Grace: breakwater's callers do not wait for the database.
+        assert!(bw.p99_ms.unwrap() < 50.0, "{bw:?}");
+    }
+
+    /// The seed's own figures, with a fixed seed: 100,000 keys written at
+    /// once with TTL 300 s.
+    #[test]
+    fn the_seed_figures_of_a_bulk_write() {
+        let bulk = |spec: &str| {
+            let opts = SimulateOpts {
+                keys: 100_000,
+                ttl: Duration::from_secs(300),
+                jitter: jitter(spec).unwrap(),
+                duration: Duration::from_secs(1),
+                rps: 1,
+                strategies: vec![Strategy::Breakwater],
+                seed: 42,
+                ..opts()
+            };
+            let outcome = simulate(&opts, None).unwrap().remove(0);
+            assert_eq!(outcome.expiries.count, 100_000);
+            outcome.expiries
+        };
+
+        let e = bulk("ratio:0.2");
+        assert!(e.first_s >= 240.0 && e.last_s <= 360.0, "{e:?}");
+        assert!(e.first_s < 241.0 && e.last_s > 359.0, "{e:?}");
+        let even = 100_000.0 / 120.0;
         assert!(
-            bw.latencies_us[bw.latencies_us.len() * 99 / 100] < 50_000,
-            "{bw:?}"
+            (e.mean_per_second - even).abs() <= 0.05 * even,
+            "mean {} vs {even}",
+            e.mean_per_second
         );
+        assert!(e.busiest_second as f64 <= 1.2 * even, "{e:?}");
+
+        let e = bulk("ratio:0.1");
+        assert!(e.first_s >= 270.0 && e.last_s <= 330.0, "{e:?}");
+        assert!(e.first_s < 271.0 && e.last_s > 329.0, "{e:?}");
+
+        let e = bulk("none");
+        assert_eq!(e.busiest_second, 100_000);
+        assert_eq!((e.first_s, e.last_s), (300.0, 300.0));
     }
 
     #[test]
     fn the_same_seed_gives_the_same_figures() {
-        let a = simulate(&opts()).unwrap();
-        let b = simulate(&opts()).unwrap();
-        assert_eq!(a.naive.per_minute, b.naive.per_minute);
-        assert_eq!(a.breakwater.per_minute, b.breakwater.per_minute);
-        assert_eq!(a.breakwater.queries, b.breakwater.queries);
+        let a = simulate(&opts(), None).unwrap();
+        let b = simulate(&opts(), None).unwrap();
+        for (a, b) in a.iter().zip(&b) {
+            assert_eq!(a.per_second, b.per_second);
+            assert_eq!(a.expiries, b.expiries);
+        }
     }
 
     #[test]
-    fn bad_options_are_refused_before_anything_runs() {
-        let err = simulate(&SimulateOpts {
-            ratio: 1.5,
-            ..opts()
-        })
-        .unwrap_err();
-        assert!(matches!(&err, SimError::Cache(e) if e.is_config()), "{err}");
-        let huge = SimulateOpts {
-            rps: 100_000,
-            minutes: 1_440,
+    fn jitter_options_are_checked_by_the_library() {
+        assert_eq!(jitter("ratio:0.2").unwrap(), Jitter::ratio(0.2));
+        assert_eq!(
+            jitter("fixed:3s").unwrap(),
+            Jitter::fixed(Duration::from_secs(3))
+        );
+        assert_eq!(jitter("none").unwrap(), Jitter::none());
+        assert_eq!(
+            jitter("ratio:1.5").unwrap_err(),
+            "jitter ratio must be in 0..=1, got 1.5"
+        );
+        assert!(jitter("sideways:1").is_err());
+    }
+
+    #[test]
+    fn a_window_shorter_than_the_ttl_is_warned_about() {
+        let short = SimulateOpts {
+            duration: Duration::from_secs(120),
+            ttl: Duration::from_secs(600),
             ..opts()
         };
-        assert!(matches!(
-            simulate(&huge),
-            Err(SimError::TooLarge(8_640_000_000))
-        ));
+        let warned = warnings(&short);
+        assert_eq!(warned.len(), 1, "{warned:?}");
+        assert!(warned[0].contains("shorter than --ttl"), "{warned:?}");
+        assert!(warnings(&opts()).is_empty());
     }
 
     #[test]
-    fn zipf_picks_favour_low_ranks() {
-        let cdf = zipf_cdf(100, 1.0);
-        assert!((cdf[99] - 1.0).abs() < 1e-9);
-        assert_eq!(pick(&cdf, 0.0), 0);
-        assert_eq!(pick(&cdf, 1.0), 99);
-        assert!(cdf[0] > 0.15, "rank 1 of 100 under s=1 is about 19 %");
-        let uniform = zipf_cdf(4, 0.0);
-        assert!((uniform[1] - 0.5).abs() < 1e-9);
-    }
-
-    #[test]
-    fn sparklines_scale_to_the_peak() {
-        assert_eq!(sparkline(&[0, 1, 8]), "▁▂█");
-        assert_eq!(sparkline(&[0, 0]), "▁▁");
+    fn sparklines_share_one_scale() {
+        // A peak of 1,862 and one of 510: only the first reaches the top.
+        let lines = sparklines(&[vec![0, 1_862, 0], vec![0, 510, 0]]);
+        assert_eq!(lines[0], "▁█▁");
+        assert_eq!(lines[1], "▁▃▁");
+        assert_eq!(sparklines(&[vec![0, 0]]), ["▁▁"]);
     }
 }

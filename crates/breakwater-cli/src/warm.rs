@@ -118,8 +118,8 @@ pub(crate) async fn run(opts: &WarmOpts) -> Result<WarmRun, Failure> {
         let query = move |key: String| {
             let db = Arc::clone(&db);
             async move {
-                db.query().await;
-                Ok::<_, Error>(Some(format!("row for {key}")))
+                db.query().await?;
+                Ok::<_, crate::db::Down>(Some(format!("row for {key}")))
             }
         };
         cache.warm(keys.clone(), query, warm)

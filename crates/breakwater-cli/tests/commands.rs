@@ -509,3 +509,153 @@ fn every_subcommand_has_an_example_in_its_help() {
         );
     }
 }
+
+/// A fresh directory under the system's temporary one.
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("breakwater-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[test]
+fn demo_tells_three_stories_and_writes_their_charts() {
+    let out = temp_dir("demo");
+    let out_arg = out.to_str().unwrap();
+    let (code, stdout, err) = breakwater_within(
+        &["demo", "--seed", "3", "--out", out_arg],
+        Duration::from_secs(300),
+    );
+    assert_eq!(code, 0, "stdout:\n{stdout}\nstderr:\n{err}");
+    assert!(stdout.contains("seed 3 (replay with --seed 3)"), "{stdout}");
+    for story in ["1. avalanche", "2. stampede", "3. outage"] {
+        assert!(stdout.contains(story), "{story}: {stdout}");
+    }
+    assert_eq!(stdout.matches("db peak/s  queries").count(), 3, "{stdout}");
+    for chart in ["avalanche", "stampede", "outage"] {
+        for ext in ["png", "svg"] {
+            let path = out.join(format!("{chart}.{ext}"));
+            assert!(path.is_file(), "{} missing: {stdout}", path.display());
+            assert!(stdout.contains(&path.display().to_string()), "{stdout}");
+        }
+    }
+    // The seed's figures, measured on the virtual clock.
+    assert!(
+        stdout.contains(
+            "naive (no jitter): 100,000 keys expire all at 300.0 s; busiest second 100,000"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("is within 1.2 × the even spread"),
+        "{stdout}"
+    );
+    let row = |story: &str, name: &str| -> Vec<String> {
+        let section = stdout.split(story).nth(1).unwrap();
+        let line = section
+            .lines()
+            .find(|l| l.starts_with(&format!("{name:<18} ")))
+            .unwrap_or_else(|| panic!("no {name} row in {story}: {stdout}"));
+        line[18..].split_whitespace().map(str::to_owned).collect()
+    };
+    // db peak/s, queries, p50, p99, errors, stale, waited
+    assert_eq!(row("1. avalanche", "naive")[0], "100,000");
+    assert_eq!(row("2. stampede", "breakwater")[0], "1");
+    let naive = row("2. stampede", "naive");
+    assert_eq!(
+        naive[1], naive[6],
+        "one query per waiting request: {stdout}"
+    );
+    assert_eq!(row("2. stampede", "breakwater + grace")[6], "0");
+    assert_eq!(row("3. outage", "breakwater")[4], "0");
+    assert_ne!(row("3. outage", "naive")[4], "0");
+    assert!(stdout.contains("breaker: opened at"), "{stdout}");
+    let _ = std::fs::remove_dir_all(out);
+}
+
+#[test]
+fn simulate_warns_when_the_window_is_shorter_than_the_ttl() {
+    let out = temp_dir("simulate-short");
+    let out_arg = out.to_str().unwrap();
+    let args = [
+        "simulate", "--keys", "50", "--rps", "20", "--ttl", "10m", "--out", out_arg,
+    ];
+    let (code, stdout, err) = breakwater(&[&args[..], &["--duration", "2m"]].concat());
+    assert_eq!(code, 0, "stdout:\n{stdout}\nstderr:\n{err}");
+    assert!(
+        err.contains("warning: --duration 2m is shorter than --ttl 10m"),
+        "{err}"
+    );
+    let (code, _, err) = breakwater(&[&args[..], &["--duration", "11m"]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("warning"), "{err}");
+    let _ = std::fs::remove_dir_all(out);
+}
+
+#[test]
+fn simulate_draws_every_sparkline_on_one_scale() {
+    let out = temp_dir("simulate-scale");
+    let (code, stdout, err) = breakwater(&[
+        "simulate",
+        "--keys",
+        "2000",
+        "--rps",
+        "400",
+        "--ttl",
+        "1m",
+        "--duration",
+        "3m",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "stdout:\n{stdout}\nstderr:\n{err}");
+    let spark = |name: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(name) && l.contains('▁'))
+            .unwrap_or_else(|| panic!("no {name} sparkline: {stdout}"))
+            .to_owned()
+    };
+    // naive's avalanche peak is the top of the one scale; breakwater's
+    // smaller peak stays below it instead of being stretched to it.
+    assert!(spark("naive ").contains('█'), "{stdout}");
+    assert!(!spark("breakwater ").contains('█'), "{stdout}");
+    assert!(out.join("simulate.png").is_file());
+    let _ = std::fs::remove_dir_all(out);
+}
+
+#[test]
+fn simulate_json_has_every_strategy_and_the_seed() {
+    let out = temp_dir("simulate-json");
+    let (code, stdout, err) = breakwater(&[
+        "simulate",
+        "--keys",
+        "100",
+        "--rps",
+        "50",
+        "--ttl",
+        "30s",
+        "--duration",
+        "1m",
+        "--jitter",
+        "down:0.2",
+        "--strategies",
+        "breakwater",
+        "--json",
+        "--seed",
+        "9",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "stdout:\n{stdout}\nstderr:\n{err}");
+    assert!(stdout.trim_start().starts_with('{'), "{stdout}");
+    assert!(stdout.contains("\"seed\": 9"), "{stdout}");
+    assert!(stdout.contains("\"strategy\": \"breakwater\""), "{stdout}");
+    assert!(!stdout.contains("\"strategy\": \"naive\""), "{stdout}");
+    let (code, _, err) = breakwater(&["simulate", "--jitter", "ratio:1.5"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("jitter ratio must be in 0..=1, got 1.5"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(out);
+}
