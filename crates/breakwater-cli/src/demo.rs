@@ -173,6 +173,11 @@ pub(crate) fn render(story: &Story) -> String {
         "(db peak/s: most queries started in one second; latencies of the requests on the\n \
          virtual clock; waited: requests not answered at once)"
     );
+    for row in &story.rows {
+        if let Some(stats) = &row.tally.stats {
+            let _ = writeln!(out, "{} stats(): {}", row.name, traffic::stats_line(stats));
+        }
+    }
     for note in &story.notes {
         let _ = writeln!(out, "{note}");
     }
@@ -227,6 +232,9 @@ fn avalanche(seed: u64) -> Result<Story, Error> {
                 tally.record(done);
             }
             tally.latencies_us.sort_unstable();
+            if let Client::Breakwater(cache) = &client {
+                tally.stats = Some(cache.stats());
+            }
             let expiries: Vec<u64> = expiries.into_iter().flatten().collect();
             let row = Row::new(name, &db, tally, SECONDS as usize);
             Ok::<_, Error>((row, Expiries::of(&expiries)))

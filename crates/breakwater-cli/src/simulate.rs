@@ -186,6 +186,9 @@ pub(crate) struct Outcome {
     pub(crate) max_ms: Option<f64>,
     /// Queries started in each second.
     pub(crate) per_second: Vec<usize>,
+    /// [`Cache::stats`](breakwater::Cache::stats) at the end, for
+    /// breakwater.
+    pub(crate) stats: Option<String>,
 }
 
 /// The most requests one strategy simulates (the latencies are kept).
@@ -360,6 +363,7 @@ async fn scenario(
         p99_ms: tally.quantile_ms(0.99),
         max_ms: tally.quantile_ms(1.0),
         per_second,
+        stats: tally.stats.as_ref().map(traffic::stats_line),
     })
 }
 
@@ -425,6 +429,11 @@ pub(crate) fn render(opts: &SimulateOpts, outcomes: &[Outcome]) -> String {
         "(queries: database queries; peak/s: most started in one second; at once: most\n \
          running together; waited: requests not answered at once)"
     );
+    for o in outcomes {
+        if let Some(stats) = &o.stats {
+            let _ = writeln!(out, "{} stats(): {stats}", o.strategy.name());
+        }
+    }
     let _ = writeln!(out);
     let _ = writeln!(out, "expiries of the bulk write:");
     for o in outcomes {

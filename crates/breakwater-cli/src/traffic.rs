@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use breakwater::{Cache, Error, Jitter, MemoryStore, Served, Store, Stored};
+use breakwater::{BreakerState, Cache, Error, Jitter, MemoryStore, Served, Stats, Store, Stored};
 use indicatif::ProgressBar;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -143,6 +143,9 @@ pub(crate) struct Tally {
     pub(crate) errors: usize,
     /// Requests answered with a stale value.
     pub(crate) stale: usize,
+    /// The cache's own counts at the end ([`Cache::stats`]), for a
+    /// breakwater client.
+    pub(crate) stats: Option<Stats>,
 }
 
 impl Tally {
@@ -231,7 +234,48 @@ pub(crate) async fn run(
         tally.record(done);
     }
     tally.latencies_us.sort_unstable();
+    if let Client::Breakwater(cache) = client {
+        tally.stats = Some(cache.stats());
+    }
     tally
+}
+
+/// One line of what [`Cache::stats`] counted: calls and hit ratio, stale
+/// values by reason, loader calls, coalesced calls, errors, breakers.
+pub(crate) fn stats_line(stats: &Stats) -> String {
+    let stale = if stats.stale.is_empty() {
+        "none".to_owned()
+    } else {
+        stats
+            .stale
+            .iter()
+            .map(|(reason, n)| {
+                let word = Served::Stale { reason: *reason }.as_str();
+                format!(
+                    "{} {}",
+                    word.trim_start_matches("stale_"),
+                    count(*n as usize)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let state = |s: BreakerState| match s {
+        BreakerState::Closed => "closed",
+        BreakerState::HalfOpen => "half-open",
+        BreakerState::Open => "open",
+    };
+    format!(
+        "{} calls, hit ratio {:.1}%; stale: {stale}; loader calls {}, coalesced {}, errors {}; \
+         breakers now: origin {}, store {}",
+        count(stats.requests as usize),
+        stats.hit_ratio() * 100.0,
+        count(stats.loads.total() as usize),
+        count(stats.coalesced as usize),
+        count(stats.errors_total() as usize),
+        state(stats.origin_breaker),
+        state(stats.store_breaker)
+    )
 }
 
 /// Zipf key choice: `cdf[i]` is the probability of a key `<= i`.
