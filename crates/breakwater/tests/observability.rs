@@ -444,6 +444,121 @@ fn writes_send_notices_and_store_calls_are_timed() {
     );
 }
 
+#[test]
+fn a_soft_timeout_counts_stale_soft_timeout() {
+    let moved = recorded(|| async {
+        let cache = cache("soft")
+            .max_stale(Duration::from_secs(600))
+            .soft_timeout(Duration::from_millis(100))
+            .build()
+            .unwrap();
+        value(&cache, "a").await.unwrap();
+        tokio::time::advance(Duration::from_secs(11)).await;
+        let slow = || async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            Ok::<_, std::io::Error>(Some("new".to_owned()))
+        };
+        assert_eq!(
+            cache.get_or_load("a", slow).await.unwrap().as_deref(),
+            Some("v")
+        );
+        assert_eq!(cache.stats().stale, vec![(StaleReason::SoftTimeout, 1)]);
+    });
+    assert_eq!(
+        only(&moved, "breakwater_requests_total{served=stale"),
+        row("breakwater_requests_total{served=stale_soft_timeout}", 1.0)
+    );
+}
+
+#[test]
+fn a_shed_load_with_a_stale_value_counts_stale_overloaded() {
+    let moved = recorded(|| async {
+        let cache = cache("crowded")
+            .max_stale(Duration::from_secs(600))
+            .limit(
+                LimitConfig::new()
+                    .max_concurrent(1)
+                    .queue_wait(Duration::from_millis(10)),
+            )
+            .build()
+            .unwrap();
+        value(&cache, "a").await.unwrap();
+        tokio::time::advance(Duration::from_secs(11)).await;
+        let slow = || async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            Ok::<_, std::io::Error>(Some("v".to_owned()))
+        };
+        let (busy, stale) = tokio::join!(cache.get_or_load("b", slow), async {
+            tokio::task::yield_now().await;
+            value(&cache, "a").await
+        });
+        busy.unwrap();
+        assert_eq!(stale.unwrap().as_deref(), Some("v"));
+        assert_eq!(cache.stats().stale, vec![(StaleReason::Overloaded, 1)]);
+    });
+    assert_eq!(
+        only(&moved, "breakwater_requests_total{served=stale"),
+        row("breakwater_requests_total{served=stale_overloaded}", 1.0)
+    );
+    assert_eq!(
+        only(&moved, "breakwater_loads_shed_total"),
+        row(
+            "breakwater_loads_shed_total{origin=crowded,priority=foreground}",
+            1.0
+        )
+    );
+}
+
+#[test]
+fn a_lease_held_past_lock_wait_counts_stale_lock_timeout_and_busy() {
+    let busy = std::cell::Cell::new(0);
+    let moved = recorded(|| async {
+        // Two caches on one store, as two processes would be.
+        let store = MemoryStore::new();
+        let build = || {
+            cache("leased")
+                .store(store.clone())
+                .max_stale(Duration::from_secs(600))
+                .lock_wait(Duration::from_millis(200))
+                .on_lock_timeout(breakwater::OnLockTimeout::serve_stale())
+                .build()
+                .unwrap()
+        };
+        let (holder, waiter) = (build(), build());
+        value(&holder, "a").await.unwrap();
+        tokio::time::advance(Duration::from_secs(11)).await;
+        let slow = || async {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            Ok::<_, std::io::Error>(Some("new".to_owned()))
+        };
+        let (held, waited) = tokio::join!(holder.get_or_load("a", slow), async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            value(&waiter, "a").await
+        });
+        held.unwrap();
+        assert_eq!(waited.unwrap().as_deref(), Some("v"));
+        let stats = waiter.stats();
+        assert_eq!(stats.stale, vec![(StaleReason::LockTimeout, 1)], "{stats}");
+        // Found held each time it asked (its polls are jittered).
+        assert!(stats.leases.busy >= 1, "{stats}");
+        busy.set(stats.leases.busy);
+    });
+    assert_eq!(
+        only(&moved, "breakwater_requests_total{served=stale"),
+        row("breakwater_requests_total{served=stale_lock_timeout}", 1.0)
+    );
+    assert_eq!(
+        only(&moved, "breakwater_lease_total"),
+        vec![
+            ("breakwater_lease_total{event=acquired}".to_owned(), 2.0),
+            (
+                "breakwater_lease_total{event=busy}".to_owned(),
+                busy.get() as f64
+            ),
+        ]
+    );
+}
+
 /// Joins futures on this task (no spawn), in order.
 async fn futures_join<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
     let mut pinned: Vec<_> = futures.into_iter().map(Box::pin).collect();
