@@ -5,15 +5,17 @@
 //! without a subscriber running beside one with a subscriber could leave a
 //! callsite disabled for it.)
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 
 use breakwater::{
-    BreakerConfig, BreakerState, Cache, ErrorKind, Jitter, L1Config, LimitConfig, MemoryStore,
-    StaleReason,
+    BreakerConfig, BreakerState, ErrorKind, L1Config, LimitConfig, MemoryStore, StaleReason,
 };
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use support::{failing, ten_second_cache as cache, value};
 
 /// A metric by name and labels (`namespace` left out), as `name{k=v,...}`.
 type Moved = BTreeMap<String, f64>;
@@ -76,29 +78,6 @@ fn requests(moved: &Moved) -> Vec<(String, f64)> {
 
 fn row(k: &str, v: f64) -> Vec<(String, f64)> {
     vec![(k.to_owned(), v)]
-}
-
-fn cache(namespace: &str) -> breakwater::CacheBuilder<String> {
-    Cache::<String>::builder()
-        .namespace(namespace)
-        .ttl(Duration::from_secs(10))
-        .jitter(Jitter::none())
-}
-
-async fn value(cache: &Cache<String>, key: &str) -> Result<Option<String>, breakwater::Error> {
-    cache
-        .get_or_load(key, || async {
-            Ok::<_, std::io::Error>(Some("v".to_owned()))
-        })
-        .await
-}
-
-async fn failing(cache: &Cache<String>, key: &str) -> Result<Option<String>, breakwater::Error> {
-    cache
-        .get_or_load(key, || async {
-            Err::<Option<String>, _>(std::io::Error::other("down"))
-        })
-        .await
 }
 
 #[test]

@@ -3,39 +3,17 @@
 //! subscriber on every test of this binary; see `tests/observability.rs`
 //! for why the span tests live apart).
 
+mod support;
+
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use breakwater::{Cache, Jitter};
+use support::{failing, ten_second_cache as cache, value};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing_subscriber::Registry;
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
-
-fn cache(namespace: &str) -> breakwater::CacheBuilder<String> {
-    Cache::<String>::builder()
-        .namespace(namespace)
-        .ttl(Duration::from_secs(10))
-        .jitter(Jitter::none())
-}
-
-async fn value(cache: &Cache<String>, key: &str) -> Result<Option<String>, breakwater::Error> {
-    cache
-        .get_or_load(key, || async {
-            Ok::<_, std::io::Error>(Some("v".to_owned()))
-        })
-        .await
-}
-
-async fn failing(cache: &Cache<String>, key: &str) -> Result<Option<String>, breakwater::Error> {
-    cache
-        .get_or_load(key, || async {
-            Err::<Option<String>, _>(std::io::Error::other("down"))
-        })
-        .await
-}
 
 /// A closed span: its name, its parent's name, its fields.
 #[derive(Debug, Clone)]

@@ -331,3 +331,32 @@ pub async fn until(what: &str, ready: impl Fn() -> bool) {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
+
+/// A `Cache<String>` builder: namespace `namespace`, TTL 10 s, no jitter.
+pub fn ten_second_cache(namespace: &str) -> breakwater::CacheBuilder<String> {
+    Cache::<String>::builder()
+        .namespace(namespace)
+        .ttl(Duration::from_secs(10))
+        .jitter(breakwater::Jitter::none())
+}
+
+/// `key` through `cache`, loading `"v"`.
+pub async fn value(cache: &Cache<String>, key: &str) -> Result<Option<String>, breakwater::Error> {
+    cache
+        .get_or_load(key, || async {
+            Ok::<_, std::io::Error>(Some("v".to_owned()))
+        })
+        .await
+}
+
+/// `key` through `cache`, with a loader that fails (`down`).
+pub async fn failing(
+    cache: &Cache<String>,
+    key: &str,
+) -> Result<Option<String>, breakwater::Error> {
+    cache
+        .get_or_load(key, || async {
+            Err::<Option<String>, _>(std::io::Error::other("down"))
+        })
+        .await
+}
