@@ -538,6 +538,38 @@ fn a_lease_held_past_lock_wait_counts_stale_lock_timeout_and_busy() {
     );
 }
 
+#[test]
+fn a_store_down_with_an_l1_copy_counts_stale_store_unavailable_and_a_store_error() {
+    let moved = recorded(|| async {
+        let store = support::CountingStore::new(MemoryStore::new());
+        let cache = cache("storedown")
+            .store(store.clone())
+            .l1(L1Config::new()
+                .ttl(Duration::from_secs(1))
+                .keep(Duration::from_secs(60)))
+            .build()
+            .unwrap();
+        value(&cache, "a").await.unwrap();
+        tokio::time::advance(Duration::from_secs(2)).await;
+        store.fail_gets(true);
+        assert_eq!(value(&cache, "a").await.unwrap().as_deref(), Some("v"));
+        let stats = cache.stats();
+        assert_eq!(stats.stale, vec![(StaleReason::StoreUnavailable, 1)]);
+        assert_eq!(stats.store_errors, 1, "{stats}");
+    });
+    assert_eq!(
+        only(&moved, "breakwater_requests_total{served=stale"),
+        row(
+            "breakwater_requests_total{served=stale_store_unavailable}",
+            1.0
+        )
+    );
+    assert_eq!(
+        only(&moved, "breakwater_store_errors_total"),
+        row("breakwater_store_errors_total{op=get}", 1.0)
+    );
+}
+
 /// Joins futures on this task (no spawn), in order.
 async fn futures_join<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
     let mut pinned: Vec<_> = futures.into_iter().map(Box::pin).collect();

@@ -98,7 +98,8 @@ pub fn command_calls(server: &RedisServer) -> Vec<(String, u64)> {
 /// A store that counts `get`s, optionally making each take `get_delay`
 /// first, and hands every operation to `inner`. Two faults can be switched
 /// on: `get` replies that arrive `late` (the read happens at once, its
-/// reply later), and lease attempts whose reply is lost after they ran.
+/// reply later), lease attempts whose reply is lost after they ran, and
+/// `get`s that fail.
 #[derive(Debug, Clone)]
 pub struct CountingStore<S> {
     inner: S,
@@ -107,6 +108,7 @@ pub struct CountingStore<S> {
     late_replies: Arc<std::sync::Mutex<Duration>>,
     lose_lease_replies: Arc<std::sync::atomic::AtomicBool>,
     failing_invalidations: Arc<AtomicUsize>,
+    failing_gets: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl<S: Store + Clone> CountingStore<S> {
@@ -124,7 +126,13 @@ impl<S: Store + Clone> CountingStore<S> {
             late_replies: Arc::default(),
             lose_lease_replies: Arc::default(),
             failing_invalidations: Arc::default(),
+            failing_gets: Arc::default(),
         }
+    }
+
+    /// While `failing`, each `get` fails at once (the store is down).
+    pub fn fail_gets(&self, failing: bool) {
+        self.failing_gets.store(failing, Ordering::SeqCst);
     }
 
     /// The next `n` invalidations fail (without running).
@@ -158,7 +166,11 @@ impl<S: Store + Clone> Store for CountingStore<S> {
     fn get<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Vec<u8>>> {
         self.gets.fetch_add(1, Ordering::SeqCst);
         let late = *self.late_replies.lock().unwrap();
+        let failing = self.failing_gets.load(Ordering::SeqCst);
         Box::pin(async move {
+            if failing {
+                return Err(breakwater::Error::store_msg("connection refused"));
+            }
             if !self.get_delay.is_zero() {
                 tokio::time::sleep(self.get_delay).await;
             }
