@@ -6,6 +6,7 @@
 //! | `GET /products/{id}` | the product, through the cache; `x-cache` says how it was served |
 //! | `PUT /products/{id}` | changes `name` and/or `price_cents`, then invalidates the cached product |
 //! | `GET /metrics` | Prometheus text: breakwater's metrics, SQL queries, HTTP requests |
+//! | `GET /stats` | the product cache's [`Cache::stats`](breakwater::Cache::stats) in this process, as text: hits by tier, stale by reason, loads, errors, breakers |
 //! | `GET /healthz` | `ok`, with the database and Redis breakers' states |
 
 use std::time::Duration;
@@ -64,18 +65,20 @@ pub(crate) fn origin(pool_size: usize) -> Result<Origin, ConfigError> {
         .build()
 }
 
-/// The product cache: 5 min TTL ±10 %, a missing id remembered for 30 s,
-/// a stale product served for up to 60 s while one refresh runs (grace),
-/// and for up to an hour while the database is failing (fail-safe), a 5 s
-/// in-process L1 kept in step across instances by Redis pub/sub.
+/// The product cache: fresh for `ttl` ±10 % (5 min by default,
+/// `PRODUCT_TTL_SECS`), a missing id remembered for 30 s, a stale product
+/// served for up to 60 s while one refresh runs (grace), and for up to an
+/// hour while the database is failing (fail-safe), a 5 s in-process L1 kept
+/// in step across instances by Redis pub/sub.
 pub(crate) fn product_cache(
     store: RedisStore,
     origin: Origin,
+    ttl: Duration,
 ) -> Result<Cache<Product>, ConfigError> {
     Cache::builder()
         .namespace("catalog:products:v1")
         .store(store)
-        .ttl(Duration::from_secs(300))
+        .ttl(ttl)
         .jitter(Jitter::ratio(0.1))
         .negative_ttl(Duration::from_secs(30))
         .grace(Duration::from_secs(60))
@@ -96,6 +99,7 @@ pub(crate) fn router(state: AppState) -> Router {
     Router::new()
         .route("/products/{id}", get(get_product).put(put_product))
         .route("/metrics", get(metrics))
+        .route("/stats", get(stats))
         .route("/healthz", get(healthz))
         .route_layer(middleware::from_fn(track))
         .with_state(state)
@@ -155,7 +159,7 @@ async fn put_product(
         return error(
             StatusCode::SERVICE_UNAVAILABLE,
             "the product was updated, but the cache could not be invalidated, so reads may \
-             return the old product for up to 5 minutes; retry the PUT",
+             return the old product until it expires (5 minutes by default); retry the PUT",
         );
     }
     tracing::info!(id, "product updated and invalidated");
@@ -167,6 +171,16 @@ async fn metrics(State(state): State<AppState>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         state.metrics.render(),
+    )
+        .into_response()
+}
+
+/// `GET /stats`: the product cache's counts in this process since it
+/// started, as `Stats` prints them (for a look without a metrics stack).
+async fn stats(State(state): State<AppState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        format!("{}\n", state.products.stats()),
     )
         .into_response()
 }
@@ -306,6 +320,8 @@ mod tests {
     fn cache_and_origin_settings_build() {
         let origin = origin(16).unwrap();
         let store = RedisStore::connect("redis://127.0.0.1:1/").unwrap();
-        assert!(product_cache(store, origin).is_ok());
+        assert!(product_cache(store.clone(), origin.clone(), Duration::from_secs(300)).is_ok());
+        // The shortest PRODUCT_TTL_SECS (the end-to-end test's third process).
+        assert!(product_cache(store, origin, Duration::from_secs(1)).is_ok());
     }
 }

@@ -8,6 +8,7 @@
 //! | `DATABASE_POOL_SIZE` | no | 16 | PostgreSQL connections; also the cap on concurrent cache loads |
 //! | `REDIS_READ_TIMEOUT_MS` | no | 50 | the deadline of one Redis read |
 //! | `REDIS_WRITE_TIMEOUT_MS` | no | 250 | the deadline of one Redis write or lease script |
+//! | `PRODUCT_TTL_SECS` | no | 300 | how long a cached product is fresh (±10 %); then it is served stale for up to 60 s while one refresh runs (up to an hour while the database fails) |
 //!
 //! No password ever appears in a message: URLs are shown with `***` in its
 //! place, and errors from parsing them never quote them.
@@ -30,6 +31,8 @@ pub(crate) struct Config {
     pub(crate) redis_read_timeout: Duration,
     /// Deadline of one Redis write or lease script.
     pub(crate) redis_write_timeout: Duration,
+    /// How long a cached product is fresh.
+    pub(crate) product_ttl: Duration,
 }
 
 impl fmt::Debug for Config {
@@ -41,6 +44,7 @@ impl fmt::Debug for Config {
             .field("pool_size", &self.pool_size)
             .field("redis_read_timeout", &self.redis_read_timeout)
             .field("redis_write_timeout", &self.redis_write_timeout)
+            .field("product_ttl", &self.product_ttl)
             .finish()
     }
 }
@@ -120,6 +124,7 @@ impl Config {
         let pool_size = number(&get, "DATABASE_POOL_SIZE", 16, 1..=1000)?;
         let read = number(&get, "REDIS_READ_TIMEOUT_MS", 50, 1..=60_000)?;
         let write = number(&get, "REDIS_WRITE_TIMEOUT_MS", 250, 1..=60_000)?;
+        let ttl = number(&get, "PRODUCT_TTL_SECS", 300, 1..=86_400)?;
         Ok(Config {
             database,
             redis_url,
@@ -127,6 +132,7 @@ impl Config {
             pool_size,
             redis_read_timeout: Duration::from_millis(read as u64),
             redis_write_timeout: Duration::from_millis(write as u64),
+            product_ttl: Duration::from_secs(ttl as u64),
         })
     }
 
@@ -264,6 +270,7 @@ mod tests {
         assert_eq!(config.pool_size, 16);
         assert_eq!(config.redis_read_timeout, Duration::from_millis(50));
         assert_eq!(config.redis_write_timeout, Duration::from_millis(250));
+        assert_eq!(config.product_ttl, Duration::from_secs(300));
         assert_eq!(config.database_target(), "app@db.internal:6432/shop");
         assert_eq!(config.redis_target(), "redis://:***@cache.internal:6380/0");
     }

@@ -5,7 +5,8 @@
 //! breakwater [`Cache`](breakwater::Cache) in Redis (with an in-process L1,
 //! grace, fail-safe and a breaker on the database), `PUT /products/{id}`
 //! writes the row and invalidates the cached product, `GET /metrics` serves
-//! Prometheus text, `GET /healthz` says it is up. Start several instances
+//! Prometheus text, `GET /stats` the product cache's counts as text,
+//! `GET /healthz` says it is up. Start several instances
 //! against one database and one Redis: a product nobody has cached is
 //! queried once, however many requests for it arrive at once on however
 //! many instances.
@@ -142,7 +143,8 @@ async fn run() -> Result<(), StartError> {
         tracing::warn!(error = %err, "Redis is not reachable yet; serving from PostgreSQL until it is");
     }
     let origin = api::origin(config.pool_size).map_err(StartError::Cache)?;
-    let products = api::product_cache(store, origin.clone()).map_err(StartError::Cache)?;
+    let products =
+        api::product_cache(store, origin.clone(), config.product_ttl).map_err(StartError::Cache)?;
 
     let app = api::router(AppState {
         db,

@@ -11,11 +11,16 @@
 //!    within B's L1 TTL: the invalidation crossed processes.
 //! 3. A missing product is a 404, remembered as a negative entry.
 //! 4. With PostgreSQL stopped, cached products are still served, and after
-//!    5 failed loads the breaker answers 503 with `Retry-After`.
+//!    5 failed loads the breaker answers 503 with `Retry-After`; a product
+//!    gone stale (written by a third process, C, whose products are fresh
+//!    for 1 s) is served stale.
+//! 5. A's `/metrics` then shows it all (requests by how they were served,
+//!    stale included; the database breaker open; load and store latency
+//!    histograms; notices sent), and its `/stats` agrees.
 //!
-//! It reports the requests made, the SQL queries that reached the database
-//! and both bursts' latency percentiles (eprintln; `--nocapture` shows
-//! them).
+//! It reports the requests made, the SQL queries that reached the database,
+//! both bursts' latency percentiles, A's `breakwater_*` metrics and its
+//! `stats()` (eprintln; `--nocapture` shows them).
 //!
 //! PostgreSQL comes from the Debian `postgresql` package (`./scripts/test`
 //! installs it); see `breakwater_testkit::PostgresServer`.
@@ -49,6 +54,10 @@ const MISSING_ID: i64 = 99_999_999;
 const L1_TTL: Duration = Duration::from_secs(5);
 /// How soon B must see the update: well inside the L1 TTL.
 const PROPAGATION_BOUND: Duration = Duration::from_millis(2500);
+/// An id only C (short TTL) reads before the outage, and A after it.
+const STALE_ID: i64 = 8080;
+/// C's `PRODUCT_TTL_SECS`: its products are fresh this long (±10 %).
+const SHORT_TTL: Duration = Duration::from_secs(1);
 /// How long a service may take to start (schema, 10,000 seeded rows).
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// The deadline of one HTTP request.
@@ -73,9 +82,20 @@ impl Service {
     /// CPU starvation alone, which the cache rightly treats as Redis being
     /// unreachable (and loads directly).
     fn start(name: &'static str, pg: &PostgresServer, redis: &RedisServer) -> Service {
+        Service::start_with(name, pg, redis, &[])
+    }
+
+    /// [`start`](Self::start), with more environment variables.
+    fn start_with(
+        name: &'static str,
+        pg: &PostgresServer,
+        redis: &RedisServer,
+        env: &[(&str, &str)],
+    ) -> Service {
         let port = free_port();
         let mut cmd = tied_command(env!("CARGO_BIN_EXE_catalog"));
-        cmd.env("DATABASE_URL", pg.url())
+        cmd.envs(env.iter().copied())
+            .env("DATABASE_URL", pg.url())
             .env("REDIS_URL", redis.url())
             .env("BIND", format!("127.0.0.1:{port}"))
             .env("REDIS_READ_TIMEOUT_MS", "1000")
@@ -428,6 +448,8 @@ fn two_services_share_one_query_and_see_each_others_writes() {
     let redis = RedisServer::start();
     let mut a = Service::start("A", &pg, &redis);
     let mut b = Service::start("B", &pg, &redis);
+    let short_ttl = SHORT_TTL.as_secs().to_string();
+    let mut c = Service::start_with("C", &pg, &redis, &[("PRODUCT_TTL_SECS", &short_ttl)]);
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -435,22 +457,24 @@ fn two_services_share_one_query_and_see_each_others_writes() {
         .build()
         .unwrap();
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        runtime.block_on(scenario(&mut pg, &mut a, &mut b));
+        runtime.block_on(scenario(&mut pg, &mut a, &mut b, &mut c));
     }));
     if let Err(panic) = outcome {
         eprintln!("--- service A output ---\n{}", a.output());
         eprintln!("--- service B output ---\n{}", b.output());
+        eprintln!("--- service C output ---\n{}", c.output());
         std::panic::resume_unwind(panic);
     }
 }
 
-async fn scenario(pg: &mut PostgresServer, a: &mut Service, b: &mut Service) {
+async fn scenario(pg: &mut PostgresServer, a: &mut Service, b: &mut Service, c: &mut Service) {
     let http: HttpClient = Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(30))
         .build_http();
     a.wait_ready(&http).await;
     b.wait_ready(&http).await;
-    let mut requests = 2; // the last /healthz of each
+    c.wait_ready(&http).await;
+    let mut requests = 3; // the last /healthz of each
 
     // 1. A cold product, 200 requests at once over both processes, while
     // the table is locked: the query that fills the cache is slow, so every
@@ -643,6 +667,19 @@ async fn scenario(pg: &mut PostgresServer, a: &mut Service, b: &mut Service) {
         .filter(|s| s.sql.starts_with("SELECT ") && s.sql.ends_with("FROM products WHERE id = $1"))
         .count();
 
+    // C caches a product fresh for SHORT_TTL only, just before the outage.
+    let short = request(
+        &http,
+        Method::GET,
+        &c.url(&format!("/products/{STALE_ID}")),
+        None,
+    )
+    .await;
+    requests += 1;
+    let short_written = Instant::now();
+    assert_eq!(short.status, StatusCode::OK, "{}", short.text);
+    assert_eq!(short.x_cache.as_deref(), Some("loaded"));
+
     // 4. The database goes away: cached products are still served, and
     // after 5 failed loads A's breaker refuses loads with a Retry-After.
     tokio::task::block_in_place(|| pg.stop());
@@ -679,6 +716,104 @@ async fn scenario(pg: &mut PostgresServer, a: &mut Service, b: &mut Service) {
     let health = request(&http, Method::GET, &a.url("/healthz"), None).await;
     requests += 1;
     assert_eq!(health.json()["database_breaker"], "open");
+
+    // C's product, past its TTL (+10 % jitter) but within its grace: A
+    // finds it stale in Redis and, the database being down, serves it.
+    let fresh_for = SHORT_TTL + SHORT_TTL / 10 + Duration::from_millis(200);
+    tokio::time::sleep(fresh_for.saturating_sub(short_written.elapsed())).await;
+    let stale = request(
+        &http,
+        Method::GET,
+        &a.url(&format!("/products/{STALE_ID}")),
+        None,
+    )
+    .await;
+    requests += 1;
+    assert_eq!(stale.status, StatusCode::OK, "{}", stale.text);
+    assert_eq!(stale.json(), short.json(), "the product C cached");
+    let stale_served = stale.x_cache.clone().unwrap_or_default();
+    assert!(
+        stale_served.starts_with("stale_"),
+        "a product past its TTL, the database down: served {stale_served}"
+    );
+
+    // 5. What A reports after all this: /metrics and /stats.
+    let scraped = request(&http, Method::GET, &a.url("/metrics"), None).await;
+    let stats = request(&http, Method::GET, &a.url("/stats"), None).await;
+    requests += 2;
+    assert_eq!(scraped.status, StatusCode::OK);
+    assert_eq!(stats.status, StatusCode::OK);
+    let samples = Samples::parse(&scraped.text);
+    let requests_by =
+        |served: &str| samples.sum("breakwater_requests_total", &[("served", served)]);
+    assert!(requests_by("loaded") >= 1.0, "A loaded products");
+    assert!(requests_by("negative") >= 1.0, "A found B's negative entry");
+    assert_eq!(
+        requests_by(&stale_served),
+        1.0,
+        "the stale read, by its reason"
+    );
+    assert!(
+        requests_by("error") >= 6.0,
+        "5 failed loads and a refusal are served=error"
+    );
+    assert_eq!(
+        samples.sum("breakwater_errors_total", &[("kind", "loader")]),
+        5.0
+    );
+    assert!(samples.sum("breakwater_errors_total", &[("kind", "circuit_open")]) >= 1.0);
+    assert!(samples.sum("breakwater_loads_total", &[("outcome", "error")]) >= 5.0);
+    assert_eq!(
+        samples.sum(
+            "breakwater_breaker_state",
+            &[("breaker", "origin"), ("name", "postgres")]
+        ),
+        2.0,
+        "the database breaker's gauge says open"
+    );
+    assert!(
+        samples.sum(
+            "breakwater_breaker_transitions_total",
+            &[("breaker", "origin"), ("to", "open")]
+        ) >= 1.0
+    );
+    assert!(
+        samples.sum("breakwater_load_seconds_count", &[("origin", "postgres")]) >= 1.0,
+        "load durations are recorded"
+    );
+    assert!(
+        samples.sum(
+            "breakwater_load_seconds_bucket",
+            &[("origin", "postgres"), ("le", "+Inf")]
+        ) >= 1.0,
+        "as a histogram with buckets (the dashboard's queries read them)"
+    );
+    for op in ["get", "fenced_set"] {
+        assert!(
+            samples.sum("breakwater_store_seconds_count", &[("op", op)]) >= 1.0,
+            "store latency of {op}"
+        );
+    }
+    assert!(
+        samples.sum("breakwater_notices_total", &[("event", "sent")]) >= 1.0,
+        "A's writes and its invalidation were announced"
+    );
+    assert_eq!(
+        samples.sum("breakwater_loads_in_flight", &[("origin", "postgres")]),
+        0.0
+    );
+    assert!(
+        stats.text.contains("breakers: origin open"),
+        "/stats: {}",
+        stats.text
+    );
+    let excerpt: Vec<&str> = scraped
+        .text
+        .lines()
+        .filter(|l| {
+            l.starts_with("breakwater_") && !l.starts_with("breakwater_store_seconds_bucket")
+        })
+        .collect();
     eprintln!(
         "e2e: {requests} HTTP requests; {product_selects} product SELECTs reached PostgreSQL \
          ({} statements in all, schema and seed included)",
@@ -704,6 +839,71 @@ async fn scenario(pg: &mut PostgresServer, a: &mut Service, b: &mut Service) {
     );
     eprintln!(
         "e2e: PostgreSQL stopped: cached product still served; {failures} failed loads, then 503 \
-         with Retry-After: 5 (breaker open)"
+         with Retry-After: 5 (breaker open); a product past its TTL served {stale_served}"
     );
+    eprintln!(
+        "e2e: A's /metrics after the outage, breakwater_* lines ({} breakwater_store_seconds_bucket \
+         lines left out):\n{}",
+        scraped
+            .text
+            .lines()
+            .filter(|l| l.starts_with("breakwater_store_seconds_bucket"))
+            .count(),
+        excerpt.join("\n")
+    );
+    eprintln!("e2e: A's /stats:\n{}", stats.text.trim_end());
+}
+
+/// One line of a Prometheus text exposition: name, labels, value.
+type Sample = (String, Vec<(String, String)>, f64);
+
+/// The samples of a Prometheus text exposition.
+struct Samples(Vec<Sample>);
+
+impl Samples {
+    fn parse(text: &str) -> Samples {
+        let samples = text
+            .lines()
+            .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
+            .map(|line| {
+                let (series, value) = line.rsplit_once(' ').expect("a sample line");
+                let value: f64 = value.parse().unwrap_or_else(|_| panic!("{line}"));
+                let (name, labels) = match series.split_once('{') {
+                    Some((name, labels)) => (name, labels.trim_end_matches('}')),
+                    None => (series, ""),
+                };
+                let labels = labels
+                    .split("\",")
+                    .filter(|pair| !pair.is_empty())
+                    .map(|pair| {
+                        let (k, v) = pair.split_once("=\"").unwrap_or_else(|| panic!("{line}"));
+                        (k.to_owned(), v.trim_end_matches('"').to_owned())
+                    })
+                    .collect();
+                (name.to_owned(), labels, value)
+            })
+            .collect();
+        Samples(samples)
+    }
+
+    /// The sum of `name`'s samples whose labels include `labels`; panics if
+    /// there is none.
+    fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let matching: Vec<f64> = self
+            .0
+            .iter()
+            .filter(|(n, have, _)| {
+                n == name
+                    && labels
+                        .iter()
+                        .all(|(k, v)| have.iter().any(|(hk, hv)| hk == k && hv == v))
+            })
+            .map(|(_, _, value)| *value)
+            .collect();
+        assert!(
+            !matching.is_empty(),
+            "no {name} with {labels:?} in /metrics"
+        );
+        matching.iter().sum()
+    }
 }
