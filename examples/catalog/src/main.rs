@@ -5,8 +5,8 @@
 //! breakwater [`Cache`](breakwater::Cache) in Redis (with an in-process L1,
 //! grace, fail-safe and a breaker on the database), `PUT /products/{id}`
 //! writes the row and invalidates the cached product, `GET /metrics` serves
-//! Prometheus text, `GET /stats` the product cache's counts as text,
-//! `GET /healthz` says it is up. Start several instances
+//! Prometheus text (`dashboards/breakwater.json` charts it), `GET /stats`
+//! the product cache's counts as text, `GET /healthz` says it is up. Start several instances
 //! against one database and one Redis: a product nobody has cached is
 //! queried once, however many requests for it arrive at once on however
 //! many instances.
