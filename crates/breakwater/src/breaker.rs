@@ -443,16 +443,25 @@ impl BreakerLabel {
         }
     }
 
+    /// The state gauge, set to `state`.
+    fn gauge(&self, state: BreakerState) {
+        metrics::gauge!("breakwater_breaker_state", "breaker" => self.kind, "name" => self.name.clone(), "domain" => self.domain_label())
+            .set(crate::metrics::breaker_gauge(state));
+    }
+
+    fn domain_label(&self) -> SharedString {
+        SharedString::from(self.domain.map_or_else(String::new, |d| d.to_string()))
+    }
+
     /// Records a change to `to`: the state gauge, the transitions counter.
     fn record(&self, to: BreakerState) {
-        let domain = SharedString::from(self.domain.map_or_else(String::new, |d| d.to_string()));
+        self.gauge(to);
+        let domain = self.domain_label();
         let to_label = match to {
             BreakerState::Closed => "closed",
             BreakerState::HalfOpen => "half_open",
             BreakerState::Open => "open",
         };
-        metrics::gauge!("breakwater_breaker_state", "breaker" => self.kind, "name" => self.name.clone(), "domain" => domain.clone())
-            .set(crate::metrics::breaker_gauge(to));
         metrics::counter!("breakwater_breaker_transitions_total", "breaker" => self.kind, "name" => self.name.clone(), "domain" => domain, "to" => to_label)
             .increment(1);
     }
@@ -491,7 +500,10 @@ impl CircuitBreaker {
     }
 
     /// Names what the breaker guards (for its logs and metrics).
+    /// The state gauge is set (closed) here, so a healthy breaker has its
+    /// series before it first trips.
     pub(crate) fn labelled(mut self, label: BreakerLabel) -> Self {
+        label.gauge(BreakerState::Closed);
         self.label = label;
         self
     }

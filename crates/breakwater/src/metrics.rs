@@ -21,8 +21,8 @@
 //! | `breakwater_early_refreshes_total` | counter | `namespace` | background refreshes started before a value went stale (early refresh) |
 //! | `breakwater_waiters` | gauge | `namespace` | callers waiting for a load another caller in this process runs |
 //! | `breakwater_lease_total` | counter | `namespace`, `event`: `acquired`, `busy`, `lost`, `revoked` | the key's lease: taken, held by another process (this one waited), lost while loading, or revoked before the write |
-//! | `breakwater_notices_total` | counter | `namespace`, `event`: `sent`, `received`, `missed` | the namespace's change notices on the Redis channel: published with a write or an invalidation, heard from the bus, or possibly missed (the subscription dropped; L1 is emptied) |
-//! | `breakwater_breaker_state` | gauge | `breaker`: `origin` or `store`, `name` (the origin, or the namespace), `domain` (store only: the failure domain's index) | 0 closed, 1 half-open, 2 open |
+//! | `breakwater_notices_total` | counter | `namespace`, `event`: `sent`, `received`, `missed` | the namespace's change notices on the Redis channel: published with a write or an invalidation, heard from the bus, or possibly missed (`missed`: once per drop of the subscription; L1 copies are no longer served as fresh until it is back) |
+//! | `breakwater_breaker_state` | gauge | `breaker`: `origin` or `store`, `name` (the origin, or the namespace), `domain` (store only: the failure domain's index) | 0 closed, 1 half-open, 2 open; set (closed) when the breaker is built, then on each change |
 //! | `breakwater_breaker_transitions_total` | counter | `breaker`, `name`, `domain`, `to`: `open`, `half_open`, `closed` | each change of a breaker's state |
 //! | `breakwater_store_seconds` | histogram | `namespace`, `op` | how long each store call took, refused calls excepted |
 //! | `breakwater_store_errors_total` | counter | `namespace`, `op` | store operations that failed |
@@ -671,6 +671,17 @@ impl fmt::Display for Stats {
             l.timeout,
             self.early_refreshes,
             self.shed_loads
+        )?;
+        let (le, n) = (&self.leases, &self.notices);
+        writeln!(
+            f,
+            "leases: acquired {}, busy {}, lost {}, revoked {}  notices: sent {}, received {}, missed {}",
+            le.acquired, le.busy, le.lost, le.revoked, n.sent, n.received, n.missed
+        )?;
+        writeln!(
+            f,
+            "store errors {}  key errors {}  unreadable {}  too large {}",
+            self.store_errors, self.key_errors, self.unreadable, self.too_large
         )?;
         write!(
             f,

@@ -274,12 +274,19 @@ fn an_open_breaker_counts_stale_breaker_open_its_state_and_its_transition() {
             ),
         ]
     );
+    // Both breakers have their gauge from the start; the origin's is open.
     assert_eq!(
         only(&moved, "breakwater_breaker_state"),
-        row(
-            "breakwater_breaker_state{breaker=origin,domain=,name=tripped}",
-            2.0
-        )
+        vec![
+            (
+                "breakwater_breaker_state{breaker=origin,domain=,name=tripped}".to_owned(),
+                2.0
+            ),
+            (
+                "breakwater_breaker_state{breaker=store,domain=0,name=tripped}".to_owned(),
+                0.0
+            ),
+        ]
     );
     assert_eq!(
         only(&moved, "breakwater_breaker_transitions_total"),
@@ -404,15 +411,30 @@ fn an_early_refresh_is_counted() {
 #[test]
 fn writes_send_notices_and_store_calls_are_timed() {
     let moved = recorded(|| async {
-        let cache = cache("notices").store(MemoryStore::new()).build().unwrap();
+        // With L1, the cache listens to its namespace's channel.
+        let cache = cache("notices")
+            .store(MemoryStore::new())
+            .l1(L1Config::new())
+            .build()
+            .unwrap();
+        value(&cache, "warm").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
         cache.set("a", &"v".to_owned()).await.unwrap();
         cache.invalidate("a").await.unwrap();
         let stats = cache.stats();
-        assert_eq!(stats.notices.sent, 2, "{stats}");
+        assert_eq!(stats.notices.sent, 3, "{stats}");
+        // Its own notices come back on the bus; subscribing missed nothing.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let stats = cache.stats();
+        assert!(stats.notices.received >= 1, "{stats}");
+        assert_eq!(stats.notices.missed, 0, "{stats}");
     });
     assert_eq!(
         only(&moved, "breakwater_notices_total"),
-        row("breakwater_notices_total{event=sent}", 2.0)
+        vec![
+            ("breakwater_notices_total{event=received}".to_owned(), 3.0),
+            ("breakwater_notices_total{event=sent}".to_owned(), 3.0),
+        ]
     );
     let timed = only(&moved, "breakwater_store_seconds");
     assert!(
@@ -592,4 +614,26 @@ async fn futures_join<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
     })
     .await;
     out.into_iter().map(Option::unwrap).collect()
+}
+
+/// On Redis, the store announces every (re)subscription; only a drop is a
+/// possible miss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribing_to_redis_misses_no_notice() {
+    let (_server, store) = support::redis_store().await;
+    let cache = cache("subscribed")
+        .store(store)
+        .l1(L1Config::new())
+        .build()
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    // Its own notices come back once it listens (a read through L1 starts
+    // the listener).
+    while cache.stats().notices.received == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "{}", cache.stats());
+        value(&cache, "k").await.unwrap();
+        cache.invalidate("k").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(cache.stats().notices.missed, 0, "{}", cache.stats());
 }

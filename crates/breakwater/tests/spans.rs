@@ -187,6 +187,7 @@ fn a_failed_call_records_its_error_on_its_span() {
     let calls = named(&spans, "breakwater.get_or_load");
     assert_eq!(calls.len(), 1);
     assert!(calls[0].fields["error"].contains("down"), "{:?}", calls[0]);
+    assert_eq!(calls[0].fields["otel.status_code"], "ERROR");
     let load = named(&spans, "breakwater.load");
     assert!(load[0].fields["outcome"].contains("down"), "{:?}", load[0]);
 }

@@ -407,9 +407,11 @@ impl<V: Value> Cache<V> {
         let got = self.get_bytes(&key).instrument(span.clone()).await;
         if !span.is_disabled() {
             match &got {
-                Ok(value) => span.record("found", value.is_some()),
-                Err(err) => span.record("error", tracing::field::display(err)),
-            };
+                Ok(value) => {
+                    span.record("found", value.is_some());
+                }
+                Err(err) => record_failure(&span, err),
+            }
         }
         got
     }
@@ -831,9 +833,11 @@ impl<V: Value> Cache<V> {
         self.count_served(&result, near);
         if !span.is_disabled() {
             match &result {
-                Ok(fetched) => span.record("served", fetched.served.as_str()),
-                Err(err) => span.record("error", tracing::field::display(err)),
-            };
+                Ok(fetched) => {
+                    span.record("served", fetched.served.as_str());
+                }
+                Err(err) => record_failure(&span, err),
+            }
         }
         result
     }
@@ -1264,6 +1268,7 @@ impl<V: Value> Cache<V> {
                 served = Empty,
                 role = Empty,
                 error = Empty,
+                otel.status_code = Empty,
             ),
             Op::Get => tracing::info_span!(
                 "breakwater.get",
@@ -1272,6 +1277,7 @@ impl<V: Value> Cache<V> {
                 key = Empty,
                 found = Empty,
                 error = Empty,
+                otel.status_code = Empty,
             ),
             Op::Set => tracing::info_span!(
                 "breakwater.set",
@@ -1279,6 +1285,7 @@ impl<V: Value> Cache<V> {
                 key.hash = Empty,
                 key = Empty,
                 error = Empty,
+                otel.status_code = Empty,
             ),
             Op::Invalidate => tracing::info_span!(
                 "breakwater.invalidate",
@@ -1286,6 +1293,7 @@ impl<V: Value> Cache<V> {
                 key.hash = Empty,
                 key = Empty,
                 error = Empty,
+                otel.status_code = Empty,
             ),
         };
         if !span.is_disabled() {
@@ -1877,8 +1885,15 @@ enum Op {
 /// Records a call's error on its span.
 fn record_error<T>(span: &Span, result: &Result<T, Error>) {
     if let (false, Err(err)) = (span.is_disabled(), result) {
-        span.record("error", tracing::field::display(err));
+        record_failure(span, err);
     }
+}
+
+/// Records `err` on a call's span: its `error` field, and the status an
+/// OpenTelemetry bridge shows a failed span with.
+fn record_failure(span: &Span, err: &Error) {
+    span.record("error", tracing::field::display(err));
+    span.record("otel.status_code", "ERROR");
 }
 
 /// A key as it may appear in logs: lossy UTF-8, cut at 128 bytes.

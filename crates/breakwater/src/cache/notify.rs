@@ -288,7 +288,10 @@ impl Waiters {
                             }
                         }
                         Delivery::Missed => {
-                            if let Some(metrics) = &metrics {
+                            // Stores announce every (re)subscription too;
+                            // only a drop (the bus is down now) can have
+                            // lost notices.
+                            if let (Some(metrics), false) = (&metrics, subscription.is_ready()) {
                                 metrics.notices("missed", 1);
                             }
                             wake(&registry, None);
