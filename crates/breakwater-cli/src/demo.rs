@@ -125,6 +125,13 @@ pub(crate) async fn main(opts: DemoOpts) -> ExitCode {
 
 /// Prints `story` and writes its chart.
 fn show(number: usize, story: &Story, opts: &DemoOpts) -> Result<(), Failure> {
+    let panicked: usize = story.rows.iter().map(|row| row.tally.panicked).sum();
+    if panicked > 0 {
+        return Err(Failure::runtime(format!(
+            "{panicked} request(s) of the {} story panicked",
+            story.name
+        )));
+    }
     print!("\n{number}. {}", render(story));
     let chart = Chart {
         title: story.title.clone(),
@@ -331,8 +338,8 @@ fn stampede(seed: u64) -> Result<Story, Error> {
             String::new()
         } else {
             format!(
-                " ({:.2} per waiting request)",
-                row.queries as f64 / waited as f64
+                " (1 query per {:.1} waiting requests)",
+                waited as f64 / row.queries.max(1) as f64
             )
         };
         notes.push(format!(
@@ -433,10 +440,13 @@ fn outage(seed: u64) -> Result<Story, Error> {
             Ok::<_, Error>((row, db.failed(), transitions))
         })?;
         if name == "breakwater" {
-            let opened = transitions
-                .iter()
-                .filter(|(_, state)| *state == BreakerState::Open)
-                .count();
+            // Counted by the breaker itself (polling would miss a probe
+            // that failed at once); the times are polled, every 10 ms.
+            let opened = row
+                .tally
+                .stats
+                .as_ref()
+                .map_or(0, |stats| stats.origin_breaker_openings);
             let first_open = transitions
                 .iter()
                 .find(|(_, state)| *state == BreakerState::Open);
@@ -465,9 +475,13 @@ fn outage(seed: u64) -> Result<Story, Error> {
                 at(first_open),
                 at(closed)
             ));
-            let recovery = &row.per_second[60..seconds.min(70)];
+            let back = usize::try_from((OUTAGE.0 + OUTAGE.1).as_secs()).unwrap_or(usize::MAX);
+            let recovery = row
+                .per_second
+                .get(back..seconds.min(back + 10))
+                .unwrap_or_default();
             notes.push(format!(
-                "recovery (bulkhead: 16 loads at once): queries/s from 60 s: {}",
+                "recovery (bulkhead: 16 loads at once): queries/s from {back} s: {}",
                 recovery
                     .iter()
                     .map(|n| count(*n))

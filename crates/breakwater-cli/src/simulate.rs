@@ -21,7 +21,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use breakwater::{Error, Jitter, MemoryStore};
+use breakwater::{Cache, Error, Jitter, MemoryStore};
 use clap::builder::RangedU64ValueParser;
 use clap::{Args, ValueEnum};
 use indicatif::ProgressBar;
@@ -178,6 +178,8 @@ pub(crate) struct Outcome {
     pub(crate) stale: usize,
     /// Requests that failed.
     pub(crate) errors: usize,
+    /// Requests whose task panicked (the command fails).
+    pub(crate) panicked: usize,
     /// Latency quantiles of the answered requests, in ms.
     pub(crate) p50_ms: Option<f64>,
     /// 99th percentile.
@@ -210,6 +212,15 @@ pub(crate) async fn main(opts: SimulateOpts) -> ExitCode {
         ))
         .exit("simulate");
     }
+    // Checked before any strategy runs: a setting the library refuses, or an
+    // --out that cannot be written, must not cost a whole run.
+    if let Err(err) = breakwater_cache(&opts, &MemoryStore::new()) {
+        return Failure::from(err).exit("simulate");
+    }
+    if let Err(err) = std::fs::create_dir_all(&opts.out) {
+        return Failure::runtime(format!("cannot create --out {}: {err}", opts.out.display()))
+            .exit("simulate");
+    }
     let bar = progress::bar(total * opts.strategies.len() as u64, "simulating");
     let (run_opts, run_bar) = (opts.clone(), bar.clone());
     let outcomes = traffic::off_thread(move || simulate(&run_opts, Some(&run_bar))).await;
@@ -225,6 +236,12 @@ pub(crate) async fn main(opts: SimulateOpts) -> ExitCode {
 
 /// Writes the chart and prints the report.
 fn report(opts: &SimulateOpts, outcomes: &[Outcome], warnings: &[String]) -> Result<(), Failure> {
+    let panicked: usize = outcomes.iter().map(|o| o.panicked).sum();
+    if panicked > 0 {
+        return Err(Failure::runtime(format!(
+            "{panicked} simulated request(s) panicked"
+        )));
+    }
     let chart = Chart {
         title: format!(
             "{} keys written at once, TTL {}, {} requests/s",
@@ -272,12 +289,19 @@ fn report(opts: &SimulateOpts, outcomes: &[Outcome], warnings: &[String]) -> Res
 /// What looks wrong with the options, said before running.
 pub(crate) fn warnings(opts: &SimulateOpts) -> Vec<String> {
     let mut out = Vec::new();
-    if opts.duration < opts.ttl {
+    // The last request is sent before the window ends, and a key is gone
+    // only once its time has passed: the window must reach past the latest
+    // expiry for every key of the bulk write to expire in it.
+    let latest = opts.ttl.max(opts.jitter.bounds(opts.ttl).1);
+    if opts.duration <= latest {
         out.push(format!(
-            "--duration {} is shorter than --ttl {}: no key of the bulk write expires inside \
-             the window, so the figures show no avalanche; use a --duration longer than the TTL",
+            "--duration {} does not reach past the bulk write's expiries (naive: all at {}; \
+             breakwater: up to {}): keys that expire after the window are never reloaded, so \
+             the figures understate the avalanche; use a --duration longer than {}",
             humantime::format_duration(opts.duration),
-            humantime::format_duration(opts.ttl)
+            humantime::format_duration(opts.ttl),
+            humantime::format_duration(latest),
+            humantime::format_duration(latest)
         ));
     }
     out
@@ -314,6 +338,14 @@ pub(crate) fn simulate(
         .collect()
 }
 
+/// breakwater's cache for `opts`, on `store`.
+fn breakwater_cache(opts: &SimulateOpts, store: &MemoryStore) -> Result<Cache<u64>, Error> {
+    Ok(traffic::builder(store, opts.jitter, opts.seed)
+        .ttl(opts.ttl)
+        .grace(grace(opts))
+        .build()?)
+}
+
 /// One strategy on the current (paused) runtime.
 async fn scenario(
     opts: &SimulateOpts,
@@ -326,12 +358,7 @@ async fn scenario(
             store,
             ttl: opts.ttl,
         },
-        Strategy::Breakwater => Client::Breakwater(
-            traffic::builder(&store, opts.jitter, opts.seed)
-                .ttl(opts.ttl)
-                .grace(grace(opts))
-                .build()?,
-        ),
+        Strategy::Breakwater => Client::Breakwater(breakwater_cache(opts, &store)?),
     };
     let mut db = Database::new(opts.loader_latency);
     if opts.db_capacity > 0 {
@@ -359,6 +386,7 @@ async fn scenario(
         waited: tally.waited(),
         stale: tally.stale,
         errors: tally.errors,
+        panicked: tally.panicked,
         p50_ms: tally.quantile_ms(0.5),
         p99_ms: tally.quantile_ms(0.99),
         max_ms: tally.quantile_ms(1.0),
@@ -606,8 +634,17 @@ mod tests {
         };
         let warned = warnings(&short);
         assert_eq!(warned.len(), 1, "{warned:?}");
-        assert!(warned[0].contains("shorter than --ttl"), "{warned:?}");
+        assert!(warned[0].contains("does not reach past"), "{warned:?}");
         assert!(warnings(&opts()).is_empty());
+        // As long as the TTL, or inside the jitter's reach: warned too.
+        for secs in [600, 700] {
+            let edge = SimulateOpts {
+                duration: Duration::from_secs(secs),
+                ttl: Duration::from_secs(600),
+                ..opts()
+            };
+            assert_eq!(warnings(&edge).len(), 1, "{secs} s");
+        }
     }
 
     #[test]

@@ -139,8 +139,11 @@ impl Client {
 pub(crate) struct Tally {
     /// Latencies of the answered requests, in µs, sorted once finished.
     pub(crate) latencies_us: Vec<u64>,
-    /// Requests that failed.
+    /// Requests that failed (an error the client returned).
     pub(crate) errors: usize,
+    /// Requests whose task panicked: a bug, not a figure; the command
+    /// fails.
+    pub(crate) panicked: usize,
     /// Requests answered with a stale value.
     pub(crate) stale: usize,
     /// The cache's own counts at the end ([`Cache::stats`]), for a
@@ -157,7 +160,8 @@ impl Tally {
                     .push(u64::try_from(answer.latency.as_micros()).unwrap_or(u64::MAX));
                 self.stale += usize::from(answer.stale);
             }
-            _ => self.errors += 1,
+            Ok(Err(_)) => self.errors += 1,
+            Err(_) => self.panicked += 1,
         }
     }
 

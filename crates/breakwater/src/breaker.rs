@@ -412,6 +412,8 @@ pub(crate) struct CircuitBreaker {
     quick: AtomicU64,
     /// What the breaker guards, for its logs and metrics.
     label: BreakerLabel,
+    /// Times it opened.
+    openings: AtomicU64,
 }
 
 /// What a breaker guards: an origin (by name) or one failure domain of a
@@ -487,6 +489,7 @@ impl CircuitBreaker {
             config,
             quick: AtomicU64::new(quick),
             label: BreakerLabel::origin(""),
+            openings: AtomicU64::new(0),
             inner: Mutex::new(Inner {
                 phase: Phase::Closed,
                 generation: 0,
@@ -497,6 +500,11 @@ impl CircuitBreaker {
                 rng,
             }),
         }
+    }
+
+    /// Times the breaker opened (a failed half-open probe opens it again).
+    pub(crate) fn openings(&self) -> u64 {
+        self.openings.load(Ordering::Relaxed)
     }
 
     /// Names what the breaker guards (for its logs and metrics).
@@ -617,6 +625,7 @@ impl CircuitBreaker {
             .unwrap_or(now);
         inner.phase = Phase::Open { until };
         inner.generation = inner.generation.wrapping_add(1);
+        self.openings.fetch_add(1, Ordering::Relaxed);
         let l = &self.label;
         match l.domain {
             None => tracing::warn!(

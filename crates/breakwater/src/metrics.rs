@@ -399,7 +399,7 @@ impl Metrics {
     /// the loads in flight, L1's entries) as given.
     pub(crate) fn stats(
         &self,
-        origin_breaker: BreakerState,
+        (origin_breaker, origin_breaker_openings): (BreakerState, u64),
         store_breaker: BreakerState,
         loads_in_flight: u32,
         l1_entries: u64,
@@ -456,6 +456,7 @@ impl Metrics {
             waiters: u64::try_from(c.waiters.load(Ordering::Relaxed)).unwrap_or(0),
             l1_entries,
             origin_breaker,
+            origin_breaker_openings,
             store_breaker,
             loads_in_flight,
         }
@@ -548,6 +549,8 @@ pub struct Stats {
     pub l1_entries: u64,
     /// The origin's circuit breaker now.
     pub origin_breaker: BreakerState,
+    /// Times the origin's breaker has opened (shared origins: by any cache).
+    pub origin_breaker_openings: u64,
     /// The store's circuit breaker now (the worst of a cluster's).
     pub store_breaker: BreakerState,
     /// Loads holding a slot of the origin's bulkhead now.
@@ -685,8 +688,9 @@ impl fmt::Display for Stats {
         )?;
         write!(
             f,
-            "breakers: origin {}, store {}  loads in flight {}  waiters {}  l1 entries {}",
+            "breakers: origin {} (opened {} times), store {}  loads in flight {}  waiters {}  l1 entries {}",
             state_name(self.origin_breaker),
+            self.origin_breaker_openings,
             state_name(self.store_breaker),
             self.loads_in_flight,
             self.waiters,

@@ -250,6 +250,7 @@ fn an_open_breaker_counts_stale_breaker_open_its_state_and_its_transition() {
         // stands in, and the breaker opens; the next key's load is refused.
         failing(&cache, "a").await.unwrap();
         assert_eq!(cache.stats().origin_breaker, BreakerState::Open);
+        assert_eq!(cache.stats().origin_breaker_openings, 1);
         failing(&cache, "b").await.unwrap();
         let stats = cache.stats();
         assert_eq!(

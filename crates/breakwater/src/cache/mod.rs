@@ -1397,7 +1397,7 @@ impl<V: Value> Cache<V> {
     pub fn stats(&self) -> Stats {
         let origin = &self.inner.origin;
         self.inner.metrics.stats(
-            origin.breaker_state(),
+            (origin.breaker_state(), origin.breaker_openings()),
             self.inner.store.state(),
             origin.loads_in_flight(),
             self.local.l1.as_ref().map_or(0, |l1| l1.entries()),

@@ -114,6 +114,12 @@ impl Origin {
         self.inner.breaker.state()
     }
 
+    /// Times the circuit breaker has opened since the origin was built (a
+    /// failed half-open probe opens it again, and counts).
+    pub fn breaker_openings(&self) -> u64 {
+        self.inner.breaker.openings()
+    }
+
     /// Loads running (or waiting for a rate token) now.
     pub fn loads_in_flight(&self) -> u32 {
         self.inner.limiter.in_flight()
