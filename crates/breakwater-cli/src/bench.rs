@@ -361,15 +361,17 @@ async fn grace_table(
     for &concurrency in &opts.bench.concurrency {
         let (mut waited, mut loads) = (0usize, 0usize);
         let mut latencies = Vec::with_capacity(concurrency * opts.bench.runs);
+        // One cache for this row's runs (each on its own key): its stats()
+        // are the row's.
+        let cache = Cache::<String>::builder()
+            .namespace("bench-grace")
+            .store(store.clone())
+            .ttl(Duration::from_millis(200))
+            .grace(Duration::from_secs(60))
+            .jitter(Jitter::none().with_floor(Duration::from_millis(1)))
+            .early_refresh(EarlyRefresh::none())
+            .build()?;
         for run in 0..opts.bench.runs {
-            let cache = Cache::<String>::builder()
-                .namespace("bench-grace")
-                .store(store.clone())
-                .ttl(Duration::from_millis(200))
-                .grace(Duration::from_secs(60))
-                .jitter(Jitter::none().with_floor(Duration::from_millis(1)))
-                .early_refresh(EarlyRefresh::none())
-                .build()?;
             let key = format!("hot:{}:{concurrency}:{run}", std::process::id());
             cache.set(&key, &"old".to_owned()).await?;
             tokio::time::sleep(Duration::from_millis(250)).await;
@@ -422,7 +424,11 @@ async fn grace_table(
                 ms(percentile(&latencies, 0.50)),
                 ms(percentile(&latencies, 0.99)),
                 ms(latencies.last().copied()),
-            )
+            );
+            println!(
+                "        stats(): {}",
+                crate::traffic::stats_line(&cache.stats())
+            );
         });
     }
     progress.finish_and_clear();
