@@ -12,7 +12,7 @@
 //!
 //! | metric | kind | labels | meaning |
 //! |---|---|---|---|
-//! | `breakwater_requests_total` | counter | `namespace`, `served`: `l1_hit`, `hit`, `negative`, `stale_refreshing`, `stale_loader_failed`, `stale_soft_timeout`, `stale_lock_timeout`, `stale_breaker_open`, `stale_overloaded`, `stale_store_unavailable`, `loaded`, `coalesced`, `fallback`, `error` | how each `get_or_load` call (and each load a warm-up makes) was served: `l1_hit` from the near cache, `hit` from the store, the rest as [`Served::as_str`](crate::Served::as_str) names them; negative hits are counted apart from real values |
+//! | `breakwater_requests_total` | counter | `namespace`, `served`: `l1_hit`, `hit`, `negative`, `stale_refreshing`, `stale_loader_failed`, `stale_soft_timeout`, `stale_lock_timeout`, `stale_breaker_open`, `stale_overloaded`, `stale_store_unavailable`, `stale_previous_version`, `loaded`, `coalesced`, `fallback`, `error` | how each `get_or_load` call (and each load a warm-up makes) was served: `l1_hit` from the near cache, `hit` from the store, the rest as [`Served::as_str`](crate::Served::as_str) names them; negative hits are counted apart from real values |
 //! | `breakwater_errors_total` | counter | `namespace`, `kind`: `loader`, `store`, `codec`, `config`, `invalid_key`, `timeout`, `lock_timeout`, `circuit_open`, `overloaded`, `too_large` | `get_or_load` calls that returned an error, by [`ErrorKind`](crate::ErrorKind) (they are also `served="error"` above) |
 //! | `breakwater_loads_total` | counter | `namespace`, `origin`, `outcome`: `value`, `negative`, `error`, `panic`, `timeout` | loader calls made by this process |
 //! | `breakwater_load_seconds` | histogram | `namespace`, `origin` | how long each loader call took |
@@ -116,8 +116,8 @@ fn kind_of(index: usize) -> ErrorKind {
     ][index]
 }
 
-/// The stale reasons in `served` label order (indexes 2..=8).
-const STALE_REASONS: [StaleReason; 7] = [
+/// The stale reasons in `served` label order.
+const STALE_REASONS: [StaleReason; 8] = [
     StaleReason::Refreshing,
     StaleReason::LoaderFailed,
     StaleReason::SoftTimeout,
@@ -125,6 +125,7 @@ const STALE_REASONS: [StaleReason; 7] = [
     StaleReason::BreakerOpen,
     StaleReason::Overloaded,
     StaleReason::StoreUnavailable,
+    StaleReason::PreviousVersion,
 ];
 
 /// The current recorder's address, as an identity.
@@ -406,10 +407,10 @@ impl Metrics {
     ) -> Stats {
         let c = &self.counts;
         let served = |i: usize| read(&c.served[i]);
+        let index = |s: Served| served(s.metric_index());
         let stale = STALE_REASONS
             .iter()
-            .enumerate()
-            .map(|(i, reason)| (*reason, served(2 + i)))
+            .map(|reason| (*reason, index(Served::Stale { reason: *reason })))
             .filter(|(_, n)| *n > 0)
             .collect();
         let errors = (0..ERROR_KINDS.len())
@@ -422,12 +423,12 @@ impl Metrics {
         Stats {
             requests: c.served.iter().map(read).sum(),
             l1_hits: served(SERVED_L1_HIT),
-            store_hits: served(0),
-            negative_hits: served(1),
+            store_hits: index(Served::Hit),
+            negative_hits: index(Served::Negative),
             stale,
-            loaded: served(9),
-            coalesced: served(10),
-            fallback: served(11),
+            loaded: index(Served::Loaded),
+            coalesced: index(Served::Coalesced),
+            fallback: index(Served::Fallback),
             errors,
             loads: LoadStats {
                 value: loads(0),

@@ -15,7 +15,7 @@ use super::options::Options;
 use super::origin::Origin;
 use super::settings::Settings;
 use super::throttle::Throttle;
-use super::{Cache, Fallback, Inner, Value};
+use super::{Cache, Fallback, Inner, Previous, Value};
 use crate::breaker::BreakerConfig;
 use crate::codec::{Codec, Compression};
 use crate::config::CacheConfig;
@@ -134,6 +134,8 @@ pub struct CacheBuilder<V> {
     max_key_len: usize,
     max_value_size: usize,
     trace_keys: bool,
+    version: u32,
+    version_transition: Duration,
     grace: Duration,
     max_stale: Option<Duration>,
     early_refresh: EarlyRefresh,
@@ -239,6 +241,8 @@ impl<V: Value> CacheBuilder<V> {
             store_breaker: default_store_breaker(),
             rng_seed: None,
             trace_keys: false,
+            version: 0,
+            version_transition: Duration::ZERO,
             _value: PhantomData,
         }
     }
@@ -364,6 +368,58 @@ impl<V: Value> CacheBuilder<V> {
     /// copied.
     pub fn max_value_size(mut self, bytes: usize) -> Self {
         self.max_value_size = bytes;
+        self
+    }
+
+    /// The version of what this cache stores: bump it when values change
+    /// shape or meaning (a new field, another unit) and the old entries
+    /// must not be served as they are. Version 0, the default, stores under
+    /// `<key_prefix><namespace>:v:{key}`; version `n` under
+    /// `<key_prefix><namespace>@<n>:v:{key}` (so a namespace should not
+    /// itself end in `@<digits>`), with its own change channel. Processes
+    /// of two versions share no entries; see
+    /// [`version_transition`](Self::version_transition) for a deploy that
+    /// does not start cold, and [`Cache::warm`](crate::Cache::warm) to fill
+    /// the new version before traffic moves.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use breakwater::Cache;
+    ///
+    /// // Version 3 of the product cache; for 10 minutes after start, a
+    /// // product not yet in version 3 is served from version 2 (as stale)
+    /// // while one load per key fills version 3.
+    /// let products = Cache::<String>::builder()
+    ///     .namespace("products")
+    ///     .version(3)
+    ///     .version_transition(Duration::from_secs(600))
+    ///     .build()?;
+    /// # Ok::<(), breakwater::ConfigError>(())
+    /// ```
+    pub fn version(mut self, version: u32) -> Self {
+        self.version = version;
+        self
+    }
+
+    /// For `window` after the cache is built (a deploy that bumped
+    /// [`version`](Self::version)), a `get_or_load` of a key with no entry
+    /// in this version
+    /// reads the previous version's entry (version `n - 1`; version 0 for
+    /// version 1) and, if it decodes as this cache's value type, serves it
+    /// as stale ([`StaleReason::PreviousVersion`](crate::StaleReason::PreviousVersion))
+    /// while one background load under the key's lease fills this version.
+    /// Those loads are background loads: the origin's bulkhead sheds them
+    /// first, so a version bump under traffic never queues callers behind
+    /// the database, and nobody waits or fails while the previous entry
+    /// stands in. An entry that does not decode (the shape changed too
+    /// much) is a miss, loaded as usual. An `invalidate` inside the window
+    /// also deletes the previous version's entry, so it cannot stand in for
+    /// an invalidated value. `Duration::ZERO` (the default): no
+    /// transition. At most 7 days; needs a version of 1 or more.
+    pub fn version_transition(mut self, window: Duration) -> Self {
+        self.version_transition = window;
         self
     }
 
@@ -559,6 +615,7 @@ impl<V: Value> CacheBuilder<V> {
     pub(crate) fn check(&self) -> Result<Checked, ConfigError> {
         validate_namespace(&self.namespace).for_key("namespace")?;
         validate_key_prefix(&self.key_prefix).for_key("key_prefix")?;
+        validate_version(self.version, self.version_transition)?;
         let defaults = Options {
             ttl: self.ttl,
             negative_ttl: self
@@ -638,6 +695,8 @@ impl<V: Value> CacheBuilder<V> {
         Settings {
             namespace: self.namespace.clone(),
             key_prefix: self.key_prefix.clone(),
+            version: self.version,
+            version_transition: self.version_transition,
             ttl: defaults.ttl,
             negative_ttl: defaults.negative_ttl,
             jitter: defaults.jitter,
@@ -682,9 +741,18 @@ impl<V: Value> CacheBuilder<V> {
             Some(seed) => StdRng::seed_from_u64(seed),
             None => rand::make_rng(),
         };
-        let value_prefix = format!("{}{}:v:", self.key_prefix, self.namespace).into_bytes();
+        let versioned = |version: u32| match version {
+            0 => format!("{}{}", self.key_prefix, self.namespace),
+            n => format!("{}{}@{n}", self.key_prefix, self.namespace),
+        };
+        let value_prefix = format!("{}:v:", versioned(self.version)).into_bytes();
+        let previous = (!self.version_transition.is_zero()).then(|| Previous {
+            prefix: format!("{}:v:", versioned(self.version - 1)).into_bytes(),
+            until: tokio::time::Instant::now() + self.version_transition,
+            channel: format!("{}:events", versioned(self.version - 1)).into_bytes(),
+        });
         let metrics = Metrics::new(&self.namespace, origin.name());
-        let channel = format!("{}{}:events", self.key_prefix, self.namespace).into_bytes();
+        let channel = format!("{}:events", versioned(self.version)).into_bytes();
         let local = Arc::new(Local::new(
             self.l1.map(NearCache::<V>::new),
             value_prefix.len(),
@@ -715,6 +783,7 @@ impl<V: Value> CacheBuilder<V> {
                 max_key_len: self.max_key_len,
                 max_value_size: self.max_value_size,
                 trace_keys: self.trace_keys,
+                previous,
                 lease_ttl: self.lease_ttl,
                 lock_wait: self.lock_wait,
                 lock_poll: self.lock_poll,
@@ -815,6 +884,26 @@ fn validate_namespace(ns: &str) -> Result<(), ConfigError> {
             "namespace must not contain braces, whitespace or control characters \
              (found {c:?} in {ns:?})"
         )));
+    }
+    Ok(())
+}
+
+/// The longest version transition.
+const MAX_VERSION_TRANSITION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+fn validate_version(version: u32, transition: Duration) -> Result<(), ConfigError> {
+    if transition > MAX_VERSION_TRANSITION {
+        return Err(ConfigError::new(format!(
+            "version_transition must be at most 7 days, got {transition:?}"
+        ))
+        .for_key("version_transition"));
+    }
+    if !transition.is_zero() && version == 0 {
+        return Err(ConfigError::new(
+            "version_transition needs a version of 1 or more (version 0 has no previous \
+             version to read)",
+        )
+        .for_key("version_transition"));
     }
     Ok(())
 }

@@ -261,6 +261,8 @@ struct Inner {
     max_value_size: usize,
     /// Whether spans carry the raw key.
     trace_keys: bool,
+    /// The previous version's entries, read inside a version transition.
+    previous: Option<Previous>,
     lease_ttl: Duration,
     /// As set; `None`: `queue_wait + load_timeout + 2 × lease_ttl` for each call.
     lock_wait: Option<Duration>,
@@ -285,7 +287,33 @@ struct Inner {
     settings: Settings,
 }
 
+/// The previous version, during a version transition (see
+/// [`CacheBuilder::version_transition`]).
+#[derive(Debug)]
+pub(crate) struct Previous {
+    /// Its `value_prefix`.
+    pub(crate) prefix: Vec<u8>,
+    /// When the transition ends.
+    pub(crate) until: Instant,
+    /// Its change channel.
+    pub(crate) channel: Vec<u8>,
+}
+
 impl Inner {
+    /// Storage key `key`'s entry in the previous version, while the version
+    /// transition lasts.
+    fn previous_key(&self, key: &[u8]) -> Option<Vec<u8>> {
+        let previous = self.previous.as_ref()?;
+        if Instant::now() >= previous.until {
+            return None;
+        }
+        let rest = key.get(self.value_prefix.len()..)?;
+        let mut old = Vec::with_capacity(previous.prefix.len() + rest.len());
+        old.extend_from_slice(&previous.prefix);
+        old.extend_from_slice(rest);
+        Some(old)
+    }
+
     /// The lease key that goes with a storage key: the same bytes with the
     /// record marker `v` replaced by `l`, so both share one hash tag.
     fn lease_key(&self, key: &[u8]) -> Vec<u8> {
@@ -598,7 +626,28 @@ impl<V: Value> Cache<V> {
         // tried again, within one deadline.
         let last = Mutex::new((0u32, None::<Error>, Instant::now()));
         let (key, lease, message, last) = (&key, &lease, &message, &last);
+        // Inside a version transition the previous version's entry goes
+        // too (first): it must not stand in for the invalidated value. Its
+        // lease is revoked and its processes are told on their channel.
+        let previous = self.inner.previous_key(key).and_then(|old| {
+            let p = self.inner.previous.as_ref()?;
+            let mut old_lease = old.clone();
+            if let Some(marker) = old_lease.get_mut(p.prefix.len() - 2) {
+                *marker = b'l';
+            }
+            let message = notify::message(notify::INVALIDATED, self.inner.waiters.sender(), &old);
+            Some((old, old_lease, message, &p.channel))
+        });
+        let previous = &previous;
         let attempts = self.inner.store_retries.run(|made| async move {
+            if let Some((old, old_lease, message, channel)) = previous {
+                let notice = Notice { channel, message };
+                if let Err(err) = self.inner.store.invalidate(old, old_lease, notice).await {
+                    *last.lock().unwrap_or_else(|p| p.into_inner()) =
+                        (made, Some(err.clone()), Instant::now());
+                    return Err(err);
+                }
+            }
             self.local.expect_own_notice(key, listening);
             let done = self
                 .inner
@@ -977,6 +1026,27 @@ impl<V: Value> Cache<V> {
             Shared::Read(read, loader) => (read, loader),
         };
         let (entry, store_ok, ticket) = match read {
+            Ok(Read {
+                entry: Some(old),
+                previous: true,
+                ..
+            }) => {
+                // The previous version's value stands in while one
+                // background load fills this version; undecodable, it is a
+                // miss.
+                if let Some(value) = self.entry_value(&key, &old) {
+                    if !self.inner.is_throttled(&key, self.inner.store.now_ms()) {
+                        self.refresh_in_background(key, loader, *options, 0, false);
+                    }
+                    return Ok(Fetched {
+                        value,
+                        served: Served::Stale {
+                            reason: StaleReason::PreviousVersion,
+                        },
+                    });
+                }
+                (None, true, None)
+            }
             Ok(read) => (read.entry, true, read.ticket),
             Err(err) => {
                 warn_limited!(self.inner.logs, Warning::StoreRead, key = %show_key(&key), error = %err, "store read failed; loading directly");
@@ -1435,11 +1505,19 @@ impl<V: Value> Cache<V> {
                             return Shared::Read(Err(err), loader);
                         }
                     };
+                    // Nothing in this version: inside a version transition
+                    // the previous version's entry stands in (judged by the
+                    // pipeline, which refreshes this version).
+                    let (entry, previous) = match entry {
+                        Some(entry) => (Some(entry), false),
+                        None => (self.read_previous(key).await, true),
+                    };
                     if entry.is_some() {
                         let read = Read {
                             entry,
                             loaded: None,
                             ticket,
+                            previous,
                         };
                         lead.land_with(|| Ok(read.clone()));
                         return Shared::Read(Ok(read), loader);
@@ -1455,6 +1533,7 @@ impl<V: Value> Cache<V> {
                     let result = load.result().await;
                     lead.land_with(|| {
                         Ok(Read {
+                            previous: false,
                             entry: None,
                             loaded: Some((result.clone(), role)),
                             ticket,
@@ -1503,6 +1582,18 @@ impl<V: Value> Cache<V> {
             Err(err) => return Err(err),
         };
         Ok(self.decode(key, bytes))
+    }
+
+    /// Inside a version transition, the previous version's entry for
+    /// storage key `key` (this version's key): a value entry that reads,
+    /// else nothing (a negative entry, a failed read and bytes of another
+    /// codec are all a plain miss).
+    async fn read_previous(&self, key: &[u8]) -> Option<Arc<Entry>> {
+        let old = self.inner.previous_key(key)?;
+        match self.read(&old).await {
+            Ok(Some(entry)) if !entry.negative => Some(Arc::new(entry)),
+            _ => None,
+        }
     }
 
     /// Decodes stored bytes (read, or carried by a fill's message) the way
@@ -1732,6 +1823,8 @@ struct Read<V> {
     loaded: Option<(Result<Loaded<V>, Error>, Role)>,
     /// When the read began, for L1.
     ticket: Option<Ticket>,
+    /// `entry` is the previous version's (a version transition).
+    previous: bool,
 }
 
 /// How a shared store read ended for one caller.

@@ -138,7 +138,7 @@ pub enum Served {
 
 /// The `served` label values of `breakwater_requests_total`, indexed by
 /// [`Served::metric_index`]; the last one counts errors.
-pub(crate) const SERVED_LABELS: [&str; 13] = [
+pub(crate) const SERVED_LABELS: [&str; 14] = [
     "hit",
     "negative",
     "stale_refreshing",
@@ -148,6 +148,7 @@ pub(crate) const SERVED_LABELS: [&str; 13] = [
     "stale_breaker_open",
     "stale_overloaded",
     "stale_store_unavailable",
+    "stale_previous_version",
     "loaded",
     "coalesced",
     "fallback",
@@ -176,7 +177,7 @@ impl Served {
     /// `breakwater_requests_total` (see [`metrics`](crate::metrics)):
     /// `hit`, `negative`, `stale_refreshing`, `stale_loader_failed`,
     /// `stale_soft_timeout`, `stale_lock_timeout`, `stale_breaker_open`,
-    /// `stale_overloaded`, `stale_store_unavailable`, `loaded`,
+    /// `stale_overloaded`, `stale_store_unavailable`, `stale_previous_version`, `loaded`,
     /// `coalesced` or `fallback`. [`Display`](std::fmt::Display) writes the
     /// same, so it fits an `x-cache` header or a log field.
     ///
@@ -206,10 +207,11 @@ impl Served {
                 StaleReason::BreakerOpen => 6,
                 StaleReason::Overloaded => 7,
                 StaleReason::StoreUnavailable => 8,
+                StaleReason::PreviousVersion => 9,
             },
-            Served::Loaded => 9,
-            Served::Coalesced => 10,
-            Served::Fallback => 11,
+            Served::Loaded => 10,
+            Served::Coalesced => 11,
+            Served::Fallback => 12,
         }
     }
 }
@@ -240,6 +242,11 @@ pub enum StaleReason {
     Overloaded,
     /// The store could not be reached; a local (L1) copy stood in.
     StoreUnavailable,
+    /// The key had no entry in this cache's version yet, inside the
+    /// version transition: the previous version's entry stood in while one
+    /// background load fills this version (see
+    /// [`CacheBuilder::version`](crate::CacheBuilder::version)).
+    PreviousVersion,
 }
 
 /// A value with how it was served; see [`Cache::get_or_load_with_meta`].
@@ -392,6 +399,10 @@ mod tests {
             (
                 stale(StaleReason::StoreUnavailable),
                 "stale_store_unavailable",
+            ),
+            (
+                stale(StaleReason::PreviousVersion),
+                "stale_previous_version",
             ),
             (Served::Loaded, "loaded"),
             (Served::Coalesced, "coalesced"),

@@ -38,6 +38,8 @@ use crate::retry::RetryConfig;
 pub struct Settings {
     pub(super) namespace: String,
     pub(super) key_prefix: String,
+    pub(super) version: u32,
+    pub(super) version_transition: Duration,
     pub(super) ttl: Duration,
     pub(super) negative_ttl: Duration,
     pub(super) jitter: Jitter,

@@ -1,0 +1,197 @@
+//! Version bumps: a cache of version `n` stores apart from version `n - 1`,
+//! and inside its version transition serves the previous version's entry
+//! (as stale) while background loads, under the origin's bulkhead, fill
+//! its own. Paused time, the memory store.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use breakwater::{Cache, Jitter, LimitConfig, MemoryStore, Served, StaleReason, Store};
+
+const KEYS: usize = 1_000;
+
+fn builder(store: &MemoryStore, version: u32) -> breakwater::CacheBuilder<String> {
+    Cache::<String>::builder()
+        .namespace("products")
+        .store(store.clone())
+        .version(version)
+        .ttl(Duration::from_secs(3_600))
+        .jitter(Jitter::none())
+}
+
+/// Loads running now and the most that ever ran at once.
+#[derive(Default)]
+struct Gauge {
+    now: AtomicUsize,
+    most: AtomicUsize,
+    calls: AtomicUsize,
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_bump_under_traffic_serves_the_previous_version_and_loads_within_the_bulkhead() {
+    let store = MemoryStore::new();
+    let v1 = builder(&store, 1).build().unwrap();
+    v1.set_many((0..KEYS).map(|k| (format!("p{k}"), format!("v1:{k}"))))
+        .await
+        .unwrap();
+
+    let v2 = builder(&store, 2)
+        .version_transition(Duration::from_secs(600))
+        .limit(
+            LimitConfig::new()
+                .max_concurrent(8)
+                .queue_wait(Duration::from_millis(100)),
+        )
+        .build()
+        .unwrap();
+    let gauge = Arc::new(Gauge::default());
+    let mut callers = tokio::task::JoinSet::new();
+    for caller in 0..20 {
+        let (v2, gauge) = (v2.clone(), Arc::clone(&gauge));
+        callers.spawn(async move {
+            let mut served = Vec::new();
+            for i in 0..200 {
+                let k = (caller * 37 + i * 13) % KEYS;
+                let gauge = Arc::clone(&gauge);
+                let fetched = v2
+                    .get_or_load_with_meta(format!("p{k}"), move || async move {
+                        gauge.calls.fetch_add(1, Ordering::SeqCst);
+                        let now = gauge.now.fetch_add(1, Ordering::SeqCst) + 1;
+                        gauge.most.fetch_max(now, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        gauge.now.fetch_sub(1, Ordering::SeqCst);
+                        Ok::<_, std::io::Error>(Some(format!("v2:{k}")))
+                    })
+                    .await;
+                let fetched = fetched.expect("no call fails during a version bump");
+                let value = fetched.value.expect("every key has a value");
+                assert!(
+                    value == format!("v1:{k}") || value == format!("v2:{k}"),
+                    "{value} for key {k}"
+                );
+                served.push(fetched.served);
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            served
+        });
+    }
+    let served: Vec<Served> = callers.join_all().await.into_iter().flatten().collect();
+    let previous = served
+        .iter()
+        .filter(|s| {
+            **s == Served::Stale {
+                reason: StaleReason::PreviousVersion,
+            }
+        })
+        .count();
+    assert!(previous > 0, "{served:?}");
+    assert!(
+        gauge.most.load(Ordering::SeqCst) <= 8,
+        "loads stayed within the bulkhead"
+    );
+    let stats = v2.stats();
+    assert_eq!(stats.errors_total(), 0, "{stats}");
+    assert_eq!(stats.loaded, 0, "nobody waited for a load: {stats}");
+    // Once the background loads have landed, version 2 serves its own.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for k in [0, 13, 999] {
+        let got = v2
+            .get_or_load_with_meta(format!("p{k}"), || async {
+                Ok::<_, std::io::Error>(Some("unused".to_owned()))
+            })
+            .await
+            .unwrap();
+        if got.served == Served::Hit {
+            assert_eq!(got.value.as_deref(), Some(format!("v2:{k}").as_str()));
+        }
+    }
+    // Version 1's entries are untouched: its processes still read them.
+    assert_eq!(v1.get("p0").await.unwrap().as_deref(), Some("v1:0"));
+    // Each key was loaded at most once.
+    assert!(gauge.calls.load(Ordering::SeqCst) <= KEYS, "{stats}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_invalidation_in_the_transition_removes_the_previous_version_too() {
+    let store = MemoryStore::new();
+    let v1 = builder(&store, 1).build().unwrap();
+    v1.set("p1", &"v1:old".to_owned()).await.unwrap();
+    let v2 = builder(&store, 2)
+        .version_transition(Duration::from_secs(600))
+        .build()
+        .unwrap();
+    v2.invalidate("p1").await.unwrap();
+    let got = v2
+        .get_or_load_with_meta("p1", || async {
+            Ok::<_, std::io::Error>(Some("fresh".to_owned()))
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (got.value.as_deref(), got.served),
+        (Some("fresh"), Served::Loaded)
+    );
+    assert_eq!(v1.get("p1").await.unwrap(), None, "gone in version 1 too");
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_the_window_or_for_an_undecodable_entry_a_miss_loads() {
+    let store = MemoryStore::new();
+    // Version 1 stored numbers; version 2 stores strings.
+    let v1 = Cache::<u64>::builder()
+        .namespace("products")
+        .store(store.clone())
+        .version(1)
+        .build()
+        .unwrap();
+    v1.set("n", &7).await.unwrap();
+    builder(&store, 1)
+        .build()
+        .unwrap()
+        .set("s", &"v1:s".to_owned())
+        .await
+        .unwrap();
+    let v2 = builder(&store, 2)
+        .version_transition(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let load = || async { Ok::<_, std::io::Error>(Some("v2".to_owned())) };
+    let got = v2.get_or_load_with_meta("n", load).await.unwrap();
+    assert_eq!(got.served, Served::Loaded, "7 is not a string: a miss");
+
+    tokio::time::advance(Duration::from_secs(61)).await;
+    let got = v2.get_or_load_with_meta("s", load).await.unwrap();
+    assert_eq!(
+        (got.value.as_deref(), got.served),
+        (Some("v2"), Served::Loaded),
+        "past the window the previous version is not read"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn versions_store_apart_under_their_own_keys() {
+    let store = MemoryStore::new();
+    let v0 = builder(&store, 0).build().unwrap();
+    let v3 = builder(&store, 3).build().unwrap();
+    assert_eq!(v0.storage_key("k").unwrap(), b"bw:products:v:{k}");
+    assert_eq!(v3.storage_key("k").unwrap(), b"bw:products@3:v:{k}");
+    v0.set("k", &"zero".to_owned()).await.unwrap();
+    assert_eq!(v3.get("k").await.unwrap(), None);
+    assert!(store.get(b"bw:products:v:{k}").await.unwrap().is_some());
+}
+
+#[test]
+fn a_transition_needs_a_version_and_a_bounded_window() {
+    let err = Cache::<String>::builder()
+        .version_transition(Duration::from_secs(60))
+        .build()
+        .unwrap_err();
+    assert_eq!(err.key(), Some("version_transition"), "{err}");
+    let err = Cache::<String>::builder()
+        .version(2)
+        .version_transition(Duration::from_secs(8 * 24 * 3600))
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("at most 7 days"), "{err}");
+}
