@@ -1508,9 +1508,14 @@ impl<V: Value> Cache<V> {
                     // Nothing in this version: inside a version transition
                     // the previous version's entry stands in (judged by the
                     // pipeline, which refreshes this version).
+                    // (Boxed: inline, a second read's state would grow
+                    // every `get_or_load` future, hits included.)
                     let (entry, previous) = match entry {
                         Some(entry) => (Some(entry), false),
-                        None => (self.read_previous(key).await, true),
+                        None if self.inner.previous.is_some() => {
+                            (Box::pin(self.read_previous(key)).await, true)
+                        }
+                        None => (None, false),
                     };
                     if entry.is_some() {
                         let read = Read {
