@@ -24,6 +24,9 @@ codec = "json"
 compression = { algorithm = "lz4", threshold = 2048, max_decompressed = 1048576 }
 max_key_len = 512
 max_value_size = 1048576
+version = 3
+version_transition = "10m"
+trace_keys = true
 grace = "1m"
 max_stale = "1h"
 early_refresh = { after_fraction = 0.8 }
@@ -93,6 +96,9 @@ fn full_in_code() -> CacheBuilder<u64> {
         )
         .max_key_len(512)
         .max_value_size(1_048_576)
+        .version(3)
+        .version_transition(secs(600))
+        .trace_keys(true)
         .grace(secs(60))
         .max_stale(secs(3600))
         .early_refresh(EarlyRefresh::after_fraction(0.8))
@@ -199,7 +205,7 @@ fn a_file_and_the_environment_give_the_builders_settings() {
         "30s"
     );
     assert_eq!(env["BREAKWATER_CACHE_JITTER__FIXED"], "20s");
-    assert_eq!(env.len(), 49, "every key: {env:#?}");
+    assert_eq!(env.len(), 52, "every key: {env:#?}");
     // Variables of other programs are left alone.
     let vars = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).chain([
         ("PATH", "/bin"),

@@ -697,6 +697,7 @@ impl<V: Value> CacheBuilder<V> {
             key_prefix: self.key_prefix.clone(),
             version: self.version,
             version_transition: self.version_transition,
+            trace_keys: self.trace_keys,
             ttl: defaults.ttl,
             negative_ttl: defaults.negative_ttl,
             jitter: defaults.jitter,

@@ -40,6 +40,7 @@ pub struct Settings {
     pub(super) key_prefix: String,
     pub(super) version: u32,
     pub(super) version_transition: Duration,
+    pub(super) trace_keys: bool,
     pub(super) ttl: Duration,
     pub(super) negative_ttl: Duration,
     pub(super) jitter: Jitter,

@@ -62,6 +62,9 @@
 //! | `compression.max_decompressed` | bytes: the largest entry read | `67108864` (64 MiB) |
 //! | `max_key_len` | bytes | `1024` |
 //! | `max_value_size` | bytes of serialized value | `16777216` (16 MiB) |
+//! | `version` | integer: the version of what is stored (see `CacheBuilder::version`) | `0` |
+//! | `version_transition` | duration: how long a miss reads the previous version | `"0s"` (off) |
+//! | `trace_keys` | `true`: spans carry the raw key | `false` |
 //! | `grace` | duration | `"0s"` (no stale-while-revalidate) |
 //! | `max_stale` | duration | `grace` |
 //! | `early_refresh` | `"none"`, or a table with one of the two below | `{ xfetch = 1.0 }` |
@@ -210,6 +213,9 @@ cache_config! {
     compression: CompressionSpec,
     max_key_len: usize,
     max_value_size: usize,
+    version: u32,
+    version_transition: Human,
+    trace_keys: bool,
     grace: Human,
     max_stale: Human,
     early_refresh: EarlyRefreshSpec,
@@ -448,6 +454,20 @@ impl Setting for usize {
 impl Setting for u64 {
     type Value = u64;
     fn setting(&self) -> u64 {
+        *self
+    }
+}
+
+impl Setting for u32 {
+    type Value = u32;
+    fn setting(&self) -> u32 {
+        *self
+    }
+}
+
+impl Setting for bool {
+    type Value = bool;
+    fn setting(&self) -> bool {
         *self
     }
 }
