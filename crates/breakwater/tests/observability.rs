@@ -41,11 +41,7 @@ where
 {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let runtime = support::paused_runtime();
     metrics::with_local_recorder(&recorder, || runtime.block_on(scenario()));
     snapshotter
         .snapshot()

@@ -9,6 +9,8 @@
 //! `tests/spans.rs` explains: tracing caches callsite interest
 //! process-wide).
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -125,11 +127,7 @@ where
         })
         .build();
 
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let runtime = support::paused_runtime();
     tracing::subscriber::with_default(subscriber, || {
         tracing::callsite::rebuild_interest_cache();
         metrics::with_local_recorder(&recorder, || runtime.block_on(scenario()));

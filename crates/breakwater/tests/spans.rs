@@ -89,11 +89,7 @@ where
 {
     let capture = Capture::default();
     let subscriber = Registry::default().with(capture.clone());
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let runtime = support::paused_runtime();
     tracing::subscriber::with_default(subscriber, || {
         // Interest cached before this subscriber existed is recomputed.
         tracing::callsite::rebuild_interest_cache();

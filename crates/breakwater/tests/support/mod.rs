@@ -372,3 +372,13 @@ pub async fn failing(
         })
         .await
 }
+
+/// A current-thread runtime on paused (virtual) time, for tests that
+/// install a recorder or a subscriber around `block_on`.
+pub fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime")
+}
