@@ -51,10 +51,13 @@ pub(crate) enum Warning {
     KeyFault,
     /// A value was larger than `max_value_size` and not cached.
     TooLarge,
+    /// The lease expired (or was taken over) while loading: the load is
+    /// not written.
+    LeaseLost,
 }
 
 impl Warning {
-    const COUNT: usize = 11;
+    const COUNT: usize = 12;
 
     fn index(self) -> usize {
         self as usize

@@ -244,7 +244,7 @@ impl<V: Value> Cache<V> {
                     match store.extend_lease(lease.key, lease.token, inner.lease_ttl).await {
                         Ok(true) => {}
                         Ok(false) => {
-                            tracing::debug!(key = %show_key(key), "lease lost while loading; the result will not be written");
+                            warn_limited!(inner.logs, Warning::LeaseLost, key = %show_key(key), origin = %inner.origin.name(), "lease lost while loading (a load slower than the lease, or a store that did not answer); the result will not be written");
                             inner.metrics.lease("lost");
                             held = false;
                         }
