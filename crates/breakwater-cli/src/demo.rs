@@ -110,7 +110,10 @@ pub(crate) async fn main(opts: DemoOpts) -> ExitCode {
         ("outage", outage),
     ];
     for (i, (name, story)) in stories.into_iter().enumerate() {
-        let Some(result) = traffic::off_thread(move || story(seed)).await else {
+        let spinner = crate::progress::spinner(&format!("{name} story"));
+        let ran = traffic::off_thread(move || story(seed)).await;
+        spinner.finish_and_clear();
+        let Some(result) = ran else {
             return Failure::runtime(format!("the {name} story panicked")).exit("demo");
         };
         let done = result
