@@ -969,7 +969,7 @@ mod tests {
             .iter()
             .map(|f| (*f).to_owned())
             .collect();
-        assert_eq!(read.len(), 26);
+        assert_eq!(read.len(), 29);
         for (table, keys) in tables {
             assert!(!keys.is_empty(), "{table}");
             read.extend(keys.iter().map(|key| format!("{table}.{key}")));
