@@ -132,12 +132,19 @@ impl GuardedStore {
         }
     }
 
-    /// `write`, counting `n` notices sent if it succeeds.
-    fn sent<'a>(&'a self, n: u64, write: StoreFuture<'a, ()>) -> StoreFuture<'a, ()> {
+    /// [`guard`](Self::guard) for a write that publishes change notices:
+    /// `sent` says how many its result stands for (in the same box).
+    fn guard_notifying<'a, T: Send + 'a, F: Future<Output = Result<T, Error>> + Send + 'a>(
+        &'a self,
+        op: &'static str,
+        key: &'a [u8],
+        call: impl FnOnce() -> F + Send + 'a,
+        sent: fn(&T) -> u64,
+    ) -> StoreFuture<'a, T> {
         Box::pin(async move {
-            let written = write.await;
-            if written.is_ok() {
-                self.metrics.notices("sent", n);
+            let written = self.guarded(op, key, call).await;
+            if let Ok(done) = &written {
+                self.metrics.notices("sent", sent(done));
             }
             written
         })
@@ -262,17 +269,12 @@ impl Store for GuardedStore {
     }
 
     fn fenced_set<'a>(&'a self, write: FencedWrite<'a>) -> StoreFuture<'a, bool> {
-        Box::pin(async move {
-            let written = self
-                .guarded("fenced_set", write.key, move || {
-                    self.store.fenced_set(write)
-                })
-                .await;
-            if matches!(written, Ok(true)) {
-                self.metrics.notices("sent", 1);
-            }
-            written
-        })
+        self.guard_notifying(
+            "fenced_set",
+            write.key,
+            move || self.store.fenced_set(write),
+            |written| u64::from(*written),
+        )
     }
 
     fn replace<'a>(
@@ -283,11 +285,11 @@ impl Store for GuardedStore {
         lease_key: &'a [u8],
         notice: Notice<'a>,
     ) -> StoreFuture<'a, ()> {
-        self.sent(
-            1,
-            self.guard("replace", key, move || {
-                self.store.replace(key, value, ttl, lease_key, notice)
-            }),
+        self.guard_notifying(
+            "replace",
+            key,
+            move || self.store.replace(key, value, ttl, lease_key, notice),
+            |()| 1,
         )
     }
 
@@ -324,20 +326,20 @@ impl Store for GuardedStore {
         lease_key: &'a [u8],
         notice: Notice<'a>,
     ) -> StoreFuture<'a, ()> {
-        self.sent(
-            1,
-            self.guard("invalidate", key, move || {
-                self.store.invalidate(key, lease_key, notice)
-            }),
+        self.guard_notifying(
+            "invalidate",
+            key,
+            move || self.store.invalidate(key, lease_key, notice),
+            |()| 1,
         )
     }
 
     fn publish<'a>(&'a self, channel: &'a [u8], message: &'a [u8]) -> StoreFuture<'a, ()> {
-        self.sent(
-            1,
-            self.guard("publish", channel, move || {
-                self.store.publish(channel, message)
-            }),
+        self.guard_notifying(
+            "publish",
+            channel,
+            move || self.store.publish(channel, message),
+            |()| 1,
         )
     }
 
