@@ -216,6 +216,7 @@ pub(crate) struct Metrics {
     served: Arc<Handles<Vec<Counter>>>,
     store: Arc<Handles<Vec<Histogram>>>,
     waiters: Arc<Handles<Gauge>>,
+    l1_entries: Arc<Handles<Gauge>>,
     counts: Arc<Counts>,
 }
 
@@ -237,6 +238,7 @@ impl Metrics {
             served: Arc::default(),
             store: Arc::default(),
             waiters: Arc::default(),
+            l1_entries: Arc::default(),
             counts: Arc::default(),
         }
     }
@@ -352,7 +354,11 @@ impl Metrics {
 
     /// The L1 near cache holds `n` entries.
     pub(crate) fn l1_entries(&self, n: u64) {
-        gauge!("breakwater_l1_entries", "namespace" => self.namespace.clone()).set(n as f64);
+        // After every L1 insert (a store hit with L1 on): the handle is
+        // registered once per recorder, like the request counter's.
+        let register = || gauge!("breakwater_l1_entries", "namespace" => self.namespace.clone());
+        self.l1_entries
+            .with(register, |gauge: &Gauge| gauge.set(n as f64));
     }
 
     /// Stored bytes that did not decode.

@@ -317,11 +317,7 @@ impl Inner {
     /// The lease key that goes with a storage key: the same bytes with the
     /// record marker `v` replaced by `l`, so both share one hash tag.
     fn lease_key(&self, key: &[u8]) -> Vec<u8> {
-        let mut lease = key.to_vec();
-        if let Some(marker) = lease.get_mut(self.value_prefix.len() - 2) {
-            *marker = b'l';
-        }
-        lease
+        lease_key(key, self.value_prefix.len())
     }
 
     /// The user's key inside storage key `key` (L1 is keyed by it).
@@ -631,10 +627,7 @@ impl<V: Value> Cache<V> {
         // lease is revoked and its processes are told on their channel.
         let previous = self.inner.previous_key(key).and_then(|old| {
             let p = self.inner.previous.as_ref()?;
-            let mut old_lease = old.clone();
-            if let Some(marker) = old_lease.get_mut(p.prefix.len() - 2) {
-                *marker = b'l';
-            }
+            let old_lease = lease_key(&old, p.prefix.len());
             let message = notify::message(notify::INVALIDATED, self.inner.waiters.sender(), &old);
             Some((old, old_lease, message, &p.channel))
         });
@@ -1752,26 +1745,24 @@ impl<V: Value> Cache<V> {
         ticket: Option<Ticket>,
         options: &Options,
     ) {
-        if let (Some(l1), Some(ticket)) = (&self.local.l1, ticket) {
-            let stale_until = entry.stale_until.min(
-                entry
-                    .fresh_until
-                    .saturating_add(millis(options.max_stale())),
-            );
-            let fresh = Duration::from_millis(entry.fresh_until.saturating_sub(now_ms));
-            let stale = Duration::from_millis(stale_until.saturating_sub(now_ms));
-            l1.put(
-                self.inner.user_key(key),
-                value.clone(),
-                fresh,
-                stale,
-                stamp(entry),
-                self.inner.default_early_window(entry.load_ms),
-                ticket,
-            )
-            .await;
-            self.inner.metrics.l1_entries(l1.entries());
+        // (Before the value is cloned: a hit without L1 clones nothing.)
+        if self.local.l1.is_none() {
+            return;
         }
+        let stale_until = entry.stale_until.min(
+            entry
+                .fresh_until
+                .saturating_add(millis(options.max_stale())),
+        );
+        self.put_near(
+            key,
+            value.clone(),
+            stamp(entry),
+            stale_until,
+            now_ms,
+            ticket,
+        )
+        .await;
     }
 
     /// Keeps a value this process just wrote (or loaded) in L1, unless the
@@ -1783,26 +1774,49 @@ impl<V: Value> Cache<V> {
         sealed: &Sealed,
         ticket: Option<Ticket>,
     ) {
-        if let (Some(l1), Some(ticket)) = (&self.local.l1, ticket) {
-            let user = self.inner.user_key(key);
-            let window = self.inner.default_early_window(sealed.stamp.load_ms);
-            // What is left of the entry's windows now, not the windows it
-            // was sealed with: a write that took its time (a slow or
-            // timed-out store) must not extend the copy's life by as much.
-            let now = self.inner.store.now_ms();
-            let left = |until: u64| Duration::from_millis(until.saturating_sub(now));
-            l1.put(
-                user,
-                value,
-                left(sealed.stamp.fresh_until),
-                left(sealed.stamp.stale_until),
-                sealed.stamp,
-                window,
-                ticket,
-            )
-            .await;
-            self.inner.metrics.l1_entries(l1.entries());
-        }
+        // What is left of the entry's windows now, not the windows it was
+        // sealed with: a write that took its time (a slow or timed-out
+        // store) must not extend the copy's life by as much.
+        let now_ms = self.inner.store.now_ms();
+        self.put_near(
+            key,
+            value,
+            sealed.stamp,
+            sealed.stamp.stale_until,
+            now_ms,
+            ticket,
+        )
+        .await;
+    }
+
+    /// Puts `value` in L1 under storage key `key`'s user key, fresh for
+    /// what is left at `now_ms` (the store's clock) of its entry's fresh
+    /// window and servable until `stale_until`, unless the key was
+    /// invalidated since `ticket`.
+    async fn put_near(
+        &self,
+        key: &[u8],
+        value: Option<V>,
+        stamp: Stamp,
+        stale_until: u64,
+        now_ms: u64,
+        ticket: Option<Ticket>,
+    ) {
+        let (Some(l1), Some(ticket)) = (&self.local.l1, ticket) else {
+            return;
+        };
+        let left = |until: u64| Duration::from_millis(until.saturating_sub(now_ms));
+        l1.put(
+            self.inner.user_key(key),
+            value,
+            left(stamp.fresh_until),
+            left(stale_until),
+            stamp,
+            self.inner.default_early_window(stamp.load_ms),
+            ticket,
+        )
+        .await;
+        self.inner.metrics.l1_entries(l1.entries());
     }
 }
 
@@ -1969,6 +1983,17 @@ fn undelivered(key: &[u8], attempts: u32, last: Error, at: Instant) -> Error {
         Some(after) => err.with_retry_after(after),
         None => err,
     }
+}
+
+/// The lease key of storage key `key` under a value prefix of
+/// `prefix_len` bytes: the record marker `v` (the prefix ends in `:v:`)
+/// replaced by `l`, so both share one hash tag.
+fn lease_key(key: &[u8], prefix_len: usize) -> Vec<u8> {
+    let mut lease = key.to_vec();
+    if let Some(marker) = lease.get_mut(prefix_len - 2) {
+        *marker = b'l';
+    }
+    lease
 }
 
 /// The public calls that have a span.
