@@ -195,3 +195,37 @@ fn a_transition_needs_a_version_and_a_bounded_window() {
         .unwrap_err();
     assert!(err.to_string().contains("at most 7 days"), "{err}");
 }
+
+/// The previous version's entry is judged on the store's clock: past its
+/// stale window it cannot stand in, even if its bytes are still stored
+/// (a longer physical TTL, a writer with another clock).
+#[tokio::test(start_paused = true)]
+async fn a_previous_entry_past_its_stale_window_does_not_stand_in() {
+    let store = MemoryStore::new();
+    let v1 = builder(&store, 1)
+        .ttl(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    v1.set("k", &"v1:k".to_owned()).await.unwrap();
+    let key = v1.storage_key("k").unwrap();
+    let bytes = store.get(&key).await.unwrap().unwrap();
+    tokio::time::advance(Duration::from_secs(20)).await;
+    store
+        .set(&key, &bytes, Duration::from_secs(3_600))
+        .await
+        .unwrap();
+    let v2 = builder(&store, 2)
+        .version_transition(Duration::from_secs(600))
+        .build()
+        .unwrap();
+    let got = v2
+        .get_or_load_with_meta("k", || async {
+            Ok::<_, std::io::Error>(Some("v2:k".to_owned()))
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (got.value.as_deref(), got.served),
+        (Some("v2:k"), Served::Loaded)
+    );
+}

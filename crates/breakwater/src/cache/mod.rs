@@ -1583,13 +1583,16 @@ impl<V: Value> Cache<V> {
     }
 
     /// Inside a version transition, the previous version's entry for
-    /// storage key `key` (this version's key): a value entry that reads,
-    /// else nothing (a negative entry, a failed read and bytes of another
+    /// storage key `key` (this version's key): a value entry that reads
+    /// and is still servable on the store's clock, else nothing (a negative
+    /// entry, one past its stale window, a failed read and bytes of another
     /// codec are all a plain miss).
     async fn read_previous(&self, key: &[u8]) -> Option<Arc<Entry>> {
         let old = self.inner.previous_key(key)?;
         match self.read(&old).await {
-            Ok(Some(entry)) if !entry.negative => Some(Arc::new(entry)),
+            Ok(Some(entry)) if !entry.negative && entry.stale_until > self.inner.store.now_ms() => {
+                Some(Arc::new(entry))
+            }
             _ => None,
         }
     }
