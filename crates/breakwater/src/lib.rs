@@ -90,8 +90,8 @@ pub use limit::LimitConfig;
 pub use metrics::{LeaseStats, LoadStats, NoticeStats, Stats};
 pub use retry::RetryConfig;
 pub use store::{
-    Delivery, FencedWrite, LeaseAttempt, MemoryStore, Notice, RedisStore, RedisStoreConfig,
-    Replace, SentinelError, Store, StoreFuture, Subscription,
+    Delivery, FencedWrite, LeaseAttempt, LeaseRequest, MemoryStore, Notice, RedisStore,
+    RedisStoreConfig, Replace, SentinelError, Store, StoreFuture, Subscription,
 };
 
 /// The README's examples, compiled and run as doctests.

@@ -8,7 +8,8 @@ mod support;
 use std::time::Duration;
 
 use breakwater::{
-    Delivery, ErrorKind, FencedWrite, LeaseAttempt, Notice, Replace, Store, Subscription,
+    Delivery, ErrorKind, FencedWrite, LeaseAttempt, LeaseRequest, Notice, Replace, Store,
+    Subscription,
 };
 
 /// How a backend lets time pass: paused tokio time for the memory store, real
@@ -526,6 +527,85 @@ async fn replace_many_writes_every_entry_and_revokes_every_lease(store: &dyn Sto
     store.replace_many(&[]).await.unwrap();
 }
 
+async fn get_many_reads_in_order_across_slots(store: &dyn Store, _: Time) {
+    // 600 keys: more than one command's worth, spread over many slots.
+    let keys: Vec<Vec<u8>> = (0..600)
+        .map(|i| format!("bw:test:v:{{g{i}}}").into_bytes())
+        .collect();
+    for (i, key) in keys.iter().enumerate() {
+        if i % 3 != 0 {
+            store
+                .set(key, format!("value {i}").as_bytes(), TTL)
+                .await
+                .unwrap();
+        }
+    }
+    let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+    let values = store.get_many(&refs).await.unwrap();
+    assert_eq!(values.len(), keys.len());
+    for (i, value) in values.iter().enumerate() {
+        let expected = (i % 3 != 0).then(|| format!("value {i}").into_bytes());
+        assert_eq!(value, &expected, "key {i}");
+    }
+    // A key asked twice answers twice; none asked, nothing answered.
+    let twice = store.get_many(&[refs[1], refs[1]]).await.unwrap();
+    assert_eq!(twice[0], twice[1]);
+    assert!(store.get_many(&[]).await.unwrap().is_empty());
+}
+
+async fn acquire_leases_takes_each_as_acquire_lease_would(store: &dyn Store, _: Time) {
+    let leases: Vec<Vec<u8>> = (0..300)
+        .map(|i| format!("bw:test:l:{{b{i}}}").into_bytes())
+        .collect();
+    // Someone else holds every tenth.
+    for lease in leases.iter().step_by(10) {
+        assert!(
+            store
+                .acquire_lease(lease, b"other", TTL)
+                .await
+                .unwrap()
+                .is_acquired()
+        );
+    }
+    let tokens: Vec<Vec<u8>> = (0..300)
+        .map(|i| format!("token-{i}").into_bytes())
+        .collect();
+    let requests: Vec<LeaseRequest<'_>> = leases
+        .iter()
+        .zip(&tokens)
+        .map(|(key, token)| LeaseRequest { key, token })
+        .collect();
+    let attempts = store.acquire_leases(&requests, TTL).await.unwrap();
+    assert_eq!(attempts.len(), leases.len());
+    for (i, attempt) in attempts.iter().enumerate() {
+        if i % 10 == 0 {
+            match attempt {
+                LeaseAttempt::Held { ttl } => assert!(*ttl <= TTL, "{ttl:?}"),
+                other => panic!("lease {i} is another's, yet {other:?}"),
+            }
+        } else {
+            assert!(attempt.is_acquired(), "lease {i}: {attempt:?}");
+            assert!(
+                store
+                    .extend_lease(&leases[i], &tokens[i], TTL)
+                    .await
+                    .unwrap()
+            );
+        }
+    }
+    // Idempotent for the holders; still refused for the others.
+    let again = store.acquire_leases(&requests, TTL).await.unwrap();
+    for (i, (a, b)) in attempts.iter().zip(&again).enumerate() {
+        assert_eq!(a.is_acquired(), b.is_acquired(), "lease {i}");
+    }
+    assert!(store.acquire_leases(&[], TTL).await.unwrap().is_empty());
+    let zero = store
+        .acquire_leases(&requests[..1], Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert_eq!(zero.kind(), ErrorKind::Config, "{zero}");
+}
+
 macro_rules! contract {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -590,4 +670,6 @@ contract!(
     a_lease_attempt_is_idempotent_and_reports_the_time_left,
     replace_writes_revokes_the_lease_and_publishes,
     replace_many_writes_every_entry_and_revokes_every_lease,
+    get_many_reads_in_order_across_slots,
+    acquire_leases_takes_each_as_acquire_lease_would,
 );

@@ -33,7 +33,8 @@ use crate::error::{Error, ErrorKind};
 use crate::log_limit::{LogLimiter, Warning, warn_limited};
 use crate::metrics::Metrics;
 use crate::store::{
-    FencedWrite, LeaseAttempt, Notice, RedisStore, Replace, Store, StoreFuture, Subscription,
+    FencedWrite, LeaseAttempt, LeaseRequest, Notice, RedisStore, Replace, Store, StoreFuture,
+    Subscription,
 };
 use std::sync::{Arc, Mutex};
 
@@ -130,6 +131,90 @@ impl GuardedStore {
             Some(redis) => self.guarded("get", key, || redis.get_unboxed(key)).await,
             None => self.guarded("get", key, || self.store.get(key)).await,
         }
+    }
+
+    /// The positions of `keys` by failure domain, in order of first
+    /// appearance.
+    fn by_domain<'k>(&self, keys: impl Iterator<Item = &'k [u8]>) -> Vec<Vec<usize>> {
+        let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
+        for (i, key) in keys.enumerate() {
+            let domain = self.store.failure_domain(key) % self.breakers.len();
+            match groups.iter_mut().find(|(d, _)| *d == domain) {
+                Some((_, group)) => group.push(i),
+                None => groups.push((domain, vec![i])),
+            }
+        }
+        groups.into_iter().map(|(_, group)| group).collect()
+    }
+
+    /// [`Store::get_many`], one guarded batch per failure domain, side by
+    /// side: a key whose domain is refused or fails gets that error, the
+    /// others their values.
+    pub(crate) async fn get_many_split(
+        &self,
+        keys: &[&[u8]],
+    ) -> Vec<Result<Option<Vec<u8>>, Error>> {
+        let groups = self.by_domain(keys.iter().copied());
+        let read = futures_util::future::join_all(groups.iter().map(|group| async move {
+            let batch: Vec<&[u8]> = group.iter().map(|&i| keys[i]).collect();
+            let batch = &batch;
+            self.guarded("get_many", batch[0], move || self.store.get_many(batch))
+                .await
+        }))
+        .await;
+        let mut values: Vec<Result<Option<Vec<u8>>, Error>> =
+            (0..keys.len()).map(|_| Ok(None)).collect();
+        for (group, read) in groups.iter().zip(read) {
+            match read {
+                Ok(read) => {
+                    for (&i, value) in group.iter().zip(read) {
+                        values[i] = Ok(value);
+                    }
+                }
+                Err(err) => {
+                    for &i in group {
+                        values[i] = Err(err.clone());
+                    }
+                }
+            }
+        }
+        values
+    }
+
+    /// [`Store::acquire_leases`], as [`get_many_split`](Self::get_many_split).
+    pub(crate) async fn acquire_leases_split(
+        &self,
+        leases: &[LeaseRequest<'_>],
+        ttl: Duration,
+    ) -> Vec<Result<LeaseAttempt, Error>> {
+        let groups = self.by_domain(leases.iter().map(|l| l.key));
+        let taken = futures_util::future::join_all(groups.iter().map(|group| async move {
+            let batch: Vec<LeaseRequest<'_>> = group.iter().map(|&i| leases[i]).collect();
+            let batch = &batch;
+            self.guarded("acquire_leases", batch[0].key, move || {
+                self.store.acquire_leases(batch, ttl)
+            })
+            .await
+        }))
+        .await;
+        let mut attempts: Vec<Result<LeaseAttempt, Error>> = (0..leases.len())
+            .map(|_| Ok(LeaseAttempt::Acquired))
+            .collect();
+        for (group, taken) in groups.iter().zip(taken) {
+            match taken {
+                Ok(taken) => {
+                    for (&i, attempt) in group.iter().zip(taken) {
+                        attempts[i] = Ok(attempt);
+                    }
+                }
+                Err(err) => {
+                    for &i in group {
+                        attempts[i] = Err(err.clone());
+                    }
+                }
+            }
+        }
+        attempts
     }
 
     /// [`guard`](Self::guard) for a write that publishes change notices:
@@ -341,6 +426,23 @@ impl Store for GuardedStore {
             move || self.store.publish(channel, message),
             |()| 1,
         )
+    }
+
+    fn get_many<'a>(&'a self, keys: &'a [&'a [u8]]) -> StoreFuture<'a, Vec<Option<Vec<u8>>>> {
+        Box::pin(async move { self.get_many_split(keys).await.into_iter().collect() })
+    }
+
+    fn acquire_leases<'a>(
+        &'a self,
+        leases: &'a [LeaseRequest<'a>],
+        ttl: Duration,
+    ) -> StoreFuture<'a, Vec<LeaseAttempt>> {
+        Box::pin(async move {
+            self.acquire_leases_split(leases, ttl)
+                .await
+                .into_iter()
+                .collect()
+        })
     }
 
     fn failure_domains(&self) -> usize {

@@ -268,6 +268,20 @@ impl Store for MemoryStore {
         "memory"
     }
 
+    fn get_many<'a>(&'a self, keys: &'a [&'a [u8]]) -> StoreFuture<'a, Vec<Option<Vec<u8>>>> {
+        let now = Instant::now();
+        let values = keys
+            .iter()
+            .map(|key| {
+                self.inner
+                    .shard_for(key)
+                    .live(key, now)
+                    .map(|s| s.value.clone())
+            })
+            .collect();
+        Box::pin(async move { Ok(values) })
+    }
+
     fn acquire_lease<'a>(
         &'a self,
         lease_key: &'a [u8],

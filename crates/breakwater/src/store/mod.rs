@@ -167,6 +167,43 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
         notice: Notice<'a>,
     ) -> StoreFuture<'a, ()>;
 
+    // --- batches ---
+
+    /// Reads many keys at once: one round trip where the backend can (Redis:
+    /// one `MGET`; a Cluster: one `MGET` per hash slot, side by side). The
+    /// values come back in the order of `keys`, `None` for a missing key.
+    ///
+    /// The default reads them one after another.
+    fn get_many<'a>(&'a self, keys: &'a [&'a [u8]]) -> StoreFuture<'a, Vec<Option<Vec<u8>>>> {
+        Box::pin(async move {
+            let mut values = Vec::with_capacity(keys.len());
+            for key in keys {
+                values.push(self.get(key).await?);
+            }
+            Ok(values)
+        })
+    }
+
+    /// Several [`acquire_lease`](Store::acquire_lease)s with one TTL, as one
+    /// atomic step where the backend can (Redis: one script; a Cluster: one
+    /// script per hash slot). Each lease is taken or found held exactly as
+    /// by `acquire_lease`; the attempts come back in the order of `leases`.
+    ///
+    /// The default tries them one after another.
+    fn acquire_leases<'a>(
+        &'a self,
+        leases: &'a [LeaseRequest<'a>],
+        ttl: Duration,
+    ) -> StoreFuture<'a, Vec<LeaseAttempt>> {
+        Box::pin(async move {
+            let mut attempts = Vec::with_capacity(leases.len());
+            for lease in leases {
+                attempts.push(self.acquire_lease(lease.key, lease.token, ttl).await?);
+            }
+            Ok(attempts)
+        })
+    }
+
     // --- failure domains ---
 
     /// How many independent failure domains the store has: 1 unless its
@@ -209,6 +246,15 @@ pub struct Replace<'a> {
     pub lease_key: &'a [u8],
     /// Published after the write.
     pub notice: Notice<'a>,
+}
+
+/// One lease of [`Store::acquire_leases`].
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseRequest<'a> {
+    /// The lease key.
+    pub key: &'a [u8],
+    /// The would-be holder's token.
+    pub token: &'a [u8],
 }
 
 /// What [`Store::acquire_lease`] found.

@@ -33,8 +33,8 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::{
-    Delivery, FencedWrite, LeaseAttempt, Notice, Replace, SUBSCRIPTION_BUFFER, Store, StoreFuture,
-    Subscription, ttl_millis,
+    Delivery, FencedWrite, LeaseAttempt, LeaseRequest, Notice, Replace, SUBSCRIPTION_BUFFER, Store,
+    StoreFuture, Subscription, ttl_millis,
 };
 use crate::clock::{SystemClock, WallClock, millis};
 use crate::error::{ConfigError, Error, ErrorKind, MAX_WAIT};
@@ -84,6 +84,44 @@ static ACQUIRE_LEASE: LazyLock<Lua> = LazyLock::new(|| {
           return left",
     )
 });
+
+/// [`ACQUIRE_LEASE`] for every key: `ARGV[1]` is the TTL, `ARGV[1 + i]`
+/// the token for `KEYS[i]`; one reply per key (`-1` taken, else the ms the
+/// holder has left).
+static ACQUIRE_LEASES: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"local ttl = ARGV[1]
+          local out = {}
+          for i, key in ipairs(KEYS) do
+            local token = ARGV[i + 1]
+            local left = -1
+            if not redis.call('SET', key, token .. '-', 'NX', 'PX', ttl) then
+              local held = redis.pcall('GET', key)
+              if type(held) == 'table' and held.err then
+                redis.call('SET', key, token .. '-', 'PX', ttl)
+              elseif held and string.sub(held, 1, -2) == token then
+                left = -1
+              else
+                if held and #held == #token + 1 then
+                  local mark = string.sub(held, -1)
+                  if mark == '-' or mark == 'w' then
+                    redis.call('SETRANGE', key, #held - 1, 'w')
+                  end
+                end
+                left = redis.call('PTTL', key)
+                if left < 0 then
+                  left = tonumber(ttl)
+                end
+              end
+            end
+            out[i] = left
+          end
+          return out",
+    )
+});
+
+/// How many keys one `MGET` or lease script of a batch carries.
+const BATCH_COMMAND_KEYS: usize = 256;
 
 /// `PEXPIRE` the lease only if `ARGV[1]` holds it.
 static EXTEND_LEASE: LazyLock<Lua> = LazyLock::new(|| {
@@ -1664,6 +1702,32 @@ impl fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
+    /// The positions of `keys` grouped for one multi-key command each: on a
+    /// single server in runs of [`BATCH_COMMAND_KEYS`]; on a cluster by
+    /// hash slot (a command's keys must share one), then in such runs.
+    fn by_slot(&self, keys: &[&[u8]]) -> Vec<Vec<usize>> {
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        if matches!(self.inner.target, Target::Cluster { .. }) {
+            let mut slots: std::collections::HashMap<u16, usize> = std::collections::HashMap::new();
+            for (i, key) in keys.iter().enumerate() {
+                let slot = hash_slot(key);
+                match slots.get(&slot) {
+                    Some(&g) if groups[g].len() < BATCH_COMMAND_KEYS => groups[g].push(i),
+                    _ => {
+                        slots.insert(slot, groups.len());
+                        groups.push(vec![i]);
+                    }
+                }
+            }
+        } else {
+            let all: Vec<usize> = (0..keys.len()).collect();
+            groups.extend(all.chunks(BATCH_COMMAND_KEYS).map(<[usize]>::to_vec));
+        }
+        groups
+    }
+}
+
+impl RedisStore {
     /// [`Store::get`], unboxed: the cache calls it directly on the hit
     /// path when its store is a `RedisStore`.
     pub(crate) async fn get_unboxed(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
@@ -1774,6 +1838,81 @@ impl Store for RedisStore {
                 },
                 Err(_) => LeaseAttempt::Acquired,
             })
+        })
+    }
+
+    /// One `MGET` (per 256 keys) on a single server; on a cluster one per
+    /// hash slot, side by side (the cluster connection pipelines those
+    /// that go to one node).
+    fn get_many<'a>(&'a self, keys: &'a [&'a [u8]]) -> StoreFuture<'a, Vec<Option<Vec<u8>>>> {
+        Box::pin(async move {
+            let groups = self.by_slot(keys);
+            let read = futures_util::future::join_all(groups.iter().map(|group| async move {
+                let mut mget = redis::cmd("MGET");
+                for &i in group {
+                    mget.arg(keys[i]);
+                }
+                self.inner
+                    .query::<Vec<Option<Vec<u8>>>>(Op::Read, &mget)
+                    .await
+            }))
+            .await;
+            let mut values = vec![None; keys.len()];
+            for (group, read) in groups.iter().zip(read) {
+                let read = read?;
+                if read.len() != group.len() {
+                    return Err(Error::new(
+                        ErrorKind::Store,
+                        "redis answered an MGET with the wrong number of values",
+                    ));
+                }
+                for (&i, value) in group.iter().zip(read) {
+                    values[i] = value;
+                }
+            }
+            Ok(values)
+        })
+    }
+
+    /// One script (per 256 leases) on a single server; on a cluster one
+    /// per hash slot, side by side.
+    fn acquire_leases<'a>(
+        &'a self,
+        leases: &'a [LeaseRequest<'a>],
+        ttl: Duration,
+    ) -> StoreFuture<'a, Vec<LeaseAttempt>> {
+        Box::pin(async move {
+            let ms = ttl_millis(ttl)?;
+            let keys: Vec<&[u8]> = leases.iter().map(|l| l.key).collect();
+            let groups = self.by_slot(&keys);
+            let taken = futures_util::future::join_all(groups.iter().map(|group| async move {
+                let mut script = ACQUIRE_LEASES.key(leases[group[0]].key).arg(ms);
+                script = script.arg(leases[group[0]].token);
+                for &i in &group[1..] {
+                    script = script.key(leases[i].key).arg(leases[i].token);
+                }
+                self.inner.eval::<Vec<i64>>(script).await
+            }))
+            .await;
+            let mut attempts = vec![LeaseAttempt::Acquired; leases.len()];
+            for (group, taken) in groups.iter().zip(taken) {
+                let taken = taken?;
+                if taken.len() != group.len() {
+                    return Err(Error::new(
+                        ErrorKind::Store,
+                        "redis answered a lease script with the wrong number of replies",
+                    ));
+                }
+                for (&i, left) in group.iter().zip(taken) {
+                    attempts[i] = match u64::try_from(left) {
+                        Ok(ms) => LeaseAttempt::Held {
+                            ttl: Duration::from_millis(ms),
+                        },
+                        Err(_) => LeaseAttempt::Acquired,
+                    };
+                }
+            }
+            Ok(attempts)
         })
     }
 
