@@ -126,6 +126,17 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
         (joined, Role::Leader)
     }
 
+    /// Like [`join`](Self::join), for a caller that lands the flight
+    /// itself, alongside others (a batch): the flight in the air for `key`
+    /// (`Err`), or a new one registered for this caller (`Ok`) with the
+    /// [`Lander`] that hands its result to every caller, and the caller's
+    /// own handle on it. A `Lander` dropped without landing fails the
+    /// flight's callers and frees the key, as a panicking flight does.
+    pub(crate) fn lead_or_join(&self, key: &[u8]) -> Result<(Lander<T>, Joined<T>), Joined<T>> {
+        let (landing, cell) = self.enter(key)?;
+        Ok((Lander(landing), Joined { cell }))
+    }
+
     /// The flight in the air for `key` (`Err`), or a new one registered for
     /// this caller to land (`Ok`, with its cell).
     fn enter(&self, key: &[u8]) -> Result<Entered<T>, Joined<T>> {
@@ -267,6 +278,17 @@ impl<T> Landing<T> {
 impl<T> Drop for Landing<T> {
     fn drop(&mut self) {
         self.finish(|| Some(Err(abandoned())));
+    }
+}
+
+/// The duty to land one flight registered by
+/// [`SingleFlight::lead_or_join`].
+pub(crate) struct Lander<T>(Landing<T>);
+
+impl<T> Lander<T> {
+    /// Hands `result` to the flight's callers and frees the key.
+    pub(crate) fn land(self, result: Result<T, Error>) {
+        self.0.land_with(|| result);
     }
 }
 

@@ -306,7 +306,7 @@ impl<V: Value> Cache<V> {
     /// the fail-safe throttle is lifted (as a written load lifts it); L1
     /// keeps it (a shield while the store is away, under the epoch rule);
     /// the store does not.
-    async fn keep_local(
+    pub(super) async fn keep_local(
         &self,
         key: &[u8],
         value: &Option<V>,
@@ -322,7 +322,7 @@ impl<V: Value> Cache<V> {
     }
 
     /// Loads without touching the store.
-    async fn load_unwritten<L>(
+    pub(super) async fn load_unwritten<L>(
         &self,
         loader: &Arc<L>,
         options: &Options,
@@ -344,7 +344,7 @@ impl<V: Value> Cache<V> {
     /// invalidated since `ticket`. A value that cannot be sealed releases the
     /// lease (waiters are told) and fails, except one too large to cache,
     /// which is returned unwritten.
-    async fn write_fenced(
+    pub(super) async fn write_fenced(
         &self,
         key: &[u8],
         lease: Lease<'_>,
@@ -404,7 +404,7 @@ impl<V: Value> Cache<V> {
     }
 
     /// Gives the lease up without a value and tells its waiters.
-    async fn release(&self, key: &[u8], lease: Lease<'_>) {
+    pub(super) async fn release(&self, key: &[u8], lease: Lease<'_>) {
         let inner = &self.inner;
         let message = notify::message(RELEASED, inner.waiters.sender(), key);
         if let Err(err) = inner
@@ -473,9 +473,9 @@ impl<V: Value> Cache<V> {
 
 /// A lease as its holder knows it.
 #[derive(Debug, Clone, Copy)]
-struct Lease<'a> {
-    key: &'a [u8],
-    token: &'a [u8],
+pub(super) struct Lease<'a> {
+    pub(super) key: &'a [u8],
+    pub(super) token: &'a [u8],
 }
 
 /// How long past a held lease's expiry a waiter tries to take it over (the
@@ -484,7 +484,7 @@ const LEASE_RETRY_MARGIN: Duration = Duration::from_millis(2);
 
 /// `now + wait`, or a day from now if that is later than tokio can tell
 /// (a `load_timeout` of `Duration::MAX`): a deadline never overflows.
-fn deadline_after(wait: Duration) -> Instant {
+pub(super) fn deadline_after(wait: Duration) -> Instant {
     let now = Instant::now();
     now.checked_add(wait)
         .unwrap_or_else(|| now + Duration::from_secs(24 * 3600))

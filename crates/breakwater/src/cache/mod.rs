@@ -28,6 +28,7 @@
 //!    "filled" published, atomically. A failed write is logged; the callers
 //!    still get the loaded value.
 
+mod batch;
 mod builder;
 mod coherence;
 mod fill;

@@ -1,0 +1,1019 @@
+//! `get_many`: many keys, one store read, one batch load for what is
+//! missing, one load per key across the fleet.
+//!
+//! # Order
+//!
+//! 1. **Keys**: each validated and namespaced; a key asked twice is fetched
+//!    once. L1 answers what it holds fresh.
+//! 2. **Read**: one [`Store::get_many`](crate::Store::get_many) for the rest
+//!    (one `MGET`; on a Cluster one per hash slot, side by side). Each entry
+//!    is judged as `get_or_load` judges it: fresh is served; stale within
+//!    grace is served while a background refresh runs; past grace it is
+//!    kept as the fail-safe stand-in.
+//! 3. **One flight per key in this process**: a key another caller (a
+//!    `get_or_load` or another `get_many`) is already loading is joined;
+//!    the others are registered as this call's flights, so callers that
+//!    come later join them.
+//! 4. **Leases in one step**: one [`Store::acquire_leases`](crate::Store::acquire_leases)
+//!    for all of them (one script; per hash slot on a Cluster). The keys
+//!    taken are read once more (another process may have filled them just
+//!    before), then loaded by **one batch loader call** per
+//!    [`MAX_BATCH`] keys, under one bulkhead slot and one `load_timeout`
+//!    per call, the leases extended while it runs, and written each
+//!    through its own fence. The loader may return fewer keys than asked:
+//!    a key it leaves out is cached as "not found" (a negative entry).
+//! 5. **Keys another process holds** are awaited exactly as a single key's
+//!    are (woken by the holder's fill, a takeover when its lease expires,
+//!    `lock_wait` and [`OnLockTimeout`](super::OnLockTimeout)); a takeover
+//!    loads that one key with the batch loader.
+//! 6. **The store fails** (the read or the lease step): those keys are
+//!    loaded directly in one batch, served and kept in L1, not written, as
+//!    for `get_or_load`.
+//!
+//! Each key's outcome is settled as `get_or_load` settles it (fail-safe
+//! stale value, fallback, error), and the whole call ends by a deadline:
+//! `lock_wait` plus one load (`queue_wait + load_timeout`) plus one second
+//! for store calls; a key not done by then is a
+//! [`Timeout`](crate::ErrorKind::Timeout) (its load goes on for the others).
+
+use std::collections::HashMap;
+use std::error::Error as StdError;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use tokio::time::Instant;
+use tracing::field::Empty;
+use tracing::{Instrument, Span};
+
+use super::fill::{Lease, Mode, deadline_after};
+use super::notify::{self, FILLED};
+use super::options::{Fetched, Options, Served, StaleReason};
+use super::{Cache, Load, Loaded, Near, Value, in_grace, reading, show_key};
+use crate::entry::Entry;
+use crate::error::{Error, ErrorKind};
+use crate::flight::{Joined, Lander, Role};
+use crate::freshness::Freshness;
+use crate::key::CacheKey;
+use crate::l1::{Slot, Ticket};
+use crate::limit::Priority;
+use crate::log_limit::{Warning, warn_limited};
+use crate::store::{LeaseAttempt, LeaseRequest, Store};
+
+/// The most keys one batch loader call is asked for; larger batches are
+/// split into calls of this size.
+pub(crate) const MAX_BATCH: usize = 500;
+
+/// Time allowed for the store calls of a `get_many` beyond its waits and
+/// its load.
+const STORE_SLACK: Duration = Duration::from_secs(1);
+
+type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// What a batch load returns: each found value by its user key's bytes.
+type Found<V> = Vec<(Vec<u8>, V)>;
+
+/// The future of one batch loader call.
+type BatchFuture<V> = Pin<Box<dyn Future<Output = Result<Option<Found<V>>, BoxError>> + Send>>;
+
+/// A batch loader as the internals take it: called with the keys to load.
+trait BatchLoad<K, V>: Send + Sync + 'static {
+    fn call(&self, keys: Vec<K>) -> BatchFuture<V>;
+}
+
+/// The user's batch loader.
+struct UserBatch<F, K>(F, PhantomData<fn(K)>);
+
+impl<K, V, F, Fut, R, E> BatchLoad<K, V> for UserBatch<F, K>
+where
+    K: CacheKey + Send + 'static,
+    V: Send + 'static,
+    F: Fn(Vec<K>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<R, E>> + Send + 'static,
+    R: IntoIterator<Item = (K, V)>,
+    E: Into<BoxError> + 'static,
+{
+    fn call(&self, keys: Vec<K>) -> BatchFuture<V> {
+        let load = (self.0)(keys);
+        Box::pin(async move {
+            let found = load.await.map_err(Into::into)?;
+            Ok(Some(
+                found
+                    .into_iter()
+                    .map(|(key, value)| (key.key_bytes().to_vec(), value))
+                    .collect(),
+            ))
+        })
+    }
+}
+
+/// One call of the batch loader with its keys, as the origin runs a load
+/// (retries call it again with the same keys).
+struct Chunk<K, B> {
+    keys: Vec<K>,
+    batch: Arc<B>,
+}
+
+impl<K, V, B> Load<Found<V>> for Chunk<K, B>
+where
+    K: Clone + Send + Sync + 'static,
+    V: Send + 'static,
+    B: BatchLoad<K, V>,
+{
+    type Fut = BatchFuture<V>;
+    type Err = BoxError;
+
+    fn call(&self) -> Self::Fut {
+        self.batch.call(self.keys.clone())
+    }
+}
+
+/// A key's flight, awaited: the key, its flight, this call's part in
+/// it, and the stale entry that may stand in if it fails.
+type Wait<V> = (usize, Joined<Loaded<V>>, Role, Option<Arc<Entry>>);
+
+/// One key of a `get_many`, deduplicated.
+struct Want<K, V> {
+    key: K,
+    user: Vec<u8>,
+    storage: Vec<u8>,
+    /// An L1 copy past its fresh time, for a store that fails.
+    local_stale: Option<Arc<Slot<V>>>,
+    /// Served from L1.
+    near: bool,
+    outcome: Option<Result<Fetched<V>, Error>>,
+}
+
+/// A key this call loads (it leads the key's flight).
+struct Led<K, V> {
+    key: K,
+    user: Vec<u8>,
+    storage: Vec<u8>,
+    /// The `fresh_until` of the entry a refresh replaces (still fresh, so
+    /// not a sign that someone else filled the key).
+    replacing: Option<u64>,
+    lander: Lander<Loaded<V>>,
+}
+
+impl<V: Value> Cache<V> {
+    /// The values of many keys at once, loading the missing ones with one
+    /// call of `loader` (per 500 keys), in the order of `keys`.
+    ///
+    /// `loader` gets the keys that are missing or expired (and not being
+    /// loaded by another caller or process) and returns the values it
+    /// found, as `(key, value)` pairs in any order (a `Vec`, a `HashMap`):
+    /// a key it leaves out does not exist, and is cached as such for
+    /// `negative_ttl`. Across the fleet every key is loaded once: keys
+    /// another process is loading are awaited and woken by its write, and
+    /// keys this process is already loading are joined.
+    ///
+    /// # Order
+    ///
+    /// 1. L1 answers the keys it holds fresh.
+    /// 2. One store read for the rest (one `MGET`; on a Redis Cluster one
+    ///    per hash slot, side by side), each entry judged as `get_or_load`
+    ///    judges it: fresh is served, stale within grace is served while
+    ///    one background batch refreshes it.
+    /// 3. The keys to load join the flights of this process already in the
+    ///    air; the others' leases are taken in one step (one script; per
+    ///    hash slot on a Cluster) and read once more.
+    /// 4. One loader call per 500 of the keys taken; each value is written
+    ///    through its key's lease fence, so an invalidation that lands
+    ///    during the load keeps it out, as for `get_or_load`.
+    /// 5. Keys another process is loading are awaited, woken by its write;
+    ///    if it dies, one waiter takes over when its lease expires and
+    ///    loads that key alone.
+    ///
+    /// Per key, what `get_or_load` guarantees holds: grace, fail-safe,
+    /// L1, the breakers, one load per key fleet-wide, no resurrection.
+    /// The call ends by `lock_wait + queue_wait + load_timeout + 1 s`; a
+    /// key not done by then fails with [`Timeout`](ErrorKind::Timeout).
+    ///
+    /// The bulkhead counts one slot per loader call (one database query),
+    /// and `load_timeout` bounds each call.
+    ///
+    /// # Errors
+    ///
+    /// The first key's error, in the order of `keys`, if any key could not
+    /// be served (no stale value or fallback stood in): as
+    /// [`get_or_load`](Self::get_or_load). Use
+    /// [`get_many_with_meta`](Self::get_many_with_meta) for each key's own
+    /// outcome.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::collections::HashMap;
+    /// # use breakwater::Cache;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), breakwater::Error> {
+    /// let cache = Cache::<String>::builder().namespace("users").build()?;
+    /// cache.set(2u64, &"cached".to_string()).await?;
+    ///
+    /// let names = cache
+    ///     .get_many([1u64, 2, 3], |ids: Vec<u64>| async move {
+    ///         // One query for every missing id: here 1 and 3. Id 3 does
+    ///         // not exist, so it is left out.
+    ///         assert_eq!(ids, [1, 3]);
+    ///         let rows: HashMap<u64, String> = ids
+    ///             .into_iter()
+    ///             .filter(|id| *id != 3)
+    ///             .map(|id| (id, format!("user {id}")))
+    ///             .collect();
+    ///         Ok::<_, std::io::Error>(rows)
+    ///     })
+    ///     .await?;
+    /// assert_eq!(names, [Some("user 1".to_string()), Some("cached".to_string()), None]);
+    /// # Ok(()) }
+    /// ```
+    pub async fn get_many<K, I, F, Fut, R, E>(
+        &self,
+        keys: I,
+        loader: F,
+    ) -> Result<Vec<Option<V>>, Error>
+    where
+        I: IntoIterator<Item = K>,
+        K: CacheKey + Clone + Send + Sync + 'static,
+        F: Fn(Vec<K>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, E>> + Send + 'static,
+        R: IntoIterator<Item = (K, V)>,
+        E: Into<BoxError> + 'static,
+    {
+        self.get_many_with_meta(keys, loader)
+            .await
+            .into_iter()
+            .map(|fetched| fetched.map(|f| f.value))
+            .collect()
+    }
+
+    /// [`get_many`](Self::get_many), with each key's own outcome: its value
+    /// and how it was served ([`Served`]), or its error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use breakwater::{Cache, Served};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), breakwater::Error> {
+    /// let cache = Cache::<u64>::builder().build()?;
+    /// let load = |ids: Vec<u64>| async move {
+    ///     Ok::<_, std::io::Error>(ids.into_iter().map(|id| (id, id * 10)).collect::<Vec<_>>())
+    /// };
+    /// cache.get_many([1u64], load).await?;
+    /// let got = cache.get_many_with_meta([1u64, 2], load).await;
+    /// assert_eq!(got[0].as_ref().unwrap().served, Served::Hit);
+    /// assert_eq!(got[1].as_ref().unwrap().served, Served::Loaded);
+    /// assert_eq!(got[1].as_ref().unwrap().value, Some(20));
+    /// # Ok(()) }
+    /// ```
+    pub async fn get_many_with_meta<K, I, F, Fut, R, E>(
+        &self,
+        keys: I,
+        loader: F,
+    ) -> Vec<Result<Fetched<V>, Error>>
+    where
+        I: IntoIterator<Item = K>,
+        K: CacheKey + Clone + Send + Sync + 'static,
+        F: Fn(Vec<K>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, E>> + Send + 'static,
+        R: IntoIterator<Item = (K, V)>,
+        E: Into<BoxError> + 'static,
+    {
+        let keys: Vec<K> = keys.into_iter().collect();
+        let span = if tracing::dispatcher::has_been_set() {
+            tracing::info_span!(
+                "breakwater.get_many",
+                namespace = %self.inner.namespace,
+                keys = keys.len(),
+                loaded = Empty,
+            )
+        } else {
+            Span::none()
+        };
+        let batch = Arc::new(UserBatch(loader, PhantomData));
+        let options = self.inner.defaults;
+        self.fetch_many(keys, batch, &options)
+            .instrument(span)
+            .await
+    }
+
+    /// The body of [`get_many_with_meta`](Self::get_many_with_meta).
+    async fn fetch_many<K, B>(
+        &self,
+        keys: Vec<K>,
+        batch: Arc<B>,
+        options: &Options,
+    ) -> Vec<Result<Fetched<V>, Error>>
+    where
+        K: CacheKey + Clone + Send + Sync + 'static,
+        B: BatchLoad<K, V>,
+    {
+        let deadline = deadline_after(
+            self.inner
+                .lock_wait_for(options)
+                .saturating_add(self.inner.origin.queue_wait())
+                .saturating_add(options.load_timeout)
+                .saturating_add(STORE_SLACK),
+        );
+        // 1. Keys, deduplicated; L1.
+        let mut wants: Vec<Want<K, V>> = Vec::new();
+        let mut position: Vec<Result<usize, Error>> = Vec::with_capacity(keys.len());
+        let mut seen: HashMap<Vec<u8>, usize> = HashMap::new();
+        for key in keys {
+            let user = key.key_bytes().to_vec();
+            if let Some(&i) = seen.get(&user) {
+                position.push(Ok(i));
+                continue;
+            }
+            let storage = match self.key_in_store(&user) {
+                Ok(storage) => storage,
+                Err(err) => {
+                    position.push(Err(err));
+                    continue;
+                }
+            };
+            seen.insert(user.clone(), wants.len());
+            position.push(Ok(wants.len()));
+            wants.push(Want {
+                key,
+                user,
+                storage,
+                local_stale: None,
+                near: false,
+                outcome: None,
+            });
+        }
+        let mut refresh: Vec<(usize, u64, bool)> = Vec::new();
+        for (i, want) in wants.iter_mut().enumerate() {
+            match self.near(&want.user, Some(options)).await {
+                Ok(Near::Fresh(fetched, replacing)) => {
+                    want.near = true;
+                    want.outcome = Some(Ok(fetched));
+                    if let Some(replacing) = replacing {
+                        refresh.push((i, replacing, true));
+                    }
+                }
+                Ok(Near::Stale(slot)) => want.local_stale = Some(slot),
+                Ok(Near::Miss) => {}
+                Err(err) => want.outcome = Some(Err(err)),
+            }
+        }
+
+        // 2. One read for the rest.
+        let ticket = self.local.ticket();
+        let unread: Vec<usize> = (0..wants.len())
+            .filter(|&i| wants[i].outcome.is_none())
+            .collect();
+        let read = {
+            let keys: Vec<&[u8]> = unread.iter().map(|&i| &wants[i].storage[..]).collect();
+            if keys.is_empty() {
+                Vec::new()
+            } else {
+                self.inner
+                    .store
+                    .get_many_split(&keys)
+                    .instrument(tracing::debug_span!("breakwater.store.get_many"))
+                    .await
+            }
+        };
+        // Keys to load: (want, store usable, stale stand-in).
+        let mut load: Vec<(usize, Mode, Option<Arc<Entry>>)> = Vec::new();
+        let mut store_failed = false;
+        let now = self.inner.store.now_ms();
+        for (&i, read) in unread.iter().zip(read) {
+            let want = &mut wants[i];
+            let entry = match read {
+                Ok(Some(bytes)) => self.decode(&want.storage, bytes),
+                Ok(None) => None,
+                Err(err) if err.is_key_fault() => None,
+                Err(err) => {
+                    if !store_failed {
+                        store_failed = true;
+                        warn_limited!(self.inner.logs, Warning::StoreRead, key = %show_key(&want.storage), error = %err, "store read failed; loading directly");
+                        self.inner.metrics.store_failed("get", &err);
+                    }
+                    if let Some(slot) = want.local_stale.take() {
+                        want.outcome = Some(Ok(Fetched {
+                            value: slot.value.clone(),
+                            served: Served::Stale {
+                                reason: StaleReason::StoreUnavailable,
+                            },
+                        }));
+                    } else {
+                        load.push((i, Mode::Local, None));
+                    }
+                    continue;
+                }
+            };
+            let Some(entry) = entry else {
+                load.push((i, Mode::Fleet, None));
+                continue;
+            };
+            match self.inner.judge(options, reading(&entry, now)) {
+                verdict @ (Freshness::Fresh | Freshness::RefreshEarly) => {
+                    let Some(value) = self.entry_value(&want.storage, &entry) else {
+                        load.push((i, Mode::Fleet, None));
+                        continue;
+                    };
+                    self.remember(&want.storage, &value, &entry, now, ticket, options)
+                        .await;
+                    if verdict == Freshness::RefreshEarly
+                        && !self.inner.is_throttled(&want.storage, now)
+                    {
+                        refresh.push((i, entry.fresh_until, true));
+                    }
+                    let served = if entry.negative {
+                        Served::Negative
+                    } else {
+                        Served::Hit
+                    };
+                    want.outcome = Some(Ok(Fetched { value, served }));
+                }
+                Freshness::Stale => {
+                    let in_grace = in_grace(&entry, now, options);
+                    let throttled = self.inner.is_throttled(&want.storage, now);
+                    if (in_grace || throttled)
+                        && let Some(value) = self.entry_value(&want.storage, &entry)
+                    {
+                        self.remember(&want.storage, &value, &entry, now, ticket, options)
+                            .await;
+                        let reason = if throttled {
+                            StaleReason::LoaderFailed
+                        } else {
+                            refresh.push((i, entry.fresh_until, false));
+                            StaleReason::Refreshing
+                        };
+                        want.outcome = Some(Ok(Fetched {
+                            value,
+                            served: Served::Stale { reason },
+                        }));
+                    } else {
+                        load.push((i, Mode::Fleet, Some(Arc::new(entry))));
+                    }
+                }
+                Freshness::Expired => load.push((i, Mode::Fleet, None)),
+            }
+        }
+
+        // Refreshes in the background, one batch for all of them.
+        self.refresh_many(&wants, &refresh, &batch, *options);
+
+        // 3. One flight per key: join the ones in the air, lead the rest.
+        let mut waits: Vec<Wait<V>> = Vec::new();
+        let mut led: Vec<(Led<K, V>, Mode)> = Vec::new();
+        for (i, mode, stale) in load {
+            let want = &wants[i];
+            match self.local.flights.lead_or_join(&want.storage) {
+                Ok((lander, joined)) => {
+                    led.push((
+                        Led {
+                            key: want.key.clone(),
+                            user: want.user.clone(),
+                            storage: want.storage.clone(),
+                            replacing: None,
+                            lander,
+                        },
+                        mode,
+                    ));
+                    waits.push((i, joined, Role::Leader, stale));
+                }
+                Err(joined) => waits.push((i, joined, Role::Follower, stale)),
+            }
+        }
+        if !led.is_empty() {
+            Span::current().record("loaded", led.len());
+            let cache = self.clone();
+            let batch = Arc::clone(&batch);
+            let options = *options;
+            let span = tracing::info_span!("breakwater.fill_many", keys = led.len());
+            tokio::spawn(
+                async move {
+                    cache
+                        .fill_many(led, batch, options, Priority::Foreground)
+                        .await;
+                }
+                .instrument(span),
+            );
+        }
+
+        // Each key's outcome, by the call's deadline.
+        let wanted = &wants;
+        let settled = join_all(waits.into_iter().map(|(i, joined, role, stale)| {
+            let storage = &wanted[i].storage;
+            async move {
+                let _waiting = (role == Role::Follower).then(|| self.inner.metrics.waiting());
+                let soft = match (options.soft_timeout, &stale) {
+                    (Some(soft), Some(_)) => deadline.min(deadline_after(soft)),
+                    _ => deadline,
+                };
+                let result = match tokio::time::timeout_at(soft, joined.result()).await {
+                    Ok(result) => result,
+                    Err(_) if soft < deadline => {
+                        if let Some(value) =
+                            stale.as_ref().and_then(|e| self.entry_value(storage, e))
+                        {
+                            let served = Served::Stale {
+                                reason: StaleReason::SoftTimeout,
+                            };
+                            return (i, Ok(Fetched { value, served }));
+                        }
+                        Err(batch_timeout())
+                    }
+                    Err(_) => Err(batch_timeout()),
+                };
+                let stale = stale.map(|entry| (entry, storage.clone()));
+                let user = &wanted[i].user;
+                (i, self.settle(user, result, role, stale, options))
+            }
+        }))
+        .await;
+        for (i, outcome) in settled {
+            wants[i].outcome = Some(outcome);
+        }
+
+        // In the caller's order; each request counted.
+        position
+            .into_iter()
+            .map(|at| {
+                let near = matches!(at, Ok(i) if wants[i].near);
+                let result = match at {
+                    Ok(i) => wants[i]
+                        .outcome
+                        .clone()
+                        .unwrap_or_else(|| Err(batch_timeout())),
+                    Err(err) => Err(err),
+                };
+                self.count_served(&result, near);
+                result
+            })
+            .collect()
+    }
+
+    /// Background refreshes of the keys `refresh` names (`(want,
+    /// replacing, early)`), as one batch, for the keys no refresh is
+    /// already in the air for. A refresh that fails throttles its key
+    /// (fail-safe), as a single key's does.
+    fn refresh_many<K, B>(
+        &self,
+        wants: &[Want<K, V>],
+        refresh: &[(usize, u64, bool)],
+        batch: &Arc<B>,
+        options: Options,
+    ) where
+        K: CacheKey + Clone + Send + Sync + 'static,
+        B: BatchLoad<K, V>,
+    {
+        let mut led = Vec::new();
+        let mut joined = Vec::new();
+        for &(i, replacing, early) in refresh {
+            let want = &wants[i];
+            if let Ok((lander, result)) = self.local.background.lead_or_join(&want.storage) {
+                if early {
+                    self.inner.metrics.early_refresh();
+                }
+                led.push((
+                    Led {
+                        key: want.key.clone(),
+                        user: want.user.clone(),
+                        storage: want.storage.clone(),
+                        replacing: Some(replacing),
+                        lander,
+                    },
+                    Mode::Fleet,
+                ));
+                joined.push((want.storage.clone(), result));
+            }
+        }
+        if led.is_empty() {
+            return;
+        }
+        let cache = self.clone();
+        let batch = Arc::clone(batch);
+        tokio::spawn(async move {
+            cache
+                .clone()
+                .fill_many(led, batch, options, Priority::Background)
+                .await;
+            for (key, joined) in joined {
+                match joined.result().await {
+                    Err(err) if err.is_overloaded() || err.is_circuit_open() => {
+                        tracing::debug!(key = %show_key(&key), error = %err, "background refresh shed");
+                    }
+                    Err(err) => {
+                        warn_limited!(cache.inner.logs, Warning::RefreshFailed, key = %show_key(&key), error = %err, "background refresh failed; throttling the key");
+                        cache.inner.throttle(&key, options.fail_safe_throttle);
+                    }
+                    Ok(_) => {}
+                }
+            }
+        });
+    }
+
+    /// Steps 4–6 for the keys this call leads: lands each key's flight.
+    async fn fill_many<K, B>(
+        self,
+        led: Vec<(Led<K, V>, Mode)>,
+        batch: Arc<B>,
+        options: Options,
+        priority: Priority,
+    ) where
+        K: CacheKey + Clone + Send + Sync + 'static,
+        B: BatchLoad<K, V>,
+    {
+        // A known-down origin is refused before any lease is taken.
+        if let Err(err) = self.inner.origin.check() {
+            for (led, _) in led {
+                led.lander.land(Err(err.clone()));
+            }
+            return;
+        }
+        let ticket = self.local.ticket();
+        let (fleet, local): (Vec<_>, Vec<_>) =
+            led.into_iter().partition(|(_, mode)| *mode == Mode::Fleet);
+        let local: Vec<Led<K, V>> = local.into_iter().map(|(led, _)| led).collect();
+        let fleet: Vec<Led<K, V>> = fleet.into_iter().map(|(led, _)| led).collect();
+        tokio::join!(
+            self.load_local_many(local, &batch, &options, priority, ticket),
+            self.lease_many(fleet, &batch, &options, priority, ticket),
+        );
+    }
+
+    /// Step 4: the leases, in one step; then the keys taken are loaded,
+    /// the ones held elsewhere awaited, and, if the store failed, loaded
+    /// directly.
+    async fn lease_many<K, B>(
+        &self,
+        led: Vec<Led<K, V>>,
+        batch: &Arc<B>,
+        options: &Options,
+        priority: Priority,
+        ticket: Option<Ticket>,
+    ) where
+        K: CacheKey + Clone + Send + Sync + 'static,
+        B: BatchLoad<K, V>,
+    {
+        if led.is_empty() {
+            return;
+        }
+        let inner = &self.inner;
+        let tokens: Vec<[u8; 16]> = led.iter().map(|_| inner.new_token()).collect();
+        let lease_keys: Vec<Vec<u8>> = led.iter().map(|l| inner.lease_key(&l.storage)).collect();
+        let requests: Vec<LeaseRequest<'_>> = lease_keys
+            .iter()
+            .zip(&tokens)
+            .map(|(key, token)| LeaseRequest { key, token })
+            .collect();
+        let attempts = inner
+            .store
+            .acquire_leases_split(&requests, inner.lease_ttl)
+            .await;
+        let mut taken = Vec::new();
+        let mut held = Vec::new();
+        let mut failed = Vec::new();
+        let mut failure = None;
+        for ((led, attempt), request) in led.into_iter().zip(attempts).zip(&requests) {
+            match attempt {
+                Ok(LeaseAttempt::Acquired) => {
+                    inner.metrics.lease("acquired");
+                    taken.push((led, *request));
+                }
+                Ok(LeaseAttempt::Held { .. }) => {
+                    inner.metrics.lease("busy");
+                    held.push(led);
+                }
+                Err(err) => {
+                    if failure.is_none() {
+                        inner.metrics.store_failed("acquire_lease", &err);
+                        failure = Some(err.clone());
+                    }
+                    failed.push((led, *request, err));
+                }
+            }
+        }
+        tokio::join!(
+            self.lead_many(taken, batch, options, priority, ticket),
+            self.await_many(held, batch, options, priority),
+            self.load_unleased(failed, batch, options, priority, ticket, failure),
+        );
+    }
+
+    /// Holding the leases of `taken`: reads them once more (another process
+    /// may have filled some just before), then loads the rest in batches
+    /// of [`MAX_BATCH`], side by side.
+    async fn lead_many<K, B>(
+        &self,
+        taken: Vec<(Led<K, V>, LeaseRequest<'_>)>,
+        batch: &Arc<B>,
+        options: &Options,
+        priority: Priority,
+        ticket: Option<Ticket>,
+    ) where
+        K: CacheKey + Clone + Send + Sync + 'static,
+        B: BatchLoad<K, V>,
+    {
+        if taken.is_empty() {
+            return;
+        }
+        let inner = &self.inner;
+        let keys: Vec<&[u8]> = taken.iter().map(|(l, _)| &l.storage[..]).collect();
+        let again = inner.store.get_many_split(&keys).await;
+        let now = inner.store.now_ms();
+        let mut to_load = Vec::new();
+        let mut released = Vec::new();
+        for ((led, lease), read) in taken.into_iter().zip(again) {
+            let entry = match read {
+                Ok(Some(bytes)) => self.decode(&led.storage, bytes),
+                _ => None,
+            };
+            let fresh = entry.and_then(|entry| {
+                if entry.fresh_until <= now || led.replacing == Some(entry.fresh_until) {
+                    return None;
+                }
+                let value = self.entry_value(&led.storage, &entry)?;
+                Some((entry, value))
+            });
+            match fresh {
+                Some((entry, value)) => released.push((led, lease, entry, value)),
+                None => to_load.push((led, lease)),
+            }
+        }
+        // Filled just before: served, and the lease given back.
+        let release = join_all(
+            released
+                .into_iter()
+                .map(|(led, lease, entry, value)| async move {
+                    self.remember(&led.storage, &value, &entry, now, ticket, options)
+                        .await;
+                    let message = notify::message(FILLED, inner.waiters.sender(), &led.storage);
+                    let _ = inner
+                        .store
+                        .release_lease(lease.key, lease.token, inner.notice(&message))
+                        .await;
+                    led.lander.land(Ok((value, Served::Coalesced)));
+                }),
+        );
+        let mut chunks = Vec::new();
+        let mut to_load = to_load.into_iter().peekable();
+        while to_load.peek().is_some() {
+            chunks.push(to_load.by_ref().take(MAX_BATCH).collect::<Vec<_>>());
+        }
+        let loads = join_all(
+            chunks
+                .into_iter()
+                .map(|chunk| self.lead_chunk(chunk, batch, options, priority, ticket)),
+        );
+        tokio::join!(release, loads);
+    }
+
+    /// One batch loader call for keys whose leases this process holds: the
+    /// leases extended while it runs; each value written through its own
+    /// fence (a key the loader left out as "not found"); on failure the
+    /// leases given back and every key fails.
+    async fn lead_chunk<K, B>(
+        &self,
+        chunk: Vec<(Led<K, V>, LeaseRequest<'_>)>,
+        batch: &Arc<B>,
+        options: &Options,
+        priority: Priority,
+        ticket: Option<Ticket>,
+    ) where
+        K: CacheKey + Clone + Send + Sync + 'static,
+        B: BatchLoad<K, V>,
+    {
+        let inner = &self.inner;
+        let load = Arc::new(Chunk {
+            keys: chunk.iter().map(|(l, _)| l.key.clone()).collect(),
+            batch: Arc::clone(batch),
+        });
+        let mut loading = pin!(inner.origin.load(
+            &load,
+            options.load_timeout,
+            priority,
+            &inner.metrics
+        ));
+        let every = inner.lease_ttl / 3;
+        let mut extend = tokio::time::interval_at(Instant::now() + every, every);
+        let result = loop {
+            tokio::select! {
+                biased;
+                result = &mut loading => break result,
+                _ = extend.tick() => {
+                    let extended = join_all(chunk.iter().map(|(_, lease)| {
+                        inner.store.extend_lease(lease.key, lease.token, inner.lease_ttl)
+                    }))
+                    .await;
+                    let lost = extended.iter().filter(|e| matches!(e, Ok(false))).count();
+                    if lost > 0 {
+                        warn_limited!(inner.logs, Warning::LeaseLost, keys = lost, origin = %inner.origin.name(), "leases lost while a batch was loading (a load slower than the lease, or a store that did not answer); those results will not be written");
+                        for _ in 0..lost {
+                            inner.metrics.lease("lost");
+                        }
+                    }
+                }
+            }
+        };
+        match result {
+            Ok((found, load_time)) => {
+                let mut found: HashMap<Vec<u8>, V> =
+                    found.unwrap_or_default().into_iter().collect();
+                let writes = chunk.into_iter().map(|(led, lease)| {
+                    let value = found.remove(&led.user);
+                    async move {
+                        let lease = Lease {
+                            key: lease.key,
+                            token: lease.token,
+                        };
+                        let written = self
+                            .write_fenced(
+                                &led.storage,
+                                lease,
+                                value.as_ref(),
+                                load_time,
+                                options,
+                                ticket,
+                            )
+                            .await;
+                        led.lander.land(written.map(|()| (value, Served::Loaded)));
+                    }
+                });
+                join_all(writes).await;
+            }
+            Err(err) => {
+                join_all(chunk.into_iter().map(|(led, lease)| {
+                    let err = err.clone();
+                    async move {
+                        let lease = Lease {
+                            key: lease.key,
+                            token: lease.token,
+                        };
+                        self.release(&led.storage, lease).await;
+                        led.lander.land(Err(err));
+                    }
+                }))
+                .await;
+            }
+        }
+    }
+
+    /// Keys whose lease another process holds: each is awaited as a single
+    /// key's flight waits (woken by the holder's fill; taking over, with
+    /// the batch loader for that key alone, if the holder dies).
+    async fn await_many<K, B>(
+        &self,
+        held: Vec<Led<K, V>>,
+        batch: &Arc<B>,
+        options: &Options,
+        priority: Priority,
+    ) where
+        K: CacheKey + Clone + Send + Sync + 'static,
+        B: BatchLoad<K, V>,
+    {
+        join_all(held.into_iter().map(|led| {
+            let loader = one_key(Arc::clone(batch), led.key, led.user);
+            let fill = self.clone().fill(
+                led.storage,
+                Arc::new(loader),
+                *options,
+                led.replacing,
+                priority,
+                Mode::Fleet,
+            );
+            async move { led.lander.land(fill.await) }
+        }))
+        .await;
+    }
+
+    /// Keys whose leases could not be tried (the store failed): a
+    /// background refresh gives up; a caller's keys are loaded directly
+    /// and not written (see `fill::load_direct`), and the tokens just
+    /// tried are given back in the background in case the attempt ran.
+    async fn load_unleased<K, B>(
+        &self,
+        failed: Vec<(Led<K, V>, LeaseRequest<'_>, Error)>,
+        batch: &Arc<B>,
+        options: &Options,
+        priority: Priority,
+        ticket: Option<Ticket>,
+        failure: Option<Error>,
+    ) where
+        K: CacheKey + Clone + Send + Sync + 'static,
+        B: BatchLoad<K, V>,
+    {
+        if failed.is_empty() {
+            return;
+        }
+        if let Some(err) = failure {
+            warn_limited!(self.inner.logs, Warning::LeaseUnavailable, keys = failed.len(), error = %err, "leases unavailable; loading directly");
+        }
+        let mut direct = Vec::with_capacity(failed.len());
+        let mut tokens = Vec::with_capacity(failed.len());
+        for (led, lease, err) in failed {
+            if priority == Priority::Background {
+                led.lander.land(Err(err));
+                continue;
+            }
+            tokens.push((
+                led.storage.clone(),
+                lease.key.to_vec(),
+                lease.token.to_vec(),
+            ));
+            direct.push(led);
+        }
+        if !tokens.is_empty() {
+            let cache = self.clone();
+            tokio::spawn(async move {
+                for (key, lease_key, token) in tokens {
+                    let lease = Lease {
+                        key: &lease_key,
+                        token: &token,
+                    };
+                    cache.release(&key, lease).await;
+                }
+            });
+        }
+        self.load_local_many(direct, batch, options, priority, ticket)
+            .await;
+    }
+
+    /// Loads `led` in batches without touching the store; each value is
+    /// served and kept in L1 (`fill::keep_local`).
+    async fn load_local_many<K, B>(
+        &self,
+        led: Vec<Led<K, V>>,
+        batch: &Arc<B>,
+        options: &Options,
+        priority: Priority,
+        ticket: Option<Ticket>,
+    ) where
+        K: CacheKey + Clone + Send + Sync + 'static,
+        B: BatchLoad<K, V>,
+    {
+        let mut chunks = Vec::new();
+        let mut led = led.into_iter().peekable();
+        while led.peek().is_some() {
+            chunks.push(led.by_ref().take(MAX_BATCH).collect::<Vec<_>>());
+        }
+        join_all(chunks.into_iter().map(|chunk| async move {
+            let load = Arc::new(Chunk {
+                keys: chunk.iter().map(|l| l.key.clone()).collect(),
+                batch: Arc::clone(batch),
+            });
+            let inner = &self.inner;
+            match inner
+                .origin
+                .load(&load, options.load_timeout, priority, &inner.metrics)
+                .await
+            {
+                Ok((found, load_time)) => {
+                    let mut found: HashMap<Vec<u8>, V> =
+                        found.unwrap_or_default().into_iter().collect();
+                    for led in chunk {
+                        let value = found.remove(&led.user);
+                        self.keep_local(&led.storage, &value, load_time, options, ticket)
+                            .await;
+                        led.lander.land(Ok((value, Served::Loaded)));
+                    }
+                }
+                Err(err) => {
+                    for led in chunk {
+                        led.lander.land(Err(err.clone()));
+                    }
+                }
+            }
+        }))
+        .await;
+    }
+}
+
+/// The batch loader for one key, as a single key's loader (a waiter that
+/// takes a dead holder's lease over loads that key alone).
+fn one_key<K, V, B>(
+    batch: Arc<B>,
+    key: K,
+    user: Vec<u8>,
+) -> impl FnOnce() -> BatchOne<V> + Clone + Send + Sync + 'static
+where
+    K: Clone + Send + Sync + 'static,
+    V: Send + 'static,
+    B: BatchLoad<K, V>,
+{
+    move || {
+        let load = batch.call(vec![key]);
+        Box::pin(async move {
+            let found = load.await?.unwrap_or_default();
+            Ok(found.into_iter().find(|(k, _)| *k == user).map(|(_, v)| v))
+        })
+    }
+}
+
+/// The future of [`one_key`]'s loader.
+type BatchOne<V> = Pin<Box<dyn Future<Output = Result<Option<V>, BoxError>> + Send>>;
+
+/// A key of a `get_many` not done by the call's deadline.
+fn batch_timeout() -> Error {
+    Error::new(
+        ErrorKind::Timeout,
+        "get_many's deadline passed before this key was loaded (lock_wait + queue_wait + load_timeout + 1 s); its load goes on",
+    )
+}
