@@ -41,6 +41,12 @@ pub(crate) enum BenchCommand {
         after_help = "Example:\n  breakwater bench hit --redis redis://127.0.0.1:6379 --trials 3 --trial-ms 1000"
     )]
     Hit(HitOpts),
+    /// `get_many` from several processes for overlapping ids at once: every
+    /// id loaded once fleet-wide, batch loader calls, latency.
+    #[command(
+        after_help = "Example:\n  breakwater bench many --redis redis://127.0.0.1:6379 --processes 4 --ids 1000\n  breakwater bench many --redis redis://10.0.0.1:7000,redis://10.0.0.2:7000"
+    )]
+    Many(crate::many::ManyOpts),
 }
 
 /// Options of `breakwater bench hit`.
@@ -140,6 +146,10 @@ pub(crate) struct StampedeOpts {
 pub(crate) async fn main(command: BenchCommand) -> ExitCode {
     let pid = std::process::id();
     let (name, url, result, written) = match &command {
+        // It deletes its own keys (they may be on a cluster's nodes).
+        BenchCommand::Many(opts) => {
+            return crate::failure::finish("bench many", crate::many::bench(opts).await);
+        }
         BenchCommand::Stampede(opts) => (
             "bench stampede",
             &opts.bench.redis,

@@ -13,6 +13,7 @@ mod demo;
 mod failure;
 mod histogram;
 mod inspect;
+mod many;
 mod progress;
 mod simulate;
 mod spread;
@@ -65,13 +66,17 @@ enum Command {
     /// instead of together (single node; not Redis Cluster).
     #[command(after_help = spread::AFTER_HELP)]
     Spread(spread::SpreadOpts),
-    /// Measure: `bench stampede` (one hot key, breakwater vs the naive algorithm)
-    /// and `bench grace` (callers during a grace refresh).
+    /// Measure: `bench stampede` (one hot key, breakwater vs the naive algorithm),
+    /// `bench grace` (callers during a grace refresh), `bench hit` (hit cost)
+    /// and `bench many` (`get_many` across processes).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
     /// Test support: one process of a multi-process stampede.
     #[command(hide = true)]
     StampedeWorker(worker::WorkerOpts),
+    /// Test support: one process of `bench many`.
+    #[command(hide = true)]
+    ManyWorker(many::ManyWorkerOpts),
 }
 
 /// A store on `urls`: one Redis URL, or several (comma-separated) nodes of
@@ -96,6 +101,7 @@ async fn main() -> ExitCode {
         Command::Spread(opts) => spread::main(opts).await,
         Command::Bench(command) => bench::main(command).await,
         Command::StampedeWorker(opts) => worker::main(opts).await,
+        Command::ManyWorker(opts) => many::worker(opts).await,
     }
 }
 

@@ -496,6 +496,7 @@ fn every_subcommand_has_an_example_in_its_help() {
         &["bench", "stampede"],
         &["bench", "grace"],
         &["bench", "hit"],
+        &["bench", "many"],
         &["spread"],
     ] {
         let mut all = args.to_vec();
@@ -669,4 +670,56 @@ fn simulate_json_has_every_strategy_and_the_seed() {
         "{err}"
     );
     let _ = std::fs::remove_dir_all(out);
+}
+
+/// `bench many` on `urls`: 4 processes, overlapping sets of 1,000 ids.
+fn bench_many(urls: &str) -> String {
+    let (code, out, err) = breakwater_within(
+        &[
+            "bench",
+            "many",
+            "--redis",
+            urls,
+            "--processes",
+            "4",
+            "--ids",
+            "1000",
+            "--runs",
+            "2",
+        ],
+        Duration::from_secs(120),
+    );
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        out.contains("every id loaded exactly once across the fleet: yes"),
+        "{out}"
+    );
+    // Each run: 1,750 ids, each loaded once, none twice, none missed.
+    let rows: Vec<&str> = out
+        .lines()
+        .filter(|l| l.trim_start().starts_with(['1', '2']))
+        .collect();
+    assert_eq!(rows.len(), 2, "{out}");
+    for row in rows {
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(&cells[1..5], ["1750", "1750", "0", "0"], "{out}");
+        assert_eq!(cells[6], "0", "errors: {out}");
+    }
+    out
+}
+
+#[test]
+fn bench_many_loads_every_id_once_across_four_processes() {
+    let server = RedisServer::start();
+    bench_many(&server.url());
+    assert!(all_keys(&server).is_empty(), "{:?}", all_keys(&server));
+}
+
+#[test]
+fn bench_many_loads_every_id_once_across_four_processes_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    bench_many(&cluster.urls().join(","));
+    for node in cluster.nodes() {
+        assert_eq!(node.command(&["DBSIZE"]).unwrap(), "0");
+    }
 }
