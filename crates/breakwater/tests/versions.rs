@@ -229,3 +229,62 @@ async fn a_previous_entry_past_its_stale_window_does_not_stand_in() {
         (Some("v2:k"), Served::Loaded)
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn get_many_in_the_transition_serves_the_previous_version_and_refreshes_in_one_batch() {
+    let store = MemoryStore::new();
+    let v1 = builder(&store, 1).build().unwrap();
+    v1.set_many((0..10).map(|k| (format!("p{k}"), format!("v1:{k}"))))
+        .await
+        .unwrap();
+    let v2 = builder(&store, 2)
+        .version_transition(Duration::from_secs(600))
+        .build()
+        .unwrap();
+    let calls: Arc<std::sync::Mutex<Vec<Vec<String>>>> = Arc::default();
+    let loader = {
+        let calls = Arc::clone(&calls);
+        move |keys: Vec<String>| {
+            calls.lock().unwrap().push(keys.clone());
+            async move {
+                Ok::<_, std::io::Error>(
+                    keys.into_iter()
+                        .map(|k| {
+                            let v = format!("v2:{}", &k[1..]);
+                            (k, v)
+                        })
+                        .collect::<Vec<_>>(),
+                )
+            }
+        }
+    };
+    // p0..p9 in version 1, p10 nowhere.
+    let keys: Vec<String> = (0..11).map(|k| format!("p{k}")).collect();
+    let got = v2.get_many_with_meta(keys.clone(), loader.clone()).await;
+    for (k, g) in got.iter().enumerate().take(10) {
+        let g = g.as_ref().unwrap();
+        assert_eq!(g.value, Some(format!("v1:{k}")));
+        assert_eq!(
+            g.served,
+            Served::Stale {
+                reason: StaleReason::PreviousVersion
+            }
+        );
+    }
+    let last = got[10].as_ref().unwrap();
+    assert_eq!(
+        (last.value.as_deref(), last.served),
+        (Some("v2:10"), Served::Loaded)
+    );
+    // One foreground call for p10, one background batch for p0..p9.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut seen = calls.lock().unwrap().clone();
+    seen.sort();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen[0], keys[..10].to_vec());
+    assert_eq!(seen[1], vec!["p10".to_owned()]);
+    let again = v2.get_many(keys.clone(), loader).await.unwrap();
+    for (k, value) in again.iter().enumerate() {
+        assert_eq!(value.as_deref(), Some(format!("v2:{k}").as_str()));
+    }
+}

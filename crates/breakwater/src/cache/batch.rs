@@ -456,6 +456,14 @@ impl<V: Value> Cache<V> {
             }
         }
 
+        // Inside a version transition, the previous version's entries stand
+        // in for the keys this version does not have (one more read for all
+        // of them), while one background batch fills this version.
+        if self.inner.previous.is_some() {
+            self.previous_many(&mut wants, &mut load, &mut refresh)
+                .await;
+        }
+
         // Refreshes in the background, one batch for all of them.
         self.refresh_many(&wants, &refresh, &batch, *options);
 
@@ -548,6 +556,53 @@ impl<V: Value> Cache<V> {
                 result
             })
             .collect()
+    }
+
+    /// The keys of `load` with nothing in this version (no stale entry,
+    /// store usable) that the previous version has: served from it as
+    /// `Stale { PreviousVersion }` and queued for a background refresh
+    /// (unless throttled), as `get_or_load` does inside a transition.
+    async fn previous_many<K>(
+        &self,
+        wants: &mut [Want<K, V>],
+        load: &mut Vec<(usize, Mode, Option<Arc<Entry>>)>,
+        refresh: &mut Vec<(usize, u64, bool)>,
+    ) {
+        let candidates: Vec<(usize, Vec<u8>)> = load
+            .iter()
+            .filter(|(_, mode, stale)| *mode == Mode::Fleet && stale.is_none())
+            .filter_map(|&(i, _, _)| Some((i, self.inner.previous_key(&wants[i].storage)?)))
+            .collect();
+        if candidates.is_empty() {
+            return;
+        }
+        let keys: Vec<&[u8]> = candidates.iter().map(|(_, old)| &old[..]).collect();
+        let read = self.inner.store.get_many_split(&keys).await;
+        let now = self.inner.store.now_ms();
+        let mut served = vec![false; wants.len()];
+        for ((i, old), read) in candidates.iter().zip(read) {
+            let Ok(Some(bytes)) = read else { continue };
+            let Some(entry) = self.decode(old, bytes) else {
+                continue;
+            };
+            if entry.negative || entry.stale_until <= now {
+                continue;
+            }
+            let Some(value) = self.entry_value(old, &entry) else {
+                continue;
+            };
+            wants[*i].outcome = Some(Ok(Fetched {
+                value,
+                served: Served::Stale {
+                    reason: StaleReason::PreviousVersion,
+                },
+            }));
+            if !self.inner.is_throttled(&wants[*i].storage, now) {
+                refresh.push((*i, 0, false));
+            }
+            served[*i] = true;
+        }
+        load.retain(|(i, _, _)| !served[*i]);
     }
 
     /// Background refreshes of the keys `refresh` names (`(want,
