@@ -22,6 +22,7 @@ use clap::builder::RangedU64ValueParser;
 use tokio::time::Instant;
 
 use crate::failure::{Failure, bad_url, unreachable};
+use crate::worker::{read_line, say};
 
 /// Options of `breakwater bench many`.
 #[derive(Debug, Clone, Args)]
@@ -203,17 +204,6 @@ async fn run_worker(opts: ManyWorkerOpts) -> Result<usize, Box<dyn std::error::E
     writeln!(out, "done ok={ok} err={err} first_error={first_error}")?;
     out.flush()?;
     Ok(err)
-}
-
-fn say(line: &str) -> io::Result<()> {
-    let mut stdout = io::stdout().lock();
-    writeln!(stdout, "{line}")?;
-    stdout.flush()
-}
-
-fn read_line() -> io::Result<String> {
-    let mut line = String::new();
-    io::stdin().lock().read_line(&mut line).map(|_| line)
 }
 
 /// What one run measured.

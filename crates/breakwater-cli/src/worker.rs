@@ -217,14 +217,14 @@ async fn run(opts: WorkerOpts) -> Result<usize, Box<dyn std::error::Error>> {
 }
 
 /// Writes one line to the parent at once.
-fn say(line: &str) -> io::Result<()> {
+pub(crate) fn say(line: &str) -> io::Result<()> {
     let mut stdout = io::stdout().lock();
     writeln!(stdout, "{line}")?;
     stdout.flush()
 }
 
 /// One line of stdin; empty at its end.
-fn read_line() -> io::Result<String> {
+pub(crate) fn read_line() -> io::Result<String> {
     let mut line = String::new();
     io::stdin().lock().read_line(&mut line).map(|_| line)
 }

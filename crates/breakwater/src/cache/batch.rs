@@ -40,8 +40,9 @@ use std::collections::HashMap;
 use std::error::Error as StdError;
 use std::future::Future;
 use std::marker::PhantomData;
-use std::pin::{Pin, pin};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -651,16 +652,7 @@ impl<V: Value> Cache<V> {
                 .fill_many(led, batch, options, Priority::Background)
                 .await;
             for (key, joined) in joined {
-                match joined.result().await {
-                    Err(err) if err.is_overloaded() || err.is_circuit_open() => {
-                        tracing::debug!(key = %show_key(&key), error = %err, "background refresh shed");
-                    }
-                    Err(err) => {
-                        warn_limited!(cache.inner.logs, Warning::RefreshFailed, key = %show_key(&key), error = %err, "background refresh failed; throttling the key");
-                        cache.inner.throttle(&key, options.fail_safe_throttle);
-                    }
-                    Ok(_) => {}
-                }
+                cache.refreshed(&key, &joined.result().await, &options);
             }
         });
     }
@@ -719,6 +711,9 @@ impl<V: Value> Cache<V> {
             .zip(&tokens)
             .map(|(key, token)| LeaseRequest { key, token })
             .collect();
+        // A lease's TTL runs from when the store took it, which may be well
+        // before its reply arrives: keep-alive is timed from the request.
+        let asked = Instant::now();
         let attempts = inner
             .store
             .acquire_leases_split(&requests, inner.lease_ttl)
@@ -747,7 +742,7 @@ impl<V: Value> Cache<V> {
             }
         }
         tokio::join!(
-            self.lead_many(taken, batch, options, priority, ticket),
+            self.lead_many(taken, asked, batch, options, priority, ticket),
             self.await_many(held, batch, options, priority),
             self.load_unleased(failed, batch, options, priority, ticket, failure),
         );
@@ -759,6 +754,7 @@ impl<V: Value> Cache<V> {
     async fn lead_many<K, B>(
         &self,
         taken: Vec<(Led<K, V>, LeaseRequest<'_>)>,
+        asked: Instant,
         batch: &Arc<B>,
         options: &Options,
         priority: Priority,
@@ -770,13 +766,71 @@ impl<V: Value> Cache<V> {
         if taken.is_empty() {
             return;
         }
+        // The leases are kept alive from now on until each key's load has
+        // ended: the read below and a wait in the bulkhead count against
+        // them too, and a busy store can make those slow.
+        let leases: Vec<LeaseRequest<'_>> = taken.iter().map(|(_, lease)| *lease).collect();
+        let done: Vec<AtomicBool> = leases.iter().map(|_| AtomicBool::new(false)).collect();
+        let work = self.lead_taken(taken, &done, batch, options, priority, ticket);
+        tokio::select! {
+            () = work => {}
+            () = self.keep_alive(&leases, &done, asked) => {}
+        }
+    }
+
+    /// Extends every lease of `leases` whose key is not `done`, every third
+    /// of the lease TTL from `asked` (when they were requested); never ends.
+    async fn keep_alive(&self, leases: &[LeaseRequest<'_>], done: &[AtomicBool], asked: Instant) {
+        let inner = &self.inner;
+        let every = inner.lease_ttl / 3;
+        let mut extend = tokio::time::interval_at(asked + every, every);
+        extend.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            extend.tick().await;
+            let alive: Vec<usize> = (0..leases.len())
+                .filter(|&i| !done[i].load(Ordering::Acquire))
+                .collect();
+            let extended = join_all(alive.iter().map(|&i| {
+                inner
+                    .store
+                    .extend_lease(leases[i].key, leases[i].token, inner.lease_ttl)
+            }))
+            .await;
+            let lost = alive
+                .iter()
+                .zip(&extended)
+                .filter(|(i, e)| matches!(e, Ok(false)) && !done[**i].load(Ordering::Acquire))
+                .count();
+            if lost > 0 {
+                warn_limited!(inner.logs, Warning::LeaseLost, keys = lost, origin = %inner.origin.name(), "leases lost while a batch was loading (a load slower than the lease, or a store that did not answer); those results will not be written");
+                for _ in 0..lost {
+                    inner.metrics.lease("lost");
+                }
+            }
+        }
+    }
+
+    /// [`lead_many`](Self::lead_many)'s work; `done[i]` is set once the
+    /// `i`th key no longer needs its lease kept alive.
+    async fn lead_taken<K, B>(
+        &self,
+        taken: Vec<(Led<K, V>, LeaseRequest<'_>)>,
+        done: &[AtomicBool],
+        batch: &Arc<B>,
+        options: &Options,
+        priority: Priority,
+        ticket: Option<Ticket>,
+    ) where
+        K: CacheKey + Clone + Send + Sync + 'static,
+        B: BatchLoad<K, V>,
+    {
         let inner = &self.inner;
         let keys: Vec<&[u8]> = taken.iter().map(|(l, _)| &l.storage[..]).collect();
         let again = inner.store.get_many_split(&keys).await;
         let now = inner.store.now_ms();
         let mut to_load = Vec::new();
         let mut released = Vec::new();
-        for ((led, lease), read) in taken.into_iter().zip(again) {
+        for (i, ((led, lease), read)) in taken.into_iter().zip(again).enumerate() {
             let entry = match read {
                 Ok(Some(bytes)) => self.decode(&led.storage, bytes),
                 _ => None,
@@ -789,25 +843,24 @@ impl<V: Value> Cache<V> {
                 Some((entry, value))
             });
             match fresh {
-                Some((entry, value)) => released.push((led, lease, entry, value)),
-                None => to_load.push((led, lease)),
+                Some((entry, value)) => released.push((i, led, lease, entry, value)),
+                None => to_load.push((i, led, lease)),
             }
         }
         // Filled just before: served, and the lease given back.
-        let release = join_all(
-            released
-                .into_iter()
-                .map(|(led, lease, entry, value)| async move {
-                    self.remember(&led.storage, &value, &entry, now, ticket, options)
-                        .await;
-                    let message = notify::message(FILLED, inner.waiters.sender(), &led.storage);
-                    let _ = inner
-                        .store
-                        .release_lease(lease.key, lease.token, inner.notice(&message))
-                        .await;
-                    led.lander.land(Ok((value, Served::Coalesced)));
-                }),
-        );
+        let release = join_all(released.into_iter().map(
+            |(i, led, lease, entry, value)| async move {
+                self.remember(&led.storage, &value, &entry, now, ticket, options)
+                    .await;
+                let message = notify::message(FILLED, inner.waiters.sender(), &led.storage);
+                let _ = inner
+                    .store
+                    .release_lease(lease.key, lease.token, inner.notice(&message))
+                    .await;
+                done[i].store(true, Ordering::Release);
+                led.lander.land(Ok((value, Served::Coalesced)));
+            },
+        ));
         let mut chunks = Vec::new();
         let mut to_load = to_load.into_iter().peekable();
         while to_load.peek().is_some() {
@@ -816,18 +869,20 @@ impl<V: Value> Cache<V> {
         let loads = join_all(
             chunks
                 .into_iter()
-                .map(|chunk| self.lead_chunk(chunk, batch, options, priority, ticket)),
+                .map(|chunk| self.lead_chunk(chunk, done, batch, options, priority, ticket)),
         );
         tokio::join!(release, loads);
     }
 
-    /// One batch loader call for keys whose leases this process holds: the
-    /// leases extended while it runs; each value written through its own
-    /// fence (a key the loader left out as "not found"); on failure the
-    /// leases given back and every key fails.
+    /// One batch loader call for keys whose leases this process holds
+    /// (kept alive by [`keep_alive`](Self::keep_alive) until each key's
+    /// write or release has answered); each value written through its own fence (a key the loader
+    /// left out as "not found"); on failure the leases given back and every
+    /// key fails.
     async fn lead_chunk<K, B>(
         &self,
-        chunk: Vec<(Led<K, V>, LeaseRequest<'_>)>,
+        chunk: Vec<(usize, Led<K, V>, LeaseRequest<'_>)>,
+        done: &[AtomicBool],
         batch: &Arc<B>,
         options: &Options,
         priority: Priority,
@@ -838,41 +893,20 @@ impl<V: Value> Cache<V> {
     {
         let inner = &self.inner;
         let load = Arc::new(Chunk {
-            keys: chunk.iter().map(|(l, _)| l.key.clone()).collect(),
+            keys: chunk.iter().map(|(_, l, _)| l.key.clone()).collect(),
             batch: Arc::clone(batch),
         });
-        let mut loading = pin!(inner.origin.load(
-            &load,
-            options.load_timeout,
-            priority,
-            &inner.metrics
-        ));
-        let every = inner.lease_ttl / 3;
-        let mut extend = tokio::time::interval_at(Instant::now() + every, every);
-        let result = loop {
-            tokio::select! {
-                biased;
-                result = &mut loading => break result,
-                _ = extend.tick() => {
-                    let extended = join_all(chunk.iter().map(|(_, lease)| {
-                        inner.store.extend_lease(lease.key, lease.token, inner.lease_ttl)
-                    }))
-                    .await;
-                    let lost = extended.iter().filter(|e| matches!(e, Ok(false))).count();
-                    if lost > 0 {
-                        warn_limited!(inner.logs, Warning::LeaseLost, keys = lost, origin = %inner.origin.name(), "leases lost while a batch was loading (a load slower than the lease, or a store that did not answer); those results will not be written");
-                        for _ in 0..lost {
-                            inner.metrics.lease("lost");
-                        }
-                    }
-                }
-            }
-        };
+        let result = inner
+            .origin
+            .load(&load, options.load_timeout, priority, &inner.metrics)
+            .await;
+        // Each lease is kept alive until its key's write or release has
+        // answered: a thousand writes can queue on a busy store.
         match result {
             Ok((found, load_time)) => {
                 let mut found: HashMap<Vec<u8>, V> =
                     found.unwrap_or_default().into_iter().collect();
-                let writes = chunk.into_iter().map(|(led, lease)| {
+                let writes = chunk.into_iter().map(|(i, led, lease)| {
                     let value = found.remove(&led.user);
                     async move {
                         let lease = Lease {
@@ -889,13 +923,14 @@ impl<V: Value> Cache<V> {
                                 ticket,
                             )
                             .await;
+                        done[i].store(true, Ordering::Release);
                         led.lander.land(written.map(|()| (value, Served::Loaded)));
                     }
                 });
                 join_all(writes).await;
             }
             Err(err) => {
-                join_all(chunk.into_iter().map(|(led, lease)| {
+                join_all(chunk.into_iter().map(|(i, led, lease)| {
                     let err = err.clone();
                     async move {
                         let lease = Lease {
@@ -903,6 +938,7 @@ impl<V: Value> Cache<V> {
                             token: lease.token,
                         };
                         self.release(&led.storage, lease).await;
+                        done[i].store(true, Ordering::Release);
                         led.lander.land(Err(err));
                     }
                 }))

@@ -1259,17 +1259,23 @@ impl<V: Value> Cache<V> {
         let cache = self.clone();
         tokio::spawn(async move {
             let result = load.result().await;
-            match result {
-                Err(err) if err.is_overloaded() || err.is_circuit_open() => {
-                    tracing::debug!(key = %show_key(&key), error = %err, "background refresh shed");
-                }
-                Err(err) => {
-                    warn_limited!(cache.inner.logs, Warning::RefreshFailed, key = %show_key(&key), error = %err, "background refresh failed; throttling the key");
-                    cache.inner.throttle(&key, options.fail_safe_throttle);
-                }
-                Ok(_) => {}
-            }
+            cache.refreshed(&key, &result, &options);
         });
+    }
+
+    /// A background refresh of `key` ended: shed, it is nothing; failed, the
+    /// key is throttled (fail-safe).
+    fn refreshed(&self, key: &[u8], result: &Result<Loaded<V>, Error>, options: &Options) {
+        match result {
+            Err(err) if err.is_overloaded() || err.is_circuit_open() => {
+                tracing::debug!(key = %show_key(key), error = %err, "background refresh shed");
+            }
+            Err(err) => {
+                warn_limited!(self.inner.logs, Warning::RefreshFailed, key = %show_key(key), error = %err, "background refresh failed; throttling the key");
+                self.inner.throttle(key, options.fail_safe_throttle);
+            }
+            Ok(_) => {}
+        }
     }
 
     /// Joins the load flight for storage key `key`, starting one that runs
