@@ -200,6 +200,11 @@ async fn run_worker(opts: ManyWorkerOpts) -> Result<usize, Box<dyn std::error::E
         writeln!(out, "loaded {id}")?;
     }
     writeln!(out, "batches {}", batches.load(Ordering::Relaxed))?;
+    writeln!(
+        out,
+        "stats {}",
+        cache.stats().to_string().replace('\n', " | ")
+    )?;
     let first_error = first_error.unwrap_or_else(|| "none".to_owned());
     writeln!(out, "done ok={ok} err={err} first_error={first_error}")?;
     out.flush()?;
@@ -216,6 +221,8 @@ struct Run {
     errors: usize,
     first_error: Option<String>,
     latencies_us: Vec<u64>,
+    /// Each process's `Cache::stats()`, on one line.
+    stats: Vec<String>,
 }
 
 /// `breakwater bench many`.
@@ -286,6 +293,9 @@ pub(crate) async fn bench(opts: &ManyOpts) -> Result<(), Failure> {
                 run.errors,
                 run.first_error.as_deref().unwrap_or("none")
             ));
+            for (p, stats) in run.stats.iter().enumerate() {
+                println!("  process {p}: {stats}");
+            }
         }
     }
     println!(
@@ -389,6 +399,7 @@ async fn run_many(
                 }
                 (Some("loaded"), Some(id)) => *run.loads.entry(id.parse()?).or_default() += 1,
                 (Some("batches"), Some(n)) => run.batches += n.parse::<u64>()?,
+                (Some("stats"), Some(stats)) => run.stats.push(stats.to_owned()),
                 (Some("done"), Some(rest)) => {
                     let errors = rest
                         .split(' ')

@@ -68,6 +68,9 @@ use crate::store::{LeaseAttempt, LeaseRequest, Store};
 /// split into calls of this size.
 pub(crate) const MAX_BATCH: usize = 500;
 
+/// How many of a batch's waiting keys poll the store per `lock_poll`.
+const WAITER_POLLS: usize = 100;
+
 /// Time allowed for the store calls of a `get_many` beyond its waits and
 /// its load.
 const STORE_SLACK: Duration = Duration::from_secs(1);
@@ -790,23 +793,15 @@ impl<V: Value> Cache<V> {
             let alive: Vec<usize> = (0..leases.len())
                 .filter(|&i| !done[i].load(Ordering::Acquire))
                 .collect();
-            let extended = join_all(alive.iter().map(|&i| {
+            // A lease found gone here may also be one whose write has just
+            // landed (its reply not yet in): a lease really lost shows as a
+            // refused write (`revoked`).
+            join_all(alive.iter().map(|&i| {
                 inner
                     .store
                     .extend_lease(leases[i].key, leases[i].token, inner.lease_ttl)
             }))
             .await;
-            let lost = alive
-                .iter()
-                .zip(&extended)
-                .filter(|(i, e)| matches!(e, Ok(false)) && !done[**i].load(Ordering::Acquire))
-                .count();
-            if lost > 0 {
-                warn_limited!(inner.logs, Warning::LeaseLost, keys = lost, origin = %inner.origin.name(), "leases lost while a batch was loading (a load slower than the lease, or a store that did not answer); those results will not be written");
-                for _ in 0..lost {
-                    inner.metrics.lease("lost");
-                }
-            }
         }
     }
 
@@ -960,6 +955,14 @@ impl<V: Value> Cache<V> {
         K: CacheKey + Clone + Send + Sync + 'static,
         B: BatchLoad<K, V>,
     {
+        // Woken by the holders' fills; the fallback polls of many keys are
+        // spread out (at most ~100 per `lock_poll` for the batch, each key
+        // at least once per lease TTL), or they would be a load of their own.
+        let options = Options {
+            poll_scale: u32::try_from(held.len() / WAITER_POLLS + 1).unwrap_or(u32::MAX),
+            ..*options
+        };
+        let options = &options;
         join_all(held.into_iter().map(|led| {
             let loader = one_key(Arc::clone(batch), led.key, led.user);
             let fill = self.clone().fill(

@@ -628,6 +628,7 @@ impl<V: Value> CacheBuilder<V> {
             soft_timeout: self.soft_timeout,
             load_timeout: self.load_timeout,
             fail_safe_throttle: self.fail_safe_throttle,
+            poll_scale: 1,
         };
         defaults.validate()?;
         let origin = match &self.origin {

@@ -165,7 +165,11 @@ impl<V: Value> Cache<V> {
             }
             let poll = {
                 let mut rng = inner.rng.lock().unwrap_or_else(|p| p.into_inner());
-                poll_delay(inner.lock_poll, &mut *rng)
+                let every = inner
+                    .lock_poll
+                    .saturating_mul(options.poll_scale)
+                    .min(inner.lease_ttl.max(inner.lock_poll));
+                poll_delay(every, &mut *rng)
             };
             tokio::select! {
                 biased;

@@ -23,6 +23,10 @@ pub(crate) struct Options {
     pub(crate) soft_timeout: Option<Duration>,
     pub(crate) load_timeout: Duration,
     pub(crate) fail_safe_throttle: Duration,
+    /// Waiters poll every `lock_poll × poll_scale` (at most every lease
+    /// TTL): a `get_many` waiting on many keys spreads its fallback polls
+    /// (1 for a single call).
+    pub(crate) poll_scale: u32,
 }
 
 impl Options {
