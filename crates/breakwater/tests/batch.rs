@@ -476,3 +476,60 @@ async fn four_processes_on_a_cluster_load_every_id_once() {
     }
     four_processes(stores).await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn l1_answers_what_it_holds_without_a_store_read() {
+    let store = support::CountingStore::new(MemoryStore::new());
+    let cache = ten_second_cache("many")
+        .store(store.clone())
+        .l1(breakwater::L1Config::new())
+        .build()
+        .unwrap();
+    let calls = Calls::default();
+    cache
+        .get_many([1u64, 2, 3], calls.loader(Duration::from_millis(10)))
+        .await
+        .unwrap();
+    let reads = store.gets();
+    let got = cache
+        .get_many_with_meta([1u64, 2, 3], calls.loader(Duration::from_millis(10)))
+        .await;
+    assert_eq!(store.gets(), reads, "L1 hits read nothing from the store");
+    assert_eq!(calls.calls().len(), 1);
+    for (id, g) in [1u64, 2, 3].iter().zip(&got) {
+        assert_eq!(g.as_ref().unwrap().value, expected(*id));
+    }
+    assert_eq!(cache.stats().l1_hits, 3, "{}", cache.stats());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_store_read_loads_directly_and_writes_nothing() {
+    let store = support::CountingStore::new(MemoryStore::new());
+    let cache = ten_second_cache("many")
+        .store(store.clone())
+        .build()
+        .unwrap();
+    store.fail_gets(true);
+    let calls = Calls::default();
+    let got = cache
+        .get_many([1u64, 2], calls.loader(Duration::from_millis(10)))
+        .await
+        .unwrap();
+    assert_eq!(got, [expected(1), expected(2)]);
+    assert_eq!(
+        calls.calls(),
+        vec![vec![1, 2]],
+        "one batch, loaded directly"
+    );
+    store.fail_gets(false);
+    let raw = store
+        .clone()
+        .into_inner()
+        .get(&cache.storage_key(1u64).unwrap())
+        .await
+        .unwrap();
+    assert!(
+        raw.is_none(),
+        "a load without the store's fence is not written"
+    );
+}
