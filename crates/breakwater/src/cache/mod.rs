@@ -63,7 +63,7 @@ use serde::de::DeserializeOwned;
 use crate::breaker::BreakerState;
 use crate::clock::millis;
 use crate::codec::{Codec, Compression, Encode};
-use crate::entry::Entry;
+use crate::entry::{Entry, TagStamp};
 use crate::error::{Error, ErrorKind};
 use crate::flight::{Joined, Role, Turn};
 use crate::freshness::{Freshness, FreshnessPolicy, Reading};
@@ -1689,6 +1689,19 @@ impl<V: Value> Cache<V> {
         load_time: Duration,
         options: &Options,
     ) -> Result<Sealed, Error> {
+        self.seal_tagged(key, value, load_time, options, Vec::new())
+    }
+
+    /// [`seal`](Self::seal), recording `tags` (with their generations) in
+    /// the entry: a format version 2 entry, unless `tags` is empty.
+    fn seal_tagged(
+        &self,
+        key: &[u8],
+        value: Option<&V>,
+        load_time: Duration,
+        options: &Options,
+        tags: Vec<TagStamp>,
+    ) -> Result<Sealed, Error> {
         let inner = &self.inner;
         let (payload, negative) = match value {
             Some(v) => match inner.codec.encode_within(v, inner.max_value_size) {
@@ -1725,6 +1738,7 @@ impl<V: Value> Cache<V> {
             stale_until,
             load_ms,
             payload,
+            tags,
         };
         let bytes = entry.encode(&inner.compression);
         Ok(Sealed {
