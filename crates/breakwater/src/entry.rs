@@ -145,7 +145,11 @@ impl Entry {
         let body = compressed.as_deref().unwrap_or(payload);
 
         let tags_len: usize = self.tags.iter().map(|t| 2 + t.tag.len() + 8).sum();
-        let tags_len = if self.tags.is_empty() { 0 } else { 1 + tags_len };
+        let tags_len = if self.tags.is_empty() {
+            0
+        } else {
+            1 + tags_len
+        };
         let mut out = Vec::with_capacity(Self::HEADER_LEN + tags_len + body.len());
         out.extend_from_slice(&MAGIC);
         out.push(if self.tags.is_empty() {
