@@ -431,8 +431,8 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
         self.epochs.invalidate_all();
     }
 
-    /// Drops everything, and refuses every read or load that began before.
-    #[cfg(test)]
+    /// Drops everything, and refuses every read or load that began before
+    /// (a tag invalidation: any key may carry the tag).
     pub(crate) fn clear(&self) {
         self.epochs.invalidate_all();
         self.cache.invalidate_all();

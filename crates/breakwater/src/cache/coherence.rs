@@ -150,6 +150,10 @@ impl<V: Value> BusHook for Local<V> {
         })
     }
 
+    fn tags_invalidated(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(Local::tags_invalidated(self))
+    }
+
     fn trusts_carried(&self, key: &[u8]) -> bool {
         let unheard = self.unheard.lock().unwrap_or_else(|p| p.into_inner());
         unheard.overflow == 0 && !unheard.keys.contains_key(key)

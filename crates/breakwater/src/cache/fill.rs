@@ -36,7 +36,7 @@ use super::builder::LockTimeoutKind;
 use super::notify::{self, FILLED, RELEASED, VALUE_IN_MESSAGE_MAX};
 use super::options::{Options, Served, StaleReason};
 use super::{Cache, Load, Loaded, Value, reading, show_key};
-use crate::entry::Entry;
+use crate::entry::{Entry, TagStamp};
 use crate::error::{Error, ErrorKind};
 use crate::jitter::poll_delay;
 use crate::l1::Ticket;
@@ -171,7 +171,12 @@ impl<V: Value> Cache<V> {
                 biased;
                 () = woken => {
                     // The fill's message may carry the entry: no read then.
-                    let carried = watch.filled().and_then(|bytes| self.decode(&key, bytes));
+                    // A tagged one is read from the store instead, which
+                    // checks its tags' generations.
+                    let carried = watch
+                        .filled()
+                        .and_then(|bytes| self.decode(&key, bytes))
+                        .filter(|entry| entry.tags.is_empty());
                     let value = match carried {
                         Some(entry) => self.fresh_entry(&key, entry, &mut stale, &options, replacing, ticket).await,
                         None => self.fresh_value(&key, &mut stale, &options, replacing, ticket).await,
@@ -226,6 +231,26 @@ impl<V: Value> Cache<V> {
     {
         let inner = &self.inner;
         let store = &inner.store;
+        // The tags' generations, read before the loader runs: a tag
+        // invalidated from now on leaves this entry invalid.
+        let tags = match loader.tags() {
+            None => Vec::new(),
+            Some(tags) => match self.tag_generations(tags).await {
+                Ok(stamps) => stamps,
+                Err(err) => {
+                    // Nothing to record: load, serve and keep in L1, write
+                    // nothing (as a direct load); the lease goes first, so
+                    // waiters need not wait for this load.
+                    warn_limited!(inner.logs, Warning::StoreRead, key = %show_key(key), error = %err, "tag generations unavailable; loading without writing");
+                    inner.metrics.store_failed("get_many", &err);
+                    self.release(key, lease).await;
+                    let (value, load_time) = self.load_unwritten(loader, options, priority).await?;
+                    self.keep_local(key, &value, load_time, options, ticket)
+                        .await;
+                    return Ok(value);
+                }
+            },
+        };
         let mut load = pin!(inner.origin.load(
             loader,
             options.load_timeout,
@@ -255,7 +280,7 @@ impl<V: Value> Cache<V> {
         };
         match result {
             Ok((value, load_time)) => {
-                self.write_fenced(key, lease, value.as_ref(), load_time, options, ticket)
+                self.write_fenced(key, lease, value.as_ref(), load_time, options, ticket, tags)
                     .await?;
                 Ok(value)
             }
@@ -343,7 +368,9 @@ impl<V: Value> Cache<V> {
     /// publishing "filled" atomically; keeps it in L1 unless the key was
     /// invalidated since `ticket`. A value that cannot be sealed releases the
     /// lease (waiters are told) and fails, except one too large to cache,
-    /// which is returned unwritten.
+    /// which is returned unwritten. `tags`: the tags' generations read
+    /// before the load, recorded in the entry.
+    #[allow(clippy::too_many_arguments)]
     async fn write_fenced(
         &self,
         key: &[u8],
@@ -352,9 +379,10 @@ impl<V: Value> Cache<V> {
         load_time: Duration,
         options: &Options,
         ticket: Option<Ticket>,
+        tags: Vec<TagStamp>,
     ) -> Result<(), Error> {
         let inner = &self.inner;
-        let sealed = match self.seal(key, value, load_time, options) {
+        let sealed = match self.seal_tagged(key, value, load_time, options, tags) {
             Ok(sealed) => sealed,
             Err(err) => {
                 self.release(key, lease).await;

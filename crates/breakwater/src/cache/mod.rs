@@ -37,6 +37,7 @@ mod notify;
 mod options;
 mod origin;
 mod settings;
+mod tags;
 mod throttle;
 mod warm;
 
@@ -95,6 +96,10 @@ pub(crate) trait Load<V>: Send + Sync + 'static {
     type Err: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static;
     /// Calls the loader.
     fn call(&self) -> Self::Fut;
+    /// The tags the call named, recorded in the entry its load writes.
+    fn tags(&self) -> Option<&tags::TagSet> {
+        None
+    }
 }
 
 impl<V, F, Fut, E> Load<V> for F
@@ -246,6 +251,9 @@ struct Inner {
     /// `<key_prefix><namespace>:v:` (`bw:` by default); the user key
     /// follows inside a hash tag.
     value_prefix: Vec<u8>,
+    /// `<key_prefix><namespace>:t:`, without the version: tags'
+    /// generation counters (see `tags`).
+    tag_prefix: Vec<u8>,
     /// The store as the user gave it.
     raw_store: Arc<dyn Store>,
     /// The same store behind its circuit breaker; every call goes here.
@@ -1358,6 +1366,14 @@ impl<V: Value> Cache<V> {
                 error = Empty,
                 otel.status_code = Empty,
             ),
+            Op::InvalidateTag => tracing::info_span!(
+                "breakwater.invalidate_tag",
+                namespace = %ns,
+                key.hash = Empty,
+                key = Empty,
+                error = Empty,
+                otel.status_code = Empty,
+            ),
         };
         if !span.is_disabled() {
             span.record(
@@ -1579,7 +1595,13 @@ impl<V: Value> Cache<V> {
             Err(err) if err.is_key_fault() => return Ok(None),
             Err(err) => return Err(err),
         };
-        Ok(self.decode(key, bytes))
+        match self.decode(key, bytes) {
+            // A tagged entry (never an untagged one) is checked against its
+            // tags' generations: one more round trip, boxed so that its
+            // state does not grow every read's future.
+            Some(entry) if !entry.tags.is_empty() => Box::pin(self.still_tagged(key, entry)).await,
+            entry => Ok(entry),
+        }
     }
 
     /// Inside a version transition, the previous version's entry for
@@ -2020,6 +2042,7 @@ enum Op {
     Get,
     Set,
     Invalidate,
+    InvalidateTag,
 }
 
 /// Records a call's error on its span.
