@@ -4,14 +4,17 @@
 //!
 //! 1. Try the key's lease (`SET NX PX` with a fresh 128-bit token).
 //! 2. Got it: read once more (another process may have filled the key just
-//!    before), else lead: run the loader in its own task, extending the lease
+//!    before), else lead: read the call's tags' generations, if it named
+//!    tags (they are recorded in the entry; unreadable, the value is loaded,
+//!    served and not written), run the loader in its own task, extending the lease
 //!    every third of its TTL, bounded by `load_timeout`; write through the
 //!    fence.
 //! 3. Not got it (the attempt marked the lease as waited on and said how
 //!    long the lease has left): watch the key, read once more (the fill may
 //!    have happened between 1 and the watch), then sleep until woken, a
 //!    jittered poll, the lease's expiry, or the wait's deadline; on waking
-//!    take the entry the fill's message carried, or read again, then go back
+//!    take the entry the fill's message carried (unless it has tags: those
+//!    are read from the store, which checks them), or read again, then go back
 //!    to 1. A holder that died stops extending its lease: it runs out, and
 //!    the first waiter to try again takes over (one, fleet-wide).
 //! 4. Deadline passed (`lock_wait`; by default `queue_wait + load_timeout + 2 × lease_ttl`,

@@ -10,7 +10,9 @@
 //! 2. **Read**: one `GET` of the envelope, shared by the callers of the key
 //!    in this process. Corrupt or foreign bytes are a miss plus a warning; a
 //!    store failure is a miss plus a warning too, so a sick store degrades to
-//!    direct loads instead of failing requests. When nothing is stored, the
+//!    direct loads instead of failing requests. An entry written with tags
+//!    is checked against its tags' generations (one more round trip; see
+//!    `tags`); one whose tag was invalidated is a miss. When nothing is stored, the
 //!    shared read goes straight on to steps 4–6 and its callers get the
 //!    load's outcome.
 //! 3. **Freshness**: judged on the store's clock. Fresh → return.
@@ -183,6 +185,20 @@ impl<T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static> Value for 
 ///    `load_timeout`). With a store breaker open, store calls fail at once.
 /// 6. **Time.** Freshness is judged on the store's clock (Redis's `TIME`,
 ///    sampled); no application-clock reading can pin, freeze or jump it.
+///
+/// **Tags.** The same lines hold for
+/// [`invalidate_tag`](Self::invalidate_tag) and the entries written with
+/// that tag ([`CacheEntry::tags`]), with the tag's generation as the fence:
+/// (1) a load that started before recorded the old generation, so its entry
+/// is invalid wherever it lands, and a tag-invalidated entry is never served,
+/// not even stale; (2) in the invalidating process L1 is emptied and every
+/// load and shared read in the air detached before it returns (an entry's
+/// tags are known only once read, so this applies to every key); (3)
+/// another process empties its L1 when the message arrives, within the
+/// same bounds; without L1 it reads the store, which checks a tagged
+/// entry's generations on every read (one more round trip, for tagged
+/// entries only); (5) `invalidate_tag` is retried within 1 s, as
+/// `invalidate`; (6) a generation is at least the store's clock in ms.
 ///
 /// When the store cannot be used at all (the read or the lease attempt
 /// failed), values are loaded directly, served and kept in L1, and not

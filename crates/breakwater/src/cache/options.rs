@@ -421,7 +421,7 @@ impl<'a, V: Value> CacheEntry<'a, V> {
         if self.tags.is_empty() {
             return self.cache.fetch(&self.key, loader, &self.options).await;
         }
-        let tags = TagSet::new(self.tags, &self.cache.inner.tag_prefix)?;
+        let tags = TagSet::new(self.tags)?;
         let loader = Tagged {
             loader,
             tags: Arc::new(tags),
@@ -462,7 +462,7 @@ impl<'a, V: Value> CacheEntry<'a, V> {
     /// ```
     pub async fn set(self, value: &V) -> Result<(), Error> {
         self.options.validate()?;
-        let tags = TagSet::new(self.tags, &self.cache.inner.tag_prefix)?;
+        let tags = TagSet::new(self.tags)?;
         self.cache
             .set_tagged(&self.key, value, &tags, &self.options)
             .await

@@ -57,11 +57,11 @@ use crate::key::CacheKey;
 use crate::store::{Store, fnv1a};
 use tracing::Instrument;
 
-/// The tags one call named: distinct, sorted, each with its counter's key.
+/// The tags one call named: distinct and sorted. (Their counters' keys are
+/// built only when a load reads them: a hit needs none.)
 #[derive(Debug)]
 pub(crate) struct TagSet {
     tags: Vec<Vec<u8>>,
-    keys: Vec<Vec<u8>>,
 }
 
 impl TagSet {
@@ -71,7 +71,7 @@ impl TagSet {
     ///
     /// [`InvalidKey`](ErrorKind::InvalidKey) for an empty tag, a tag over
     /// [`MAX_TAG_LEN`] bytes, or more than [`MAX_TAGS`] distinct tags.
-    pub(super) fn new(mut tags: Vec<Vec<u8>>, tag_prefix: &[u8]) -> Result<Self, Error> {
+    pub(super) fn new(mut tags: Vec<Vec<u8>>) -> Result<Self, Error> {
         for tag in &tags {
             check_tag(tag)?;
         }
@@ -86,8 +86,7 @@ impl TagSet {
                 ),
             ));
         }
-        let keys = tags.iter().map(|tag| tag_key(tag_prefix, tag)).collect();
-        Ok(TagSet { tags, keys })
+        Ok(TagSet { tags })
     }
 }
 
@@ -176,7 +175,10 @@ impl<V: Value> Cache<V> {
     ///   tagged entry's generations on each read (one more round trip for a
     ///   tagged entry; none for an untagged one). Its L1 is emptied, and its
     ///   flights detached, when the message reaches it: the L1 bound of the
-    ///   coherence contract on [`Cache`] holds for tags as for keys.
+    ///   coherence contract on [`Cache`] holds for tags as for keys. As with
+    ///   `invalidate`, a call there that joins a load or shared read
+    ///   already in the air before the message arrives gets that flight's
+    ///   result.
     ///
     /// # Errors
     ///
@@ -263,17 +265,35 @@ impl<V: Value> Cache<V> {
     /// The current generations of `tags`, in one `MGET` (one per slot on a
     /// Cluster).
     pub(super) async fn tag_generations(&self, tags: &TagSet) -> Result<Vec<TagStamp>, Error> {
-        let keys: Vec<&[u8]> = tags.keys.iter().map(Vec::as_slice).collect();
-        let stored = self.inner.store.get_many(&keys).await?;
+        let stored = self.read_generations(&tags.tags).await?;
         Ok(tags
             .tags
             .iter()
             .zip(stored)
-            .map(|(tag, stored)| TagStamp {
+            .map(|(tag, generation)| TagStamp {
                 tag: tag.clone(),
-                generation: generation(stored.as_deref()),
+                generation,
             })
             .collect())
+    }
+
+    /// The current generations of `tags`, in their order: one `GET` for
+    /// one tag (the store's cheapest read), else one `MGET` (one per slot
+    /// on a Cluster).
+    async fn read_generations(&self, tags: &[impl AsRef<[u8]>]) -> Result<Vec<u64>, Error> {
+        let tag_prefix = &self.inner.tag_prefix;
+        if let [tag] = tags {
+            let key = tag_key(tag_prefix, tag.as_ref());
+            let stored = self.inner.store.get_inline(&key).await?;
+            return Ok(vec![generation(stored.as_deref())]);
+        }
+        let keys: Vec<Vec<u8>> = tags
+            .iter()
+            .map(|tag| tag_key(tag_prefix, tag.as_ref()))
+            .collect();
+        let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        let stored = self.inner.store.get_many(&keys).await?;
+        Ok(stored.iter().map(|s| generation(s.as_deref())).collect())
     }
 
     /// A tagged entry read from storage key `key`, if every tag's
@@ -284,19 +304,13 @@ impl<V: Value> Cache<V> {
         key: &[u8],
         entry: Entry,
     ) -> Result<Option<Entry>, Error> {
-        let tag_prefix = &self.inner.tag_prefix;
-        let keys: Vec<Vec<u8>> = entry
-            .tags
-            .iter()
-            .map(|stamp| tag_key(tag_prefix, &stamp.tag))
-            .collect();
-        let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-        let stored = self.inner.store.get_many(&keys).await?;
+        let tags: Vec<&[u8]> = entry.tags.iter().map(|t| t.tag.as_slice()).collect();
+        let current = self.read_generations(&tags).await?;
         let current = entry
             .tags
             .iter()
-            .zip(&stored)
-            .all(|(stamp, stored)| stamp.generation == generation(stored.as_deref()));
+            .zip(current)
+            .all(|(stamp, now)| stamp.generation == now);
         if !current {
             tracing::debug!(key = %show_key(key), "cached entry's tag was invalidated; treating it as a miss");
             return Ok(None);
@@ -357,28 +371,27 @@ mod tests {
 
     #[test]
     fn tag_sets_are_checked_sorted_and_deduplicated() {
-        let set = TagSet::new(vec![b"b".to_vec(), b"a".to_vec(), b"b".to_vec()], b"p:").unwrap();
+        let set = TagSet::new(vec![b"b".to_vec(), b"a".to_vec(), b"b".to_vec()]).unwrap();
         assert_eq!(set.tags, vec![b"a".to_vec(), b"b".to_vec()]);
-        assert_eq!(set.keys, vec![b"p:{a}".to_vec(), b"p:{b}".to_vec()]);
 
-        let empty = TagSet::new(vec![Vec::new()], b"p:").unwrap_err();
+        let empty = TagSet::new(vec![Vec::new()]).unwrap_err();
         assert_eq!(empty.kind(), ErrorKind::InvalidKey);
         assert!(
             empty.to_string().contains("a tag must not be empty"),
             "{empty}"
         );
-        let long = TagSet::new(vec![vec![b'x'; MAX_TAG_LEN + 1]], b"p:").unwrap_err();
+        let long = TagSet::new(vec![vec![b'x'; MAX_TAG_LEN + 1]]).unwrap_err();
         assert!(long.to_string().contains("the limit is 256"), "{long}");
-        assert!(TagSet::new(vec![vec![b'x'; MAX_TAG_LEN]], b"p:").is_ok());
+        assert!(TagSet::new(vec![vec![b'x'; MAX_TAG_LEN]]).is_ok());
         let many: Vec<Vec<u8>> = (0..=MAX_TAGS).map(|i| i.to_string().into_bytes()).collect();
-        let err = TagSet::new(many.clone(), b"p:").unwrap_err();
+        let err = TagSet::new(many.clone()).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidKey);
         assert!(
             err.to_string()
                 .contains("17 tags on one entry, the limit is 16"),
             "{err}"
         );
-        assert!(TagSet::new(many[..MAX_TAGS].to_vec(), b"p:").is_ok());
+        assert!(TagSet::new(many[..MAX_TAGS].to_vec()).is_ok());
     }
 
     #[test]
