@@ -893,6 +893,61 @@ mod tests {
         assert!(sentinel.master_info_at(&addr("no-port")).is_err());
     }
 
+    /// A failover lost a tag's generation bump: it is applied again as a
+    /// bump (the counter moves on past what any entry recorded), not as a
+    /// delete (a missing counter reads as 0, which entries loaded before
+    /// the first bump recorded); an invalidation is applied again as one.
+    #[tokio::test]
+    async fn a_former_masters_bump_is_replayed_as_a_bump() {
+        let server = breakwater_testkit::RedisServer::start();
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let sentinel = sentinel("m");
+        let (old, new) = (addr("127.0.0.1:7000"), addr("127.0.0.1:7001"));
+        sentinel.believe(&old);
+        sentinel
+            .acknowledged(
+                &old,
+                &[
+                    Revocation::bump(b"bw:ns:t:{tag}", notice()),
+                    Revocation::new(b"bw:ns:v:{k}", b"bw:ns:l:{k}", notice()),
+                ],
+            )
+            .unwrap();
+        // What the new master holds: the counter from before the lost
+        // bump, the value the lost invalidation deleted.
+        let _: () = redis::cmd("SET")
+            .arg("bw:ns:t:{tag}")
+            .arg("7")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let _: () = redis::cmd("SET")
+            .arg("bw:ns:v:{k}")
+            .arg("old")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        sentinel.believe(&new);
+        assert_eq!(sentinel.replay(&mut conn, &new).await.unwrap(), 2);
+        let counter: Option<u64> = redis::cmd("GET")
+            .arg("bw:ns:t:{tag}")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(
+            counter.is_some_and(|c| c > 1_000_000_000_000),
+            "{counter:?}"
+        );
+        let value: Option<String> = redis::cmd("GET")
+            .arg("bw:ns:v:{k}")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(value, None);
+        assert!(sentinel.ledger.lock().unwrap().revoked.is_empty());
+    }
+
     #[tokio::test(start_paused = true)]
     async fn revocations_count_only_on_the_master_believed_in() {
         let sentinel = sentinel("m");
