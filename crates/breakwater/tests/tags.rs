@@ -363,6 +363,35 @@ async fn this_process_l1_drops_tagged_values_at_once() {
     );
 }
 
+/// An L1 that holds no tagged entry keeps its entries through a tag
+/// invalidation (untagged hits stay L1 hits); one that does is emptied.
+#[tokio::test(start_paused = true)]
+async fn untagged_l1_entries_survive_a_tag_invalidation_when_none_is_tagged() {
+    let store = support::CountingStore::new(MemoryStore::new());
+    let a = build(store.clone(), true);
+    let db = Arc::new(Db::default());
+    let v1 = db.update();
+    let plain = |cache: &Cache<u64>| {
+        let (cache, loader) = (cache.clone(), db.loader(Duration::ZERO));
+        async move { cache.get_or_load_with_meta("plain", loader).await.unwrap() }
+    };
+    assert_eq!(plain(&a).await.served, Served::Loaded);
+    let gets = store.gets();
+    a.invalidate_tag("t").await.unwrap();
+    let hit = plain(&a).await;
+    assert_eq!((hit.value, hit.served), (Some(v1), Served::Hit));
+    assert_eq!(store.gets(), gets, "an L1 hit");
+    // Once a tagged entry is in L1, a tag invalidation empties it.
+    assert_eq!(
+        tagged(&a, &db, "k", &["u"]).await,
+        (Some(v1), Served::Loaded)
+    );
+    a.invalidate_tag("t").await.unwrap();
+    let gets = store.gets();
+    assert_eq!(plain(&a).await.value, Some(v1));
+    assert_eq!(store.gets(), gets + 1, "read from the store again");
+}
+
 /// `CacheEntry::set` with tags: invalidated with its tag; without tags it is
 /// a plain `set` with the call's settings.
 #[tokio::test(start_paused = true)]

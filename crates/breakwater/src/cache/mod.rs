@@ -191,7 +191,8 @@ impl<T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static> Value for 
 /// that tag ([`CacheEntry::tags`]), with the tag's generation as the fence:
 /// (1) a load that started before recorded the old generation, so its entry
 /// is invalid wherever it lands, and a tag-invalidated entry is never served,
-/// not even stale; (2) in the invalidating process L1 is emptied and every
+/// not even stale; (2) in the invalidating process L1 is emptied (if it
+/// holds a tagged entry) and every
 /// load and shared read in the air detached before it returns (an entry's
 /// tags are known only once read, so this applies to every key); (3)
 /// another process empties its L1 when the message arrives, within the
@@ -1949,6 +1950,7 @@ const HASH_TAG_LEN: usize = 19;
 /// What L1 keeps of an entry: its deadlines and load time.
 fn stamp(entry: &Entry) -> Stamp {
     Stamp {
+        tagged: !entry.tags.is_empty(),
         fresh_until: entry.fresh_until,
         stale_until: entry.stale_until,
         load_ms: entry.load_ms,

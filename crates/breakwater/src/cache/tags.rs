@@ -35,9 +35,10 @@
 //! # In this process, and elsewhere
 //!
 //! An entry's tags are known only once it is read, so a tag invalidation
-//! treats every key as possibly affected (`Local::tags_invalidated`): L1 is
-//! emptied (and refuses every read or load that began before: its epoch
-//! floor moves), and every load, background refresh and shared read in the
+//! treats every key as possibly affected (`Local::tags_invalidated`): L1
+//! refuses every read or load that began before (its epoch floor moves)
+//! and is emptied, unless it has kept no tagged entry since the last tag
+//! invalidation; every load, background refresh and shared read in the
 //! air is detached (its own callers still get its result; callers from
 //! now on start anew). In the invalidating process this happens before
 //! `invalidate_tag` returns; other processes do the same when its message
@@ -168,9 +169,10 @@ impl<V: Value> Cache<V> {
     ///   entry of the tag from before is served again, fresh or stale.
     /// - **Read your invalidation**: every call in this process that starts
     ///   later gets a value loaded after it. Entries' tags are known only
-    ///   when they are read, so this process's L1 is emptied and its loads
-    ///   and shared reads in the air are detached (their own callers still
-    ///   get their results), for every key.
+    ///   when they are read, so this process's L1 is emptied (if it holds a
+    ///   tagged entry at all) and its loads and shared reads in the air are
+    ///   detached (their own callers still get their results), for every
+    ///   key.
     /// - **Elsewhere**: another process reads the store, which checks every
     ///   tagged entry's generations on each read (one more round trip for a
     ///   tagged entry; none for an untagged one). Its L1 is emptied, and its
@@ -343,12 +345,13 @@ impl<V: Value> Cache<V> {
 impl<V: Value> Local<V> {
     /// A tag was invalidated (here or, heard on the bus, elsewhere): any
     /// key may carry it, so nothing that began before may answer a caller
-    /// that starts from now on. L1 is emptied (its epoch floor moves first,
-    /// so a read or load that began before cannot put its value back), and
-    /// every flight and shared read in the air is detached.
+    /// that starts from now on. L1 refuses every read or load that began
+    /// before (its epoch floor moves) and is emptied if it may hold a
+    /// tagged entry, and every flight and shared read in the air is
+    /// detached.
     pub(super) async fn tags_invalidated(&self) {
         if let Some(l1) = &self.l1 {
-            l1.clear();
+            l1.drop_tagged();
         }
         self.reads.detach_all();
         self.flights.detach_all();
