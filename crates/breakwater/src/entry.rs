@@ -97,7 +97,26 @@ pub(crate) struct Entry {
     /// The tags the entry was written with, each with the generation read
     /// before its value was loaded; empty for an untagged entry (format
     /// version 1).
-    pub(crate) tags: Vec<TagStamp>,
+    pub(crate) tags: Tags,
+}
+
+/// An entry's tags: none (a null pointer, so an untagged entry, and every
+/// future that holds one, grows little), or a boxed list.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Tags(Option<Box<[TagStamp]>>);
+
+impl From<Vec<TagStamp>> for Tags {
+    fn from(tags: Vec<TagStamp>) -> Self {
+        Tags((!tags.is_empty()).then(|| tags.into_boxed_slice()))
+    }
+}
+
+impl std::ops::Deref for Tags {
+    type Target = [TagStamp];
+
+    fn deref(&self) -> &[TagStamp] {
+        self.0.as_deref().unwrap_or_default()
+    }
 }
 
 /// One tag of an entry and the tag's generation when the value was loaded:
@@ -168,7 +187,7 @@ impl Entry {
             // MAX_TAG_LEN bytes, checked when the call names them).
             debug_assert!(self.tags.len() <= MAX_TAGS);
             out.push(self.tags.len() as u8);
-            for stamp in &self.tags {
+            for stamp in self.tags.iter() {
                 debug_assert!(!stamp.tag.is_empty() && stamp.tag.len() <= MAX_TAG_LEN);
                 out.extend_from_slice(&(stamp.tag.len() as u16).to_be_bytes());
                 out.extend_from_slice(&stamp.tag);
@@ -214,9 +233,9 @@ impl Entry {
         let load_ms = u32::from_be_bytes(take(&mut rest).ok_or(truncated.clone())?);
         let payload_len = u64::from_be_bytes(take(&mut rest).ok_or(truncated)?);
         let tags = if version == VERSION_TAGGED {
-            decode_tags(&mut rest)?
+            Tags::from(decode_tags(&mut rest)?)
         } else {
-            Vec::new()
+            Tags::default()
         };
         let body_start = len - rest.len();
         let body_len = rest.len();
@@ -439,7 +458,7 @@ mod tests {
             stale_until: 1_700_000_060_000,
             load_ms: 12,
             payload: payload.to_vec(),
-            tags: Vec::new(),
+            tags: Tags::default(),
         }
     }
 
@@ -483,7 +502,7 @@ mod tests {
             stale_until: 0x1112_1314_1516_1718,
             load_ms: 7,
             payload: b"xyz".to_vec(),
-            tags: Vec::new(),
+            tags: Tags::default(),
         };
         let bytes = e.encode(&Compression::lz4());
         assert_eq!(
@@ -523,7 +542,7 @@ mod tests {
     #[test]
     fn tagged_layout_is_as_documented() {
         let e = Entry {
-            tags: vec![stamp(b"user:7", 0x0a0b), stamp(b"c", 9)],
+            tags: vec![stamp(b"user:7", 0x0a0b), stamp(b"c", 9)].into(),
             ..entry(b"xyz")
         };
         let bytes = e.encode(&Compression::none());
@@ -574,7 +593,7 @@ mod tests {
             b
         };
         let good = raw_tagged(&one(b"t"), b"x");
-        assert_eq!(decode(&good).unwrap().tags, vec![stamp(b"t", 5)]);
+        assert_eq!(*decode(&good).unwrap().tags, [stamp(b"t", 5)]);
 
         let bad_tags = |bytes: &[u8]| matches!(decode(bytes), Err(EntryError::BadTags(_)));
         // No tags: a tagged entry has at least one.
@@ -890,7 +909,7 @@ mod tests {
                 stale_until: a.max(b),
                 load_ms,
                 payload: if negative { Vec::new() } else { payload },
-                tags,
+                tags: tags.into(),
             })
     }
 

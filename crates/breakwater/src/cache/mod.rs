@@ -1777,7 +1777,7 @@ impl<V: Value> Cache<V> {
             stale_until,
             load_ms,
             payload,
-            tags,
+            tags: tags.into(),
         };
         let bytes = entry.encode(&inner.compression);
         Ok(Sealed {
