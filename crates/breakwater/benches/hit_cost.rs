@@ -18,8 +18,9 @@
 //! done
 //! ```
 //!
-//! (`BREAKWATER_COST` is one of `l1`, `moka`, `redis`, `raw`, `redis50`,
-//! `raw50`, `floor50`; the counting
+//! (`BREAKWATER_COST` is one of `l1`, `moka`, `redis`, `raw`, `tagged`
+//! (a Redis hit on an entry with one tag), `redis50`, `raw50`, `floor50`;
+//! the counting
 //! allocator's own instructions are in every figure alike.)
 
 use std::time::Duration;
@@ -41,7 +42,7 @@ fn hits() -> u64 {
 }
 
 /// Whether scenario `name` runs: all of them unless `BREAKWATER_COST`
-/// names one (`l1`, `moka`, `redis`, `raw`, `redis50`, `raw50`,
+/// names one (`l1`, `moka`, `redis`, `raw`, `tagged`, `redis50`, `raw50`,
 /// `floor50`), for
 /// callgrind.
 fn runs(name: &str) -> bool {
@@ -165,6 +166,30 @@ fn main() {
             "Redis hit:     {:>6.2} allocations per hit (raw GET: {:.2}; {n} hits each)",
             ours as f64 / n as f64,
             raw as f64 / n as f64
+        );
+
+        // A hit on an entry written with one tag: its generation is read
+        // too (one MGET more per hit).
+        l2.entry("tagged:42")
+            .tags(["product:42"])
+            .set(&value)
+            .await
+            .expect("warm");
+        let tagged = blocks("tagged", async || {
+            for _ in 0..n {
+                let got = l2
+                    .entry("tagged:42")
+                    .tags(["product:42"])
+                    .get_or_load(|| async { Ok::<_, std::io::Error>(Some(String::new())) })
+                    .await
+                    .unwrap();
+                assert_eq!(got.as_deref(), Some(value.as_str()));
+            }
+        })
+        .await;
+        println!(
+            "Tagged hit:    {:>6.2} allocations per hit (one tag)",
+            tagged as f64 / n as f64
         );
 
         // The same, 50 callers at once on 50 distinct keys: what a hit

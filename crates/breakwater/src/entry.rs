@@ -35,6 +35,26 @@
 //!
 //! There is no checksum: a byte flipped inside the payload is not detected
 //! here (the codec usually rejects it when the value is read).
+//!
+//! # Format version 2: tagged entries
+//!
+//! An entry written with tags (see `Cache::invalidate_tag`) is version 2:
+//! the version 1 header (with `2` in its version byte), then a tags block,
+//! then the body. An entry without tags is always written as version 1, byte
+//! for byte as before, so untagged entries cost nothing more to read.
+//!
+//! | Bytes           | Field          | Meaning                                                     |
+//! |-----------------|----------------|-------------------------------------------------------------|
+//! | `0..33`         | header         | as in version 1, version byte `2`                            |
+//! | `33`            | `tag_count`    | `u8`, `1..=`[`MAX_TAGS`]                                      |
+//! | then, per tag:  | `tag_len`      | `u16`, `1..=`[`MAX_TAG_LEN`]                                  |
+//! |                 | `tag`          | `tag_len` bytes, the tag as the application named it         |
+//! |                 | `generation`   | `u64`, the tag's generation read before the value was loaded |
+//! | after the tags  | body           | as in version 1                                               |
+//!
+//! Rules checked on decode, besides version 1's: `tag_count` is at least 1
+//! (an entry without tags is version 1), every tag is within its bounds and
+//! present in full, and no two tags are the same.
 
 use std::fmt;
 
@@ -45,6 +65,12 @@ use crate::error::{Error, ErrorKind};
 
 const MAGIC: [u8; 2] = *b"BW";
 const VERSION: u8 = 1;
+/// The format version of an entry with tags.
+const VERSION_TAGGED: u8 = 2;
+/// The most tags one entry carries.
+pub(crate) const MAX_TAGS: usize = 16;
+/// The longest tag, in bytes.
+pub(crate) const MAX_TAG_LEN: usize = 256;
 const FLAG_NEGATIVE: u8 = 0b01;
 const FLAG_COMPRESSED: u8 = 0b10;
 const KNOWN_FLAGS: u8 = FLAG_NEGATIVE | FLAG_COMPRESSED;
@@ -68,6 +94,39 @@ pub(crate) struct Entry {
     pub(crate) load_ms: u32,
     /// The serialized value, never compressed; empty when `negative`.
     pub(crate) payload: Vec<u8>,
+    /// The tags the entry was written with, each with the generation read
+    /// before its value was loaded; empty for an untagged entry (format
+    /// version 1).
+    pub(crate) tags: Tags,
+}
+
+/// An entry's tags: none (a null pointer, so an untagged entry, and every
+/// future that holds one, grows little), or a boxed list.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Tags(Option<Box<[TagStamp]>>);
+
+impl From<Vec<TagStamp>> for Tags {
+    fn from(tags: Vec<TagStamp>) -> Self {
+        Tags((!tags.is_empty()).then(|| tags.into_boxed_slice()))
+    }
+}
+
+impl std::ops::Deref for Tags {
+    type Target = [TagStamp];
+
+    fn deref(&self) -> &[TagStamp] {
+        self.0.as_deref().unwrap_or_default()
+    }
+}
+
+/// One tag of an entry and the tag's generation when the value was loaded:
+/// the entry is valid only while the tag's generation is still this one.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct TagStamp {
+    /// The tag, as the application named it.
+    pub(crate) tag: Vec<u8>,
+    /// Its generation, read before the load.
+    pub(crate) generation: u64,
 }
 
 impl Entry {
@@ -104,15 +163,37 @@ impl Entry {
         }
         let body = compressed.as_deref().unwrap_or(payload);
 
-        let mut out = Vec::with_capacity(Self::HEADER_LEN + body.len());
+        let tags_len: usize = self.tags.iter().map(|t| 2 + t.tag.len() + 8).sum();
+        let tags_len = if self.tags.is_empty() {
+            0
+        } else {
+            1 + tags_len
+        };
+        let mut out = Vec::with_capacity(Self::HEADER_LEN + tags_len + body.len());
         out.extend_from_slice(&MAGIC);
-        out.push(VERSION);
+        out.push(if self.tags.is_empty() {
+            VERSION
+        } else {
+            VERSION_TAGGED
+        });
         out.push(self.codec.id());
         out.push(flags);
         out.extend_from_slice(&self.fresh_until.to_be_bytes());
         out.extend_from_slice(&self.stale_until.max(self.fresh_until).to_be_bytes());
         out.extend_from_slice(&self.load_ms.to_be_bytes());
         out.extend_from_slice(&(payload.len() as u64).to_be_bytes());
+        if !self.tags.is_empty() {
+            // Bounded by the cache (at most MAX_TAGS tags of at most
+            // MAX_TAG_LEN bytes, checked when the call names them).
+            debug_assert!(self.tags.len() <= MAX_TAGS);
+            out.push(self.tags.len() as u8);
+            for stamp in self.tags.iter() {
+                debug_assert!(!stamp.tag.is_empty() && stamp.tag.len() <= MAX_TAG_LEN);
+                out.extend_from_slice(&(stamp.tag.len() as u16).to_be_bytes());
+                out.extend_from_slice(&stamp.tag);
+                out.extend_from_slice(&stamp.generation.to_be_bytes());
+            }
+        }
         out.extend_from_slice(body);
         out
     }
@@ -134,7 +215,7 @@ impl Entry {
         // The version before the length: another version may have another
         // header size.
         let [version] = take(&mut rest).ok_or(truncated.clone())?;
-        if version != VERSION {
+        if version != VERSION && version != VERSION_TAGGED {
             return Err(EntryError::UnsupportedVersion(version));
         }
         if len < Self::HEADER_LEN {
@@ -151,6 +232,11 @@ impl Entry {
         let stale_until = u64::from_be_bytes(take(&mut rest).ok_or(truncated.clone())?);
         let load_ms = u32::from_be_bytes(take(&mut rest).ok_or(truncated.clone())?);
         let payload_len = u64::from_be_bytes(take(&mut rest).ok_or(truncated)?);
+        let tags = if version == VERSION_TAGGED {
+            Tags::from(decode_tags(&mut rest)?)
+        } else {
+            Tags::default()
+        };
         let body_start = len - rest.len();
         let body_len = rest.len();
 
@@ -187,6 +273,7 @@ impl Entry {
             stale_until,
             load_ms,
             payload,
+            tags,
         })
     }
 
@@ -194,6 +281,38 @@ impl Entry {
     pub(crate) fn value<V: DeserializeOwned>(&self) -> Result<V, Error> {
         self.codec.decode(&self.payload)
     }
+}
+
+/// A version 2 entry's tags block, split off the front of `rest`.
+fn decode_tags(rest: &mut &[u8]) -> Result<Vec<TagStamp>, EntryError> {
+    let cut = || EntryError::BadTags("the tags block is cut short".to_owned());
+    let [count] = take(rest).ok_or_else(cut)?;
+    let count = usize::from(count);
+    if count == 0 || count > MAX_TAGS {
+        return Err(EntryError::BadTags(format!(
+            "{count} tags, a tagged entry has 1 to {MAX_TAGS}"
+        )));
+    }
+    let mut tags: Vec<TagStamp> = Vec::with_capacity(count);
+    for _ in 0..count {
+        let tag_len = usize::from(u16::from_be_bytes(take(rest).ok_or_else(cut)?));
+        if tag_len == 0 || tag_len > MAX_TAG_LEN {
+            return Err(EntryError::BadTags(format!(
+                "a tag of {tag_len} bytes, tags have 1 to {MAX_TAG_LEN}"
+            )));
+        }
+        let (tag, after) = rest.split_at_checked(tag_len).ok_or_else(cut)?;
+        *rest = after;
+        let generation = u64::from_be_bytes(take(rest).ok_or_else(cut)?);
+        if tags.iter().any(|t| t.tag == tag) {
+            return Err(EntryError::BadTags("a tag appears twice".to_owned()));
+        }
+        tags.push(TagStamp {
+            tag: tag.to_vec(),
+            generation,
+        });
+    }
+    Ok(tags)
 }
 
 /// Splits `N` bytes off the front of `input`.
@@ -268,6 +387,8 @@ pub(crate) enum EntryError {
     },
     /// The LZ4 body is corrupt or does not expand to the declared size.
     Decompress(String),
+    /// A version 2 entry's tags block breaks a rule (the message says which).
+    BadTags(String),
 }
 
 impl fmt::Display for EntryError {
@@ -281,7 +402,7 @@ impl fmt::Display for EntryError {
             EntryError::BadMagic => f.write_str("bytes are not a breakwater entry (bad magic)"),
             EntryError::UnsupportedVersion(v) => write!(
                 f,
-                "entry format version {v} is not supported (this build reads version {VERSION})"
+                "entry format version {v} is not supported (this build reads versions {VERSION} and {VERSION_TAGGED})"
             ),
             EntryError::UnknownCodec(id) => {
                 write!(f, "entry codec id {id} is not known to this build")
@@ -309,6 +430,7 @@ impl fmt::Display for EntryError {
             EntryError::Decompress(msg) => {
                 write!(f, "entry payload could not be decompressed: {msg}")
             }
+            EntryError::BadTags(msg) => write!(f, "entry tags are invalid: {msg}"),
         }
     }
 }
@@ -336,6 +458,14 @@ mod tests {
             stale_until: 1_700_000_060_000,
             load_ms: 12,
             payload: payload.to_vec(),
+            tags: Tags::default(),
+        }
+    }
+
+    fn stamp(tag: &[u8], generation: u64) -> TagStamp {
+        TagStamp {
+            tag: tag.to_vec(),
+            generation,
         }
     }
 
@@ -372,6 +502,7 @@ mod tests {
             stale_until: 0x1112_1314_1516_1718,
             load_ms: 7,
             payload: b"xyz".to_vec(),
+            tags: Tags::default(),
         };
         let bytes = e.encode(&Compression::lz4());
         assert_eq!(
@@ -409,13 +540,99 @@ mod tests {
     }
 
     #[test]
+    fn tagged_layout_is_as_documented() {
+        let e = Entry {
+            tags: vec![stamp(b"user:7", 0x0a0b), stamp(b"c", 9)].into(),
+            ..entry(b"xyz")
+        };
+        let bytes = e.encode(&Compression::none());
+        let mut expected = raw(2, 2, 0, e.fresh_until, e.stale_until, 3, b"");
+        expected[21..25].copy_from_slice(&12u32.to_be_bytes());
+        expected.push(2);
+        expected.extend_from_slice(&[0, 6]);
+        expected.extend_from_slice(b"user:7");
+        expected.extend_from_slice(&0x0a0bu64.to_be_bytes());
+        expected.extend_from_slice(&[0, 1, b'c']);
+        expected.extend_from_slice(&9u64.to_be_bytes());
+        expected.extend_from_slice(b"xyz");
+        assert_eq!(bytes, expected);
+        assert_eq!(decode(&bytes), Ok(e.clone()));
+        // Compressed bodies come after the tags too.
+        let big = Entry {
+            payload: vec![b'a'; 4096],
+            ..e
+        };
+        let bytes = big.encode(&Compression::lz4());
+        assert_eq!(bytes.get(4), Some(&FLAG_COMPRESSED));
+        assert_eq!(decode(&bytes), Ok(big));
+    }
+
+    #[test]
+    fn untagged_entries_stay_version_1() {
+        let bytes = entry(b"abc").encode(&Compression::none());
+        assert_eq!(bytes[2], 1);
+        assert_eq!(bytes.len(), Entry::HEADER_LEN + 3);
+    }
+
+    /// A hand-built version 2 entry: `tags_block` between header and body.
+    fn raw_tagged(tags_block: &[u8], body: &[u8]) -> Vec<u8> {
+        let mut out = raw(2, 1, 0, 1, 2, body.len() as u64, b"");
+        out.extend_from_slice(tags_block);
+        out.extend_from_slice(body);
+        out
+    }
+
+    #[test]
+    fn bad_tag_blocks_are_refused() {
+        let generation = 5u64.to_be_bytes();
+        let one = |tag: &[u8]| {
+            let mut b = vec![1];
+            b.extend_from_slice(&(tag.len() as u16).to_be_bytes());
+            b.extend_from_slice(tag);
+            b.extend_from_slice(&generation);
+            b
+        };
+        let good = raw_tagged(&one(b"t"), b"x");
+        assert_eq!(*decode(&good).unwrap().tags, [stamp(b"t", 5)]);
+
+        let bad_tags = |bytes: &[u8]| matches!(decode(bytes), Err(EntryError::BadTags(_)));
+        // No tags: a tagged entry has at least one.
+        assert!(bad_tags(&raw_tagged(&[0], b"x")));
+        // Too many.
+        assert!(bad_tags(&raw_tagged(&[MAX_TAGS as u8 + 1], b"x")));
+        // An empty tag, an over-long one.
+        assert!(bad_tags(&raw_tagged(&[1, 0, 0], b"x")));
+        let long = vec![b'a'; MAX_TAG_LEN + 1];
+        assert!(bad_tags(&raw_tagged(&one(&long), b"x")));
+        let longest = vec![b'a'; MAX_TAG_LEN];
+        assert!(decode(&raw_tagged(&one(&longest), b"x")).is_ok());
+        // The same tag twice.
+        let mut twice = one(b"t");
+        twice[0] = 2;
+        twice.extend_from_slice(&one(b"t")[1..]);
+        assert!(bad_tags(&raw_tagged(&twice, b"x")));
+        // Cut inside the block (no body at all).
+        for cut in 0..one(b"t").len() {
+            let bytes = raw_tagged(&one(b"t")[..cut], b"");
+            assert!(bad_tags(&bytes), "cut at {cut}");
+        }
+        // A tag longer than what is left is not read past the end.
+        assert!(bad_tags(&raw_tagged(&[1, 0, 200, b'a'], b"")));
+        assert!(
+            EntryError::BadTags("x".into())
+                .to_string()
+                .starts_with("entry tags are invalid")
+        );
+    }
+
+    #[test]
     fn unsupported_version() {
-        let bytes = raw(2, 1, 0, 1, 2, 0, b"");
+        let bytes = raw(3, 1, 0, 1, 2, 0, b"");
         let err = decode(&bytes).unwrap_err();
-        assert_eq!(err, EntryError::UnsupportedVersion(2));
+        assert_eq!(err, EntryError::UnsupportedVersion(3));
         assert_eq!(
             err.to_string(),
-            "entry format version 2 is not supported (this build reads version 1)"
+            "entry format version 3 is not supported (this build reads versions 1 and 2)"
         );
         // Reported even when the rest is shorter than a v1 header.
         assert_eq!(decode(b"BW\x07"), Err(EntryError::UnsupportedVersion(7)));
@@ -634,7 +851,7 @@ mod tests {
         assert!(err.is_codec());
         assert_eq!(
             err.to_string(),
-            "codec failed: entry format version 7 is not supported (this build reads version 1)"
+            "codec failed: entry format version 7 is not supported (this build reads versions 1 and 2)"
         );
         let all = [
             EntryError::Truncated { len: 3 },
@@ -655,6 +872,7 @@ mod tests {
                 max: 1,
             },
             EntryError::Decompress("x".to_owned()),
+            EntryError::BadTags("x".to_owned()),
         ];
         for e in all {
             assert!(!e.to_string().is_empty());
@@ -682,15 +900,31 @@ mod tests {
             any::<u64>(),
             any::<u32>(),
             payload(max_payload),
+            prop_oneof![Just(Vec::new()), arb_tags()],
         )
-            .prop_map(|(codec, negative, a, b, load_ms, payload)| Entry {
+            .prop_map(|(codec, negative, a, b, load_ms, payload, tags)| Entry {
                 codec,
                 negative,
                 fresh_until: a.min(b),
                 stale_until: a.max(b),
                 load_ms,
                 payload: if negative { Vec::new() } else { payload },
+                tags: tags.into(),
             })
+    }
+
+    /// 1 to `MAX_TAGS` distinct tags of 1 to `MAX_TAG_LEN` bytes.
+    fn arb_tags() -> impl Strategy<Value = Vec<TagStamp>> {
+        proptest::collection::btree_map(
+            proptest::collection::vec(any::<u8>(), 1..=MAX_TAG_LEN),
+            any::<u64>(),
+            1..=MAX_TAGS,
+        )
+        .prop_map(|tags| {
+            tags.into_iter()
+                .map(|(tag, generation)| TagStamp { tag, generation })
+                .collect()
+        })
     }
 
     fn compressions() -> [Compression; 3] {
@@ -706,7 +940,9 @@ mod tests {
         fn round_trips(e in arb_entry(8 * 1024)) {
             for c in compressions() {
                 let bytes = e.encode(&c);
-                prop_assert!(bytes.len() <= Entry::HEADER_LEN + e.payload.len());
+                let tags_len: usize = e.tags.iter().map(|t| 2 + t.tag.len() + 8).sum::<usize>()
+                    + usize::from(!e.tags.is_empty());
+                prop_assert!(bytes.len() <= Entry::HEADER_LEN + tags_len + e.payload.len());
                 prop_assert_eq!(decode(&bytes), Ok(e.clone()));
             }
         }
@@ -731,6 +967,19 @@ mod tests {
                 prop_assert_eq!(u64::try_from(e.payload.len()).ok(), Some(payload_len));
             }
             let _ = Entry::decode(bytes.clone(), usize::MAX);
+        }
+
+        #[test]
+        fn arbitrary_tag_blocks_never_panic(
+            block in proptest::collection::vec(any::<u8>(), 0..600),
+            body in proptest::collection::vec(any::<u8>(), 0..16),
+        ) {
+            let bytes = raw_tagged(&block, &body);
+            if let Ok(e) = decode(&bytes) {
+                prop_assert!(!e.tags.is_empty() && e.tags.len() <= MAX_TAGS);
+                prop_assert!(e.tags.iter().all(|t| !t.tag.is_empty() && t.tag.len() <= MAX_TAG_LEN));
+                prop_assert_eq!(e.payload, body);
+            }
         }
 
         #[test]

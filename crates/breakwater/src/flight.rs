@@ -176,6 +176,16 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
         }
     }
 
+    /// Detaches every flight in the air, as [`detach`](Self::detach) does
+    /// one (a tag invalidation: any key may carry the tag).
+    pub(crate) fn detach_all(&self) {
+        let mut flights = lock(&self.flights);
+        let flights = &mut *flights;
+        for (_, Flight { id, cell }) in flights.by_key.drain() {
+            flights.detached.insert(id, cell);
+        }
+    }
+
     /// How many flights are in the air (detached ones not counted).
     #[cfg(test)]
     pub(crate) fn in_flight(&self) -> usize {
@@ -424,6 +434,25 @@ impl<T: Clone> Reads<T> {
         };
         if let Some((id, Some(cell))) = detached {
             state.detached.push((id, cell));
+        }
+    }
+
+    /// Detaches every read in the air, as [`detach`](Self::detach) does
+    /// one.
+    pub(crate) fn detach_all(&self) {
+        for slot in &self.slots {
+            let mut guard = lock_slot(slot);
+            let state = &mut *guard;
+            if let Some(id) = state.main.id.take()
+                && let Some(cell) = state.main.cell.take()
+            {
+                state.detached.push((id, cell));
+            }
+            for flight in std::mem::take(&mut state.more) {
+                if let (Some(id), Some(cell)) = (flight.id, flight.cell) {
+                    state.detached.push((id, cell));
+                }
+            }
         }
     }
 
@@ -721,6 +750,72 @@ mod tests {
 
         let (result, role) = flight.run(b"k", || async { Ok(2) }).await;
         assert_eq!((result.unwrap(), role), (2, Role::Leader));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn detach_all_detaches_every_key() {
+        let flight = Arc::new(SingleFlight::<u64>::new());
+        let slow = |v: u64| {
+            move || async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                Ok(v)
+            }
+        };
+        let (a, _) = flight.join(b"a", slow(1));
+        let (a_follower, _) = flight.join(b"a", slow(9));
+        let (b, _) = flight.join(b"b", slow(2));
+        flight.detach_all();
+        assert_eq!(flight.in_flight(), 0);
+        let (a_new, role) = flight.join(b"a", slow(3));
+        assert_eq!(role, Role::Leader, "a detached flight is not joined");
+        assert_eq!(flight.join(b"b", slow(4)).1, Role::Leader);
+        assert_eq!(a.result().await.unwrap(), 1);
+        assert_eq!(a_follower.result().await.unwrap(), 1);
+        assert_eq!(b.result().await.unwrap(), 2);
+        assert_eq!(a_new.result().await.unwrap(), 3);
+        assert_eq!(flight.in_flight(), 0);
+        assert!(lock(&flight.flights).detached.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn detach_all_detaches_every_inline_read() {
+        let flight = Reads::<u64>::new();
+        let mut leads = Vec::new();
+        let mut followers = Vec::new();
+        // Enough keys that some share a slot (`more`).
+        for i in 0..600u32 {
+            let key = i.to_be_bytes();
+            let Turn::Lead(lead) = flight.lead_or_join(&key) else {
+                panic!("the first call leads")
+            };
+            if i % 2 == 0 {
+                let Turn::Follow(follower) = flight.lead_or_join(&key) else {
+                    panic!("a read is in the air")
+                };
+                followers.push((i, follower));
+            }
+            leads.push((i, lead));
+        }
+        flight.detach_all();
+        assert_eq!(flight.in_flight(), 0);
+        for i in 0..600u32 {
+            let Turn::Lead(new) = flight.lead_or_join(&i.to_be_bytes()) else {
+                panic!("a detached read is not joined")
+            };
+            new.land_with(|| Ok(0));
+        }
+        for (i, lead) in leads {
+            lead.land_with(|| Ok(u64::from(i)));
+        }
+        for (i, follower) in followers {
+            assert_eq!(follower.outcome().await.unwrap().unwrap(), u64::from(i));
+        }
+        assert!(
+            flight
+                .slots
+                .iter()
+                .all(|s| lock_slot(s).detached.is_empty() && s.lock().unwrap().more.is_empty())
+        );
     }
 
     #[tokio::test(start_paused = true)]

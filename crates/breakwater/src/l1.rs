@@ -207,6 +207,8 @@ pub(crate) struct Stamp {
     pub(crate) stale_until: u64,
     /// How long the load that produced it took.
     pub(crate) load_ms: u32,
+    /// The entry has tags (a tag invalidation drops it).
+    pub(crate) tagged: bool,
 }
 
 /// When a read or load began, in invalidation epochs; see the module docs.
@@ -283,6 +285,9 @@ pub(crate) struct NearCache<V> {
     generation: AtomicU64,
     /// The bus is down: entries kept now are unverified from the start.
     bus_down: AtomicBool,
+    /// An entry with tags may have been kept since the last tag
+    /// invalidation ([`drop_tagged`](Self::drop_tagged)).
+    holds_tagged: AtomicBool,
     ttl: Duration,
     keep: Duration,
 }
@@ -308,6 +313,7 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
             epochs: Epochs::default(),
             generation: AtomicU64::new(1),
             bus_down: AtomicBool::new(false),
+            holds_tagged: AtomicBool::new(false),
         }
     }
 
@@ -383,6 +389,10 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
         else {
             return;
         };
+        if stored.tagged {
+            // Before the insert (see `drop_tagged`).
+            self.holds_tagged.store(true, Ordering::SeqCst);
+        }
         let slot = Slot {
             value,
             fresh_until,
@@ -431,6 +441,22 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
         self.epochs.invalidate_all();
     }
 
+    /// A tag was invalidated: every read or load that began before is
+    /// refused (any key may carry the tag), and every entry is dropped if
+    /// one with tags may be among them; an L1 that never kept a tagged
+    /// entry since the last time keeps its entries.
+    ///
+    /// The epoch floor moves before the flag is looked at, and `put` raises
+    /// the flag before it inserts: a tagged insert racing with this is
+    /// either refused by its re-check after the insert, or flagged in time
+    /// to be dropped here.
+    pub(crate) fn drop_tagged(&self) {
+        self.epochs.invalidate_all();
+        if self.holds_tagged.swap(false, Ordering::SeqCst) {
+            self.cache.invalidate_all();
+        }
+    }
+
     /// Drops everything, and refuses every read or load that began before.
     #[cfg(test)]
     pub(crate) fn clear(&self) {
@@ -464,6 +490,35 @@ mod tests {
         assert!(slot.is_servable(Instant::now()));
         tokio::time::advance(Duration::from_secs(4)).await;
         assert!(!slot.is_servable(Instant::now()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tag_invalidation_drops_entries_only_if_one_is_tagged() {
+        let l1 = NearCache::<u32>::new(L1Config::new());
+        let put = |key: &'static [u8], tagged: bool, ticket| {
+            let l1 = &l1;
+            async move {
+                let stamp = Stamp {
+                    tagged,
+                    ..Stamp::default()
+                };
+                let (fresh, stale) = (Duration::from_secs(5), Duration::from_secs(5));
+                l1.put(key, Some(1), fresh, stale, stamp, None, ticket)
+                    .await;
+            }
+        };
+        put(b"plain", false, l1.ticket()).await;
+        let before = l1.ticket();
+        l1.drop_tagged();
+        assert!(l1.get(b"plain").await.is_some(), "no tagged entry: kept");
+        // A read that began before is refused, tagged or not.
+        put(b"late", true, before).await;
+        assert!(l1.get(b"late").await.is_none());
+        put(b"tagged", true, l1.ticket()).await;
+        assert!(l1.get(b"tagged").await.is_some());
+        l1.drop_tagged();
+        assert!(l1.get(b"tagged").await.is_none());
+        assert!(l1.get(b"plain").await.is_none(), "all go with a tagged one");
     }
 
     #[tokio::test(start_paused = true)]

@@ -34,7 +34,8 @@
 //!
 //! `op` is one of `get`, `set`, `delete`, `ttl`, `acquire_lease`,
 //! `lease_held`, `extend_lease`, `release_lease`, `fenced_set`, `replace`,
-//! `replace_many`, `invalidate`, `publish`.
+//! `replace_many`, `invalidate`, `publish`, `bump_generation` (a tag
+//! invalidation).
 
 use std::fmt;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -70,7 +71,7 @@ const ERROR_KINDS: [&str; 10] = [
     "too_large",
 ];
 /// The store operations, for `breakwater_store_seconds`.
-const STORE_OPS: [&str; 13] = [
+const STORE_OPS: [&str; 14] = [
     "get",
     "set",
     "delete",
@@ -84,6 +85,7 @@ const STORE_OPS: [&str; 13] = [
     "replace_many",
     "invalidate",
     "publish",
+    "bump_generation",
 ];
 
 fn kind_index(kind: ErrorKind) -> usize {

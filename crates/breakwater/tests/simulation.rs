@@ -367,6 +367,12 @@ impl Brief for bool {
     }
 }
 
+impl Brief for u64 {
+    fn brief(&self) -> String {
+        self.to_string()
+    }
+}
+
 impl Brief for () {
     fn brief(&self) -> String {
         "ok".to_owned()
@@ -551,6 +557,12 @@ impl Store for ChaosStore {
     ) -> StoreFuture<'a, ()> {
         self.call(Some("s.invalid"), key, move || {
             self.inner.invalidate(key, lease_key, notice)
+        })
+    }
+
+    fn bump_generation<'a>(&'a self, key: &'a [u8], notice: Notice<'a>) -> StoreFuture<'a, u64> {
+        self.call(Some("s.bump"), key, move || {
+            self.inner.bump_generation(key, notice)
         })
     }
 

@@ -606,6 +606,61 @@ async fn acquire_leases_takes_each_as_acquire_lease_would(store: &dyn Store, _: 
     assert_eq!(zero.kind(), ErrorKind::Config, "{zero}");
 }
 
+async fn bump_generation_moves_on_past_the_clock_and_publishes(store: &dyn Store, time: Time) {
+    const TAG: &[u8] = b"bw:test:t:{tag}";
+    let mut sub = subscribed(store).await;
+    let before = store.now_ms();
+    let first = store.bump_generation(TAG, notice(b"bumped")).await.unwrap();
+    assert_eq!(next_message(&mut sub).await, b"bumped");
+    // From a missing counter (0): the store's clock, in ms.
+    assert!(
+        first + 1_000 >= before && first <= store.now_ms() + 1_000,
+        "{first} vs clock {before}"
+    );
+    assert_eq!(
+        store.get(TAG).await.unwrap(),
+        Some(first.to_string().into_bytes()),
+        "stored as decimal digits"
+    );
+    assert_eq!(
+        store
+            .ttl(TAG)
+            .await
+            .unwrap()
+            .filter(|t| *t < Duration::from_secs(365 * 24 * 3600)),
+        None,
+        "no expiry"
+    );
+    // Faster than the clock: one more each time, never the same twice.
+    let mut last = first;
+    for _ in 0..20 {
+        let next = store.bump_generation(TAG, notice(b"again")).await.unwrap();
+        assert!(next > last, "{next} after {last}");
+        last = next;
+    }
+    // The clock overtakes a counter behind it.
+    store.set(TAG, b"5", Duration::from_secs(60)).await.unwrap();
+    time.pass(Duration::from_millis(20)).await;
+    let caught_up = store.bump_generation(TAG, notice(b"x")).await.unwrap();
+    assert!(caught_up > 1_000_000_000_000, "{caught_up}");
+    // A counter far ahead of the clock goes on from itself.
+    let ahead = store.now_ms() + 3_600_000;
+    store
+        .set(TAG, ahead.to_string().as_bytes(), Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.bump_generation(TAG, notice(b"x")).await.unwrap(),
+        ahead + 1
+    );
+    // Other counters are their own.
+    let other = store
+        .bump_generation(b"bw:test:t:{other}", notice(b"x"))
+        .await
+        .unwrap();
+    assert!(other < ahead);
+}
+
 macro_rules! contract {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -672,4 +727,5 @@ contract!(
     replace_many_writes_every_entry_and_revokes_every_lease,
     get_many_reads_in_order_across_slots,
     acquire_leases_takes_each_as_acquire_lease_would,
+    bump_generation_moves_on_past_the_clock_and_publishes,
 );

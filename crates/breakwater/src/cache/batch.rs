@@ -388,7 +388,7 @@ impl<V: Value> Cache<V> {
         for (&i, read) in unread.iter().zip(read) {
             let want = &mut wants[i];
             let entry = match read {
-                Ok(Some(bytes)) => self.decode(&want.storage, bytes),
+                Ok(Some(bytes)) => self.checked(&want.storage, bytes).await,
                 Ok(None) => None,
                 Err(err) if err.is_key_fault() => None,
                 Err(err) => {
@@ -562,6 +562,18 @@ impl<V: Value> Cache<V> {
             .collect()
     }
 
+    /// Decodes bytes read for storage key `key` as `Cache::read` does: a
+    /// tagged entry (one `get_or_load` or `set` wrote with tags) counts
+    /// only while its tags' generations are the ones it recorded; one it
+    /// cannot check is a miss, never served.
+    async fn checked(&self, key: &[u8], bytes: Vec<u8>) -> Option<Entry> {
+        let entry = self.decode(key, bytes)?;
+        if entry.tags.is_empty() {
+            return Some(entry);
+        }
+        Box::pin(self.still_tagged(key, entry)).await.ok().flatten()
+    }
+
     /// The keys of `load` with nothing in this version (no stale entry,
     /// store usable) that the previous version has: served from it as
     /// `Stale { PreviousVersion }` and queued for a background refresh
@@ -586,7 +598,7 @@ impl<V: Value> Cache<V> {
         let mut served = vec![false; wants.len()];
         for ((i, old), read) in candidates.iter().zip(read) {
             let Ok(Some(bytes)) = read else { continue };
-            let Some(entry) = self.decode(old, bytes) else {
+            let Some(entry) = self.checked(old, bytes).await else {
                 continue;
             };
             if entry.negative || entry.stale_until <= now {
@@ -827,7 +839,7 @@ impl<V: Value> Cache<V> {
         let mut released = Vec::new();
         for (i, ((led, lease), read)) in taken.into_iter().zip(again).enumerate() {
             let entry = match read {
-                Ok(Some(bytes)) => self.decode(&led.storage, bytes),
+                Ok(Some(bytes)) => self.checked(&led.storage, bytes).await,
                 _ => None,
             };
             let fresh = entry.and_then(|entry| {
@@ -916,6 +928,7 @@ impl<V: Value> Cache<V> {
                                 load_time,
                                 options,
                                 ticket,
+                                Vec::new(),
                             )
                             .await;
                         done[i].store(true, Ordering::Release);

@@ -748,6 +748,7 @@ impl<V: Value> CacheBuilder<V> {
             n => format!("{}{}@{n}", self.key_prefix, self.namespace),
         };
         let value_prefix = format!("{}:v:", versioned(self.version)).into_bytes();
+        let tag_prefix = format!("{}{}:t:", self.key_prefix, self.namespace).into_bytes();
         let previous = (!self.version_transition.is_zero()).then(|| Previous {
             prefix: format!("{}:v:", versioned(self.version - 1)).into_bytes(),
             until: tokio::time::Instant::now() + self.version_transition,
@@ -776,6 +777,7 @@ impl<V: Value> CacheBuilder<V> {
             inner: Arc::new(Inner {
                 namespace: self.namespace,
                 value_prefix,
+                tag_prefix,
                 raw_store,
                 store,
                 origin,

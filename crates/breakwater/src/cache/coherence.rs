@@ -21,6 +21,12 @@
 //! returns, after the store has answered; elsewhere, when the bus message
 //! arrives (or, if it is lost, when L1's TTL runs out: the documented bound).
 //!
+//! A tag invalidation (`invalidate_tag`) may concern any key (an entry's
+//! tags are known only once it is read): it detaches every flight and
+//! shared read and empties L1, moving its epoch floor
+//! (`Local::tags_invalidated`, in `tags`). Its store fence is the tag's
+//! generation, recorded in each entry, not the lease.
+//!
 //! One more thing could answer from before: a fill message that another
 //! process published *before* the invalidation, still on its way through
 //! this process's bus, carrying the old value to a waiter that starts
@@ -148,6 +154,10 @@ impl<V: Value> BusHook for Local<V> {
                 l1.remove(user_key(&key, self.prefix_len)).await;
             }
         })
+    }
+
+    fn tags_invalidated(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(Local::tags_invalidated(self))
     }
 
     fn trusts_carried(&self, key: &[u8]) -> bool {

@@ -4,14 +4,17 @@
 //!
 //! 1. Try the key's lease (`SET NX PX` with a fresh 128-bit token).
 //! 2. Got it: read once more (another process may have filled the key just
-//!    before), else lead: run the loader in its own task, extending the lease
+//!    before), else lead: read the call's tags' generations, if it named
+//!    tags (they are recorded in the entry; unreadable, the value is loaded,
+//!    served and not written), run the loader in its own task, extending the lease
 //!    every third of its TTL, bounded by `load_timeout`; write through the
 //!    fence.
 //! 3. Not got it (the attempt marked the lease as waited on and said how
 //!    long the lease has left): watch the key, read once more (the fill may
 //!    have happened between 1 and the watch), then sleep until woken, a
 //!    jittered poll, the lease's expiry, or the wait's deadline; on waking
-//!    take the entry the fill's message carried, or read again, then go back
+//!    take the entry the fill's message carried (unless it has tags: those
+//!    are read from the store, which checks them), or read again, then go back
 //!    to 1. A holder that died stops extending its lease: it runs out, and
 //!    the first waiter to try again takes over (one, fleet-wide).
 //! 4. Deadline passed (`lock_wait`; by default `queue_wait + load_timeout + 2 × lease_ttl`,
@@ -36,7 +39,7 @@ use super::builder::LockTimeoutKind;
 use super::notify::{self, FILLED, RELEASED, VALUE_IN_MESSAGE_MAX};
 use super::options::{Options, Served, StaleReason};
 use super::{Cache, Load, Loaded, Value, reading, show_key};
-use crate::entry::Entry;
+use crate::entry::{Entry, TagStamp};
 use crate::error::{Error, ErrorKind};
 use crate::jitter::poll_delay;
 use crate::l1::Ticket;
@@ -175,7 +178,12 @@ impl<V: Value> Cache<V> {
                 biased;
                 () = woken => {
                     // The fill's message may carry the entry: no read then.
-                    let carried = watch.filled().and_then(|bytes| self.decode(&key, bytes));
+                    // A tagged one is read from the store instead, which
+                    // checks its tags' generations.
+                    let carried = watch
+                        .filled()
+                        .and_then(|bytes| self.decode(&key, bytes))
+                        .filter(|entry| entry.tags.is_empty());
                     let value = match carried {
                         Some(entry) => self.fresh_entry(&key, entry, &mut stale, &options, replacing, ticket).await,
                         None => self.fresh_value(&key, &mut stale, &options, replacing, ticket).await,
@@ -230,6 +238,26 @@ impl<V: Value> Cache<V> {
     {
         let inner = &self.inner;
         let store = &inner.store;
+        // The tags' generations, read before the loader runs: a tag
+        // invalidated from now on leaves this entry invalid.
+        let tags = match loader.tags() {
+            None => Vec::new(),
+            Some(tags) => match self.tag_generations(tags).await {
+                Ok(stamps) => stamps,
+                Err(err) => {
+                    // Nothing to record: load, serve and keep in L1, write
+                    // nothing (as a direct load); the lease goes first, so
+                    // waiters need not wait for this load.
+                    warn_limited!(inner.logs, Warning::StoreRead, key = %show_key(key), error = %err, "tag generations unavailable; loading without writing");
+                    inner.metrics.store_failed("get_many", &err);
+                    self.release(key, lease).await;
+                    let (value, load_time) = self.load_unwritten(loader, options, priority).await?;
+                    self.keep_local(key, &value, load_time, options, ticket)
+                        .await;
+                    return Ok(value);
+                }
+            },
+        };
         let mut load = pin!(inner.origin.load(
             loader,
             options.load_timeout,
@@ -259,7 +287,7 @@ impl<V: Value> Cache<V> {
         };
         match result {
             Ok((value, load_time)) => {
-                self.write_fenced(key, lease, value.as_ref(), load_time, options, ticket)
+                self.write_fenced(key, lease, value.as_ref(), load_time, options, ticket, tags)
                     .await?;
                 Ok(value)
             }
@@ -347,7 +375,9 @@ impl<V: Value> Cache<V> {
     /// publishing "filled" atomically; keeps it in L1 unless the key was
     /// invalidated since `ticket`. A value that cannot be sealed releases the
     /// lease (waiters are told) and fails, except one too large to cache,
-    /// which is returned unwritten.
+    /// which is returned unwritten. `tags`: the tags' generations read
+    /// before the load, recorded in the entry.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn write_fenced(
         &self,
         key: &[u8],
@@ -356,9 +386,10 @@ impl<V: Value> Cache<V> {
         load_time: Duration,
         options: &Options,
         ticket: Option<Ticket>,
+        tags: Vec<TagStamp>,
     ) -> Result<(), Error> {
         let inner = &self.inner;
-        let sealed = match self.seal(key, value, load_time, options) {
+        let sealed = match self.seal_tagged(key, value, load_time, options, tags) {
             Ok(sealed) => sealed,
             Err(err) => {
                 self.release(key, lease).await;

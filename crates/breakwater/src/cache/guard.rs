@@ -419,6 +419,15 @@ impl Store for GuardedStore {
         )
     }
 
+    fn bump_generation<'a>(&'a self, key: &'a [u8], notice: Notice<'a>) -> StoreFuture<'a, u64> {
+        self.guard_notifying(
+            "bump_generation",
+            key,
+            move || self.store.bump_generation(key, notice),
+            |_| 1,
+        )
+    }
+
     fn publish<'a>(&'a self, channel: &'a [u8], message: &'a [u8]) -> StoreFuture<'a, ()> {
         self.guard_notifying(
             "publish",

@@ -10,7 +10,9 @@
 //! 2. **Read**: one `GET` of the envelope, shared by the callers of the key
 //!    in this process. Corrupt or foreign bytes are a miss plus a warning; a
 //!    store failure is a miss plus a warning too, so a sick store degrades to
-//!    direct loads instead of failing requests. When nothing is stored, the
+//!    direct loads instead of failing requests. An entry written with tags
+//!    is checked against its tags' generations (one more round trip; see
+//!    `tags`); one whose tag was invalidated is a miss. When nothing is stored, the
 //!    shared read goes straight on to steps 4–6 and its callers get the
 //!    load's outcome.
 //! 3. **Freshness**: judged on the store's clock. Fresh → return.
@@ -38,6 +40,7 @@ mod notify;
 mod options;
 mod origin;
 mod settings;
+mod tags;
 mod throttle;
 mod warm;
 
@@ -64,7 +67,7 @@ use serde::de::DeserializeOwned;
 use crate::breaker::BreakerState;
 use crate::clock::millis;
 use crate::codec::{Codec, Compression, Encode};
-use crate::entry::Entry;
+use crate::entry::{Entry, TagStamp};
 use crate::error::{Error, ErrorKind};
 use crate::flight::{Joined, Role, Turn};
 use crate::freshness::{Freshness, FreshnessPolicy, Reading};
@@ -96,6 +99,10 @@ pub(crate) trait Load<V>: Send + Sync + 'static {
     type Err: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static;
     /// Calls the loader.
     fn call(&self) -> Self::Fut;
+    /// The tags the call named, recorded in the entry its load writes.
+    fn tags(&self) -> Option<&tags::TagSet> {
+        None
+    }
 }
 
 impl<V, F, Fut, E> Load<V> for F
@@ -180,6 +187,21 @@ impl<T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static> Value for 
 /// 6. **Time.** Freshness is judged on the store's clock (Redis's `TIME`,
 ///    sampled); no application-clock reading can pin, freeze or jump it.
 ///
+/// **Tags.** The same lines hold for
+/// [`invalidate_tag`](Self::invalidate_tag) and the entries written with
+/// that tag ([`CacheEntry::tags`]), with the tag's generation as the fence:
+/// (1) a load that started before recorded the old generation, so its entry
+/// is invalid wherever it lands, and a tag-invalidated entry is never served,
+/// not even stale; (2) in the invalidating process L1 is emptied (if it
+/// holds a tagged entry) and every
+/// load and shared read in the air detached before it returns (an entry's
+/// tags are known only once read, so this applies to every key); (3)
+/// another process empties its L1 when the message arrives, within the
+/// same bounds; without L1 it reads the store, which checks a tagged
+/// entry's generations on every read (one more round trip, for tagged
+/// entries only); (5) `invalidate_tag` is retried within 1 s, as
+/// `invalidate`; (6) a generation is at least the store's clock in ms.
+///
 /// When the store cannot be used at all (the read or the lease attempt
 /// failed), values are loaded directly, served and kept in L1, and not
 /// written to the store: no fence can tell such a load from one that began
@@ -247,6 +269,9 @@ struct Inner {
     /// `<key_prefix><namespace>:v:` (`bw:` by default); the user key
     /// follows inside a hash tag.
     value_prefix: Vec<u8>,
+    /// `<key_prefix><namespace>:t:`, without the version: tags'
+    /// generation counters (see `tags`).
+    tag_prefix: Vec<u8>,
     /// The store as the user gave it.
     raw_store: Arc<dyn Store>,
     /// The same store behind its circuit breaker; every call goes here.
@@ -1365,6 +1390,14 @@ impl<V: Value> Cache<V> {
                 error = Empty,
                 otel.status_code = Empty,
             ),
+            Op::InvalidateTag => tracing::info_span!(
+                "breakwater.invalidate_tag",
+                namespace = %ns,
+                key.hash = Empty,
+                key = Empty,
+                error = Empty,
+                otel.status_code = Empty,
+            ),
         };
         if !span.is_disabled() {
             span.record(
@@ -1586,7 +1619,13 @@ impl<V: Value> Cache<V> {
             Err(err) if err.is_key_fault() => return Ok(None),
             Err(err) => return Err(err),
         };
-        Ok(self.decode(key, bytes))
+        match self.decode(key, bytes) {
+            // A tagged entry (never an untagged one) is checked against its
+            // tags' generations: one more round trip, boxed so that its
+            // state does not grow every read's future.
+            Some(entry) if !entry.tags.is_empty() => Box::pin(self.still_tagged(key, entry)).await,
+            entry => Ok(entry),
+        }
     }
 
     /// Inside a version transition, the previous version's entry for
@@ -1696,6 +1735,19 @@ impl<V: Value> Cache<V> {
         load_time: Duration,
         options: &Options,
     ) -> Result<Sealed, Error> {
+        self.seal_tagged(key, value, load_time, options, Vec::new())
+    }
+
+    /// [`seal`](Self::seal), recording `tags` (with their generations) in
+    /// the entry: a format version 2 entry, unless `tags` is empty.
+    fn seal_tagged(
+        &self,
+        key: &[u8],
+        value: Option<&V>,
+        load_time: Duration,
+        options: &Options,
+        tags: Vec<TagStamp>,
+    ) -> Result<Sealed, Error> {
         let inner = &self.inner;
         let (payload, negative) = match value {
             Some(v) => match inner.codec.encode_within(v, inner.max_value_size) {
@@ -1732,6 +1784,7 @@ impl<V: Value> Cache<V> {
             stale_until,
             load_ms,
             payload,
+            tags: tags.into(),
         };
         let bytes = entry.encode(&inner.compression);
         Ok(Sealed {
@@ -1904,6 +1957,7 @@ const HASH_TAG_LEN: usize = 19;
 /// What L1 keeps of an entry: its deadlines and load time.
 fn stamp(entry: &Entry) -> Stamp {
     Stamp {
+        tagged: !entry.tags.is_empty(),
         fresh_until: entry.fresh_until,
         stale_until: entry.stale_until,
         load_ms: entry.load_ms,
@@ -2013,6 +2067,7 @@ enum Op {
     Get,
     Set,
     Invalidate,
+    InvalidateTag,
 }
 
 /// Records a call's error on its span.

@@ -43,6 +43,8 @@ pub(crate) trait BusHook: Send + Sync + 'static {
     /// Messages may have been missed: the bus dropped (`up` false) or came
     /// back (`true`).
     fn missed(&self, up: bool);
+    /// Another process invalidated a tag: any key may carry it.
+    fn tags_invalidated(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
 }
 
 /// Message kinds on the namespace channel.
@@ -53,6 +55,8 @@ pub(crate) const FILLED_WITH_VALUE: u8 = b'v';
 pub(crate) const RELEASED: u8 = b'r';
 /// The key was invalidated.
 pub(crate) const INVALIDATED: u8 = b'i';
+/// A tag was invalidated; the message's key is the tag's counter.
+pub(crate) const TAG_INVALIDATED: u8 = b't';
 
 /// The length of a sender id.
 pub(crate) const SENDER_LEN: usize = 8;
@@ -283,7 +287,15 @@ impl Waiters {
                                 if let Some(hook) = &hook {
                                     let invalidated = parsed.kind == INVALIDATED;
                                     let own = parsed.sender == own;
-                                    hook.changed(parsed.key.to_vec(), invalidated, own).await;
+                                    if parsed.kind == TAG_INVALIDATED {
+                                        // This process dealt with its own
+                                        // before publishing it.
+                                        if !own {
+                                            hook.tags_invalidated().await;
+                                        }
+                                    } else {
+                                        hook.changed(parsed.key.to_vec(), invalidated, own).await;
+                                    }
                                 }
                             }
                         }

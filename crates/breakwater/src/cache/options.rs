@@ -4,10 +4,14 @@ use std::error::Error as StdError;
 use std::future::Future;
 use std::time::Duration;
 
+use std::sync::Arc;
+
+use super::tags::{TagSet, Tagged};
 use super::{Cache, Value};
 use crate::error::{ConfigError, Error, KeyedResult, MAX_WAIT, MAX_WINDOW};
 use crate::freshness::EarlyRefresh;
 use crate::jitter::Jitter;
+use crate::key::CacheKey;
 
 /// The settings one call runs with: the cache's defaults, overridden per
 /// call through [`Cache::entry`].
@@ -292,6 +296,8 @@ pub struct CacheEntry<'a, V> {
     cache: &'a Cache<V>,
     key: Vec<u8>,
     options: Options,
+    /// The tags this call's write records; checked when the call is made.
+    tags: Vec<Vec<u8>>,
 }
 
 impl<'a, V: Value> CacheEntry<'a, V> {
@@ -300,7 +306,45 @@ impl<'a, V: Value> CacheEntry<'a, V> {
             cache,
             key: key.to_vec(),
             options,
+            tags: Vec::new(),
         }
+    }
+
+    /// Tags this call's write: [`Cache::invalidate_tag`] of any of them
+    /// makes the entry unreachable, fleet-wide. Called again, it adds more.
+    ///
+    /// A tag is 1 to 256 bytes (any [`CacheKey`]); an entry has at most 16
+    /// distinct tags (duplicates count once). A tagged entry costs one more
+    /// round trip (one `MGET` of its tags' generations) on every store read
+    /// of it, and on the load that writes it; untagged entries cost nothing
+    /// more. Tags apply to the value this call writes: a call that finds
+    /// the value cached, or shares another call's load, gets that value
+    /// with the tags it was written with.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use breakwater::Cache;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), breakwater::Error> {
+    /// let cache = Cache::<u64>::builder().build()?;
+    /// let price = cache
+    ///     .entry("price:42")
+    ///     .tags(["product:42", "catalog"])
+    ///     .get_or_load(|| async { Ok::<_, std::io::Error>(Some(1999)) })
+    ///     .await?;
+    /// assert_eq!(price, Some(1999));
+    /// cache.invalidate_tag("catalog").await?;
+    /// assert_eq!(cache.get("price:42").await?, None);
+    /// # Ok(()) }
+    /// ```
+    pub fn tags<I>(mut self, tags: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: CacheKey,
+    {
+        self.tags
+            .extend(tags.into_iter().map(|tag| tag.key_bytes().to_vec()));
+        self
     }
 
     /// The fresh TTL for this call's write, before jitter.
@@ -378,7 +422,54 @@ impl<'a, V: Value> CacheEntry<'a, V> {
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {
         self.options.validate()?;
+        if self.tags.is_empty() {
+            return self.cache.fetch(&self.key, loader, &self.options).await;
+        }
+        let tags = TagSet::new(self.tags)?;
+        let loader = Tagged {
+            loader,
+            tags: Arc::new(tags),
+        };
         self.cache.fetch(&self.key, loader, &self.options).await
+    }
+
+    /// [`Cache::set`] with this call's settings (TTL, jitter, `max_stale`)
+    /// and [`tags`](Self::tags): the tags' current generations are read (one
+    /// `MGET`) and recorded with the value. A tag invalidated between that
+    /// read and the write leaves the value invalid at once (read as a miss),
+    /// never an older value valid.
+    ///
+    /// # Errors
+    ///
+    /// As [`Cache::set`]; [`Config`](crate::ErrorKind::Config) if this
+    /// call's settings are invalid, [`InvalidKey`](crate::ErrorKind::InvalidKey)
+    /// for an invalid tag, [`Store`](crate::ErrorKind::Store) if the tags'
+    /// generations cannot be read (nothing is written).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use breakwater::Cache;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), breakwater::Error> {
+    /// let cache = Cache::<String>::builder().build()?;
+    /// cache
+    ///     .entry("user:7:name")
+    ///     .tags(["user:7"])
+    ///     .ttl(Duration::from_secs(60))
+    ///     .set(&"Ada".to_string())
+    ///     .await?;
+    /// assert_eq!(cache.get("user:7:name").await?.as_deref(), Some("Ada"));
+    /// cache.invalidate_tag("user:7").await?;
+    /// assert_eq!(cache.get("user:7:name").await?, None);
+    /// # Ok(()) }
+    /// ```
+    pub async fn set(self, value: &V) -> Result<(), Error> {
+        self.options.validate()?;
+        let tags = TagSet::new(self.tags)?;
+        self.cache
+            .set_tagged(&self.key, value, &tags, &self.options)
+            .await
     }
 }
 

@@ -268,6 +268,29 @@ impl Store for MemoryStore {
         "memory"
     }
 
+    fn bump_generation<'a>(&'a self, key: &'a [u8], notice: Notice<'a>) -> StoreFuture<'a, u64> {
+        let now = Instant::now();
+        let clock = self.now_ms();
+        let bumped = {
+            let mut shard = self.inner.shard_for(key);
+            let old = shard
+                .live(key, now)
+                .and_then(|s| std::str::from_utf8(&s.value).ok()?.parse::<u64>().ok())
+                .unwrap_or(0);
+            let new = old.saturating_add(1).max(clock);
+            // No expiry (see the trait): the longest TTL the store takes.
+            shard.put(
+                key,
+                new.to_string().as_bytes(),
+                now,
+                super::MAX_STORE_TTL_MS,
+            );
+            new
+        };
+        self.inner.publish(notice.channel, notice.message);
+        Box::pin(async move { Ok(bumped) })
+    }
+
     fn get_many<'a>(&'a self, keys: &'a [&'a [u8]]) -> StoreFuture<'a, Vec<Option<Vec<u8>>>> {
         let now = Instant::now();
         let values = keys

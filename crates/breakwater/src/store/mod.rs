@@ -167,6 +167,23 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
         notice: Notice<'a>,
     ) -> StoreFuture<'a, ()>;
 
+    /// Moves the generation counter under `key` on, atomically: sets it to
+    /// `max(old + 1, now)`, where `old` is its value (0 if missing) and
+    /// `now` the store's clock in Unix milliseconds, then publishes
+    /// `notice`. Returns the new generation. The counter is stored as
+    /// decimal digits and never expires.
+    ///
+    /// A cache keeps one counter per tag (`Cache::invalidate_tag`): an entry
+    /// records its tags' generations when it is loaded, and is valid only
+    /// while they are unchanged. The counter has no TTL because an expired
+    /// counter would read as 0 and start counting again: after `max(…,
+    /// now)` it cannot come back to a value an older entry recorded (unless
+    /// it had run ahead of the clock by bumps faster than one per
+    /// millisecond), but a counter that silently resets would invalidate
+    /// every entry of the tag at an arbitrary moment. One small key per tag
+    /// ever invalidated is the price.
+    fn bump_generation<'a>(&'a self, key: &'a [u8], notice: Notice<'a>) -> StoreFuture<'a, u64>;
+
     // --- batches ---
 
     /// Reads many keys at once: one round trip where the backend can (Redis:

@@ -197,6 +197,24 @@ static INVALIDATE: LazyLock<Lua> = LazyLock::new(|| {
     )
 });
 
+/// A tag's generation bump: KEYS = the counter; ARGV = channel, message.
+/// Sets the counter to `max(old + 1, TIME in ms)`, with no expiry, then
+/// publishes; returns the new value. (Lua numbers are doubles: exact up
+/// to 2^53, far past any millisecond clock.) A counter that is not a
+/// number counts as 0.
+static BUMP_GENERATION: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"local t = redis.call('TIME')
+          local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+          local old = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+          local new = math.max(math.floor(old) + 1, now)
+          local digits = string.format('%.0f', new)
+          redis.call('SET', KEYS[1], digits)
+          redis.call('PUBLISH', ARGV[1], ARGV[2])
+          return digits",
+    )
+});
+
 /// How many writes of one `replace_many` run at a time on a cluster.
 const CLUSTER_WRITES_IN_FLIGHT: usize = 64;
 
@@ -2094,6 +2112,33 @@ impl Store for RedisStore {
             self.inner
                 .revoke(script, Revocation::new(key, lease_key, notice))
                 .await
+        })
+    }
+
+    /// One script on the counter's node. On a Sentinel store the bump is
+    /// remembered like an invalidation and applied again (as a bump) on
+    /// the next master should a failover lose it.
+    fn bump_generation<'a>(&'a self, key: &'a [u8], notice: Notice<'a>) -> StoreFuture<'a, u64> {
+        Box::pin(async move {
+            let script = &BUMP_GENERATION
+                .key(key)
+                .arg(notice.channel)
+                .arg(notice.message);
+            let (digits, master) = self
+                .inner
+                .call(Op::Write, |mut conn| async move {
+                    let digits: String = run_script(&mut conn, script).await?;
+                    Ok((digits, conn.master().cloned()))
+                })
+                .await?;
+            self.inner
+                .acknowledged(master, &[Revocation::bump(key, notice)])?;
+            digits.parse::<u64>().map_err(|_| {
+                Error::new(
+                    ErrorKind::Store,
+                    format!("redis answered a generation bump with {digits:?}, not a number"),
+                )
+            })
         })
     }
 

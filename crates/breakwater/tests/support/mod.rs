@@ -248,6 +248,9 @@ impl<S: Store + Clone> Store for CountingStore<S> {
         }
         self.inner.invalidate(k, l, n)
     }
+    fn bump_generation<'a>(&'a self, k: &'a [u8], n: Notice<'a>) -> StoreFuture<'a, u64> {
+        self.inner.bump_generation(k, n)
+    }
     fn publish<'a>(&'a self, c: &'a [u8], m: &'a [u8]) -> StoreFuture<'a, ()> {
         self.inner.publish(c, m)
     }

@@ -37,8 +37,8 @@
 //!
 //! Replication is asynchronous: the old master's last acknowledged writes,
 //! and all it acknowledged after the promotion, are lost. A lost
-//! revocation (an invalidation, or `set`'s replace) would bring the old
-//! value back, fresh until its TTL. So each one is remembered in a ledger
+//! revocation (an invalidation, `set`'s replace, or a tag's generation
+//! bump) would bring the old value back, fresh until its TTL. So each one is remembered in a ledger
 //! with the master that acknowledged it, for [`REPLAY_WINDOW`] plus twice
 //! `subscription_ping` (at most [`REPLAY_CAP`]; a former master's wait for
 //! the replay however old), and the first connection to a new master
@@ -64,8 +64,8 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use super::{
-    Conn, INVALIDATE, Inner, Notice, RedisStoreConfig, connection_info, node_client, redact_url,
-    store_error,
+    BUMP_GENERATION, Conn, INVALIDATE, Inner, Notice, RedisStoreConfig, connection_info,
+    node_client, redact_url, store_error,
 };
 use crate::error::{ConfigError, Error, ErrorKind};
 
@@ -184,12 +184,17 @@ impl fmt::Display for SentinelError {
 
 impl std::error::Error for SentinelError {}
 
-/// A revocation (invalidation or replace) to remember: its keys and notice.
+/// A revocation (invalidation or replace, or a tag's generation bump) to
+/// remember: its keys and notice.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Revocation<'a> {
     key: &'a [u8],
     lease_key: &'a [u8],
     notice: Notice<'a>,
+    /// A generation bump (`key` is the counter; no lease): applied again
+    /// as a bump, never as a delete (a deleted counter reads as 0, which
+    /// the entries loaded before its first bump recorded).
+    bump: bool,
 }
 
 impl<'a> Revocation<'a> {
@@ -198,6 +203,17 @@ impl<'a> Revocation<'a> {
             key,
             lease_key,
             notice,
+            bump: false,
+        }
+    }
+
+    /// A bump of the generation counter `key`.
+    pub(crate) fn bump(key: &'a [u8], notice: Notice<'a>) -> Self {
+        Revocation {
+            key,
+            lease_key: &[],
+            notice,
+            bump: true,
         }
     }
 }
@@ -212,6 +228,8 @@ struct Revoked {
     lease_key: Vec<u8>,
     channel: Vec<u8>,
     message: Vec<u8>,
+    /// Applied again as a generation bump.
+    bump: bool,
 }
 
 /// The master this store believes in, and the revocations to apply again
@@ -562,6 +580,7 @@ impl Sentinel {
                 lease_key: r.lease_key.to_vec(),
                 channel: r.notice.channel.to_vec(),
                 message: r.notice.message.to_vec(),
+                bump: r.bump,
             });
         }
         ledger.prune(now, self.retention);
@@ -588,11 +607,15 @@ impl Sentinel {
                     .filter(|r| &r.master != master)
                     .take(REPLAY_BATCH)
                 {
-                    let invalidate = INVALIDATE
-                        .key(&r.key)
-                        .key(&r.lease_key)
-                        .arg(&r.channel)
-                        .arg(&r.message);
+                    let invalidate = if r.bump {
+                        BUMP_GENERATION.key(&r.key).arg(&r.channel).arg(&r.message)
+                    } else {
+                        INVALIDATE
+                            .key(&r.key)
+                            .key(&r.lease_key)
+                            .arg(&r.channel)
+                            .arg(&r.message)
+                    };
                     // With the script's code: a promoted replica does not
                     // have its master's scripts.
                     pipeline.add_command(invalidate.cmd(true)).ignore();
@@ -868,6 +891,61 @@ mod tests {
         assert_eq!(info.addr().to_string(), "10.0.0.7:6380");
         assert_eq!(info.redis_settings().db(), 1);
         assert!(sentinel.master_info_at(&addr("no-port")).is_err());
+    }
+
+    /// A failover lost a tag's generation bump: it is applied again as a
+    /// bump (the counter moves on past what any entry recorded), not as a
+    /// delete (a missing counter reads as 0, which entries loaded before
+    /// the first bump recorded); an invalidation is applied again as one.
+    #[tokio::test]
+    async fn a_former_masters_bump_is_replayed_as_a_bump() {
+        let server = breakwater_testkit::RedisServer::start();
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let sentinel = sentinel("m");
+        let (old, new) = (addr("127.0.0.1:7000"), addr("127.0.0.1:7001"));
+        sentinel.believe(&old);
+        sentinel
+            .acknowledged(
+                &old,
+                &[
+                    Revocation::bump(b"bw:ns:t:{tag}", notice()),
+                    Revocation::new(b"bw:ns:v:{k}", b"bw:ns:l:{k}", notice()),
+                ],
+            )
+            .unwrap();
+        // What the new master holds: the counter from before the lost
+        // bump, the value the lost invalidation deleted.
+        let _: () = redis::cmd("SET")
+            .arg("bw:ns:t:{tag}")
+            .arg("7")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let _: () = redis::cmd("SET")
+            .arg("bw:ns:v:{k}")
+            .arg("old")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        sentinel.believe(&new);
+        assert_eq!(sentinel.replay(&mut conn, &new).await.unwrap(), 2);
+        let counter: Option<u64> = redis::cmd("GET")
+            .arg("bw:ns:t:{tag}")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(
+            counter.is_some_and(|c| c > 1_000_000_000_000),
+            "{counter:?}"
+        );
+        let value: Option<String> = redis::cmd("GET")
+            .arg("bw:ns:v:{k}")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(value, None);
+        assert!(sentinel.ledger.lock().unwrap().revoked.is_empty());
     }
 
     #[tokio::test(start_paused = true)]
