@@ -787,7 +787,10 @@ impl<V: Value> Cache<V> {
         let leases: Vec<LeaseRequest<'_>> = taken.iter().map(|(_, lease)| *lease).collect();
         let done: Vec<AtomicBool> = leases.iter().map(|_| AtomicBool::new(false)).collect();
         let work = self.lead_taken(taken, &done, batch, options, priority, ticket);
+        // Biased: the work first, so a load that ends on a keep-alive tick
+        // is seen to end before the tick (a seeded run replays exactly).
         tokio::select! {
+            biased;
             () = work => {}
             () = self.keep_alive(&leases, &done, asked) => {}
         }
