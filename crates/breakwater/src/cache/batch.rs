@@ -53,11 +53,10 @@ use tracing::{Instrument, Span};
 use super::fill::{Lease, Mode, deadline_after};
 use super::notify::{self, FILLED};
 use super::options::{Fetched, Options, Served, StaleReason};
-use super::{Cache, Load, Loaded, Near, Value, in_grace, reading, show_key};
+use super::{Cache, Judged, Load, Loaded, Near, Refresh, Value, show_key};
 use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
 use crate::flight::{Joined, Lander, Role};
-use crate::freshness::Freshness;
 use crate::key::CacheKey;
 use crate::l1::{Slot, Ticket};
 use crate::limit::Priority;
@@ -348,14 +347,15 @@ impl<V: Value> Cache<V> {
                 outcome: None,
             });
         }
-        let mut refresh: Vec<(usize, u64, bool)> = Vec::new();
+        let mut refreshes: Vec<(usize, Refresh)> = Vec::new();
         for (i, want) in wants.iter_mut().enumerate() {
             match self.near(&want.user, Some(options)).await {
                 Ok(Near::Fresh(fetched, replacing)) => {
                     want.near = true;
                     want.outcome = Some(Ok(fetched));
                     if let Some(replacing) = replacing {
-                        refresh.push((i, replacing, true));
+                        let early = true;
+                        refreshes.push((i, Refresh { replacing, early }));
                     }
                 }
                 Ok(Near::Stale(slot)) => want.local_stale = Some(slot),
@@ -414,49 +414,18 @@ impl<V: Value> Cache<V> {
                 load.push((i, Mode::Fleet, None));
                 continue;
             };
-            match self.inner.judge(options, reading(&entry, now)) {
-                verdict @ (Freshness::Fresh | Freshness::RefreshEarly) => {
-                    let Some(value) = self.entry_value(&want.storage, &entry) else {
-                        load.push((i, Mode::Fleet, None));
-                        continue;
-                    };
-                    self.remember(&want.storage, &value, &entry, now, ticket, options)
+            match self.judge_entry(&want.storage, &entry, now, options) {
+                Judged::Served(fetched, refresh) => {
+                    self.remember(&want.storage, &fetched.value, &entry, now, ticket, options)
                         .await;
-                    if verdict == Freshness::RefreshEarly
-                        && !self.inner.is_throttled(&want.storage, now)
-                    {
-                        refresh.push((i, entry.fresh_until, true));
-                    }
-                    let served = if entry.negative {
-                        Served::Negative
-                    } else {
-                        Served::Hit
-                    };
-                    want.outcome = Some(Ok(Fetched { value, served }));
-                }
-                Freshness::Stale => {
-                    let in_grace = in_grace(&entry, now, options);
-                    let throttled = self.inner.is_throttled(&want.storage, now);
-                    if (in_grace || throttled)
-                        && let Some(value) = self.entry_value(&want.storage, &entry)
-                    {
-                        self.remember(&want.storage, &value, &entry, now, ticket, options)
-                            .await;
-                        let reason = if throttled {
-                            StaleReason::LoaderFailed
-                        } else {
-                            refresh.push((i, entry.fresh_until, false));
-                            StaleReason::Refreshing
-                        };
-                        want.outcome = Some(Ok(Fetched {
-                            value,
-                            served: Served::Stale { reason },
-                        }));
-                    } else {
-                        load.push((i, Mode::Fleet, Some(Arc::new(entry))));
+                    want.outcome = Some(Ok(fetched));
+                    if let Some(refresh) = refresh {
+                        refreshes.push((i, refresh));
                     }
                 }
-                Freshness::Expired => load.push((i, Mode::Fleet, None)),
+                Judged::Load { stale } => {
+                    load.push((i, Mode::Fleet, stale.then(|| Arc::new(entry))));
+                }
             }
         }
 
@@ -464,12 +433,12 @@ impl<V: Value> Cache<V> {
         // in for the keys this version does not have (one more read for all
         // of them), while one background batch fills this version.
         if self.inner.previous.is_some() {
-            self.previous_many(&mut wants, &mut load, &mut refresh)
+            self.previous_many(&mut wants, &mut load, &mut refreshes)
                 .await;
         }
 
         // Refreshes in the background, one batch for all of them.
-        self.refresh_many(&wants, &refresh, &batch, *options);
+        self.refresh_many(&wants, &refreshes, &batch, *options);
 
         // 3. One flight per key: join the ones in the air, lead the rest.
         let mut waits: Vec<Wait<V>> = Vec::new();
@@ -582,7 +551,7 @@ impl<V: Value> Cache<V> {
         &self,
         wants: &mut [Want<K, V>],
         load: &mut Vec<(usize, Mode, Option<Arc<Entry>>)>,
-        refresh: &mut Vec<(usize, u64, bool)>,
+        refreshes: &mut Vec<(usize, Refresh)>,
     ) {
         let candidates: Vec<(usize, Vec<u8>)> = load
             .iter()
@@ -614,21 +583,21 @@ impl<V: Value> Cache<V> {
                 },
             }));
             if !self.inner.is_throttled(&wants[*i].storage, now) {
-                refresh.push((*i, 0, false));
+                let (replacing, early) = (0, false);
+                refreshes.push((*i, Refresh { replacing, early }));
             }
             served[*i] = true;
         }
         load.retain(|(i, _, _)| !served[*i]);
     }
 
-    /// Background refreshes of the keys `refresh` names (`(want,
-    /// replacing, early)`), as one batch, for the keys no refresh is
-    /// already in the air for. A refresh that fails throttles its key
-    /// (fail-safe), as a single key's does.
+    /// Background refreshes of the keys `refreshes` names, as one batch,
+    /// for the keys no refresh is already in the air for. A refresh that
+    /// fails throttles its key (fail-safe), as a single key's does.
     fn refresh_many<K, B>(
         &self,
         wants: &[Want<K, V>],
-        refresh: &[(usize, u64, bool)],
+        refreshes: &[(usize, Refresh)],
         batch: &Arc<B>,
         options: Options,
     ) where
@@ -637,7 +606,7 @@ impl<V: Value> Cache<V> {
     {
         let mut led = Vec::new();
         let mut joined = Vec::new();
-        for &(i, replacing, early) in refresh {
+        for &(i, Refresh { replacing, early }) in refreshes {
             let want = &wants[i];
             if let Ok((lander, result)) = self.local.background.lead_or_join(&want.storage) {
                 if early {

@@ -1087,65 +1087,74 @@ impl<V: Value> Cache<V> {
         let mut fallback: Option<Arc<Entry>> = None;
         if let Some(entry) = entry {
             let now = self.inner.store.now_ms();
-            let verdict = self.inner.judge(options, reading(&entry, now));
-            match verdict {
-                Freshness::Fresh | Freshness::RefreshEarly => {
-                    if let Some(value) = self.entry_value(&key, &entry) {
-                        self.remember(&key, &value, &entry, now, ticket, options)
-                            .await;
-                        if verdict == Freshness::RefreshEarly && !self.inner.is_throttled(&key, now)
-                        {
-                            self.refresh_in_background(
-                                key,
-                                loader,
-                                *options,
-                                entry.fresh_until,
-                                true,
-                            );
-                        }
-                        let served = if entry.negative {
-                            Served::Negative
-                        } else {
-                            Served::Hit
-                        };
-                        return Ok(Fetched { value, served });
+            match self.judge_entry(&key, &entry, now, options) {
+                Judged::Served(fetched, refresh) => {
+                    self.remember(&key, &fetched.value, &entry, now, ticket, options)
+                        .await;
+                    if let Some(Refresh { replacing, early }) = refresh {
+                        self.refresh_in_background(key, loader, *options, replacing, early);
                     }
+                    return Ok(fetched);
                 }
-                Freshness::Stale => {
-                    let in_grace = in_grace(&entry, now, options);
-                    let throttled = self.inner.is_throttled(&key, now);
-                    if (in_grace || throttled)
-                        && let Some(value) = self.entry_value(&key, &entry)
-                    {
-                        self.remember(&key, &value, &entry, now, ticket, options)
-                            .await;
-                        let reason = if throttled {
-                            StaleReason::LoaderFailed
-                        } else {
-                            self.refresh_in_background(
-                                key,
-                                loader,
-                                *options,
-                                entry.fresh_until,
-                                false,
-                            );
-                            StaleReason::Refreshing
-                        };
-                        return Ok(Fetched {
-                            value,
-                            served: Served::Stale { reason },
-                        });
-                    }
-                    // Past grace, inside max_stale: load, and fall back to it.
-                    fallback = Some(entry);
-                }
-                Freshness::Expired => {}
+                Judged::Load { stale } => fallback = stale.then_some(entry),
             }
         }
 
         // 5. Boxed: the load's part of the future is the large one, and
         // a hit (which returned above) would otherwise build and carry it.
         Box::pin(self.load(user_key, key, loader, options, fallback, store_ok)).await
+    }
+
+    /// Step 4 for an entry read from the store at `now` (store clock): a
+    /// fresh value is served, with an early refresh if one is due; a stale
+    /// one within grace is served while a refresh runs, or, while the key's
+    /// loads are throttled after a failure, without one; past grace it is
+    /// the fail-safe stand-in of the load that follows. (A value served
+    /// from the store is then kept in L1 by the caller.)
+    #[inline]
+    fn judge_entry(&self, key: &[u8], entry: &Entry, now: u64, options: &Options) -> Judged<V> {
+        let verdict = self.inner.judge(options, reading(entry, now));
+        match verdict {
+            Freshness::Fresh | Freshness::RefreshEarly => {
+                let Some(value) = self.entry_value(key, entry) else {
+                    return Judged::Load { stale: false };
+                };
+                let refresh = (verdict == Freshness::RefreshEarly
+                    && !self.inner.is_throttled(key, now))
+                .then_some(Refresh {
+                    replacing: entry.fresh_until,
+                    early: true,
+                });
+                let served = if entry.negative {
+                    Served::Negative
+                } else {
+                    Served::Hit
+                };
+                Judged::Served(Fetched { value, served }, refresh)
+            }
+            Freshness::Stale => {
+                let in_grace = in_grace(entry, now, options);
+                let throttled = self.inner.is_throttled(key, now);
+                if (in_grace || throttled)
+                    && let Some(value) = self.entry_value(key, entry)
+                {
+                    let (reason, refresh) = if throttled {
+                        (StaleReason::LoaderFailed, None)
+                    } else {
+                        let refresh = Refresh {
+                            replacing: entry.fresh_until,
+                            early: false,
+                        };
+                        (StaleReason::Refreshing, Some(refresh))
+                    };
+                    let served = Served::Stale { reason };
+                    return Judged::Served(Fetched { value, served }, refresh);
+                }
+                // Past grace, inside max_stale: load, and fall back to it.
+                Judged::Load { stale: true }
+            }
+            Freshness::Expired => Judged::Load { stale: false },
+        }
     }
 
     /// Step 5 of the pipeline, past a store read that served nothing: one
@@ -1916,6 +1925,28 @@ enum Shared<V, L> {
     Loaded(Result<Loaded<V>, Error>, Role),
     /// The read's outcome, and the caller's loader, still unused.
     Read(Result<Read<V>, Error>, L),
+}
+
+/// What a call gets from an entry read from the store (see
+/// [`Cache::judge_entry`]).
+enum Judged<V> {
+    /// Served, with a refresh to start in the background, if one is due.
+    Served(Fetched<V>, Option<Refresh>),
+    /// Nothing servable: load; `stale`: the entry may stand in for a
+    /// failed load.
+    Load {
+        /// The entry is the load's fail-safe stand-in.
+        stale: bool,
+    },
+}
+
+/// A background refresh a served entry asks for.
+#[derive(Debug, Clone, Copy)]
+struct Refresh {
+    /// The `fresh_until` of the entry it replaces.
+    replacing: u64,
+    /// The entry is still fresh (an early refresh, counted as one).
+    early: bool,
 }
 
 /// What L1 says about a key.
