@@ -53,7 +53,7 @@ use tracing::{Instrument, Span};
 use super::fill::{Lease, Mode, deadline_after};
 use super::notify::{self, FILLED};
 use super::options::{Fetched, Options, Served, StaleReason};
-use super::{Cache, Judged, Load, Loaded, Near, Refresh, Value, show_key};
+use super::{Cache, Judged, Load, Loaded, Near, Refresh, Value, show_key, stands_in};
 use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
 use crate::flight::{Joined, Lander, Role};
@@ -148,6 +148,20 @@ struct Want<K, V> {
     /// Served from L1.
     near: bool,
     outcome: Option<Result<Fetched<V>, Error>>,
+}
+
+impl<K: Clone, V> Want<K, V> {
+    /// This key, led by this call: `lander` lands its flight; `replacing`
+    /// for a refresh of an entry still stored.
+    fn led(&self, lander: Lander<Loaded<V>>, replacing: Option<u64>) -> Led<K, V> {
+        Led {
+            key: self.key.clone(),
+            user: self.user.clone(),
+            storage: self.storage.clone(),
+            replacing,
+            lander,
+        }
+    }
 }
 
 /// A key this call loads (it leads the key's flight).
@@ -371,15 +385,7 @@ impl<V: Value> Cache<V> {
             .collect();
         let read = {
             let keys: Vec<&[u8]> = unread.iter().map(|&i| &wants[i].storage[..]).collect();
-            if keys.is_empty() {
-                Vec::new()
-            } else {
-                self.inner
-                    .store
-                    .get_many_split(&keys)
-                    .instrument(tracing::debug_span!("breakwater.store.get_many"))
-                    .await
-            }
+            self.read_many(&keys).await
         };
         // Keys to load: (want, store usable, stale stand-in).
         let mut load: Vec<(usize, Mode, Option<Arc<Entry>>)> = Vec::new();
@@ -388,9 +394,7 @@ impl<V: Value> Cache<V> {
         for (&i, read) in unread.iter().zip(read) {
             let want = &mut wants[i];
             let entry = match read {
-                Ok(Some(bytes)) => self.checked(&want.storage, bytes).await,
-                Ok(None) => None,
-                Err(err) if err.is_key_fault() => None,
+                Ok(entry) => entry,
                 Err(err) => {
                     if !store_failed {
                         store_failed = true;
@@ -447,16 +451,7 @@ impl<V: Value> Cache<V> {
             let want = &wants[i];
             match self.local.flights.lead_or_join(&want.storage) {
                 Ok((lander, joined)) => {
-                    led.push((
-                        Led {
-                            key: want.key.clone(),
-                            user: want.user.clone(),
-                            storage: want.storage.clone(),
-                            replacing: None,
-                            lander,
-                        },
-                        mode,
-                    ));
+                    led.push((want.led(lander, None), mode));
                     waits.push((i, joined, Role::Leader, stale));
                 }
                 Err(joined) => waits.push((i, joined, Role::Follower, stale)),
@@ -531,16 +526,33 @@ impl<V: Value> Cache<V> {
             .collect()
     }
 
-    /// Decodes bytes read for storage key `key` as `Cache::read` does: a
-    /// tagged entry (one `get_or_load` or `set` wrote with tags) counts
-    /// only while its tags' generations are the ones it recorded; one it
-    /// cannot check is a miss, never served.
-    async fn checked(&self, key: &[u8], bytes: Vec<u8>) -> Option<Entry> {
-        let entry = self.decode(key, bytes)?;
-        if entry.tags.is_empty() {
-            return Some(entry);
+    /// Reads `keys` with one `get_many` and decodes each entry as
+    /// `Cache::read` does: unreadable bytes and a key fault are a miss, a
+    /// tagged entry counts only while its tags' generations are the ones
+    /// it recorded (all checked in one more read; one that cannot be
+    /// checked is a miss, never served). `Err` where the store failed.
+    async fn read_many(&self, keys: &[&[u8]]) -> Vec<Result<Option<Entry>, Error>> {
+        if keys.is_empty() {
+            return Vec::new();
         }
-        Box::pin(self.still_tagged(key, entry)).await.ok().flatten()
+        let read = self
+            .inner
+            .store
+            .get_many_split(keys)
+            .instrument(tracing::debug_span!("breakwater.store.get_many"))
+            .await;
+        let mut entries: Vec<Result<Option<Entry>, Error>> = keys
+            .iter()
+            .zip(read)
+            .map(|(key, read)| match read {
+                Ok(Some(bytes)) => Ok(self.decode(key, bytes)),
+                Ok(None) => Ok(None),
+                Err(err) if err.is_key_fault() => Ok(None),
+                Err(err) => Err(err),
+            })
+            .collect();
+        Box::pin(self.keep_current(&mut entries)).await;
+        entries
     }
 
     /// The keys of `load` with nothing in this version (no stale entry,
@@ -562,15 +574,12 @@ impl<V: Value> Cache<V> {
             return;
         }
         let keys: Vec<&[u8]> = candidates.iter().map(|(_, old)| &old[..]).collect();
-        let read = self.inner.store.get_many_split(&keys).await;
+        let read = self.read_many(&keys).await;
         let now = self.inner.store.now_ms();
         let mut served = vec![false; wants.len()];
         for ((i, old), read) in candidates.iter().zip(read) {
-            let Ok(Some(bytes)) = read else { continue };
-            let Some(entry) = self.checked(old, bytes).await else {
-                continue;
-            };
-            if entry.negative || entry.stale_until <= now {
+            let Ok(Some(entry)) = read else { continue };
+            if !stands_in(&entry, now) {
                 continue;
             }
             let Some(value) = self.entry_value(old, &entry) else {
@@ -612,16 +621,7 @@ impl<V: Value> Cache<V> {
                 if early {
                     self.inner.metrics.early_refresh();
                 }
-                led.push((
-                    Led {
-                        key: want.key.clone(),
-                        user: want.user.clone(),
-                        storage: want.storage.clone(),
-                        replacing: Some(replacing),
-                        lander,
-                    },
-                    Mode::Fleet,
-                ));
+                led.push((want.led(lander, Some(replacing)), Mode::Fleet));
                 joined.push((want.storage.clone(), result));
             }
         }
@@ -805,15 +805,12 @@ impl<V: Value> Cache<V> {
     {
         let inner = &self.inner;
         let keys: Vec<&[u8]> = taken.iter().map(|(l, _)| &l.storage[..]).collect();
-        let again = inner.store.get_many_split(&keys).await;
+        let again = self.read_many(&keys).await;
         let now = inner.store.now_ms();
         let mut to_load = Vec::new();
         let mut released = Vec::new();
         for (i, ((led, lease), read)) in taken.into_iter().zip(again).enumerate() {
-            let entry = match read {
-                Ok(Some(bytes)) => self.checked(&led.storage, bytes).await,
-                _ => None,
-            };
+            let entry = read.ok().flatten();
             let fresh = entry.and_then(|entry| {
                 if entry.fresh_until <= now || led.replacing == Some(entry.fresh_until) {
                     return None;
@@ -840,13 +837,8 @@ impl<V: Value> Cache<V> {
                 led.lander.land(Ok((value, Served::Coalesced)));
             },
         ));
-        let mut chunks = Vec::new();
-        let mut to_load = to_load.into_iter().peekable();
-        while to_load.peek().is_some() {
-            chunks.push(to_load.by_ref().take(MAX_BATCH).collect::<Vec<_>>());
-        }
         let loads = join_all(
-            chunks
+            in_batches(to_load)
                 .into_iter()
                 .map(|chunk| self.lead_chunk(chunk, done, batch, options, priority, ticket)),
         );
@@ -870,28 +862,15 @@ impl<V: Value> Cache<V> {
         K: CacheKey + Clone + Send + Sync + 'static,
         B: BatchLoad<K, V>,
     {
-        let inner = &self.inner;
-        let load = Arc::new(Chunk {
-            keys: chunk.iter().map(|(_, l, _)| l.key.clone()).collect(),
-            batch: Arc::clone(batch),
-        });
-        let result = inner
-            .origin
-            .load(&load, options.load_timeout, priority, &inner.metrics)
-            .await;
+        let keys = chunk.iter().map(|(_, l, _)| l.key.clone()).collect();
+        let result = self.load_batch(keys, batch, options, priority).await;
         // Each lease is kept alive until its key's write or release has
         // answered: a thousand writes can queue on a busy store.
         match result {
-            Ok((found, load_time)) => {
-                let mut found: HashMap<Vec<u8>, V> =
-                    found.unwrap_or_default().into_iter().collect();
+            Ok((mut found, load_time)) => {
                 let writes = chunk.into_iter().map(|(i, led, lease)| {
                     let value = found.remove(&led.user);
                     async move {
-                        let lease = Lease {
-                            key: lease.key,
-                            token: lease.token,
-                        };
                         let written = self
                             .write_fenced(
                                 &led.storage,
@@ -913,10 +892,6 @@ impl<V: Value> Cache<V> {
                 join_all(chunk.into_iter().map(|(i, led, lease)| {
                     let err = err.clone();
                     async move {
-                        let lease = Lease {
-                            key: lease.key,
-                            token: lease.token,
-                        };
                         self.release(&led.storage, lease).await;
                         done[i].store(true, Ordering::Release);
                         led.lander.land(Err(err));
@@ -1028,25 +1003,10 @@ impl<V: Value> Cache<V> {
         K: CacheKey + Clone + Send + Sync + 'static,
         B: BatchLoad<K, V>,
     {
-        let mut chunks = Vec::new();
-        let mut led = led.into_iter().peekable();
-        while led.peek().is_some() {
-            chunks.push(led.by_ref().take(MAX_BATCH).collect::<Vec<_>>());
-        }
-        join_all(chunks.into_iter().map(|chunk| async move {
-            let load = Arc::new(Chunk {
-                keys: chunk.iter().map(|l| l.key.clone()).collect(),
-                batch: Arc::clone(batch),
-            });
-            let inner = &self.inner;
-            match inner
-                .origin
-                .load(&load, options.load_timeout, priority, &inner.metrics)
-                .await
-            {
-                Ok((found, load_time)) => {
-                    let mut found: HashMap<Vec<u8>, V> =
-                        found.unwrap_or_default().into_iter().collect();
+        join_all(in_batches(led).into_iter().map(|chunk| async move {
+            let keys = chunk.iter().map(|l| l.key.clone()).collect();
+            match self.load_batch(keys, batch, options, priority).await {
+                Ok((mut found, load_time)) => {
                     for led in chunk {
                         let value = found.remove(&led.user);
                         self.keep_local(&led.storage, &value, load_time, options, ticket)
@@ -1063,6 +1023,42 @@ impl<V: Value> Cache<V> {
         }))
         .await;
     }
+
+    /// One call of the batch loader for `keys` under the origin's
+    /// protection (breaker, one bulkhead slot, `load_timeout`, retries):
+    /// the values found, by user key, and how long the call took.
+    async fn load_batch<K, B>(
+        &self,
+        keys: Vec<K>,
+        batch: &Arc<B>,
+        options: &Options,
+        priority: Priority,
+    ) -> Result<(HashMap<Vec<u8>, V>, Duration), Error>
+    where
+        K: CacheKey + Clone + Send + Sync + 'static,
+        B: BatchLoad<K, V>,
+    {
+        let load = Arc::new(Chunk {
+            keys,
+            batch: Arc::clone(batch),
+        });
+        let inner = &self.inner;
+        let (found, took) = inner
+            .origin
+            .load(&load, options.load_timeout, priority, &inner.metrics)
+            .await?;
+        Ok((found.unwrap_or_default().into_iter().collect(), took))
+    }
+}
+
+/// `items` in runs of at most [`MAX_BATCH`], in order.
+fn in_batches<T>(items: Vec<T>) -> Vec<Vec<T>> {
+    let mut items = items.into_iter().peekable();
+    let mut batches = Vec::new();
+    while items.peek().is_some() {
+        batches.push(items.by_ref().take(MAX_BATCH).collect());
+    }
+    batches
 }
 
 /// The batch loader for one key, as a single key's loader (a waiter that

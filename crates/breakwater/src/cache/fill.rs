@@ -45,7 +45,7 @@ use crate::jitter::poll_delay;
 use crate::l1::Ticket;
 use crate::limit::Priority;
 use crate::log_limit::{Warning, warn_limited};
-use crate::store::{FencedWrite, LeaseAttempt, Store};
+use crate::store::{FencedWrite, LeaseAttempt, LeaseRequest, Store};
 
 /// Whether a flight may use the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -506,12 +506,8 @@ impl<V: Value> Cache<V> {
     }
 }
 
-/// A lease as its holder knows it.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Lease<'a> {
-    pub(super) key: &'a [u8],
-    pub(super) token: &'a [u8],
-}
+/// A lease as its holder knows it: its key and the holder's token.
+pub(super) type Lease<'a> = LeaseRequest<'a>;
 
 /// How long past a held lease's expiry a waiter tries to take it over (the
 /// store's TTLs are whole milliseconds).

@@ -1645,7 +1645,7 @@ impl<V: Value> Cache<V> {
     async fn read_previous(&self, key: &[u8]) -> Option<Arc<Entry>> {
         let old = self.inner.previous_key(key)?;
         match self.read(&old).await {
-            Ok(Some(entry)) if !entry.negative && entry.stale_until > self.inner.store.now_ms() => {
+            Ok(Some(entry)) if stands_in(&entry, self.inner.store.now_ms()) => {
                 Some(Arc::new(entry))
             }
             _ => None,
@@ -1984,6 +1984,12 @@ fn default_lock_wait(load: Duration, lease_ttl: Duration) -> Duration {
 
 /// `{#` + 16 hex digits + `}`.
 const HASH_TAG_LEN: usize = 19;
+
+/// Whether a previous version's entry may stand in for this version's at
+/// `now_ms` (store clock): a value, inside its stale window.
+fn stands_in(entry: &Entry, now_ms: u64) -> bool {
+    !entry.negative && entry.stale_until > now_ms
+}
 
 /// What L1 keeps of an entry: its deadlines and load time.
 fn stamp(entry: &Entry) -> Stamp {

@@ -320,6 +320,42 @@ impl<V: Value> Cache<V> {
         Ok(Some(entry))
     }
 
+    /// [`still_tagged`](Self::still_tagged) for many entries at once: each
+    /// tagged entry of `entries` whose tags moved on becomes a miss, all
+    /// checked with one read of their tags' generations. Entries that
+    /// cannot be checked (the read failed) are misses too, never served.
+    pub(super) async fn keep_current(&self, entries: &mut [Result<Option<Entry>, Error>]) {
+        let tagged = |e: &Result<Option<Entry>, Error>| match e {
+            Ok(Some(entry)) if !entry.tags.is_empty() => Some(entry.tags.clone()),
+            _ => None,
+        };
+        let mut tags: Vec<Vec<u8>> = entries
+            .iter()
+            .filter_map(tagged)
+            .flat_map(|tags| tags.iter().map(|t| t.tag.clone()).collect::<Vec<_>>())
+            .collect();
+        if tags.is_empty() {
+            return;
+        }
+        tags.sort_unstable();
+        tags.dedup();
+        let current = self.read_generations(&tags).await.ok();
+        for entry in entries.iter_mut() {
+            let Some(stamps) = tagged(entry) else {
+                continue;
+            };
+            let valid = current.as_ref().is_some_and(|current| {
+                stamps.iter().all(|stamp| {
+                    tags.binary_search(&stamp.tag)
+                        .is_ok_and(|at| current[at] == stamp.generation)
+                })
+            });
+            if !valid {
+                *entry = Ok(None);
+            }
+        }
+    }
+
     /// Writes `value` under user key `key` with `tags` (their current
     /// generations recorded), as [`set`](Self::set) does.
     pub(super) async fn set_tagged(
