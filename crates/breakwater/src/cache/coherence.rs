@@ -156,8 +156,8 @@ impl<V: Value> BusHook for Local<V> {
         })
     }
 
-    fn tags_invalidated(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
-        Box::pin(Local::tags_invalidated(self))
+    fn tags_invalidated(&self) {
+        Local::tags_invalidated(self);
     }
 
     fn trusts_carried(&self, key: &[u8]) -> bool {

@@ -509,11 +509,27 @@ impl<V: Value> Cache<V> {
     /// its encoded entry is larger than `max_value_size` (nothing is
     /// written), [`Store`](ErrorKind::Store) if the write fails.
     pub async fn set(&self, key: impl CacheKey, value: &V) -> Result<(), Error> {
-        let key = key.key_bytes();
-        let span = self.span(Op::Set, &key);
+        self.set_with(&key.key_bytes(), value, None, &self.inner.defaults)
+            .await
+    }
+
+    /// [`set`](Self::set) with a call's settings and tags (their current
+    /// generations read first and recorded with the value), in its span.
+    async fn set_with(
+        &self,
+        key: &[u8],
+        value: &V,
+        tags: Option<&tags::TagSet>,
+        options: &Options,
+    ) -> Result<(), Error> {
+        let span = self.span(Op::Set, key);
         let done = async {
-            let key = self.key_in_store(&key)?;
-            let sealed = self.seal(&key, Some(value), Duration::ZERO, &self.inner.defaults)?;
+            let key = self.key_in_store(key)?;
+            let stamps = match tags {
+                Some(tags) => self.tag_generations(tags).await?,
+                None => Vec::new(),
+            };
+            let sealed = self.seal_tagged(&key, Some(value), Duration::ZERO, options, stamps)?;
             self.replace_batch(vec![(key, sealed)]).await
         }
         .instrument(span.clone())
@@ -644,10 +660,7 @@ impl<V: Value> Cache<V> {
         let lease = self.inner.lease_key(&key);
         let message = notify::message(notify::INVALIDATED, self.inner.waiters.sender(), &key);
         let listening = self.inner.waiters.is_listening();
-        // Idempotent (a delete and a notice), so a transient failure is
-        // tried again, within one deadline.
-        let last = Mutex::new((0u32, None::<Error>, Instant::now()));
-        let (key, lease, message, last) = (&key, &lease, &message, &last);
+        let (key, lease, message) = (&key, &lease, &message);
         // Inside a version transition the previous version's entry goes
         // too (first): it must not stand in for the invalidated value. Its
         // lease is revoked and its processes are told on their channel.
@@ -658,29 +671,51 @@ impl<V: Value> Cache<V> {
             Some((old, old_lease, message, &p.channel))
         });
         let previous = &previous;
-        let attempts = self.inner.store_retries.run(|made| async move {
-            if let Some((old, old_lease, message, channel)) = previous {
-                let notice = Notice { channel, message };
-                if let Err(err) = self.inner.store.invalidate(old, old_lease, notice).await {
-                    *last.lock().unwrap_or_else(|p| p.into_inner()) =
-                        (made, Some(err.clone()), Instant::now());
-                    return Err(err);
+        let done = self
+            .deliver(key, || async move {
+                if let Some((old, old_lease, message, channel)) = previous {
+                    let notice = Notice { channel, message };
+                    self.inner.store.invalidate(old, old_lease, notice).await?;
                 }
-            }
-            self.local.expect_own_notice(key, listening);
-            let done = self
-                .inner
-                .store
-                .invalidate(key, lease, self.inner.notice(message))
-                .await;
+                self.local.expect_own_notice(key, listening);
+                let done = self
+                    .inner
+                    .store
+                    .invalidate(key, lease, self.inner.notice(message))
+                    .await;
+                if done.is_err() {
+                    self.local.own_notice_heard(key);
+                }
+                done
+            })
+            .await;
+        // After the store has answered (a read that starts later sees the
+        // deletion); also if it failed: the reply may be all that was lost.
+        self.local.invalidated(key).await;
+        done
+    }
+
+    /// Runs `attempt`, an invalidation (idempotent: a delete or a bump, with
+    /// its notice), with the store retries, all within
+    /// `INVALIDATE_WITHIN`; if none gets through, the error says the
+    /// invalidation of `key` was not delivered (with the attempts made and
+    /// the last failure).
+    async fn deliver<F, Fut>(&self, key: &[u8], attempt: F) -> Result<(), Error>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<(), Error>>,
+    {
+        let last = Mutex::new((0u32, None::<Error>, Instant::now()));
+        let (last, attempt) = (&last, &attempt);
+        let attempts = self.inner.store_retries.run(|made| async move {
+            let done = attempt().await;
             if let Err(err) = &done {
-                self.local.own_notice_heard(key);
                 *last.lock().unwrap_or_else(|p| p.into_inner()) =
                     (made, Some(err.clone()), Instant::now());
             }
             done
         });
-        let done = match tokio::time::timeout(INVALIDATE_WITHIN, attempts).await {
+        match tokio::time::timeout(INVALIDATE_WITHIN, attempts).await {
             Ok((Ok(()), _)) => Ok(()),
             Ok((Err(err), made)) => Err(undelivered(key, made, err, Instant::now())),
             Err(_) => {
@@ -690,11 +725,7 @@ impl<V: Value> Cache<V> {
                 });
                 Err(undelivered(key, made, err, at))
             }
-        };
-        // After the store has answered (a read that starts later sees the
-        // deletion); also if it failed: the reply may be all that was lost.
-        self.local.invalidated(key).await;
-        done
+        }
     }
 
     /// The cached value under `key`, or the loader's, which is then cached.
@@ -1437,18 +1468,7 @@ impl<V: Value> Cache<V> {
     /// [`storage_key`](Self::storage_key) of a key's bytes.
     fn key_in_store(&self, key: &[u8]) -> Result<Vec<u8>, Error> {
         self.check_key(key)?;
-        let prefix = &self.inner.value_prefix;
-        let mut out = Vec::with_capacity(prefix.len() + key.len() + 20);
-        out.extend_from_slice(prefix);
-        if key.iter().any(|b| matches!(b, b'{' | b'}')) {
-            out.extend_from_slice(format!("{{#{:016x}}}", fnv1a(key)).as_bytes());
-            out.extend_from_slice(key);
-        } else {
-            out.push(b'{');
-            out.extend_from_slice(key);
-            out.push(b'}');
-        }
-        Ok(out)
+        Ok(hash_tagged(&self.inner.value_prefix, key))
     }
 
     /// An empty or over-long key is refused before it reaches L1 or the
@@ -1974,6 +1994,23 @@ pub(crate) fn user_key(storage_key: &[u8], prefix_len: usize) -> &[u8] {
         .strip_prefix(b"{")
         .and_then(|t| t.strip_suffix(b"}"))
         .unwrap_or(tagged)
+}
+
+/// `<prefix>{<key>}`, or `<prefix>{#<16 hex digits>}<key>` when the key
+/// has a brace of its own: the key in a Redis Cluster hash tag of its own
+/// (a storage key, a tag's counter).
+pub(crate) fn hash_tagged(prefix: &[u8], key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(prefix.len() + key.len() + HASH_TAG_LEN + 1);
+    out.extend_from_slice(prefix);
+    if key.iter().any(|b| matches!(b, b'{' | b'}')) {
+        out.extend_from_slice(format!("{{#{:016x}}}", fnv1a(key)).as_bytes());
+        out.extend_from_slice(key);
+    } else {
+        out.push(b'{');
+        out.extend_from_slice(key);
+        out.push(b'}');
+    }
+    out
 }
 
 /// The default `lock_wait`: a holder's whole `load` (`queue_wait +

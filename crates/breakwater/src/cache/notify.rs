@@ -44,7 +44,7 @@ pub(crate) trait BusHook: Send + Sync + 'static {
     /// back (`true`).
     fn missed(&self, up: bool);
     /// Another process invalidated a tag: any key may carry it.
-    fn tags_invalidated(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+    fn tags_invalidated(&self);
 }
 
 /// Message kinds on the namespace channel.
@@ -291,7 +291,7 @@ impl Waiters {
                                         // This process dealt with its own
                                         // before publishing it.
                                         if !own {
-                                            hook.tags_invalidated().await;
+                                            hook.tags_invalidated();
                                         }
                                     } else {
                                         hook.changed(parsed.key.to_vec(), invalidated, own).await;

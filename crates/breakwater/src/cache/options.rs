@@ -466,9 +466,13 @@ impl<'a, V: Value> CacheEntry<'a, V> {
     /// ```
     pub async fn set(self, value: &V) -> Result<(), Error> {
         self.options.validate()?;
-        let tags = TagSet::new(self.tags)?;
+        let tags = if self.tags.is_empty() {
+            None
+        } else {
+            Some(TagSet::new(self.tags)?)
+        };
         self.cache
-            .set_tagged(&self.key, value, &tags, &self.options)
+            .set_with(&self.key, value, tags.as_ref(), &self.options)
             .await
     }
 }

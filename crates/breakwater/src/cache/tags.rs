@@ -45,17 +45,17 @@
 //! (kind `t`) reaches them on the namespace bus. Without L1, another
 //! process reads the store, whose generations have already moved on.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tokio::time::Instant;
 
 use super::coherence::Local;
 use super::notify::{self, TAG_INVALIDATED};
-use super::{Cache, INVALIDATE_WITHIN, Load, Op, Value, record_error, show_key, undelivered};
+use super::{Cache, Load, Op, Value, hash_tagged, record_error, show_key};
 use crate::entry::{Entry, MAX_TAG_LEN, MAX_TAGS, TagStamp};
 use crate::error::{Error, ErrorKind};
 use crate::key::CacheKey;
-use crate::store::{Store, fnv1a};
+use crate::store::Store;
 use tracing::Instrument;
 
 /// The tags one call named: distinct and sorted. (Their counters' keys are
@@ -105,21 +105,9 @@ fn check_tag(tag: &[u8]) -> Result<(), Error> {
     Ok(())
 }
 
-/// The key of `tag`'s generation counter: `<tag_prefix>{<tag>}`, or
-/// `<tag_prefix>{#<hash>}<tag>` when the tag has a brace of its own (as
-/// storage keys are built).
+/// The key of `tag`'s generation counter, hash-tagged as storage keys are.
 fn tag_key(tag_prefix: &[u8], tag: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(tag_prefix.len() + tag.len() + 20);
-    out.extend_from_slice(tag_prefix);
-    if tag.iter().any(|b| matches!(b, b'{' | b'}')) {
-        out.extend_from_slice(format!("{{#{:016x}}}", fnv1a(tag)).as_bytes());
-        out.extend_from_slice(tag);
-    } else {
-        out.push(b'{');
-        out.extend_from_slice(tag);
-        out.push(b'}');
-    }
-    out
+    hash_tagged(tag_prefix, tag)
 }
 
 /// A generation as stored (decimal digits); missing, or not a number, is 0.
@@ -223,30 +211,13 @@ impl<V: Value> Cache<V> {
         let inner = &self.inner;
         let key = tag_key(&inner.tag_prefix, tag);
         let message = notify::message(TAG_INVALIDATED, inner.waiters.sender(), &key);
-        let last = Mutex::new((0u32, None::<Error>, Instant::now()));
-        let (key, message, last) = (&key, &message, &last);
-        let attempts = inner.store_retries.run(|made| async move {
-            let done = inner
-                .store
-                .bump_generation(key, inner.notice(message))
-                .await;
-            if let Err(err) = &done {
-                *last.lock().unwrap_or_else(|p| p.into_inner()) =
-                    (made, Some(err.clone()), Instant::now());
-            }
-            done
-        });
-        let done = match tokio::time::timeout(INVALIDATE_WITHIN, attempts).await {
-            Ok((Ok(_), _)) => Ok(()),
-            Ok((Err(err), made)) => Err(undelivered(key, made, err, Instant::now())),
-            Err(_) => {
-                let (made, err, at) = last.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                let err = err.unwrap_or_else(|| {
-                    Error::new(ErrorKind::Timeout, "no attempt finished in time")
-                });
-                Err(undelivered(key, made, err, at))
-            }
-        };
+        let (key, message) = (&key, &message);
+        let done = self
+            .deliver(key, || async move {
+                let notice = inner.notice(message);
+                inner.store.bump_generation(key, notice).await.map(drop)
+            })
+            .await;
         // Inside a version transition the previous version's processes
         // share the tag (its counter has no version): they are told on
         // their own channel, to empty their L1s.
@@ -260,7 +231,7 @@ impl<V: Value> Cache<V> {
         // After the store has answered (a read that starts later sees the
         // new generation); also if it failed: the reply may be all that was
         // lost.
-        self.local.tags_invalidated().await;
+        self.local.tags_invalidated();
         done
     }
 
@@ -355,27 +326,6 @@ impl<V: Value> Cache<V> {
             }
         }
     }
-
-    /// Writes `value` under user key `key` with `tags` (their current
-    /// generations recorded), as [`set`](Self::set) does.
-    pub(super) async fn set_tagged(
-        &self,
-        key: &[u8],
-        value: &V,
-        tags: &TagSet,
-        options: &super::Options,
-    ) -> Result<(), Error> {
-        let key = self.key_in_store(key)?;
-        let stamps = self.tag_generations(tags).await?;
-        let sealed = self.seal_tagged(
-            &key,
-            Some(value),
-            std::time::Duration::ZERO,
-            options,
-            stamps,
-        )?;
-        self.replace_batch(vec![(key, sealed)]).await
-    }
 }
 
 impl<V: Value> Local<V> {
@@ -385,7 +335,7 @@ impl<V: Value> Local<V> {
     /// before (its epoch floor moves) and is emptied if it may hold a
     /// tagged entry, and every flight and shared read in the air is
     /// detached.
-    pub(super) async fn tags_invalidated(&self) {
+    pub(super) fn tags_invalidated(&self) {
         if let Some(l1) = &self.l1 {
             l1.drop_tagged();
         }

@@ -129,6 +129,11 @@ impl fmt::Debug for MemoryStore {
 }
 
 impl Inner {
+    /// The live value under `key` at `now`.
+    fn read(&self, key: &[u8], now: Instant) -> Option<Vec<u8>> {
+        self.shard_for(key).live(key, now).map(|s| s.value.clone())
+    }
+
     fn shard_for(&self, key: &[u8]) -> MutexGuard<'_, Shard> {
         // Cheap, and good enough to spread keys over 16 shards.
         self.shard_at((fnv1a(key) as usize) & (SHARDS - 1))
@@ -220,12 +225,7 @@ fn sweep_amortised<V>(
 
 impl Store for MemoryStore {
     fn get<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Vec<u8>>> {
-        let now = Instant::now();
-        let value = self
-            .inner
-            .shard_for(key)
-            .live(key, now)
-            .map(|s| s.value.clone());
+        let value = self.inner.read(key, Instant::now());
         Box::pin(async move { Ok(value) })
     }
 
@@ -293,15 +293,7 @@ impl Store for MemoryStore {
 
     fn get_many<'a>(&'a self, keys: &'a [&'a [u8]]) -> StoreFuture<'a, Vec<Option<Vec<u8>>>> {
         let now = Instant::now();
-        let values = keys
-            .iter()
-            .map(|key| {
-                self.inner
-                    .shard_for(key)
-                    .live(key, now)
-                    .map(|s| s.value.clone())
-            })
-            .collect();
+        let values = keys.iter().map(|key| self.inner.read(key, now)).collect();
         Box::pin(async move { Ok(values) })
     }
 
