@@ -38,6 +38,9 @@ use crate::store::{
 };
 use std::sync::{Arc, Mutex};
 
+/// Items of one failure domain, with their positions in the whole batch.
+type Group<I> = (Vec<usize>, Vec<I>);
+
 /// The most breakers one store gets, however many failure domains it
 /// reports.
 const MAX_BREAKERS: usize = 1024;
@@ -133,18 +136,76 @@ impl GuardedStore {
         }
     }
 
-    /// The positions of `keys` by failure domain, in order of first
-    /// appearance.
-    fn by_domain<'k>(&self, keys: impl Iterator<Item = &'k [u8]>) -> Vec<Vec<usize>> {
-        let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
-        for (i, key) in keys.enumerate() {
-            let domain = self.store.failure_domain(key) % self.breakers.len();
-            match groups.iter_mut().find(|(d, _)| *d == domain) {
-                Some((_, group)) => group.push(i),
-                None => groups.push((domain, vec![i])),
-            }
+    /// `items` grouped by the failure domain of their key, in order of first
+    /// appearance, each with its positions in `items`.
+    fn by_domain<I: Copy>(
+        &self,
+        items: &[I],
+        key: impl Fn(&I) -> &[u8],
+    ) -> Vec<Group<I>> {
+        let mut groups: Vec<(usize, Group<I>)> = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            let domain = self.store.failure_domain(key(item)) % self.breakers.len();
+            let group = match groups.iter().position(|(d, _)| *d == domain) {
+                Some(at) => &mut groups[at].1,
+                None => {
+                    groups.push((domain, (Vec::new(), Vec::new())));
+                    &mut groups.last_mut().expect("just pushed").1
+                }
+            };
+            group.0.push(i);
+            group.1.push(*item);
         }
         groups.into_iter().map(|(_, group)| group).collect()
+    }
+
+    /// One batch call (`op`, `call`) per failure domain of `items`, each
+    /// through its domain's breaker, side by side: each item gets its own
+    /// result, or its domain's error (refused or failed).
+    async fn per_domain<I, T, C>(
+        &self,
+        op: &'static str,
+        items: &[I],
+        key: impl Fn(&I) -> &[u8],
+        call: C,
+    ) -> Vec<Result<T, Error>>
+    where
+        I: Copy + Send + Sync,
+        T: Send,
+        C: for<'b> Fn(&'b [I]) -> StoreFuture<'b, Vec<T>> + Sync,
+    {
+        let groups = self.by_domain(items, &key);
+        let (key, call) = (&key, &call);
+        let done = futures_util::future::join_all(groups.iter().map(|(_, batch)| async move {
+            self.guarded(op, key(&batch[0]), move || call(batch)).await
+        }))
+        .await;
+        let mut results: Vec<Option<Result<T, Error>>> = (0..items.len()).map(|_| None).collect();
+        for ((positions, _), done) in groups.iter().zip(done) {
+            match done {
+                Ok(values) => {
+                    for (&i, value) in positions.iter().zip(values) {
+                        results[i] = Some(Ok(value));
+                    }
+                }
+                Err(err) => {
+                    for &i in positions {
+                        results[i] = Some(Err(err.clone()));
+                    }
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Err(Error::new(
+                        ErrorKind::Store,
+                        "the store answered a batch with too few replies",
+                    ))
+                })
+            })
+            .collect()
     }
 
     /// [`Store::get_many`], one guarded batch per failure domain, side by
@@ -154,31 +215,13 @@ impl GuardedStore {
         &self,
         keys: &[&[u8]],
     ) -> Vec<Result<Option<Vec<u8>>, Error>> {
-        let groups = self.by_domain(keys.iter().copied());
-        let read = futures_util::future::join_all(groups.iter().map(|group| async move {
-            let batch: Vec<&[u8]> = group.iter().map(|&i| keys[i]).collect();
-            let batch = &batch;
-            self.guarded("get_many", batch[0], move || self.store.get_many(batch))
-                .await
-        }))
-        .await;
-        let mut values: Vec<Result<Option<Vec<u8>>, Error>> =
-            (0..keys.len()).map(|_| Ok(None)).collect();
-        for (group, read) in groups.iter().zip(read) {
-            match read {
-                Ok(read) => {
-                    for (&i, value) in group.iter().zip(read) {
-                        values[i] = Ok(value);
-                    }
-                }
-                Err(err) => {
-                    for &i in group {
-                        values[i] = Err(err.clone());
-                    }
-                }
-            }
-        }
-        values
+        self.per_domain(
+            "get_many",
+            keys,
+            |key| key,
+            |batch| self.store.get_many(batch),
+        )
+        .await
     }
 
     /// [`Store::acquire_leases`], as [`get_many_split`](Self::get_many_split).
@@ -187,34 +230,13 @@ impl GuardedStore {
         leases: &[LeaseRequest<'_>],
         ttl: Duration,
     ) -> Vec<Result<LeaseAttempt, Error>> {
-        let groups = self.by_domain(leases.iter().map(|l| l.key));
-        let taken = futures_util::future::join_all(groups.iter().map(|group| async move {
-            let batch: Vec<LeaseRequest<'_>> = group.iter().map(|&i| leases[i]).collect();
-            let batch = &batch;
-            self.guarded("acquire_leases", batch[0].key, move || {
-                self.store.acquire_leases(batch, ttl)
-            })
-            .await
-        }))
-        .await;
-        let mut attempts: Vec<Result<LeaseAttempt, Error>> = (0..leases.len())
-            .map(|_| Ok(LeaseAttempt::Acquired))
-            .collect();
-        for (group, taken) in groups.iter().zip(taken) {
-            match taken {
-                Ok(taken) => {
-                    for (&i, attempt) in group.iter().zip(taken) {
-                        attempts[i] = Ok(attempt);
-                    }
-                }
-                Err(err) => {
-                    for &i in group {
-                        attempts[i] = Err(err.clone());
-                    }
-                }
-            }
-        }
-        attempts
+        self.per_domain(
+            "acquire_leases",
+            leases,
+            |lease| lease.key,
+            |batch| self.store.acquire_leases(batch, ttl),
+        )
+        .await
     }
 
     /// [`guard`](Self::guard) for a write that publishes change notices:
@@ -383,14 +405,7 @@ impl Store for GuardedStore {
     /// batch is not written one key at a time.
     fn replace_many<'a>(&'a self, writes: &'a [Replace<'a>]) -> StoreFuture<'a, ()> {
         Box::pin(async move {
-            let mut groups: Vec<(usize, Vec<Replace<'a>>)> = Vec::new();
-            for &w in writes {
-                let domain = self.store.failure_domain(w.key);
-                match groups.iter_mut().find(|(d, _)| *d == domain) {
-                    Some((_, group)) => group.push(w),
-                    None => groups.push((domain, vec![w])),
-                }
-            }
+            let groups = self.by_domain(writes, |w| w.key);
             let written = futures_util::future::join_all(groups.iter().map(|(_, group)| {
                 self.guard("replace_many", group[0].key, move || {
                     self.store.replace_many(group)
