@@ -138,11 +138,7 @@ impl GuardedStore {
 
     /// `items` grouped by the failure domain of their key, in order of first
     /// appearance, each with its positions in `items`.
-    fn by_domain<I: Copy>(
-        &self,
-        items: &[I],
-        key: impl Fn(&I) -> &[u8],
-    ) -> Vec<Group<I>> {
+    fn by_domain<I: Copy>(&self, items: &[I], key: impl Fn(&I) -> &[u8]) -> Vec<Group<I>> {
         let mut groups: Vec<(usize, Group<I>)> = Vec::new();
         for (i, item) in items.iter().enumerate() {
             let domain = self.store.failure_domain(key(item)) % self.breakers.len();

@@ -49,45 +49,16 @@ use sentinel::{MasterAddr, Revocation, Sentinel};
 // or `w` once someone else has tried to take it (a waiter). The holder is
 // the value without its last byte, so tokens of any length compare exactly.
 
-/// `SET NX PX` the lease: KEYS = lease; ARGV = token, ttl ms. -1 if taken,
-/// or already held by this token (a retried call whose first run's reply
-/// was lost: idempotent). If someone else holds it, mark it waited on
-/// (`SETRANGE` keeps its TTL) — only a value in this format (a token as long
-/// as ours plus a status byte), so a lease written by an earlier build, a
-/// bare token, is never altered — and return its remaining TTL in ms (a
-/// lease without one, never written by breakwater, counts as a full `ttl`,
-/// so waiters do not spin on it). A value of another Redis type under the
-/// lease key is no lease: it is replaced by this one.
-static ACQUIRE_LEASE: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
-        r"if redis.call('SET', KEYS[1], ARGV[1] .. '-', 'NX', 'PX', ARGV[2]) then
-            return -1
-          end
-          local held = redis.pcall('GET', KEYS[1])
-          if type(held) == 'table' and held.err then
-            redis.call('SET', KEYS[1], ARGV[1] .. '-', 'PX', ARGV[2])
-            return -1
-          end
-          if held and string.sub(held, 1, -2) == ARGV[1] then
-            return -1
-          end
-          if held and #held == #ARGV[1] + 1 then
-            local mark = string.sub(held, -1)
-            if mark == '-' or mark == 'w' then
-              redis.call('SETRANGE', KEYS[1], #held - 1, 'w')
-            end
-          end
-          local left = redis.call('PTTL', KEYS[1])
-          if left < 0 then
-            left = tonumber(ARGV[2])
-          end
-          return left",
-    )
-});
-
-/// [`ACQUIRE_LEASE`] for every key: `ARGV[1]` is the TTL, `ARGV[1 + i]`
-/// the token for `KEYS[i]`; one reply per key (`-1` taken, else the ms the
-/// holder has left).
+/// For each lease `KEYS[i]` (`ARGV[1]` the TTL in ms, `ARGV[1 + i]` the
+/// token): `SET NX PX` the lease, `-1` if taken, or already held by this
+/// token (a retried call whose first run's reply was lost: idempotent). If
+/// someone else holds it, mark it waited on (`SETRANGE` keeps its TTL) —
+/// only a value in this format (a token as long as ours plus a status
+/// byte), so a lease written by an earlier build, a bare token, is never
+/// altered — and reply its remaining TTL in ms (a lease without one, never
+/// written by breakwater, counts as a full `ttl`, so waiters do not spin on
+/// it). A value of another Redis type under the lease key is no lease: it
+/// is replaced by this one. One reply per key, in order.
 static ACQUIRE_LEASES: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"local ttl = ARGV[1]
@@ -965,6 +936,25 @@ fn hash_slot(key: &[u8]) -> u16 {
     crc16::State::<crc16::XMODEM>::calculate(tag.unwrap_or(key)) % SLOTS
 }
 
+/// A lease script's reply for one lease: `-1` taken, else the ms its
+/// holder has left.
+fn lease_attempt(left: i64) -> LeaseAttempt {
+    match u64::try_from(left) {
+        Ok(ms) => LeaseAttempt::Held {
+            ttl: Duration::from_millis(ms),
+        },
+        Err(_) => LeaseAttempt::Acquired,
+    }
+}
+
+/// Redis answered `what` with the wrong number of replies.
+fn wrong_count(what: &str) -> Error {
+    Error::new(
+        ErrorKind::Store,
+        format!("redis answered {what} with the wrong number of replies"),
+    )
+}
+
 /// A client for one server's URL (with `TCP_NODELAY`, see
 /// [`connection_info`]; TLS as the URL and `config` say, see [`tls`]). A
 /// URL that does not parse is named with its password masked
@@ -1746,6 +1736,39 @@ impl RedisStore {
 }
 
 impl RedisStore {
+    /// Runs `command` once per group of `keys` ([`by_slot`](Self::by_slot)),
+    /// side by side; its replies in the order of `keys` (`what` names the
+    /// command, should a reply have the wrong length).
+    async fn per_slot<T, F, Fut>(
+        &self,
+        keys: &[&[u8]],
+        what: &str,
+        command: F,
+    ) -> Result<Vec<T>, Error>
+    where
+        F: Fn(&[usize]) -> Fut,
+        Fut: Future<Output = Result<Vec<T>, Error>>,
+    {
+        let groups = self.by_slot(keys);
+        let replies = futures_util::future::join_all(groups.iter().map(|g| command(g))).await;
+        let mut out: Vec<Option<T>> = (0..keys.len()).map(|_| None).collect();
+        for (group, reply) in groups.iter().zip(replies) {
+            let reply = reply?;
+            if reply.len() != group.len() {
+                return Err(wrong_count(what));
+            }
+            for (&i, value) in group.iter().zip(reply) {
+                out[i] = Some(value);
+            }
+        }
+        // `by_slot` puts every position in one group.
+        out.into_iter()
+            .map(|value| value.ok_or_else(|| wrong_count(what)))
+            .collect()
+    }
+}
+
+impl RedisStore {
     /// [`Store::get`], unboxed: the cache calls it directly on the hit
     /// path when its store is a `RedisStore`.
     pub(crate) async fn get_unboxed(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
@@ -1846,16 +1869,14 @@ impl Store for RedisStore {
     ) -> StoreFuture<'a, LeaseAttempt> {
         Box::pin(async move {
             let ms = ttl_millis(ttl)?;
-            let left: i64 = self
+            let left: Vec<i64> = self
                 .inner
-                .eval(ACQUIRE_LEASE.key(lease_key).arg(token).arg(ms))
+                .eval(ACQUIRE_LEASES.key(lease_key).arg(ms).arg(token))
                 .await?;
-            Ok(match u64::try_from(left) {
-                Ok(ms) => LeaseAttempt::Held {
-                    ttl: Duration::from_millis(ms),
-                },
-                Err(_) => LeaseAttempt::Acquired,
-            })
+            match left.as_slice() {
+                [left] => Ok(lease_attempt(*left)),
+                _ => Err(wrong_count("a lease script")),
+            }
         })
     }
 
@@ -1863,33 +1884,13 @@ impl Store for RedisStore {
     /// hash slot, side by side (the cluster connection pipelines those
     /// that go to one node).
     fn get_many<'a>(&'a self, keys: &'a [&'a [u8]]) -> StoreFuture<'a, Vec<Option<Vec<u8>>>> {
-        Box::pin(async move {
-            let groups = self.by_slot(keys);
-            let read = futures_util::future::join_all(groups.iter().map(|group| async move {
-                let mut mget = redis::cmd("MGET");
-                for &i in group {
-                    mget.arg(keys[i]);
-                }
-                self.inner
-                    .query::<Vec<Option<Vec<u8>>>>(Op::Read, &mget)
-                    .await
-            }))
-            .await;
-            let mut values = vec![None; keys.len()];
-            for (group, read) in groups.iter().zip(read) {
-                let read = read?;
-                if read.len() != group.len() {
-                    return Err(Error::new(
-                        ErrorKind::Store,
-                        "redis answered an MGET with the wrong number of values",
-                    ));
-                }
-                for (&i, value) in group.iter().zip(read) {
-                    values[i] = value;
-                }
+        Box::pin(self.per_slot(keys, "an MGET", move |group| {
+            let mut mget = redis::cmd("MGET");
+            for &i in group {
+                mget.arg(keys[i]);
             }
-            Ok(values)
-        })
+            async move { self.inner.query(Op::Read, &mget).await }
+        }))
     }
 
     /// One script (per 256 leases) on a single server; on a cluster one
@@ -1902,35 +1903,17 @@ impl Store for RedisStore {
         Box::pin(async move {
             let ms = ttl_millis(ttl)?;
             let keys: Vec<&[u8]> = leases.iter().map(|l| l.key).collect();
-            let groups = self.by_slot(&keys);
-            let taken = futures_util::future::join_all(groups.iter().map(|group| async move {
-                let mut script = ACQUIRE_LEASES.key(leases[group[0]].key).arg(ms);
-                script = script.arg(leases[group[0]].token);
-                for &i in &group[1..] {
-                    script = script.key(leases[i].key).arg(leases[i].token);
-                }
-                self.inner.eval::<Vec<i64>>(script).await
-            }))
-            .await;
-            let mut attempts = vec![LeaseAttempt::Acquired; leases.len()];
-            for (group, taken) in groups.iter().zip(taken) {
-                let taken = taken?;
-                if taken.len() != group.len() {
-                    return Err(Error::new(
-                        ErrorKind::Store,
-                        "redis answered a lease script with the wrong number of replies",
-                    ));
-                }
-                for (&i, left) in group.iter().zip(taken) {
-                    attempts[i] = match u64::try_from(left) {
-                        Ok(ms) => LeaseAttempt::Held {
-                            ttl: Duration::from_millis(ms),
-                        },
-                        Err(_) => LeaseAttempt::Acquired,
-                    };
-                }
-            }
-            Ok(attempts)
+            let left: Vec<i64> = self
+                .per_slot(&keys, "a lease script", |group| {
+                    let first = leases[group[0]];
+                    let mut script = ACQUIRE_LEASES.key(first.key).arg(ms).arg(first.token);
+                    for &i in &group[1..] {
+                        script = script.key(leases[i].key).arg(leases[i].token);
+                    }
+                    async move { self.inner.eval(script).await }
+                })
+                .await?;
+            Ok(left.into_iter().map(lease_attempt).collect())
         })
     }
 
