@@ -761,31 +761,7 @@ impl<V: Value> Cache<V> {
         tokio::select! {
             biased;
             () = work => {}
-            () = self.keep_alive(&leases, &done, asked) => {}
-        }
-    }
-
-    /// Extends every lease of `leases` whose key is not `done`, every third
-    /// of the lease TTL from `asked` (when they were requested); never ends.
-    async fn keep_alive(&self, leases: &[LeaseRequest<'_>], done: &[AtomicBool], asked: Instant) {
-        let inner = &self.inner;
-        let every = inner.lease_ttl / 3;
-        let mut extend = tokio::time::interval_at(asked + every, every);
-        extend.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            extend.tick().await;
-            let alive: Vec<usize> = (0..leases.len())
-                .filter(|&i| !done[i].load(Ordering::Acquire))
-                .collect();
-            // A lease found gone here may also be one whose write has just
-            // landed (its reply not yet in): a lease really lost shows as a
-            // refused write (`revoked`).
-            join_all(alive.iter().map(|&i| {
-                inner
-                    .store
-                    .extend_lease(leases[i].key, leases[i].token, inner.lease_ttl)
-            }))
-            .await;
+            never = self.keep_alive(&leases, &done, asked) => match never {},
         }
     }
 
@@ -1009,7 +985,7 @@ impl<V: Value> Cache<V> {
                 Ok((mut found, load_time)) => {
                     for led in chunk {
                         let value = found.remove(&led.user);
-                        self.keep_local(&led.storage, &value, load_time, options, ticket)
+                        self.keep_local(&led.storage, &value, load_time, options, ticket, false)
                             .await;
                         led.lander.land(Ok((value, Served::Loaded)));
                     }

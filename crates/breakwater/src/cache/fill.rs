@@ -28,10 +28,13 @@
 //!    released in case the attempt ran after all. A background refresh does
 //!    not load at all then.
 
+use std::convert::Infallible;
 use std::pin::pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use tokio::time::{Instant, sleep, sleep_until};
 use tracing::{Instrument, Span};
 
@@ -86,7 +89,8 @@ impl<V: Value> Cache<V> {
             // Load directly, write nothing; single-flight still makes it one
             // load here.
             let (value, load_time) = self.load_unwritten(&loader, &options, priority).await?;
-            self.keep_local(&key, &value, load_time, &options, ticket)
+            let tagged = loader.tags().is_some();
+            self.keep_local(&key, &value, load_time, &options, ticket, tagged)
                 .await;
             return Ok((value, Served::Loaded));
         }
@@ -101,6 +105,9 @@ impl<V: Value> Cache<V> {
                 key: &lease_key,
                 token: &token,
             };
+            // The lease's TTL runs from when the store took it, which may
+            // be well before the reply: extensions are timed from here.
+            let asked = Instant::now();
             let lease_left = match inner
                 .store
                 .acquire_lease(lease.key, lease.token, inner.lease_ttl)
@@ -122,7 +129,7 @@ impl<V: Value> Cache<V> {
                         return Ok((value, Served::Coalesced));
                     }
                     let value = self
-                        .lead(&key, lease, &loader, &options, priority, ticket)
+                        .lead(&key, lease, asked, &loader, &options, priority, ticket)
                         .await?;
                     return Ok((value, Served::Loaded));
                 }
@@ -222,12 +229,14 @@ impl<V: Value> Cache<V> {
         }
     }
 
-    /// Holding the lease: load, keep the lease alive, write through the
-    /// fence (or release the lease on failure).
+    /// Holding the lease (requested at `asked`): load, keep the lease
+    /// alive, write through the fence (or release the lease on failure).
+    #[allow(clippy::too_many_arguments)]
     async fn lead<L>(
         &self,
         key: &[u8],
         lease: Lease<'_>,
+        asked: Instant,
         loader: &Arc<L>,
         options: &Options,
         priority: Priority,
@@ -237,7 +246,6 @@ impl<V: Value> Cache<V> {
         L: Load<V>,
     {
         let inner = &self.inner;
-        let store = &inner.store;
         // The tags' generations, read before the loader runs: a tag
         // invalidated from now on leaves this entry invalid.
         let tags = match loader.tags() {
@@ -252,7 +260,7 @@ impl<V: Value> Cache<V> {
                     inner.metrics.store_failed("get_many", &err);
                     self.release(key, lease).await;
                     let (value, load_time) = self.load_unwritten(loader, options, priority).await?;
-                    self.keep_local(key, &value, load_time, options, ticket)
+                    self.keep_local(key, &value, load_time, options, ticket, true)
                         .await;
                     return Ok(value);
                 }
@@ -264,26 +272,14 @@ impl<V: Value> Cache<V> {
             priority,
             &inner.metrics
         ));
-        // Extended every third of its TTL: two chances before it runs out.
-        let every = inner.lease_ttl / 3;
-        let mut extend = tokio::time::interval_at(Instant::now() + every, every);
-        let mut held = true;
-        let result = loop {
-            tokio::select! {
-                biased;
-                result = &mut load => break result,
-                _ = extend.tick(), if held => {
-                    match store.extend_lease(lease.key, lease.token, inner.lease_ttl).await {
-                        Ok(true) => {}
-                        Ok(false) => {
-                            warn_limited!(inner.logs, Warning::LeaseLost, key = %show_key(key), origin = %inner.origin.name(), "lease lost while loading (a load slower than the lease, or a store that did not answer); the result will not be written");
-                            inner.metrics.lease("lost");
-                            held = false;
-                        }
-                        Err(err) => warn_limited!(inner.logs, Warning::LeaseExtension, key = %show_key(key), error = %err, "lease extension failed"),
-                    }
-                }
-            }
+        // Kept alive beside the load, from when it was requested (the
+        // re-read and the tags' generations came in between): an extension
+        // in the air never holds up the load's end.
+        let done = [AtomicBool::new(false)];
+        let result = tokio::select! {
+            biased;
+            result = &mut load => result,
+            never = self.keep_alive(std::slice::from_ref(&lease), &done, asked) => match never {},
         };
         match result {
             Ok((value, load_time)) => {
@@ -294,6 +290,55 @@ impl<V: Value> Cache<V> {
             Err(err) => {
                 self.release(key, lease).await;
                 Err(err)
+            }
+        }
+    }
+
+    /// Keeps `leases` (requested at `asked`) alive while the work they
+    /// fence goes on beside it: every third of the lease TTL from `asked`
+    /// (two chances before one runs out), each lease not yet `done` is
+    /// extended, side by side. A lease found gone (a load slower than the
+    /// lease, or a store that did not answer) is counted lost and not
+    /// extended again: its result will not be written. Never ends.
+    pub(super) async fn keep_alive(
+        &self,
+        leases: &[Lease<'_>],
+        done: &[AtomicBool],
+        asked: Instant,
+    ) -> Infallible {
+        let inner = &self.inner;
+        let every = inner.lease_ttl / 3;
+        let mut extend = tokio::time::interval_at(asked + every, every);
+        extend.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            extend.tick().await;
+            let alive: Vec<usize> = (0..leases.len())
+                .filter(|&i| !done[i].load(Ordering::Acquire))
+                .collect();
+            let extended = join_all(alive.iter().map(|&i| {
+                let lease = leases[i];
+                inner
+                    .store
+                    .extend_lease(lease.key, lease.token, inner.lease_ttl)
+            }))
+            .await;
+            let mut lost = 0;
+            for (&i, extended) in alive.iter().zip(extended) {
+                match extended {
+                    Ok(true) => {}
+                    // Gone, and not because its write has just landed.
+                    Ok(false) if !done[i].swap(true, Ordering::AcqRel) => {
+                        lost += 1;
+                        inner.metrics.lease("lost");
+                    }
+                    Ok(false) => {}
+                    Err(err) => {
+                        warn_limited!(inner.logs, Warning::LeaseExtension, key = %show_key(leases[i].key), error = %err, "lease extension failed")
+                    }
+                }
+            }
+            if lost > 0 {
+                warn_limited!(inner.logs, Warning::LeaseLost, keys = lost, origin = %inner.origin.name(), "lease lost while loading (a load slower than the lease, or a store that did not answer); the result will not be written");
             }
         }
     }
@@ -329,7 +374,8 @@ impl<V: Value> Cache<V> {
             };
             cache.release(&key_owned, lease).await;
         });
-        self.keep_local(key, &value, load_time, options, ticket)
+        let tagged = loader.tags().is_some();
+        self.keep_local(key, &value, load_time, options, ticket, tagged)
             .await;
         Ok(value)
     }
@@ -337,7 +383,7 @@ impl<V: Value> Cache<V> {
     /// A value loaded while the store is unusable: the load succeeded, so
     /// the fail-safe throttle is lifted (as a written load lifts it); L1
     /// keeps it (a shield while the store is away, under the epoch rule);
-    /// the store does not.
+    /// the store does not. `tagged`: the call named tags (see `drop_tagged`).
     pub(super) async fn keep_local(
         &self,
         key: &[u8],
@@ -345,9 +391,13 @@ impl<V: Value> Cache<V> {
         load_time: Duration,
         options: &Options,
         ticket: Option<Ticket>,
+        tagged: bool,
     ) {
         self.inner.clear_throttle(key);
-        if let Ok(sealed) = self.seal(key, value.as_ref(), load_time, options) {
+        if let Ok(mut sealed) = self.seal(key, value.as_ref(), load_time, options) {
+            // No generations were recorded (nothing is written), but the
+            // copy is of a tagged call: a tag invalidation must drop it.
+            sealed.stamp.tagged = tagged;
             self.remember_sealed(key, value.clone(), &sealed, ticket)
                 .await;
         }
@@ -389,7 +439,8 @@ impl<V: Value> Cache<V> {
         tags: Vec<TagStamp>,
     ) -> Result<(), Error> {
         let inner = &self.inner;
-        let sealed = match self.seal_tagged(key, value, load_time, options, tags) {
+        let now = inner.store.now_ms();
+        let sealed = match self.seal_tagged(key, value, load_time, options, tags, now) {
             Ok(sealed) => sealed,
             Err(err) => {
                 self.release(key, lease).await;

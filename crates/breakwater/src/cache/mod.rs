@@ -525,11 +525,15 @@ impl<V: Value> Cache<V> {
         let span = self.span(Op::Set, key);
         let done = async {
             let key = self.key_in_store(key)?;
+            // The value's windows start now, not after the generations'
+            // read (which may take a store deadline).
+            let now = self.inner.store.now_ms();
             let stamps = match tags {
                 Some(tags) => self.tag_generations(tags).await?,
                 None => Vec::new(),
             };
-            let sealed = self.seal_tagged(&key, Some(value), Duration::ZERO, options, stamps)?;
+            let sealed =
+                self.seal_tagged(&key, Some(value), Duration::ZERO, options, stamps, now)?;
             self.replace_batch(vec![(key, sealed)]).await
         }
         .instrument(span.clone())
@@ -1764,11 +1768,14 @@ impl<V: Value> Cache<V> {
         load_time: Duration,
         options: &Options,
     ) -> Result<Sealed, Error> {
-        self.seal_tagged(key, value, load_time, options, Vec::new())
+        let now = self.inner.store.now_ms();
+        self.seal_tagged(key, value, load_time, options, Vec::new(), now)
     }
 
     /// [`seal`](Self::seal), recording `tags` (with their generations) in
-    /// the entry: a format version 2 entry, unless `tags` is empty.
+    /// the entry (a format version 2 entry, unless `tags` is empty), its
+    /// windows counted from `now` (store clock): when the value was had,
+    /// which for a `set` is before its tags' generations were read.
     fn seal_tagged(
         &self,
         key: &[u8],
@@ -1776,6 +1783,7 @@ impl<V: Value> Cache<V> {
         load_time: Duration,
         options: &Options,
         tags: Vec<TagStamp>,
+        now: u64,
     ) -> Result<Sealed, Error> {
         let inner = &self.inner;
         let (payload, negative) = match value {
@@ -1802,7 +1810,6 @@ impl<V: Value> Cache<V> {
         } else {
             millis(options.max_stale())
         };
-        let now = inner.store.now_ms();
         let fresh_until = now.saturating_add(fresh_ms);
         let stale_until = fresh_until.saturating_add(stale_ms);
         let load_ms = u32::try_from(load_time.as_millis()).unwrap_or(u32::MAX);
@@ -1818,7 +1825,8 @@ impl<V: Value> Cache<V> {
         let bytes = entry.encode(&inner.compression);
         Ok(Sealed {
             bytes,
-            ttl: Duration::from_millis(stale_until.saturating_sub(now)),
+            // What is left of the windows when it is written.
+            ttl: Duration::from_millis(stale_until.saturating_sub(inner.store.now_ms()).max(1)),
             stamp: stamp(&entry),
         })
     }
