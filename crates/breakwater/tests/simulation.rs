@@ -91,6 +91,14 @@
 //! a `get_or_load` of it that started with the batch; in the one-load
 //! rounds every fifth caller asks through `get_many`.
 //!
+//! Tags get a chaos round of their own (a new fleet, keys `t00`..): every
+//! key carries its group's tag (`g0`..`g2`); reads are tagged
+//! `get_or_load`s, `set`s are tagged, and a tenth of the calls are
+//! `invalidate_tag` of a group, which bumps every key of the group in the
+//! database (rows locked in order) before it; once it returned `Ok`, each of
+//! those keys is fenced at its new version, so no-resurrection, liveness
+//! and time are checked for tag invalidation exactly as for `invalidate`.
+//!
 //! Besides: **wrong-key** (a value came back under another key) and
 //! **errors-in-healthy-round**.
 
@@ -367,9 +375,11 @@ impl Brief for bool {
     }
 }
 
+/// A bumped generation: at least the store's clock, whose Unix epoch is
+/// the real one (not part of a seed's replay), so only that it moved.
 impl Brief for u64 {
     fn brief(&self) -> String {
-        self.to_string()
+        "bumped".to_owned()
     }
 }
 
@@ -1050,6 +1060,68 @@ async fn get(world: &Arc<World>, p: &Proc, key: &str, delay: Duration) -> Option
     world.check_get(p.id, p.profile, key, seq, start, result, BOUND)
 }
 
+/// A key's tag in the tag round: its group (of three).
+fn group(key: &str) -> String {
+    let n: usize = key[1..].parse().expect("keys are a letter and a number");
+    format!("g{}", n % 3)
+}
+
+/// One tagged `get_or_load` (its key's group) through the checker.
+async fn get_tagged(world: &Arc<World>, p: &Proc, key: &str, delay: Duration) -> Option<Val> {
+    let seq = world.next_seq();
+    let start = Instant::now();
+    let loader = world.loader(p.id, key, delay);
+    let call = p
+        .cache
+        .entry(key)
+        .tags([group(key)])
+        .get_or_load_with_meta(loader);
+    let result = timeout(BOUND, call).await;
+    world.check_get(p.id, p.profile, key, seq, start, result, BOUND)
+}
+
+/// `invalidate_tag(tag)`: a database write to every key of the tag's group
+/// (their rows locked, in order), then the invalidation; once it returned
+/// `Ok`, each of those keys is fenced at its new version.
+async fn invalidate_tag(
+    world: &Arc<World>,
+    p: &Proc,
+    tag: &str,
+    keys: &[String],
+    writes: &BTreeMap<String, Arc<tokio::sync::Mutex<()>>>,
+) {
+    let tagged: Vec<&String> = keys.iter().filter(|k| group(k) == tag).collect();
+    let mut rows = Vec::with_capacity(tagged.len());
+    for key in &tagged {
+        rows.push(writes[*key].lock().await);
+    }
+    let versions: Vec<u64> = tagged.iter().map(|key| world.bump(key)).collect();
+    let start = Instant::now();
+    let outcome = match timeout(BOUND, p.cache.invalidate_tag(tag)).await {
+        Ok(Ok(())) => {
+            for (key, version) in tagged.iter().zip(&versions) {
+                world.fence(p.id, key, *version);
+            }
+            format!("ok {versions:?}")
+        }
+        Ok(Err(err)) => format!("error {:?}", err.kind()),
+        Err(_) => {
+            world.violate(
+                "liveness",
+                tag,
+                format!(
+                    "P{} invalidate_tag({tag}) started at {} ms did not return within {BOUND:?}",
+                    p.id,
+                    world.ms(start)
+                ),
+            );
+            "HUNG".into()
+        }
+    };
+    world.trace(p.id, "invalidate_tag", tag, start, outcome);
+    drop(rows);
+}
+
 /// One `get_many` through the checker: every key's result is checked as a
 /// `get_or_load` of it started when the batch did.
 async fn get_many(
@@ -1100,10 +1172,12 @@ fn loader_delay(rng: &mut StdRng) -> Duration {
 
 /// The chaos phase: workers over the keys while the scheduler toggles
 /// faults. Checks no-resurrection, liveness and time on every result.
-async fn chaos_round(world: &Arc<World>) {
+async fn chaos_round(world: &Arc<World>, tagged: bool) {
     let seed = world.seed;
-    let procs = fleet(world, 0, &CHAOS_FLEET, true);
-    let keys: Vec<String> = (0..KEYS).map(|k| format!("k{k:02}")).collect();
+    // The tag round: its own fleet, keys and random streams.
+    let (round, prefix, salt) = if tagged { (4, "t", 100) } else { (0, "k", 0) };
+    let procs = fleet(world, round, &CHAOS_FLEET, true);
+    let keys: Vec<String> = (0..KEYS).map(|k| format!("{prefix}{k:02}")).collect();
     let writes: BTreeMap<String, Arc<tokio::sync::Mutex<()>>> =
         keys.iter().map(|k| (k.clone(), Arc::default())).collect();
     let end = Instant::now() + CHAOS_FOR;
@@ -1112,7 +1186,7 @@ async fn chaos_round(world: &Arc<World>) {
         let procs = procs.clone();
         let world = Arc::clone(world);
         tokio::spawn(async move {
-            let mut rng = stream(seed, 2);
+            let mut rng = stream(seed, 2 + salt);
             let mut phase_until = Instant::now();
             let mut chaotic = false;
             let mut stopped_until: Vec<Option<Instant>> = vec![None; procs.len()];
@@ -1162,14 +1236,21 @@ async fn chaos_round(world: &Arc<World>) {
             let (procs, keys, writes) = (procs.clone(), keys.clone(), writes.clone());
             let world = Arc::clone(world);
             tokio::spawn(async move {
-                let mut rng = stream(seed, 10 + w as u64);
+                let mut rng = stream(seed, 10 + salt + w as u64);
                 while Instant::now() < end {
                     let p = &procs[rng.random_range(0..procs.len())];
                     let key = &keys[rng.random_range(0..keys.len())];
                     match rng.random_range(0..100) {
+                        0..70 if tagged => {
+                            let delay = loader_delay(&mut rng);
+                            get_tagged(&world, p, key, delay).await;
+                        }
                         0..70 => {
                             let delay = loader_delay(&mut rng);
                             get(&world, p, key, delay).await;
+                        }
+                        70..80 if tagged => {
+                            invalidate_tag(&world, p, &group(key), &keys, &writes).await;
                         }
                         70..80 => {
                             let delay = loader_delay(&mut rng);
@@ -1191,7 +1272,14 @@ async fn chaos_round(world: &Arc<World>) {
                                     key: key.clone(),
                                     version,
                                 };
-                                ("set", timeout(BOUND, p.cache.set(key, &val)).await)
+                                let set = async {
+                                    if tagged {
+                                        p.cache.entry(key).tags([group(key)]).set(&val).await
+                                    } else {
+                                        p.cache.set(key, &val).await
+                                    }
+                                };
+                                ("set", timeout(BOUND, set).await)
                             };
                             let outcome = match result {
                                 Ok(Ok(())) => {
@@ -1411,7 +1499,8 @@ fn run_seed(seed: u64) -> Outcome {
         .expect("runtime");
     let world = runtime.block_on(async {
         let world = World::new(seed);
-        chaos_round(&world).await;
+        chaos_round(&world, false).await;
+        chaos_round(&world, true).await;
         slow_loader_round(&world).await;
         holder_death_round(&world).await;
         hot_key_round(&world).await;
