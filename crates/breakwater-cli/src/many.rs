@@ -164,6 +164,11 @@ async fn run_worker(opts: ManyWorkerOpts) -> Result<usize, Box<dyn std::error::E
                 let got = cache.get_many(ids.clone(), loader).await;
                 let took = started.elapsed();
                 let outcome = match got {
+                    Ok(values) if values.len() != ids.len() => Err(format!(
+                        "asked for {} ids, got {} values",
+                        ids.len(),
+                        values.len()
+                    )),
                     Ok(values) => ids
                         .iter()
                         .zip(&values)
