@@ -53,6 +53,7 @@ const APP_USER: &[&str] = &[
     "&myapp:*",
     "-@all",
     "+get",
+    "+mget",
     "+set",
     "+del",
     "+pttl",

@@ -243,3 +243,104 @@ async fn a_lease_written_by_an_earlier_build_is_never_altered() {
     );
     assert_eq!(store.get(lease).await.unwrap().as_deref(), Some(&old[..]));
 }
+
+/// Reads of distinct keys that meet while a read is in the air go out
+/// together as one `MGET` (the cache's read queue); each caller still gets
+/// its own key's value.
+#[tokio::test]
+async fn reads_of_distinct_keys_that_meet_go_out_as_mgets() {
+    let (server, store) = redis_store().await;
+    let cache = catalog(&store);
+    for i in 0..200 {
+        cache
+            .set(format!("p:{i}"), &format!("product {i}"))
+            .await
+            .unwrap();
+    }
+    server.command(&["CONFIG", "RESETSTAT"]).unwrap();
+    let reads = (0..200).map(|i| {
+        let cache = cache.clone();
+        async move {
+            let got = cache
+                .get_or_load(format!("p:{i}"), || async {
+                    Ok::<_, std::io::Error>(Some("loaded".to_string()))
+                })
+                .await
+                .unwrap();
+            assert_eq!(got, Some(format!("product {i}")), "key p:{i}");
+        }
+    });
+    futures_util::future::join_all(reads).await;
+    let calls: std::collections::BTreeMap<_, _> = command_calls(&server)
+        .into_iter()
+        .filter(|(name, _)| name != "config|resetstat" && name != "info")
+        .collect();
+    let gets = calls.get("get").copied().unwrap_or(0);
+    let mgets = calls.get("mget").copied().unwrap_or(0);
+    assert!(mgets >= 1, "no MGET: {calls:?}");
+    assert!(
+        gets + mgets < 20,
+        "200 reads at once took {gets} GETs and {mgets} MGETs"
+    );
+    assert_eq!(
+        calls.len(),
+        usize::from(gets > 0) + 1,
+        "only reads: {calls:?}"
+    );
+}
+
+/// Queued reads whose callers went away neither break the others nor
+/// leave the queue thinking reads are still in the air: a lone read
+/// afterwards is one `GET` again.
+#[tokio::test]
+async fn cancelled_queued_reads_leave_the_queue_working() {
+    let (server, store) = redis_store().await;
+    let cache = catalog(&store);
+    for i in 0..100 {
+        cache
+            .set(format!("p:{i}"), &format!("product {i}"))
+            .await
+            .unwrap();
+    }
+    let tasks: Vec<_> = (0..100)
+        .map(|i| {
+            let cache = cache.clone();
+            tokio::spawn(async move {
+                cache
+                    .get_or_load(format!("p:{i}"), || async {
+                        Ok::<_, std::io::Error>(Some("loaded".to_string()))
+                    })
+                    .await
+            })
+        })
+        .collect();
+    // Let every task start its read (and most of them queue), then cancel
+    // every other one.
+    tokio::task::yield_now().await;
+    for task in tasks.iter().step_by(2) {
+        task.abort();
+    }
+    for (i, task) in tasks.into_iter().enumerate() {
+        match task.await {
+            Ok(got) => assert_eq!(got.unwrap(), Some(format!("product {i}"))),
+            Err(err) => assert!(err.is_cancelled() && i % 2 == 0, "task {i}: {err}"),
+        }
+    }
+    server.command(&["CONFIG", "RESETSTAT"]).unwrap();
+    let got = cache
+        .get_or_load("p:7", || async {
+            Ok::<_, std::io::Error>(Some("loaded".to_string()))
+        })
+        .await
+        .unwrap();
+    assert_eq!(got.as_deref(), Some("product 7"));
+    let calls: Vec<_> = command_calls(&server)
+        .into_iter()
+        .filter(|(name, _)| name != "config|resetstat" && name != "info")
+        .collect();
+    assert_eq!(
+        calls,
+        vec![("get".to_string(), 1)],
+        "a lone read is one GET"
+    );
+}

@@ -270,14 +270,15 @@ impl<V: Value> CacheBuilder<V> {
     ///
     /// A Redis user limited to an application's own keys and channels works
     /// when the prefix is theirs. The commands the store sends are `GET`,
-    /// `SET`, `DEL`, `PTTL`, `EXISTS`, `PUBLISH`, `SUBSCRIBE`, `EVALSHA` and
-    /// `EVAL` (its Lua scripts also run `SETRANGE` and `PEXPIRE`), and the
-    /// keyless `PING` and `TIME`; a Redis Cluster also needs
-    /// `CLUSTER SLOTS`. The narrowest user:
+    /// `MGET` (batch reads, tags, reads that meet), `SET`, `DEL`, `PTTL`,
+    /// `EXISTS`, `PUBLISH`, `SUBSCRIBE`, `EVALSHA` and `EVAL` (its Lua
+    /// scripts also run `SETRANGE` and `PEXPIRE`), and the keyless `PING`
+    /// and `TIME`; a Redis Cluster also needs `CLUSTER SLOTS`. The
+    /// narrowest user:
     ///
     /// ```text
     /// ACL SETUSER app on >secret resetkeys ~myapp:* resetchannels &myapp:* -@all
-    ///     +get +set +del +pttl +exists +publish +subscribe +evalsha +eval
+    ///     +get +mget +set +del +pttl +exists +publish +subscribe +evalsha +eval
     ///     +setrange +pexpire +ping +time +cluster|slots
     /// ```
     ///

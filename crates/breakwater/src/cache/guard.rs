@@ -28,6 +28,7 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
+use super::queue::ReadQueue;
 use crate::breaker::{BreakerConfig, BreakerLabel, BreakerState, CircuitBreaker};
 use crate::error::{Error, ErrorKind};
 use crate::log_limit::{LogLimiter, Warning, warn_limited};
@@ -61,6 +62,9 @@ pub(crate) struct GuardedStore {
     /// Where a key fault is reported.
     metrics: Metrics,
     logs: Arc<LogLimiter>,
+    /// Reads that meet while the store is busy, if it batches reads
+    /// ([`Store::batches_reads`]; see `queue`).
+    queue: Option<ReadQueue>,
 }
 
 impl fmt::Debug for GuardedStore {
@@ -91,13 +95,20 @@ impl GuardedStore {
             .collect();
         let redis = (&*store as &dyn Any).downcast_ref::<RedisStore>().cloned();
         GuardedStore {
-            store,
             redis,
             breakers,
             causes: (0..domains).map(|_| Mutex::new(None)).collect(),
             metrics,
             logs,
+            queue: store.batches_reads().then(ReadQueue::default),
+            store,
         }
+    }
+
+    /// The queue of reads that meet while the store is busy, if it batches
+    /// reads.
+    pub(crate) fn read_queue(&self) -> Option<&ReadQueue> {
+        self.queue.as_ref()
     }
 
     /// The worst state of the breakers: open if any is open, else half-open

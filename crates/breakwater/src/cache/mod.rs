@@ -39,6 +39,7 @@ mod inspect;
 mod notify;
 mod options;
 mod origin;
+mod queue;
 mod settings;
 mod tags;
 mod throttle;
@@ -179,7 +180,8 @@ impl<T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static> Value for 
 ///    reconnect runs in the background and no call waits for it longer
 ///    than that; `connect_timeout` only for the very first connection;
 ///    twice when a broken connection is retried once), a `get_or_load`
-///    takes at most: one read (*S*); then either a
+///    takes at most: one read (*S*, or 2*S* when it was queued behind a
+///    read in the air and sent in a batch); then either a
 ///    load it leads (the bulkhead's `queue_wait` + `load_timeout` + one
 ///    write, *S*), or a wait of `lock_wait` plus a few store calls (3*S* +
 ///    250 ms) followed, with `load_anyway`, by a load (`queue_wait` +
@@ -1642,9 +1644,9 @@ impl<V: Value> Cache<V> {
         };
         // Not wrapped unless a subscriber listens (see `fetch`).
         let read = if span.is_disabled() {
-            self.inner.store.get_inline(key).await
+            self.get_queued(key).await
         } else {
-            self.inner.store.get_inline(key).instrument(span).await
+            self.get_queued(key).instrument(span).await
         };
         let bytes = match read {
             Ok(Some(bytes)) => bytes,
@@ -1658,6 +1660,20 @@ impl<V: Value> Cache<V> {
             // state does not grow every read's future.
             Some(entry) if !entry.tags.is_empty() => Box::pin(self.still_tagged(key, entry)).await,
             entry => Ok(entry),
+        }
+    }
+
+    /// One store read of storage key `key`, straight to the store unless
+    /// it is busy and batches reads (see `queue`).
+    async fn get_queued(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        let store = &self.inner.store;
+        let Some(waiting) = store.read_queue() else {
+            return store.get_inline(key).await;
+        };
+        match queue::admit(store, waiting) {
+            Some(_admitted) => store.get_inline(key).await,
+            // Boxed: its state would grow every read's future.
+            None => Box::pin(queue::queued(store, waiting, key)).await,
         }
     }
 

@@ -221,6 +221,16 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
         })
     }
 
+    /// Whether reads of distinct keys that meet while this store is busy
+    /// may go out together as one [`get_many`](Store::get_many) (one `MGET`
+    /// on Redis) instead of one [`get`](Store::get) each. Only worth it
+    /// where a batch costs much less than its reads one by one; `false` by
+    /// default. A cache never delays a read for this while the store is
+    /// idle.
+    fn batches_reads(&self) -> bool {
+        false
+    }
+
     // --- failure domains ---
 
     /// How many independent failure domains the store has: 1 unless its

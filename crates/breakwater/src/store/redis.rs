@@ -1750,6 +1750,15 @@ impl RedisStore {
         Fut: Future<Output = Result<Vec<T>, Error>>,
     {
         let groups = self.by_slot(keys);
+        // One group (one server, or keys of one slot): its positions are
+        // every key's in order, and its reply needs no putting back.
+        if let [group] = groups.as_slice() {
+            let reply = command(group).await?;
+            if reply.len() != keys.len() {
+                return Err(wrong_count(what));
+            }
+            return Ok(reply);
+        }
         let replies = futures_util::future::join_all(groups.iter().map(|g| command(g))).await;
         let mut out: Vec<Option<T>> = (0..keys.len()).map(|_| None).collect();
         for (group, reply) in groups.iter().zip(replies) {
@@ -1847,6 +1856,12 @@ impl Store for RedisStore {
     /// One for a single server; for a cluster, one per 256 consecutive hash
     /// slots (64 in all): nodes own ranges of slots, so a failed node's
     /// keys fall into its own domains.
+    /// On one server or a Sentinel-managed primary, one `MGET` for many
+    /// reads; not on a Cluster, where a batch splits per hash slot.
+    fn batches_reads(&self) -> bool {
+        self.failure_domains() == 1
+    }
+
     fn failure_domains(&self) -> usize {
         match self.inner.target {
             Target::Node(_) | Target::Sentinel(_) => 1,
