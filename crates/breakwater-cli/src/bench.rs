@@ -73,7 +73,7 @@ mod hit;
 async fn hit(opts: &HitOpts) -> Result<(), Failure> {
     check_redis(&opts.redis).await?;
     println!(
-        "Redis hits on {}: get_or_load (L1 off: one GET per hit) next to raw GETs on one \
+        "Redis hits on {}: get_or_load (L1 off: a GET, or a share of an MGET, per hit) next to raw GETs on one \
          connection; {} trial(s) of {} ms, interleaved; current-thread runtime",
         shown(&opts.redis),
         opts.trials,

@@ -1,6 +1,7 @@
 //! A Redis hit through `get_or_load` next to a raw `GET` on one multiplexed
 //! connection, in the same run, on a private `redis-server` (L1 off, so
-//! every hit is one `GET`). Three interleaved trials per scenario; the
+//! every hit reads Redis: one `GET`, or its share of an `MGET` when reads
+//! meet). Three interleaved trials per scenario; the
 //! ratio is of the medians. `breakwater bench hit --redis URL` runs the
 //! same comparison against a Redis of your own.
 //!

@@ -1,8 +1,9 @@
 //! The Redis-hit comparison shared by `cargo bench -p breakwater --bench
 //! hit` and `breakwater bench hit --redis URL` (included by both with
-//! `#[path]`): a hit through `get_or_load` (L1 off, so every hit is one
-//! `GET`) next to a raw `GET` on one multiplexed connection of the same
-//! server, interleaved trials, the ratio of the medians.
+//! `#[path]`): a hit through `get_or_load` (L1 off, so every hit reads
+//! Redis: one `GET`, or its share of an `MGET` when reads meet while the
+//! store is busy) next to a raw `GET` on one multiplexed connection of the
+//! same server, interleaved trials, the ratio of the medians.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -180,8 +180,7 @@ impl<T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static> Value for 
 ///    reconnect runs in the background and no call waits for it longer
 ///    than that; `connect_timeout` only for the very first connection;
 ///    twice when a broken connection is retried once), a `get_or_load`
-///    takes at most: one read (*S*, or 2*S* when it was queued behind a
-///    read in the air and sent in a batch); then either a
+///    takes at most: one read (*S*); then either a
 ///    load it leads (the bulkhead's `queue_wait` + `load_timeout` + one
 ///    write, *S*), or a wait of `lock_wait` plus a few store calls (3*S* +
 ///    250 ms) followed, with `load_anyway`, by a load (`queue_wait` +
@@ -1670,7 +1669,7 @@ impl<V: Value> Cache<V> {
         let Some(waiting) = store.read_queue() else {
             return store.get_inline(key).await;
         };
-        match queue::admit(store, waiting) {
+        match queue::admit(waiting) {
             Some(_admitted) => store.get_inline(key).await,
             // Boxed: its state would grow every read's future.
             None => Box::pin(queue::queued(store, waiting, key)).await,
