@@ -59,6 +59,15 @@ async fn thousand_writes_leave_pttls_inside_the_jitter_bounds_and_not_all_equal(
     );
 }
 
+/// The commands the cache sent since the test's `CONFIG RESETSTAT`, by
+/// name (the test's own `RESETSTAT` and `INFO` left out).
+fn cache_calls(server: &RedisServer) -> Vec<(String, u64)> {
+    command_calls(server)
+        .into_iter()
+        .filter(|(name, _)| name != "config|resetstat" && name != "info")
+        .collect()
+}
+
 #[tokio::test]
 async fn a_hit_costs_exactly_one_redis_command() {
     let (server, store) = redis_store().await;
@@ -75,10 +84,7 @@ async fn a_hit_costs_exactly_one_redis_command() {
         .unwrap();
     assert_eq!(v.as_deref(), Some("one"));
 
-    let calls: Vec<_> = command_calls(&server)
-        .into_iter()
-        .filter(|(name, _)| name != "config|resetstat" && name != "info")
-        .collect();
+    let calls = cache_calls(&server);
     assert_eq!(
         calls,
         vec![("get".to_string(), 2)],
@@ -271,10 +277,7 @@ async fn reads_of_distinct_keys_that_meet_go_out_as_mgets() {
         }
     });
     futures_util::future::join_all(reads).await;
-    let calls: std::collections::BTreeMap<_, _> = command_calls(&server)
-        .into_iter()
-        .filter(|(name, _)| name != "config|resetstat" && name != "info")
-        .collect();
+    let calls: std::collections::BTreeMap<_, _> = cache_calls(&server).into_iter().collect();
     let gets = calls.get("get").copied().unwrap_or(0);
     let mgets = calls.get("mget").copied().unwrap_or(0);
     assert!(mgets >= 1, "no MGET: {calls:?}");
@@ -334,10 +337,7 @@ async fn cancelled_queued_reads_leave_the_queue_working() {
         .await
         .unwrap();
     assert_eq!(got.as_deref(), Some("product 7"));
-    let calls: Vec<_> = command_calls(&server)
-        .into_iter()
-        .filter(|(name, _)| name != "config|resetstat" && name != "info")
-        .collect();
+    let calls = cache_calls(&server);
     assert_eq!(
         calls,
         vec![("get".to_string(), 1)],

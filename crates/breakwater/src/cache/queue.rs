@@ -126,7 +126,7 @@ pub(crate) async fn queued(store: &Arc<GuardedStore>, queue: &ReadQueue, key: &[
     answer.await.unwrap_or_else(|_| {
         Err(Error::new(
             ErrorKind::Store,
-            "a queued read was dropped unanswered (the runtime is shutting down)",
+            "a queued read got no reply (its batch was dropped: the runtime is shutting down)",
         ))
     })
 }
