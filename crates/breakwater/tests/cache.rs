@@ -833,3 +833,47 @@ async fn integer_keys_need_no_format() {
     );
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
+
+/// Reads queued for one batch whose runtime shut down before the batch went
+/// out (its task dropped unrun) do not leave the cache's read queue stuck:
+/// reads from another runtime afterwards are answered.
+#[test]
+fn reads_queued_on_a_runtime_that_shut_down_leave_the_queue_working() {
+    let store = CountingStore::slow(MemoryStore::new(), Duration::from_millis(50)).batching_reads();
+    let cache: Cache<String> = Cache::builder().store(store).build().unwrap();
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let first = runtime();
+    first.block_on(async {
+        for i in 0..10 {
+            cache.set(format!("k{i}"), &format!("v{i}")).await.unwrap();
+        }
+        for i in 0..10 {
+            let cache = cache.clone();
+            tokio::spawn(async move { cache.get(format!("k{i}")).await });
+        }
+        // The reads start (4 in the air, the rest queued); the runtime
+        // goes before their batch is sent.
+        tokio::task::yield_now().await;
+    });
+    drop(first);
+    runtime().block_on(async {
+        let reads = (0..10).map(|i| {
+            let cache = cache.clone();
+            async move { cache.get(format!("k{i}")).await }
+        });
+        let got = tokio::time::timeout(
+            Duration::from_secs(10),
+            futures_util::future::join_all(reads),
+        )
+        .await
+        .expect("no read waits forever");
+        for (i, got) in got.into_iter().enumerate() {
+            assert_eq!(got.unwrap(), Some(format!("v{i}")), "k{i}");
+        }
+    });
+}

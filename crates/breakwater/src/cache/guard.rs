@@ -190,6 +190,17 @@ impl GuardedStore {
         let mut results: Vec<Option<Result<T, Error>>> = (0..items.len()).map(|_| None).collect();
         for ((positions, _), done) in groups.iter().zip(done) {
             match done {
+                // A reply of the wrong length cannot be matched to the
+                // items: none of the group gets a value from it.
+                Ok(values) if values.len() != positions.len() => {
+                    let err = Error::new(
+                        ErrorKind::Store,
+                        "the store answered a batch with the wrong number of replies",
+                    );
+                    for &i in positions {
+                        results[i] = Some(Err(err.clone()));
+                    }
+                }
                 Ok(values) => {
                     for (&i, value) in positions.iter().zip(values) {
                         results[i] = Some(Ok(value));

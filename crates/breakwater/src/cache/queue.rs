@@ -117,11 +117,18 @@ pub(crate) async fn queued(store: &Arc<GuardedStore>, queue: &ReadQueue, key: &[
         waiting.len() == 1
     };
     if first {
-        let store = Arc::clone(store);
-        tokio::spawn(async move {
-            tokio::task::yield_now().await;
-            send(&store).await;
-        });
+        let flush = Flush {
+            store: Arc::clone(store),
+            taken: false,
+        };
+        // Outside a runtime nothing can send it: `flush` is dropped here,
+        // and so is the queue (this read's reply with it).
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                tokio::task::yield_now().await;
+                flush.send().await;
+            });
+        }
     }
     answer.await.unwrap_or_else(|_| {
         Err(Error::new(
@@ -131,24 +138,48 @@ pub(crate) async fn queued(store: &Arc<GuardedStore>, queue: &ReadQueue, key: &[
     })
 }
 
-/// Sends everything queued as batch reads (side by side, [`MAX_BATCH`]
-/// keys each), counted in the air while they run, and hands each queued
-/// caller its reply.
-async fn send(store: &Arc<GuardedStore>) {
-    let Some(queue) = store.read_queue() else {
-        return;
-    };
-    let taken = std::mem::take(&mut *lock(queue));
-    queue.in_flight.fetch_add(1, Ordering::AcqRel);
-    let _admitted = Admitted { queue };
-    let batches = taken.chunks(MAX_BATCH).map(|batch| async move {
-        let keys: Vec<&[u8]> = batch.iter().map(|q| q.key.as_slice()).collect();
-        store.get_many_split(&keys).await
-    });
-    let replies = futures_util::future::join_all(batches).await;
-    for (queued, reply) in taken.into_iter().zip(replies.into_iter().flatten()) {
-        // A caller that went away does not take its reply.
-        let _ = queued.reply.send(reply);
+/// The task that sends what is queued. Every queued read relies on it
+/// from the moment the first one was queued: should it be dropped before
+/// it took the queue (a runtime shutting down drops its tasks, a closed
+/// one never runs them), it drops the queue instead, so those callers hear
+/// at once and the next read queued schedules a new one.
+struct Flush {
+    store: Arc<GuardedStore>,
+    taken: bool,
+}
+
+impl Flush {
+    /// Sends everything queued as batch reads (side by side, [`MAX_BATCH`]
+    /// keys each), counted in the air while they run, and hands each
+    /// queued caller its reply.
+    async fn send(mut self) {
+        let Some(queue) = self.store.read_queue() else {
+            return;
+        };
+        let taken = std::mem::take(&mut *lock(queue));
+        self.taken = true;
+        queue.in_flight.fetch_add(1, Ordering::AcqRel);
+        let _admitted = Admitted { queue };
+        let store = &self.store;
+        let batches = taken.chunks(MAX_BATCH).map(|batch| async move {
+            let keys: Vec<&[u8]> = batch.iter().map(|q| q.key.as_slice()).collect();
+            store.get_many_split(&keys).await
+        });
+        let replies = futures_util::future::join_all(batches).await;
+        for (queued, reply) in taken.into_iter().zip(replies.into_iter().flatten()) {
+            // A caller that went away does not take its reply.
+            let _ = queued.reply.send(reply);
+        }
+    }
+}
+
+impl Drop for Flush {
+    fn drop(&mut self) {
+        if !self.taken
+            && let Some(queue) = self.store.read_queue()
+        {
+            drop(std::mem::take(&mut *lock(queue)));
+        }
     }
 }
 

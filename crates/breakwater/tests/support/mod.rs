@@ -109,6 +109,7 @@ pub struct CountingStore<S> {
     lose_lease_replies: Arc<std::sync::atomic::AtomicBool>,
     failing_invalidations: Arc<AtomicUsize>,
     failing_gets: Arc<std::sync::atomic::AtomicBool>,
+    batches_reads: bool,
 }
 
 impl<S: Store + Clone> CountingStore<S> {
@@ -127,7 +128,15 @@ impl<S: Store + Clone> CountingStore<S> {
             lose_lease_replies: Arc::default(),
             failing_invalidations: Arc::default(),
             failing_gets: Arc::default(),
+            batches_reads: false,
         }
+    }
+
+    /// The same, asking caches to queue reads that meet into one
+    /// `get_many` ([`Store::batches_reads`]); set before a cache is built.
+    pub fn batching_reads(mut self) -> Self {
+        self.batches_reads = true;
+        self
     }
 
     /// While `failing`, each `get` fails at once (the store is down).
@@ -195,6 +204,9 @@ impl<S: Store + Clone> Store for CountingStore<S> {
     }
     fn name(&self) -> &'static str {
         "counting"
+    }
+    fn batches_reads(&self) -> bool {
+        self.batches_reads
     }
     fn acquire_lease<'a>(
         &'a self,
