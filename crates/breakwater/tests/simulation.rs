@@ -1073,12 +1073,27 @@ fn fleet(world: &Arc<World>, round: u64, shape: &[(Duration, bool)], short: bool
         .collect()
 }
 
-/// One `get_or_load` through the checker.
-async fn get(world: &Arc<World>, p: &Proc, key: &str, delay: Duration) -> Option<Val> {
+/// One `get_or_load` through the checker; `tagged`: with its key's group
+/// as its tag (the tag round).
+async fn get(
+    world: &Arc<World>,
+    p: &Proc,
+    key: &str,
+    delay: Duration,
+    tagged: bool,
+) -> Option<Val> {
     let seq = world.next_seq();
     let start = Instant::now();
     let loader = world.loader(p.id, key, delay);
-    let result = timeout(BOUND, p.cache.get_or_load_with_meta(key, loader)).await;
+    let call = async {
+        if tagged {
+            let entry = p.cache.entry(key).tags([group(key)]);
+            entry.get_or_load_with_meta(loader).await
+        } else {
+            p.cache.get_or_load_with_meta(key, loader).await
+        }
+    };
+    let result = timeout(BOUND, call).await;
     world.check_get(p.id, p.profile, key, seq, start, result, BOUND)
 }
 
@@ -1086,20 +1101,6 @@ async fn get(world: &Arc<World>, p: &Proc, key: &str, delay: Duration) -> Option
 fn group(key: &str) -> String {
     let n: usize = key[1..].parse().expect("keys are a letter and a number");
     format!("g{}", n % 3)
-}
-
-/// One tagged `get_or_load` (its key's group) through the checker.
-async fn get_tagged(world: &Arc<World>, p: &Proc, key: &str, delay: Duration) -> Option<Val> {
-    let seq = world.next_seq();
-    let start = Instant::now();
-    let loader = world.loader(p.id, key, delay);
-    let call = p
-        .cache
-        .entry(key)
-        .tags([group(key)])
-        .get_or_load_with_meta(loader);
-    let result = timeout(BOUND, call).await;
-    world.check_get(p.id, p.profile, key, seq, start, result, BOUND)
 }
 
 /// `invalidate_tag(tag)`: a database write to every key of the tag's group
@@ -1263,13 +1264,9 @@ async fn chaos_round(world: &Arc<World>, tagged: bool) {
                     let p = &procs[rng.random_range(0..procs.len())];
                     let key = &keys[rng.random_range(0..keys.len())];
                     match rng.random_range(0..100) {
-                        0..70 if tagged => {
-                            let delay = loader_delay(&mut rng);
-                            get_tagged(&world, p, key, delay).await;
-                        }
                         0..70 => {
                             let delay = loader_delay(&mut rng);
-                            get(&world, p, key, delay).await;
+                            get(&world, p, key, delay, tagged).await;
                         }
                         70..80 if tagged => {
                             invalidate_tag(&world, p, &group(key), &keys, &writes).await;
@@ -1435,7 +1432,7 @@ fn spawn_callers(
                             .pop()
                             .flatten()
                     } else {
-                        get(&world, &p, key, delay).await
+                        get(&world, &p, key, delay, false).await
                     }
                 }),
             ));
@@ -1451,7 +1448,7 @@ async fn hot_key_round(world: &Arc<World>) {
     let procs = fleet(world, 3, &[(Duration::ZERO, true)], false);
     let key = "hot";
     let p = &procs[0];
-    let first = get(world, p, key, ms(100)).await;
+    let first = get(world, p, key, ms(100), false).await;
     if first.is_none() {
         world.violate("early-refresh-l1", key, "the first load failed".into());
         return;

@@ -368,8 +368,13 @@ impl<V: Value> Cache<V> {
                     want.near = true;
                     want.outcome = Some(Ok(fetched));
                     if let Some(replacing) = replacing {
-                        let early = true;
-                        refreshes.push((i, Refresh { replacing, early }));
+                        refreshes.push((
+                            i,
+                            Refresh {
+                                replacing,
+                                early: true,
+                            },
+                        ));
                     }
                 }
                 Ok(Near::Stale(slot)) => want.local_stale = Some(slot),
@@ -592,8 +597,11 @@ impl<V: Value> Cache<V> {
                 },
             }));
             if !self.inner.is_throttled(&wants[*i].storage, now) {
-                let (replacing, early) = (0, false);
-                refreshes.push((*i, Refresh { replacing, early }));
+                let refresh = Refresh {
+                    replacing: 0,
+                    early: false,
+                };
+                refreshes.push((*i, refresh));
             }
             served[*i] = true;
         }

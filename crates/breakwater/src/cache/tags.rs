@@ -296,14 +296,15 @@ impl<V: Value> Cache<V> {
     /// checked with one read of their tags' generations. Entries that
     /// cannot be checked (the read failed) are misses too, never served.
     pub(super) async fn keep_current(&self, entries: &mut [Result<Option<Entry>, Error>]) {
-        let tagged = |e: &Result<Option<Entry>, Error>| match e {
-            Ok(Some(entry)) if !entry.tags.is_empty() => Some(entry.tags.clone()),
-            _ => None,
-        };
+        fn stamps(entry: &Result<Option<Entry>, Error>) -> &[TagStamp] {
+            match entry {
+                Ok(Some(entry)) => &entry.tags,
+                _ => &[],
+            }
+        }
         let mut tags: Vec<Vec<u8>> = entries
             .iter()
-            .filter_map(tagged)
-            .flat_map(|tags| tags.iter().map(|t| t.tag.clone()).collect::<Vec<_>>())
+            .flat_map(|entry| stamps(entry).iter().map(|stamp| stamp.tag.clone()))
             .collect();
         if tags.is_empty() {
             return;
@@ -312,9 +313,10 @@ impl<V: Value> Cache<V> {
         tags.dedup();
         let current = self.read_generations(&tags).await.ok();
         for entry in entries.iter_mut() {
-            let Some(stamps) = tagged(entry) else {
+            let stamps = stamps(entry);
+            if stamps.is_empty() {
                 continue;
-            };
+            }
             let valid = current.as_ref().is_some_and(|current| {
                 stamps.iter().all(|stamp| {
                     tags.binary_search(&stamp.tag)

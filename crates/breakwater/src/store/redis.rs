@@ -1853,15 +1853,15 @@ impl Store for RedisStore {
         "redis"
     }
 
-    /// One for a single server; for a cluster, one per 256 consecutive hash
-    /// slots (64 in all): nodes own ranges of slots, so a failed node's
-    /// keys fall into its own domains.
     /// On one server or a Sentinel-managed primary, one `MGET` for many
     /// reads; not on a Cluster, where a batch splits per hash slot.
     fn batches_reads(&self) -> bool {
         self.failure_domains() == 1
     }
 
+    /// One for a single server; for a cluster, one per 256 consecutive hash
+    /// slots (64 in all): nodes own ranges of slots, so a failed node's
+    /// keys fall into its own domains.
     fn failure_domains(&self) -> usize {
         match self.inner.target {
             Target::Node(_) | Target::Sentinel(_) => 1,
