@@ -95,7 +95,15 @@ impl ErrorKind {
 /// assert!(err.loader_error::<DbDown>().is_some());
 /// ```
 #[derive(Clone)]
-pub struct Error {
+pub struct Error(
+    /// Boxed: an `Error` is a pointer, so every `Result` of the hit path
+    /// (moved through each layer of a call) stays as small as its value.
+    Box<Details>,
+);
+
+/// What an [`Error`] holds.
+#[derive(Clone)]
+struct Details {
     kind: ErrorKind,
     /// What breakwater knows beyond the kind; empty when the source says it
     /// all (`store failed: broken pipe`).
@@ -110,18 +118,18 @@ pub struct Error {
 impl Error {
     /// Creates an error of `kind` with a message.
     pub(crate) fn new(kind: ErrorKind, message: impl Into<Cow<'static, str>>) -> Self {
-        Error {
+        Error(Box::new(Details {
             kind,
             message: message.into(),
             source: None,
             key_fault: false,
             retry_after: None,
-        }
+        }))
     }
 
     /// Says when trying again may succeed (see [`Error::retry_after`]).
     pub(crate) fn with_retry_after(mut self, after: Duration) -> Self {
-        self.retry_after = Some(after);
+        self.0.retry_after = Some(after);
         self
     }
 
@@ -130,7 +138,7 @@ impl Error {
         mut self,
         source: impl Into<Box<dyn StdError + Send + Sync + 'static>>,
     ) -> Self {
-        self.source = Some(Arc::from(source.into()));
+        self.0.source = Some(Arc::from(source.into()));
         self
     }
 
@@ -156,7 +164,7 @@ impl Error {
     /// implementations use this for such errors.
     pub fn key_fault(source: impl Into<Box<dyn StdError + Send + Sync + 'static>>) -> Self {
         let mut err = Error::new(ErrorKind::Store, "refused for this key").with_source(source);
-        err.key_fault = true;
+        err.0.key_fault = true;
         err
     }
 
@@ -167,7 +175,7 @@ impl Error {
 
     /// What kind of failure this is.
     pub fn kind(&self) -> ErrorKind {
-        self.kind
+        self.0.kind
     }
 
     /// How long to wait before trying again, when the refusal is temporary
@@ -216,87 +224,88 @@ impl Error {
     /// # Ok(()) }
     /// ```
     pub fn retry_after(&self) -> Option<Duration> {
-        self.retry_after
+        self.0.retry_after
     }
 
     /// The loader's own error, if this error carries one of type `E`.
     pub fn loader_error<E: StdError + 'static>(&self) -> Option<&E> {
-        if self.kind != ErrorKind::Loader {
+        if self.0.kind != ErrorKind::Loader {
             return None;
         }
-        self.source.as_deref()?.downcast_ref::<E>()
+        self.0.source.as_deref()?.downcast_ref::<E>()
     }
 
     /// `true` if the loader failed or panicked.
     pub fn is_loader(&self) -> bool {
-        self.kind == ErrorKind::Loader
+        self.0.kind == ErrorKind::Loader
     }
 
     /// `true` if the store failed.
     pub fn is_store(&self) -> bool {
-        self.kind == ErrorKind::Store
+        self.0.kind == ErrorKind::Store
     }
 
     /// `true` for a store error that belongs to one key, not to the store
     /// (see [`Error::key_fault`]); [`is_store`](Error::is_store) is `true`
     /// too.
     pub fn is_key_fault(&self) -> bool {
-        self.key_fault
+        self.0.key_fault
     }
 
     /// `true` if bytes could not be encoded or decoded.
     pub fn is_codec(&self) -> bool {
-        self.kind == ErrorKind::Codec
+        self.0.kind == ErrorKind::Codec
     }
 
     /// `true` if the configuration was invalid.
     pub fn is_config(&self) -> bool {
-        self.kind == ErrorKind::Config
+        self.0.kind == ErrorKind::Config
     }
 
     /// `true` if the key was rejected.
     pub fn is_invalid_key(&self) -> bool {
-        self.kind == ErrorKind::InvalidKey
+        self.0.kind == ErrorKind::InvalidKey
     }
 
     /// `true` if a deadline ran out.
     pub fn is_timeout(&self) -> bool {
-        self.kind == ErrorKind::Timeout
+        self.0.kind == ErrorKind::Timeout
     }
 
     /// `true` if waiting for another process's load timed out.
     pub fn is_lock_timeout(&self) -> bool {
-        self.kind == ErrorKind::LockTimeout
+        self.0.kind == ErrorKind::LockTimeout
     }
 
     /// `true` if the circuit breaker refused the load.
     pub fn is_circuit_open(&self) -> bool {
-        self.kind == ErrorKind::CircuitOpen
+        self.0.kind == ErrorKind::CircuitOpen
     }
 
     /// `true` if the load was shed because too many were running.
     pub fn is_overloaded(&self) -> bool {
-        self.kind == ErrorKind::Overloaded
+        self.0.kind == ErrorKind::Overloaded
     }
 
     /// `true` if an encoded value was larger than `max_value_size` and was
     /// not cached.
     pub fn is_too_large(&self) -> bool {
-        self.kind == ErrorKind::TooLarge
+        self.0.kind == ErrorKind::TooLarge
     }
 }
 
 impl fmt::Debug for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut d = f.debug_struct("Error");
-        d.field("kind", &self.kind).field("message", &self.message);
-        if self.key_fault {
+        d.field("kind", &self.0.kind)
+            .field("message", &self.0.message);
+        if self.0.key_fault {
             d.field("key_fault", &true);
         }
-        if let Some(after) = self.retry_after {
+        if let Some(after) = self.0.retry_after {
             d.field("retry_after", &after);
         }
-        if let Some(source) = &self.source {
+        if let Some(source) = &self.0.source {
             d.field("source", source);
         }
         d.finish()
@@ -307,14 +316,15 @@ impl fmt::Display for Error {
     /// `kind: message: cause: ... : root cause`, each part once (see the
     /// module docs).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.kind.as_str())?;
-        if !self.message.is_empty() {
-            write!(f, ": {}", self.message)?;
+        f.write_str(self.0.kind.as_str())?;
+        if !self.0.message.is_empty() {
+            write!(f, ": {}", self.0.message)?;
         }
         // The last part written: a cause that only repeats its end (as
         // `db error: {source}` does) is not written again.
-        let mut last = self.message.to_string();
+        let mut last = self.0.message.to_string();
         let mut cause = self
+            .0
             .source
             .as_deref()
             .map(|s| s as &(dyn StdError + 'static));
@@ -322,9 +332,9 @@ impl fmt::Display for Error {
             let part = match err.downcast_ref::<Error>() {
                 // One of ours inside: its own part only (its causes follow),
                 // and its kind only when it differs.
-                Some(inner) if inner.kind == self.kind => inner.message.to_string(),
-                Some(inner) if inner.message.is_empty() => inner.kind.as_str().to_owned(),
-                Some(inner) => format!("{}: {}", inner.kind.as_str(), inner.message),
+                Some(inner) if inner.0.kind == self.0.kind => inner.0.message.to_string(),
+                Some(inner) if inner.0.message.is_empty() => inner.0.kind.as_str().to_owned(),
+                Some(inner) => format!("{}: {}", inner.0.kind.as_str(), inner.0.message),
                 None => err.to_string(),
             };
             if !part.is_empty() && !last.ends_with(&part) {
@@ -339,7 +349,8 @@ impl fmt::Display for Error {
 
 impl StdError for Error {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        self.source
+        self.0
+            .source
             .as_deref()
             .map(|s| s as &(dyn StdError + 'static))
     }
