@@ -18,7 +18,8 @@
 //! done
 //! ```
 //!
-//! (`BREAKWATER_COST` is one of `l1`, `moka`, `redis`, `raw`, `tagged`
+//! (`BREAKWATER_COST` is one of `l1`, `moka` (a bare `moka::future` get),
+//! `mokasync` (a bare `moka::sync` get), `redis`, `raw`, `tagged`
 //! (a Redis hit on an entry with one tag), `redis50`, `raw50`, `floor50`;
 //! the counting
 //! allocator's own instructions are in every figure alike.)
@@ -42,7 +43,7 @@ fn hits() -> u64 {
 }
 
 /// Whether scenario `name` runs: all of them unless `BREAKWATER_COST`
-/// names one (`l1`, `moka`, `redis`, `raw`, `tagged`, `redis50`, `raw50`,
+/// names one (`l1`, `moka`, `mokasync`, `redis`, `raw`, `tagged`, `redis50`, `raw50`,
 /// `floor50`), for
 /// callgrind.
 fn runs(name: &str) -> bool {
@@ -105,10 +106,24 @@ fn main() {
             }
         })
         .await;
+        // L1's own map: moka's synchronous cache, with a time-to-live as
+        // L1 sets one.
+        let sync = moka::sync::Cache::<String, u64>::builder()
+            .max_capacity(10_000)
+            .time_to_live(Duration::from_secs(3_600))
+            .build();
+        sync.insert("hot".to_owned(), 7);
+        let bare_sync = blocks("mokasync", async || {
+            for _ in 0..n {
+                std::hint::black_box(sync.get("hot"));
+            }
+        })
+        .await;
         println!(
-            "L1 hit:        {:>6.2} allocations per hit (bare moka get: {:.2})",
+            "L1 hit:        {:>6.2} allocations per hit (bare moka get: future {:.2}, sync {:.2})",
             ours as f64 / n as f64,
-            bare as f64 / n as f64
+            bare as f64 / n as f64,
+            bare_sync as f64 / n as f64
         );
 
         // Redis hits, String values, L1 off.

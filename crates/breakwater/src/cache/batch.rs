@@ -53,7 +53,7 @@ use tracing::{Instrument, Span};
 use super::fill::{Lease, Mode, deadline_after};
 use super::notify::{self, FILLED};
 use super::options::{Fetched, Options, Served, StaleReason};
-use super::{Cache, Judged, Load, Loaded, Near, Refresh, Value, show_key, stands_in};
+use super::{Cache, Judged, Load, Loaded, Near, Refresh, Value, cooperate, show_key, stands_in};
 use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
 use crate::flight::{Joined, Lander, Role};
@@ -363,9 +363,10 @@ impl<V: Value> Cache<V> {
         }
         let mut refreshes: Vec<(usize, Refresh)> = Vec::new();
         for (i, want) in wants.iter_mut().enumerate() {
-            match self.near(&want.user, Some(options)).await {
+            match self.near(&want.user, Some(options)) {
                 Ok(Near::Fresh(fetched, replacing)) => {
                     want.near = true;
+                    cooperate().await;
                     want.outcome = Some(Ok(fetched));
                     if let Some(replacing) = replacing {
                         refreshes.push((

@@ -84,7 +84,7 @@ impl<V: Value> Local<V> {
     pub(super) async fn invalidated(&self, key: &[u8]) {
         let user = user_key(key, self.prefix_len);
         if let Some(l1) = &self.l1 {
-            l1.invalidated(user).await;
+            l1.invalidated(user);
         }
         self.reads.detach(user);
         self.flights.detach(key);
@@ -151,7 +151,7 @@ impl<V: Value> BusHook for Local<V> {
                 self.invalidated(&key).await;
             } else if let Some(l1) = &self.l1 {
                 // A refill elsewhere: newer data, read it from the store.
-                l1.remove(user_key(&key, self.prefix_len)).await;
+                l1.remove(user_key(&key, self.prefix_len));
             }
         })
     }

@@ -469,7 +469,8 @@ impl<V: Value> Cache<V> {
 
     /// [`get`](Self::get), in its span.
     async fn get_bytes(&self, key: &[u8]) -> Result<Option<V>, Error> {
-        if let Near::Fresh(fetched, _) = self.near(key, None).await? {
+        if let Near::Fresh(fetched, _) = self.near(key, None)? {
+            cooperate().await;
             return Ok(fetched.value);
         }
         let key = self.key_in_store(key)?;
@@ -909,16 +910,34 @@ impl<V: Value> Cache<V> {
     where
         L: Load<V>,
     {
+        let near = self.near(key, Some(options));
+        // A fresh L1 copy, nothing to refresh and no subscriber: served
+        // here, counted, and nothing else.
+        if let Ok(Near::Fresh(_, None)) = &near
+            && !tracing::dispatcher::has_been_set()
+        {
+            let Ok(Near::Fresh(fetched, None)) = near else {
+                unreachable!("matched above");
+            };
+            self.inner.metrics.served(match fetched.served {
+                Served::Hit => crate::metrics::SERVED_L1_HIT,
+                served => served.metric_index(),
+            });
+            cooperate().await;
+            return Ok(fetched);
+        }
         let span = self.span(Op::GetOrLoad, key);
-        let mut near = false;
-        let result = match self.near(key, Some(options)).await {
+        let mut near_hit = false;
+        let result = match near {
             Ok(Near::Fresh(fetched, None)) => {
-                near = true;
+                near_hit = true;
+                cooperate().await;
                 Ok(fetched)
             }
             // Early refresh, judged on the L1 copy as on a store read.
             Ok(Near::Fresh(fetched, Some(replacing))) => {
-                near = true;
+                near_hit = true;
+                cooperate().await;
                 self.key_in_store(key).map(|storage| {
                     if !self.inner.is_throttled(&storage, self.inner.store.now_ms()) {
                         let _in = span.enter();
@@ -934,7 +953,7 @@ impl<V: Value> Cache<V> {
             Ok(Near::Miss) => self.pipeline_in(&span, key, loader, options, None).await,
             Err(err) => Err(err),
         };
-        self.count_served(&result, near);
+        self.count_served(&result, near_hit);
         if !span.is_disabled() {
             match &result {
                 Ok(fetched) => {
@@ -986,23 +1005,22 @@ impl<V: Value> Cache<V> {
     /// Steps 1 and 2: the key checked, and L1 asked (keyed by the user's
     /// key, so a hit builds nothing). With `options`, a fresh copy is also
     /// judged for early refresh, on the store's clock, as a store read is.
-    async fn near(&self, user_key: &[u8], options: Option<&Options>) -> Result<Near<V>, Error> {
+    ///
+    /// A fresh copy completes without waiting on anything: the caller must
+    /// then take tokio's cooperative budget ([`cooperate`]), or a loop of
+    /// hits would never let the runtime run its timers and other tasks.
+    fn near(&self, user_key: &[u8], options: Option<&Options>) -> Result<Near<V>, Error> {
         self.check_key(user_key)?;
         let Some(l1) = &self.local.l1 else {
             return Ok(Near::Miss);
         };
         // Other processes' writes must reach L1: keep the bus listening.
         self.inner.waiters.ensure_listening(&*self.inner.store);
-        let Some(slot) = l1.get(user_key).await else {
+        let Some(slot) = l1.get(user_key) else {
             return Ok(Near::Miss);
         };
         let now = Instant::now();
         if l1.is_fresh(&slot, now) {
-            // A hit completes without waiting on anything: it takes
-            // tokio's cooperative budget (yielding once the task's budget is
-            // spent), or a loop of hits would never let the runtime run its
-            // timers and other tasks.
-            cooperate().await;
             let served = match slot.value {
                 Some(_) => Served::Hit,
                 None => Served::Negative,
@@ -1876,8 +1894,7 @@ impl<V: Value> Cache<V> {
             stale_until,
             now_ms,
             ticket,
-        )
-        .await;
+        );
     }
 
     /// Keeps a value this process just wrote (or loaded) in L1, unless the
@@ -1900,15 +1917,14 @@ impl<V: Value> Cache<V> {
             sealed.stamp.stale_until,
             now_ms,
             ticket,
-        )
-        .await;
+        );
     }
 
     /// Puts `value` in L1 under storage key `key`'s user key, fresh for
     /// what is left at `now_ms` (the store's clock) of its entry's fresh
     /// window and servable until `stale_until`, unless the key was
     /// invalidated since `ticket`.
-    async fn put_near(
+    fn put_near(
         &self,
         key: &[u8],
         value: Option<V>,
@@ -1929,8 +1945,7 @@ impl<V: Value> Cache<V> {
             stamp,
             self.inner.default_early_window(stamp.load_ms),
             ticket,
-        )
-        .await;
+        );
         self.inner.metrics.l1_entries(l1.entries());
     }
 }
@@ -2072,9 +2087,9 @@ fn reading(entry: &Entry, now_ms: u64) -> Reading {
 }
 
 /// How many L1 hits on a thread take one unit of tokio's cooperative
-/// budget. A unit costs about as much as the rest of the hit's own work (90
-/// instructions of 1,900 with moka's get); one per 8 hits still yields a
-/// task that only hits L1 after 8 × 128 hits, well under a millisecond.
+/// budget. A unit costs about 50 instructions, a twentieth of a whole hit
+/// (about 1,250); one per 8 hits still yields a task that only hits L1
+/// after 8 × 128 hits, well under a millisecond.
 const HITS_PER_BUDGET_UNIT: u8 = 8;
 
 thread_local! {
