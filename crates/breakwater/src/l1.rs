@@ -43,10 +43,11 @@
 //! Entries are keyed by the user's key (the storage key without its
 //! namespace prefix and hash tag), so a hit builds no key at all.
 //!
-//! Backed by `moka`'s synchronous cache, bounded by entry count: a hit is a
-//! plain call, 1.2–1.3 times as fast on one thread as an awaited
-//! `moka::future::Cache::get` (whose future, some 750 bytes, would also sit
-//! in every caller's future). Its reads never block. Its writes block only
+//! Backed by `moka`'s synchronous cache, bounded by entry count: a lookup
+//! is a plain call (a bare synchronous `get` runs 1.2–1.3 times as fast on
+//! one thread as an awaited `moka::future::Cache::get`, whose future, some
+//! 750 bytes, would also sit in every caller's future). Its reads never
+//! block. Its writes block only
 //! when moka's write log is full while another thread runs moka's
 //! housekeeping, 50 µs at a time until that round ends; an L1 insert
 //! follows a store read or a load, so only a burst of fills outrunning the

@@ -782,6 +782,51 @@ fn a_loop_of_l1_hits_lets_a_timer_fire() {
     });
 }
 
+/// An L1 hit dropped while it yields for tokio's cooperative budget was not
+/// served, and is not counted: the request counts (`Stats::l1_hits`, the
+/// `served="l1_hit"` counter) match the hits that returned.
+#[tokio::test(flavor = "current_thread")]
+async fn an_l1_hit_dropped_while_it_yields_is_not_counted() {
+    use breakwater::L1Config;
+    use std::future::Future;
+    use std::task::Poll;
+    let cache = Cache::<u64>::builder()
+        .l1(L1Config::new().ttl(Duration::from_secs(60)))
+        .ttl(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let load = || async { Ok::<_, std::io::Error>(Some(7)) };
+    cache.get_or_load("hot", load).await.unwrap();
+    let before = cache.stats().l1_hits;
+    let (returned, dropped) = std::future::poll_fn(|cx| {
+        // Spend the task's budget: from now on every unit taken yields.
+        while std::pin::pin!(tokio::task::coop::consume_budget())
+            .poll(cx)
+            .is_ready()
+        {}
+        let (mut returned, mut dropped) = (0u64, 0u64);
+        // Every few hits take a unit; those yield here and are dropped.
+        for _ in 0..64 {
+            match std::pin::pin!(cache.get_or_load("hot", load)).poll(cx) {
+                Poll::Ready(Ok(Some(7))) => returned += 1,
+                Poll::Ready(other) => panic!("unexpected {other:?}"),
+                Poll::Pending => dropped += 1,
+            }
+        }
+        Poll::Ready((returned, dropped))
+    })
+    .await;
+    assert!(
+        returned > 0 && dropped > 0,
+        "{returned} returned, {dropped} dropped"
+    );
+    assert_eq!(
+        cache.stats().l1_hits - before,
+        returned,
+        "{dropped} dropped hits"
+    );
+}
+
 /// Integer ids are keys as they are (their decimal digits), in every call
 /// that takes a key, with L1 on so the near cache is keyed the same way.
 #[tokio::test(start_paused = true)]

@@ -919,11 +919,13 @@ impl<V: Value> Cache<V> {
             let Ok(Near::Fresh(fetched, None)) = near else {
                 unreachable!("matched above");
             };
+            // Counted after the yield, as below: a call dropped while it
+            // yields was not served.
+            cooperate().await;
             self.inner.metrics.served(match fetched.served {
                 Served::Hit => crate::metrics::SERVED_L1_HIT,
                 served => served.metric_index(),
             });
-            cooperate().await;
             return Ok(fetched);
         }
         let span = self.span(Op::GetOrLoad, key);
@@ -2087,8 +2089,8 @@ fn reading(entry: &Entry, now_ms: u64) -> Reading {
 }
 
 /// How many L1 hits on a thread take one unit of tokio's cooperative
-/// budget. A unit costs about 50 instructions, a twentieth of a whole hit
-/// (about 1,250); one per 8 hits still yields a task that only hits L1
+/// budget. A unit costs about 50 instructions, a twenty-fifth of a whole
+/// hit (about 1,250); one per 8 hits still yields a task that only hits L1
 /// after 8 × 128 hits, well under a millisecond.
 const HITS_PER_BUDGET_UNIT: u8 = 8;
 
