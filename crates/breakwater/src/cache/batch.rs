@@ -426,8 +426,7 @@ impl<V: Value> Cache<V> {
             };
             match self.judge_entry(&want.storage, &entry, now, options) {
                 Judged::Served(fetched, refresh) => {
-                    self.remember(&want.storage, &fetched.value, &entry, now, ticket, options)
-                        .await;
+                    self.remember(&want.storage, &fetched.value, &entry, now, ticket, options);
                     want.outcome = Some(Ok(fetched));
                     if let Some(refresh) = refresh {
                         refreshes.push((i, refresh));
@@ -811,8 +810,7 @@ impl<V: Value> Cache<V> {
         // Filled just before: served, and the lease given back.
         let release = join_all(released.into_iter().map(
             |(i, led, lease, entry, value)| async move {
-                self.remember(&led.storage, &value, &entry, now, ticket, options)
-                    .await;
+                self.remember(&led.storage, &value, &entry, now, ticket, options);
                 let message = notify::message(FILLED, inner.waiters.sender(), &led.storage);
                 let _ = inner
                     .store
@@ -994,8 +992,7 @@ impl<V: Value> Cache<V> {
                 Ok((mut found, load_time)) => {
                     for led in chunk {
                         let value = found.remove(&led.user);
-                        self.keep_local(&led.storage, &value, load_time, options, ticket, false)
-                            .await;
+                        self.keep_local(&led.storage, &value, load_time, options, ticket, false);
                         led.lander.land(Ok((value, Served::Loaded)));
                     }
                 }

@@ -81,7 +81,7 @@ impl<V: Value> Local<V> {
 
     /// Storage key `key` was invalidated or replaced: nothing that began
     /// before may answer a caller that starts from now on.
-    pub(super) async fn invalidated(&self, key: &[u8]) {
+    pub(super) fn invalidated(&self, key: &[u8]) {
         let user = user_key(key, self.prefix_len);
         if let Some(l1) = &self.l1 {
             l1.invalidated(user);
@@ -148,7 +148,7 @@ impl<V: Value> BusHook for Local<V> {
                     self.own_notice_heard(&key);
                 }
             } else if invalidated {
-                self.invalidated(&key).await;
+                self.invalidated(&key);
             } else if let Some(l1) = &self.l1 {
                 // A refill elsewhere: newer data, read it from the store.
                 l1.remove(user_key(&key, self.prefix_len));

@@ -90,8 +90,7 @@ impl<V: Value> Cache<V> {
             // load here.
             let (value, load_time) = self.load_unwritten(&loader, &options, priority).await?;
             let tagged = loader.tags().is_some();
-            self.keep_local(&key, &value, load_time, &options, ticket, tagged)
-                .await;
+            self.keep_local(&key, &value, load_time, &options, ticket, tagged);
             return Ok((value, Served::Loaded));
         }
         let lease_key = inner.lease_key(&key);
@@ -192,7 +191,7 @@ impl<V: Value> Cache<V> {
                         .and_then(|bytes| self.decode(&key, bytes))
                         .filter(|entry| entry.tags.is_empty());
                     let value = match carried {
-                        Some(entry) => self.fresh_entry(&key, entry, &mut stale, &options, replacing, ticket).await,
+                        Some(entry) => self.fresh_entry(&key, entry, &mut stale, &options, replacing, ticket),
                         None => self.fresh_value(&key, &mut stale, &options, replacing, ticket).await,
                     };
                     if let Some(value) = value {
@@ -260,8 +259,7 @@ impl<V: Value> Cache<V> {
                     inner.metrics.store_failed("get_many", &err);
                     self.release(key, lease).await;
                     let (value, load_time) = self.load_unwritten(loader, options, priority).await?;
-                    self.keep_local(key, &value, load_time, options, ticket, true)
-                        .await;
+                    self.keep_local(key, &value, load_time, options, ticket, true);
                     return Ok(value);
                 }
             },
@@ -375,8 +373,7 @@ impl<V: Value> Cache<V> {
             cache.release(&key_owned, lease).await;
         });
         let tagged = loader.tags().is_some();
-        self.keep_local(key, &value, load_time, options, ticket, tagged)
-            .await;
+        self.keep_local(key, &value, load_time, options, ticket, tagged);
         Ok(value)
     }
 
@@ -384,7 +381,7 @@ impl<V: Value> Cache<V> {
     /// the fail-safe throttle is lifted (as a written load lifts it); L1
     /// keeps it (a shield while the store is away, under the epoch rule);
     /// the store does not. `tagged`: the call named tags (see `drop_tagged`).
-    pub(super) async fn keep_local(
+    pub(super) fn keep_local(
         &self,
         key: &[u8],
         value: &Option<V>,
@@ -398,8 +395,7 @@ impl<V: Value> Cache<V> {
             // No generations were recorded (nothing is written), but the
             // copy is of a tagged call: a tag invalidation must drop it.
             sealed.stamp.tagged = tagged;
-            self.remember_sealed(key, value.clone(), &sealed, ticket)
-                .await;
+            self.remember_sealed(key, value.clone(), &sealed, ticket);
         }
     }
 
@@ -484,8 +480,7 @@ impl<V: Value> Cache<V> {
         }
         // L1 follows the epoch rule whatever the store said: an
         // invalidation since `ticket` keeps this value out.
-        self.remember_sealed(key, value.cloned(), &sealed, ticket)
-            .await;
+        self.remember_sealed(key, value.cloned(), &sealed, ticket);
         Ok(())
     }
 
@@ -523,11 +518,10 @@ impl<V: Value> Cache<V> {
             }
         };
         self.fresh_entry(key, entry, stale, options, replacing, ticket)
-            .await
     }
 
     /// [`fresh_value`](Self::fresh_value) for an entry already in hand.
-    async fn fresh_entry(
+    fn fresh_entry(
         &self,
         key: &[u8],
         entry: Entry,
@@ -542,8 +536,7 @@ impl<V: Value> Cache<V> {
                 return None;
             }
             let value = self.entry_value(key, &entry)?;
-            self.remember(key, &value, &entry, now, ticket, options)
-                .await;
+            self.remember(key, &value, &entry, now, ticket, options);
             return Some(value);
         }
         if self

@@ -492,8 +492,7 @@ impl<V: Value> Cache<V> {
             self.inner.store.now_ms(),
             ticket,
             &self.inner.defaults,
-        )
-        .await;
+        );
         Ok(value)
     }
 
@@ -624,7 +623,7 @@ impl<V: Value> Cache<V> {
         // Even if the reply was lost (the write may have happened), nothing
         // that began before may answer from now on.
         for (key, _) in &batch {
-            self.local.invalidated(key).await;
+            self.local.invalidated(key);
             if written.is_err() {
                 self.local.own_notice_heard(key);
             }
@@ -697,7 +696,7 @@ impl<V: Value> Cache<V> {
             .await;
         // After the store has answered (a read that starts later sees the
         // deletion); also if it failed: the reply may be all that was lost.
-        self.local.invalidated(key).await;
+        self.local.invalidated(key);
         done
     }
 
@@ -912,21 +911,16 @@ impl<V: Value> Cache<V> {
     {
         let near = self.near(key, Some(options));
         // A fresh L1 copy, nothing to refresh and no subscriber: served
-        // here, counted, and nothing else.
-        if let Ok(Near::Fresh(_, None)) = &near
-            && !tracing::dispatcher::has_been_set()
+        // here, counted, and nothing else (no span to make or record).
+        if !tracing::dispatcher::has_been_set()
+            && let Ok(Near::Fresh(fetched, None)) = near
         {
-            let Ok(Near::Fresh(fetched, None)) = near else {
-                unreachable!("matched above");
-            };
             // Counted after the yield, as below: a call dropped while it
             // yields was not served.
             cooperate().await;
-            self.inner.metrics.served(match fetched.served {
-                Served::Hit => crate::metrics::SERVED_L1_HIT,
-                served => served.metric_index(),
-            });
-            return Ok(fetched);
+            let result = Ok(fetched);
+            self.count_served(&result, true);
+            return result;
         }
         let span = self.span(Op::GetOrLoad, key);
         let mut near_hit = false;
@@ -1145,8 +1139,7 @@ impl<V: Value> Cache<V> {
             let now = self.inner.store.now_ms();
             match self.judge_entry(&key, &entry, now, options) {
                 Judged::Served(fetched, refresh) => {
-                    self.remember(&key, &fetched.value, &entry, now, ticket, options)
-                        .await;
+                    self.remember(&key, &fetched.value, &entry, now, ticket, options);
                     if let Some(Refresh { replacing, early }) = refresh {
                         self.refresh_in_background(key, loader, *options, replacing, early);
                     }
@@ -1871,7 +1864,7 @@ impl<V: Value> Cache<V> {
     /// both the entry and this reader's own `max_stale` allow (the writer
     /// may have allowed more), unless the key was invalidated since the read
     /// began (`ticket`).
-    async fn remember(
+    fn remember(
         &self,
         key: &[u8],
         value: &Option<V>,
@@ -1901,7 +1894,7 @@ impl<V: Value> Cache<V> {
 
     /// Keeps a value this process just wrote (or loaded) in L1, unless the
     /// key was invalidated since the write or load began (`ticket`).
-    async fn remember_sealed(
+    fn remember_sealed(
         &self,
         key: &[u8],
         value: Option<V>,
