@@ -731,6 +731,22 @@ async fn get_is_served_by_l1_once_it_has_read_a_value() {
     assert!(reader.get("").await.unwrap_err().is_invalid_key());
 }
 
+/// A loader of the value 7.
+async fn seven() -> Result<Option<u64>, std::io::Error> {
+    Ok(Some(7))
+}
+
+/// A cache with L1 on, its key `hot` loaded (7, by [`seven`]) and in L1.
+async fn hot_in_l1() -> Cache<u64> {
+    let cache = Cache::<u64>::builder()
+        .l1(breakwater::L1Config::new().ttl(Duration::from_secs(60)))
+        .ttl(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    cache.get_or_load("hot", seven).await.unwrap();
+    cache
+}
+
 /// A task serving L1 hits in a loop on a current-thread runtime (the one
 /// thread a small service has) still lets a 10 ms timer fire: an L1 hit
 /// takes tokio's cooperative budget and yields when it is spent. Before, the
@@ -738,20 +754,14 @@ async fn get_is_served_by_l1_once_it_has_read_a_value() {
 /// after its 2 s cap; in a benchmark, when the L1 TTL ran out).
 #[test]
 fn a_loop_of_l1_hits_lets_a_timer_fire() {
-    use breakwater::L1Config;
     use std::sync::atomic::AtomicBool;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
-        let cache = Cache::<u64>::builder()
-            .l1(L1Config::new().ttl(Duration::from_secs(60)))
-            .ttl(Duration::from_secs(3600))
-            .build()
-            .unwrap();
-        let load = || async { Ok::<_, std::io::Error>(Some(7)) };
-        cache.get_or_load("hot", load).await.unwrap();
+        let cache = hot_in_l1().await;
+        let load = seven;
         let stop = Arc::new(AtomicBool::new(false));
         let hits = tokio::spawn({
             let (cache, stop) = (cache.clone(), Arc::clone(&stop));
@@ -787,16 +797,10 @@ fn a_loop_of_l1_hits_lets_a_timer_fire() {
 /// `served="l1_hit"` counter) match the hits that returned.
 #[tokio::test(flavor = "current_thread")]
 async fn an_l1_hit_dropped_while_it_yields_is_not_counted() {
-    use breakwater::L1Config;
     use std::future::Future;
     use std::task::Poll;
-    let cache = Cache::<u64>::builder()
-        .l1(L1Config::new().ttl(Duration::from_secs(60)))
-        .ttl(Duration::from_secs(3600))
-        .build()
-        .unwrap();
-    let load = || async { Ok::<_, std::io::Error>(Some(7)) };
-    cache.get_or_load("hot", load).await.unwrap();
+    let cache = hot_in_l1().await;
+    let load = seven;
     let before = cache.stats().l1_hits;
     let (returned, dropped) = std::future::poll_fn(|cx| {
         // Spend the task's budget: from now on every unit taken yields.
