@@ -91,39 +91,42 @@ pub async fn compare(url: &str, trials: usize, trial: Duration) -> Result<Vec<Ro
             ours: Vec::new(),
             raw: Vec::new(),
         };
-        for _ in 0..trials.max(1) {
+        for trial_no in 0..trials.max(1) {
             let (conn, raw_keys) = (raw.clone(), Arc::clone(&raw_keys));
-            row.raw.push(
-                run(callers, trial, move |i| {
-                    let mut conn = conn.clone();
-                    let key = raw_keys[pick(i)].clone();
-                    async move {
-                        let v: Option<String> = redis::cmd("GET")
-                            .arg(&key)
-                            .query_async(&mut conn)
-                            .await
-                            .unwrap_or(None);
-                        v.is_some()
-                    }
-                })
-                .await,
-            );
+            let raw_run = run(callers, trial, move |i| {
+                let mut conn = conn.clone();
+                let key = raw_keys[pick(i)].clone();
+                async move {
+                    let v: Option<String> = redis::cmd("GET")
+                        .arg(&key)
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap_or(None);
+                    v.is_some()
+                }
+            });
             let (cache, keys) = (cache.clone(), Arc::clone(&keys));
-            row.ours.push(
-                run(callers, trial, move |i| {
-                    let cache = cache.clone();
-                    let keys = Arc::clone(&keys);
-                    async move {
-                        let v = cache
-                            .get_or_load(&keys[pick(i)], || async {
-                                Ok::<_, std::io::Error>(Some(String::new()))
-                            })
-                            .await;
-                        v.is_ok_and(|v| v.is_some_and(|v| !v.is_empty()))
-                    }
-                })
-                .await,
-            );
+            let ours_run = run(callers, trial, move |i| {
+                let cache = cache.clone();
+                let keys = Arc::clone(&keys);
+                async move {
+                    let v = cache
+                        .get_or_load(&keys[pick(i)], || async {
+                            Ok::<_, std::io::Error>(Some(String::new()))
+                        })
+                        .await;
+                    v.is_ok_and(|v| v.is_some_and(|v| !v.is_empty()))
+                }
+            });
+            // Which side runs first alternates, so that a machine getting
+            // faster or slower during the run favours neither.
+            if trial_no % 2 == 0 {
+                row.raw.push(raw_run.await);
+                row.ours.push(ours_run.await);
+            } else {
+                row.ours.push(ours_run.await);
+                row.raw.push(raw_run.await);
+            }
         }
         rows.push(row);
     }

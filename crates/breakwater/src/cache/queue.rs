@@ -28,6 +28,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 
 use tokio::sync::oneshot;
 
@@ -125,7 +126,7 @@ pub(crate) async fn queued(store: &Arc<GuardedStore>, queue: &ReadQueue, key: &[
         // and so is the queue (this read's reply with it).
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                tokio::task::yield_now().await;
+                behind_the_woken().await;
                 flush.send().await;
             });
         }
@@ -136,6 +137,31 @@ pub(crate) async fn queued(store: &Arc<GuardedStore>, queue: &ReadQueue, key: &[
             "a queued read got no reply (its batch was dropped: the runtime is shutting down)",
         ))
     })
+}
+
+/// Lets the tasks already woken on this worker run first: the task wakes
+/// itself and returns pending once, which puts it at the back of its
+/// worker's run queue, where an idle worker can also take it.
+///
+/// Not [`tokio::task::yield_now`]: on a multi-thread runtime that parks
+/// the task on its worker's deferred list, which no other worker can take
+/// and which is woken only once that worker has run out of work and found
+/// none to steal, so a batch waited for its whole worker's turn (on two
+/// workers with 50 callers on 50 keys, 440k hits/s against 490k this way,
+/// although its batches were fuller: 23 keys against 11). On a
+/// current-thread runtime both run it after the tasks already queued
+/// (`yield_now` also after the next poll for I/O), and measure alike.
+async fn behind_the_woken() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            return Poll::Ready(());
+        }
+        yielded = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    })
+    .await;
 }
 
 /// The task that sends what is queued. Every queued read relies on it
