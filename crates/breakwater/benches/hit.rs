@@ -2,8 +2,8 @@
 //! connection, in the same run, on a private `redis-server` (L1 off, so
 //! every hit reads Redis: one `GET`, or its share of an `MGET` when reads
 //! meet). Five interleaved trials per scenario (which side runs first
-//! alternates: the second of two back-to-back runs measured about 6%
-//! faster); the ratio is of the medians. `breakwater bench hit --redis URL` runs the
+//! alternates: the second of two back-to-back runs can measure faster);
+//! the ratio is of the medians. `breakwater bench hit --redis URL` runs the
 //! same comparison against a Redis of your own.
 //!
 //! ```sh
