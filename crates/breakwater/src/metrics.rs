@@ -13,7 +13,7 @@
 //! | metric | kind | labels | meaning |
 //! |---|---|---|---|
 //! | `breakwater_requests_total` | counter | `namespace`, `served`: `l1_hit`, `hit`, `negative`, `stale_refreshing`, `stale_loader_failed`, `stale_soft_timeout`, `stale_lock_timeout`, `stale_breaker_open`, `stale_overloaded`, `stale_store_unavailable`, `stale_previous_version`, `loaded`, `coalesced`, `fallback`, `error` | how each `get_or_load` call (and each load a warm-up makes) was served: `l1_hit` from the near cache, `hit` from the store, the rest as [`Served::as_str`](crate::Served::as_str) names them; negative hits are counted apart from real values |
-//! | `breakwater_errors_total` | counter | `namespace`, `kind`: `loader`, `store`, `codec`, `config`, `invalid_key`, `timeout`, `lock_timeout`, `circuit_open`, `overloaded`, `too_large` | `get_or_load` calls that returned an error, by [`ErrorKind`](crate::ErrorKind) (they are also `served="error"` above) |
+//! | `breakwater_errors_total` | counter | `namespace`, `kind`: `loader`, `store`, `codec`, `config`, `invalid_key`, `timeout`, `lock_timeout`, `circuit_open`, `overloaded`, `too_large` | `get_or_load` calls that returned an error, by [`ErrorKind`] (they are also `served="error"` above) |
 //! | `breakwater_loads_total` | counter | `namespace`, `origin`, `outcome`: `value`, `negative`, `error`, `panic`, `timeout` | loader calls made by this process |
 //! | `breakwater_load_seconds` | histogram | `namespace`, `origin` | how long each loader call took |
 //! | `breakwater_loads_in_flight` | gauge | `origin` | loads holding a slot of the origin's bulkhead |

@@ -5,7 +5,7 @@
 //!
 //! 1. **Keys**: each validated and namespaced; a key asked twice is fetched
 //!    once. L1 answers what it holds fresh.
-//! 2. **Read**: one [`Store::get_many`](crate::Store::get_many) for the rest
+//! 2. **Read**: one [`Store::get_many`] for the rest
 //!    (one `MGET`; on a Cluster one per hash slot, side by side). Each entry
 //!    is judged as `get_or_load` judges it: fresh is served; stale within
 //!    grace is served while a background refresh runs; past grace it is
@@ -14,7 +14,7 @@
 //!    `get_or_load` or another `get_many`) is already loading is joined;
 //!    the others are registered as this call's flights, so callers that
 //!    come later join them.
-//! 4. **Leases in one step**: one [`Store::acquire_leases`](crate::Store::acquire_leases)
+//! 4. **Leases in one step**: one [`Store::acquire_leases`]
 //!    for all of them (one script; per hash slot on a Cluster). The keys
 //!    taken are read once more (another process may have filled them just
 //!    before), then loaded by **one batch loader call** per

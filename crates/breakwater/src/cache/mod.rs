@@ -17,7 +17,7 @@
 //!    load's outcome.
 //! 3. **Freshness**: judged on the store's clock. Fresh → return.
 //! 4. **One load per key**: callers in this process share one flight
-//!    ([`SingleFlight`]); the flight takes the key's lease in the store so
+//!    ([`SingleFlight`](crate::flight::SingleFlight)); the flight takes the key's lease in the store so
 //!    one process in the fleet loads. Without the lease it waits to be woken
 //!    by the holder's "filled" message (with jittered polling as a fallback)
 //!    up to `lock_wait`, then follows [`OnLockTimeout`]. A waiter marks the
