@@ -38,7 +38,7 @@ pub(crate) enum BenchCommand {
     Grace(GraceOpts),
     /// Redis hits: `get_or_load` next to raw GETs on one connection, with ratios.
     #[command(
-        after_help = "Example:\n  breakwater bench hit --redis redis://127.0.0.1:6379 --trials 5 --trial-ms 1000"
+        after_help = "Example:\n  breakwater bench hit --redis redis://127.0.0.1:6379 --trials 5 --trial-ms 1000\n  breakwater bench hit --redis redis://127.0.0.1:6379 --workers 2"
     )]
     Hit(HitOpts),
     /// `get_many` from several processes for overlapping ids at once: every
@@ -63,6 +63,10 @@ pub(crate) struct HitOpts {
     /// Length of one trial, in milliseconds (1 to 600,000).
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
     pub(crate) trial_ms: u64,
+    /// Worker threads of the runtime both sides run on (0 to 64; 0, the
+    /// default, is a current-thread runtime, as `breakwater`'s own).
+    #[arg(long, default_value_t = 0, value_parser = RangedU64ValueParser::<usize>::new().range(0..=64))]
+    pub(crate) workers: usize,
 }
 
 /// The comparison itself, shared with `cargo bench -p breakwater --bench hit`.
@@ -73,20 +77,41 @@ mod hit;
 /// `breakwater bench hit`: the three scenarios, one line each.
 async fn hit(opts: &HitOpts) -> Result<(), Failure> {
     check_redis(&opts.redis).await?;
+    let runtime = match opts.workers {
+        0 => "current-thread runtime".to_string(),
+        1 => "1 worker thread".to_string(),
+        n => format!("{n} worker threads"),
+    };
     println!(
         "Redis hits on {}: get_or_load (L1 off: a GET, or a share of an MGET, per hit) next to raw GETs on one \
-         connection; {} trial(s) of {} ms, interleaved (which side runs first alternates); current-thread runtime",
+         connection; {} trial(s) of {} ms, interleaved (which side runs first alternates); {runtime}",
         shown(&opts.redis),
         opts.trials,
         opts.trial_ms
     );
     let spinner = crate::progress::spinner("bench hit: 3 scenarios");
-    let rows = hit::compare(
-        &opts.redis,
+    let (url, trials, trial) = (
+        opts.redis.clone(),
         opts.trials,
         Duration::from_millis(opts.trial_ms),
-    )
-    .await;
+    );
+    let rows = if opts.workers == 0 {
+        hit::compare(&url, trials, trial).await
+    } else {
+        // A runtime of its own, run from a blocking thread (this one is
+        // current-thread, and a runtime cannot block inside another).
+        let workers = opts.workers;
+        tokio::task::spawn_blocking(move || {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(workers)
+                .enable_all()
+                .build()
+                .map_err(|e| format!("cannot start a runtime of {workers} worker threads: {e}"))?
+                .block_on(hit::compare(&url, trials, trial))
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("bench hit stopped: {e}")))
+    };
     spinner.finish_and_clear();
     for row in rows.map_err(Failure::runtime)? {
         println!("{row}");

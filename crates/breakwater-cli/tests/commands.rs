@@ -284,6 +284,7 @@ fn zero_or_absurd_bench_arguments_are_usage_errors_not_hangs() {
             "--loader-ms",
         ),
         (&["hit", "--trials", "0"], "--trials"),
+        (&["hit", "--workers", "65"], "--workers"),
     ] {
         let mut all = vec!["bench"];
         all.extend_from_slice(args);
@@ -414,6 +415,27 @@ fn benches_delete_the_keys_they_wrote() {
         all_keys(&server),
         Vec::<String>::new(),
         "bench hit left keys"
+    );
+    // The same on a multi-thread runtime of its own.
+    let (code, out, err) = breakwater(&[
+        "bench",
+        "hit",
+        "--redis",
+        &url,
+        "--trials",
+        "1",
+        "--trial-ms",
+        "20",
+        "--workers",
+        "2",
+    ]);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("2 worker threads"), "{out}");
+    assert_eq!(out.matches("ratio").count(), 3, "{out}");
+    assert_eq!(
+        all_keys(&server),
+        Vec::<String>::new(),
+        "bench hit --workers 2 left keys"
     );
     // Someone else's keys are not the bench's to delete.
     server.command(&["SET", "naive:hot:theirs", "1"]).unwrap();
