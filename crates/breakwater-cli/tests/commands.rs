@@ -400,43 +400,29 @@ fn benches_delete_the_keys_they_wrote() {
         Vec::<String>::new(),
         "bench grace left keys"
     );
-    let (code, out, err) = breakwater(&[
-        "bench",
-        "hit",
-        "--redis",
-        &url,
-        "--trials",
-        "1",
-        "--trial-ms",
-        "20",
-    ]);
-    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
-    assert_eq!(
-        all_keys(&server),
-        Vec::<String>::new(),
-        "bench hit left keys"
-    );
-    // The same on a multi-thread runtime of its own.
-    let (code, out, err) = breakwater(&[
-        "bench",
-        "hit",
-        "--redis",
-        &url,
-        "--trials",
-        "1",
-        "--trial-ms",
-        "20",
-        "--workers",
-        "2",
-    ]);
-    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
-    assert!(out.contains("2 worker threads"), "{out}");
-    assert_eq!(out.matches("ratio").count(), 3, "{out}");
-    assert_eq!(
-        all_keys(&server),
-        Vec::<String>::new(),
-        "bench hit --workers 2 left keys"
-    );
+    // On the CLI's current-thread runtime, then on one of 2 workers.
+    for (workers, runtime) in [("0", "current-thread runtime"), ("2", "2 worker threads")] {
+        let (code, out, err) = breakwater(&[
+            "bench",
+            "hit",
+            "--redis",
+            &url,
+            "--trials",
+            "1",
+            "--trial-ms",
+            "20",
+            "--workers",
+            workers,
+        ]);
+        assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+        assert!(out.contains(runtime), "{out}");
+        assert_eq!(out.matches("ratio").count(), 3, "{out}");
+        assert_eq!(
+            all_keys(&server),
+            Vec::<String>::new(),
+            "bench hit --workers {workers} left keys"
+        );
+    }
     // Someone else's keys are not the bench's to delete.
     server.command(&["SET", "naive:hot:theirs", "1"]).unwrap();
     server
