@@ -38,7 +38,7 @@ pub(crate) enum BenchCommand {
     Grace(GraceOpts),
     /// Redis hits: `get_or_load` next to raw GETs on one connection, with ratios.
     #[command(
-        after_help = "Example:\n  breakwater bench hit --redis redis://127.0.0.1:6379 --trials 5 --trial-ms 1000\n  breakwater bench hit --redis redis://127.0.0.1:6379 --workers 2"
+        after_help = "Example:\n  breakwater bench hit --redis redis://127.0.0.1:6379 --trials 6 --trial-ms 1000\n  breakwater bench hit --redis redis://127.0.0.1:6379 --workers 2"
     )]
     Hit(HitOpts),
     /// `get_many` from several processes for overlapping ids at once: every
@@ -56,9 +56,10 @@ pub(crate) struct HitOpts {
     /// `raw:bench-hit:`, expiring after an hour).
     #[arg(long)]
     pub(crate) redis: String,
-    /// Interleaved trials per scenario (1 to 100; which side runs first
-    /// alternates); the ratio is of the medians.
-    #[arg(long, default_value_t = 5, value_parser = RangedU64ValueParser::<usize>::new().range(1..=100))]
+    /// Interleaved trials per scenario (1 to 100); the ratio is of the
+    /// medians. Which side runs first alternates, raw GETs first in the
+    /// first trial: an even count balances the order.
+    #[arg(long, default_value_t = 6, value_parser = RangedU64ValueParser::<usize>::new().range(1..=100))]
     pub(crate) trials: usize,
     /// Length of one trial, in milliseconds (1 to 600,000).
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]

@@ -1,9 +1,9 @@
 //! A Redis hit through `get_or_load` next to a raw `GET` on one multiplexed
 //! connection, in the same run, on a private `redis-server` (L1 off, so
 //! every hit reads Redis: one `GET`, or its share of an `MGET` when reads
-//! meet). Five interleaved trials per scenario (which side runs first
-//! alternates: the second of two back-to-back runs can measure faster);
-//! the ratio is of the medians. `breakwater bench hit --redis URL` runs the
+//! meet). Six interleaved trials per scenario (which side runs first
+//! alternates, three times each: the second of two back-to-back runs can
+//! measure faster); the ratio is of the medians. `breakwater bench hit --redis URL` runs the
 //! same comparison against a Redis of your own.
 //!
 //! ```sh
@@ -29,7 +29,7 @@ fn main() {
         .build()
         .expect("runtime");
     let rows = rt
-        .block_on(hit::compare(&server.url(), 5, Duration::from_secs(1)))
+        .block_on(hit::compare(&server.url(), 6, Duration::from_secs(1)))
         .expect("bench");
     for row in rows {
         println!("{row}");

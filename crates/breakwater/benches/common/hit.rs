@@ -46,7 +46,9 @@ impl std::fmt::Display for Row {
 
 /// Runs the three scenarios (1 caller; 50 callers on 50 keys; 50 callers
 /// on one hot key) against the Redis at `url`, `trials` interleaved trials
-/// of `trial` each. Writes keys under `bw:bench-hit:` and `raw:bench-hit:`.
+/// of `trial` each. Which side runs first alternates from trial to trial
+/// (raw `GET`s first in the first): the second of two back-to-back runs
+/// can measure faster, and an even count of trials balances that out. Writes keys under `bw:bench-hit:` and `raw:bench-hit:`.
 pub async fn compare(url: &str, trials: usize, trial: Duration) -> Result<Vec<Row>, String> {
     let store = RedisStore::connect(url).map_err(|e| e.to_string())?;
     store.warm_up().await.map_err(|e| e.to_string())?;
@@ -118,8 +120,7 @@ pub async fn compare(url: &str, trials: usize, trial: Duration) -> Result<Vec<Ro
                     v.is_ok_and(|v| v.is_some_and(|v| !v.is_empty()))
                 }
             });
-            // Which side runs first alternates, so that a machine getting
-            // faster or slower during the run favours neither.
+            // Which side runs first alternates (see above).
             if trial_no % 2 == 0 {
                 row.raw.push(raw_run.await);
                 row.ours.push(ours_run.await);
@@ -164,8 +165,14 @@ where
     done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
 }
 
+/// The median; of an even count, the mean of the middle two (so that with
+/// an even count of trials, each side's runs first and second weigh alike).
 fn median(xs: &[f64]) -> f64 {
     let mut xs = xs.to_vec();
     xs.sort_by(f64::total_cmp);
-    xs.get(xs.len() / 2).copied().unwrap_or(0.0)
+    match xs.len() {
+        0 => 0.0,
+        n if n % 2 == 0 => (xs[n / 2 - 1] + xs[n / 2]) / 2.0,
+        n => xs[n / 2],
+    }
 }
