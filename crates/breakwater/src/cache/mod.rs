@@ -910,38 +910,33 @@ impl<V: Value> Cache<V> {
         L: Load<V>,
     {
         let near = self.near(key, Some(options));
-        // A fresh L1 copy, nothing to refresh and no subscriber: served
-        // here, counted, and nothing else (no span to make or record).
-        if !tracing::dispatcher::has_been_set()
-            && let Ok(Near::Fresh(fetched, None)) = near
-        {
-            // Counted after the yield, as below: a call dropped while it
-            // yields was not served.
+        let near_hit = matches!(near, Ok(Near::Fresh(..)));
+        if near_hit {
+            // A fresh L1 copy waited on nothing: it takes the cooperative
+            // budget (see `near`), before it is counted (a call dropped
+            // while it yields was not served).
             cooperate().await;
-            let result = Ok(fetched);
-            self.count_served(&result, true);
-            return result;
+            // Nothing to refresh and no subscriber: served here, counted,
+            // and nothing else (no span to make or record).
+            if !tracing::dispatcher::has_been_set()
+                && let Ok(Near::Fresh(fetched, None)) = near
+            {
+                let result = Ok(fetched);
+                self.count_served(&result, true);
+                return result;
+            }
         }
         let span = self.span(Op::GetOrLoad, key);
-        let mut near_hit = false;
         let result = match near {
-            Ok(Near::Fresh(fetched, None)) => {
-                near_hit = true;
-                cooperate().await;
-                Ok(fetched)
-            }
+            Ok(Near::Fresh(fetched, None)) => Ok(fetched),
             // Early refresh, judged on the L1 copy as on a store read.
-            Ok(Near::Fresh(fetched, Some(replacing))) => {
-                near_hit = true;
-                cooperate().await;
-                self.key_in_store(key).map(|storage| {
-                    if !self.inner.is_throttled(&storage, self.inner.store.now_ms()) {
-                        let _in = span.enter();
-                        self.refresh_in_background(storage, loader, *options, replacing, true);
-                    }
-                    fetched
-                })
-            }
+            Ok(Near::Fresh(fetched, Some(replacing))) => self.key_in_store(key).map(|storage| {
+                if !self.inner.is_throttled(&storage, self.inner.store.now_ms()) {
+                    let _in = span.enter();
+                    self.refresh_in_background(storage, loader, *options, replacing, true);
+                }
+                fetched
+            }),
             Ok(Near::Stale(slot)) => {
                 self.pipeline_in(&span, key, loader, options, Some(slot))
                     .await
