@@ -484,8 +484,8 @@ mod tests {
         assert!(!slot.is_servable(Instant::now()));
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_tag_invalidation_drops_entries_only_if_one_is_tagged() {
+    #[test]
+    fn a_tag_invalidation_drops_entries_only_if_one_is_tagged() {
         let l1 = NearCache::<u32>::new(L1Config::new());
         let put = |key: &'static [u8], tagged: bool, ticket| {
             let stamp = Stamp {
@@ -531,8 +531,8 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn invalidation_removes_and_clear_flushes() {
+    #[test]
+    fn invalidation_removes_and_clear_flushes() {
         let l1 = NearCache::<u32>::new(L1Config::new());
         put(&l1, b"a", 1, l1.ticket());
         put(&l1, b"b", 2, l1.ticket());
@@ -543,8 +543,8 @@ mod tests {
         assert!(l1.get(b"b").is_none());
     }
 
-    #[tokio::test]
-    async fn a_read_that_began_before_an_invalidation_is_not_kept() {
+    #[test]
+    fn a_read_that_began_before_an_invalidation_is_not_kept() {
         let l1 = NearCache::<u32>::new(L1Config::new());
         let before = l1.ticket();
         l1.invalidated(b"a");
@@ -562,8 +562,8 @@ mod tests {
         assert!(l1.get(b"b").is_none());
     }
 
-    #[tokio::test]
-    async fn the_epoch_record_is_bounded() {
+    #[test]
+    fn the_epoch_record_is_bounded() {
         let l1 = NearCache::<u32>::new(L1Config::new());
         let before = l1.ticket();
         for i in 0..(EPOCH_KEYS as u32 + 10) {
@@ -580,8 +580,8 @@ mod tests {
         assert!(l1.get(b"never invalidated").is_some());
     }
 
-    #[tokio::test]
-    async fn a_dropped_bus_unverifies_entries_without_erasing_them() {
+    #[test]
+    fn a_dropped_bus_unverifies_entries_without_erasing_them() {
         let l1 = NearCache::<u32>::new(L1Config::new());
         put(&l1, b"a", 1, l1.ticket());
         let now = Instant::now();
