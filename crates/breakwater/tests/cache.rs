@@ -761,7 +761,6 @@ fn a_loop_of_l1_hits_lets_a_timer_fire() {
         .unwrap();
     rt.block_on(async {
         let cache = hot_in_l1().await;
-        let load = seven;
         let stop = Arc::new(AtomicBool::new(false));
         let hits = tokio::spawn({
             let (cache, stop) = (cache.clone(), Arc::clone(&stop));
@@ -769,7 +768,7 @@ fn a_loop_of_l1_hits_lets_a_timer_fire() {
                 let started = std::time::Instant::now();
                 let mut n = 0u64;
                 while !stop.load(Ordering::Relaxed) && started.elapsed() < Duration::from_secs(2) {
-                    assert_eq!(cache.get_or_load("hot", load).await.unwrap(), Some(7));
+                    assert_eq!(cache.get_or_load("hot", seven).await.unwrap(), Some(7));
                     n += 1;
                 }
                 n
@@ -800,7 +799,6 @@ async fn an_l1_hit_dropped_while_it_yields_is_not_counted() {
     use std::future::Future;
     use std::task::Poll;
     let cache = hot_in_l1().await;
-    let load = seven;
     let before = cache.stats().l1_hits;
     let (returned, dropped) = std::future::poll_fn(|cx| {
         // Spend the task's budget: from now on every unit taken yields.
@@ -811,7 +809,7 @@ async fn an_l1_hit_dropped_while_it_yields_is_not_counted() {
         let (mut returned, mut dropped) = (0u64, 0u64);
         // Every few hits take a unit; those yield here and are dropped.
         for _ in 0..64 {
-            match std::pin::pin!(cache.get_or_load("hot", load)).poll(cx) {
+            match std::pin::pin!(cache.get_or_load("hot", seven)).poll(cx) {
                 Poll::Ready(Ok(Some(7))) => returned += 1,
                 Poll::Ready(other) => panic!("unexpected {other:?}"),
                 Poll::Pending => dropped += 1,
