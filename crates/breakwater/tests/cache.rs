@@ -358,7 +358,7 @@ fn the_key_prefix_starts_every_key_and_is_checked() {
     assert_eq!(cache.storage_key(b"k").unwrap(), b"myapp:ns:v:{k}");
     let braced = cache.storage_key(b"a{b").unwrap();
     assert!(braced.starts_with(b"myapp:ns:v:{#") && braced.ends_with(b"}a{b"));
-    let long = "p".repeat(64);
+    let long = format!("{}:", "p".repeat(63));
     let cache = Cache::<u32>::builder().key_prefix(long.as_str()).build();
     assert!(cache.is_ok());
 
@@ -396,6 +396,39 @@ fn the_key_prefix_starts_every_key_and_is_checked() {
             )
         );
     }
+}
+
+/// No two distinct (prefix, namespace, version) spell the same keys: the
+/// pairs that did are refused with a message that says why.
+#[test]
+fn look_alike_prefixes_namespaces_and_versions_are_refused() {
+    let build = |prefix: &str, ns: &str, version: u32| {
+        Cache::<u32>::builder()
+            .key_prefix(prefix)
+            .namespace(ns)
+            .version(version)
+            .build()
+    };
+    // "bw:" + "a:b" is "bw:a:" + "b": the second prefix is refused.
+    let ok = build("bw:", "a:b", 0).unwrap();
+    assert_eq!(ok.storage_key(b"k").unwrap(), b"bw:a:b:v:{k}");
+    for prefix in ["bw:a:", "myapp:cache:", "bw", "bw-"] {
+        let err = build(prefix, "b", 0).unwrap_err().to_string();
+        assert!(
+            err.starts_with(&format!(
+                "key_prefix must end with ':' and contain no other ':' (got {prefix:?})"
+            )),
+            "{err}"
+        );
+    }
+    // Namespace "a@1" at version 0 is namespace "a" at version 1.
+    let v1 = build("bw:", "a", 1).unwrap();
+    assert_eq!(v1.storage_key(b"k").unwrap(), b"bw:a@1:v:{k}");
+    let err = build("bw:", "a@1", 0).unwrap_err().to_string();
+    assert!(
+        err.starts_with("namespace must not contain '@', which marks a version in the keys"),
+        "{err}"
+    );
 }
 
 #[test]

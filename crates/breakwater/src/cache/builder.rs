@@ -248,7 +248,10 @@ impl<V: Value> CacheBuilder<V> {
     }
 
     /// The namespace every key of this cache lives in. Two caches with
-    /// different namespaces never see each other's keys.
+    /// different namespaces (or key prefixes, or versions) never see each
+    /// other's keys: 1 to 128 bytes, `:` allowed, but no braces, whitespace,
+    /// control characters or `@` (it marks a [`version`](Self::version) in
+    /// the keys).
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.namespace = namespace.into();
         self
@@ -260,8 +263,10 @@ impl<V: Value> CacheBuilder<V> {
     /// invalidation notices go to the channel `<prefix><namespace>:events`.
     /// The store touches no other key. `"bw:"` by default.
     ///
-    /// Used as given (end it with a separator such as `:`), 1 to 64 bytes,
-    /// without `{` or `}` (the keys' Redis Cluster hash tags follow it), and
+    /// Used as given, 1 to 64 bytes, ending with `:` and with no other `:`
+    /// (so that no other prefix and namespace spell the same keys: `bw:`
+    /// with namespace `a:b` and `bw:a:` with namespace `b` would), without
+    /// `{` or `}` (the keys' Redis Cluster hash tags follow it), and
     /// without whitespace, control characters or the ACL glob characters
     /// `*`, `?`, `[`, `]`, `\`, so that the patterns `~<prefix>*` and
     /// `&<prefix>*` match exactly this cache's keys and channels.
@@ -376,8 +381,9 @@ impl<V: Value> CacheBuilder<V> {
     /// shape or meaning (a new field, another unit) and the old entries
     /// must not be served as they are. Version 0, the default, stores under
     /// `<key_prefix><namespace>:v:{key}`; version `n` under
-    /// `<key_prefix><namespace>@<n>:v:{key}` (so a namespace should not
-    /// itself end in `@<digits>`), with its own change channel. Processes
+    /// `<key_prefix><namespace>@<n>:v:{key}` (a namespace has no `@`, so
+    /// no two namespaces and versions share keys), with its own change
+    /// channel. Processes
     /// of two versions share no entries; see
     /// [`version_transition`](Self::version_transition) for a deploy that
     /// does not start cold, and [`Cache::warm`](crate::Cache::warm) to fill
@@ -890,6 +896,15 @@ fn validate_namespace(ns: &str) -> Result<(), ConfigError> {
              (found {c:?} in {ns:?})"
         )));
     }
+    // `@<n>` marks a version: namespace "a@1" at version 0 would be
+    // namespace "a" at version 1.
+    if ns.contains('@') {
+        return Err(ConfigError::new(format!(
+            "namespace must not contain '@', which marks a version in the keys \
+             (namespace \"a@1\" would share the keys of namespace \"a\" at version 1); \
+             use CacheBuilder::version instead (got {ns:?})"
+        )));
+    }
     Ok(())
 }
 
@@ -931,6 +946,17 @@ fn validate_key_prefix(prefix: &str) -> Result<(), ConfigError> {
         return Err(ConfigError::new(format!(
             "key_prefix must not contain braces (the keys' hash tags follow it), the ACL glob \
              characters * ? [ ] \\, whitespace or control characters (found {c:?} in {prefix:?})"
+        )));
+    }
+    // The prefix's one ':' is its last byte, so a key splits into prefix
+    // and namespace one way only ("bw:" + "a:b" and "bw:a:" + "b" would
+    // spell the same keys).
+    if !prefix.ends_with(':') || prefix[..prefix.len() - 1].contains(':') {
+        return Err(ConfigError::new(format!(
+            "key_prefix must end with ':' and contain no other ':' (got {prefix:?}), so that \
+             no other prefix and namespace spell the same keys (\"bw:\" with namespace \"a:b\" \
+             and \"bw:a:\" with namespace \"b\" would); put the rest in the namespace, \
+             e.g. key_prefix \"myapp:\" with namespace \"cache:catalog\""
         )));
     }
     Ok(())
