@@ -393,3 +393,96 @@ async fn an_undelivered_invalidation_says_so_within_its_deadline() {
         "{err}"
     );
 }
+
+/// Another process (here a second `Cache` on the same store, L1 off, so
+/// nothing reaches the loading one on the bus) invalidates `k` while this
+/// one loads it; a call here that starts after `invalidate` returned joins
+/// the load still in the air. The load's fenced write is refused: its value
+/// goes only to the caller that started before, and the later one reads and
+/// loads again.
+#[tokio::test(start_paused = true)]
+async fn a_load_revoked_by_another_process_answers_no_later_caller() {
+    let store = CountingStore::new(MemoryStore::new());
+    let here = build(&store, false, Duration::ZERO);
+    let there = build(&store, false, Duration::ZERO);
+    let db = Arc::new(Db::default());
+    db.update();
+    let first = {
+        let (cache, loader) = (here.clone(), db.loader(Duration::from_millis(500)));
+        tokio::spawn(async move { cache.get_or_load_with_meta("k", loader).await })
+    };
+    sleep(Duration::from_millis(100)).await;
+    let v2 = db.update();
+    there.invalidate("k").await.unwrap();
+    // Starts after the invalidation returned, and finds the old load.
+    let later = {
+        let (cache, loader) = (here.clone(), db.loader(Duration::from_millis(10)));
+        tokio::spawn(async move { cache.get_or_load_with_meta("k", loader).await })
+    };
+    let first = first.await.unwrap().unwrap();
+    let later = later.await.unwrap().unwrap();
+    assert_eq!(
+        first.value,
+        Some(1),
+        "the first caller started before: {first:?}"
+    );
+    assert_eq!(later.value, Some(v2), "a call after invalidate: {later:?}");
+    assert_eq!(later.served, Served::Loaded, "{later:?}");
+    assert_eq!(db.loads.load(Ordering::SeqCst), 2);
+    assert_eq!(there.get("k").await.unwrap(), Some(v2), "the store has v2");
+}
+
+/// The same for `get_many`: a key whose batch load was revoked by another
+/// process is loaded again for a call that started after the revocation.
+#[tokio::test(start_paused = true)]
+async fn a_batch_load_revoked_by_another_process_answers_no_later_caller() {
+    let store = CountingStore::new(MemoryStore::new());
+    let here = build(&store, false, Duration::ZERO);
+    let there = build(&store, false, Duration::ZERO);
+    let db = Arc::new(Db::default());
+    db.update();
+    let batch = {
+        let db = Arc::clone(&db);
+        move |keys: Vec<String>| {
+            let db = Arc::clone(&db);
+            async move {
+                db.loads.fetch_add(1, Ordering::SeqCst);
+                let version = db.version.load(Ordering::SeqCst);
+                sleep(Duration::from_millis(500)).await;
+                Ok::<_, std::io::Error>(
+                    keys.into_iter()
+                        .map(move |k| (k, version))
+                        .collect::<Vec<_>>(),
+                )
+            }
+        }
+    };
+    let keys = || vec!["a".to_string(), "b".to_string()];
+    let first = {
+        let (cache, batch) = (here.clone(), batch.clone());
+        tokio::spawn(async move { cache.get_many_with_meta(keys(), batch).await })
+    };
+    sleep(Duration::from_millis(100)).await;
+    let v2 = db.update();
+    there.invalidate("a").await.unwrap();
+    let later = {
+        let (cache, batch) = (here.clone(), batch.clone());
+        tokio::spawn(async move { cache.get_many_with_meta(keys(), batch).await })
+    };
+    let first = first.await.unwrap();
+    let later = later.await.unwrap();
+    assert_eq!(first[0].as_ref().unwrap().value, Some(1), "{first:?}");
+    let a = later[0].as_ref().unwrap();
+    assert_eq!(
+        a.value,
+        Some(v2),
+        "a, invalidated before the call: {later:?}"
+    );
+    // b was not invalidated: the old load's value stands for it.
+    let b = later[1].as_ref().unwrap();
+    assert_eq!(
+        (b.value, b.served),
+        (Some(1), Served::Coalesced),
+        "{later:?}"
+    );
+}

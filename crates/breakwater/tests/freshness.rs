@@ -539,3 +539,74 @@ async fn an_early_wall_clock_reading_does_not_freeze_the_store_clock() {
         "store {now} vs redis {before}"
     );
 }
+
+/// Fail-safe reaches L1: the store lost the entry (evicted, restarted
+/// empty, flushed) while the database fails, and the L1 copy, past its
+/// fresh time but inside `max_stale`, stands in for the failed load, for
+/// `get_or_load` and `get_many` alike; past `max_stale` it does not.
+#[tokio::test(start_paused = true)]
+async fn a_failed_load_is_answered_from_l1_when_the_store_lost_the_entry() {
+    let store = MemoryStore::new();
+    let cache = Cache::<String>::builder()
+        .namespace("failsafe-l1")
+        .store(store.clone())
+        .ttl(Duration::from_secs(10))
+        .max_stale(Duration::from_secs(3600))
+        .jitter(Jitter::none())
+        .early_refresh(EarlyRefresh::none())
+        .l1(breakwater::L1Config::new())
+        .build()
+        .unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    for key in ["a", "b"] {
+        cache
+            .get_or_load(key, loader(&calls, Duration::ZERO, Some("v1")))
+            .await
+            .unwrap();
+    }
+    for key in ["a", "b"] {
+        assert!(
+            store
+                .delete(&cache.storage_key(key).unwrap())
+                .await
+                .unwrap()
+        );
+    }
+    tokio::time::advance(Duration::from_secs(11)).await;
+    let down = loader(&calls, Duration::ZERO, None);
+    let got = cache
+        .get_or_load_with_meta("a", down.clone())
+        .await
+        .unwrap();
+    assert_eq!(got.value.as_deref(), Some("v1"));
+    assert_eq!(
+        got.served,
+        Served::Stale {
+            reason: StaleReason::LoaderFailed
+        }
+    );
+    // Throttled after the failure: the copy answers without a load.
+    let before = calls.load(Ordering::SeqCst);
+    let again = cache
+        .get_or_load_with_meta("a", down.clone())
+        .await
+        .unwrap();
+    assert_eq!(again.value.as_deref(), Some("v1"));
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        before,
+        "no load while throttled"
+    );
+    let many = cache
+        .get_many_with_meta(["b".to_string()], |_keys: Vec<String>| async {
+            Err::<Vec<(String, String)>, _>(DbDown)
+        })
+        .await;
+    let b = many[0].as_ref().unwrap();
+    assert_eq!(b.value.as_deref(), Some("v1"), "{many:?}");
+    assert!(matches!(b.served, Served::Stale { .. }), "{many:?}");
+    // Past max_stale nothing stands in.
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    let err = cache.get_or_load_with_meta("a", down).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Loader, "{err}");
+}

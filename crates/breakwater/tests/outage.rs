@@ -462,6 +462,89 @@ async fn warm_keys_survive_a_hung_redis_and_a_failing_database() {
     assert!(at(0.99) <= Duration::from_millis(110), "p99 {:?}", at(0.99));
 }
 
+/// Warm keys in L1 with `max_stale` of an hour; Redis is killed and comes
+/// back empty (a restart without persistence, as a failover to an empty
+/// replica or a FLUSHDB would leave it) while the database keeps failing.
+/// Redis answers again but has lost every entry: the L1 copies still stand
+/// in for the failed loads, and no call on a warm key errs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_keys_survive_redis_restarting_empty_while_the_database_fails() {
+    let mut server = RedisServer::start();
+    let store = fast(&server.url());
+    store.warm_up().await.unwrap();
+    let cache = Cache::builder()
+        .namespace("outage")
+        .store(store)
+        .ttl(Duration::from_secs(300))
+        .max_stale(Duration::from_secs(3600))
+        .jitter(Jitter::none())
+        .early_refresh(EarlyRefresh::none())
+        .l1(L1Config::new())
+        .build()
+        .unwrap();
+    let db = Db::default();
+    warm_l1(&cache, &db, "warm", 50).await;
+    let failing = || async { Err::<Option<String>, _>(std::io::Error::other("database down")) };
+    server.kill();
+    let results = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut callers = Vec::new();
+    for c in 0..8 {
+        let (cache, results) = (cache.clone(), Arc::clone(&results));
+        callers.push(tokio::spawn(async move {
+            let until = Instant::now() + Duration::from_secs(4);
+            let mut k = c;
+            while Instant::now() < until {
+                let got = cache
+                    .get_or_load_with_meta(format!("warm:{k}"), failing)
+                    .await;
+                results.lock().unwrap().push((k, got));
+                k = (k + 7) % 50;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    server.restart();
+    for caller in callers {
+        caller.await.unwrap();
+    }
+    let results = std::mem::take(&mut *results.lock().unwrap());
+    let mut errors = Vec::new();
+    let mut stand_ins = 0;
+    for (k, got) in &results {
+        match got {
+            Err(err) => errors.push(format!("warm:{k}: {err}")),
+            Ok(got) => {
+                assert_eq!(got.value.as_deref(), Some(format!("v{k}").as_str()));
+                if matches!(
+                    got.served,
+                    Served::Stale {
+                        reason: StaleReason::LoaderFailed | StaleReason::BreakerOpen
+                    }
+                ) {
+                    stand_ins += 1;
+                }
+            }
+        }
+    }
+    eprintln!(
+        "{} calls, {} errors, {stand_ins} served from L1 for a failed load",
+        results.len(),
+        errors.len()
+    );
+    assert!(
+        errors.is_empty(),
+        "{} of {} calls failed, first: {:?}",
+        errors.len(),
+        results.len(),
+        errors.first()
+    );
+    assert!(
+        stand_ins > 0,
+        "Redis never answered empty during the run: the test proved nothing"
+    );
+}
+
 /// A write (or a lease script) gets its own, longer deadline than a read:
 /// with every reply 120 ms late, reads time out (50 ms) while writes and
 /// invalidations land (250 ms).

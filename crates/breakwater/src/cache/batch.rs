@@ -53,7 +53,10 @@ use tracing::{Instrument, Span};
 use super::fill::{Lease, Mode, deadline_after};
 use super::notify::{self, FILLED};
 use super::options::{Fetched, Options, Served, StaleReason};
-use super::{Cache, Judged, Load, Loaded, Near, Refresh, Value, cooperate, show_key, stands_in};
+use super::{
+    Cache, Judged, Load, Loaded, MAX_PASSES, Near, Refresh, Value, cooperate, revoked_before,
+    show_key, stands_in,
+};
 use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
 use crate::flight::{Joined, Lander, Role};
@@ -118,6 +121,15 @@ where
 struct Chunk<K, B> {
     keys: Vec<K>,
     batch: Arc<B>,
+}
+
+impl<K: Clone, B> Clone for Chunk<K, B> {
+    fn clone(&self) -> Self {
+        Chunk {
+            keys: self.keys.clone(),
+            batch: Arc::clone(&self.batch),
+        }
+    }
 }
 
 impl<K, V, B> Load<Found<V>> for Chunk<K, B>
@@ -310,17 +322,22 @@ impl<V: Value> Cache<V> {
         };
         let batch = Arc::new(UserBatch(loader, PhantomData));
         let options = self.inner.defaults;
-        self.fetch_many(keys, batch, &options)
+        self.fetch_many(keys, batch, &options, Instant::now(), 1)
             .instrument(span)
             .await
     }
 
-    /// The body of [`get_many_with_meta`](Self::get_many_with_meta).
+    /// The body of [`get_many_with_meta`](Self::get_many_with_meta), for a
+    /// call that started at `started`, pass `pass`: a key whose load turns
+    /// out revoked before the call started goes through another pass, as
+    /// in `Cache::pipeline` (with the same bound).
     async fn fetch_many<K, B>(
         &self,
         keys: Vec<K>,
         batch: Arc<B>,
         options: &Options,
+        started: Instant,
+        pass: usize,
     ) -> Vec<Result<Fetched<V>, Error>>
     where
         K: CacheKey + Clone + Send + Sync + 'static,
@@ -479,6 +496,7 @@ impl<V: Value> Cache<V> {
         }
 
         // Each key's outcome, by the call's deadline.
+        let last = pass == MAX_PASSES;
         let wanted = &wants;
         let settled = join_all(waits.into_iter().map(|(i, joined, role, stale)| {
             let storage = &wanted[i].storage;
@@ -497,20 +515,42 @@ impl<V: Value> Cache<V> {
                             let served = Served::Stale {
                                 reason: StaleReason::SoftTimeout,
                             };
-                            return (i, Ok(Fetched { value, served }));
+                            return Some((i, Ok(Fetched { value, served })));
                         }
                         Err(batch_timeout())
                     }
                     Err(_) => Err(batch_timeout()),
                 };
+                // A revoked load from before this call: another pass.
+                let result = revoked_before(result, started, last)?;
                 let stale = stale.map(|entry| (entry, storage.clone()));
-                let user = &wanted[i].user;
-                (i, self.settle(user, result, role, stale, options))
+                let want = &wanted[i];
+                let local = want.local_stale.as_ref();
+                Some((
+                    i,
+                    self.settle(&want.user, result, role, stale, local, options),
+                ))
             }
         }))
         .await;
-        for (i, outcome) in settled {
+        let mut settled_at = vec![false; wants.len()];
+        for (i, outcome) in settled.into_iter().flatten() {
+            settled_at[i] = true;
             wants[i].outcome = Some(outcome);
+        }
+        // Keys that waited for nothing but a revoked load go through the
+        // pipeline again, as a batch (they are counted by that pass).
+        let again: Vec<usize> = (0..wants.len())
+            .filter(|&i| wants[i].outcome.is_none() && !settled_at[i])
+            .collect();
+        let mut counted = vec![false; wants.len()];
+        if !again.is_empty() {
+            let keys = again.iter().map(|&i| wants[i].key.clone()).collect();
+            let next = Box::pin(self.fetch_many(keys, batch, options, started, pass + 1)).await;
+            for (&i, outcome) in again.iter().zip(next) {
+                counted[i] = true;
+                wants[i].outcome = Some(outcome);
+            }
         }
 
         // In the caller's order; each request counted.
@@ -518,6 +558,7 @@ impl<V: Value> Cache<V> {
             .into_iter()
             .map(|at| {
                 let near = matches!(at, Ok(i) if wants[i].near);
+                let count = !matches!(at, Ok(i) if counted[i]);
                 let result = match at {
                     Ok(i) => wants[i]
                         .outcome
@@ -525,7 +566,9 @@ impl<V: Value> Cache<V> {
                         .unwrap_or_else(|| Err(batch_timeout())),
                     Err(err) => Err(err),
                 };
-                self.count_served(&result, near);
+                if count {
+                    self.count_served(&result, near);
+                }
                 result
             })
             .collect()
@@ -763,7 +806,7 @@ impl<V: Value> Cache<V> {
         // them too, and a busy store can make those slow.
         let leases: Vec<LeaseRequest<'_>> = taken.iter().map(|(_, lease)| *lease).collect();
         let done: Vec<AtomicBool> = leases.iter().map(|_| AtomicBool::new(false)).collect();
-        let work = self.lead_taken(taken, &done, batch, options, priority, ticket);
+        let work = self.lead_taken(taken, &done, asked, batch, options, priority, ticket);
         // Biased: the work first, so a load that ends on a keep-alive tick
         // is seen to end before the tick (a seeded run replays exactly).
         tokio::select! {
@@ -775,10 +818,12 @@ impl<V: Value> Cache<V> {
 
     /// [`lead_many`](Self::lead_many)'s work; `done[i]` is set once the
     /// `i`th key no longer needs its lease kept alive.
+    #[allow(clippy::too_many_arguments)]
     async fn lead_taken<K, B>(
         &self,
         taken: Vec<(Led<K, V>, LeaseRequest<'_>)>,
         done: &[AtomicBool],
+        asked: Instant,
         batch: &Arc<B>,
         options: &Options,
         priority: Priority,
@@ -817,14 +862,13 @@ impl<V: Value> Cache<V> {
                     .release_lease(lease.key, lease.token, inner.notice(&message))
                     .await;
                 done[i].store(true, Ordering::Release);
-                led.lander.land(Ok((value, Served::Coalesced)));
+                led.lander.land(Ok((value, Served::Coalesced, None)));
             },
         ));
-        let loads = join_all(
-            in_batches(to_load)
-                .into_iter()
-                .map(|chunk| self.lead_chunk(chunk, done, batch, options, priority, ticket)),
-        );
+        let loads =
+            join_all(in_batches(to_load).into_iter().map(|chunk| {
+                self.lead_chunk(chunk, done, asked, batch, options, priority, ticket)
+            }));
         tokio::join!(release, loads);
     }
 
@@ -832,11 +876,14 @@ impl<V: Value> Cache<V> {
     /// (kept alive by [`keep_alive`](Self::keep_alive) until each key's
     /// write or release has answered); each value written through its own fence (a key the loader
     /// left out as "not found"); on failure the leases given back and every
-    /// key fails.
+    /// key fails. `asked`: when the leases were asked for (a value whose
+    /// fence refused it lands marked so: see `Loaded`).
+    #[allow(clippy::too_many_arguments)]
     async fn lead_chunk<K, B>(
         &self,
         chunk: Vec<(usize, Led<K, V>, LeaseRequest<'_>)>,
         done: &[AtomicBool],
+        asked: Instant,
         batch: &Arc<B>,
         options: &Options,
         priority: Priority,
@@ -866,7 +913,10 @@ impl<V: Value> Cache<V> {
                             )
                             .await;
                         done[i].store(true, Ordering::Release);
-                        led.lander.land(written.map(|()| (value, Served::Loaded)));
+                        led.lander.land(
+                            written
+                                .map(|revoked| (value, Served::Loaded, revoked.then_some(asked))),
+                        );
                     }
                 });
                 join_all(writes).await;
@@ -993,7 +1043,7 @@ impl<V: Value> Cache<V> {
                     for led in chunk {
                         let value = found.remove(&led.user);
                         self.keep_local(&led.storage, &value, load_time, options, ticket, false);
-                        led.lander.land(Ok((value, Served::Loaded)));
+                        led.lander.land(Ok((value, Served::Loaded, None)));
                     }
                 }
                 Err(err) => {

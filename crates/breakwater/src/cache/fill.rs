@@ -91,7 +91,7 @@ impl<V: Value> Cache<V> {
             let (value, load_time) = self.load_unwritten(&loader, &options, priority).await?;
             let tagged = loader.tags().is_some();
             self.keep_local(&key, &value, load_time, &options, ticket, tagged);
-            return Ok((value, Served::Loaded));
+            return Ok((value, Served::Loaded, None));
         }
         let lease_key = inner.lease_key(&key);
         let deadline = deadline_after(inner.lock_wait_for(&options));
@@ -125,12 +125,12 @@ impl<V: Value> Cache<V> {
                             .store
                             .release_lease(lease.key, lease.token, inner.notice(&message))
                             .await;
-                        return Ok((value, Served::Coalesced));
+                        return Ok((value, Served::Coalesced, None));
                     }
-                    let value = self
+                    let (value, revoked) = self
                         .lead(&key, lease, asked, &loader, &options, priority, ticket)
                         .await?;
-                    return Ok((value, Served::Loaded));
+                    return Ok((value, Served::Loaded, revoked.then_some(asked)));
                 }
                 Ok(LeaseAttempt::Held { ttl }) => {
                     inner.metrics.lease("busy");
@@ -149,7 +149,7 @@ impl<V: Value> Cache<V> {
                     let value = self
                         .load_direct(&key, lease, &loader, &options, priority, ticket)
                         .await?;
-                    return Ok((value, Served::Loaded));
+                    return Ok((value, Served::Loaded, None));
                 }
             };
             // Try again just after the lease runs out: a dead holder's lease
@@ -167,7 +167,7 @@ impl<V: Value> Cache<V> {
                 .fresh_value(&key, &mut stale, &options, replacing, ticket)
                 .await
             {
-                return Ok((value, Served::Coalesced));
+                return Ok((value, Served::Coalesced, None));
             }
             if Instant::now() >= deadline {
                 break;
@@ -195,7 +195,7 @@ impl<V: Value> Cache<V> {
                         None => self.fresh_value(&key, &mut stale, &options, replacing, ticket).await,
                     };
                     if let Some(value) = value {
-                        return Ok((value, Served::Coalesced));
+                        return Ok((value, Served::Coalesced, None));
                     }
                 }
                 () = sleep_until(deadline) => {}
@@ -213,7 +213,7 @@ impl<V: Value> Cache<V> {
             LockTimeoutKind::LoadAnyway => {
                 warn_limited!(inner.logs, Warning::LockWaitLoadAnyway, key = %show_key(&key), ?waited, "lease held past lock_wait; loading anyway (not written)");
                 let (value, _) = self.load_unwritten(&loader, &options, priority).await?;
-                Ok((value, Served::Loaded))
+                Ok((value, Served::Loaded, None))
             }
             LockTimeoutKind::ServeStale => match stale.and_then(|e| self.entry_value(&key, &e)) {
                 Some(value) => Ok((
@@ -221,6 +221,7 @@ impl<V: Value> Cache<V> {
                     Served::Stale {
                         reason: StaleReason::LockTimeout,
                     },
+                    None,
                 )),
                 None => Err(lock_timeout(waited)),
             },
@@ -230,6 +231,8 @@ impl<V: Value> Cache<V> {
 
     /// Holding the lease (requested at `asked`): load, keep the lease
     /// alive, write through the fence (or release the lease on failure).
+    /// With the value, whether the fence refused it (the lease was revoked
+    /// during the load: see [`Loaded`]).
     #[allow(clippy::too_many_arguments)]
     async fn lead<L>(
         &self,
@@ -240,7 +243,7 @@ impl<V: Value> Cache<V> {
         options: &Options,
         priority: Priority,
         ticket: Option<Ticket>,
-    ) -> Result<Option<V>, Error>
+    ) -> Result<(Option<V>, bool), Error>
     where
         L: Load<V>,
     {
@@ -260,7 +263,7 @@ impl<V: Value> Cache<V> {
                     self.release(key, lease).await;
                     let (value, load_time) = self.load_unwritten(loader, options, priority).await?;
                     self.keep_local(key, &value, load_time, options, ticket, true);
-                    return Ok(value);
+                    return Ok((value, false));
                 }
             },
         };
@@ -281,9 +284,10 @@ impl<V: Value> Cache<V> {
         };
         match result {
             Ok((value, load_time)) => {
-                self.write_fenced(key, lease, value.as_ref(), load_time, options, ticket, tags)
+                let revoked = self
+                    .write_fenced(key, lease, value.as_ref(), load_time, options, ticket, tags)
                     .await?;
-                Ok(value)
+                Ok((value, revoked))
             }
             Err(err) => {
                 self.release(key, lease).await;
@@ -422,7 +426,9 @@ impl<V: Value> Cache<V> {
     /// invalidated since `ticket`. A value that cannot be sealed releases the
     /// lease (waiters are told) and fails, except one too large to cache,
     /// which is returned unwritten. `tags`: the tags' generations read
-    /// before the load, recorded in the entry.
+    /// before the load, recorded in the entry. `Ok(true)` if the fence
+    /// refused the write: the lease was revoked (an invalidation or `set`)
+    /// or had run out while the value was loaded.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn write_fenced(
         &self,
@@ -433,7 +439,7 @@ impl<V: Value> Cache<V> {
         options: &Options,
         ticket: Option<Ticket>,
         tags: Vec<TagStamp>,
-    ) -> Result<(), Error> {
+    ) -> Result<bool, Error> {
         let inner = &self.inner;
         let now = inner.store.now_ms();
         let sealed = match self.seal_tagged(key, value, load_time, options, tags, now) {
@@ -441,7 +447,11 @@ impl<V: Value> Cache<V> {
             Err(err) => {
                 self.release(key, lease).await;
                 // Too large to cache: the callers still get the value.
-                return if err.is_too_large() { Ok(()) } else { Err(err) };
+                return if err.is_too_large() {
+                    Ok(false)
+                } else {
+                    Err(err)
+                };
             }
         };
         inner.clear_throttle(key);
@@ -464,6 +474,7 @@ impl<V: Value> Cache<V> {
             .instrument(tracing::debug_span!("breakwater.store.fenced_set"))
             .await;
         Span::current().record("written", matches!(written, Ok(true)));
+        let revoked = matches!(written, Ok(false));
         match written {
             Ok(true) => {}
             Ok(false) => {
@@ -478,10 +489,14 @@ impl<V: Value> Cache<V> {
                 inner.metrics.store_failed("fenced_set", &err);
             }
         }
-        // L1 follows the epoch rule whatever the store said: an
-        // invalidation since `ticket` keeps this value out.
-        self.remember_sealed(key, value.cloned(), &sealed, ticket);
-        Ok(())
+        // L1 follows the epoch rule whatever else the store said: an
+        // invalidation since `ticket` keeps this value out. A refused write
+        // keeps it out too: the lease was revoked by an invalidation this
+        // process may not have heard of yet.
+        if !revoked {
+            self.remember_sealed(key, value.cloned(), &sealed, ticket);
+        }
+        Ok(revoked)
     }
 
     /// Gives the lease up without a value and tells its waiters.

@@ -93,7 +93,7 @@ use tracing::{Instrument, Span};
 /// A loader as every internal step takes it (the public methods spell the
 /// bounds out): `FnOnce() -> impl Future<Output = Result<Option<V>, E>>`,
 /// cloned for each call.
-pub(crate) trait Load<V>: Send + Sync + 'static {
+pub(crate) trait Load<V>: Clone + Send + Sync + 'static {
     /// The loader's future.
     type Fut: Future<Output = Result<Option<V>, Self::Err>> + Send + 'static;
     /// The loader's error.
@@ -1068,7 +1068,14 @@ impl<V: Value> Cache<V> {
 
     /// The pipeline past L1; see the module docs for the order.
     /// `local_stale`: an L1 copy past its fresh time that may stand in
-    /// while the store is unreachable.
+    /// while the store is unreachable, or for a failed load (fail-safe).
+    ///
+    /// A load whose fenced write was refused (see [`Loaded`]) answers only
+    /// the callers that started before its lease was asked for; a later
+    /// caller goes through the pipeline again (reading what the store has
+    /// now, or joining a newer load). A load it joins then began after it
+    /// started, so a second pass is the most it takes unless another
+    /// revocation lands in between; [`MAX_PASSES`] bounds it all the same.
     async fn pipeline<L>(
         &self,
         user_key: &[u8],
@@ -1079,15 +1086,68 @@ impl<V: Value> Cache<V> {
     where
         L: Load<V>,
     {
-        // 3. Read the store (shared with concurrent reads of the key).
         let key = self.key_in_store(user_key)?;
-        let (read, loader) = match self.read_shared(user_key, &key, loader, options).await {
-            // The read found nothing and waited for the key's load. No
-            // stale value can stand in.
-            Shared::Loaded(result, role) => {
-                return self.settle(user_key, result, role, None, options);
+        let started = Instant::now();
+        let mut passes = 1;
+        loop {
+            let last = passes == MAX_PASSES;
+            let pass = self.pass(
+                user_key,
+                &key,
+                &loader,
+                options,
+                local_stale.as_ref(),
+                started,
+                last,
+            );
+            // Boxed after the first pass: a hit's future stays as it was.
+            let pass = if passes == 1 {
+                pass.await
+            } else {
+                Box::pin(pass).await
+            };
+            match pass {
+                Some(result) => return result,
+                None => {
+                    tracing::debug!(key = %show_key(&key), "the load this call joined was revoked before it started; reading again");
+                    passes += 1;
+                }
             }
-            Shared::Read(read, loader) => (read, loader),
+        }
+    }
+
+    /// One pass of [`pipeline`](Self::pipeline) for a call that started at
+    /// `started`: `None` if it found only a revoked load that began before
+    /// it (unless `last`: then that load's outcome is an error).
+    #[allow(clippy::too_many_arguments)]
+    async fn pass<L>(
+        &self,
+        user_key: &[u8],
+        key: &[u8],
+        loader: &L,
+        options: &Options,
+        local_stale: Option<&Arc<Slot<V>>>,
+        started: Instant,
+        last: bool,
+    ) -> Option<Result<Fetched<V>, Error>>
+    where
+        L: Load<V>,
+    {
+        // 3. Read the store (shared with concurrent reads of the key). A
+        // miss goes on to the load in the read itself, unless an L1 copy
+        // would stand in for a load the fail-safe throttle holds back.
+        let key = key.to_vec();
+        let load_on_miss =
+            local_stale.is_none() || !self.inner.is_throttled(&key, self.inner.store.now_ms());
+        let read = self.read_shared(user_key, &key, loader, options, load_on_miss);
+        let read = match read.await {
+            // The read found nothing and waited for the key's load: only
+            // the L1 copy can stand in.
+            Shared::Loaded(result, role) => {
+                let result = revoked_before(result, started, last)?;
+                return Some(self.settle(user_key, result, role, None, local_stale, options));
+            }
+            Shared::Read(read) => read,
         };
         let (entry, store_ok, ticket) = match read {
             Ok(Read {
@@ -1100,14 +1160,14 @@ impl<V: Value> Cache<V> {
                 // miss.
                 if let Some(value) = self.entry_value(&key, &old) {
                     if !self.inner.is_throttled(&key, self.inner.store.now_ms()) {
-                        self.refresh_in_background(key, loader, *options, 0, false);
+                        self.refresh_in_background(key, loader.clone(), *options, 0, false);
                     }
-                    return Ok(Fetched {
+                    return Some(Ok(Fetched {
                         value,
                         served: Served::Stale {
                             reason: StaleReason::PreviousVersion,
                         },
-                    });
+                    }));
                 }
                 (None, true, None)
             }
@@ -1117,12 +1177,12 @@ impl<V: Value> Cache<V> {
                 self.inner.metrics.store_failed("get", &err);
                 // The store is unreachable: a local stale copy stands in.
                 if let Some(slot) = local_stale {
-                    return Ok(Fetched {
+                    return Some(Ok(Fetched {
                         value: slot.value.clone(),
                         served: Served::Stale {
                             reason: StaleReason::StoreUnavailable,
                         },
-                    });
+                    }));
                 }
                 (None, false, None)
             }
@@ -1136,17 +1196,40 @@ impl<V: Value> Cache<V> {
                 Judged::Served(fetched, refresh) => {
                     self.remember(&key, &fetched.value, &entry, now, ticket, options);
                     if let Some(Refresh { replacing, early }) = refresh {
-                        self.refresh_in_background(key, loader, *options, replacing, early);
+                        self.refresh_in_background(key, loader.clone(), *options, replacing, early);
                     }
-                    return Ok(fetched);
+                    return Some(Ok(fetched));
                 }
                 Judged::Load { stale } => fallback = stale.then_some(entry),
             }
         }
 
+        // Fail-safe on L1 alone: the store has no stand-in (it lost the
+        // entry: an eviction, an empty restart, a failover), but L1 does,
+        // and the key's loads failed within the throttle: served as a store
+        // stale value would be, without calling the loader.
+        if fallback.is_none()
+            && let Some(slot) = local_stale
+            && self.inner.is_throttled(&key, self.inner.store.now_ms())
+            && let Some(value) = self.local_stand_in(slot, options)
+        {
+            return Some(Ok(Fetched {
+                value,
+                served: Served::Stale {
+                    reason: StaleReason::LoaderFailed,
+                },
+            }));
+        }
+
         // 5. Boxed: the load's part of the future is the large one, and
         // a hit (which returned above) would otherwise build and carry it.
-        Box::pin(self.load(user_key, key, loader, options, fallback, store_ok)).await
+        let load = self.load(key, loader.clone(), options, fallback, store_ok);
+        let (result, role, stale) = match Box::pin(load).await {
+            Ok(done) => done,
+            Err(served) => return Some(served),
+        };
+        let result = revoked_before(result, started, last)?;
+        Some(self.settle(user_key, result, role, stale, local_stale, options))
     }
 
     /// Step 4 for an entry read from the store at `now` (store clock): a
@@ -1204,16 +1287,25 @@ impl<V: Value> Cache<V> {
     /// Step 5 of the pipeline, past a store read that served nothing: one
     /// flight per key in this process; the flight takes the lease, loads
     /// and writes (see `fill`). A soft timeout gives up waiting (not
-    /// loading) when there is a stale value (`fallback`) to serve.
+    /// loading) when there is a stale value (`fallback`) to serve: that is
+    /// `Err` (served at once); else the flight's outcome, this call's role
+    /// in it and the stale stand-in (with its storage key), to settle.
+    #[allow(clippy::type_complexity)]
     async fn load<L>(
         &self,
-        user_key: &[u8],
         key: Vec<u8>,
         loader: L,
         options: &Options,
         fallback: Option<Arc<Entry>>,
         store_ok: bool,
-    ) -> Result<Fetched<V>, Error>
+    ) -> Result<
+        (
+            Result<Loaded<V>, Error>,
+            Role,
+            Option<(Arc<Entry>, Vec<u8>)>,
+        ),
+        Result<Fetched<V>, Error>,
+    >
     where
         L: Load<V>,
     {
@@ -1234,35 +1326,36 @@ impl<V: Value> Cache<V> {
                             let served = Served::Stale {
                                 reason: StaleReason::SoftTimeout,
                             };
-                            return Ok(Fetched { value, served });
+                            return Err(Ok(Fetched { value, served }));
                         }
-                        return Err(Error::new(
+                        return Err(Err(Error::new(
                             ErrorKind::Timeout,
                             "soft timeout with an unreadable stale value",
-                        ));
+                        )));
                     }
                 },
                 _ => flight.await,
             }
         };
 
-        let stale = fallback.map(|entry| (entry, key));
-        self.settle(user_key, result, role, stale, options)
+        Ok((result, role, fallback.map(|entry| (entry, key))))
     }
 
     /// Step 6, a flight's outcome for one caller. On failure: the stale
     /// entry if one may stand in (fail-safe; with its storage key), else
-    /// the fallback, else the error.
-    fn settle(
+    /// this process's L1 copy (`local`) if it may (the store lost the
+    /// entry, L1 did not), else the fallback, else the error.
+    pub(super) fn settle(
         &self,
         user_key: &[u8],
         result: Result<Loaded<V>, Error>,
         role: Role,
         stale: Option<(Arc<Entry>, Vec<u8>)>,
+        local: Option<&Arc<Slot<V>>>,
         options: &Options,
     ) -> Result<Fetched<V>, Error> {
         match result {
-            Ok((value, served)) => {
+            Ok((value, served, _)) => {
                 let served = if role == Role::Follower && served == Served::Loaded {
                     Served::Coalesced
                 } else {
@@ -1293,6 +1386,16 @@ impl<V: Value> Cache<V> {
                     let served = Served::Stale { reason };
                     return Ok(Fetched { value, served });
                 }
+                if let Some(value) = local.and_then(|slot| self.local_stand_in(slot, options)) {
+                    warn_limited!(self.inner.logs, Warning::LoadFailed, key = %show_key(user_key), error = %err, "load failed; serving the stale L1 copy (the store has none)");
+                    if reason == StaleReason::LoaderFailed
+                        && let Ok(key) = self.key_in_store(user_key)
+                    {
+                        self.inner.throttle(&key, options.fail_safe_throttle);
+                    }
+                    let served = Served::Stale { reason };
+                    return Ok(Fetched { value, served });
+                }
                 if let Some(fallback) = &self.fallback {
                     warn_limited!(self.inner.logs, Warning::LoadFailed, key = %show_key(user_key), error = %err, "load failed; serving the fallback");
                     return Ok(Fetched {
@@ -1303,6 +1406,21 @@ impl<V: Value> Cache<V> {
                 Err(err)
             }
         }
+    }
+
+    /// The value of L1 copy `slot` if it may stand in for a failed load:
+    /// still within its stale window and this call's `max_stale`, judged
+    /// on the store's clock as a stored entry is.
+    fn local_stand_in(&self, slot: &Slot<V>, options: &Options) -> Option<Option<V>> {
+        let reading = Reading {
+            now_ms: self.inner.store.now_ms(),
+            fresh_until: slot.stored.fresh_until,
+            stale_until: slot.stored.stale_until,
+            load_ms: slot.stored.load_ms,
+        };
+        let servable = slot.is_servable(Instant::now())
+            && self.inner.freshness(options).servable_stale(reading);
+        servable.then(|| slot.value.clone())
     }
 
     /// Starts one refresh of `key` in the background, unless one is already
@@ -1559,16 +1677,19 @@ impl<V: Value> Cache<V> {
     /// task (no task, no shared loader: an uncontended hit is one `GET` and
     /// its decoding); later readers of the key join it. Finding nothing,
     /// the read joins (or starts) the key's load, and its followers get
-    /// that load's outcome too. A leader that goes away (its caller
+    /// that load's outcome too (unless `load_on_miss` is false: then the
+    /// miss is the outcome, and each caller goes on to the load step
+    /// itself). A leader that goes away (its caller
     /// cancelled) hands nothing down: its followers read again, one of them
     /// leading, and a load already started goes on in its own task.
     async fn read_shared<L: Load<V>>(
         &self,
         user_key: &[u8],
         key: &[u8],
-        loader: L,
+        loader: &L,
         options: &Options,
-    ) -> Shared<V, L> {
+        load_on_miss: bool,
+    ) -> Shared<V> {
         loop {
             let joined = match self.local.reads.lead_or_join(user_key) {
                 Turn::Lead(lead) => {
@@ -1577,7 +1698,7 @@ impl<V: Value> Cache<V> {
                         Ok(entry) => entry.map(Arc::new),
                         Err(err) => {
                             lead.land_with(|| Err(err.clone()));
-                            return Shared::Read(Err(err), loader);
+                            return Shared::Read(Err(err));
                         }
                     };
                     // Nothing in this version: inside a version transition
@@ -1592,7 +1713,7 @@ impl<V: Value> Cache<V> {
                         }
                         None => (None, false),
                     };
-                    if entry.is_some() {
+                    if entry.is_some() || !load_on_miss {
                         let read = Read {
                             entry,
                             loaded: None,
@@ -1600,11 +1721,11 @@ impl<V: Value> Cache<V> {
                             previous,
                         };
                         lead.land_with(|| Ok(read.clone()));
-                        return Shared::Read(Ok(read), loader);
+                        return Shared::Read(Ok(read));
                     }
                     let (load, role) = self.join_fill(
                         key,
-                        loader,
+                        loader.clone(),
                         *options,
                         None,
                         Priority::Foreground,
@@ -1632,7 +1753,7 @@ impl<V: Value> Cache<V> {
                     loaded: Some((result, _)),
                     ..
                 })) => return Shared::Loaded(result, Role::Follower),
-                Some(read) => return Shared::Read(read, loader),
+                Some(read) => return Shared::Read(read),
                 // The leader went away: read again.
                 None => {}
             }
@@ -1949,8 +2070,17 @@ struct Sealed {
     stamp: Stamp,
 }
 
-/// What a load flight lands with: the value and how it was served.
-type Loaded<V> = (Option<V>, Served);
+/// What a load flight lands with: the value, how it was served, and, if
+/// the load's fenced write was refused, when its lease was asked for.
+///
+/// A refused write means the lease was revoked while the value was loaded
+/// (an invalidation or `set`, possibly from another process that this one
+/// has not heard from yet) or ran out: the value may predate a change that
+/// completed before some of the flight's callers started. The revocation
+/// came after the lease was asked for, so the value is served only to
+/// callers that started by then; later ones read and load again (see
+/// [`Cache::pipeline`]).
+type Loaded<V> = (Option<V>, Served, Option<Instant>);
 
 /// What a shared store read gives every caller that shared it.
 #[derive(Clone)]
@@ -1967,12 +2097,12 @@ struct Read<V> {
 }
 
 /// How a shared store read ended for one caller.
-enum Shared<V, L> {
+enum Shared<V> {
     /// Nothing was stored: the key's load, and this caller's part in it
     /// (the leader only if it led the read and the load).
     Loaded(Result<Loaded<V>, Error>, Role),
-    /// The read's outcome, and the caller's loader, still unused.
-    Read(Result<Read<V>, Error>, L),
+    /// The read's outcome.
+    Read(Result<Read<V>, Error>),
 }
 
 /// What a call gets from an entry read from the store (see
@@ -2052,6 +2182,32 @@ const HASH_TAG_LEN: usize = 19;
 
 /// Whether a previous version's entry may stand in for this version's at
 /// `now_ms` (store clock): a value, inside its stale window.
+/// How many times one call goes through the pipeline when the loads it
+/// joins turn out revoked (see [`Cache::pipeline`]).
+const MAX_PASSES: usize = 4;
+
+/// A flight's outcome for a caller that started at `started`: `None` if
+/// it is a revoked load whose lease was asked for before then (the caller
+/// goes through the pipeline again), unless this is the `last` pass: then
+/// an error, never the revoked value.
+fn revoked_before<V>(
+    result: Result<Loaded<V>, Error>,
+    started: Instant,
+    last: bool,
+) -> Option<Result<Loaded<V>, Error>> {
+    match &result {
+        Ok((_, _, Some(asked))) if started > *asked => last.then(|| {
+            Err(Error::new(
+                ErrorKind::Timeout,
+                format!(
+                    "the key was invalidated during each of the {MAX_PASSES} loads this call waited for; try again"
+                ),
+            ))
+        }),
+        _ => Some(result),
+    }
+}
+
 fn stands_in(entry: &Entry, now_ms: u64) -> bool {
     !entry.negative && entry.stale_until > now_ms
 }

@@ -120,6 +120,7 @@ fn generation(stored: Option<&[u8]>) -> u64 {
 
 /// A loader whose call named tags: the fill records their generations in
 /// the entry it writes.
+#[derive(Clone)]
 pub(super) struct Tagged<L> {
     pub(super) loader: L,
     pub(super) tags: Arc<TagSet>,

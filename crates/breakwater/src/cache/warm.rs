@@ -313,7 +313,14 @@ impl<V: Value> Cache<V> {
             Priority::Foreground,
             Mode::Fleet,
         );
-        let fetched = self.settle(&key.key_bytes(), load.result().await, role, stale, &options);
+        let fetched = self.settle(
+            &key.key_bytes(),
+            load.result().await,
+            role,
+            stale,
+            None,
+            &options,
+        );
         self.count_served(&fetched, false);
         match fetched {
             Ok(fetched) => match fetched.served {
