@@ -203,6 +203,32 @@ impl<T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static> Value for 
 /// entries only); (5) `invalidate_tag` is retried within 1 s, as
 /// `invalidate`; (6) a generation is at least the store's clock in ms.
 ///
+/// **Redis forgets.** What the store loses never validates anything: an
+/// evicted or deleted value is a miss; a lost lease is a free lease (a
+/// load holding the old one is refused by the fence); a load whose fenced
+/// write was refused answers only the callers that started before its
+/// lease was asked for, so a call that starts after another process's
+/// `invalidate` returned never gets the revoked value, even where the
+/// message has not arrived (later callers read and load again). When the
+/// store lost an entry that this process's L1 still holds (an eviction,
+/// an empty restart, a failover to an empty replica, a `FLUSHDB`) and the
+/// load fails, the L1 copy stands in within `max_stale`, as a stored
+/// stale value would (fail-safe: with the bus lost, it may be a copy whose
+/// invalidation this process did not hear).
+///
+/// **Replication.** Redis replicates asynchronously: a master that fails
+/// right after acknowledging an `invalidate`, `set` or `invalidate_tag`
+/// may hand over to a replica that never saw it. With
+/// [`RedisStore::connect_sentinel`](crate::RedisStore::connect_sentinel)
+/// the store replays the revocations the old master acknowledged on the
+/// new one before any call uses it (see its docs for the bound). With a
+/// single node behind an external failover, or a Redis Cluster, nothing
+/// replays them: a revocation acknowledged within the replication lag
+/// before a failover (typically well under a second; unbounded when the
+/// replica was cut off) is lost, and the old value is served from the
+/// promoted replica, fresh until its own TTL ends. Invalidate again after
+/// a failover, or keep such data on Sentinel or behind a short TTL.
+///
 /// When the store cannot be used at all (the read or the lease attempt
 /// failed), values are loaded directly, served and kept in L1, and not
 /// written to the store: no fence can tell such a load from one that began
