@@ -344,3 +344,93 @@ async fn cancelled_queued_reads_leave_the_queue_working() {
         "a lone read is one GET"
     );
 }
+
+/// Process B invalidates `k` while process A loads it (500 ms loader), then
+/// writes a marker key; A's calls that start once the marker is seen must
+/// not get the old value, with L1 off (20 rounds). With L1 on, A's L1 hears
+/// of it on the bus: the stale answers after the marker, and how long after
+/// it they came, are reported.
+async fn revoked_loads_across_processes(l1: bool) -> (usize, Duration) {
+    let server = RedisServer::start();
+    let (a_store, b_store) = (
+        support::connect(&server).await,
+        support::connect(&server).await,
+    );
+    let build = |store: &RedisStore| {
+        let builder = Cache::<u64>::builder()
+            .namespace("revoked")
+            .store(store.clone())
+            .ttl(Duration::from_secs(300))
+            .jitter(Jitter::none());
+        if l1 {
+            builder.l1(breakwater::L1Config::new())
+        } else {
+            builder
+        }
+        .build()
+        .unwrap()
+    };
+    let (a, b) = (build(&a_store), build(&b_store));
+    let row = Arc::new(std::sync::atomic::AtomicU64::new(1));
+    let loader = |delay: Duration| {
+        let row = Arc::clone(&row);
+        move || {
+            let row = Arc::clone(&row);
+            async move {
+                let version = row.load(Ordering::SeqCst);
+                tokio::time::sleep(delay).await;
+                Ok::<_, std::io::Error>(Some(version))
+            }
+        }
+    };
+    let (mut stale, mut latest) = (0, Duration::ZERO);
+    for round in 0..20 {
+        let key = format!("k{round}");
+        let marker = format!("marker{round}");
+        let first = {
+            let (a, key, load) = (a.clone(), key.clone(), loader(Duration::from_millis(500)));
+            tokio::spawn(async move { a.get_or_load(key, load).await })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let new = row.fetch_add(1, Ordering::SeqCst) + 1;
+        b.invalidate(&key).await.unwrap();
+        b_store
+            .set(marker.as_bytes(), b"1", Duration::from_secs(60))
+            .await
+            .unwrap();
+        // A sees the marker, then reads the key, until the old load is done.
+        assert!(a_store.get(marker.as_bytes()).await.unwrap().is_some());
+        let seen = tokio::time::Instant::now();
+        while !first.is_finished() {
+            let got = a
+                .get_or_load(&key, loader(Duration::from_millis(10)))
+                .await
+                .unwrap();
+            if got < Some(new) {
+                stale += 1;
+                latest = latest.max(seen.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(
+            first.await.unwrap().unwrap() < Some(new),
+            "the first call started before"
+        );
+        let after = a.get_or_load(&key, loader(Duration::ZERO)).await.unwrap();
+        assert_eq!(after, Some(new), "round {round}: after the old load");
+    }
+    (stale, latest)
+}
+
+#[tokio::test]
+async fn a_load_revoked_in_another_process_is_not_served_after_the_marker() {
+    let (stale, _) = revoked_loads_across_processes(false).await;
+    assert_eq!(stale, 0, "calls after the marker got the old value");
+}
+
+#[tokio::test]
+async fn a_load_revoked_in_another_process_with_l1_reports_its_stale_answers() {
+    let (stale, latest) = revoked_loads_across_processes(true).await;
+    eprintln!("L1 on: {stale} stale answers after the marker, the last {latest:?} after it");
+    assert_eq!(stale, 0, "the fence refused the write: L1 never kept it");
+}

@@ -815,6 +815,40 @@ impl World {
         }
     }
 
+    /// A loader whose query runs first and whose answer then takes `delay`
+    /// to arrive (a slow network, a large row): the value it returns may
+    /// be older than a write made while it was on its way.
+    fn loader_reading_first(
+        self: &Arc<Self>,
+        proc: usize,
+        key: &str,
+        delay: Duration,
+    ) -> impl Fn() -> LoadFuture + Clone + Send + Sync + 'static {
+        let (world, key) = (Arc::clone(self), key.to_owned());
+        move || {
+            let (world, key) = (Arc::clone(&world), key.clone());
+            Box::pin(async move {
+                let start = Instant::now();
+                lock(&world.history)
+                    .load_calls
+                    .entry(key.clone())
+                    .or_default()
+                    .push(proc);
+                let version = world.version(&key);
+                world.produced(&key, version, start);
+                sleep(delay).await;
+                world.trace(
+                    proc,
+                    "load",
+                    &key,
+                    start,
+                    format!("v{version} (read first)"),
+                );
+                Ok(Some(Val { key, version }))
+            })
+        }
+    }
+
     /// The batch loader of one `get_many` in process `proc`: records a load
     /// of every key, sleeps `delay`, then reads the database.
     fn batch_loader(
@@ -1501,6 +1535,71 @@ async fn hot_key_round(world: &Arc<World>) {
 /// late (inside the last load time before expiry): one load's worth.
 const HOT_COALESCED_ALLOWED: usize = 10;
 
+/// A process that hears nothing (every bus message to it lost, the
+/// connection up, so nothing tells it so) loads a key slowly; another
+/// process invalidates the key during the load; calls in the deaf process
+/// that start later than one reply after the invalidation returned join
+/// the load still in the air. Its fenced write is refused, and
+/// no-resurrection holds them to the new version: a revoked load answers
+/// only callers that started before it was revoked.
+async fn revoked_load_round(world: &Arc<World>) {
+    let seed = world.seed;
+    let procs = fleet(world, 5, &[(Duration::ZERO, false); 2], false);
+    let (deaf, other) = (&procs[0], &procs[1]);
+    deaf.store.set_faults(Faults {
+        message_loss: 1.0,
+        ..Faults::HEALTHY
+    });
+    let mut rng = stream(seed, 5);
+    for round in 0..8 {
+        let key = format!("r{round}");
+        let slow = ms(rng.random_range(800..2_500));
+        let first = {
+            let (world, cache, profile, id) =
+                (Arc::clone(world), deaf.cache.clone(), deaf.profile, deaf.id);
+            let key = key.clone();
+            tokio::spawn(async move {
+                let seq = world.next_seq();
+                let start = Instant::now();
+                let loader = world.loader_reading_first(id, &key, slow);
+                let result = timeout(BOUND, cache.get_or_load_with_meta(&key, loader)).await;
+                world.check_get(id, profile, &key, seq, start, result, BOUND)
+            })
+        };
+        sleep(ms(rng.random_range(50..400))).await;
+        let version = world.bump(&key);
+        let start = Instant::now();
+        let outcome = match timeout(BOUND, other.cache.invalidate(&key)).await {
+            Ok(Ok(())) => {
+                world.fence(other.id, &key, version);
+                format!("ok v{version}")
+            }
+            Ok(Err(err)) => format!("error {:?} v{version}", err.kind()),
+            Err(_) => "HUNG".into(),
+        };
+        world.trace(other.id, "invalidate", &key, start, outcome);
+        sleep(MAX_REPLY).await;
+        let mut later = Vec::new();
+        for _ in 0..4 {
+            let at = ms(rng.random_range(0..slow.as_millis() as u64));
+            let (world, key) = (Arc::clone(world), key.clone());
+            let (cache, profile, id) = (deaf.cache.clone(), deaf.profile, deaf.id);
+            later.push(tokio::spawn(async move {
+                sleep(at).await;
+                let seq = world.next_seq();
+                let start = Instant::now();
+                let loader = world.loader(id, &key, ms(10));
+                let result = timeout(BOUND, cache.get_or_load_with_meta(&key, loader)).await;
+                world.check_get(id, profile, &key, seq, start, result, BOUND)
+            }));
+        }
+        first.await.expect("caller panicked");
+        for caller in later {
+            caller.await.expect("caller panicked");
+        }
+    }
+}
+
 // ---------------------------------------------------------------- running
 
 /// What one seed produced.
@@ -1523,6 +1622,7 @@ fn run_seed(seed: u64) -> Outcome {
         slow_loader_round(&world).await;
         holder_death_round(&world).await;
         hot_key_round(&world).await;
+        revoked_load_round(&world).await;
         world
     });
     // Background tasks (listeners, forwarders, refreshes) end with the
