@@ -35,7 +35,8 @@
 //! `op` is one of `get`, `set`, `delete`, `ttl`, `acquire_lease`,
 //! `lease_held`, `extend_lease`, `release_lease`, `fenced_set`, `replace`,
 //! `replace_many`, `invalidate`, `publish`, `bump_generation` (a tag
-//! invalidation).
+//! invalidation), `tag_generations` (a tagged write's read-or-create of
+//! its tags' counters).
 
 use std::fmt;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -71,7 +72,7 @@ const ERROR_KINDS: [&str; 10] = [
     "too_large",
 ];
 /// The store operations, for `breakwater_store_seconds`.
-const STORE_OPS: [&str; 14] = [
+const STORE_OPS: [&str; 15] = [
     "get",
     "set",
     "delete",
@@ -86,6 +87,7 @@ const STORE_OPS: [&str; 14] = [
     "invalidate",
     "publish",
     "bump_generation",
+    "tag_generations",
 ];
 
 fn kind_index(kind: ErrorKind) -> usize {

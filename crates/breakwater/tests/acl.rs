@@ -103,8 +103,8 @@ fn acl_log(server: &RedisServer) -> String {
 /// Every operation of the cache, as the `app` user limited to `myapp:`
 /// keys and channels and to the commands the store needs: a load under the
 /// key's lease (extended while it runs) while a second "process" waits and
-/// is woken by the fill's message, hits, `set`, `invalidate`, `inspect` and
-/// `warm`. Redis refused nothing (`ACL LOG` stays empty).
+/// is woken by the fill's message, hits, `set`, `invalidate`, `inspect`,
+/// `warm` and tags. Redis refused nothing (`ACL LOG` stays empty).
 #[tokio::test]
 async fn a_user_limited_to_its_prefix_runs_every_operation() {
     let (server, a_store) = app_server().await;
@@ -154,6 +154,19 @@ async fn a_user_limited_to_its_prefix_runs_every_operation() {
         "51",
         "k and the 50 warmed keys; leases released"
     );
+
+    // Tags: a tagged load creates its tag's counter (a script: `GET`,
+    // `SET`, `PTTL`, `PEXPIRE`), `invalidate_tag` bumps it.
+    let tagged = a
+        .entry("t:1")
+        .tags(["group"])
+        .get_or_load(|| async { Ok::<_, std::io::Error>(Some("tagged".to_owned())) })
+        .await
+        .unwrap();
+    assert_eq!(tagged.as_deref(), Some("tagged"));
+    assert_eq!(b.get("t:1").await.unwrap().as_deref(), Some("tagged"));
+    a.invalidate_tag("group").await.unwrap();
+    assert_eq!(b.get("t:1").await.unwrap(), None);
 
     assert_eq!(acl_log(&server), "", "Redis refused something");
 }

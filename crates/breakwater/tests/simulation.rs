@@ -382,11 +382,19 @@ impl Brief for bool {
     }
 }
 
-/// A bumped generation: at least the store's clock, whose Unix epoch is
-/// the real one (not part of a seed's replay), so only that it moved.
+/// A bumped generation: it may start again at a fresh value from the OS
+/// (not part of a seed's replay), so only that it moved.
 impl Brief for u64 {
     fn brief(&self) -> String {
         "bumped".to_owned()
+    }
+}
+
+/// Generations read for a write: they may be fresh values from the OS (not
+/// part of a seed's replay), so only how many.
+impl Brief for Vec<u64> {
+    fn brief(&self) -> String {
+        format!("{} generation(s)", self.len())
     }
 }
 
@@ -592,10 +600,32 @@ impl Store for ChaosStore {
         })
     }
 
-    fn bump_generation<'a>(&'a self, key: &'a [u8], notice: Notice<'a>) -> StoreFuture<'a, u64> {
+    fn bump_generation<'a>(
+        &'a self,
+        key: &'a [u8],
+        fresh: u64,
+        ttl: Duration,
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, u64> {
         self.call(Some("s.bump"), key, move || {
-            self.inner.bump_generation(key, notice)
+            self.inner.bump_generation(key, fresh, ttl, notice)
         })
+    }
+
+    /// One script for all the counters, as on a single Redis: one chaos
+    /// plan (traced under the first key).
+    fn tag_generations<'a>(
+        &'a self,
+        keys: &'a [&'a [u8]],
+        fresh: u64,
+        ttl: Duration,
+    ) -> StoreFuture<'a, Vec<u64>> {
+        match keys.first() {
+            Some(first) => self.call(Some("s.tag_gens"), first, move || {
+                self.inner.tag_generations(keys, fresh, ttl)
+            }),
+            None => Box::pin(async { Ok(Vec::new()) }),
+        }
     }
 
     fn publish<'a>(&'a self, channel: &'a [u8], message: &'a [u8]) -> StoreFuture<'a, ()> {

@@ -606,59 +606,166 @@ async fn acquire_leases_takes_each_as_acquire_lease_would(store: &dyn Store, _: 
     assert_eq!(zero.kind(), ErrorKind::Config, "{zero}");
 }
 
-async fn bump_generation_moves_on_past_the_clock_and_publishes(store: &dyn Store, time: Time) {
-    const TAG: &[u8] = b"bw:test:t:{tag}";
-    let mut sub = subscribed(store).await;
-    let before = store.now_ms();
-    let first = store.bump_generation(TAG, notice(b"bumped")).await.unwrap();
-    assert_eq!(next_message(&mut sub).await, b"bumped");
-    // From a missing counter (0): the store's clock, in ms.
-    assert!(
-        first + 1_000 >= before && first <= store.now_ms() + 1_000,
-        "{first} vs clock {before}"
-    );
-    assert_eq!(
-        store.get(TAG).await.unwrap(),
-        Some(first.to_string().into_bytes()),
-        "stored as decimal digits"
-    );
-    assert_eq!(
-        store
-            .ttl(TAG)
-            .await
-            .unwrap()
-            .filter(|t| *t < Duration::from_secs(365 * 24 * 3600)),
-        None,
-        "no expiry"
-    );
-    // Faster than the clock: one more each time, never the same twice.
-    let mut last = first;
-    for _ in 0..20 {
-        let next = store.bump_generation(TAG, notice(b"again")).await.unwrap();
-        assert!(next > last, "{next} after {last}");
-        last = next;
-    }
-    // The clock overtakes a counter behind it.
-    store.set(TAG, b"5", Duration::from_secs(60)).await.unwrap();
-    time.pass(Duration::from_millis(20)).await;
-    let caught_up = store.bump_generation(TAG, notice(b"x")).await.unwrap();
-    assert!(caught_up > 1_000_000_000_000, "{caught_up}");
-    // A counter far ahead of the clock goes on from itself.
-    let ahead = store.now_ms() + 3_600_000;
+/// A fresh generation, as a cache draws them (in `[2^40, 2^52)`).
+const FRESH: u64 = 1 << 41;
+
+/// The TTL `key` has left, which must be set.
+async fn left(store: &dyn Store, key: &[u8]) -> Duration {
     store
-        .set(TAG, ahead.to_string().as_bytes(), Duration::from_secs(60))
+        .ttl(key)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("{} has no TTL", String::from_utf8_lossy(key)))
+}
+
+async fn bump_generation_counts_on_or_starts_fresh_and_publishes(store: &dyn Store, _: Time) {
+    const TAG: &[u8] = b"bw:test:t:{tag}";
+    let ttl = Duration::from_secs(600);
+    let mut sub = subscribed(store).await;
+    // A missing counter starts at the fresh value, with the TTL.
+    let first = store
+        .bump_generation(TAG, FRESH, ttl, notice(b"bumped"))
         .await
         .unwrap();
+    assert_eq!(first, FRESH);
+    assert_eq!(next_message(&mut sub).await, b"bumped");
     assert_eq!(
-        store.bump_generation(TAG, notice(b"x")).await.unwrap(),
-        ahead + 1
+        store.get(TAG).await.unwrap(),
+        Some(FRESH.to_string().into_bytes()),
+        "stored as decimal digits"
+    );
+    let ttl_left = left(store, TAG).await;
+    assert!(ttl_left <= ttl && ttl_left > ttl - Duration::from_secs(5));
+    // A counter that exists goes on by one, whatever the fresh value.
+    for i in 1..=20 {
+        let next = store
+            .bump_generation(TAG, FRESH + 1_000, ttl, notice(b"again"))
+            .await
+            .unwrap();
+        assert_eq!(next, FRESH + i);
+    }
+    // Its TTL is lengthened, never shortened.
+    let hour = Duration::from_secs(3600);
+    store
+        .bump_generation(TAG, FRESH, hour, notice(b"x"))
+        .await
+        .unwrap();
+    assert!(left(store, TAG).await > hour - Duration::from_secs(5));
+    let bumped = store
+        .bump_generation(TAG, FRESH, Duration::from_secs(1), notice(b"x"))
+        .await
+        .unwrap();
+    assert_eq!(bumped, FRESH + 22);
+    assert!(left(store, TAG).await > hour - Duration::from_secs(5));
+    // What is not a generation starts again at the fresh value.
+    for foreign in [
+        &b"not a number"[..],
+        b"",
+        b"-3",
+        b"1.5",
+        b"9007199254740992",
+    ] {
+        store.set(TAG, foreign, ttl).await.unwrap();
+        let fresh = store
+            .bump_generation(TAG, FRESH + 77, ttl, notice(b"x"))
+            .await
+            .unwrap();
+        assert_eq!(fresh, FRESH + 77, "{foreign:?}");
+    }
+    // Up to 2^53 a counter goes on exactly (a Lua number is a double).
+    store.set(TAG, b"9007199254740990", ttl).await.unwrap();
+    assert_eq!(
+        store
+            .bump_generation(TAG, FRESH, ttl, notice(b"x"))
+            .await
+            .unwrap(),
+        9_007_199_254_740_991
     );
     // Other counters are their own.
     let other = store
-        .bump_generation(b"bw:test:t:{other}", notice(b"x"))
+        .bump_generation(b"bw:test:t:{other}", FRESH + 5, ttl, notice(b"x"))
         .await
         .unwrap();
-    assert!(other < ahead);
+    assert_eq!(other, FRESH + 5);
+    let zero = store
+        .bump_generation(TAG, FRESH, Duration::ZERO, notice(b"x"))
+        .await
+        .unwrap_err();
+    assert_eq!(zero.kind(), ErrorKind::Config, "{zero}");
+}
+
+async fn tag_generations_read_or_create_each_counter(store: &dyn Store, time: Time) {
+    // On different slots of a cluster.
+    let keys: [&[u8]; 3] = [b"bw:test:t:{a}", b"bw:test:t:{b}", b"bw:test:t:{c}"];
+    let ttl = Duration::from_secs(600);
+    store
+        .set(keys[1], b"12345", Duration::from_secs(5))
+        .await
+        .unwrap();
+    store
+        .set(keys[2], b"junk", Duration::from_secs(5))
+        .await
+        .unwrap();
+    // Missing or foreign: created with the fresh value; a generation: read.
+    let got = store.tag_generations(&keys, FRESH, ttl).await.unwrap();
+    assert_eq!(got, [FRESH, 12_345, FRESH]);
+    for (key, expected) in keys.iter().zip(&got) {
+        assert_eq!(
+            store.get(key).await.unwrap(),
+            Some(expected.to_string().into_bytes())
+        );
+        // Each TTL at least `ttl` (the read one's lengthened from 5 s).
+        assert!(left(store, key).await > ttl - Duration::from_secs(5));
+    }
+    // Read again with another fresh value and a shorter TTL: nothing
+    // replaced, no TTL shortened.
+    let again = store
+        .tag_generations(&keys, FRESH + 1, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(again, got);
+    for key in keys {
+        assert!(left(store, key).await > ttl - Duration::from_secs(5));
+    }
+    // A bump is seen; an expired counter is created again, fresh.
+    store
+        .bump_generation(keys[0], FRESH + 9, ttl, notice(b"x"))
+        .await
+        .unwrap();
+    store
+        .set(keys[1], b"7", Duration::from_millis(10))
+        .await
+        .unwrap();
+    time.pass(Duration::from_millis(50)).await;
+    assert_eq!(
+        store.tag_generations(&keys, FRESH + 2, ttl).await.unwrap(),
+        [FRESH + 1, FRESH + 2, FRESH]
+    );
+    // Many counters (more than one script carries), in order.
+    let many: Vec<Vec<u8>> = (0..300)
+        .map(|i| format!("bw:test:t:{{m{i}}}").into_bytes())
+        .collect();
+    for (i, key) in many.iter().enumerate().filter(|(i, _)| i % 3 == 0) {
+        store.set(key, i.to_string().as_bytes(), ttl).await.unwrap();
+    }
+    let many: Vec<&[u8]> = many.iter().map(Vec::as_slice).collect();
+    let got = store.tag_generations(&many, FRESH, ttl).await.unwrap();
+    for (i, generation) in got.iter().enumerate() {
+        let expected = if i % 3 == 0 { i as u64 } else { FRESH };
+        assert_eq!(*generation, expected, "counter {i}");
+    }
+    assert!(
+        store
+            .tag_generations(&[], FRESH, ttl)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let zero = store
+        .tag_generations(&keys, FRESH, Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert_eq!(zero.kind(), ErrorKind::Config, "{zero}");
 }
 
 macro_rules! contract {
@@ -727,5 +834,6 @@ contract!(
     replace_many_writes_every_entry_and_revokes_every_lease,
     get_many_reads_in_order_across_slots,
     acquire_leases_takes_each_as_acquire_lease_would,
-    bump_generation_moves_on_past_the_clock_and_publishes,
+    bump_generation_counts_on_or_starts_fresh_and_publishes,
+    tag_generations_read_or_create_each_counter,
 );

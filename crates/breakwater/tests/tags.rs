@@ -162,10 +162,11 @@ async fn invalidate_tag_reaches_every_process_on_redis() {
         support::connect(&server).await,
     );
     invalidate_tag_reaches_every_process(build(a, false), build(b, false)).await;
-    // One counter per tag invalidated, without an expiry; no scan.
+    // One counter per tag, with an expiry (an hour at least); no scan.
     let store = support::connect(&server).await;
     assert!(store.get(b"bw:tags:t:{user:7}").await.unwrap().is_some());
-    assert_eq!(store.ttl(b"bw:tags:t:{user:7}").await.unwrap(), None);
+    let left = store.ttl(b"bw:tags:t:{user:7}").await.unwrap().unwrap();
+    assert!(left > Duration::from_secs(3500), "{left:?}");
     assert!(
         !support::command_calls(&server)
             .iter()
@@ -542,8 +543,25 @@ impl Store for TagsDown {
     fn invalidate<'a>(&'a self, k: &'a [u8], l: &'a [u8], n: Notice<'a>) -> StoreFuture<'a, ()> {
         self.inner.invalidate(k, l, n)
     }
-    fn bump_generation<'a>(&'a self, k: &'a [u8], n: Notice<'a>) -> StoreFuture<'a, u64> {
-        self.inner.bump_generation(k, n)
+    fn bump_generation<'a>(
+        &'a self,
+        k: &'a [u8],
+        fresh: u64,
+        ttl: Duration,
+        n: Notice<'a>,
+    ) -> StoreFuture<'a, u64> {
+        self.inner.bump_generation(k, fresh, ttl, n)
+    }
+    fn tag_generations<'a>(
+        &'a self,
+        keys: &'a [&'a [u8]],
+        fresh: u64,
+        ttl: Duration,
+    ) -> StoreFuture<'a, Vec<u64>> {
+        if keys.iter().any(|k| self.failing(k)) {
+            return Box::pin(async { Err(breakwater::Error::store_msg("connection reset")) });
+        }
+        self.inner.tag_generations(keys, fresh, ttl)
     }
     fn publish<'a>(&'a self, c: &'a [u8], m: &'a [u8]) -> StoreFuture<'a, ()> {
         self.inner.publish(c, m)
@@ -847,4 +865,227 @@ async fn get_many_sees_a_tag_invalidation_on_redis() {
         support::connect(&server).await,
     );
     get_many_sees_a_tag_invalidation(build(a, false), build(b, false)).await;
+}
+
+// --- a lost tag counter never validates an entry ---
+
+/// Keys of the lost-counter runs; key `i` carries tag `g{i % LOST_TAGS}`.
+const LOST_KEYS: usize = 300;
+const LOST_TAGS: usize = 30;
+/// Tags `g0`..`g4` are invalidated before the entries are written (their
+/// counters exist then); the other 25 have no counter when theirs are.
+const INVALIDATED_FIRST: usize = 5;
+
+fn lost_key(i: usize) -> String {
+    format!("k{i}")
+}
+
+fn lost_tag(i: usize) -> String {
+    format!("g{}", i % LOST_TAGS)
+}
+
+/// The counter of tag `g{t}` in `build`'s namespace.
+fn counter_key(t: usize) -> String {
+    format!("bw:tags:t:{{g{t}}}")
+}
+
+/// A raw connection to `server`, for what a cache never does (filling
+/// memory, deleting counters, looking at TTLs).
+async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+async fn exists(conn: &mut redis::aio::MultiplexedConnection, key: impl AsRef<[u8]>) -> bool {
+    let n: i64 = redis::cmd("EXISTS")
+        .arg(key.as_ref())
+        .query_async(conn)
+        .await
+        .unwrap();
+    n == 1
+}
+
+async fn pttl(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query_async(conn).await.unwrap()
+}
+
+/// Writes the [`LOST_KEYS`] tagged entries at the database's next version
+/// (after invalidating the first [`INVALIDATED_FIRST`] tags), then moves
+/// the database on and invalidates every tag. Returns the version from
+/// before: no read from now on may get it.
+async fn tagged_then_invalidated(cache: &Cache<u64>, db: &Arc<Db>) -> u64 {
+    for t in 0..INVALIDATED_FIRST {
+        cache.invalidate_tag(format!("g{t}")).await.unwrap();
+    }
+    let old = db.update();
+    for i in 0..LOST_KEYS {
+        assert_eq!(
+            tagged(cache, db, &lost_key(i), &[&lost_tag(i)]).await,
+            (Some(old), Served::Loaded)
+        );
+    }
+    db.update();
+    for t in 0..LOST_TAGS {
+        cache.invalidate_tag(format!("g{t}")).await.unwrap();
+    }
+    old
+}
+
+/// Every key read 4 times (1,200 tagged reads), as `tagged` does; how many
+/// got `old`.
+async fn old_values_served(cache: &Cache<u64>, db: &Arc<Db>, old: u64) -> usize {
+    let mut served = 0;
+    for _ in 0..4 {
+        for i in 0..LOST_KEYS {
+            let (value, _) = tagged(cache, db, &lost_key(i), &[&lost_tag(i)]).await;
+            if value == Some(old) {
+                served += 1;
+            }
+        }
+    }
+    served
+}
+
+/// Redis under `maxmemory` with `allkeys-lru` evicts tag counters like
+/// any key. Entries written while their tag had no counter, then
+/// invalidated; memory filled until counters are evicted (while entries
+/// of their tags survive): no read serves a value from before the
+/// invalidation. (When a missing counter read as 0, which those entries
+/// had recorded, 60 to 72 of the 1,200 reads did.)
+#[tokio::test]
+async fn an_evicted_tag_counter_validates_nothing() {
+    let server = RedisServer::start_with(&[
+        "--maxmemory",
+        "4mb",
+        "--maxmemory-policy",
+        "allkeys-lru",
+        "--maxmemory-samples",
+        "10",
+    ]);
+    let cache = build(support::connect(&server).await, false);
+    let db = Arc::new(Db::default());
+    let old = tagged_then_invalidated(&cache, &db).await;
+    let mut conn = raw(&server).await;
+    let entries: Vec<Vec<u8>> = (0..LOST_KEYS)
+        .map(|i| cache.storage_key(lost_key(i)).unwrap())
+        .collect();
+    // Filler keys until a third of the counters are gone, the entries
+    // read (kept recently used) after each batch, counters only looked at
+    // with EXISTS (which leaves their LRU clock alone).
+    let filler = vec![b'x'; 1024];
+    let mut evicted = Vec::new();
+    for batch in 0..400 {
+        let mut pipe = redis::pipe();
+        for n in 0..100 {
+            pipe.cmd("SET")
+                .arg(format!("filler:{batch}:{n}"))
+                .arg(&filler)
+                .ignore();
+        }
+        let () = pipe.query_async(&mut conn).await.unwrap();
+        let mut touch = redis::pipe();
+        for key in &entries {
+            touch.cmd("GET").arg(key).ignore();
+        }
+        let () = touch.query_async(&mut conn).await.unwrap();
+        evicted.clear();
+        for t in 0..LOST_TAGS {
+            if !exists(&mut conn, counter_key(t)).await {
+                evicted.push(t);
+            }
+        }
+        if evicted.len() >= LOST_TAGS / 3 {
+            break;
+        }
+    }
+    let mut stranded = 0;
+    for (i, key) in entries.iter().enumerate() {
+        if evicted.contains(&(i % LOST_TAGS)) && exists(&mut conn, key).await {
+            stranded += 1;
+        }
+    }
+    println!(
+        "evicted: {} of {LOST_TAGS} counters; {stranded} entries of their tags left",
+        evicted.len()
+    );
+    assert!(
+        evicted.len() >= LOST_TAGS / 3,
+        "memory pressure evicted only {} counters: the test proves nothing",
+        evicted.len()
+    );
+    assert!(
+        stranded > 0,
+        "no entry outlived its tag's counter: the test proves nothing"
+    );
+    let served = old_values_served(&cache, &db, old).await;
+    assert_eq!(
+        served, 0,
+        "of 1,200 reads, {served} served a value from before"
+    );
+}
+
+/// Tag counters deleted (by an operator, a `FLUSH` of the wrong pattern, a
+/// failover that lost them): an entry written while its tag had no counter
+/// reads as a miss, not as valid. (When a missing counter read as 0, 600 of
+/// the 1,200 reads served a value from before.) Every counter has a TTL,
+/// whether a write or an invalidation created it; a counter an earlier
+/// build left without one gets one, and keeps its generation.
+#[tokio::test]
+async fn a_deleted_tag_counter_validates_nothing_and_counters_expire() {
+    let server = RedisServer::start();
+    let cache = build(support::connect(&server).await, false);
+    let mut conn = raw(&server).await;
+    // An earlier build's counter: no TTL; its entries keep being valid.
+    let legacy = "bw:tags:t:{legacy}";
+    let () = redis::cmd("SET")
+        .arg(legacy)
+        .arg("1700000000000")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let db = Arc::new(Db::default());
+    let v1 = db.update();
+    assert_eq!(
+        tagged(&cache, &db, "legacy", &["legacy"]).await,
+        (Some(v1), Served::Loaded)
+    );
+    assert!(pttl(&mut conn, legacy).await > 3_500_000);
+    let stored: String = redis::cmd("GET")
+        .arg(legacy)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(stored, "1700000000000");
+    assert_eq!(
+        tagged(&cache, &db, "legacy", &["legacy"]).await,
+        (Some(v1), Served::Hit)
+    );
+
+    let old = tagged_then_invalidated(&cache, &db).await;
+    for t in 0..LOST_TAGS {
+        let left = pttl(&mut conn, &counter_key(t)).await;
+        assert!(left > 3_500_000, "g{t}'s counter has PTTL {left}");
+    }
+    for i in 0..LOST_KEYS {
+        let key = cache.storage_key(lost_key(i)).unwrap();
+        assert!(exists(&mut conn, &key).await, "entry {i} is still there");
+    }
+    let deleted: i64 = redis::cmd("DEL")
+        .arg((0..LOST_TAGS).map(counter_key).collect::<Vec<_>>())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(deleted, LOST_TAGS as i64);
+    let served = old_values_served(&cache, &db, old).await;
+    assert_eq!(
+        served, 0,
+        "of 1,200 reads, {served} served a value from before"
+    );
+    // The loads since wrote their counters again, with TTLs.
+    for t in 0..LOST_TAGS {
+        assert!(pttl(&mut conn, &counter_key(t)).await > 3_500_000);
+    }
 }

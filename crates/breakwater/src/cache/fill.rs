@@ -259,7 +259,7 @@ impl<V: Value> Cache<V> {
                     // nothing (as a direct load); the lease goes first, so
                     // waiters need not wait for this load.
                     warn_limited!(inner.logs, Warning::StoreRead, key = %show_key(key), error = %err, "tag generations unavailable; loading without writing");
-                    inner.metrics.store_failed("get_many", &err);
+                    inner.metrics.store_failed("tag_generations", &err);
                     self.release(key, lease).await;
                     let (value, load_time) = self.load_unwritten(loader, options, priority).await?;
                     self.keep_local(key, &value, load_time, options, ticket, true);

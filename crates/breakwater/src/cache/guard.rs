@@ -445,13 +445,39 @@ impl Store for GuardedStore {
         )
     }
 
-    fn bump_generation<'a>(&'a self, key: &'a [u8], notice: Notice<'a>) -> StoreFuture<'a, u64> {
+    fn bump_generation<'a>(
+        &'a self,
+        key: &'a [u8],
+        fresh: u64,
+        ttl: Duration,
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, u64> {
         self.guard_notifying(
             "bump_generation",
             key,
-            move || self.store.bump_generation(key, notice),
+            move || self.store.bump_generation(key, fresh, ttl, notice),
             |_| 1,
         )
+    }
+
+    /// One guarded call per failure domain, as [`get_many`](Store::get_many).
+    fn tag_generations<'a>(
+        &'a self,
+        keys: &'a [&'a [u8]],
+        fresh: u64,
+        ttl: Duration,
+    ) -> StoreFuture<'a, Vec<u64>> {
+        Box::pin(async move {
+            self.per_domain(
+                "tag_generations",
+                keys,
+                |key| key,
+                |batch| self.store.tag_generations(batch, fresh, ttl),
+            )
+            .await
+            .into_iter()
+            .collect()
+        })
     }
 
     fn publish<'a>(&'a self, channel: &'a [u8], message: &'a [u8]) -> StoreFuture<'a, ()> {

@@ -425,7 +425,7 @@ impl<'a, V: Value> CacheEntry<'a, V> {
         if self.tags.is_empty() {
             return self.cache.fetch(&self.key, loader, &self.options).await;
         }
-        let tags = TagSet::new(self.tags)?;
+        let tags = TagSet::new(self.tags, &self.options)?;
         let loader = Tagged {
             loader,
             tags: Arc::new(tags),
@@ -469,7 +469,7 @@ impl<'a, V: Value> CacheEntry<'a, V> {
         let tags = if self.tags.is_empty() {
             None
         } else {
-            Some(TagSet::new(self.tags)?)
+            Some(TagSet::new(self.tags, &self.options)?)
         };
         self.cache
             .set_with(&self.key, value, tags.as_ref(), &self.options)

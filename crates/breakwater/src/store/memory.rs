@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::{
     Delivery, FencedWrite, LeaseAttempt, Notice, SUBSCRIPTION_BUFFER, Store, StoreFuture,
-    Subscription, fnv1a, ttl_millis,
+    Subscription, fnv1a, parse_generation, ttl_millis,
 };
 use crate::clock::{SystemClock, WallClock, millis};
 
@@ -198,6 +198,39 @@ impl Shard {
         );
     }
 
+    /// Sets the tag counter under `key` to `next` of the generation it
+    /// holds (`None`: missing or not a generation), its TTL at least
+    /// `ttl_ms` from `now` (never shortened); returns the new generation.
+    /// One shard lock: atomic for the key.
+    fn generation(
+        &mut self,
+        key: &[u8],
+        now: Instant,
+        ttl_ms: u64,
+        next: impl FnOnce(Option<u64>) -> u64,
+    ) -> u64 {
+        let at_least = now + Duration::from_millis(ttl_ms);
+        let held = self
+            .live(key, now)
+            .and_then(|slot| parse_generation(&slot.value));
+        let new = next(held);
+        match self.map.get_mut(key) {
+            Some(slot) => {
+                if held != Some(new) {
+                    slot.value = new.to_string().into_bytes();
+                }
+                slot.expires_at = slot.expires_at.max(at_least);
+            }
+            None => {
+                self.maybe_sweep(now);
+                let value = new.to_string().into_bytes();
+                let expires_at = at_least;
+                self.map.insert(key.to_vec(), Slot { value, expires_at });
+            }
+        }
+        new
+    }
+
     /// Drops expired entries once writes since the last sweep exceed half the
     /// shard: amortised O(1) per write.
     fn maybe_sweep(&mut self, now: Instant) {
@@ -268,27 +301,43 @@ impl Store for MemoryStore {
         "memory"
     }
 
-    fn bump_generation<'a>(&'a self, key: &'a [u8], notice: Notice<'a>) -> StoreFuture<'a, u64> {
-        let now = Instant::now();
-        let clock = self.now_ms();
-        let bumped = {
-            let mut shard = self.inner.shard_for(key);
-            let old = shard
-                .live(key, now)
-                .and_then(|s| std::str::from_utf8(&s.value).ok()?.parse::<u64>().ok())
-                .unwrap_or(0);
-            let new = old.saturating_add(1).max(clock);
-            // No expiry (see the trait): the longest TTL the store takes.
-            shard.put(
-                key,
-                new.to_string().as_bytes(),
-                now,
-                super::MAX_STORE_TTL_MS,
-            );
+    fn bump_generation<'a>(
+        &'a self,
+        key: &'a [u8],
+        fresh: u64,
+        ttl: Duration,
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, u64> {
+        let bumped = ttl_millis(ttl).map(|ms| {
+            let new = self
+                .inner
+                .shard_for(key)
+                .generation(key, Instant::now(), ms, |held| {
+                    held.map_or(fresh, |g| g + 1)
+                });
+            self.inner.publish(notice.channel, notice.message);
             new
-        };
-        self.inner.publish(notice.channel, notice.message);
-        Box::pin(async move { Ok(bumped) })
+        });
+        Box::pin(async move { bumped })
+    }
+
+    fn tag_generations<'a>(
+        &'a self,
+        keys: &'a [&'a [u8]],
+        fresh: u64,
+        ttl: Duration,
+    ) -> StoreFuture<'a, Vec<u64>> {
+        let generations = ttl_millis(ttl).map(|ms| {
+            let now = Instant::now();
+            keys.iter()
+                .map(|key| {
+                    self.inner
+                        .shard_for(key)
+                        .generation(key, now, ms, |held| held.unwrap_or(fresh))
+                })
+                .collect()
+        });
+        Box::pin(async move { generations })
     }
 
     fn get_many<'a>(&'a self, keys: &'a [&'a [u8]]) -> StoreFuture<'a, Vec<Option<Vec<u8>>>> {

@@ -167,22 +167,59 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
         notice: Notice<'a>,
     ) -> StoreFuture<'a, ()>;
 
-    /// Moves the generation counter under `key` on, atomically: sets it to
-    /// `max(old + 1, now)`, where `old` is its value (0 if missing) and
-    /// `now` the store's clock in Unix milliseconds, then publishes
-    /// `notice`. Returns the new generation. The counter is stored as
-    /// decimal digits and never expires.
+    /// Moves the generation counter under `key` on, atomically with
+    /// publishing `notice`: a counter that holds a generation (decimal
+    /// digits, below 2^53) goes up by one; a missing one, or one that holds
+    /// anything else, is set to `fresh`. Its TTL becomes at least `ttl`
+    /// (never shortened; a counter without one gets it). Returns the new
+    /// generation.
     ///
     /// A cache keeps one counter per tag (`Cache::invalidate_tag`): an entry
-    /// records its tags' generations when it is loaded, and is valid only
-    /// while they are unchanged. The counter has no TTL because an expired
-    /// counter would read as 0 and start counting again: after `max(…,
-    /// now)` it cannot come back to a value an older entry recorded (unless
-    /// it had run ahead of the clock by bumps faster than one per
-    /// millisecond), but a counter that silently resets would invalidate
-    /// every entry of the tag at an arbitrary moment. One small key per tag
-    /// ever invalidated is the price.
-    fn bump_generation<'a>(&'a self, key: &'a [u8], notice: Notice<'a>) -> StoreFuture<'a, u64>;
+    /// records its tags' generations when it is loaded
+    /// ([`tag_generations`](Store::tag_generations)), and is valid only
+    /// while every counter exists and still holds what it recorded. A lost
+    /// counter (evicted under `maxmemory`, deleted, expired, gone in a
+    /// failover) never validates anything: a missing counter equals no
+    /// generation on the read path, and is created again only with a
+    /// `fresh` value, which the cache draws at random from
+    /// `[2^40, 2^52)` for each call (from the OS, never from a seed), so
+    /// no entry can have recorded it.
+    ///
+    /// # Counter TTLs
+    ///
+    /// Counters expire: a tag whose entries are all gone should not keep a
+    /// key forever. The cache asks for a TTL longer than any entry the
+    /// counter can guard (the longest physical TTL of the write's settings,
+    /// `ttl` with its jitter plus `max_stale`, plus its `load_timeout` and a
+    /// minute, at least an hour), and every read-or-create and bump can
+    /// only lengthen it, so a counter outlives the entries that recorded
+    /// it; should it go sooner (evicted), those entries read as misses,
+    /// never as valid. Under a `volatile-*` eviction policy counters are
+    /// now candidates too.
+    fn bump_generation<'a>(
+        &'a self,
+        key: &'a [u8],
+        fresh: u64,
+        ttl: Duration,
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, u64>;
+
+    /// The generations of the counters under `keys`, in their order,
+    /// creating each one that is missing (or holds anything but a
+    /// generation) with `fresh`, and making each counter's TTL at least
+    /// `ttl` (never shortened; a counter without one gets it). Atomic per
+    /// counter (Redis: one script; a Cluster: one script per hash slot).
+    ///
+    /// The write path's read: an entry only ever records generations of
+    /// counters that exist (see [`bump_generation`](Store::bump_generation)).
+    /// The read path checks them with a plain [`get`](Store::get) or
+    /// [`get_many`](Store::get_many), where a missing counter invalidates.
+    fn tag_generations<'a>(
+        &'a self,
+        keys: &'a [&'a [u8]],
+        fresh: u64,
+        ttl: Duration,
+    ) -> StoreFuture<'a, Vec<u64>>;
 
     // --- batches ---
 
@@ -391,6 +428,29 @@ pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
     })
+}
+
+/// Where the cache draws a [`Store::bump_generation`] or
+/// [`Store::tag_generations`] `fresh` value: `[2^40, 2^52)`, far from any
+/// small count and exact in a Lua number (a double), with room to be
+/// bumped below [`MAX_GENERATION`].
+pub(crate) const FRESH_GENERATIONS: std::ops::Range<u64> = (1 << 40)..(1 << 52);
+
+/// Generations are below 2^53, where Lua numbers stop being exact.
+pub(crate) const MAX_GENERATION: u64 = 1 << 53;
+
+/// A tag counter's generation as stored: 1 to 16 decimal digits, below
+/// [`MAX_GENERATION`]; `None` for anything else (the counter is then
+/// recreated with a fresh value by a write, and validates nothing).
+pub(crate) fn parse_generation(stored: &[u8]) -> Option<u64> {
+    if stored.is_empty() || stored.len() > 16 || !stored.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(stored)
+        .ok()?
+        .parse::<u64>()
+        .ok()
+        .filter(|&n| n < MAX_GENERATION)
 }
 
 /// The longest TTL a store is asked for, in ms: 10 years. Longer ones are

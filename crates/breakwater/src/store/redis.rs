@@ -168,22 +168,78 @@ static INVALIDATE: LazyLock<Lua> = LazyLock::new(|| {
     )
 });
 
-/// A tag's generation bump: KEYS = the counter; ARGV = channel, message.
-/// Sets the counter to `max(old + 1, TIME in ms)`, with no expiry, then
-/// publishes; returns the new value. (Lua numbers are doubles: exact up
-/// to 2^53, far past any millisecond clock.) A counter that is not a
-/// number counts as 0.
+/// What a tag counter holds, in Lua: `generation(key)` is its number if
+/// it holds 1 to 16 decimal digits below 2^53 (Lua numbers are doubles,
+/// exact up to there), else `nil` (missing, not a number, or a value of
+/// another Redis type: `GET` fails, which `pcall` catches).
+/// `at_least(key, ttl)` makes its TTL at least `ttl` ms (`PTTL` is -1 for
+/// a key without one, so it gets one); never shortens it.
+macro_rules! generation_lua {
+    ($body:literal) => {
+        concat!(
+            r"local function generation(key)
+                local held = redis.pcall('GET', key)
+                if type(held) == 'string' and #held >= 1 and #held <= 16
+                    and string.match(held, '^%d+$') then
+                  local n = tonumber(held)
+                  if n < 9007199254740992 then
+                    return n
+                  end
+                end
+                return nil
+              end
+              local function at_least(key, ttl)
+                if redis.call('PTTL', key) < ttl then
+                  redis.call('PEXPIRE', key, ttl)
+                end
+              end
+              ",
+            $body
+        )
+    };
+}
+
+/// A tag's generation bump: KEYS = the counter; ARGV = channel, message,
+/// fresh value, TTL in ms. A counter holding a generation goes up by one;
+/// a missing or foreign one is set to the fresh value (`SET` replaces any
+/// Redis type). Its TTL is kept if longer than ARGV[4] (`SET` drops it, so
+/// it is read first). Then publishes; returns the new value as digits.
 static BUMP_GENERATION: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
-        r"local t = redis.call('TIME')
-          local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-          local old = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
-          local new = math.max(math.floor(old) + 1, now)
-          local digits = string.format('%.0f', new)
-          redis.call('SET', KEYS[1], digits)
+    Lua::new(generation_lua!(
+        r"local ttl = tonumber(ARGV[4])
+          local old = generation(KEYS[1])
+          local new = ARGV[3]
+          if old then
+            new = string.format('%.0f', old + 1)
+          end
+          local left = redis.call('PTTL', KEYS[1])
+          redis.call('SET', KEYS[1], new, 'PX', string.format('%.0f', math.max(left, ttl)))
           redis.call('PUBLISH', ARGV[1], ARGV[2])
-          return digits",
-    )
+          return new"
+    ))
+});
+
+/// Read-or-create of tag counters: KEYS = the counters; ARGV = fresh
+/// value, TTL in ms. Each counter holding a generation is replied as it
+/// is; a missing or foreign one is set to the fresh value first. Each
+/// one's TTL is made at least ARGV[2]. One reply (digits) per key, in
+/// order.
+static TAG_GENERATIONS: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(generation_lua!(
+        r"local fresh, ttl = ARGV[1], tonumber(ARGV[2])
+          local out = {}
+          for i, key in ipairs(KEYS) do
+            local held = generation(key)
+            if held then
+              at_least(key, ttl)
+              out[i] = string.format('%.0f', held)
+            else
+              redis.call('SET', key, fresh, 'PX', ARGV[2])
+              out[i] = fresh
+            end
+          end
+          return out"
+    ))
 });
 
 /// How many writes of one `replace_many` run at a time on a cluster.
@@ -948,6 +1004,16 @@ fn lease_attempt(left: i64) -> LeaseAttempt {
 }
 
 /// Redis answered `what` with the wrong number of replies.
+/// A generation a script replied, as digits.
+fn generation_reply(digits: &str) -> Result<u64, Error> {
+    super::parse_generation(digits.as_bytes()).ok_or_else(|| {
+        Error::new(
+            ErrorKind::Store,
+            format!("redis answered a tag generation with {digits:?}, not a generation"),
+        )
+    })
+}
+
 fn wrong_count(what: &str) -> Error {
     Error::new(
         ErrorKind::Store,
@@ -2114,14 +2180,23 @@ impl Store for RedisStore {
     }
 
     /// One script on the counter's node. On a Sentinel store the bump is
-    /// remembered like an invalidation and applied again (as a bump) on
-    /// the next master should a failover lose it.
-    fn bump_generation<'a>(&'a self, key: &'a [u8], notice: Notice<'a>) -> StoreFuture<'a, u64> {
+    /// remembered like an invalidation and applied again (as a bump, with
+    /// the same fresh value) on the next master should a failover lose it.
+    fn bump_generation<'a>(
+        &'a self,
+        key: &'a [u8],
+        fresh: u64,
+        ttl: Duration,
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, u64> {
         Box::pin(async move {
+            let ms = ttl_millis(ttl)?;
             let script = &BUMP_GENERATION
                 .key(key)
                 .arg(notice.channel)
-                .arg(notice.message);
+                .arg(notice.message)
+                .arg(fresh)
+                .arg(ms);
             let (digits, master) = self
                 .inner
                 .call(Op::Write, |mut conn| async move {
@@ -2130,13 +2205,34 @@ impl Store for RedisStore {
                 })
                 .await?;
             self.inner
-                .acknowledged(master, &[Revocation::bump(key, notice)])?;
-            digits.parse::<u64>().map_err(|_| {
-                Error::new(
-                    ErrorKind::Store,
-                    format!("redis answered a generation bump with {digits:?}, not a number"),
-                )
-            })
+                .acknowledged(master, &[Revocation::bump(key, notice, fresh, ms)])?;
+            generation_reply(&digits)
+        })
+    }
+
+    /// One script (per 256 counters) on a single server; on a cluster one
+    /// per hash slot, side by side.
+    fn tag_generations<'a>(
+        &'a self,
+        keys: &'a [&'a [u8]],
+        fresh: u64,
+        ttl: Duration,
+    ) -> StoreFuture<'a, Vec<u64>> {
+        Box::pin(async move {
+            if keys.is_empty() {
+                return Ok(Vec::new());
+            }
+            let ms = ttl_millis(ttl)?;
+            let digits: Vec<String> = self
+                .per_slot(keys, "a tag generations script", |group| {
+                    let mut script = TAG_GENERATIONS.key(keys[group[0]]).arg(fresh).arg(ms);
+                    for &i in &group[1..] {
+                        script = script.key(keys[i]);
+                    }
+                    async move { self.inner.eval(script).await }
+                })
+                .await?;
+            digits.iter().map(|d| generation_reply(d)).collect()
         })
     }
 

@@ -260,8 +260,22 @@ impl<S: Store + Clone> Store for CountingStore<S> {
         }
         self.inner.invalidate(k, l, n)
     }
-    fn bump_generation<'a>(&'a self, k: &'a [u8], n: Notice<'a>) -> StoreFuture<'a, u64> {
-        self.inner.bump_generation(k, n)
+    fn bump_generation<'a>(
+        &'a self,
+        k: &'a [u8],
+        fresh: u64,
+        ttl: Duration,
+        n: Notice<'a>,
+    ) -> StoreFuture<'a, u64> {
+        self.inner.bump_generation(k, fresh, ttl, n)
+    }
+    fn tag_generations<'a>(
+        &'a self,
+        keys: &'a [&'a [u8]],
+        fresh: u64,
+        ttl: Duration,
+    ) -> StoreFuture<'a, Vec<u64>> {
+        self.inner.tag_generations(keys, fresh, ttl)
     }
     fn publish<'a>(&'a self, c: &'a [u8], m: &'a [u8]) -> StoreFuture<'a, ()> {
         self.inner.publish(c, m)

@@ -191,10 +191,11 @@ pub(crate) struct Revocation<'a> {
     key: &'a [u8],
     lease_key: &'a [u8],
     notice: Notice<'a>,
-    /// A generation bump (`key` is the counter; no lease): applied again
-    /// as a bump, never as a delete (a deleted counter reads as 0, which
-    /// the entries loaded before its first bump recorded).
-    bump: bool,
+    /// A generation bump (`key` is the counter; no lease), with its fresh
+    /// value and TTL in ms: applied again as a bump, never as a delete (a
+    /// deleted counter would invalidate every entry of the tag, not only
+    /// those from before the bump).
+    bump: Option<(u64, u64)>,
 }
 
 impl<'a> Revocation<'a> {
@@ -203,17 +204,18 @@ impl<'a> Revocation<'a> {
             key,
             lease_key,
             notice,
-            bump: false,
+            bump: None,
         }
     }
 
-    /// A bump of the generation counter `key`.
-    pub(crate) fn bump(key: &'a [u8], notice: Notice<'a>) -> Self {
+    /// A bump of the generation counter `key`, with the fresh value and
+    /// the TTL (ms) it was sent with.
+    pub(crate) fn bump(key: &'a [u8], notice: Notice<'a>, fresh: u64, ttl_ms: u64) -> Self {
         Revocation {
             key,
             lease_key: &[],
             notice,
-            bump: true,
+            bump: Some((fresh, ttl_ms)),
         }
     }
 }
@@ -228,8 +230,8 @@ struct Revoked {
     lease_key: Vec<u8>,
     channel: Vec<u8>,
     message: Vec<u8>,
-    /// Applied again as a generation bump.
-    bump: bool,
+    /// Applied again as a generation bump (its fresh value, TTL in ms).
+    bump: Option<(u64, u64)>,
 }
 
 /// The master this store believes in, and the revocations to apply again
@@ -607,8 +609,13 @@ impl Sentinel {
                     .filter(|r| &r.master != master)
                     .take(REPLAY_BATCH)
                 {
-                    let invalidate = if r.bump {
-                        BUMP_GENERATION.key(&r.key).arg(&r.channel).arg(&r.message)
+                    let invalidate = if let Some((fresh, ttl_ms)) = r.bump {
+                        BUMP_GENERATION
+                            .key(&r.key)
+                            .arg(&r.channel)
+                            .arg(&r.message)
+                            .arg(fresh)
+                            .arg(ttl_ms)
                     } else {
                         INVALIDATE
                             .key(&r.key)
@@ -894,9 +901,9 @@ mod tests {
     }
 
     /// A failover lost a tag's generation bump: it is applied again as a
-    /// bump (the counter moves on past what any entry recorded), not as a
-    /// delete (a missing counter reads as 0, which entries loaded before
-    /// the first bump recorded); an invalidation is applied again as one.
+    /// bump (the counter moves on past what any entry recorded, and keeps
+    /// a TTL), not as a delete (which would invalidate the entries loaded
+    /// after the bump too); an invalidation is applied again as one.
     #[tokio::test]
     async fn a_former_masters_bump_is_replayed_as_a_bump() {
         let server = breakwater_testkit::RedisServer::start();
@@ -909,7 +916,7 @@ mod tests {
             .acknowledged(
                 &old,
                 &[
-                    Revocation::bump(b"bw:ns:t:{tag}", notice()),
+                    Revocation::bump(b"bw:ns:t:{tag}", notice(), 1 << 41, 60_000),
                     Revocation::new(b"bw:ns:v:{k}", b"bw:ns:l:{k}", notice()),
                 ],
             )
@@ -935,10 +942,13 @@ mod tests {
             .query_async(&mut conn)
             .await
             .unwrap();
-        assert!(
-            counter.is_some_and(|c| c > 1_000_000_000_000),
-            "{counter:?}"
-        );
+        assert_eq!(counter, Some(8));
+        let left: i64 = redis::cmd("PTTL")
+            .arg("bw:ns:t:{tag}")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(left > 0 && left <= 60_000, "{left}");
         let value: Option<String> = redis::cmd("GET")
             .arg("bw:ns:v:{k}")
             .query_async(&mut conn)
