@@ -98,6 +98,9 @@
 //! database (rows locked in order) before it; once it returned `Ok`, each of
 //! those keys is fenced at its new version, so no-resurrection, liveness
 //! and time are checked for tag invalidation exactly as for `invalidate`.
+//! The store forgets tag counters in that round: every 0.3 to 3 s one
+//! group's counter is dropped (as `maxmemory` eviction or a `DEL` would),
+//! and no-resurrection must still hold (a lost counter validates nothing).
 //!
 //! Besides: **wrong-key** (a value came back under another key) and
 //! **errors-in-healthy-round**.
@@ -1318,6 +1321,25 @@ async fn chaos_round(world: &Arc<World>, tagged: bool) {
         })
     };
 
+    // The tag round's Redis forgets: now and then one group's tag counter
+    // is dropped from the shared store (evicted under `maxmemory`, or
+    // deleted). A lost counter must validate nothing.
+    let evictor = tagged.then(|| {
+        let store = procs[0].store.inner.clone();
+        let world = Arc::clone(world);
+        tokio::spawn(async move {
+            let mut rng = stream(seed, 50 + salt);
+            while Instant::now() < end {
+                sleep(ms(rng.random_range(300..3_000))).await;
+                let tag = format!("g{}", rng.random_range(0..3));
+                let counter = format!("bw:sim:t:{{{tag}}}");
+                let now = Instant::now();
+                let dropped = store.delete(counter.as_bytes()).await.unwrap_or(false);
+                world.trace(0, "evict-counter", &tag, now, dropped.to_string());
+            }
+        })
+    });
+
     let workers: Vec<_> = (0..WORKERS)
         .map(|w| {
             let (procs, keys, writes) = (procs.clone(), keys.clone(), writes.clone());
@@ -1393,6 +1415,9 @@ async fn chaos_round(world: &Arc<World>, tagged: bool) {
         worker.await.expect("worker panicked");
     }
     scheduler.await.expect("scheduler panicked");
+    if let Some(evictor) = evictor {
+        evictor.await.expect("evictor panicked");
+    }
 }
 
 /// A healthy fleet, 50 callers per process at a fresh key whose loader is

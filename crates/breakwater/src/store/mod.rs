@@ -57,6 +57,11 @@ pub(crate) const SUBSCRIPTION_BUFFER: usize = 4096;
 /// - Lease operations are atomic: a lease has one holder, identified by an
 ///   unguessable token; only that holder can extend, release or write
 ///   through it, and [`invalidate`](Store::invalidate) revokes it.
+/// - Tag counters ([`bump_generation`](Store::bump_generation),
+///   [`tag_generations`](Store::tag_generations)) are atomic per counter,
+///   start a missing or foreign counter at the caller's `fresh` value,
+///   never validate anything once lost, and only ever lengthen a counter's
+///   TTL.
 ///
 /// The same contract test suite runs against every backend in this crate.
 pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
