@@ -47,7 +47,7 @@
 //! |-----------------|----------------|-------------------------------------------------------------|
 //! | `0..33`         | header         | as in version 1, version byte `2`                            |
 //! | `33`            | `tag_count`    | `u8`, `1..=`[`MAX_TAGS`]                                      |
-//! | then, per tag:  | `tag_len`      | `u16`, `1..=`[`MAX_TAG_LEN`]                                  |
+//! | then, per tag:  | `tag_len`      | `u16`, `0..=`[`MAX_TAG_LEN`] (0 bytes: the transition stamp) |
 //! |                 | `tag`          | `tag_len` bytes, the tag as the application named it         |
 //! |                 | `generation`   | `u64`, the tag's generation read before the value was loaded |
 //! | after the tags  | body           | as in version 1                                               |
@@ -55,6 +55,12 @@
 //! Rules checked on decode, besides version 1's: `tag_count` is at least 1
 //! (an entry without tags is version 1), every tag is within its bounds and
 //! present in full, and no two tags are the same.
+//!
+//! A tag of 0 bytes is no application tag (those are 1 to [`MAX_TAG_LEN`]
+//! bytes) but the *transition stamp* of an entry written during a version
+//! transition: its `generation` is the FNV-1a hash of the previous
+//! version's entry the value was loaded beside (see `cache::transition`).
+//! An entry has at most one, beside up to [`MAX_TAGS`] tags.
 
 use std::fmt;
 
@@ -185,10 +191,10 @@ impl Entry {
         if !self.tags.is_empty() {
             // Bounded by the cache (at most MAX_TAGS tags of at most
             // MAX_TAG_LEN bytes, checked when the call names them).
-            debug_assert!(self.tags.len() <= MAX_TAGS);
+            debug_assert!(self.tags.len() <= MAX_TAGS + 1);
             out.push(self.tags.len() as u8);
             for stamp in self.tags.iter() {
-                debug_assert!(!stamp.tag.is_empty() && stamp.tag.len() <= MAX_TAG_LEN);
+                debug_assert!(stamp.tag.len() <= MAX_TAG_LEN);
                 out.extend_from_slice(&(stamp.tag.len() as u16).to_be_bytes());
                 out.extend_from_slice(&stamp.tag);
                 out.extend_from_slice(&stamp.generation.to_be_bytes());
@@ -288,7 +294,8 @@ fn decode_tags(rest: &mut &[u8]) -> Result<Vec<TagStamp>, EntryError> {
     let cut = || EntryError::BadTags("the tags block is cut short".to_owned());
     let [count] = take(rest).ok_or_else(cut)?;
     let count = usize::from(count);
-    if count == 0 || count > MAX_TAGS {
+    // Up to MAX_TAGS tags, and the transition stamp beside them.
+    if count == 0 || count > MAX_TAGS + 1 {
         return Err(EntryError::BadTags(format!(
             "{count} tags, a tagged entry has 1 to {MAX_TAGS}"
         )));
@@ -296,7 +303,8 @@ fn decode_tags(rest: &mut &[u8]) -> Result<Vec<TagStamp>, EntryError> {
     let mut tags: Vec<TagStamp> = Vec::with_capacity(count);
     for _ in 0..count {
         let tag_len = usize::from(u16::from_be_bytes(take(rest).ok_or_else(cut)?));
-        if tag_len == 0 || tag_len > MAX_TAG_LEN {
+        // A tag of 0 bytes is the transition stamp (see `cache::transition`).
+        if tag_len > MAX_TAG_LEN {
             return Err(EntryError::BadTags(format!(
                 "a tag of {tag_len} bytes, tags have 1 to {MAX_TAG_LEN}"
             )));
@@ -311,6 +319,11 @@ fn decode_tags(rest: &mut &[u8]) -> Result<Vec<TagStamp>, EntryError> {
             tag: tag.to_vec(),
             generation,
         });
+    }
+    if tags.iter().filter(|t| !t.tag.is_empty()).count() > MAX_TAGS {
+        return Err(EntryError::BadTags(format!(
+            "{count} tags, a tagged entry has 1 to {MAX_TAGS}"
+        )));
     }
     Ok(tags)
 }

@@ -434,6 +434,15 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
         self.epochs.invalidate_all();
     }
 
+    /// Invalidations may have been missed on a second channel (a version
+    /// transition's previous version): every entry becomes unverified
+    /// (re-read before it is served as fresh again), and every read or load
+    /// that began before is refused; the bus's own state is left as it is.
+    pub(crate) fn forget_verified(&self) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        self.epochs.invalidate_all();
+    }
+
     /// A tag was invalidated: every read or load that began before is
     /// refused (any key may carry the tag), and every entry is dropped if
     /// one with tags may be among them; an L1 that never kept a tagged

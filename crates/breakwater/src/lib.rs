@@ -91,7 +91,7 @@ pub use metrics::{LeaseStats, LoadStats, NoticeStats, Stats};
 pub use retry::RetryConfig;
 pub use store::{
     Delivery, FencedWrite, LeaseAttempt, LeaseRequest, MemoryStore, Notice, RedisStore,
-    RedisStoreConfig, Replace, SentinelError, Store, StoreFuture, Subscription,
+    RedisStoreConfig, Replace, SentinelError, Store, StoreFuture, Subscription, Unchanged,
 };
 
 /// The README's examples, compiled and run as doctests.

@@ -401,6 +401,14 @@ impl Brief for Vec<u64> {
     }
 }
 
+/// What a pin found: a placeholder made of OS randomness, or an entry; the
+/// bytes are not part of a seed's replay.
+impl Brief for Vec<u8> {
+    fn brief(&self) -> String {
+        "pinned".to_owned()
+    }
+}
+
 impl Brief for () {
     fn brief(&self) -> String {
         "ok".to_owned()
@@ -576,6 +584,17 @@ impl Store for ChaosStore {
     fn fenced_set<'a>(&'a self, write: FencedWrite<'a>) -> StoreFuture<'a, bool> {
         self.call(Some("s.fenced"), write.key, move || {
             self.inner.fenced_set(write)
+        })
+    }
+
+    fn pin<'a>(
+        &'a self,
+        key: &'a [u8],
+        placeholder: &'a [u8],
+        ttl: Duration,
+    ) -> StoreFuture<'a, Vec<u8>> {
+        self.call(Some("s.pin"), key, move || {
+            self.inner.pin(key, placeholder, ttl)
         })
     }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use breakwater::{
     Delivery, ErrorKind, FencedWrite, LeaseAttempt, LeaseRequest, Notice, Replace, Store,
-    Subscription,
+    Subscription, Unchanged,
 };
 
 /// How a backend lets time pass: paused tokio time for the memory store, real
@@ -170,6 +170,7 @@ fn fenced<'a>(token: &'a [u8], value: &'a [u8], value_notice: Option<&'a [u8]>) 
         token,
         notice: notice(b"plain"),
         value_notice,
+        unchanged: None,
     }
 }
 
@@ -768,6 +769,85 @@ async fn tag_generations_read_or_create_each_counter(store: &dyn Store, time: Ti
     assert_eq!(zero.kind(), ErrorKind::Config, "{zero}");
 }
 
+/// The previous version's key of `VALUE_KEY`, in its hash slot.
+const BESIDE: &[u8] = b"bw:test@1:v:{k}";
+
+/// `pin` returns what a key holds, or writes the placeholder (with its TTL)
+/// where it holds nothing; a fenced write with `unchanged` lands only while
+/// that key still holds the pinned bytes, and is refused (the lease
+/// released, the notice published) once it changed or went.
+async fn a_pin_holds_a_key_and_a_fenced_write_can_need_it_unchanged(store: &dyn Store, _: Time) {
+    let pinned = store.pin(BESIDE, b"placeholder", TTL).await.unwrap();
+    assert_eq!(pinned, b"placeholder");
+    assert_eq!(
+        store.get(BESIDE).await.unwrap().as_deref(),
+        Some(&b"placeholder"[..])
+    );
+    let ttl = store
+        .ttl(BESIDE)
+        .await
+        .unwrap()
+        .expect("the placeholder has a TTL");
+    assert!(ttl <= TTL && ttl > TTL / 2, "{ttl:?}");
+    store.set(BESIDE, b"old entry", TTL).await.unwrap();
+    assert_eq!(
+        store.pin(BESIDE, b"other", TTL).await.unwrap(),
+        b"old entry"
+    );
+
+    let write = |token: &'static [u8], bytes: &'static [u8]| FencedWrite {
+        unchanged: Some(Unchanged { key: BESIDE, bytes }),
+        ..fenced(token, b"new", None)
+    };
+    // Unchanged: written.
+    assert!(
+        store
+            .acquire_lease(LEASE, b"t1", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    assert!(store.fenced_set(write(b"t1", b"old entry")).await.unwrap());
+    assert_eq!(
+        store.get(VALUE_KEY).await.unwrap().as_deref(),
+        Some(&b"new"[..])
+    );
+    store.delete(VALUE_KEY).await.unwrap();
+    // Changed, then gone: refused, the lease released and waiters told.
+    let mut sub = subscribed(store).await;
+    for change in [Some(&b"changed"[..]), None] {
+        match change {
+            Some(bytes) => store.set(BESIDE, bytes, TTL).await.unwrap(),
+            None => assert!(store.delete(BESIDE).await.unwrap()),
+        }
+        assert!(
+            store
+                .acquire_lease(LEASE, b"t2", TTL)
+                .await
+                .unwrap()
+                .is_acquired()
+        );
+        assert!(!store.fenced_set(write(b"t2", b"old entry")).await.unwrap());
+        assert_eq!(store.get(VALUE_KEY).await.unwrap(), None);
+        assert_eq!(next_message(&mut sub).await, b"plain");
+        assert!(
+            store
+                .acquire_lease(LEASE, b"t3", TTL)
+                .await
+                .unwrap()
+                .is_acquired(),
+            "the refused write released the lease"
+        );
+        assert!(
+            store
+                .release_lease(LEASE, b"t3", notice(b"released"))
+                .await
+                .unwrap()
+        );
+        assert_eq!(next_message(&mut sub).await, b"released");
+    }
+}
+
 macro_rules! contract {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -836,4 +916,5 @@ contract!(
     acquire_leases_takes_each_as_acquire_lease_would,
     bump_generation_counts_on_or_starts_fresh_and_publishes,
     tag_generations_read_or_create_each_counter,
+    a_pin_holds_a_key_and_a_fenced_write_can_need_it_unchanged,
 );

@@ -3,6 +3,8 @@
 //! (as stale) while background loads, under the origin's bulkhead, fill
 //! its own. Paused time, the memory store.
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -287,4 +289,173 @@ async fn get_many_in_the_transition_serves_the_previous_version_and_refreshes_in
     for (k, value) in again.iter().enumerate() {
         assert_eq!(value.as_deref(), Some(format!("v2:{k}").as_str()));
     }
+}
+
+/// A rolling bump: processes of version 1 (the code deployed before: no
+/// transition) and of version 2 (in its transition) share a store. A
+/// version-1 process changes the row and invalidates the key; every
+/// version-2 read after that returns the new row, whether version 1 had an
+/// entry of its own or not, and whether version 2's entry was written by a
+/// load or by a `set`, with L1 off and on.
+async fn a_rolling_bump_hears_the_previous_version(l1: bool) {
+    let store = MemoryStore::new();
+    let old = builder(&store, 1).build().unwrap();
+    let mut new = builder(&store, 2).version_transition(Duration::from_secs(600));
+    if l1 {
+        new = new.l1(breakwater::L1Config::new());
+    }
+    let new = new.build().unwrap();
+    let row = Arc::new(std::sync::Mutex::new(String::from("r1")));
+    let loader = || {
+        let row = Arc::clone(&row);
+        move || {
+            let row = row.lock().unwrap().clone();
+            async move { Ok::<_, std::io::Error>(Some(row)) }
+        }
+    };
+    let update = |to: &str| *row.lock().unwrap() = to.to_string();
+    for (case, key) in ["no-old-entry", "old-entry", "set-by-new"]
+        .iter()
+        .enumerate()
+    {
+        update(&format!("{key}:before"));
+        if case == 1 {
+            // Version 1 has its own entry of the key.
+            assert_eq!(
+                old.get_or_load(*key, loader()).await.unwrap(),
+                Some(format!("{key}:before"))
+            );
+        }
+        if case == 2 {
+            new.set(*key, &format!("{key}:before")).await.unwrap();
+        }
+        // Version 2's entry is in place (loaded, or set), served as a hit.
+        let got = new.get_or_load_with_meta(*key, loader()).await.unwrap();
+        assert_eq!(got.value, Some(format!("{key}:before")), "{key}");
+        // (Where version 1's entry stood in, the background refresh lands.)
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let again = new.get_or_load_with_meta(*key, loader()).await.unwrap();
+        assert_eq!(again.served, Served::Hit, "{key}: {again:?}");
+        // Version 1 changes the row and invalidates.
+        update(&format!("{key}:after"));
+        old.invalidate(*key).await.unwrap();
+        tokio::task::yield_now().await;
+        let after = new.get_or_load_with_meta(*key, loader()).await.unwrap();
+        assert_eq!(
+            after.value,
+            Some(format!("{key}:after")),
+            "{key}, l1 {l1}: version 2 after version 1's invalidation: {after:?}"
+        );
+    }
+    // Version 1's own reads see nothing wrong beside version 2's pins: a
+    // placeholder reads as a miss, loaded from the row.
+    update("fresh:after");
+    assert_eq!(old.get("fresh").await.unwrap(), None);
+    new.get_or_load("fresh", loader()).await.unwrap();
+    assert_eq!(
+        old.get("fresh").await.unwrap(),
+        None,
+        "a placeholder is no value"
+    );
+    assert_eq!(
+        old.get_or_load("fresh", loader()).await.unwrap(),
+        Some("fresh:after".to_string())
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rolling_bump_hears_the_previous_version_without_l1() {
+    a_rolling_bump_hears_the_previous_version(false).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rolling_bump_hears_the_previous_version_with_l1() {
+    a_rolling_bump_hears_the_previous_version(true).await;
+}
+
+/// The rolling bump on a real Redis: 2 processes of version 1 (no
+/// transition: the code deployed before) and 2 of version 2 (in their
+/// transition), each with its own connection. A version-1 process changes
+/// the row, invalidates the key and writes a marker; every version-2 read
+/// that starts once the marker is seen must return the new row. Returns the
+/// stale reads and how many reads were made.
+async fn rolling_bump_on_redis(l1: bool) -> (usize, usize) {
+    let server = support::RedisServer::start();
+    let mut stores = Vec::new();
+    for _ in 0..4 {
+        stores.push(support::connect(&server).await);
+    }
+    let cache = |store: &breakwater::RedisStore, version: u32| {
+        let mut builder = Cache::<u64>::builder()
+            .namespace("rolling")
+            .store(store.clone())
+            .version(version)
+            .ttl(Duration::from_secs(300))
+            .jitter(Jitter::none());
+        if version == 2 {
+            builder = builder.version_transition(Duration::from_secs(60));
+        }
+        if l1 {
+            builder = builder.l1(breakwater::L1Config::new());
+        }
+        builder.build().unwrap()
+    };
+    let old = [cache(&stores[0], 1), cache(&stores[1], 1)];
+    let new = [cache(&stores[2], 2), cache(&stores[3], 2)];
+    let row = Arc::new(std::sync::atomic::AtomicU64::new(1));
+    let loader = || {
+        let row = Arc::clone(&row);
+        move || {
+            let version = row.load(Ordering::SeqCst);
+            async move { Ok::<_, std::io::Error>(Some(version)) }
+        }
+    };
+    let (mut stale, mut reads) = (0, 0);
+    for round in 0..30 {
+        let key = format!("p{round}");
+        // Every process has the key: version 1 (in odd rounds only, so
+        // version 2 also loads beside nothing) and version 2.
+        if round % 2 == 1 {
+            for c in &old {
+                c.get_or_load(&key, loader()).await.unwrap();
+            }
+        }
+        for _ in 0..3 {
+            for c in &new {
+                c.get_or_load(&key, loader()).await.unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let changed = row.fetch_add(1, Ordering::SeqCst) + 1;
+        old[round % 2].invalidate(&key).await.unwrap();
+        let marker = format!("marker:{round}");
+        stores[0]
+            .set(marker.as_bytes(), b"1", Duration::from_secs(60))
+            .await
+            .unwrap();
+        for (c, store) in new.iter().zip(&stores[2..]) {
+            assert!(store.get(marker.as_bytes()).await.unwrap().is_some());
+            for _ in 0..10 {
+                reads += 1;
+                if c.get_or_load(&key, loader()).await.unwrap() < Some(changed) {
+                    stale += 1;
+                }
+            }
+        }
+    }
+    (stale, reads)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_bump_on_redis_serves_nothing_stale_after_the_marker_without_l1() {
+    let (stale, reads) = rolling_bump_on_redis(false).await;
+    eprintln!("L1 off: {stale} of {reads} version-2 reads after the marker were stale");
+    assert_eq!(stale, 0, "{stale} of {reads}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_bump_on_redis_serves_nothing_stale_after_the_marker_with_l1() {
+    let (stale, reads) = rolling_bump_on_redis(true).await;
+    eprintln!("L1 on: {stale} of {reads} version-2 reads after the marker were stale");
+    assert_eq!(stale, 0, "{stale} of {reads}");
 }

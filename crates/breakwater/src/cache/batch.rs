@@ -53,6 +53,8 @@ use tracing::{Instrument, Span};
 use super::fill::{Lease, Mode, deadline_after};
 use super::notify::{self, FILLED};
 use super::options::{Fetched, Options, Served, StaleReason};
+use super::tags::counter_ttl;
+use super::transition::{self, Pinned};
 use super::{
     Cache, Judged, Load, Loaded, MAX_PASSES, Near, Refresh, Value, cooperate, revoked_before,
     show_key, stands_in,
@@ -583,17 +585,43 @@ impl<V: Value> Cache<V> {
         if keys.is_empty() {
             return Vec::new();
         }
-        let read = self
+        // Inside a version transition, the previous version's entries are
+        // read beside them, in the same batch (see `transition`).
+        let beside = transition::beside_keys(self, keys);
+        let mut all: Vec<&[u8]> = keys.to_vec();
+        if let Some(beside) = &beside {
+            all.extend(beside.iter().map(Vec::as_slice));
+        }
+        let mut read = self
             .inner
             .store
-            .get_many_split(keys)
+            .get_many_split(&all)
             .instrument(tracing::debug_span!("breakwater.store.get_many"))
             .await;
+        let previous: Option<Vec<Result<Option<Vec<u8>>, Error>>> =
+            beside.is_some().then(|| read.split_off(keys.len()));
         let mut entries: Vec<Result<Option<Entry>, Error>> = keys
             .iter()
             .zip(read)
-            .map(|(key, read)| match read {
-                Ok(Some(bytes)) => Ok(self.decode(key, bytes)),
+            .enumerate()
+            .map(|(i, (key, read))| match read {
+                Ok(Some(bytes)) => {
+                    let Some(mut entry) = self.decode(key, bytes) else {
+                        return Ok(None);
+                    };
+                    let beside = match &previous {
+                        None => None,
+                        Some(previous) => match &previous[i] {
+                            Ok(held) => Some(held.as_deref()),
+                            // Not known: not served.
+                            Err(_) => return Ok(None),
+                        },
+                    };
+                    if !entry.tags.is_empty() && !transition::beside(&mut entry, beside) {
+                        return Ok(None);
+                    }
+                    Ok(Some(entry))
+                }
                 Ok(None) => Ok(None),
                 Err(err) if err.is_key_fault() => Ok(None),
                 Err(err) => Err(err),
@@ -865,11 +893,52 @@ impl<V: Value> Cache<V> {
                 led.lander.land(Ok((value, Served::Coalesced, None)));
             },
         ));
+        // Inside a version transition, each key's previous-version entry is
+        // pinned before the load (see `transition`); a key that cannot be
+        // pinned gives its lease back and is loaded, served and kept in L1,
+        // not written.
+        let longest = counter_ttl(options);
+        let pins = join_all(
+            to_load
+                .iter()
+                .map(|(_, led, _)| self.pin_previous(&led.storage, longest)),
+        )
+        .await;
+        let mut pinned_loads = Vec::with_capacity(to_load.len());
+        let mut unpinned = Vec::new();
+        for ((i, led, lease), pin) in to_load.into_iter().zip(pins) {
+            match pin {
+                Ok(pinned) => pinned_loads.push((i, led, lease, pinned)),
+                Err(err) => {
+                    inner.metrics.store_failed("pin", &err);
+                    unpinned.push((i, led, lease));
+                }
+            }
+        }
+        let unpinned = async {
+            if unpinned.is_empty() {
+                return;
+            }
+            warn_limited!(
+                inner.logs,
+                Warning::StoreRead,
+                keys = unpinned.len(),
+                "the previous version's entries could not be pinned; loading without writing"
+            );
+            let mut direct = Vec::with_capacity(unpinned.len());
+            for (i, led, lease) in unpinned {
+                self.release(&led.storage, lease).await;
+                done[i].store(true, Ordering::Release);
+                direct.push(led);
+            }
+            self.load_local_many(direct, batch, options, priority, ticket)
+                .await;
+        };
         let loads =
-            join_all(in_batches(to_load).into_iter().map(|chunk| {
+            join_all(in_batches(pinned_loads).into_iter().map(|chunk| {
                 self.lead_chunk(chunk, done, asked, batch, options, priority, ticket)
             }));
-        tokio::join!(release, loads);
+        tokio::join!(release, loads, unpinned);
     }
 
     /// One batch loader call for keys whose leases this process holds
@@ -881,7 +950,7 @@ impl<V: Value> Cache<V> {
     #[allow(clippy::too_many_arguments)]
     async fn lead_chunk<K, B>(
         &self,
-        chunk: Vec<(usize, Led<K, V>, LeaseRequest<'_>)>,
+        chunk: Vec<(usize, Led<K, V>, LeaseRequest<'_>, Option<Pinned>)>,
         done: &[AtomicBool],
         asked: Instant,
         batch: &Arc<B>,
@@ -892,13 +961,13 @@ impl<V: Value> Cache<V> {
         K: CacheKey + Clone + Send + Sync + 'static,
         B: BatchLoad<K, V>,
     {
-        let keys = chunk.iter().map(|(_, l, _)| l.key.clone()).collect();
+        let keys = chunk.iter().map(|(_, l, _, _)| l.key.clone()).collect();
         let result = self.load_batch(keys, batch, options, priority).await;
         // Each lease is kept alive until its key's write or release has
         // answered: a thousand writes can queue on a busy store.
         match result {
             Ok((mut found, load_time)) => {
-                let writes = chunk.into_iter().map(|(i, led, lease)| {
+                let writes = chunk.into_iter().map(|(i, led, lease, pinned)| {
                     let value = found.remove(&led.user);
                     async move {
                         let written = self
@@ -910,6 +979,7 @@ impl<V: Value> Cache<V> {
                                 options,
                                 ticket,
                                 Vec::new(),
+                                pinned.as_ref(),
                             )
                             .await;
                         done[i].store(true, Ordering::Release);
@@ -922,7 +992,7 @@ impl<V: Value> Cache<V> {
                 join_all(writes).await;
             }
             Err(err) => {
-                join_all(chunk.into_iter().map(|(i, led, lease)| {
+                join_all(chunk.into_iter().map(|(i, led, lease, _)| {
                     let err = err.clone();
                     async move {
                         self.release(&led.storage, lease).await;

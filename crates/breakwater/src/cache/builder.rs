@@ -10,7 +10,7 @@ use rand::{RngExt, SeedableRng};
 
 use super::coherence::Local;
 use super::guard::GuardedStore;
-use super::notify::{BusHook, SENDER_LEN, Waiters};
+use super::notify::{BusHook, PreviousChannel, SENDER_LEN, Waiters};
 use super::options::Options;
 use super::origin::Origin;
 use super::settings::Settings;
@@ -763,6 +763,11 @@ impl<V: Value> CacheBuilder<V> {
         });
         let metrics = Metrics::new(&self.namespace, origin.name());
         let channel = format!("{}:events", versioned(self.version)).into_bytes();
+        let hears = previous.as_ref().map(|p| PreviousChannel {
+            channel: p.channel.clone(),
+            prefixes: (p.prefix.clone(), value_prefix.clone()),
+            until: p.until,
+        });
         let local = Arc::new(Local::new(
             self.l1.map(NearCache::<V>::new),
             value_prefix.len(),
@@ -770,6 +775,10 @@ impl<V: Value> CacheBuilder<V> {
         let hook = Some(Arc::clone(&local) as Arc<dyn BusHook>);
         let mut token_rng: StdRng = rand::make_rng();
         let sender: [u8; SENDER_LEN] = token_rng.random();
+        let mut waiters = Waiters::new(channel, sender, hook, Some(metrics.clone()));
+        if let Some(hears) = hears {
+            waiters = waiters.with_previous(hears);
+        }
         let raw_store = self.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
         let logs = Arc::new(LogLimiter::default());
         let store = Arc::new(GuardedStore::new(
@@ -802,7 +811,7 @@ impl<V: Value> CacheBuilder<V> {
                 rng: Mutex::new(rng),
                 store_retries: super::store_retries(self.rng_seed.map(|s| s.wrapping_add(3))),
                 token_rng: Mutex::new(token_rng),
-                waiters: Waiters::new(channel, sender, hook, Some(metrics.clone())),
+                waiters,
                 metrics,
                 logs,
                 throttled: Throttle::default(),

@@ -165,6 +165,12 @@ impl<V: Value> BusHook for Local<V> {
         unheard.overflow == 0 && !unheard.keys.contains_key(key)
     }
 
+    fn previous_missed(&self) {
+        if let Some(l1) = &self.l1 {
+            l1.forget_verified();
+        }
+    }
+
     fn missed(&self, up: bool) {
         // A new subscription: nothing from before it can arrive any more.
         *self.unheard.lock().unwrap_or_else(|p| p.into_inner()) = Unheard::default();

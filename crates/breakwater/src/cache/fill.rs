@@ -41,6 +41,8 @@ use tracing::{Instrument, Span};
 use super::builder::LockTimeoutKind;
 use super::notify::{self, FILLED, RELEASED, VALUE_IN_MESSAGE_MAX};
 use super::options::{Options, Served, StaleReason};
+use super::tags::counter_ttl;
+use super::transition::Pinned;
 use super::{Cache, Load, Loaded, Value, reading, show_key};
 use crate::entry::{Entry, TagStamp};
 use crate::error::{Error, ErrorKind};
@@ -267,6 +269,28 @@ impl<V: Value> Cache<V> {
                 }
             },
         };
+        // Inside a version transition, the previous version's entry, pinned
+        // before the loader runs: a change to it from now on leaves this
+        // entry invalid (see `transition`). Unpinnable: loaded and served,
+        // not written, as above.
+        let pinned = match self.pin_previous(key, counter_ttl(options)).await {
+            Ok(pinned) => pinned,
+            Err(err) => {
+                warn_limited!(inner.logs, Warning::StoreRead, key = %show_key(key), error = %err, "the previous version's entry could not be pinned; loading without writing");
+                inner.metrics.store_failed("pin", &err);
+                self.release(key, lease).await;
+                let (value, load_time) = self.load_unwritten(loader, options, priority).await?;
+                self.keep_local(
+                    key,
+                    &value,
+                    load_time,
+                    options,
+                    ticket,
+                    loader.tags().is_some(),
+                );
+                return Ok((value, false));
+            }
+        };
         let mut load = pin!(inner.origin.load(
             loader,
             options.load_timeout,
@@ -285,7 +309,16 @@ impl<V: Value> Cache<V> {
         match result {
             Ok((value, load_time)) => {
                 let revoked = self
-                    .write_fenced(key, lease, value.as_ref(), load_time, options, ticket, tags)
+                    .write_fenced(
+                        key,
+                        lease,
+                        value.as_ref(),
+                        load_time,
+                        options,
+                        ticket,
+                        tags,
+                        pinned.as_ref(),
+                    )
                     .await?;
                 Ok((value, revoked))
             }
@@ -426,7 +459,10 @@ impl<V: Value> Cache<V> {
     /// invalidated since `ticket`. A value that cannot be sealed releases the
     /// lease (waiters are told) and fails, except one too large to cache,
     /// which is returned unwritten. `tags`: the tags' generations read
-    /// before the load, recorded in the entry. `Ok(true)` if the fence
+    /// before the load, recorded in the entry; `pinned`: inside a version
+    /// transition, the previous version's entry it was loaded beside (its
+    /// stamp recorded, and the write made only while it is unchanged).
+    /// `Ok(true)` if the fence
     /// refused the write: the lease was revoked (an invalidation or `set`)
     /// or had run out while the value was loaded.
     #[allow(clippy::too_many_arguments)]
@@ -438,10 +474,14 @@ impl<V: Value> Cache<V> {
         load_time: Duration,
         options: &Options,
         ticket: Option<Ticket>,
-        tags: Vec<TagStamp>,
+        mut tags: Vec<TagStamp>,
+        pinned: Option<&Pinned>,
     ) -> Result<bool, Error> {
         let inner = &self.inner;
         let now = inner.store.now_ms();
+        if let Some(pinned) = pinned {
+            tags.insert(0, pinned.stamp());
+        }
         let sealed = match self.seal_tagged(key, value, load_time, options, tags, now) {
             Ok(sealed) => sealed,
             Err(err) => {
@@ -467,6 +507,7 @@ impl<V: Value> Cache<V> {
             token: lease.token,
             notice: inner.notice(&message),
             value_notice: value_message.as_deref(),
+            unchanged: pinned.map(Pinned::unchanged),
         };
         let written = inner
             .store

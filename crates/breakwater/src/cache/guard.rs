@@ -335,6 +335,15 @@ impl Store for GuardedStore {
         self.guard("delete", key, move || self.store.delete(key))
     }
 
+    fn pin<'a>(
+        &'a self,
+        key: &'a [u8],
+        placeholder: &'a [u8],
+        ttl: Duration,
+    ) -> StoreFuture<'a, Vec<u8>> {
+        self.guard("pin", key, move || self.store.pin(key, placeholder, ttl))
+    }
+
     fn ttl<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Duration>> {
         self.guard("ttl", key, move || self.store.ttl(key))
     }

@@ -43,6 +43,7 @@ mod queue;
 mod settings;
 mod tags;
 mod throttle;
+mod transition;
 mod warm;
 
 pub(crate) use builder::default_store_breaker;
@@ -555,10 +556,18 @@ impl<V: Value> Cache<V> {
             // The value's windows start now, not after the generations'
             // read (which may take a store deadline).
             let now = self.inner.store.now_ms();
-            let stamps = match tags {
+            let mut stamps = match tags {
                 Some(tags) => self.tag_generations(tags).await?,
                 None => Vec::new(),
             };
+            // Inside a version transition the previous version's entry is
+            // revoked and this one written beside a fresh pin of it.
+            if let Some(pinned) = self
+                .revoke_previous(&key, tags::counter_ttl(options))
+                .await?
+            {
+                stamps.insert(0, pinned.stamp());
+            }
             let sealed =
                 self.seal_tagged(&key, Some(value), Duration::ZERO, options, stamps, now)?;
             self.replace_batch(vec![(key, sealed)]).await
@@ -594,9 +603,19 @@ impl<V: Value> Cache<V> {
         I: IntoIterator<Item = (K, V)>,
     {
         let mut batch = Vec::with_capacity(SET_MANY_BATCH);
+        let longest = tags::counter_ttl(&self.inner.defaults);
         for (key, value) in items {
             let key = self.key_in_store(&key.key_bytes())?;
-            let sealed = self.seal(&key, Some(&value), Duration::ZERO, &self.inner.defaults)?;
+            // Inside a version transition, as for `set` (one key at a time).
+            let sealed = match self.revoke_previous(&key, longest).await? {
+                None => self.seal(&key, Some(&value), Duration::ZERO, &self.inner.defaults)?,
+                Some(pinned) => {
+                    let now = self.inner.store.now_ms();
+                    let options = &self.inner.defaults;
+                    let stamps = vec![pinned.stamp()];
+                    self.seal_tagged(&key, Some(&value), Duration::ZERO, options, stamps, now)?
+                }
+            };
             batch.push((key, sealed));
             if batch.len() == SET_MANY_BATCH {
                 self.replace_batch(std::mem::take(&mut batch)).await?;
@@ -1790,25 +1809,56 @@ impl<V: Value> Cache<V> {
     /// warning, never an error and never a wrong value. So is a key fault
     /// (say, a Redis list under the key: reported by the guarded store):
     /// the store is fine, and the key's next fenced write replaces it.
+    ///
+    /// Inside a version transition the previous version's entry is read
+    /// beside it (one `MGET`), and an entry loaded beside another one than
+    /// is there now is a miss (see `transition`).
     async fn read(&self, key: &[u8]) -> Result<Option<Entry>, Error> {
+        match self.inner.previous_key(key) {
+            None => self.read_in(key, None).await,
+            Some(previous) => Box::pin(self.read_in(key, Some(&previous))).await,
+        }
+    }
+
+    /// [`read`](Self::read), beside the previous version's key `previous`
+    /// if one is given.
+    async fn read_in(&self, key: &[u8], previous: Option<&[u8]>) -> Result<Option<Entry>, Error> {
         let span = if tracing::dispatcher::has_been_set() {
             tracing::debug_span!("breakwater.store.get")
         } else {
             Span::none()
         };
+        let get = async {
+            match previous {
+                None => self.get_queued(key).await.map(|bytes| (bytes, None)),
+                Some(previous) => {
+                    let mut both = self.inner.store.get_many(&[key, previous]).await?;
+                    let beside = both.pop().flatten();
+                    Ok((both.pop().flatten(), Some(beside)))
+                }
+            }
+        };
         // Not wrapped unless a subscriber listens (see `fetch`).
         let read = if span.is_disabled() {
-            self.get_queued(key).await
+            get.await
         } else {
-            self.get_queued(key).instrument(span).await
+            get.instrument(span).await
         };
-        let bytes = match read {
-            Ok(Some(bytes)) => bytes,
-            Ok(None) => return Ok(None),
+        let (bytes, beside) = match read {
+            Ok((Some(bytes), beside)) => (bytes, beside),
+            Ok((None, _)) => return Ok(None),
             Err(err) if err.is_key_fault() => return Ok(None),
             Err(err) => return Err(err),
         };
-        match self.decode(key, bytes) {
+        let mut entry = self.decode(key, bytes);
+        if let Some(e) = &mut entry
+            && !e.tags.is_empty()
+            && !transition::beside(e, beside.as_ref().map(|b| b.as_deref()))
+        {
+            tracing::debug!(key = %show_key(key), "the previous version's entry changed since this one was loaded; treating it as a miss");
+            return Ok(None);
+        }
+        match entry {
             // A tagged entry (never an untagged one) is checked against its
             // tags' generations: one more round trip, boxed so that its
             // state does not grow every read's future.
@@ -1838,7 +1888,7 @@ impl<V: Value> Cache<V> {
     /// codec are all a plain miss).
     async fn read_previous(&self, key: &[u8]) -> Option<Arc<Entry>> {
         let old = self.inner.previous_key(key)?;
-        match self.read(&old).await {
+        match self.read_in(&old, None).await {
             Ok(Some(entry)) if stands_in(&entry, self.inner.store.now_ms()) => {
                 Some(Arc::new(entry))
             }
@@ -2241,7 +2291,8 @@ fn stands_in(entry: &Entry, now_ms: u64) -> bool {
 /// What L1 keeps of an entry: its deadlines and load time.
 fn stamp(entry: &Entry) -> Stamp {
     Stamp {
-        tagged: !entry.tags.is_empty(),
+        // A transition stamp is no tag.
+        tagged: entry.tags.iter().any(|t| !t.tag.is_empty()),
         fresh_until: entry.fresh_until,
         stale_until: entry.stale_until,
         load_ms: entry.load_ms,

@@ -43,6 +43,9 @@ pub(crate) trait BusHook: Send + Sync + 'static {
     /// Messages may have been missed: the bus dropped (`up` false) or came
     /// back (`true`).
     fn missed(&self, up: bool);
+    /// The previous version's channel (a version transition) dropped:
+    /// its messages may have been missed.
+    fn previous_missed(&self);
     /// Another process invalidated a tag: any key may carry it.
     fn tags_invalidated(&self);
 }
@@ -157,6 +160,21 @@ pub(crate) struct Waiters {
     /// Where notices heard (and possibly missed) are counted.
     metrics: Option<Metrics>,
     listener: OnceLock<(AbortHandle, Arc<Ready>)>,
+    /// Inside a version transition: the previous version's channel, heard
+    /// too (see `transition`).
+    previous: Option<PreviousChannel>,
+    previous_listener: OnceLock<AbortHandle>,
+}
+
+/// The previous version's channel and how its keys map to this version's.
+pub(crate) struct PreviousChannel {
+    /// Its channel.
+    pub(crate) channel: Vec<u8>,
+    /// Its `value_prefix`, and this version's: a key of one is a key of the
+    /// other with the prefix swapped.
+    pub(crate) prefixes: (Vec<u8>, Vec<u8>),
+    /// When the transition ends (the listener stops).
+    pub(crate) until: tokio::time::Instant,
 }
 
 /// Whether the listener is subscribed, and a wake-up for when it comes up.
@@ -204,7 +222,16 @@ impl Waiters {
             hook,
             metrics,
             listener: OnceLock::new(),
+            previous: None,
+            previous_listener: OnceLock::new(),
         }
+    }
+
+    /// Inside a version transition, also hears the previous version's
+    /// channel (from when the listener starts until the transition ends).
+    pub(crate) fn with_previous(mut self, previous: PreviousChannel) -> Self {
+        self.previous = Some(previous);
+        self
     }
 
     pub(crate) fn sender(&self) -> &[u8; SENDER_LEN] {
@@ -318,13 +345,68 @@ impl Waiters {
             });
             (task.abort_handle(), ready)
         });
+        self.listen_previous(store);
         Arc::clone(ready)
+    }
+
+    /// Starts the previous version's listener, once: any message about a
+    /// key of the previous version (a fill, an invalidation, a release: its
+    /// entry changed, so this version's entry of the key is no longer valid,
+    /// see `transition`) counts as an invalidation of this version's key,
+    /// and a tag invalidation there as one here. Messages this cache sent
+    /// there itself (its own `invalidate`) were dealt with when it sent them.
+    fn listen_previous(&self, store: &dyn Store) {
+        let (Some(previous), Some(hook)) = (&self.previous, &self.hook) else {
+            return;
+        };
+        if tokio::time::Instant::now() >= previous.until {
+            return;
+        }
+        self.previous_listener.get_or_init(|| {
+            let mut subscription = store.subscribe(&previous.channel);
+            let hook = Arc::clone(hook);
+            let own = self.sender;
+            let (old, new) = previous.prefixes.clone();
+            let until = previous.until;
+            let task = tokio::spawn(async move {
+                loop {
+                    let delivery = tokio::select! {
+                        delivery = subscription.recv() => delivery,
+                        () = tokio::time::sleep_until(until) => None,
+                    };
+                    let Some(delivery) = delivery else { return };
+                    match delivery {
+                        Delivery::Message(m) => {
+                            let Some(parsed) = parse(&m) else { continue };
+                            if parsed.sender == own {
+                                continue;
+                            }
+                            if parsed.kind == TAG_INVALIDATED {
+                                hook.tags_invalidated();
+                            } else if let Some(rest) = parsed.key.strip_prefix(old.as_slice()) {
+                                let key = [new.as_slice(), rest].concat();
+                                hook.changed(key, true, false).await;
+                            }
+                        }
+                        Delivery::Missed => {
+                            if !subscription.is_ready() {
+                                hook.previous_missed();
+                            }
+                        }
+                    }
+                }
+            });
+            task.abort_handle()
+        });
     }
 }
 
 impl Drop for Waiters {
     fn drop(&mut self) {
         if let Some((task, _)) = self.listener.get() {
+            task.abort();
+        }
+        if let Some(task) = self.previous_listener.get() {
             task.abort();
         }
     }

@@ -432,11 +432,28 @@ impl Store for MemoryStore {
             let written =
                 self.inner
                     .with_held_lease(write.lease_key, write.token, |leases, now| {
+                        if let Some(unchanged) = write.unchanged
+                            && self.inner.read(unchanged.key, now).as_deref()
+                                != Some(unchanged.bytes)
+                        {
+                            leases.remove(write.lease_key);
+                            return None;
+                        }
                         self.inner
                             .shard_for(write.key)
                             .put(write.key, write.value, now, ms);
-                        leases.remove(write.lease_key).is_some_and(|l| l.waited)
+                        Some(leases.remove(write.lease_key).is_some_and(|l| l.waited))
                     });
+            let written = match written {
+                Some(None) => {
+                    // The condition failed: the lease is gone, waiters told.
+                    self.inner
+                        .publish(write.notice.channel, write.notice.message);
+                    return false;
+                }
+                Some(Some(waited)) => Some(waited),
+                None => None,
+            };
             match (written, write.value_notice) {
                 (None, _) => return false,
                 (Some(true), Some(prefix)) => {
@@ -448,6 +465,24 @@ impl Store for MemoryStore {
                     .publish(write.notice.channel, write.notice.message),
             }
             true
+        });
+        Box::pin(async move { result })
+    }
+
+    fn pin<'a>(
+        &'a self,
+        key: &'a [u8],
+        placeholder: &'a [u8],
+        ttl: Duration,
+    ) -> StoreFuture<'a, Vec<u8>> {
+        let result = ttl_millis(ttl).map(|ms| {
+            let now = Instant::now();
+            let mut shard = self.inner.shard_for(key);
+            if let Some(held) = shard.live(key, now) {
+                return held.value.clone();
+            }
+            shard.put(key, placeholder, now, ms);
+            placeholder.to_vec()
         });
         Box::pin(async move { result })
     }

@@ -226,6 +226,31 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
         ttl: Duration,
     ) -> StoreFuture<'a, Vec<u64>>;
 
+    /// What `key` holds, or, if it holds nothing, `placeholder`, which is
+    /// then written there with `ttl`: atomically where the backend can
+    /// (Redis: one script). A version transition pins the previous
+    /// version's entry this way before a load, so that a change to it
+    /// (even the deletion of an entry that was not there) can be seen
+    /// afterwards (see [`FencedWrite::unchanged`]).
+    ///
+    /// The default reads, then writes the placeholder if nothing was there
+    /// (a write landing in between is overwritten: its process loads it
+    /// again; nothing wrong is served).
+    fn pin<'a>(
+        &'a self,
+        key: &'a [u8],
+        placeholder: &'a [u8],
+        ttl: Duration,
+    ) -> StoreFuture<'a, Vec<u8>> {
+        Box::pin(async move {
+            if let Some(held) = self.get(key).await? {
+                return Ok(held);
+            }
+            self.set(key, placeholder, ttl).await?;
+            Ok(placeholder.to_vec())
+        })
+    }
+
     // --- batches ---
 
     /// Reads many keys at once: one round trip where the backend can (Redis:
@@ -375,6 +400,22 @@ pub struct FencedWrite<'a> {
     /// value with their wake-up and need not read it back. `None` (say, for a
     /// large value) always publishes `notice.message`.
     pub value_notice: Option<&'a [u8]>,
+    /// A second condition: the write happens only if this key also still
+    /// holds exactly these bytes (a version transition: the previous
+    /// version's entry the value was loaded beside, see
+    /// [`pin`](Store::pin)). When it does not, the write is refused as for a
+    /// lost lease: the lease is released, `notice` published, `false`
+    /// returned. The key shares the value's hash slot.
+    pub unchanged: Option<Unchanged<'a>>,
+}
+
+/// The condition of a [`FencedWrite::unchanged`]: `key` holds `bytes`.
+#[derive(Debug, Clone, Copy)]
+pub struct Unchanged<'a> {
+    /// The key, in the written value's hash slot.
+    pub key: &'a [u8],
+    /// What it must hold (never empty).
+    pub bytes: &'a [u8],
 }
 
 /// What a [`Subscription`] receives.

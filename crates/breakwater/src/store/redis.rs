@@ -118,9 +118,12 @@ static RELEASE_LEASE: LazyLock<Lua> = LazyLock::new(|| {
     )
 });
 
-/// The leader's write: KEYS = value, lease; ARGV = token, value, ttl ms,
-/// channel, message, value message (empty for none). Writes only while the
-/// token holds the lease; a waited-on lease with a value message publishes
+/// The leader's write: KEYS = value, lease (and, with a condition, the key
+/// that must be unchanged); ARGV = token, value, ttl ms, channel, message,
+/// value message (empty for none) (and the bytes the third key must hold).
+/// Writes only while the token holds the lease (and the third key holds
+/// exactly those bytes: if not, the lease is released and the message
+/// published, as for a write that failed); a waited-on lease with a value message publishes
 /// that message with the value appended. `SET` replaces a value of any
 /// Redis type (a list someone pushed under the key is repaired here). If
 /// the server refuses the write (an error about this key), the lease is
@@ -130,6 +133,11 @@ static FENCED_SET: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"local held = redis.call('GET', KEYS[2])
           if held and string.sub(held, 1, -2) == ARGV[1] then
+            if KEYS[3] and redis.call('GET', KEYS[3]) ~= ARGV[7] then
+              redis.call('DEL', KEYS[2])
+              redis.call('PUBLISH', ARGV[4], ARGV[5])
+              return 0
+            end
             local written = redis.pcall('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
             if type(written) == 'table' and written.err then
               redis.call('DEL', KEYS[2])
@@ -145,6 +153,19 @@ static FENCED_SET: LazyLock<Lua> = LazyLock::new(|| {
             return 1
           end
           return 0",
+    )
+});
+
+/// What KEYS[1] holds, or ARGV[1] (the placeholder), written there with
+/// `PX` ARGV[2] if it holds nothing.
+static PIN: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"local held = redis.call('GET', KEYS[1])
+          if held then
+            return held
+          end
+          redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+          return ARGV[1]",
     )
 });
 
@@ -2048,21 +2069,36 @@ impl Store for RedisStore {
     fn fenced_set<'a>(&'a self, write: FencedWrite<'a>) -> StoreFuture<'a, bool> {
         Box::pin(async move {
             let ms = ttl_millis(write.ttl)?;
-            let written: i64 = self
-                .inner
-                .eval(
-                    FENCED_SET
-                        .key(write.key)
-                        .key(write.lease_key)
-                        .arg(write.token)
-                        .arg(write.value)
-                        .arg(ms)
-                        .arg(write.notice.channel)
-                        .arg(write.notice.message)
-                        .arg(write.value_notice.unwrap_or_default()),
-                )
-                .await?;
+            let mut script = FENCED_SET
+                .key(write.key)
+                .key(write.lease_key)
+                .arg(write.token)
+                .arg(write.value)
+                .arg(ms)
+                .arg(write.notice.channel)
+                .arg(write.notice.message)
+                .arg(write.value_notice.unwrap_or_default());
+            if let Some(unchanged) = write.unchanged {
+                script = script.key(unchanged.key).arg(unchanged.bytes);
+            }
+            let written: i64 = self.inner.eval(script).await?;
             Ok(written == 1)
+        })
+    }
+
+    fn pin<'a>(
+        &'a self,
+        key: &'a [u8],
+        placeholder: &'a [u8],
+        ttl: Duration,
+    ) -> StoreFuture<'a, Vec<u8>> {
+        Box::pin(async move {
+            let ms = ttl_millis(ttl)?;
+            let held: Vec<u8> = self
+                .inner
+                .eval(PIN.key(key).arg(placeholder).arg(ms))
+                .await?;
+            Ok(held)
         })
     }
 

@@ -240,6 +240,9 @@ impl<S: Store + Clone> Store for CountingStore<S> {
     fn fenced_set<'a>(&'a self, w: FencedWrite<'a>) -> StoreFuture<'a, bool> {
         self.inner.fenced_set(w)
     }
+    fn pin<'a>(&'a self, k: &'a [u8], p: &'a [u8], ttl: Duration) -> StoreFuture<'a, Vec<u8>> {
+        self.inner.pin(k, p, ttl)
+    }
     fn replace<'a>(
         &'a self,
         k: &'a [u8],
