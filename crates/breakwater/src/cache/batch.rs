@@ -35,6 +35,9 @@
 //! `lock_wait` plus one load (`queue_wait + load_timeout`) plus one second
 //! for store calls; a key not done by then is a
 //! [`Timeout`](crate::ErrorKind::Timeout) (its load goes on for the others).
+//! A key whose load turns out revoked before the call started (its fenced
+//! write refused: see `Loaded`) goes through a second pass with the other
+//! such keys, as one batch, under a deadline of its own.
 
 use std::collections::HashMap;
 use std::error::Error as StdError;

@@ -421,9 +421,22 @@ impl<V: Value> CacheBuilder<V> {
     /// first, so a version bump under traffic never queues callers behind
     /// the database, and nobody waits or fails while the previous entry
     /// stands in. An entry that does not decode (the shape changed too
-    /// much) is a miss, loaded as usual. An `invalidate` inside the window
-    /// also deletes the previous version's entry, so it cannot stand in for
-    /// an invalidated value. `Duration::ZERO` (the default): no
+    /// much) is a miss, loaded as usual.
+    ///
+    /// Both versions stay coherent while they run side by side (a rolling
+    /// deploy), by this version's doing alone: the previous version runs
+    /// the code deployed before. An `invalidate` or `set` here revokes the
+    /// previous version's entry and lease and tells its processes. An
+    /// `invalidate`, `set` or fill there revokes this version's entry of the
+    /// key: each entry written here inside the window is valid only while
+    /// the previous version's entry it was loaded beside is unchanged
+    /// (where there was none, a placeholder that the previous version reads
+    /// as an expired entry marks the spot), checked on every read (the two
+    /// entries are read with one `MGET`), and this version also listens on
+    /// the previous version's channel to drop its L1 copies. A fill by the
+    /// previous version therefore costs this version one more load of that
+    /// key. The window should cover the whole deploy: past it, this version
+    /// no longer hears the previous one. `Duration::ZERO` (the default): no
     /// transition. At most 7 days; needs a version of 1 or more.
     pub fn version_transition(mut self, window: Duration) -> Self {
         self.version_transition = window;

@@ -185,7 +185,9 @@ impl<T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static> Value for 
 ///    load it leads (the bulkhead's `queue_wait` + `load_timeout` + one
 ///    write, *S*), or a wait of `lock_wait` plus a few store calls (3*S* +
 ///    250 ms) followed, with `load_anyway`, by a load (`queue_wait` +
-///    `load_timeout`). With a store breaker open, store calls fail at once.
+///    `load_timeout`). A call that waited for a load revoked before it
+///    started (see line 1) goes through once more, so it may take that
+///    bound twice. With a store breaker open, store calls fail at once.
 /// 6. **Time.** Freshness is judged on the store's clock (Redis's `TIME`,
 ///    sampled); no application-clock reading can pin, freeze or jump it.
 ///
@@ -1119,8 +1121,11 @@ impl<V: Value> Cache<V> {
     /// the callers that started before its lease was asked for; a later
     /// caller goes through the pipeline again (reading what the store has
     /// now, or joining a newer load). A load it joins then began after it
-    /// started, so a second pass is the most it takes unless another
-    /// revocation lands in between; [`MAX_PASSES`] bounds it all the same.
+    /// started (the one it joined first was in the air when it joined, and
+    /// a later one starts only once that one has landed or was detached), so
+    /// its outcome is served: a second pass is the most a call takes
+    /// ([`MAX_PASSES`]; were it ever reached with a revoked load, the call
+    /// would fail rather than get the value).
     async fn pipeline<L>(
         &self,
         user_key: &[u8],
@@ -2258,9 +2263,11 @@ const HASH_TAG_LEN: usize = 19;
 
 /// Whether a previous version's entry may stand in for this version's at
 /// `now_ms` (store clock): a value, inside its stale window.
-/// How many times one call goes through the pipeline when the loads it
-/// joins turn out revoked (see [`Cache::pipeline`]).
-const MAX_PASSES: usize = 4;
+/// How many times one call goes through the pipeline when the load it
+/// joined turns out revoked (see [`Cache::pipeline`]): a load joined on
+/// the second pass began after the call started, so its value is served
+/// whatever became of it.
+pub(super) const MAX_PASSES: usize = 2;
 
 /// A flight's outcome for a caller that started at `started`: `None` if
 /// it is a revoked load whose lease was asked for before then (the caller
