@@ -1105,6 +1105,19 @@ struct Proc {
 }
 
 /// `grace` and `l1` of each process of a chaos fleet.
+/// Which chaos round: plain keys, tagged keys, or a rolling version bump.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Round {
+    Plain,
+    Tagged,
+    /// Processes 0 and 1 at version 1 (no transition: the code deployed
+    /// before), 2 and 3 at version 2 in its transition.
+    Versions,
+}
+
+/// The versions of the version round's processes.
+const VERSION_FLEET: [u32; 4] = [1, 1, 2, 2];
+
 const CHAOS_FLEET: [(Duration, bool); 4] = [
     (Duration::from_secs(1), true),
     (Duration::ZERO, false),
@@ -1115,7 +1128,21 @@ const CHAOS_FLEET: [(Duration, bool); 4] = [
 /// A fleet over one fresh shared store. `short`: the chaos phase's short
 /// TTLs; otherwise the cache's defaults except the TTL.
 fn fleet(world: &Arc<World>, round: u64, shape: &[(Duration, bool)], short: bool) -> Vec<Proc> {
+    fleet_of(world, round, shape, short, &[])
+}
+
+/// [`fleet`], process `i` at cache version `versions[i]` (0 where not
+/// given); a process at a version above the lowest is in its version
+/// transition for longer than any round.
+fn fleet_of(
+    world: &Arc<World>,
+    round: u64,
+    shape: &[(Duration, bool)],
+    short: bool,
+    versions: &[u32],
+) -> Vec<Proc> {
     let shared = MemoryStore::new();
+    let lowest = versions.iter().copied().min().unwrap_or(0);
     let seed = world.seed;
     shape
         .iter()
@@ -1135,6 +1162,11 @@ fn fleet(world: &Arc<World>, round: u64, shape: &[(Duration, bool)], short: bool
                 .jitter(Jitter::ratio(JITTER))
                 .grace(grace)
                 .rng_seed(seed.wrapping_mul(31).wrapping_add(salt));
+            let version = versions.get(id).copied().unwrap_or(0);
+            builder = builder.version(version);
+            if version > lowest {
+                builder = builder.version_transition(Duration::from_secs(3_600));
+            }
             if l1 {
                 builder = builder.l1(L1Config::new().ttl(if short {
                     L1_TTL
@@ -1281,11 +1313,21 @@ fn loader_delay(rng: &mut StdRng) -> Duration {
 
 /// The chaos phase: workers over the keys while the scheduler toggles
 /// faults. Checks no-resurrection, liveness and time on every result.
-async fn chaos_round(world: &Arc<World>, tagged: bool) {
+async fn chaos_round(world: &Arc<World>, kind: Round) {
     let seed = world.seed;
-    // The tag round: its own fleet, keys and random streams.
-    let (round, prefix, salt) = if tagged { (4, "t", 100) } else { (0, "k", 0) };
-    let procs = fleet(world, round, &CHAOS_FLEET, true);
+    let tagged = kind == Round::Tagged;
+    // The tag round and the version round: each its own fleet, keys and
+    // random streams.
+    let (round, prefix, salt) = match kind {
+        Round::Plain => (0, "k", 0),
+        Round::Tagged => (4, "t", 100),
+        Round::Versions => (6, "v", 200),
+    };
+    let versions: &[u32] = match kind {
+        Round::Versions => &VERSION_FLEET,
+        _ => &[],
+    };
+    let procs = fleet_of(world, round, &CHAOS_FLEET, true, versions);
     let keys: Vec<String> = (0..KEYS).map(|k| format!("{prefix}{k:02}")).collect();
     let writes: BTreeMap<String, Arc<tokio::sync::Mutex<()>>> =
         keys.iter().map(|k| (k.clone(), Arc::default())).collect();
@@ -1358,6 +1400,35 @@ async fn chaos_round(world: &Arc<World>, tagged: bool) {
             }
         })
     });
+    // Every round's Redis evicts under memory pressure: now and then a
+    // key's value or lease (of any process's version) is dropped. A lost
+    // value is a miss; a lost lease a free lease, never a licence to write
+    // past the fence.
+    let pressure = {
+        let store = procs[0].store.inner.clone();
+        let (world, keys) = (Arc::clone(world), keys.clone());
+        let caches: Vec<Cache<Val>> = procs.iter().map(|p| p.cache.clone()).collect();
+        tokio::spawn(async move {
+            let mut rng = stream(seed, 60 + salt);
+            while Instant::now() < end {
+                sleep(ms(rng.random_range(200..2_000))).await;
+                let key = &keys[rng.random_range(0..keys.len())];
+                let cache = &caches[rng.random_range(0..caches.len())];
+                let mut stored = cache.storage_key(key).expect("valid key");
+                let what = if rng.random_bool(0.5) {
+                    "value"
+                } else {
+                    let at = stored.len() - key.len() - 4;
+                    debug_assert_eq!(&stored[at..at + 3], b":v:");
+                    stored[at + 1] = b'l';
+                    "lease"
+                };
+                let now = Instant::now();
+                let dropped = store.delete(&stored).await.unwrap_or(false);
+                world.trace(0, "evict", key, now, format!("{what} {dropped}"));
+            }
+        })
+    };
 
     let workers: Vec<_> = (0..WORKERS)
         .map(|w| {
@@ -1434,6 +1505,7 @@ async fn chaos_round(world: &Arc<World>, tagged: bool) {
         worker.await.expect("worker panicked");
     }
     scheduler.await.expect("scheduler panicked");
+    pressure.await.expect("the eviction task panicked");
     if let Some(evictor) = evictor {
         evictor.await.expect("evictor panicked");
     }
@@ -1609,6 +1681,62 @@ async fn hot_key_round(world: &Arc<World>) {
 /// late (inside the last load time before expiry): one load's worth.
 const HOT_COALESCED_ALLOWED: usize = 10;
 
+/// Redis restarts empty while the database is down: two processes with L1
+/// and a minute of `max_stale` hold every key in L1, then the store loses
+/// every entry and lease (a restart without persistence, a failover to an
+/// empty replica, a `FLUSHDB`) and every load fails. Calls on those keys,
+/// past their fresh time but inside `max_stale`, must all be answered from
+/// L1 (**fail-safe-l1**), and pass the other checks too.
+async fn empty_restart_round(world: &Arc<World>) {
+    let seed = world.seed;
+    let minute = Duration::from_secs(60);
+    let procs = fleet(world, 7, &[(minute, true), (minute, true)], false);
+    let keys: Vec<String> = (0..6).map(|k| format!("e{k}")).collect();
+    for p in &procs {
+        for key in &keys {
+            get(world, p, key, ms(5), false).await;
+        }
+    }
+    // Nobody changes the rows from here on.
+    let store = procs[0].store.inner.clone();
+    for key in &keys {
+        let value = procs[0].cache.storage_key(key).expect("valid key");
+        let mut lease = value.clone();
+        let at = lease.len() - key.len() - 4;
+        lease[at + 1] = b'l';
+        for gone in [value, lease] {
+            let _ = store.delete(&gone).await;
+        }
+    }
+    world.trace(0, "flush", "-", Instant::now(), "database down".into());
+    let mut rng = stream(seed, 7);
+    // Past the fresh time (TTL, with its jitter), inside max_stale.
+    sleep(fresh_max(TTL) + ms(100)).await;
+    let until = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < until {
+        let p = &procs[rng.random_range(0..procs.len())];
+        let key = &keys[rng.random_range(0..keys.len())];
+        let seq = world.next_seq();
+        let start = Instant::now();
+        let down = || async { Err::<Option<Val>, _>(std::io::Error::other("database down")) };
+        let result = timeout(BOUND, p.cache.get_or_load_with_meta(key, down)).await;
+        if let Ok(Err(err)) = &result {
+            world.violate(
+                "fail-safe-l1",
+                key,
+                format!(
+                    "P{} get_or_load({key}) at {} ms failed ({err}) though its L1 held the key \
+                     inside max_stale",
+                    p.id,
+                    world.ms(start)
+                ),
+            );
+        }
+        world.check_get(p.id, p.profile, key, seq, start, result, BOUND);
+        sleep(ms(rng.random_range(10..300))).await;
+    }
+}
+
 /// A process that hears nothing (every bus message to it lost, the
 /// connection up, so nothing tells it so) loads a key slowly; another
 /// process invalidates the key during the load; calls in the deaf process
@@ -1691,12 +1819,14 @@ fn run_seed(seed: u64) -> Outcome {
         .expect("runtime");
     let world = runtime.block_on(async {
         let world = World::new(seed);
-        chaos_round(&world, false).await;
-        chaos_round(&world, true).await;
+        chaos_round(&world, Round::Plain).await;
+        chaos_round(&world, Round::Tagged).await;
+        chaos_round(&world, Round::Versions).await;
         slow_loader_round(&world).await;
         holder_death_round(&world).await;
         hot_key_round(&world).await;
         revoked_load_round(&world).await;
+        empty_restart_round(&world).await;
         world
     });
     // Background tasks (listeners, forwarders, refreshes) end with the

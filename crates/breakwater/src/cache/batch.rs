@@ -60,7 +60,7 @@ use super::tags::counter_ttl;
 use super::transition::{self, Pinned};
 use super::{
     Cache, Judged, Load, Loaded, MAX_PASSES, Near, Refresh, Value, cooperate, revoked_before,
-    show_key, stands_in,
+    show_key,
 };
 use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
@@ -413,7 +413,7 @@ impl<V: Value> Cache<V> {
             .collect();
         let read = {
             let keys: Vec<&[u8]> = unread.iter().map(|&i| &wants[i].storage[..]).collect();
-            self.read_many(&keys).await
+            self.read_many(&keys, true).await
         };
         // Keys to load: (want, store usable, stale stand-in).
         let mut load: Vec<(usize, Mode, Option<Arc<Entry>>)> = Vec::new();
@@ -464,7 +464,7 @@ impl<V: Value> Cache<V> {
         // in for the keys this version does not have (one more read for all
         // of them), while one background batch fills this version.
         if self.inner.previous.is_some() {
-            self.previous_many(&mut wants, &mut load, &mut refreshes)
+            self.previous_many(&mut wants, &mut load, &mut refreshes, options)
                 .await;
         }
 
@@ -584,13 +584,17 @@ impl<V: Value> Cache<V> {
     /// tagged entry counts only while its tags' generations are the ones
     /// it recorded (all checked in one more read; one that cannot be
     /// checked is a miss, never served). `Err` where the store failed.
-    async fn read_many(&self, keys: &[&[u8]]) -> Vec<Result<Option<Entry>, Error>> {
+    ///
+    /// `own`: `keys` are this version's (inside a version transition the
+    /// previous version's entries are then read beside them, see
+    /// `transition`); `false` for the previous version's keys themselves.
+    async fn read_many(&self, keys: &[&[u8]], own: bool) -> Vec<Result<Option<Entry>, Error>> {
         if keys.is_empty() {
             return Vec::new();
         }
         // Inside a version transition, the previous version's entries are
         // read beside them, in the same batch (see `transition`).
-        let beside = transition::beside_keys(self, keys);
+        let beside = own.then(|| transition::beside_keys(self, keys)).flatten();
         let mut all: Vec<&[u8]> = keys.to_vec();
         if let Some(beside) = &beside {
             all.extend(beside.iter().map(Vec::as_slice));
@@ -643,6 +647,7 @@ impl<V: Value> Cache<V> {
         wants: &mut [Want<K, V>],
         load: &mut Vec<(usize, Mode, Option<Arc<Entry>>)>,
         refreshes: &mut Vec<(usize, Refresh)>,
+        options: &Options,
     ) {
         let candidates: Vec<(usize, Vec<u8>)> = load
             .iter()
@@ -653,12 +658,13 @@ impl<V: Value> Cache<V> {
             return;
         }
         let keys: Vec<&[u8]> = candidates.iter().map(|(_, old)| &old[..]).collect();
-        let read = self.read_many(&keys).await;
+        // The previous version's own keys: read as they are.
+        let read = self.read_many(&keys, false).await;
         let now = self.inner.store.now_ms();
         let mut served = vec![false; wants.len()];
         for ((i, old), read) in candidates.iter().zip(read) {
             let Ok(Some(entry)) = read else { continue };
-            if !stands_in(&entry, now) {
+            if !self.stands_in(&entry, now, options) {
                 continue;
             }
             let Some(value) = self.entry_value(old, &entry) else {
@@ -865,7 +871,7 @@ impl<V: Value> Cache<V> {
     {
         let inner = &self.inner;
         let keys: Vec<&[u8]> = taken.iter().map(|(l, _)| &l.storage[..]).collect();
-        let again = self.read_many(&keys).await;
+        let again = self.read_many(&keys, true).await;
         let now = inner.store.now_ms();
         let mut to_load = Vec::new();
         let mut released = Vec::new();

@@ -1759,7 +1759,7 @@ impl<V: Value> Cache<V> {
                     let (entry, previous) = match entry {
                         Some(entry) => (Some(entry), false),
                         None if self.inner.previous.is_some() => {
-                            (Box::pin(self.read_previous(key)).await, true)
+                            (Box::pin(self.read_previous(key, options)).await, true)
                         }
                         None => (None, false),
                     };
@@ -1891,14 +1891,26 @@ impl<V: Value> Cache<V> {
     /// and is still servable on the store's clock, else nothing (a negative
     /// entry, one past its stale window, a failed read and bytes of another
     /// codec are all a plain miss).
-    async fn read_previous(&self, key: &[u8]) -> Option<Arc<Entry>> {
+    async fn read_previous(&self, key: &[u8], options: &Options) -> Option<Arc<Entry>> {
         let old = self.inner.previous_key(key)?;
         match self.read_in(&old, None).await {
-            Ok(Some(entry)) if stands_in(&entry, self.inner.store.now_ms()) => {
+            Ok(Some(entry)) if self.stands_in(&entry, self.inner.store.now_ms(), options) => {
                 Some(Arc::new(entry))
             }
             _ => None,
         }
+    }
+
+    /// Whether the previous version's `entry` may stand in for this
+    /// version's at `now_ms` (store clock): a value, inside its stale
+    /// window and this call's `max_stale` (a call that opted out of stale
+    /// values gets none from the previous version either).
+    fn stands_in(&self, entry: &Entry, now_ms: u64, options: &Options) -> bool {
+        !entry.negative
+            && self
+                .inner
+                .freshness(options)
+                .servable_stale(reading(entry, now_ms))
     }
 
     /// Decodes stored bytes (read, or carried by a fill's message) the way
@@ -2261,8 +2273,6 @@ fn default_lock_wait(load: Duration, lease_ttl: Duration) -> Duration {
 /// `{#` + 16 hex digits + `}`.
 const HASH_TAG_LEN: usize = 19;
 
-/// Whether a previous version's entry may stand in for this version's at
-/// `now_ms` (store clock): a value, inside its stale window.
 /// How many times one call goes through the pipeline when the load it
 /// joined turns out revoked (see [`Cache::pipeline`]): a load joined on
 /// the second pass began after the call started, so its value is served
@@ -2289,10 +2299,6 @@ fn revoked_before<V>(
         }),
         _ => Some(result),
     }
-}
-
-fn stands_in(entry: &Entry, now_ms: u64) -> bool {
-    !entry.negative && entry.stale_until > now_ms
 }
 
 /// What L1 keeps of an entry: its deadlines and load time.

@@ -320,6 +320,10 @@ impl Waiters {
                                         if !own {
                                             hook.tags_invalidated();
                                         }
+                                    } else if parsed.kind == RELEASED {
+                                        // A load gave up: nothing changed
+                                        // in the store, and an L1 copy may
+                                        // be all that stands in for it.
                                     } else {
                                         hook.changed(parsed.key.to_vec(), invalidated, own).await;
                                     }
@@ -352,7 +356,8 @@ impl Waiters {
     /// Starts the previous version's listener, once: any message about a
     /// key of the previous version (a fill, an invalidation, a release: its
     /// entry changed, so this version's entry of the key is no longer valid,
-    /// see `transition`) counts as an invalidation of this version's key,
+    /// see `transition`; a release changes nothing) counts as an
+    /// invalidation of this version's key,
     /// and a tag invalidation there as one here. Messages this cache sent
     /// there itself (its own `invalidate`) were dealt with when it sent them.
     fn listen_previous(&self, store: &dyn Store) {
@@ -383,6 +388,8 @@ impl Waiters {
                             }
                             if parsed.kind == TAG_INVALIDATED {
                                 hook.tags_invalidated();
+                            } else if parsed.kind == RELEASED {
+                                // Its entry did not change.
                             } else if let Some(rest) = parsed.key.strip_prefix(old.as_slice()) {
                                 let key = [new.as_slice(), rest].concat();
                                 hook.changed(key, true, false).await;

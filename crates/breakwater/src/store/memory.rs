@@ -271,15 +271,23 @@ impl Store for MemoryStore {
         Box::pin(async move { result })
     }
 
+    /// Deletes the value, or the lease, under `key` (as Redis's `DEL`
+    /// would: a lease is a key too).
     fn delete<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, bool> {
         let now = Instant::now();
-        let removed = self
+        let value = self
             .inner
             .shard_for(key)
             .map
             .remove(key)
             .is_some_and(|s| s.expires_at > now);
-        Box::pin(async move { Ok(removed) })
+        let lease = self
+            .inner
+            .leases()
+            .map
+            .remove(key)
+            .is_some_and(|l| l.expires_at > now);
+        Box::pin(async move { Ok(value || lease) })
     }
 
     fn ttl<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Duration>> {
