@@ -102,6 +102,30 @@
 //! group's counter is dropped (as `maxmemory` eviction or a `DEL` would),
 //! and no-resurrection must still hold (a lost counter validates nothing).
 //!
+//! The store forgets in every chaos round too: every 0.2 to 2 s a random
+//! key's value or lease is dropped (memory pressure): a lost value is a
+//! miss, a lost lease a free lease, and every check must still hold.
+//!
+//! A rolling version bump gets a chaos round of its own (keys `v00`..):
+//! processes 0 and 1 run version 1 without a transition (the code deployed
+//! before), 2 and 3 version 2 inside its transition, over one database;
+//! an invalidation or `set` by either version fences the key for all four
+//! processes, so no-resurrection holds across versions (issue 26: version
+//! 2 never heard version 1).
+//!
+//! **revoked-load round**: a process that hears nothing on the bus loads a
+//! key with a loader that reads the database first and answers 0.8 to 2.5 s
+//! later; another process invalidates the key meanwhile; calls in the deaf
+//! process that start more than one reply after the invalidation returned
+//! join the load still in the air, and no-resurrection holds them to the
+//! new version (a revoked load answers only callers that started before).
+//!
+//! **fail-safe-l1** (the empty-restart round): two processes with L1 and a
+//! minute of `max_stale` hold six keys; the store then loses every entry
+//! and lease of them and the database goes down; for 20 s, every call on
+//! those keys, past their fresh time and inside `max_stale`, must be
+//! answered (from L1), never fail.
+//!
 //! Besides: **wrong-key** (a value came back under another key) and
 //! **errors-in-healthy-round**.
 

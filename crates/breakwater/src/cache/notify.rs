@@ -9,7 +9,9 @@
 //! after it, so a woken waiter need not read the
 //! value back. The dispatcher wakes the local waiter for that key (handing it
 //! the entry, if the message has one) and drops the key from L1 (unless this
-//! cache sent the message itself); when messages may have been lost (the
+//! cache sent the message itself, or the message only says a load gave its
+//! lease back: nothing changed then, and the L1 copy may be the fail-safe
+//! stand-in for that failed load); when messages may have been lost (the
 //! subscription dropped and came back) it wakes every waiter and flushes L1.
 
 use std::collections::HashMap;
