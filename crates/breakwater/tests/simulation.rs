@@ -869,6 +869,30 @@ impl World {
         key: &str,
         delay: Duration,
     ) -> impl Fn() -> LoadFuture + Clone + Send + Sync + 'static {
+        self.loader_of(proc, key, delay, false)
+    }
+
+    /// A loader whose query runs first and whose answer then takes `delay`
+    /// to arrive (a slow network, a large row): the value it returns may
+    /// be older than a write made while it was on its way.
+    fn loader_reading_first(
+        self: &Arc<Self>,
+        proc: usize,
+        key: &str,
+        delay: Duration,
+    ) -> impl Fn() -> LoadFuture + Clone + Send + Sync + 'static {
+        self.loader_of(proc, key, delay, true)
+    }
+
+    /// [`loader`](Self::loader), reading the database before its delay if
+    /// `read_first`.
+    fn loader_of(
+        self: &Arc<Self>,
+        proc: usize,
+        key: &str,
+        delay: Duration,
+        read_first: bool,
+    ) -> impl Fn() -> LoadFuture + Clone + Send + Sync + 'static {
         let (world, key) = (Arc::clone(self), key.to_owned());
         move || {
             let (world, key) = (Arc::clone(&world), key.clone());
@@ -882,44 +906,21 @@ impl World {
                 if let Some(hook) = lock(&world.on_load).as_mut() {
                     hook(proc, &key);
                 }
-                sleep(delay).await;
-                let version = world.version(&key);
-                world.produced(&key, version, Instant::now());
-                world.trace(proc, "load", &key, start, format!("v{version}"));
-                Ok(Some(Val { key, version }))
-            })
-        }
-    }
-
-    /// A loader whose query runs first and whose answer then takes `delay`
-    /// to arrive (a slow network, a large row): the value it returns may
-    /// be older than a write made while it was on its way.
-    fn loader_reading_first(
-        self: &Arc<Self>,
-        proc: usize,
-        key: &str,
-        delay: Duration,
-    ) -> impl Fn() -> LoadFuture + Clone + Send + Sync + 'static {
-        let (world, key) = (Arc::clone(self), key.to_owned());
-        move || {
-            let (world, key) = (Arc::clone(&world), key.clone());
-            Box::pin(async move {
-                let start = Instant::now();
-                lock(&world.history)
-                    .load_calls
-                    .entry(key.clone())
-                    .or_default()
-                    .push(proc);
-                let version = world.version(&key);
-                world.produced(&key, version, start);
-                sleep(delay).await;
-                world.trace(
-                    proc,
-                    "load",
-                    &key,
-                    start,
-                    format!("v{version} (read first)"),
-                );
+                let read = || {
+                    let version = world.version(&key);
+                    world.produced(&key, version, Instant::now());
+                    version
+                };
+                let version = if read_first {
+                    let version = read();
+                    sleep(delay).await;
+                    version
+                } else {
+                    sleep(delay).await;
+                    read()
+                };
+                let how = if read_first { " (read first)" } else { "" };
+                world.trace(proc, "load", &key, start, format!("v{version}{how}"));
                 Ok(Some(Val { key, version }))
             })
         }
@@ -1129,6 +1130,18 @@ struct Proc {
 }
 
 /// `grace` and `l1` of each process of a chaos fleet.
+/// The lease key of storage key `key` (`…:v:{k}` → `…:l:{k}`).
+fn lease_of(key: &[u8]) -> Vec<u8> {
+    let brace = key
+        .iter()
+        .position(|&b| b == b'{')
+        .expect("a hash-tagged key");
+    let mut lease = key.to_vec();
+    assert_eq!(&lease[brace - 3..brace], b":v:", "{}", user_key(key));
+    lease[brace - 2] = b'l';
+    lease
+}
+
 /// Which chaos round: plain keys, tagged keys, or a rolling version bump.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Round {
@@ -1438,14 +1451,11 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                 sleep(ms(rng.random_range(200..2_000))).await;
                 let key = &keys[rng.random_range(0..keys.len())];
                 let cache = &caches[rng.random_range(0..caches.len())];
-                let mut stored = cache.storage_key(key).expect("valid key");
-                let what = if rng.random_bool(0.5) {
-                    "value"
+                let stored = cache.storage_key(key).expect("valid key");
+                let (stored, what) = if rng.random_bool(0.5) {
+                    (stored, "value")
                 } else {
-                    let at = stored.len() - key.len() - 4;
-                    debug_assert_eq!(&stored[at..at + 3], b":v:");
-                    stored[at + 1] = b'l';
-                    "lease"
+                    (lease_of(&stored), "lease")
                 };
                 let now = Instant::now();
                 let dropped = store.delete(&stored).await.unwrap_or(false);
@@ -1725,9 +1735,7 @@ async fn empty_restart_round(world: &Arc<World>) {
     let store = procs[0].store.inner.clone();
     for key in &keys {
         let value = procs[0].cache.storage_key(key).expect("valid key");
-        let mut lease = value.clone();
-        let at = lease.len() - key.len() - 4;
-        lease[at + 1] = b'l';
+        let lease = lease_of(&value);
         for gone in [value, lease] {
             let _ = store.delete(&gone).await;
         }
