@@ -151,6 +151,11 @@ where
     }
 }
 
+/// A key whose lease this process took, to load: its place in the call,
+/// its flight, its lease, and (inside a version transition) the previous
+/// version's entry it is loaded beside.
+type Taken<'a, K, V> = (usize, Led<K, V>, LeaseRequest<'a>, Option<Pinned>);
+
 /// A key's flight, awaited: the key, its flight, this call's part in
 /// it, and the stale entry that may stand in if it fails.
 type Wait<V> = (usize, Joined<Loaded<V>>, Role, Option<Arc<Entry>>);
@@ -959,7 +964,7 @@ impl<V: Value> Cache<V> {
     #[allow(clippy::too_many_arguments)]
     async fn lead_chunk<K, B>(
         &self,
-        chunk: Vec<(usize, Led<K, V>, LeaseRequest<'_>, Option<Pinned>)>,
+        chunk: Vec<Taken<'_, K, V>>,
         done: &[AtomicBool],
         asked: Instant,
         batch: &Arc<B>,

@@ -1150,13 +1150,7 @@ impl<V: Value> Cache<V> {
                 started,
                 last,
             );
-            // Boxed after the first pass: a hit's future stays as it was.
-            let pass = if passes == 1 {
-                pass.await
-            } else {
-                Box::pin(pass).await
-            };
-            match pass {
+            match pass.await {
                 Some(result) => return result,
                 None => {
                     tracing::debug!(key = %show_key(&key), "the load this call joined was revoked before it started; reading again");
@@ -1186,10 +1180,9 @@ impl<V: Value> Cache<V> {
         // 3. Read the store (shared with concurrent reads of the key). A
         // miss goes on to the load in the read itself, unless an L1 copy
         // would stand in for a load the fail-safe throttle holds back.
-        let key = key.to_vec();
         let load_on_miss =
-            local_stale.is_none() || !self.inner.is_throttled(&key, self.inner.store.now_ms());
-        let read = self.read_shared(user_key, &key, loader, options, load_on_miss);
+            local_stale.is_none() || !self.inner.is_throttled(key, self.inner.store.now_ms());
+        let read = self.read_shared(user_key, key, loader, options, load_on_miss);
         let read = match read.await {
             // The read found nothing and waited for the key's load: only
             // the L1 copy can stand in.
@@ -1208,8 +1201,9 @@ impl<V: Value> Cache<V> {
                 // The previous version's value stands in while one
                 // background load fills this version; undecodable, it is a
                 // miss.
-                if let Some(value) = self.entry_value(&key, &old) {
-                    if !self.inner.is_throttled(&key, self.inner.store.now_ms()) {
+                if let Some(value) = self.entry_value(key, &old) {
+                    if !self.inner.is_throttled(key, self.inner.store.now_ms()) {
+                        let key = key.to_vec();
                         self.refresh_in_background(key, loader.clone(), *options, 0, false);
                     }
                     return Some(Ok(Fetched {
@@ -1223,7 +1217,7 @@ impl<V: Value> Cache<V> {
             }
             Ok(read) => (read.entry, true, read.ticket),
             Err(err) => {
-                warn_limited!(self.inner.logs, Warning::StoreRead, key = %show_key(&key), error = %err, "store read failed; loading directly");
+                warn_limited!(self.inner.logs, Warning::StoreRead, key = %show_key(key), error = %err, "store read failed; loading directly");
                 self.inner.metrics.store_failed("get", &err);
                 // The store is unreachable: a local stale copy stands in.
                 if let Some(slot) = local_stale {
@@ -1242,11 +1236,12 @@ impl<V: Value> Cache<V> {
         let mut fallback: Option<Arc<Entry>> = None;
         if let Some(entry) = entry {
             let now = self.inner.store.now_ms();
-            match self.judge_entry(&key, &entry, now, options) {
+            match self.judge_entry(key, &entry, now, options) {
                 Judged::Served(fetched, refresh) => {
-                    self.remember(&key, &fetched.value, &entry, now, ticket, options);
+                    self.remember(key, &fetched.value, &entry, now, ticket, options);
                     if let Some(Refresh { replacing, early }) = refresh {
-                        self.refresh_in_background(key, loader.clone(), *options, replacing, early);
+                        let (key, loader) = (key.to_vec(), loader.clone());
+                        self.refresh_in_background(key, loader, *options, replacing, early);
                     }
                     return Some(Ok(fetched));
                 }
@@ -1260,7 +1255,7 @@ impl<V: Value> Cache<V> {
         // stale value would be, without calling the loader.
         if fallback.is_none()
             && let Some(slot) = local_stale
-            && self.inner.is_throttled(&key, self.inner.store.now_ms())
+            && self.inner.is_throttled(key, self.inner.store.now_ms())
             && let Some(value) = self.local_stand_in(slot, options)
         {
             return Some(Ok(Fetched {
@@ -1273,7 +1268,7 @@ impl<V: Value> Cache<V> {
 
         // 5. Boxed: the load's part of the future is the large one, and
         // a hit (which returned above) would otherwise build and carry it.
-        let load = self.load(key, loader.clone(), options, fallback, store_ok);
+        let load = self.load(key.to_vec(), loader.clone(), options, fallback, store_ok);
         let (result, role, stale) = match Box::pin(load).await {
             Ok(done) => done,
             Err(served) => return Some(served),
