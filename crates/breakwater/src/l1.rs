@@ -292,6 +292,9 @@ pub(crate) struct NearCache<V> {
     generation: AtomicU64,
     /// The bus is down: entries kept now are unverified from the start.
     bus_down: AtomicBool,
+    /// The same for the previous version's channel, inside a version
+    /// transition (see `cache::transition`).
+    previous_down: AtomicBool,
     /// An entry with tags may have been kept since the last tag
     /// invalidation ([`drop_tagged`](Self::drop_tagged)).
     holds_tagged: AtomicBool,
@@ -320,6 +323,7 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
             epochs: Epochs::default(),
             generation: AtomicU64::new(1),
             bus_down: AtomicBool::new(false),
+            previous_down: AtomicBool::new(false),
             holds_tagged: AtomicBool::new(false),
         }
     }
@@ -373,11 +377,12 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
         if keep.is_zero() {
             return;
         }
-        let generation = if self.bus_down.load(Ordering::SeqCst) {
-            0
-        } else {
-            self.generation.load(Ordering::SeqCst)
-        };
+        let generation =
+            if self.bus_down.load(Ordering::SeqCst) || self.previous_down.load(Ordering::SeqCst) {
+                0
+            } else {
+                self.generation.load(Ordering::SeqCst)
+            };
         // Both are bounded by the validated `ttl`/`keep`; saturate anyway.
         let (Some(fresh_until), Some(stale_until)) =
             (now.checked_add(fresh_for), now.checked_add(keep))
@@ -435,10 +440,13 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
     }
 
     /// Invalidations may have been missed on a second channel (a version
-    /// transition's previous version): every entry becomes unverified
-    /// (re-read before it is served as fresh again), and every read or load
-    /// that began before is refused; the bus's own state is left as it is.
-    pub(crate) fn forget_verified(&self) {
+    /// transition's previous version), which is down (`up` false) or back
+    /// (`true`): every entry becomes unverified (re-read before it is served
+    /// as fresh again), every read or load that began before is refused,
+    /// and while it is down entries are kept unverified, as while the bus
+    /// itself is down.
+    pub(crate) fn previous_bus(&self, up: bool) {
+        self.previous_down.store(!up, Ordering::SeqCst);
         self.generation.fetch_add(1, Ordering::SeqCst);
         self.epochs.invalidate_all();
     }

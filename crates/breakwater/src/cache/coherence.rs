@@ -165,9 +165,9 @@ impl<V: Value> BusHook for Local<V> {
         unheard.overflow == 0 && !unheard.keys.contains_key(key)
     }
 
-    fn previous_missed(&self) {
+    fn previous_missed(&self, up: bool) {
         if let Some(l1) = &self.l1 {
-            l1.forget_verified();
+            l1.previous_bus(up);
         }
     }
 

@@ -6,7 +6,9 @@
 //! 2. Got it: read once more (another process may have filled the key just
 //!    before), else lead: read the call's tags' generations, if it named
 //!    tags (they are recorded in the entry; unreadable, the value is loaded,
-//!    served and not written), run the loader in its own task, extending the lease
+//!    served and not written), inside a version transition pin the previous
+//!    version's entry (see `transition`; likewise), run the loader in its
+//!    own task, extending the lease
 //!    every third of its TTL, bounded by `load_timeout`; write through the
 //!    fence.
 //! 3. Not got it (the attempt marked the lease as waited on and said how
@@ -462,9 +464,8 @@ impl<V: Value> Cache<V> {
     /// before the load, recorded in the entry; `pinned`: inside a version
     /// transition, the previous version's entry it was loaded beside (its
     /// stamp recorded, and the write made only while it is unchanged).
-    /// `Ok(true)` if the fence
-    /// refused the write: the lease was revoked (an invalidation or `set`)
-    /// or had run out while the value was loaded.
+    /// `Ok(true)` if the fence refused the write: the lease was revoked (an
+    /// invalidation or `set`) or had run out while the value was loaded.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn write_fenced(
         &self,
@@ -515,6 +516,9 @@ impl<V: Value> Cache<V> {
             .instrument(tracing::debug_span!("breakwater.store.fenced_set"))
             .await;
         Span::current().record("written", matches!(written, Ok(true)));
+        // Only a refusal the store answered counts: a write whose reply was
+        // lost may have landed, and with the store unreachable a caller that
+        // read again would load again (one more load per cut-off process).
         let revoked = matches!(written, Ok(false));
         match written {
             Ok(true) => {}
@@ -530,10 +534,11 @@ impl<V: Value> Cache<V> {
                 inner.metrics.store_failed("fenced_set", &err);
             }
         }
-        // L1 follows the epoch rule whatever else the store said: an
-        // invalidation since `ticket` keeps this value out. A refused write
-        // keeps it out too: the lease was revoked by an invalidation this
-        // process may not have heard of yet.
+        // L1 follows the epoch rule: an invalidation since `ticket` keeps
+        // this value out. A refused write keeps it out too: the lease was
+        // revoked by an invalidation this process may not have heard of yet.
+        // (A lost reply keeps it in: L1 is the shield while the store is
+        // unreachable.)
         if !revoked {
             self.remember_sealed(key, value.cloned(), &sealed, ticket);
         }

@@ -186,8 +186,8 @@ impl<T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static> Value for 
 ///    write, *S*), or a wait of `lock_wait` plus a few store calls (3*S* +
 ///    250 ms) followed, with `load_anyway`, by a load (`queue_wait` +
 ///    `load_timeout`). A call that waited for a load revoked before it
-///    started (see line 1) goes through once more, so it may take that
-///    bound twice. With a store breaker open, store calls fail at once.
+///    started (see line 1) goes through again, so it may take that bound
+///    up to three times. With a store breaker open, store calls fail at once.
 /// 6. **Time.** Freshness is judged on the store's clock (Redis's `TIME`,
 ///    sampled); no application-clock reading can pin, freeze or jump it.
 ///
@@ -582,7 +582,9 @@ impl<V: Value> Cache<V> {
 
     /// [`set`](Self::set) for many keys, written in batches of 500 (on
     /// Redis, one pipeline, one round trip, per batch; each write atomic on
-    /// its own). Each key gets its own jittered TTL.
+    /// its own). Each key gets its own jittered TTL. Inside a version
+    /// transition each key first revokes and pins the previous version's
+    /// entry, one key at a time (two round trips per key).
     ///
     /// # Errors
     ///
@@ -1117,15 +1119,17 @@ impl<V: Value> Cache<V> {
     /// `local_stale`: an L1 copy past its fresh time that may stand in
     /// while the store is unreachable, or for a failed load (fail-safe).
     ///
-    /// A load whose fenced write was refused (see [`Loaded`]) answers only
-    /// the callers that started before its lease was asked for; a later
-    /// caller goes through the pipeline again (reading what the store has
-    /// now, or joining a newer load). A load it joins then began after it
-    /// started (the one it joined first was in the air when it joined, and
-    /// a later one starts only once that one has landed or was detached), so
-    /// its outcome is served: a second pass is the most a call takes
-    /// ([`MAX_PASSES`]; were it ever reached with a revoked load, the call
-    /// would fail rather than get the value).
+    /// A load whose fenced write was refused (see [`Loaded`]) answers only the callers that started before its lease
+    /// was asked for; a later caller goes through the pipeline again
+    /// (reading what the store has now, or joining a newer load). A load it
+    /// joins then began after it started (the one it joined first was in
+    /// the air when it joined, and a later one starts only once that one has
+    /// landed or was detached), except that a shared read still in the air
+    /// may hand it the same revoked outcome once more; a third pass then
+    /// joins only reads and loads that began after it started. So three
+    /// passes are the most a call takes ([`MAX_PASSES`]; were the last one
+    /// ever to find a revoked load, the call would fail rather than get the
+    /// value).
     async fn pipeline<L>(
         &self,
         user_key: &[u8],
@@ -2269,10 +2273,10 @@ fn default_lock_wait(load: Duration, lease_ttl: Duration) -> Duration {
 const HASH_TAG_LEN: usize = 19;
 
 /// How many times one call goes through the pipeline when the load it
-/// joined turns out revoked (see [`Cache::pipeline`]): a load joined on
-/// the second pass began after the call started, so its value is served
-/// whatever became of it.
-pub(super) const MAX_PASSES: usize = 2;
+/// joined turns out revoked (see [`Cache::pipeline`]): what a call joins on
+/// its third pass began after it started, so its value is served whatever
+/// became of it.
+pub(super) const MAX_PASSES: usize = 3;
 
 /// A flight's outcome for a caller that started at `started`: `None` if
 /// it is a revoked load whose lease was asked for before then (the caller

@@ -45,9 +45,10 @@ pub(crate) trait BusHook: Send + Sync + 'static {
     /// Messages may have been missed: the bus dropped (`up` false) or came
     /// back (`true`).
     fn missed(&self, up: bool);
-    /// The previous version's channel (a version transition) dropped:
-    /// its messages may have been missed.
-    fn previous_missed(&self);
+    /// Messages on the previous version's channel (a version transition)
+    /// may have been missed: it dropped (`up` false), came back, or fell
+    /// behind (`true`).
+    fn previous_missed(&self, up: bool);
     /// Another process invalidated a tag: any key may carry it.
     fn tags_invalidated(&self);
 }
@@ -358,8 +359,8 @@ impl Waiters {
     /// Starts the previous version's listener, once: any message about a
     /// key of the previous version (a fill, an invalidation, a release: its
     /// entry changed, so this version's entry of the key is no longer valid,
-    /// see `transition`; a release changes nothing) counts as an
-    /// invalidation of this version's key,
+    /// see `transition`; a release changes nothing and is ignored) counts
+    /// as an invalidation of this version's key,
     /// and a tag invalidation there as one here. Messages this cache sent
     /// there itself (its own `invalidate`) were dealt with when it sent them.
     fn listen_previous(&self, store: &dyn Store) {
@@ -372,6 +373,8 @@ impl Waiters {
         self.previous_listener.get_or_init(|| {
             let mut subscription = store.subscribe(&previous.channel);
             let hook = Arc::clone(hook);
+            // Until it is subscribed, nothing from there is heard.
+            hook.previous_missed(subscription.is_ready());
             let own = self.sender;
             let (old, new) = previous.prefixes.clone();
             let until = previous.until;
@@ -397,11 +400,9 @@ impl Waiters {
                                 hook.changed(key, true, false).await;
                             }
                         }
-                        Delivery::Missed => {
-                            if !subscription.is_ready() {
-                                hook.previous_missed();
-                            }
-                        }
+                        // A drop, a (re)subscription, or a lag: whatever
+                        // was missed, L1 re-reads before it trusts a copy.
+                        Delivery::Missed => hook.previous_missed(subscription.is_ready()),
                     }
                 }
             });

@@ -30,9 +30,12 @@
 //!   Outside it the stamp is ignored: the previous version's processes are
 //!   gone.
 //! - **Hear**: this version also listens on the previous version's channel;
-//!   any message about a key (a fill, an invalidation, a release) drops this
-//!   version's L1 copy of it and detaches its flights, and a tag invalidation
-//!   there is one here.
+//!   a message that its entry of a key changed (a fill, an invalidation, a
+//!   `set`; not a release, which changes nothing) drops this version's L1
+//!   copy of the key and detaches its flights, and a tag invalidation there
+//!   is one here. While that channel is down or has fallen behind, L1
+//!   copies are unverified (re-read before they are served as fresh), as
+//!   while the cache's own bus is down.
 //!
 //! A fill by the previous version changes its entry too, so this version's
 //! entry of that key is loaded once more afterwards (at most once per fill
