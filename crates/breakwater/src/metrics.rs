@@ -36,7 +36,8 @@
 //! `lease_held`, `extend_lease`, `release_lease`, `fenced_set`, `replace`,
 //! `replace_many`, `invalidate`, `publish`, `bump_generation` (a tag
 //! invalidation), `tag_generations` (a tagged write's read-or-create of
-//! its tags' counters).
+//! its tags' counters), `pin` (a version transition's pin of the previous
+//! version's entry).
 
 use std::fmt;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -72,7 +73,7 @@ const ERROR_KINDS: [&str; 10] = [
     "too_large",
 ];
 /// The store operations, for `breakwater_store_seconds`.
-const STORE_OPS: [&str; 15] = [
+const STORE_OPS: [&str; 16] = [
     "get",
     "set",
     "delete",
@@ -88,6 +89,7 @@ const STORE_OPS: [&str; 15] = [
     "publish",
     "bump_generation",
     "tag_generations",
+    "pin",
 ];
 
 fn kind_index(kind: ErrorKind) -> usize {
