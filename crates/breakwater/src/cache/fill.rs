@@ -252,44 +252,22 @@ impl<V: Value> Cache<V> {
         L: Load<V>,
     {
         let inner = &self.inner;
-        // The tags' generations, read before the loader runs: a tag
-        // invalidated from now on leaves this entry invalid.
-        let tags = match loader.tags() {
-            None => Vec::new(),
-            Some(tags) => match self.tag_generations(tags).await {
-                Ok(stamps) => stamps,
-                Err(err) => {
-                    // Nothing to record: load, serve and keep in L1, write
-                    // nothing (as a direct load); the lease goes first, so
-                    // waiters need not wait for this load.
-                    warn_limited!(inner.logs, Warning::StoreRead, key = %show_key(key), error = %err, "tag generations unavailable; loading without writing");
-                    inner.metrics.store_failed("tag_generations", &err);
-                    self.release(key, lease).await;
-                    let (value, load_time) = self.load_unwritten(loader, options, priority).await?;
-                    self.keep_local(key, &value, load_time, options, ticket, true);
-                    return Ok((value, false));
-                }
-            },
-        };
-        // Inside a version transition, the previous version's entry, pinned
-        // before the loader runs: a change to it from now on leaves this
-        // entry invalid (see `transition`). Unpinnable: loaded and served,
-        // not written, as above.
-        let pinned = match self.pin_previous(key, counter_ttl(options)).await {
-            Ok(pinned) => pinned,
-            Err(err) => {
-                warn_limited!(inner.logs, Warning::StoreRead, key = %show_key(key), error = %err, "the previous version's entry could not be pinned; loading without writing");
-                inner.metrics.store_failed("pin", &err);
+        // What the entry records, read before the loader runs: its tags'
+        // generations (a tag invalidated from now on leaves it invalid) and,
+        // inside a version transition, the previous version's entry, pinned
+        // (a change to it from now on leaves it invalid: see `transition`).
+        // Unreadable: nothing to record: load, serve and keep in L1, write
+        // nothing (as a direct load); the lease goes first, so waiters need
+        // not wait for this load.
+        let (tags, pinned) = match self.recorded(key, loader, options).await {
+            Ok(recorded) => recorded,
+            Err((op, err)) => {
+                warn_limited!(inner.logs, Warning::StoreRead, key = %show_key(key), op, error = %err, "what the entry records could not be read; loading without writing");
+                inner.metrics.store_failed(op, &err);
                 self.release(key, lease).await;
                 let (value, load_time) = self.load_unwritten(loader, options, priority).await?;
-                self.keep_local(
-                    key,
-                    &value,
-                    load_time,
-                    options,
-                    ticket,
-                    loader.tags().is_some(),
-                );
+                let tagged = loader.tags().is_some();
+                self.keep_local(key, &value, load_time, options, ticket, tagged);
                 return Ok((value, false));
             }
         };
@@ -329,6 +307,29 @@ impl<V: Value> Cache<V> {
                 Err(err)
             }
         }
+    }
+
+    /// What a load's entry records, read before its loader runs: the call's
+    /// tags' generations and, inside a version transition, the previous
+    /// version's entry, pinned. On failure, the store operation that failed.
+    async fn recorded<L: Load<V>>(
+        &self,
+        key: &[u8],
+        loader: &Arc<L>,
+        options: &Options,
+    ) -> Result<(Vec<TagStamp>, Option<Pinned>), (&'static str, Error)> {
+        let tags = match loader.tags() {
+            None => Vec::new(),
+            Some(tags) => self
+                .tag_generations(tags)
+                .await
+                .map_err(|err| ("tag_generations", err))?,
+        };
+        let pinned = self
+            .pin_previous(key, counter_ttl(options))
+            .await
+            .map_err(|err| ("pin", err))?;
+        Ok((tags, pinned))
     }
 
     /// Keeps `leases` (requested at `asked`) alive while the work they
