@@ -525,34 +525,32 @@ impl<V: Value> Cache<V> {
                             let served = Served::Stale {
                                 reason: StaleReason::SoftTimeout,
                             };
-                            return Some((i, Ok(Fetched { value, served })));
+                            return (i, Some(Ok(Fetched { value, served })));
                         }
                         Err(batch_timeout())
                     }
                     Err(_) => Err(batch_timeout()),
                 };
-                // A revoked load from before this call: another pass.
-                let result = revoked_before(result, started, last)?;
-                let stale = stale.map(|entry| (entry, storage.clone()));
+                // A revoked load from before this call (`None`): another pass.
+                let Some(result) = revoked_before(result, started, last) else {
+                    return (i, None);
+                };
                 let want = &wanted[i];
                 let local = want.local_stale.as_ref();
-                Some((
-                    i,
-                    self.settle(&want.user, result, role, stale, local, options),
-                ))
+                let settled = self.settle(&want.user, storage, result, role, stale, local, options);
+                (i, Some(settled))
             }
         }))
         .await;
-        let mut settled_at = vec![false; wants.len()];
-        for (i, outcome) in settled.into_iter().flatten() {
-            settled_at[i] = true;
-            wants[i].outcome = Some(outcome);
-        }
         // Keys that waited for nothing but a revoked load go through the
         // pipeline again, as a batch (they are counted by that pass).
-        let again: Vec<usize> = (0..wants.len())
-            .filter(|&i| wants[i].outcome.is_none() && !settled_at[i])
-            .collect();
+        let mut again = Vec::new();
+        for (i, outcome) in settled {
+            match outcome {
+                Some(outcome) => wants[i].outcome = Some(outcome),
+                None => again.push(i),
+            }
+        }
         let mut counted = vec![false; wants.len()];
         if !again.is_empty() {
             let keys = again.iter().map(|&i| wants[i].key.clone()).collect();
@@ -618,9 +616,6 @@ impl<V: Value> Cache<V> {
             .enumerate()
             .map(|(i, (key, read))| match read {
                 Ok(Some(bytes)) => {
-                    let Some(mut entry) = self.decode(key, bytes) else {
-                        return Ok(None);
-                    };
                     let beside = match &previous {
                         None => None,
                         Some(previous) => match &previous[i] {
@@ -629,10 +624,7 @@ impl<V: Value> Cache<V> {
                             Err(_) => return Ok(None),
                         },
                     };
-                    if !entry.tags.is_empty() && !transition::beside(&mut entry, beside) {
-                        return Ok(None);
-                    }
-                    Ok(Some(entry))
+                    Ok(self.decode_beside(key, bytes, beside))
                 }
                 Ok(None) => Ok(None),
                 Err(err) if err.is_key_fault() => Ok(None),
@@ -911,13 +903,15 @@ impl<V: Value> Cache<V> {
         // pinned before the load (see `transition`); a key that cannot be
         // pinned gives its lease back and is loaded, served and kept in L1,
         // not written.
-        let longest = counter_ttl(options);
-        let pins = join_all(
-            to_load
+        let pins = if self.inner.previous.is_some() {
+            let longest = counter_ttl(options);
+            let pins = to_load
                 .iter()
-                .map(|(_, led, _)| self.pin_previous(&led.storage, longest)),
-        )
-        .await;
+                .map(|(_, led, _)| self.pin_previous(&led.storage, longest));
+            join_all(pins).await
+        } else {
+            to_load.iter().map(|_| Ok(None)).collect()
+        };
         let mut pinned_loads = Vec::with_capacity(to_load.len());
         let mut unpinned = Vec::new();
         for ((i, led, lease), pin) in to_load.into_iter().zip(pins) {

@@ -90,6 +90,7 @@ use throttle::Throttle;
 use tokio::time::Instant;
 use tracing::field::Empty;
 use tracing::{Instrument, Span};
+use transition::Pinned;
 
 /// A loader as every internal step takes it (the public methods spell the
 /// bounds out): `FnOnce() -> impl Future<Output = Result<Option<V>, E>>`,
@@ -611,15 +612,11 @@ impl<V: Value> Cache<V> {
         for (key, value) in items {
             let key = self.key_in_store(&key.key_bytes())?;
             // Inside a version transition, as for `set` (one key at a time).
-            let sealed = match self.revoke_previous(&key, longest).await? {
-                None => self.seal(&key, Some(&value), Duration::ZERO, &self.inner.defaults)?,
-                Some(pinned) => {
-                    let now = self.inner.store.now_ms();
-                    let options = &self.inner.defaults;
-                    let stamps = vec![pinned.stamp()];
-                    self.seal_tagged(&key, Some(&value), Duration::ZERO, options, stamps, now)?
-                }
-            };
+            let pinned = self.revoke_previous(&key, longest).await?;
+            let stamps = pinned.iter().map(Pinned::stamp).collect();
+            let (now, options) = (self.inner.store.now_ms(), &self.inner.defaults);
+            let sealed =
+                self.seal_tagged(&key, Some(&value), Duration::ZERO, options, stamps, now)?;
             batch.push((key, sealed));
             if batch.len() == SET_MANY_BATCH {
                 self.replace_batch(std::mem::take(&mut batch)).await?;
@@ -1192,7 +1189,8 @@ impl<V: Value> Cache<V> {
             // the L1 copy can stand in.
             Shared::Loaded(result, role) => {
                 let result = revoked_before(result, started, last)?;
-                return Some(self.settle(user_key, result, role, None, local_stale, options));
+                let settled = self.settle(user_key, key, result, role, None, local_stale, options);
+                return Some(settled);
             }
             Shared::Read(read) => read,
         };
@@ -1278,7 +1276,7 @@ impl<V: Value> Cache<V> {
             Err(served) => return Some(served),
         };
         let result = revoked_before(result, started, last)?;
-        Some(self.settle(user_key, result, role, stale, local_stale, options))
+        Some(self.settle(user_key, key, result, role, stale, local_stale, options))
     }
 
     /// Step 4 for an entry read from the store at `now` (store clock): a
@@ -1338,7 +1336,7 @@ impl<V: Value> Cache<V> {
     /// and writes (see `fill`). A soft timeout gives up waiting (not
     /// loading) when there is a stale value (`fallback`) to serve: that is
     /// `Err` (served at once); else the flight's outcome, this call's role
-    /// in it and the stale stand-in (with its storage key), to settle.
+    /// in it and the stale stand-in, to settle.
     #[allow(clippy::type_complexity)]
     async fn load<L>(
         &self,
@@ -1347,14 +1345,7 @@ impl<V: Value> Cache<V> {
         options: &Options,
         fallback: Option<Arc<Entry>>,
         store_ok: bool,
-    ) -> Result<
-        (
-            Result<Loaded<V>, Error>,
-            Role,
-            Option<(Arc<Entry>, Vec<u8>)>,
-        ),
-        Result<Fetched<V>, Error>,
-    >
+    ) -> Result<(Result<Loaded<V>, Error>, Role, Option<Arc<Entry>>), Result<Fetched<V>, Error>>
     where
         L: Load<V>,
     {
@@ -1387,19 +1378,22 @@ impl<V: Value> Cache<V> {
             }
         };
 
-        Ok((result, role, fallback.map(|entry| (entry, key))))
+        Ok((result, role, fallback))
     }
 
-    /// Step 6, a flight's outcome for one caller. On failure: the stale
-    /// entry if one may stand in (fail-safe; with its storage key), else
-    /// this process's L1 copy (`local`) if it may (the store lost the
-    /// entry, L1 did not), else the fallback, else the error.
+    /// Step 6, a flight's outcome for one caller of user key `user_key`
+    /// (storage key `key`). On failure: the stale entry if one may stand in
+    /// (fail-safe), else this process's L1 copy (`local`) if it may (the
+    /// store lost the entry, L1 did not), else the fallback, else the
+    /// error.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn settle(
         &self,
         user_key: &[u8],
+        key: &[u8],
         result: Result<Loaded<V>, Error>,
         role: Role,
-        stale: Option<(Arc<Entry>, Vec<u8>)>,
+        stale: Option<Arc<Entry>>,
         local: Option<&Arc<Slot<V>>>,
         options: &Options,
     ) -> Result<Fetched<V>, Error> {
@@ -1425,22 +1419,18 @@ impl<V: Value> Cache<V> {
                 let Some(reason) = reason else {
                     return Err(err);
                 };
-                if let Some((entry, key)) = stale
-                    && let Some(value) = self.entry_value(&key, &entry)
-                {
-                    warn_limited!(self.inner.logs, Warning::LoadFailed, key = %show_key(&key), error = %err, "load failed; serving the stale value");
+                // The stored stale value, else the L1 copy.
+                let stand_in = stale
+                    .and_then(|entry| self.entry_value(key, &entry))
+                    .map(|value| (value, "the stale value"))
+                    .or_else(|| {
+                        let value = self.local_stand_in(local?, options)?;
+                        Some((value, "the stale L1 copy (the store has none)"))
+                    });
+                if let Some((value, what)) = stand_in {
+                    warn_limited!(self.inner.logs, Warning::LoadFailed, key = %show_key(key), error = %err, "load failed; serving {what}");
                     if reason == StaleReason::LoaderFailed {
-                        self.inner.throttle(&key, options.fail_safe_throttle);
-                    }
-                    let served = Served::Stale { reason };
-                    return Ok(Fetched { value, served });
-                }
-                if let Some(value) = local.and_then(|slot| self.local_stand_in(slot, options)) {
-                    warn_limited!(self.inner.logs, Warning::LoadFailed, key = %show_key(user_key), error = %err, "load failed; serving the stale L1 copy (the store has none)");
-                    if reason == StaleReason::LoaderFailed
-                        && let Ok(key) = self.key_in_store(user_key)
-                    {
-                        self.inner.throttle(&key, options.fail_safe_throttle);
+                        self.inner.throttle(key, options.fail_safe_throttle);
                     }
                     let served = Served::Stale { reason };
                     return Ok(Fetched { value, served });
@@ -1854,15 +1844,7 @@ impl<V: Value> Cache<V> {
             Err(err) if err.is_key_fault() => return Ok(None),
             Err(err) => return Err(err),
         };
-        let mut entry = self.decode(key, bytes);
-        if let Some(e) = &mut entry
-            && !e.tags.is_empty()
-            && !transition::beside(e, beside.as_ref().map(|b| b.as_deref()))
-        {
-            tracing::debug!(key = %show_key(key), "the previous version's entry changed since this one was loaded; treating it as a miss");
-            return Ok(None);
-        }
-        match entry {
+        match self.decode_beside(key, bytes, beside.as_ref().map(|b| b.as_deref())) {
             // A tagged entry (never an untagged one) is checked against its
             // tags' generations: one more round trip, boxed so that its
             // state does not grow every read's future.
@@ -1910,6 +1892,23 @@ impl<V: Value> Cache<V> {
                 .inner
                 .freshness(options)
                 .servable_stale(reading(entry, now_ms))
+    }
+
+    /// [`decode`](Self::decode), for bytes read beside what the previous
+    /// version's key holds now (`beside`, inside a version transition; see
+    /// `transition`): an entry loaded beside something else is a miss.
+    fn decode_beside(
+        &self,
+        key: &[u8],
+        bytes: Vec<u8>,
+        beside: Option<Option<&[u8]>>,
+    ) -> Option<Entry> {
+        let mut entry = self.decode(key, bytes)?;
+        if !entry.tags.is_empty() && !transition::beside(&mut entry, beside) {
+            tracing::debug!(key = %show_key(key), "the previous version's entry changed since this one was loaded; treating it as a miss");
+            return None;
+        }
+        Some(entry)
     }
 
     /// Decodes stored bytes (read, or carried by a fill's message) the way

@@ -296,7 +296,7 @@ impl<V: Value> Cache<V> {
                     .inner
                     .freshness(&options)
                     .servable_stale(reading(&entry, now));
-                servable.then(|| (Arc::new(entry), storage_key.clone()))
+                servable.then(|| Arc::new(entry))
             }
             Ok(None) => None,
             Err(err) => return Outcome::Failed(err),
@@ -315,6 +315,7 @@ impl<V: Value> Cache<V> {
         );
         let fetched = self.settle(
             &key.key_bytes(),
+            &storage_key,
             load.result().await,
             role,
             stale,
