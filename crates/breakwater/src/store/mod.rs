@@ -298,6 +298,16 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
         false
     }
 
+    /// How long one read ([`get`](Store::get)) may take before the store
+    /// gives up on it: its deadline. A cache's caller that shares another
+    /// caller's read of the same key (or waits in a batch of reads) waits
+    /// no longer than this for it before it reads alone, so a read whose
+    /// caller stopped polling it delays nobody else by more. 1 s by
+    /// default; stores with a deadline of their own return it.
+    fn read_deadline(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
     // --- failure domains ---
 
     /// How many independent failure domains the store has: 1 unless its
