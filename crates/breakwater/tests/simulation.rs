@@ -102,6 +102,12 @@
 //! group's counter is dropped (as `maxmemory` eviction or a `DEL` would),
 //! and no-resurrection must still hold (a lost counter validates nothing).
 //!
+//! Callers go away in every chaos round: 15% of the `invalidate`s and
+//! `set`s are dropped 0 to 700 ms in (a cancelled request). One dropped
+//! after the store ran it counts as returned at the drop: its local step
+//! must have run (issue 27: it was skipped, and the process ignores its own
+//! message on the bus, so its L1 served the old value until its TTL).
+//!
 //! The store forgets in every chaos round too: every 0.2 to 2 s a random
 //! key's value or lease is dropped (memory pressure): a lost value is a
 //! miss, a lost lease a free lease, and every check must still hold.
@@ -174,6 +180,9 @@ const TOLERANCE: Duration = Duration::from_millis(5);
 /// The chaos phase's length, and its workload.
 const CHAOS_FOR: Duration = Duration::from_secs(120);
 const WORKERS: usize = 16;
+/// The share of `invalidate`s and `set`s whose caller goes away before
+/// they return (the future dropped 0 to 700 ms in).
+const DROPPED_WRITES: f64 = 0.15;
 const KEYS: usize = 12;
 
 fn ms(n: u64) -> Duration {
@@ -270,6 +279,19 @@ impl ChaosStore {
                 link: watch::Sender::new(true),
             })),
         }
+    }
+
+    /// `write`, a revoking write of `key` (`replace`, `invalidate`),
+    /// counted for the key once it ran in the store.
+    fn ran<'a>(&'a self, key: &'a [u8], write: StoreFuture<'a, ()>) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let done = write.await;
+            if done.is_ok() {
+                let mut h = lock(&self.tracer.0.history);
+                *h.revocations.entry(user_key(key)).or_default() += 1;
+            }
+            done
+        })
     }
 
     fn set_faults(&self, faults: Faults) {
@@ -631,7 +653,7 @@ impl Store for ChaosStore {
         notice: Notice<'a>,
     ) -> StoreFuture<'a, ()> {
         self.call(Some("s.replace"), key, move || {
-            self.inner.replace(key, value, ttl, lease_key, notice)
+            self.ran(key, self.inner.replace(key, value, ttl, lease_key, notice))
         })
     }
 
@@ -642,7 +664,7 @@ impl Store for ChaosStore {
         notice: Notice<'a>,
     ) -> StoreFuture<'a, ()> {
         self.call(Some("s.invalid"), key, move || {
-            self.inner.invalidate(key, lease_key, notice)
+            self.ran(key, self.inner.invalidate(key, lease_key, notice))
         })
     }
 
@@ -761,6 +783,9 @@ struct History {
     produced: BTreeMap<(String, u64), Vec<Instant>>,
     /// Loader calls started, per key.
     load_calls: BTreeMap<String, Vec<usize>>,
+    /// Revoking writes (`replace`, `invalidate`) that ran in the store, per
+    /// user key (of any version).
+    revocations: BTreeMap<String, u64>,
     violations: Vec<Violation>,
 }
 
@@ -1098,6 +1123,15 @@ impl World {
             }
         }
         Some(val)
+    }
+
+    /// The revoking writes of `key` that ran in the store so far.
+    fn revocations(&self, key: &str) -> u64 {
+        lock(&self.history)
+            .revocations
+            .get(key)
+            .copied()
+            .unwrap_or_default()
     }
 
     fn fence(&self, proc: usize, key: &str, version: u64) {
@@ -1493,8 +1527,15 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                             let _row = writes[key].lock().await;
                             let version = world.bump(key);
                             let start = Instant::now();
+                            // Now and then the caller goes away (a request
+                            // cancelled), before or after the store ran it.
+                            let dropped = rng
+                                .random_bool(DROPPED_WRITES)
+                                .then(|| ms(rng.random_range(0..=700)));
+                            let within = dropped.unwrap_or(BOUND);
+                            let ran_before = world.revocations(key);
                             let (op, result) = if roll < 90 {
-                                ("invalidate", timeout(BOUND, p.cache.invalidate(key)).await)
+                                ("invalidate", timeout(within, p.cache.invalidate(key)).await)
                             } else {
                                 world.produced(key, version, start);
                                 let val = Val {
@@ -1508,7 +1549,7 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                                         p.cache.set(key, &val).await
                                     }
                                 };
-                                ("set", timeout(BOUND, set).await)
+                                ("set", timeout(within, set).await)
                             };
                             let outcome = match result {
                                 Ok(Ok(())) => {
@@ -1516,6 +1557,17 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                                     format!("ok v{version}")
                                 }
                                 Ok(Err(err)) => format!("error {:?} v{version}", err.kind()),
+                                // Dropped once the store ran it: as if it
+                                // returned now (its local step ran on the
+                                // drop; the others hear the bus).
+                                Err(_) if dropped.is_some() => {
+                                    if world.revocations(key) > ran_before {
+                                        world.fence(p.id, key, version);
+                                        format!("dropped after the store ran it v{version}")
+                                    } else {
+                                        format!("dropped before the store ran it v{version}")
+                                    }
+                                }
                                 Err(_) => {
                                     world.violate("liveness", key,
                                         format!(
