@@ -108,6 +108,12 @@
 //! must have run (issue 27: it was skipped, and the process ignores its own
 //! message on the bus, so its L1 served the old value until its TTL).
 //!
+//! Runtimes go away in every chaos round: now and then (1% per process
+//! per scheduler tick) a process's subscription feeds end without a word,
+//! as when the runtime that ran them is dropped. Its cache must notice
+//! (L1 unverified at once, a new listener on its next call): before issue
+//! 27 the listener ended quietly and L1 trusted a bus nobody listened to.
+//!
 //! The store forgets in every chaos round too: every 0.2 to 2 s a random
 //! key's value or lease is dropped (memory pressure): a lost value is a
 //! miss, a lost lease a free lease, and every check must still hold.
@@ -180,6 +186,9 @@ const TOLERANCE: Duration = Duration::from_millis(5);
 /// The chaos phase's length, and its workload.
 const CHAOS_FOR: Duration = Duration::from_secs(120);
 const WORKERS: usize = 16;
+/// The chance, per process and scheduler tick (every 0.2 to 0.8 s), that
+/// its subscriptions' tasks die (as with the runtime that ran them).
+const FEED_DEATHS: f64 = 0.01;
 /// The share of `invalidate`s and `set`s whose caller goes away before
 /// they return (the future dropped 0 to 700 ms in).
 const DROPPED_WRITES: f64 = 0.15;
@@ -240,6 +249,8 @@ struct ChaosState {
     /// partitioned): calls hang for the response timeout, then fail, and the
     /// subscription is down.
     link: watch::Sender<bool>,
+    /// The tasks that feed this process's subscriptions.
+    feeds: Vec<tokio::task::AbortHandle>,
 }
 
 /// What one call will suffer, drawn when it is made.
@@ -277,6 +288,7 @@ impl ChaosStore {
                 rng,
                 faults: Faults::HEALTHY,
                 link: watch::Sender::new(true),
+                feeds: Vec::new(),
             })),
         }
     }
@@ -301,6 +313,15 @@ impl ChaosStore {
     /// Stops (`false`) or restarts (`true`) the store for this process.
     fn set_up(&self, up: bool) {
         lock(&self.state).link.send_replace(up);
+    }
+
+    /// This process's subscriptions end, as they do when the runtime that
+    /// ran their tasks goes away: their feeds stop without a word (no
+    /// `Missed`), and the cache must notice by itself.
+    fn kill_feeds(&self) -> usize {
+        let feeds = std::mem::take(&mut lock(&self.state).feeds);
+        feeds.iter().for_each(tokio::task::AbortHandle::abort);
+        feeds.len()
     }
 
     fn is_up(&self) -> bool {
@@ -706,13 +727,16 @@ impl Store for ChaosStore {
         let ready = watch::Sender::new(self.is_up());
         let ready_rx = ready.subscribe();
         let (world, proc) = &self.tracer;
-        tokio::spawn(forward(
+        let feed = tokio::spawn(forward(
             upstream,
             tx,
             ready,
             Arc::clone(&self.state),
             (Arc::clone(world), *proc),
         ));
+        let mut state = lock(&self.state);
+        state.feeds.retain(|f| !f.is_finished());
+        state.feeds.push(feed.abort_handle());
         Subscription::new(rx, ready_rx)
     }
 }
@@ -1429,6 +1453,14 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                     let label = if chaotic { "chaotic" } else { "healthy" };
                     world.trace(0, "phase", "-", now, label.into());
                 }
+                // Now and then a process's bus tasks die with the runtime
+                // that ran them.
+                for p in &procs {
+                    if rng.random_bool(FEED_DEATHS) {
+                        let killed = p.store.kill_feeds();
+                        world.trace(p.id, "bus-gone", "-", now, format!("{killed} feed(s)"));
+                    }
+                }
                 for (p, until) in procs.iter().zip(stopped_until.iter_mut()) {
                     match *until {
                         Some(t) if now >= t => {
@@ -1821,6 +1853,77 @@ async fn empty_restart_round(world: &Arc<World>) {
     }
 }
 
+/// **bus-death**: two healthy processes with L1 (30 s TTL, no message
+/// loss) hold four keys; the bus tasks of process 0 die (as with the
+/// runtime that ran them: the subscription just ends); process 1 then
+/// changes and invalidates every key. Process 0's calls that start more
+/// than one store reply later must return the new versions: its cache
+/// noticed that nobody listens (L1 unverified, a new listener on its next
+/// call). Before issue 27 its L1 served the old values for its whole TTL.
+async fn bus_death_round(world: &Arc<World>) {
+    let seed = world.seed;
+    let procs = fleet(world, 8, &[(Duration::ZERO, true); 2], false);
+    let (deaf, other) = (&procs[0], &procs[1]);
+    let keys: Vec<String> = (0..4).map(|k| format!("b{k}")).collect();
+    for p in &procs {
+        for key in &keys {
+            get(world, p, key, ms(5), false).await;
+        }
+    }
+    let mut rng = stream(seed, 8);
+    sleep(ms(rng.random_range(10..500))).await;
+    let killed = deaf.store.kill_feeds();
+    world.trace(
+        deaf.id,
+        "bus-gone",
+        "-",
+        Instant::now(),
+        format!("{killed} feed(s)"),
+    );
+    sleep(ms(rng.random_range(0..500))).await;
+    let mut fences = Vec::new();
+    for key in &keys {
+        let version = world.bump(key);
+        let start = Instant::now();
+        match timeout(BOUND, other.cache.invalidate(key)).await {
+            Ok(Ok(())) => {
+                world.fence(other.id, key, version);
+                fences.push((key.clone(), version, Instant::now()));
+            }
+            outcome => world.violate(
+                "errors-in-healthy-round",
+                key,
+                format!("P1 invalidate({key}) in the bus-death round: {outcome:?}"),
+            ),
+        }
+        world.trace(other.id, "invalidate", key, start, format!("v{version}"));
+    }
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        let (key, version, at) = &fences[rng.random_range(0..fences.len())];
+        let (seq, start) = (world.next_seq(), Instant::now());
+        let loader = world.loader(deaf.id, key, ms(5));
+        let result = timeout(BOUND, deaf.cache.get_or_load_with_meta(key, loader)).await;
+        let got = world.check_get(deaf.id, deaf.profile, key, seq, start, result, BOUND);
+        if start >= *at + MAX_REPLY
+            && let Some(val) = got.filter(|val| val.version < *version)
+        {
+            world.violate(
+                "bus-death",
+                key,
+                format!(
+                    "P0 get_or_load({key}) at {} ms returned v{} after P1 invalidated it at v{version} \
+                     ({} ms), its bus tasks gone",
+                    world.ms(start),
+                    val.version,
+                    world.ms(*at)
+                ),
+            );
+        }
+        sleep(ms(rng.random_range(10..100))).await;
+    }
+}
+
 /// A process that hears nothing (every bus message to it lost, the
 /// connection up, so nothing tells it so) loads a key slowly; another
 /// process invalidates the key during the load; calls in the deaf process
@@ -1911,6 +2014,7 @@ fn run_seed(seed: u64) -> Outcome {
         hot_key_round(&world).await;
         revoked_load_round(&world).await;
         empty_restart_round(&world).await;
+        bus_death_round(&world).await;
         world
     });
     // Background tasks (listeners, forwarders, refreshes) end with the

@@ -415,8 +415,10 @@ impl Waiters {
                 let now = subscription.is_ready();
                 ready_tx.set(now);
             }
-            // The store is gone.
-            duty.done();
+            // The subscription ended (its feed went away with a runtime,
+            // say): nothing is heard from here on, so the bus counts as
+            // down (the duty's drop) and the next call subscribes again.
+            drop(duty);
         }
     }
 
@@ -450,11 +452,17 @@ impl Waiters {
                 loop {
                     let delivery = tokio::select! {
                         delivery = subscription.recv() => delivery,
-                        () = tokio::time::sleep_until(until) => None,
+                        // The transition is over: nothing more to hear, and
+                        // that channel being down no longer holds L1 back.
+                        () = tokio::time::sleep_until(until) => {
+                            guard.hook.previous_missed(true);
+                            return guard.done();
+                        }
                     };
-                    let Some(delivery) = delivery else {
-                        return guard.done();
-                    };
+                    // The subscription ended: that channel counts as down
+                    // (the guard's drop) until the next call subscribes
+                    // again.
+                    let Some(delivery) = delivery else { return };
                     match delivery {
                         Delivery::Message(m) => {
                             let Some(parsed) = parse(&m) else { continue };
@@ -493,20 +501,13 @@ impl Drop for Waiters {
 }
 
 /// The listener's hold on its slot: dropped before the listener was done
-/// (its runtime went away), the bus counts as down (L1 unverified) until
-/// the next call has started a new listener and it is subscribed.
+/// (its runtime went away, or its subscription ended), the bus counts as
+/// down (L1 unverified) until the next call has started a new listener and
+/// it is subscribed.
 struct ListenerDuty {
     duty: Option<Duty>,
     ready: Arc<Ready>,
     hook: Option<Arc<dyn BusHook>>,
-}
-
-impl ListenerDuty {
-    fn done(mut self) {
-        if let Some(duty) = self.duty.take() {
-            duty.done();
-        }
-    }
 }
 
 impl Drop for ListenerDuty {
