@@ -41,17 +41,22 @@ fn from(
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_leader_held_unpolled_delays_no_other_caller() {
-    // A store whose reads take 20 ms, L1 off: task A's call leads the
-    // shared read of "k", is polled once, then held unpolled (a `select!`
-    // whose other arm is busy).
+/// A memory store whose reads take 20 ms, and a cache on it without L1.
+fn slow_reads() -> (CountingStore<MemoryStore>, Cache<u64>) {
     let store = CountingStore::slow(MemoryStore::new(), Duration::from_millis(20));
     let cache = Cache::<u64>::builder()
         .namespace("liveness")
         .store(store.clone())
         .build()
         .unwrap();
+    (store, cache)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_leader_held_unpolled_delays_no_other_caller() {
+    // Task A's call leads the shared read of "k", is polled once, then
+    // held unpolled (a `select!` whose other arm is busy).
+    let (store, cache) = slow_reads();
     let db = Arc::new(AtomicU64::new(7));
     let held = poll_once(Box::pin(cache.get_or_load("k", from(&db)))).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -77,12 +82,7 @@ async fn a_leader_held_unpolled_delays_no_other_caller() {
 async fn followers_of_a_read_that_found_nothing_wait_on_the_load_not_the_leader() {
     // The leader's read finds nothing and joins the load; its caller then
     // stops polling it. Its followers wait on the load's own task.
-    let store = CountingStore::slow(MemoryStore::new(), Duration::from_millis(20));
-    let cache = Cache::<u64>::builder()
-        .namespace("liveness")
-        .store(store.clone())
-        .build()
-        .unwrap();
+    let (store, cache) = slow_reads();
     let slow = || async {
         tokio::time::sleep(Duration::from_millis(500)).await;
         Ok::<_, std::io::Error>(Some(9u64))
