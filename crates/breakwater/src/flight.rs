@@ -221,6 +221,17 @@ pub(crate) fn is_abandoned(err: &Error) -> bool {
     std::error::Error::source(err).is_some_and(|s| s.is::<Abandoned>())
 }
 
+/// A flight that did not land within its bound, taken for stranded on a
+/// runtime that no longer runs it; a caller on another runtime starts the
+/// work again, as for an [`abandoned`] one.
+pub(crate) fn stranded() -> Error {
+    Error::new(
+        ErrorKind::Timeout,
+        "the load did not land within its bound (the runtime that runs it is not running it)",
+    )
+    .with_source(Abandoned)
+}
+
 fn abandoned() -> Error {
     Error::new(
         ErrorKind::Loader,

@@ -357,3 +357,43 @@ fn a_load_whose_runtime_is_dropped_is_loaded_again_for_callers_elsewhere() {
     assert_eq!(got, Some(5));
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
+
+#[test]
+fn a_load_stranded_on_an_idle_runtime_is_loaded_again_for_callers_elsewhere() {
+    let cache = Cache::<u64>::builder()
+        .namespace("stranded")
+        .store(MemoryStore::new())
+        .lease_ttl(Duration::from_millis(500))
+        .load_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let loader = || async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        Ok::<_, std::io::Error>(Some(3u64))
+    };
+    // A caller on a runtime of its own gives up 50 ms into the load; the
+    // runtime is kept but runs nothing from then on (its `block_on`
+    // returned), and the load's task is stranded there.
+    let idle = side_runtime();
+    idle.block_on(async {
+        let call = cache.get_or_load("k", loader);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), call)
+                .await
+                .is_err()
+        );
+    });
+    // A caller here joins that load: it waits no longer than a load can
+    // take, then loads again here.
+    let started = std::time::Instant::now();
+    let got = side_runtime().block_on(async {
+        tokio::time::timeout(Duration::from_secs(30), cache.get_or_load("k", loader)).await
+    });
+    let got = got.expect("waited on the stranded load").unwrap();
+    assert_eq!(got, Some(3));
+    eprintln!(
+        "served {:?} after joining the stranded load",
+        started.elapsed()
+    );
+    drop(idle);
+}

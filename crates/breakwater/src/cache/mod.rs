@@ -196,7 +196,11 @@ impl<T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static> Value for 
 ///    future); once the read found nothing, callers wait on the load's own
 ///    task. A read queued behind another runtime's batch waits at most *S*
 ///    too. A load whose task went away with its runtime is loaded again
-///    (it counts as one of the three passes).
+///    (it counts as one of the three passes); so is one that has not
+///    landed within what a load can take (`lock_wait` + `queue_wait` +
+///    `load_timeout` + 5 s): its task is stranded on a runtime that no
+///    longer runs it (a current-thread runtime whose `block_on` returned
+///    when its own caller gave up).
 ///
 /// **Runtimes and dropped callers.** Background work (the store's
 /// reconnection, probes, clock refresh and subscriptions; the cache's bus
@@ -1378,9 +1382,10 @@ impl<V: Value> Cache<V> {
             let (load, role) =
                 self.join_fill(&key, loader, *options, None, Priority::Foreground, mode);
             let metrics = &self.inner.metrics;
+            let key = &key;
             let flight = async move {
                 let _waiting = (role == Role::Follower).then(|| metrics.waiting());
-                (load.result().await, role)
+                (self.await_load(key, load, options).await, role)
             };
             match (options.soft_timeout, &fallback) {
                 (Some(soft), Some(stale)) => match tokio::time::timeout(soft, flight).await {
@@ -1779,7 +1784,8 @@ impl<V: Value> Cache<V> {
                     loading: Some(load),
                     ..
                 }))) if !load.has_landed() => {
-                    return Shared::Loaded(load.result().await, Role::Follower);
+                    let result = self.await_load(key, load, options).await;
+                    return Shared::Loaded(result, Role::Follower);
                 }
                 Ok(Some(Ok(Read {
                     loading: Some(_), ..
@@ -1865,9 +1871,39 @@ impl<V: Value> Cache<V> {
             }));
             lead
         });
-        let result = load.result().await;
+        let result = self.await_load(key, load, options).await;
         drop(lead);
         Shared::Loaded(result, role)
+    }
+
+    /// The outcome of the load of storage key `key` that this call joined,
+    /// waited for no longer than a load can take (`lock_wait`, the
+    /// bulkhead's `queue_wait`, `load_timeout`, and [`STRANDED_AFTER`] for
+    /// its store calls). A load still in the air by then is stranded: its
+    /// task runs on a runtime that no longer runs it (idle, its `block_on`
+    /// returned). It is detached, and the call goes through the pipeline
+    /// again on its own runtime (see [`revoked_before`]): an
+    /// abandoned flight's error.
+    async fn await_load(
+        &self,
+        key: &[u8],
+        load: Joined<Loaded<V>>,
+        options: &Options,
+    ) -> Result<Loaded<V>, Error> {
+        let bound = self
+            .inner
+            .lock_wait_for(options)
+            .saturating_add(self.inner.origin.queue_wait())
+            .saturating_add(options.load_timeout)
+            .saturating_add(STRANDED_AFTER);
+        match tokio::time::timeout(bound, load.result()).await {
+            Ok(result) => result,
+            Err(_) => {
+                tracing::warn!(key = %show_key(key), ?bound, "a load did not land within its bound (its runtime is not running it); loading again");
+                self.local.flights.detach(key);
+                Err(crate::flight::stranded())
+            }
+        }
     }
 
     /// Reads and decodes the envelope; unreadable bytes are a miss plus a
@@ -2341,6 +2377,11 @@ fn default_lock_wait(load: Duration, lease_ttl: Duration) -> Duration {
 
 /// `{#` + 16 hex digits + `}`.
 const HASH_TAG_LEN: usize = 19;
+
+/// Beyond its waits and its load, how long a load may take (its store
+/// calls) before a caller takes it for stranded (see
+/// [`Cache::await_load`]).
+const STRANDED_AFTER: Duration = Duration::from_secs(5);
 
 /// How many times one call goes through the pipeline when the load it
 /// joined turns out revoked (see [`Cache::pipeline`]): what a call joins on
