@@ -1391,7 +1391,7 @@ impl<V: Value> Cache<V> {
                 (Some(soft), Some(stale)) => match tokio::time::timeout(soft, flight).await {
                     Ok(done) => done,
                     Err(_) => {
-                        if let Some(value) = self.entry_value(&key, stale) {
+                        if let Some(value) = self.entry_value(key, stale) {
                             let served = Served::Stale {
                                 reason: StaleReason::SoftTimeout,
                             };
