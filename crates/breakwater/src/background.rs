@@ -72,6 +72,16 @@ impl Supervised {
         state.running && !overdue(&state, grace)
     }
 
+    /// Frees the slot whoever holds it (its task was found stranded by
+    /// other means): the next [`ensure`](Self::ensure) starts a new task,
+    /// and the current one, should it run again, finds its duty taken.
+    pub(crate) fn reset(&self) {
+        let mut state = lock(&self.state);
+        state.epoch = state.epoch.wrapping_add(1);
+        state.running = false;
+        state.due = None;
+    }
+
     /// Starts the task unless one holds the slot and keeps its promises
     /// (within `grace`): `task` gets the duty and makes the future, which
     /// is spawned on the caller's runtime. `None` if a task was already
@@ -94,7 +104,9 @@ impl Supervised {
             }
             state.epoch = state.epoch.wrapping_add(1);
             state.running = true;
-            state.due = None;
+            // Until the task makes a promise of its own: a task spawned on
+            // a runtime that never polls it is overdue after `grace`.
+            state.due = Some(Instant::now());
             Duty {
                 state: Arc::clone(&self.state),
                 epoch: state.epoch,
@@ -106,11 +118,13 @@ impl Supervised {
     }
 }
 
-/// Whether the task's promise ran out more than `grace` ago.
+/// Whether the task's promise ran out more than `grace` ago (never, for a
+/// grace past the end of time).
 fn overdue(state: &State, grace: Duration) -> bool {
     state
         .due
-        .is_some_and(|due| Instant::now() > due.checked_add(grace).unwrap_or(due))
+        .and_then(|due| due.checked_add(grace))
+        .is_some_and(|limit| Instant::now() > limit)
 }
 
 /// A task's hold on its [`Supervised`] slot: dropped (the task ended or

@@ -176,6 +176,20 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
         }
     }
 
+    /// Detaches the flight in the air for `key` if it is the one `joined`
+    /// (not a newer one that took the key since).
+    pub(crate) fn detach_joined(&self, key: &[u8], joined: &Joined<T>) {
+        let mut flights = lock(&self.flights);
+        let flights = &mut *flights;
+        let same = flights
+            .by_key
+            .get(key)
+            .is_some_and(|f| Arc::ptr_eq(&f.cell, &joined.cell));
+        if same && let Some(Flight { id, cell }) = flights.by_key.remove(key) {
+            flights.detached.insert(id, cell);
+        }
+    }
+
     /// Detaches every flight in the air, as [`detach`](Self::detach) does
     /// one (a tag invalidation: any key may carry the tag).
     pub(crate) fn detach_all(&self) {

@@ -269,20 +269,17 @@ fn a_store_first_used_on_a_dropped_runtime_recovers() {
     });
 }
 
-#[test]
-fn l1_of_a_cache_first_used_on_a_dropped_runtime_hears_invalidations() {
+/// A's L1 hears B's invalidation of "k" within 1.1 s, and then serves
+/// hits again (its bus trusted once more): `first_calls` ran A's first
+/// call, on a runtime of its own.
+fn a_hears_b_after(first_calls: impl FnOnce(&Cache<u64>, &Arc<AtomicU64>)) {
     let server = RedisServer::start();
     let connect = || RedisStore::connect_with(&server.url(), config()).unwrap();
     let db = Arc::new(AtomicU64::new(1));
-    let a = near_cache(connect());
+    let a_store = CountingStore::new(connect());
+    let a = near_cache(a_store.clone());
     let b = near_cache(connect());
-
-    // A's first call (its bus listener, its store's subscription and
-    // connection) on a runtime that is then dropped.
-    side_runtime().block_on(async {
-        assert_eq!(a.get_or_load("other", from(&db)).await.unwrap(), Some(1));
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    });
+    first_calls(&a, &db);
 
     let main = side_runtime();
     main.block_on(async {
@@ -311,7 +308,54 @@ fn l1_of_a_cache_first_used_on_a_dropped_runtime_hears_invalidations() {
             "A saw the new value {:?} after B's invalidation",
             invalidated.elapsed()
         );
+
+        // And its L1 serves again once its bus is back: no store read for
+        // a copy kept after that.
+        let back = Instant::now();
+        loop {
+            assert_eq!(a.get_or_load("k", from(&db)).await.unwrap(), Some(2));
+            let gets = a_store.gets();
+            for _ in 0..20 {
+                a.get_or_load("k", from(&db)).await.unwrap();
+            }
+            if a_store.gets() == gets {
+                break;
+            }
+            assert!(
+                back.elapsed() < Duration::from_secs(5),
+                "A's L1 never served a hit again"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        eprintln!("A's L1 served hits again {:?} later", back.elapsed());
     });
+}
+
+#[test]
+fn l1_of_a_cache_first_used_on_a_dropped_runtime_hears_invalidations() {
+    // A's first call (its bus listener, its store's subscription and
+    // connection) on a runtime that is then dropped.
+    a_hears_b_after(|a, db| {
+        side_runtime().block_on(async {
+            assert_eq!(a.get_or_load("other", from(db)).await.unwrap(), Some(1));
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        });
+    });
+}
+
+#[test]
+fn l1_of_a_cache_first_used_on_an_idle_runtime_hears_invalidations() {
+    // The same on a runtime that is kept, but runs nothing once its
+    // `block_on` returned: A's listener and its store's feed are stranded
+    // there.
+    let idle = side_runtime();
+    a_hears_b_after(|a, db| {
+        idle.block_on(async {
+            assert_eq!(a.get_or_load("other", from(db)).await.unwrap(), Some(1));
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        });
+    });
+    drop(idle);
 }
 
 #[test]

@@ -1085,6 +1085,11 @@ impl<V: Value> Cache<V> {
             return Ok(Near::Miss);
         };
         let now = Instant::now();
+        // A listener that missed its heartbeat (its runtime idle) hears
+        // nothing: L1 is unverified and a listener starts here.
+        if self.inner.waiters.is_stranded(now) {
+            self.inner.waiters.stranded(&*self.inner.store);
+        }
         if l1.is_fresh(&slot, now) {
             let served = match slot.value {
                 Some(_) => Served::Hit,
@@ -1791,6 +1796,8 @@ impl<V: Value> Cache<V> {
                     loading: Some(_), ..
                 }))) => {
                     drop(_waiting);
+                    // Later callers lead a new shared read.
+                    self.local.reads.detach(user_key);
                     return Box::pin(self.read_led(None, key, loader, options, load_on_miss)).await;
                 }
                 Ok(Some(read)) => return Shared::Read(read),
@@ -1801,6 +1808,8 @@ impl<V: Value> Cache<V> {
                 Err(_) => {
                     tracing::debug!(key = %show_key(key), ?within, "a shared read is late; reading alone");
                     drop(_waiting);
+                    // Later callers lead a new shared read.
+                    self.local.reads.detach(user_key);
                     return Box::pin(self.read_led(None, key, loader, options, load_on_miss)).await;
                 }
             }
@@ -1896,11 +1905,11 @@ impl<V: Value> Cache<V> {
             .saturating_add(self.inner.origin.queue_wait())
             .saturating_add(options.load_timeout)
             .saturating_add(STRANDED_AFTER);
-        match tokio::time::timeout(bound, load.result()).await {
+        match tokio::time::timeout(bound, load.clone().result()).await {
             Ok(result) => result,
             Err(_) => {
                 tracing::warn!(key = %show_key(key), ?bound, "a load did not land within its bound (its runtime is not running it); loading again");
-                self.local.flights.detach(key);
+                self.local.flights.detach_joined(key, &load);
                 Err(crate::flight::stranded())
             }
         }

@@ -25,7 +25,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::{Pin, pin};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -184,7 +184,21 @@ pub(crate) struct Waiters {
     previous_listener: Supervised,
     /// The listeners' tasks, stopped when the cache goes.
     tasks: Mutex<Vec<AbortHandle>>,
+    /// When these waiters were made: the listener's promises count from it.
+    born: tokio::time::Instant,
+    /// The next listener has the store renew its feed (the one before was
+    /// found stranded).
+    renew_feed: AtomicBool,
 }
+
+/// How often the listener beats (renews its promise, and has the store
+/// check its feed of the channel).
+const LISTENER_BEAT: Duration = Duration::from_millis(250);
+
+/// How far ahead each beat promises the next: a listener not heard from
+/// for this long runs on a runtime that has gone idle (see
+/// [`Waiters::is_stranded`]).
+const LISTENER_PROMISE: Duration = Duration::from_secs(1);
 
 /// The previous version's channel and how its keys map to this version's.
 pub(crate) struct PreviousChannel {
@@ -206,9 +220,18 @@ pub(crate) struct PreviousChannel {
 struct Ready {
     up: AtomicBool,
     came_up: Notify,
+    /// When the listener promised to be heard from again, in ms since the
+    /// waiters were made (0: no promise).
+    due_ms: AtomicU64,
 }
 
 impl Ready {
+    /// The listener promises a beat within `within` from now.
+    fn promise(&self, born: tokio::time::Instant, within: Duration) {
+        let due = crate::clock::millis(born.elapsed().saturating_add(within)).max(1);
+        self.due_ms.store(due, Ordering::Relaxed);
+    }
+
     fn set(&self, up: bool) {
         if !self.up.swap(up, Ordering::SeqCst) && up {
             self.came_up.notify_waiters();
@@ -248,6 +271,8 @@ impl Waiters {
             previous_listener: Supervised::reporting_to(&lost),
             lost,
             tasks: Mutex::default(),
+            born: tokio::time::Instant::now(),
+            renew_feed: AtomicBool::new(false),
         }
     }
 
@@ -343,12 +368,21 @@ impl Waiters {
         duty: Duty,
     ) -> impl Future<Output = ()> + Send + 'static {
         let mut subscription = store.subscribe(&self.channel);
+        if self.renew_feed.swap(false, Ordering::SeqCst) {
+            // The listener before was stranded: so may the store's feed
+            // be, on the same idle runtime.
+            subscription.renew();
+        }
         let up = subscription.is_ready();
         self.ready.set(up);
-        if !up && let Some(hook) = &self.hook {
-            // Nothing is heard until it is: as after a drop.
-            hook.missed(false);
+        self.ready.promise(self.born, LISTENER_PROMISE);
+        if let Some(hook) = &self.hook {
+            // Not subscribed yet: nothing is heard until it is, as after a
+            // drop. Subscribed (a feed that outlived a lost listener):
+            // whatever the lost one left unverified is heard from now on.
+            hook.missed(up);
         }
+        let born = self.born;
         let duty = ListenerDuty {
             duty: Some(duty),
             ready: Arc::clone(&self.ready),
@@ -362,7 +396,26 @@ impl Waiters {
         // Stores announce every (re)subscription with `Missed`, so the
         // ready flag is refreshed after each delivery.
         async move {
-            while let Some(delivery) = subscription.recv().await {
+            let mut beat = tokio::time::interval(LISTENER_BEAT);
+            beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                // In order (no random pick): a seeded simulation replays.
+                let delivery = tokio::select! {
+                    biased;
+                    delivery = subscription.recv() => delivery,
+                    _ = beat.tick() => {
+                        if !duty.is_current() {
+                            // Taken for stranded and replaced (its runtime
+                            // was idle): the new listener hears for it.
+                            return duty.done();
+                        }
+                        ready_tx.promise(born, LISTENER_PROMISE);
+                        // The store's feed may be the one stranded.
+                        subscription.keep_alive();
+                        continue;
+                    }
+                };
+                let Some(delivery) = delivery else { break };
                 match delivery {
                     Delivery::Message(m) => {
                         if let Some(metrics) = &metrics {
@@ -420,6 +473,33 @@ impl Waiters {
             // down (the duty's drop) and the next call subscribes again.
             drop(duty);
         }
+    }
+
+    /// Whether the listener missed its promise by `now` (it runs on a
+    /// runtime that has gone idle): one atomic load, for the L1 hit path.
+    #[inline]
+    pub(crate) fn is_stranded(&self, now: tokio::time::Instant) -> bool {
+        let due = self.ready.due_ms.load(Ordering::Relaxed);
+        due != 0 && crate::clock::millis(now.saturating_duration_since(self.born)) > due
+    }
+
+    /// The listener was found stranded: the bus counts as down at once (L1
+    /// unverified), and a new listener starts on the caller's runtime (the
+    /// stranded one ends, should its runtime run it again).
+    #[cold]
+    pub(crate) fn stranded(&self, store: &dyn Store) {
+        tracing::debug!(
+            "the bus listener missed its heartbeat (its runtime is idle); listening from here"
+        );
+        self.ready.due_ms.store(0, Ordering::Relaxed);
+        self.ready.set(false);
+        if let Some(hook) = &self.hook {
+            hook.missed(false);
+        }
+        self.listener.reset();
+        self.renew_feed.store(true, Ordering::SeqCst);
+        self.lost.store(true, Ordering::SeqCst);
+        self.ensure_listening(store);
     }
 
     /// Starts the previous version's listener, once: any message about a
@@ -508,6 +588,20 @@ struct ListenerDuty {
     duty: Option<Duty>,
     ready: Arc<Ready>,
     hook: Option<Arc<dyn BusHook>>,
+}
+
+impl ListenerDuty {
+    /// Whether this is still the waiters' listener.
+    fn is_current(&self) -> bool {
+        self.duty.as_ref().is_some_and(Duty::is_current)
+    }
+
+    /// Ends without a word (replaced: the new listener speaks).
+    fn done(mut self) {
+        if let Some(duty) = self.duty.take() {
+            duty.done();
+        }
+    }
 }
 
 impl Drop for ListenerDuty {

@@ -76,6 +76,9 @@ pub(crate) struct ReadQueue {
 struct Waiting {
     reads: Vec<Queued>,
     runtime: Option<tokio::runtime::Id>,
+    /// Counts batches: the task of an older one (whose reads another
+    /// caller sent) neither sends nor drops a newer one's.
+    batch: u64,
 }
 
 impl std::fmt::Debug for ReadQueue {
@@ -132,7 +135,7 @@ pub(crate) async fn queued(store: &Arc<GuardedStore>, queue: &ReadQueue, key: &[
     let (reply, mut answer) = oneshot::channel();
     let runtime = tokio::runtime::Handle::try_current().ok();
     let here = runtime.as_ref().map(tokio::runtime::Handle::id);
-    let (first, elsewhere) = {
+    let (first, elsewhere, batch) = {
         let mut waiting = lock(queue);
         waiting.reads.push(Queued {
             key: key.to_vec(),
@@ -141,12 +144,14 @@ pub(crate) async fn queued(store: &Arc<GuardedStore>, queue: &ReadQueue, key: &[
         let first = waiting.reads.len() == 1;
         if first {
             waiting.runtime = here;
+            waiting.batch = waiting.batch.wrapping_add(1);
         }
-        (first, waiting.runtime != here)
+        (first, waiting.runtime != here, waiting.batch)
     };
     if first {
         let flush = Flush {
             store: Arc::clone(store),
+            batch: Some(batch),
             taken: false,
         };
         // Outside a runtime nothing can send it: `flush` is dropped here,
@@ -180,13 +185,17 @@ pub(crate) async fn queued(store: &Arc<GuardedStore>, queue: &ReadQueue, key: &[
     );
     Flush {
         store: Arc::clone(store),
+        batch: None,
         taken: false,
     }
     .send()
     .await;
-    match answer.try_recv() {
-        Ok(reply) => reply,
-        Err(_) => store.get_inline(key).await,
+    // Sent from here, or by another caller that got there first: its
+    // reply comes within one more deadline; else the stranded task had
+    // taken it, and this caller reads alone.
+    match tokio::time::timeout(within, &mut answer).await {
+        Ok(Ok(reply)) => reply,
+        _ => store.get_inline(key).await,
     }
 }
 
@@ -224,6 +233,9 @@ async fn behind_the_woken() {
 /// at once and the next read queued schedules a new one.
 struct Flush {
     store: Arc<GuardedStore>,
+    /// The batch it was scheduled for (`None`: whatever is queued, for a
+    /// caller sending a stranded batch itself).
+    batch: Option<u64>,
     taken: bool,
 }
 
@@ -235,8 +247,16 @@ impl Flush {
         let Some(queue) = self.store.read_queue() else {
             return;
         };
-        let taken = std::mem::take(&mut lock(queue).reads);
-        self.taken = true;
+        let taken = {
+            let mut waiting = lock(queue);
+            self.taken = true;
+            if self.batch.is_some_and(|batch| batch != waiting.batch) {
+                // Its reads went out from elsewhere; what is queued now
+                // is a newer batch's, which its own task sends.
+                return;
+            }
+            std::mem::take(&mut waiting.reads)
+        };
         queue.in_flight.fetch_add(1, Ordering::AcqRel);
         let _admitted = Admitted { queue };
         let store = &self.store;
@@ -257,7 +277,10 @@ impl Drop for Flush {
         if !self.taken
             && let Some(queue) = self.store.read_queue()
         {
-            drop(std::mem::take(&mut lock(queue).reads));
+            let mut waiting = lock(queue);
+            if self.batch.is_none_or(|batch| batch == waiting.batch) {
+                drop(std::mem::take(&mut waiting.reads));
+            }
         }
     }
 }

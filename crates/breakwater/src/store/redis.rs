@@ -592,6 +592,9 @@ struct Reconnect {
 struct Live {
     generation: u64,
     conn: Conn,
+    /// The runtime that made it, whose task drives it (redis-rs spawns the
+    /// connection's driver there).
+    home: Option<tokio::runtime::Handle>,
 }
 
 /// Where the store's commands go.
@@ -1202,15 +1205,17 @@ impl Inner {
         let started = self
             .reconnector
             .ensure(self.config.connect_timeout, |duty| {
+                // Before the task can run (and end its first attempt).
+                self.reconnect
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .attempt_since = Some(Instant::now());
                 run_reconnect(weak, duty)
             });
-        let mut reconnect = self.reconnect.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(task) = started {
-            reconnect.attempt_since = Some(Instant::now());
-            drop(reconnect);
             self.track(task);
-            reconnect = self.reconnect.lock().unwrap_or_else(|p| p.into_inner());
         }
+        let reconnect = self.reconnect.lock().unwrap_or_else(|p| p.into_inner());
         (reconnect.attempt_since, reconnect.connected_once)
     }
 
@@ -1374,6 +1379,7 @@ impl Inner {
         let live = Live {
             generation: self.generations.fetch_add(1, Ordering::Relaxed) + 1,
             conn,
+            home: tokio::runtime::Handle::try_current().ok(),
         };
         *self.conn.write().unwrap_or_else(|p| p.into_inner()) = Some(live);
         Ok(())
@@ -1409,7 +1415,24 @@ impl Inner {
             let Live {
                 generation,
                 mut conn,
+                home,
             } = live;
+            // Made on another runtime: its driver runs there. A runtime
+            // that no longer runs anything (idle, or gone) cannot drive it,
+            // and the connection is as good as dead.
+            if let Some(home) = home.filter(|home| !runs_here(home))
+                && !runs_anything(&home).await
+            {
+                if let Some(inner) = inner.upgrade()
+                    && duty.is_current()
+                {
+                    tracing::debug!(
+                        "the runtime that drives the redis connection runs nothing; reconnecting"
+                    );
+                    inner.forget(generation);
+                }
+                return duty.done();
+            }
             let answered = tokio::time::timeout(
                 wait,
                 redis::cmd("PING").query_async::<redis::Value>(&mut conn),
@@ -1630,6 +1653,25 @@ impl Inner {
     }
 }
 
+/// Whether the caller runs on `runtime`.
+fn runs_here(runtime: &tokio::runtime::Handle) -> bool {
+    tokio::runtime::Handle::try_current().is_ok_and(|here| here.id() == runtime.id())
+}
+
+/// How long a runtime has to run a trivial task before it counts as
+/// running nothing (idle: a current-thread runtime whose `block_on`
+/// returned; or shut down).
+const CANARY_WAIT: Duration = Duration::from_millis(100);
+
+/// Whether `runtime` runs a trivial task within [`CANARY_WAIT`].
+async fn runs_anything(runtime: &tokio::runtime::Handle) -> bool {
+    let (ran, answer) = tokio::sync::oneshot::channel();
+    drop(runtime.spawn(async move {
+        let _ = ran.send(());
+    }));
+    matches!(tokio::time::timeout(CANARY_WAIT, answer).await, Ok(Ok(())))
+}
+
 /// `EVALSHA`, then `EVAL` if the node does not have the script.
 async fn run_script<T: FromRedisValue>(
     conn: &mut Conn,
@@ -1666,6 +1708,11 @@ async fn run_reconnect(inner: Weak<Inner>, duty: Duty) {
             .unwrap_or_else(|p| p.into_inner())
             .attempt_since = Some(Instant::now());
         let made = inner.connect().await;
+        if !duty.is_current() {
+            // Replaced while its runtime was idle: the new task speaks for
+            // the store now.
+            return duty.done();
+        }
         {
             let mut reconnect = inner.reconnect.lock().unwrap_or_else(|p| p.into_inner());
             reconnect.attempt_since = None;
@@ -1816,6 +1863,10 @@ async fn run_subscription(feed: Feed, config: RedisStoreConfig, channel: Vec<u8>
             Ok(Ok(None)) => return duty.done(),
             Ok(Ok(Some((pubsub, master)))) => {
                 failures = 0;
+                if !duty.due_by(Instant::now() + config.subscription_ping + config.response_timeout)
+                {
+                    return duty.done();
+                }
                 ready.send_replace(true);
                 let _ = messages.send(Delivery::Missed);
                 let (mut sink, mut stream) = pubsub.split();
@@ -2473,7 +2524,24 @@ impl Store for RedisStore {
             });
         // Started here, or again if its runtime went away.
         self.inner.keep_subscribed(channel, feed);
+        // And again if it is stranded on an idle runtime, which only the
+        // subscriber, polled elsewhere, can notice.
+        let (inner, owned) = (Arc::downgrade(&self.inner), channel.to_vec());
+        let keeper = move |renew: bool| {
+            if let Some(inner) = inner.upgrade() {
+                let channels = inner.channels.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(feed) = channels.get(&owned) {
+                    if renew {
+                        feed.task.reset();
+                        feed.ready.send_replace(false);
+                        let _ = feed.messages.send(Delivery::Missed);
+                    }
+                    inner.keep_subscribed(&owned, feed);
+                }
+            }
+        };
         Subscription::new(feed.messages.subscribe(), feed.ready.subscribe())
+            .kept_by(Arc::new(keeper))
     }
 }
 
