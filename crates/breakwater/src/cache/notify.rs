@@ -514,6 +514,10 @@ impl Waiters {
             return;
         };
         if tokio::time::Instant::now() >= previous.until {
+            // Over: a listener lost before the end no longer holds L1 back.
+            if !self.previous_listener.is_running(Duration::MAX) {
+                hook.previous_missed(true);
+            }
             return;
         }
         let started = self.previous_listener.ensure(Duration::MAX, |duty| {
