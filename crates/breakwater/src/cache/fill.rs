@@ -65,7 +65,7 @@ pub(super) enum Mode {
 
 /// How long a waiter gives the cache's subscription to come up before it
 /// relies on polling alone.
-const SUBSCRIBE_WITHIN: Duration = Duration::from_millis(250);
+pub(super) const SUBSCRIBE_WITHIN: Duration = Duration::from_millis(250);
 
 impl<V: Value> Cache<V> {
     /// One flight: the value for storage key `key`, loaded by this process or
@@ -583,7 +583,7 @@ impl<V: Value> Cache<V> {
     }
 
     /// [`fresh_value`](Self::fresh_value) for an entry already in hand.
-    fn fresh_entry(
+    pub(super) fn fresh_entry(
         &self,
         key: &[u8],
         entry: Entry,
@@ -617,7 +617,7 @@ pub(super) type Lease<'a> = LeaseRequest<'a>;
 
 /// How long past a held lease's expiry a waiter tries to take it over (the
 /// store's TTLs are whole milliseconds).
-const LEASE_RETRY_MARGIN: Duration = Duration::from_millis(2);
+pub(super) const LEASE_RETRY_MARGIN: Duration = Duration::from_millis(2);
 
 /// `now + wait`, or a day from now if that is later than tokio can tell
 /// (a `load_timeout` of `Duration::MAX`): a deadline never overflows.
@@ -627,7 +627,7 @@ pub(super) fn deadline_after(wait: Duration) -> Instant {
         .unwrap_or_else(|| now + Duration::from_secs(24 * 3600))
 }
 
-fn lock_timeout(waited: Duration) -> Error {
+pub(super) fn lock_timeout(waited: Duration) -> Error {
     Error::new(
         ErrorKind::LockTimeout,
         format!("another process held this key's lease for longer than lock_wait ({waited:?})"),
