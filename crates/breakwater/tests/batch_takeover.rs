@@ -3,6 +3,9 @@
 //! lease step, one loader call per 500 keys), not one by one. On the
 //! memory store on paused time, and with real OS processes against a
 //! private `redis-server`, one of them `SIGKILL`ed mid-load.
+//!
+//! Also: a background refresh whose lease attempt fails (a lost reply,
+//! the attempt having run) gives its tokens back.
 
 mod support;
 
@@ -15,7 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use breakwater::{Cache, MemoryStore, RedisStore, Served, Store};
 use breakwater_testkit::{RedisServer, TiedChild, tied_command};
-use support::ten_second_cache;
+use support::{CountingStore, ten_second_cache};
 use tokio::time::{Instant, sleep};
 
 /// What the test loader's future returns.
@@ -169,6 +172,47 @@ async fn leases_lost_under_a_hung_loader_are_taken_over_as_one_batch() {
     assert_eq!(sizes, [300], "one batch for the 300 keys");
     // Found at a poll (at most a lease TTL), then one load.
     assert!(took <= Duration::from_secs(3) + Duration::from_millis(500 + 200));
+}
+
+/// A background refresh (stale within grace) whose lease attempt ran and
+/// then failed (its reply lost) gives the lease back at once, through
+/// `get_many` and `get_or_load` alike: another process need not sit out
+/// the lease TTL.
+#[tokio::test(start_paused = true)]
+async fn a_failed_background_lease_attempt_gives_its_lease_back() {
+    let memory = MemoryStore::new();
+    let store = CountingStore::new(memory.clone());
+    let cache = ten_second_cache("many")
+        .store(store.clone())
+        .grace(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let calls = Calls::default();
+    let loader = || calls.loader(Duration::from_millis(10));
+    cache.get_many([1u64, 2], loader()).await.unwrap();
+    let single = || async { Ok::<_, std::io::Error>(Some("v3".to_owned())) };
+    cache.get_or_load(3u64, single).await.unwrap();
+    sleep(Duration::from_secs(11)).await;
+    store.lose_lease_replies(true);
+    let got = cache.get_many_with_meta([1u64, 2], loader()).await;
+    for g in &got {
+        assert!(matches!(g.as_ref().unwrap().served, Served::Stale { .. }));
+    }
+    let got = cache.get_or_load_with_meta(3u64, single).await.unwrap();
+    assert!(matches!(got.served, Served::Stale { .. }));
+    // The refreshes run (and fail) in the background.
+    sleep(Duration::from_millis(50)).await;
+    let mut held = Vec::new();
+    for id in [1u64, 3] {
+        if memory.lease_held(&lease_of(&cache, id)).await.unwrap() {
+            held.push(id);
+        }
+    }
+    assert_eq!(
+        held,
+        Vec::<u64>::new(),
+        "leases left held by failed refreshes"
+    );
 }
 
 // ------------------------------------------------------------ OS processes

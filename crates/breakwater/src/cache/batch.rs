@@ -1560,7 +1560,8 @@ impl<V: Value> Cache<V> {
     }
 
     /// Keys whose leases could not be tried (the store failed): a
-    /// background refresh gives up; a caller's keys are loaded directly
+    /// background refresh gives up, giving the tokens just tried back
+    /// first (in case the attempt ran); a caller's keys are loaded directly
     /// and not written (see `fill::load_direct`), and the tokens just
     /// tried are given back in the background in case the attempt ran.
     async fn load_unleased<K, B>(
@@ -1581,13 +1582,26 @@ impl<V: Value> Cache<V> {
         if let Some(err) = failure {
             warn_limited!(self.inner.logs, Warning::LeaseUnavailable, keys = failed.len(), error = %err, "leases unavailable; loading directly");
         }
+        if priority == Priority::Background {
+            // Never a load outside the lease in the background; the tokens
+            // just tried are given back first, in case the attempt ran (a
+            // lost reply; on a Cluster one failed slot group fails the
+            // others' attempts, which did run), so waiters elsewhere need
+            // not sit out the lease TTL.
+            join_all(
+                failed
+                    .iter()
+                    .map(|(led, lease, _)| self.release(&led.storage, *lease)),
+            )
+            .await;
+            for (led, _, err) in failed {
+                led.lander.land(Err(err));
+            }
+            return;
+        }
         let mut direct = Vec::with_capacity(failed.len());
         let mut tokens = Vec::with_capacity(failed.len());
-        for (led, lease, err) in failed {
-            if priority == Priority::Background {
-                led.lander.land(Err(err));
-                continue;
-            }
+        for (led, lease, _) in failed {
             tokens.push((
                 led.storage.clone(),
                 lease.key.to_vec(),

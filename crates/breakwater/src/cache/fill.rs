@@ -28,7 +28,7 @@
 //!    result is served and kept in L1, not written (no fence can tell a
 //!    load from before an invalidation then), and the token just tried is
 //!    released in case the attempt ran after all. A background refresh does
-//!    not load at all then.
+//!    not load at all then (it gives the token back too).
 
 use std::convert::Infallible;
 use std::pin::pin;
@@ -145,7 +145,11 @@ impl<V: Value> Cache<V> {
                     inner.metrics.store_failed("acquire_lease", &err);
                     Span::current().record("lease", "unavailable");
                     if background {
-                        // Never a load outside the lease in the background.
+                        // Never a load outside the lease in the background;
+                        // the token just tried is given back, in case the
+                        // attempt ran (a lost reply), so waiters elsewhere
+                        // need not sit out the lease TTL.
+                        self.release(&key, lease).await;
                         return Err(err);
                     }
                     // 5. No store: load directly, write nothing.
