@@ -52,13 +52,11 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use futures_util::future::join_all;
+use futures_util::future::{FutureExt, join_all};
 use futures_util::stream::FuturesUnordered;
-use tokio::sync::futures::Notified;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep, sleep_until};
 use tracing::field::Empty;
@@ -189,29 +187,6 @@ struct Waiting<K, V> {
     retry_at: Instant,
     /// A readable entry no longer fresh, for the lock-wait policy.
     stale: Option<Entry>,
-}
-
-/// A waiting key's wake-up by its fill's message.
-type Wake<'a> = Pin<Box<Notified<'a>>>;
-
-/// The keys of waiting flights, ready at once (at least one): their
-/// wake-ups have fired.
-fn woken<'a, 'b>(wakes: &'b mut [Option<Wake<'a>>]) -> impl Future<Output = Vec<usize>> + 'b {
-    std::future::poll_fn(move |cx| {
-        let woke: Vec<usize> = wakes
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(i, wake)| {
-                let ready = wake.as_mut()?.as_mut().poll(cx).is_ready();
-                ready.then_some(i)
-            })
-            .collect();
-        if woke.is_empty() {
-            Poll::Pending
-        } else {
-            Poll::Ready(woke)
-        }
-    })
 }
 
 /// A lease this process took (or tried): its key and the token.
@@ -1164,12 +1139,17 @@ impl<V: Value> Cache<V> {
                     .await,
             );
         }
+        // Key `i`'s wake-up, armed now; it yields `i` when it fires. Only
+        // the keys woken are polled again (not every key on every wake).
         let arm = |i: usize| {
             let mut woken = Box::pin(watches[i].notify().notified());
             woken.as_mut().enable();
-            woken
+            async move {
+                woken.await;
+                i
+            }
         };
-        let mut wakes: Vec<Option<Wake<'_>>> = (0..keys.len()).map(|i| Some(arm(i))).collect();
+        let mut wakes: FuturesUnordered<_> = (0..keys.len()).map(arm).collect();
         // Polls (a fallback to the bus) read and try every waiting key at
         // once (one read, one lease step), each key as often as a single
         // key's wait polls it when ~100 share a `lock_poll` (and at least
@@ -1200,11 +1180,6 @@ impl<V: Value> Cache<V> {
                 self.take_over(&mut keys, &attempt, &jobs).await;
                 attempt.clear();
             }
-            for (wake, key) in wakes.iter_mut().zip(&keys) {
-                if key.is_none() {
-                    *wake = None;
-                }
-            }
             if keys.iter().all(Option::is_none) || Instant::now() >= deadline {
                 break;
             }
@@ -1220,13 +1195,17 @@ impl<V: Value> Cache<V> {
             };
             tokio::select! {
                 biased;
-                woke = woken(&mut wakes) => {
+                Some(first) = wakes.next() => {
+                    let mut woke = vec![first];
+                    while let Some(Some(i)) = wakes.next().now_or_never() {
+                        woke.push(i);
+                    }
                     for i in woke {
+                        // A key done meanwhile is not watched again.
                         let Some(waiting) = keys[i].as_mut() else {
-                            wakes[i] = None;
                             continue;
                         };
-                        wakes[i] = Some(arm(i));
+                        wakes.push(arm(i));
                         // The fill's message may carry the entry: no read
                         // then (a tagged one is read: the store checks it).
                         let storage = &waiting.led.storage;
