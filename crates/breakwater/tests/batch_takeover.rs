@@ -122,6 +122,46 @@ async fn a_dead_holders_keys_are_taken_over_as_one_batch() {
     assert!(took <= Duration::from_secs(3) + 2 * Duration::from_millis(500));
 }
 
+/// Four concurrent `get_many` calls in one process, each asking for ids
+/// 1..=1000 in its own order, a dead process's leases on 1..=600: the
+/// calls share one flight per key, so the process takes the dead keys
+/// over once, as one batch (500 + 100), not once per call.
+#[tokio::test(start_paused = true)]
+async fn concurrent_calls_in_one_process_take_over_as_one_batch() {
+    let store = MemoryStore::new();
+    let cache = ten_second_cache("many")
+        .store(store.clone())
+        .build()
+        .unwrap();
+    for id in 1..=600u64 {
+        let lease = lease_of(&cache, id);
+        let attempt = store.acquire_lease(&lease, b"dead", Duration::from_secs(3));
+        assert!(attempt.await.unwrap().is_acquired());
+    }
+    let dead = Instant::now();
+    let calls = Calls::default();
+    let callers: Vec<_> = (0..4u64)
+        .map(|c| {
+            let (cache, loader) = (cache.clone(), calls.loader(Duration::from_millis(500)));
+            let mut ids: Vec<u64> = (1..=1000).collect();
+            ids.rotate_left((c * 250) as usize);
+            tokio::spawn(async move {
+                let got = cache.get_many(ids.clone(), loader).await.unwrap();
+                for (id, value) in ids.iter().zip(got) {
+                    assert_eq!(value, expected(*id));
+                }
+            })
+        })
+        .collect();
+    for caller in callers {
+        caller.await.unwrap();
+    }
+    let after = calls.sizes_since(dead + Duration::from_secs(3));
+    eprintln!("4 calls in one process: loader calls after the dead leases ran out {after:?}");
+    assert_eq!(after, [500, 100]);
+    assert_eq!(calls.sizes_since(dead), [400, 500, 100]);
+}
+
 /// A live holder whose loader hangs, and whose leases are then lost (the
 /// store evicted them): the other cache, waiting on 300 of them, finds
 /// them free at a poll and takes them over together, in one loader call.
