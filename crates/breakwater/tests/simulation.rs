@@ -60,6 +60,15 @@
 //! good): exactly two loader calls in all (the partitioned one and one
 //! takeover), and every caller in the other processes gets the value.
 //!
+//! **batch-holder-death** (Coherence 4, for batches). A healthy fleet, each
+//! process asking `get_many` for its window of overlapping keys (a seeded
+//! 40 to 150 keys, windows a seeded step apart, released within 20 ms),
+//! 500 ms batch loader; the process whose batch loader starts first is
+//! partitioned at that moment (it dies mid-batch). Every survivor gets
+//! every value, takes the dead holder's keys over in at most 2 loader calls
+//! (one batch), and is done within the lease TTL plus two loads of the
+//! death; no key is loaded more than twice.
+//!
 //! **liveness** (Coherence 5). Every call is wrapped in a timeout of the
 //! bound `Cache`'s docs state, for the default settings and this store's
 //! longest reply (`BOUND`, 71.45 s); running into it is a failure.
@@ -810,6 +819,8 @@ struct History {
     /// Revoking writes (`replace`, `invalidate`) that ran in the store, per
     /// user key (of any version).
     revocations: BTreeMap<String, u64>,
+    /// Batch loader calls started: by which process, when, how many keys.
+    batch_calls: Vec<(usize, Instant, usize)>,
     violations: Vec<Violation>,
 }
 
@@ -987,6 +998,9 @@ impl World {
             let world = Arc::clone(&world);
             Box::pin(async move {
                 let start = Instant::now();
+                lock(&world.history)
+                    .batch_calls
+                    .push((proc, start, keys.len()));
                 for key in &keys {
                     lock(&world.history)
                         .load_calls
@@ -1705,6 +1719,122 @@ async fn holder_death_round(world: &Arc<World>) {
     }
 }
 
+/// A healthy fleet, each process asking `get_many` for its window of
+/// overlapping keys (seeded sizes, released within 20 ms of each other),
+/// 500 ms batch loader; the process whose batch loader starts first is
+/// partitioned from the store at that moment (it dies mid-batch: its
+/// leases are no longer extended, nothing of it is written). Each
+/// survivor gets every value, takes the dead holder's keys over in at most
+/// 2 loader calls (one batch per process), and is done within the lease
+/// TTL plus two loads of the death; no key is loaded more than twice (the
+/// dead holder's load and one takeover).
+async fn batch_holder_death_round(world: &Arc<World>) {
+    let seed = world.seed;
+    let procs = fleet(world, 8, &CHAOS_FLEET, false);
+    let mut rng = stream(seed, 8);
+    let window = rng.random_range(40..=150usize);
+    let step = rng.random_range(5..=window / 2);
+    let keys: Vec<String> = (0..window + 3 * step).map(|k| format!("b{k:03}")).collect();
+    let partitioned: Arc<Mutex<Option<(usize, Instant)>>> = Arc::default();
+    {
+        let stores: Vec<ChaosStore> = procs.iter().map(|p| p.store.clone()).collect();
+        let partitioned = Arc::clone(&partitioned);
+        let world2 = Arc::clone(world);
+        *lock(&world.on_load) = Some(Box::new(move |proc, k| {
+            let mut partitioned = lock(&partitioned);
+            if k.starts_with('b') && partitioned.is_none() {
+                stores[proc].set_up(false);
+                *partitioned = Some((proc, Instant::now()));
+                world2.trace(proc, "partition", k, Instant::now(), String::new());
+            }
+        }));
+    }
+    let delay = ms(500);
+    let calls: Vec<_> = procs
+        .iter()
+        .map(|p| {
+            let (world, p) = (Arc::clone(world), p.clone());
+            let mine = keys[p.id * step..p.id * step + window].to_vec();
+            let stagger = ms(rng.random_range(0..20));
+            tokio::spawn(async move {
+                sleep(stagger).await;
+                let got = get_many(&world, &p, &mine, delay).await;
+                (p.id, got, Instant::now())
+            })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for call in calls {
+        results.push(call.await.expect("caller panicked"));
+    }
+    *lock(&world.on_load) = None;
+    let Some((dead, died)) = *lock(&partitioned) else {
+        world.violate(
+            "batch-holder-death",
+            "b",
+            "no batch loader ever started".into(),
+        );
+        return;
+    };
+    let lease_ttl = Duration::from_secs(3);
+    let mut problems = Vec::new();
+    for (proc, got, done) in &results {
+        if *proc == dead {
+            continue;
+        }
+        let missing = got.iter().filter(|v| v.is_none()).count();
+        if missing > 0 {
+            problems.push(format!(
+                "P{proc}: {missing} of {window} keys without a value"
+            ));
+        }
+        let after = done.saturating_duration_since(died);
+        if after > lease_ttl + 2 * delay {
+            problems.push(format!(
+                "P{proc}: done {} ms after the death, more than the lease TTL + 2 loads",
+                after.as_millis()
+            ));
+        }
+        // Its own first batch starts with the others'; a takeover only
+        // once the dead holder's leases ran out, seconds later.
+        let takeovers: Vec<usize> = lock(&world.history)
+            .batch_calls
+            .iter()
+            .filter(|(p, at, _)| p == proc && *at >= died + Duration::from_secs(1))
+            .map(|(_, _, n)| *n)
+            .collect();
+        if takeovers.len() > 2 {
+            problems.push(format!(
+                "P{proc}: {} loader calls taking over (sizes {:?}), expected at most 2",
+                takeovers.len(),
+                &takeovers[..takeovers.len().min(10)]
+            ));
+        }
+    }
+    let twice: Vec<&String> = keys
+        .iter()
+        .filter(|k| world.load_calls(k).len() > 2)
+        .collect();
+    if !twice.is_empty() {
+        problems.push(format!(
+            "{} keys loaded more than twice (the dead holder's load and one takeover), e.g. {}",
+            twice.len(),
+            twice[0]
+        ));
+    }
+    if !problems.is_empty() {
+        world.violate(
+            "batch-holder-death",
+            "b",
+            format!(
+                "healthy fleet, 4 get_many of {window} keys (step {step}), 500 ms batch loader, \
+                 P{dead} partitioned as its batch loader started: {}",
+                problems.join("; ")
+            ),
+        );
+    }
+}
+
 /// Spawns 50 callers per process at `key`, staggered over 100 ms.
 fn spawn_callers(
     world: &Arc<World>,
@@ -2011,6 +2141,7 @@ fn run_seed(seed: u64) -> Outcome {
         chaos_round(&world, Round::Versions).await;
         slow_loader_round(&world).await;
         holder_death_round(&world).await;
+        batch_holder_death_round(&world).await;
         hot_key_round(&world).await;
         revoked_load_round(&world).await;
         empty_restart_round(&world).await;
