@@ -1781,7 +1781,9 @@ impl<V: Value> Cache<V> {
             };
             let _waiting = self.inner.metrics.waiting();
             let within = self.inner.store.read_deadline();
-            match tokio::time::timeout(within, joined.outcome()).await {
+            // Boxed: a follower's timer would grow every read's future,
+            // hits included.
+            match Box::pin(tokio::time::timeout(within, joined.outcome())).await {
                 // A load that landed before this caller came to it may be
                 // one it saw revoked on an earlier pass (the read stays in
                 // the air until its leader is polled again): read alone.
@@ -1789,7 +1791,7 @@ impl<V: Value> Cache<V> {
                     loading: Some(load),
                     ..
                 }))) if !load.has_landed() => {
-                    let result = self.await_load(key, load, options).await;
+                    let result = Box::pin(self.await_load(key, load, options)).await;
                     return Shared::Loaded(result, Role::Follower);
                 }
                 Ok(Some(Ok(Read {
@@ -1880,7 +1882,8 @@ impl<V: Value> Cache<V> {
             }));
             lead
         });
-        let result = self.await_load(key, load, options).await;
+        // Boxed: its timer would grow every read's future, hits included.
+        let result = Box::pin(self.await_load(key, load, options)).await;
         drop(lead);
         Shared::Loaded(result, role)
     }
