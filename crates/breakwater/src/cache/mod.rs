@@ -1194,7 +1194,7 @@ impl<V: Value> Cache<V> {
             }
             Shared::Read(read) => read,
         };
-        let (entry, store_ok, ticket) = match read {
+        let (entry, mode, ticket) = match read {
             Ok(Read {
                 entry: Some(old),
                 previous: true,
@@ -1215,14 +1215,14 @@ impl<V: Value> Cache<V> {
                         },
                     }));
                 }
-                (None, true, None)
+                (None, Mode::Fleet, None)
             }
-            Ok(read) => (read.entry, true, read.ticket),
+            Ok(read) => (read.entry, Mode::Fleet, read.ticket),
             Err(err) => {
-                warn_limited!(self.inner.logs, Warning::StoreRead, key = %show_key(key), error = %err, "store read failed; loading directly");
                 self.inner.metrics.store_failed("get", &err);
-                // The store is unreachable: a local stale copy stands in.
+                // A local stale copy stands in: no load at all.
                 if let Some(slot) = local_stale {
+                    warn_limited!(self.inner.logs, Warning::StoreRead, key = %show_key(key), error = %err, "store read failed; serving the stale L1 copy");
                     return Some(Ok(Fetched {
                         value: slot.value.clone(),
                         served: Served::Stale {
@@ -1230,7 +1230,18 @@ impl<V: Value> Cache<V> {
                         },
                     }));
                 }
-                (None, false, None)
+                // Only a store that cannot be used is passed by: a slow
+                // one still holds the fleet's lease (see `Mode::after`).
+                let mode = Mode::after(&err);
+                match mode {
+                    Mode::Local => {
+                        warn_limited!(self.inner.logs, Warning::StoreRead, key = %show_key(key), error = %err, "store read failed; loading directly");
+                    }
+                    Mode::Fleet => {
+                        warn_limited!(self.inner.logs, Warning::StoreRead, key = %show_key(key), error = %err, "store read failed; loading through the lease (the store answers, slowly)");
+                    }
+                }
+                (None, mode, None)
             }
         };
 
@@ -1270,7 +1281,7 @@ impl<V: Value> Cache<V> {
 
         // 5. Boxed: the load's part of the future is the large one, and
         // a hit (which returned above) would otherwise build and carry it.
-        let load = self.load(key.to_vec(), loader.clone(), options, fallback, store_ok);
+        let load = self.load(key.to_vec(), loader.clone(), options, fallback, mode);
         let (result, role, stale) = match Box::pin(load).await {
             Ok(done) => done,
             Err(served) => return Some(served),
@@ -1333,7 +1344,8 @@ impl<V: Value> Cache<V> {
 
     /// Step 5 of the pipeline, past a store read that served nothing: one
     /// flight per key in this process; the flight takes the lease, loads
-    /// and writes (see `fill`). A soft timeout gives up waiting (not
+    /// and writes (see `fill`), or, in [`Mode::Local`] (the store cannot
+    /// be used), loads directly. A soft timeout gives up waiting (not
     /// loading) when there is a stale value (`fallback`) to serve: that is
     /// `Err` (served at once); else the flight's outcome, this call's role
     /// in it and the stale stand-in, to settle.
@@ -1344,12 +1356,11 @@ impl<V: Value> Cache<V> {
         loader: L,
         options: &Options,
         fallback: Option<Arc<Entry>>,
-        store_ok: bool,
+        mode: Mode,
     ) -> Result<(Result<Loaded<V>, Error>, Role, Option<Arc<Entry>>), Result<Fetched<V>, Error>>
     where
         L: Load<V>,
     {
-        let mode = if store_ok { Mode::Fleet } else { Mode::Local };
         let (result, role) = {
             let (load, role) =
                 self.join_fill(&key, loader, *options, None, Priority::Foreground, mode);
