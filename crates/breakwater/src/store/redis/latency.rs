@@ -32,6 +32,10 @@ pub(super) const MULTIPLIER: u32 = 3;
 /// one).
 pub(super) const DECAY: Duration = Duration::from_secs(10);
 
+/// [`DECAY`] in microseconds.
+const DECAY_US: u64 = 10_000_000;
+const _: () = assert!(DECAY.as_micros() == DECAY_US as u128);
+
 /// Which floor a deadline has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Op {
@@ -80,7 +84,9 @@ pub struct RedisLatency {
 }
 
 fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+    d.as_secs()
+        .saturating_mul(1_000_000)
+        .saturating_add(u64::from(d.subsec_micros()))
 }
 
 impl Latencies {
@@ -102,8 +108,9 @@ impl Latencies {
         }
     }
 
+    #[inline]
     fn domain(&self, domain: usize) -> &Domain {
-        &self.domains[domain % self.domains.len()]
+        self.domains.get(domain).unwrap_or(&self.domains[0])
     }
 
     /// The deadline of an `op` in `domain` now.
@@ -208,16 +215,17 @@ impl Domain {
         // a row still decay it at the same rate).
         let last = self.at_us.load(Ordering::Relaxed);
         let since = at.saturating_sub(last);
-        let (excess, decay) = (u128::from(peak - us), u128::from(micros(DECAY)));
-        if u128::from(since) >= decay {
+        let (excess, decay) = (peak - us, DECAY_US);
+        if since >= decay {
             self.peak_us.store(us, Ordering::Relaxed);
             self.at_us.store(at, Ordering::Relaxed);
             return;
         }
-        let step = excess * u128::from(since) / decay;
-        if step > 0 {
-            let used = u64::try_from(step * decay / excess).unwrap_or(since);
-            let step = u64::try_from(step).unwrap_or(u64::MAX);
+        // (Below 2^64 for any excess under 21 days: `since` < 10^7.)
+        let moved = excess.saturating_mul(since);
+        if moved >= decay {
+            let step = moved / decay;
+            let used = step.saturating_mul(decay) / excess;
             self.peak_us.store(peak - step, Ordering::Relaxed);
             self.at_us.store(last + used.min(since), Ordering::Relaxed);
         }
