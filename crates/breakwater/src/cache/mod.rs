@@ -9,8 +9,11 @@
 //!    returned here, before anything else is built.
 //! 2. **Read**: one `GET` of the envelope, shared by the callers of the key
 //!    in this process. Corrupt or foreign bytes are a miss plus a warning; a
-//!    store failure is a miss plus a warning too, so a sick store degrades to
-//!    direct loads instead of failing requests. An entry written with tags
+//!    store failure is a miss plus a warning too: an L1 copy stands in if
+//!    there is one; else a store that cannot be used (its breaker open, no
+//!    connection) degrades to direct loads instead of failing requests,
+//!    while one that timed out (slow, not gone) still goes through the
+//!    lease (steps 4–6). An entry written with tags
 //!    is checked against its tags' generations (one more round trip; see
 //!    `tags`); one whose tag was invalidated is a miss. When nothing is stored, the
 //!    shared read goes straight on to steps 4–6 and its callers get the
@@ -165,8 +168,17 @@ impl<T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static> Value for 
 ///    another process serves from the store, which the fence keeps clean; a
 ///    read already in the air when the message arrives may still land there
 ///    (one store deadline).
-/// 4. **One load per key per expiry**, fleet-wide, while the store is
-///    healthy: waiters keep waiting while the holder's lease is alive (it
+/// 4. **One load per key per expiry**, fleet-wide, while the store
+///    answers, however slowly: a [`RedisStore`](crate::RedisStore)'s
+///    deadlines follow the latency Redis has, up to its
+///    `max_response_timeout` (2 s by default; see `# Deadlines follow
+///    Redis's latency` on [`RedisStoreConfig`](crate::RedisStoreConfig)),
+///    a read that timed out still goes through the lease, and a lease
+///    attempt that timed out is made again with the same token; only a
+///    store that cannot be used (its breaker open, no connection to be
+///    had) makes a process load directly: once per key at a time in that
+///    process (single-flight), under the origin's bulkhead. Waiters keep
+///    waiting while the holder's lease is alive (it
 ///    is extended every third of `lease_ttl` while the loader runs), so a
 ///    slow loader is awaited, not repeated. A holder that dies stops
 ///    extending; its lease runs out within `lease_ttl` (3 s by default) and
@@ -177,15 +189,17 @@ impl<T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static> Value for 
 ///    [`OnLockTimeout`] then applies to a stuck lease, never to a slow
 ///    load, and a background refresh never loads without the lease.
 /// 5. **Liveness.** Every call returns. Writing *S* for one store deadline
-///    (a [`RedisStore`](crate::RedisStore)'s `response_timeout`, 50 ms, for
-///    a read; its `write_timeout`, 250 ms, for a write or a lease script; a
+///    (a [`RedisStore`](crate::RedisStore)'s read deadline: 3 × the round
+///    trips it sees, at least `response_timeout`, 50 ms, at most
+///    `max_response_timeout`, 2 s; for a write or a lease script at least
+///    `write_timeout`, 250 ms; a
 ///    reconnect runs in the background and no call waits for it longer
-///    than that; `connect_timeout` only for the very first connection;
+///    than that; the first connection's attempt for as long as it may take;
 ///    twice when a broken connection is retried once), a `get_or_load`
 ///    takes at most: one read (*S*); then either a
-///    load it leads (the bulkhead's `queue_wait` + `load_timeout` + one
-///    write, *S*), or a wait of `lock_wait` plus a few store calls (3*S* +
-///    250 ms) followed, with `load_anyway`, by a load (`queue_wait` +
+///    load it leads (the lease, asked at most twice, 2*S*, the bulkhead's
+///    `queue_wait` + `load_timeout` + one write, *S*), or a wait of
+///    `lock_wait` plus a few store calls (4*S* + 250 ms) followed, with `load_anyway`, by a load (`queue_wait` +
 ///    `load_timeout`). A call that waited for a load revoked before it
 ///    started (see line 1) goes through again, so it may take that bound
 ///    up to three times. With a store breaker open, store calls fail at once.
