@@ -172,9 +172,8 @@ const L1_TTL: Duration = Duration::from_secs(2);
 /// Every call's bound: the one `Cache`'s docs state (coherence line 5),
 /// for the default settings (`load_timeout` 30 s, the bulkhead's
 /// `queue_wait` 1 s, `lease_ttl` 3 s, so `lock_wait` 37 s) and a store
-/// deadline S of `MAX_REPLY`: S + lock_wait + 4S (the lease asked twice)
-/// + 250 ms + queue_wait + load_timeout, i.e. 68.25 s + 5 × 0.8 s =
-/// 72.25 s.
+/// deadline S of `MAX_REPLY`: S + lock_wait + 4S (the lease asked twice) +
+/// 250 ms + queue_wait + load_timeout, i.e. 68.25 s + 5 × 0.8 s = 72.25 s.
 const BOUND: Duration = Duration::from_millis(
     37_000 + 30_000 + 1_000 + 250 + 5 * (MAX_DELAY_MS + RESPONSE_TIMEOUT.as_millis() as u64),
 );
