@@ -172,7 +172,8 @@ impl<T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static> Value for 
 ///    answers, however slowly: a [`RedisStore`](crate::RedisStore)'s
 ///    deadlines follow the latency Redis has, up to its
 ///    `max_response_timeout` (2 s by default; see `# Deadlines follow
-///    Redis's latency` on [`RedisStoreConfig`](crate::RedisStoreConfig)),
+///    Redis's latency` on [`RedisStoreConfig`](crate::RedisStoreConfig);
+///    its first connection needs a round trip within `connect_timeout`),
 ///    a read that timed out still goes through the lease, and a lease
 ///    attempt that timed out is made again with the same token; only a
 ///    store that cannot be used (its breaker open, no connection to be
