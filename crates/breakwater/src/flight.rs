@@ -176,6 +176,20 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
         }
     }
 
+    /// Detaches the flight in the air for `key` if it is the one `joined`
+    /// (not a newer one that took the key since).
+    pub(crate) fn detach_joined(&self, key: &[u8], joined: &Joined<T>) {
+        let mut flights = lock(&self.flights);
+        let flights = &mut *flights;
+        let same = flights
+            .by_key
+            .get(key)
+            .is_some_and(|f| Arc::ptr_eq(&f.cell, &joined.cell));
+        if same && let Some(Flight { id, cell }) = flights.by_key.remove(key) {
+            flights.detached.insert(id, cell);
+        }
+    }
+
     /// Detaches every flight in the air, as [`detach`](Self::detach) does
     /// one (a tag invalidation: any key may carry the tag).
     pub(crate) fn detach_all(&self) {
@@ -200,11 +214,44 @@ fn lock<T>(flights: &Flights<T>) -> MutexGuard<'_, Registry<T>> {
     flights.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Why a flight ended without a result: its task is gone (the runtime
+/// that ran it shut down, or it panicked), not its loader (a loader's panic
+/// or error is a result, landed as any other).
+#[derive(Debug)]
+struct Abandoned;
+
+impl std::fmt::Display for Abandoned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the flight's task is gone")
+    }
+}
+
+impl std::error::Error for Abandoned {}
+
+/// Whether `err` says a flight was abandoned (its task gone, typically
+/// with the runtime that ran it): a caller on another runtime may start
+/// the work again rather than fail.
+pub(crate) fn is_abandoned(err: &Error) -> bool {
+    std::error::Error::source(err).is_some_and(|s| s.is::<Abandoned>())
+}
+
+/// A flight that did not land within its bound, taken for stranded on a
+/// runtime that no longer runs it; a caller on another runtime starts the
+/// work again, as for an [`abandoned`] one.
+pub(crate) fn stranded() -> Error {
+    Error::new(
+        ErrorKind::Timeout,
+        "the load did not land within its bound (the runtime that runs it is not running it)",
+    )
+    .with_source(Abandoned)
+}
+
 fn abandoned() -> Error {
     Error::new(
         ErrorKind::Loader,
         "the load was abandoned before it finished (its task panicked or the runtime shut down)",
     )
+    .with_source(Abandoned)
 }
 
 /// One flight, joined.
@@ -212,7 +259,20 @@ pub(crate) struct Joined<T> {
     cell: Arc<Cell<T>>,
 }
 
+impl<T> Clone for Joined<T> {
+    fn clone(&self) -> Self {
+        Joined {
+            cell: Arc::clone(&self.cell),
+        }
+    }
+}
+
 impl<T: Clone> Joined<T> {
+    /// Whether the flight has landed (its result is there to take).
+    pub(crate) fn has_landed(&self) -> bool {
+        self.cell.result.get().is_some()
+    }
+
     /// The flight's result, once it has landed.
     pub(crate) async fn result(self) -> Result<T, Error> {
         self.outcome().await.unwrap_or_else(|| Err(abandoned()))
@@ -498,6 +558,32 @@ impl<T> Lead<'_, T> {
         self.finish(|| Some(result()));
     }
 
+    /// Hands `result` to every follower, now and until this lead ends,
+    /// without freeing the key: callers that come later still join this
+    /// read, and get `result` at once. For a leader whose own work goes on
+    /// (a read that went on to wait for a load) but whose followers need
+    /// not wait for it: `result` says what they wait on instead. A later
+    /// [`land_with`](Self::land_with) frees the key and hands down nothing
+    /// else.
+    pub(crate) fn publish(&mut self, result: Result<T, Error>) {
+        let cell = {
+            let mut guard = lock_slot(self.slot);
+            let state = &mut *guard;
+            if state.main.id == Some(self.id) {
+                Arc::clone(state.main.cell.get_or_insert_with(Cell::new))
+            } else if let Some(f) = state.more.iter_mut().find(|f| f.id == Some(self.id)) {
+                Arc::clone(f.cell.get_or_insert_with(Cell::new))
+            } else if let Some((_, cell)) = state.detached.iter().find(|(id, _)| *id == self.id) {
+                Arc::clone(cell)
+            } else {
+                // Detached with no follower: nobody can hear it.
+                return;
+            }
+        };
+        let _ = cell.result.set(Some(result));
+        cell.landed.notify_waiters();
+    }
+
     fn finish(&mut self, result: impl FnOnce() -> Option<Result<T, Error>>) {
         if std::mem::replace(&mut self.landed, true) {
             return;
@@ -572,6 +658,45 @@ mod tests {
             assert_eq!(joined.outcome().await.unwrap().unwrap(), 7);
         }
         assert!(matches!(flight.lead_or_join(b"k"), Turn::Lead(_)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_published_result_reaches_followers_before_and_after_while_the_key_stays_led() {
+        let flight = Reads::<u64>::new();
+        let Turn::Lead(mut lead) = flight.lead_or_join(b"k") else {
+            panic!("the first call leads")
+        };
+        let Turn::Follow(before) = flight.lead_or_join(b"k") else {
+            panic!("a read is in the air")
+        };
+        lead.publish(Ok(3));
+        assert_eq!(before.outcome().await.unwrap().unwrap(), 3);
+        // Still in the air: a later caller joins and hears it at once.
+        let Turn::Follow(after) = flight.lead_or_join(b"k") else {
+            panic!("a published read stays in the air until it lands")
+        };
+        assert_eq!(after.outcome().await.unwrap().unwrap(), 3);
+        // Landing frees the key and hands down nothing else.
+        lead.land_with(|| Ok(4));
+        assert_eq!(flight.in_flight(), 0);
+        assert!(matches!(flight.lead_or_join(b"k"), Turn::Lead(_)));
+        // Published after a detach: only those who joined before hear it.
+        let Turn::Lead(mut lead) = flight.lead_or_join(b"j") else {
+            panic!("the first call leads")
+        };
+        let Turn::Follow(early) = flight.lead_or_join(b"j") else {
+            panic!("a read is in the air")
+        };
+        flight.detach(b"j");
+        lead.publish(Ok(5));
+        assert_eq!(early.outcome().await.unwrap().unwrap(), 5);
+        drop(lead);
+        assert!(
+            flight
+                .slots
+                .iter()
+                .all(|s| lock_slot(s).detached.is_empty())
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -270,10 +270,11 @@ impl FreshnessPolicy {
     pub(crate) fn could_refresh_early(&self, remaining_ms: u64, load_ms: u32) -> bool {
         match self.early.kind {
             Kind::None => false,
-            Kind::XFetch(beta) => {
-                let span = f64::from(load_ms) * clamp_beta(beta);
-                remaining_ms as f64 <= span * 37.0
-            }
+            // In whole milliseconds, as `early_window_ms` says it: compared
+            // as floats, a window past 2^53 ms took `w + 1` for `w`.
+            Kind::XFetch(_) => self
+                .early_window_ms(load_ms)
+                .is_some_and(|window| remaining_ms <= window),
             Kind::Fraction(fraction) => self.fraction_due(fraction, remaining_ms),
         }
     }

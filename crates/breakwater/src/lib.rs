@@ -57,6 +57,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod background;
 pub mod breaker;
 mod cache;
 pub mod clock;

@@ -66,6 +66,7 @@ const APP_USER: &[&str] = &[
     "+pexpire",
     "+ping",
     "+time",
+    "+role",
 ];
 
 /// A private Redis with the `app` user, and a store connected as it.

@@ -68,6 +68,15 @@
 //! one loader call and no errors. Just above the read deadline each
 //! process's first read times out: that must not skip the fleet's lease.
 //!
+//! **batch-holder-death** (Coherence 4, for batches). A healthy fleet, each
+//! process asking `get_many` for its window of overlapping keys (a seeded
+//! 40 to 150 keys, windows a seeded step apart, released within 20 ms),
+//! 500 ms batch loader; the process whose batch loader starts first is
+//! partitioned at that moment (it dies mid-batch). Every survivor gets
+//! every value, takes the dead holder's keys over in at most 2 loader calls
+//! (one batch), and is done within the lease TTL plus two loads of the
+//! death; no key is loaded more than twice.
+//!
 //! **liveness** (Coherence 5). Every call is wrapped in a timeout of the
 //! bound `Cache`'s docs state, for the default settings and this store's
 //! longest reply (`BOUND`, 72.25 s); running into it is a failure.
@@ -109,6 +118,18 @@
 //! The store forgets tag counters in that round: every 0.3 to 3 s one
 //! group's counter is dropped (as `maxmemory` eviction or a `DEL` would),
 //! and no-resurrection must still hold (a lost counter validates nothing).
+//!
+//! Callers go away in every chaos round: 15% of the `invalidate`s and
+//! `set`s are dropped 0 to 700 ms in (a cancelled request). One dropped
+//! after the store ran it counts as returned at the drop: its local step
+//! must have run (issue 27: it was skipped, and the process ignores its own
+//! message on the bus, so its L1 served the old value until its TTL).
+//!
+//! Runtimes go away in every chaos round: now and then (1% per process
+//! per scheduler tick) a process's subscription feeds end without a word,
+//! as when the runtime that ran them is dropped. Its cache must notice
+//! (L1 unverified at once, a new listener on its next call): before issue
+//! 27 the listener ended quietly and L1 trusted a bus nobody listened to.
 //!
 //! The store forgets in every chaos round too: every 0.2 to 2 s a random
 //! key's value or lease is dropped (memory pressure): a lost value is a
@@ -182,6 +203,12 @@ const TOLERANCE: Duration = Duration::from_millis(5);
 /// The chaos phase's length, and its workload.
 const CHAOS_FOR: Duration = Duration::from_secs(120);
 const WORKERS: usize = 16;
+/// The chance, per process and scheduler tick (every 0.2 to 0.8 s), that
+/// its subscriptions' tasks die (as with the runtime that ran them).
+const FEED_DEATHS: f64 = 0.01;
+/// The share of `invalidate`s and `set`s whose caller goes away before
+/// they return (the future dropped 0 to 700 ms in).
+const DROPPED_WRITES: f64 = 0.15;
 const KEYS: usize = 12;
 
 fn ms(n: u64) -> Duration {
@@ -241,6 +268,8 @@ struct ChaosState {
     /// partitioned): calls hang for the response timeout, then fail, and the
     /// subscription is down.
     link: watch::Sender<bool>,
+    /// The tasks that feed this process's subscriptions.
+    feeds: Vec<tokio::task::AbortHandle>,
 }
 
 /// A store that answers every call after a seeded latency, with
@@ -321,8 +350,22 @@ impl ChaosStore {
                 faults: Faults::HEALTHY,
                 slow: None,
                 link: watch::Sender::new(true),
+                feeds: Vec::new(),
             })),
         }
+    }
+
+    /// `write`, a revoking write of `key` (`replace`, `invalidate`),
+    /// counted for the key once it ran in the store.
+    fn ran<'a>(&'a self, key: &'a [u8], write: StoreFuture<'a, ()>) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let done = write.await;
+            if done.is_ok() {
+                let mut h = lock(&self.tracer.0.history);
+                *h.revocations.entry(user_key(key)).or_default() += 1;
+            }
+            done
+        })
     }
 
     fn set_faults(&self, faults: Faults) {
@@ -338,6 +381,15 @@ impl ChaosStore {
     /// Stops (`false`) or restarts (`true`) the store for this process.
     fn set_up(&self, up: bool) {
         lock(&self.state).link.send_replace(up);
+    }
+
+    /// This process's subscriptions end, as they do when the runtime that
+    /// ran their tasks goes away: their feeds stop without a word (no
+    /// `Missed`), and the cache must notice by itself.
+    fn kill_feeds(&self) -> usize {
+        let feeds = std::mem::take(&mut lock(&self.state).feeds);
+        feeds.iter().for_each(tokio::task::AbortHandle::abort);
+        feeds.len()
     }
 
     fn is_up(&self) -> bool {
@@ -737,7 +789,7 @@ impl Store for ChaosStore {
         notice: Notice<'a>,
     ) -> StoreFuture<'a, ()> {
         self.call(Some("s.replace"), key, move || {
-            self.inner.replace(key, value, ttl, lease_key, notice)
+            self.ran(key, self.inner.replace(key, value, ttl, lease_key, notice))
         })
     }
 
@@ -748,7 +800,7 @@ impl Store for ChaosStore {
         notice: Notice<'a>,
     ) -> StoreFuture<'a, ()> {
         self.call(Some("s.invalid"), key, move || {
-            self.inner.invalidate(key, lease_key, notice)
+            self.ran(key, self.inner.invalidate(key, lease_key, notice))
         })
     }
 
@@ -790,13 +842,16 @@ impl Store for ChaosStore {
         let ready = watch::Sender::new(self.is_up());
         let ready_rx = ready.subscribe();
         let (world, proc) = &self.tracer;
-        tokio::spawn(forward(
+        let feed = tokio::spawn(forward(
             upstream,
             tx,
             ready,
             Arc::clone(&self.state),
             (Arc::clone(world), *proc),
         ));
+        let mut state = lock(&self.state);
+        state.feeds.retain(|f| !f.is_finished());
+        state.feeds.push(feed.abort_handle());
         Subscription::new(rx, ready_rx)
     }
 }
@@ -867,6 +922,11 @@ struct History {
     produced: BTreeMap<(String, u64), Vec<Instant>>,
     /// Loader calls started, per key.
     load_calls: BTreeMap<String, Vec<usize>>,
+    /// Revoking writes (`replace`, `invalidate`) that ran in the store, per
+    /// user key (of any version).
+    revocations: BTreeMap<String, u64>,
+    /// Batch loader calls started: by which process, when, how many keys.
+    batch_calls: Vec<(usize, Instant, usize)>,
     violations: Vec<Violation>,
 }
 
@@ -1044,6 +1104,9 @@ impl World {
             let world = Arc::clone(&world);
             Box::pin(async move {
                 let start = Instant::now();
+                lock(&world.history)
+                    .batch_calls
+                    .push((proc, start, keys.len()));
                 for key in &keys {
                     lock(&world.history)
                         .load_calls
@@ -1204,6 +1267,15 @@ impl World {
             }
         }
         Some(val)
+    }
+
+    /// The revoking writes of `key` that ran in the store so far.
+    fn revocations(&self, key: &str) -> u64 {
+        lock(&self.history)
+            .revocations
+            .get(key)
+            .copied()
+            .unwrap_or_default()
     }
 
     fn fence(&self, proc: usize, key: &str, version: u64) {
@@ -1501,6 +1573,14 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                     let label = if chaotic { "chaotic" } else { "healthy" };
                     world.trace(0, "phase", "-", now, label.into());
                 }
+                // Now and then a process's bus tasks die with the runtime
+                // that ran them.
+                for p in &procs {
+                    if rng.random_bool(FEED_DEATHS) {
+                        let killed = p.store.kill_feeds();
+                        world.trace(p.id, "bus-gone", "-", now, format!("{killed} feed(s)"));
+                    }
+                }
                 for (p, until) in procs.iter().zip(stopped_until.iter_mut()) {
                     match *until {
                         Some(t) if now >= t => {
@@ -1599,8 +1679,15 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                             let _row = writes[key].lock().await;
                             let version = world.bump(key);
                             let start = Instant::now();
+                            // Now and then the caller goes away (a request
+                            // cancelled), before or after the store ran it.
+                            let dropped = rng
+                                .random_bool(DROPPED_WRITES)
+                                .then(|| ms(rng.random_range(0..=700)));
+                            let within = dropped.unwrap_or(BOUND);
+                            let ran_before = world.revocations(key);
                             let (op, result) = if roll < 90 {
-                                ("invalidate", timeout(BOUND, p.cache.invalidate(key)).await)
+                                ("invalidate", timeout(within, p.cache.invalidate(key)).await)
                             } else {
                                 world.produced(key, version, start);
                                 let val = Val {
@@ -1614,7 +1701,7 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                                         p.cache.set(key, &val).await
                                     }
                                 };
-                                ("set", timeout(BOUND, set).await)
+                                ("set", timeout(within, set).await)
                             };
                             let outcome = match result {
                                 Ok(Ok(())) => {
@@ -1622,6 +1709,17 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                                     format!("ok v{version}")
                                 }
                                 Ok(Err(err)) => format!("error {:?} v{version}", err.kind()),
+                                // Dropped once the store ran it: as if it
+                                // returned now (its local step ran on the
+                                // drop; the others hear the bus).
+                                Err(_) if dropped.is_some() => {
+                                    if world.revocations(key) > ran_before {
+                                        world.fence(p.id, key, version);
+                                        format!("dropped after the store ran it v{version}")
+                                    } else {
+                                        format!("dropped before the store ran it v{version}")
+                                    }
+                                }
                                 Err(_) => {
                                     world.violate("liveness", key,
                                         format!(
@@ -1764,6 +1862,122 @@ async fn slow_store_round(world: &Arc<World>) {
                 ),
             );
         }
+    }
+}
+
+/// A healthy fleet, each process asking `get_many` for its window of
+/// overlapping keys (seeded sizes, released within 20 ms of each other),
+/// 500 ms batch loader; the process whose batch loader starts first is
+/// partitioned from the store at that moment (it dies mid-batch: its
+/// leases are no longer extended, nothing of it is written). Each
+/// survivor gets every value, takes the dead holder's keys over in at most
+/// 2 loader calls (one batch per process), and is done within the lease
+/// TTL plus two loads of the death; no key is loaded more than twice (the
+/// dead holder's load and one takeover).
+async fn batch_holder_death_round(world: &Arc<World>) {
+    let seed = world.seed;
+    let procs = fleet(world, 8, &CHAOS_FLEET, false);
+    let mut rng = stream(seed, 8);
+    let window = rng.random_range(40..=150usize);
+    let step = rng.random_range(5..=window / 2);
+    let keys: Vec<String> = (0..window + 3 * step).map(|k| format!("b{k:03}")).collect();
+    let partitioned: Arc<Mutex<Option<(usize, Instant)>>> = Arc::default();
+    {
+        let stores: Vec<ChaosStore> = procs.iter().map(|p| p.store.clone()).collect();
+        let partitioned = Arc::clone(&partitioned);
+        let world2 = Arc::clone(world);
+        *lock(&world.on_load) = Some(Box::new(move |proc, k| {
+            let mut partitioned = lock(&partitioned);
+            if k.starts_with('b') && partitioned.is_none() {
+                stores[proc].set_up(false);
+                *partitioned = Some((proc, Instant::now()));
+                world2.trace(proc, "partition", k, Instant::now(), String::new());
+            }
+        }));
+    }
+    let delay = ms(500);
+    let calls: Vec<_> = procs
+        .iter()
+        .map(|p| {
+            let (world, p) = (Arc::clone(world), p.clone());
+            let mine = keys[p.id * step..p.id * step + window].to_vec();
+            let stagger = ms(rng.random_range(0..20));
+            tokio::spawn(async move {
+                sleep(stagger).await;
+                let got = get_many(&world, &p, &mine, delay).await;
+                (p.id, got, Instant::now())
+            })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for call in calls {
+        results.push(call.await.expect("caller panicked"));
+    }
+    *lock(&world.on_load) = None;
+    let Some((dead, died)) = *lock(&partitioned) else {
+        world.violate(
+            "batch-holder-death",
+            "b",
+            "no batch loader ever started".into(),
+        );
+        return;
+    };
+    let lease_ttl = Duration::from_secs(3);
+    let mut problems = Vec::new();
+    for (proc, got, done) in &results {
+        if *proc == dead {
+            continue;
+        }
+        let missing = got.iter().filter(|v| v.is_none()).count();
+        if missing > 0 {
+            problems.push(format!(
+                "P{proc}: {missing} of {window} keys without a value"
+            ));
+        }
+        let after = done.saturating_duration_since(died);
+        if after > lease_ttl + 2 * delay {
+            problems.push(format!(
+                "P{proc}: done {} ms after the death, more than the lease TTL + 2 loads",
+                after.as_millis()
+            ));
+        }
+        // Its own first batch starts with the others'; a takeover only
+        // once the dead holder's leases ran out, seconds later.
+        let takeovers: Vec<usize> = lock(&world.history)
+            .batch_calls
+            .iter()
+            .filter(|(p, at, _)| p == proc && *at >= died + Duration::from_secs(1))
+            .map(|(_, _, n)| *n)
+            .collect();
+        if takeovers.len() > 2 {
+            problems.push(format!(
+                "P{proc}: {} loader calls taking over (sizes {:?}), expected at most 2",
+                takeovers.len(),
+                &takeovers[..takeovers.len().min(10)]
+            ));
+        }
+    }
+    let twice: Vec<&String> = keys
+        .iter()
+        .filter(|k| world.load_calls(k).len() > 2)
+        .collect();
+    if !twice.is_empty() {
+        problems.push(format!(
+            "{} keys loaded more than twice (the dead holder's load and one takeover), e.g. {}",
+            twice.len(),
+            twice[0]
+        ));
+    }
+    if !problems.is_empty() {
+        world.violate(
+            "batch-holder-death",
+            "b",
+            format!(
+                "healthy fleet, 4 get_many of {window} keys (step {step}), 500 ms batch loader, \
+                 P{dead} partitioned as its batch loader started: {}",
+                problems.join("; ")
+            ),
+        );
     }
 }
 
@@ -1915,6 +2129,77 @@ async fn empty_restart_round(world: &Arc<World>) {
     }
 }
 
+/// **bus-death**: two healthy processes with L1 (30 s TTL, no message
+/// loss) hold four keys; the bus tasks of process 0 die (as with the
+/// runtime that ran them: the subscription just ends); process 1 then
+/// changes and invalidates every key. Process 0's calls that start more
+/// than one store reply later must return the new versions: its cache
+/// noticed that nobody listens (L1 unverified, a new listener on its next
+/// call). Before issue 27 its L1 served the old values for its whole TTL.
+async fn bus_death_round(world: &Arc<World>) {
+    let seed = world.seed;
+    let procs = fleet(world, 8, &[(Duration::ZERO, true); 2], false);
+    let (deaf, other) = (&procs[0], &procs[1]);
+    let keys: Vec<String> = (0..4).map(|k| format!("b{k}")).collect();
+    for p in &procs {
+        for key in &keys {
+            get(world, p, key, ms(5), false).await;
+        }
+    }
+    let mut rng = stream(seed, 8);
+    sleep(ms(rng.random_range(10..500))).await;
+    let killed = deaf.store.kill_feeds();
+    world.trace(
+        deaf.id,
+        "bus-gone",
+        "-",
+        Instant::now(),
+        format!("{killed} feed(s)"),
+    );
+    sleep(ms(rng.random_range(0..500))).await;
+    let mut fences = Vec::new();
+    for key in &keys {
+        let version = world.bump(key);
+        let start = Instant::now();
+        match timeout(BOUND, other.cache.invalidate(key)).await {
+            Ok(Ok(())) => {
+                world.fence(other.id, key, version);
+                fences.push((key.clone(), version, Instant::now()));
+            }
+            outcome => world.violate(
+                "errors-in-healthy-round",
+                key,
+                format!("P1 invalidate({key}) in the bus-death round: {outcome:?}"),
+            ),
+        }
+        world.trace(other.id, "invalidate", key, start, format!("v{version}"));
+    }
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        let (key, version, at) = &fences[rng.random_range(0..fences.len())];
+        let (seq, start) = (world.next_seq(), Instant::now());
+        let loader = world.loader(deaf.id, key, ms(5));
+        let result = timeout(BOUND, deaf.cache.get_or_load_with_meta(key, loader)).await;
+        let got = world.check_get(deaf.id, deaf.profile, key, seq, start, result, BOUND);
+        if start >= *at + MAX_REPLY
+            && let Some(val) = got.filter(|val| val.version < *version)
+        {
+            world.violate(
+                "bus-death",
+                key,
+                format!(
+                    "P0 get_or_load({key}) at {} ms returned v{} after P1 invalidated it at v{version} \
+                     ({} ms), its bus tasks gone",
+                    world.ms(start),
+                    val.version,
+                    world.ms(*at)
+                ),
+            );
+        }
+        sleep(ms(rng.random_range(10..100))).await;
+    }
+}
+
 /// A process that hears nothing (every bus message to it lost, the
 /// connection up, so nothing tells it so) loads a key slowly; another
 /// process invalidates the key during the load; calls in the deaf process
@@ -2002,10 +2287,12 @@ fn run_seed(seed: u64) -> Outcome {
         chaos_round(&world, Round::Versions).await;
         slow_loader_round(&world).await;
         holder_death_round(&world).await;
+        batch_holder_death_round(&world).await;
         hot_key_round(&world).await;
         revoked_load_round(&world).await;
         empty_restart_round(&world).await;
         slow_store_round(&world).await;
+        bus_death_round(&world).await;
         world
     });
     // Background tasks (listeners, forwarders, refreshes) end with the

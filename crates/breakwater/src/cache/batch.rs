@@ -22,10 +22,16 @@
 //!    per call, the leases extended while it runs, and written each
 //!    through its own fence. The loader may return fewer keys than asked:
 //!    a key it leaves out is cached as "not found" (a negative entry).
-//! 5. **Keys another process holds** are awaited exactly as a single key's
-//!    are (woken by the holder's fill, a takeover when its lease expires,
-//!    `lock_wait` and [`OnLockTimeout`](super::OnLockTimeout)); a takeover
-//!    loads that one key with the batch loader.
+//! 5. **Keys another process holds** are awaited together, as a single
+//!    key's are (woken by the holder's fill, a takeover when its lease
+//!    expires, `lock_wait` and [`OnLockTimeout`](super::OnLockTimeout)),
+//!    and **taken over as a batch**: every waiting key of the call whose
+//!    lease is gone (a holder that died stops extending its leases, which
+//!    were taken together and so run out together) is tried in one lease
+//!    step, gathering the ones that run out within 50 ms, and loaded as in
+//!    4 (one loader call and one bulkhead slot per [`MAX_BATCH`]), so a
+//!    dead holder costs each waiting call the lease TTL plus one load,
+//!    not one load per key.
 //! 6. **The store fails** (the read or the lease step): those keys are
 //!    loaded directly in one batch, served and kept in L1, not written, as
 //!    for `get_or_load`.
@@ -48,12 +54,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures_util::future::join_all;
-use tokio::time::Instant;
+use futures_util::StreamExt;
+use futures_util::future::{FutureExt, join_all};
+use futures_util::stream::FuturesUnordered;
+use tokio::sync::mpsc;
+use tokio::time::{Instant, sleep, sleep_until};
 use tracing::field::Empty;
 use tracing::{Instrument, Span};
 
-use super::fill::{Lease, Mode, deadline_after};
+use super::builder::LockTimeoutKind;
+use super::fill::{
+    LEASE_RETRY_MARGIN, Lease, Mode, SUBSCRIBE_WITHIN, deadline_after, lock_timeout,
+};
 use super::notify::{self, FILLED};
 use super::options::{Fetched, Options, Served, StaleReason};
 use super::tags::counter_ttl;
@@ -65,6 +77,7 @@ use super::{
 use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
 use crate::flight::{Joined, Lander, Role};
+use crate::jitter::poll_delay;
 use crate::key::CacheKey;
 use crate::l1::{Slot, Ticket};
 use crate::limit::Priority;
@@ -77,6 +90,12 @@ pub(crate) const MAX_BATCH: usize = 500;
 
 /// How many of a batch's waiting keys poll the store per `lock_poll`.
 const WAITER_POLLS: usize = 100;
+
+/// How long a takeover waits for the other leases of the same dead holder
+/// to run out (they were taken, and extended, together, so they expire
+/// within a few milliseconds of each other), so they are loaded in one
+/// batch; at most a tenth of the lease TTL.
+const TAKEOVER_GATHER: Duration = Duration::from_millis(50);
 
 /// Time allowed for the store calls of a `get_many` beyond its waits and
 /// its load.
@@ -160,6 +179,38 @@ type Taken<'a, K, V> = (usize, Led<K, V>, LeaseRequest<'a>, Option<Pinned>);
 /// it, and the stale entry that may stand in if it fails.
 type Wait<V> = (usize, Joined<Loaded<V>>, Role, Option<Arc<Entry>>);
 
+/// A key of a batch waiting for another process's load.
+struct Waiting<K, V> {
+    led: Led<K, V>,
+    /// When its holder's lease runs out, as last seen (plus a margin): the
+    /// moment to try to take it over.
+    retry_at: Instant,
+    /// A readable entry no longer fresh, for the lock-wait policy.
+    stale: Option<Entry>,
+}
+
+/// A lease this process took (or tried): its key and the token.
+type OwnedLease = (Vec<u8>, [u8; 16]);
+
+/// A load [`Cache::wait_many`] hands to [`Cache::run_jobs`].
+enum Job<K, V> {
+    /// Keys taken over (their leases with the tokens taken, asked for at
+    /// `asked`): loaded as one batch.
+    Lead {
+        taken: Vec<(Led<K, V>, OwnedLease)>,
+        asked: Instant,
+    },
+    /// Keys whose lease attempt failed (the store): loaded directly, or
+    /// failed in the background; the tokens given back.
+    Unleased {
+        failed: Vec<(Led<K, V>, OwnedLease, Error)>,
+        failure: Error,
+    },
+    /// Keys still held past `lock_wait`, for
+    /// [`OnLockTimeout::load_anyway`](super::OnLockTimeout): loaded, not written.
+    Unwritten(Vec<Led<K, V>>),
+}
+
 /// One key of a `get_many`, deduplicated.
 struct Want<K, V> {
     key: K,
@@ -223,8 +274,10 @@ impl<V: Value> Cache<V> {
     ///    through its key's lease fence, so an invalidation that lands
     ///    during the load keeps it out, as for `get_or_load`.
     /// 5. Keys another process is loading are awaited, woken by its write;
-    ///    if it dies, one waiter takes over when its lease expires and
-    ///    loads that key alone.
+    ///    if it dies, its keys are taken over when their leases expire, as
+    ///    one batch per waiting call (one loader call per 500 keys, one
+    ///    fleet-wide per key): a dead holder costs the lease TTL plus one
+    ///    load.
     ///
     /// Per key, what `get_or_load` guarantees holds: grace, fail-safe,
     /// L1, the breakers, one load per key fleet-wide, no resurrection.
@@ -803,9 +856,9 @@ impl<V: Value> Cache<V> {
                     inner.metrics.lease("acquired");
                     taken.push((led, *request));
                 }
-                Ok(LeaseAttempt::Held { .. }) => {
+                Ok(LeaseAttempt::Held { ttl }) => {
                     inner.metrics.lease("busy");
-                    held.push(led);
+                    held.push((led, ttl));
                 }
                 Err(err) => {
                     if failure.is_none() {
@@ -818,7 +871,7 @@ impl<V: Value> Cache<V> {
         }
         tokio::join!(
             self.lead_many(taken, asked, batch, options, priority, ticket),
-            self.await_many(held, batch, options, priority),
+            self.await_many(held, batch, options, priority, ticket),
             self.load_unleased(failed, batch, options, priority, ticket, failure),
         );
     }
@@ -1019,44 +1072,481 @@ impl<V: Value> Cache<V> {
         }
     }
 
-    /// Keys whose lease another process holds: each is awaited as a single
-    /// key's flight waits (woken by the holder's fill; taking over, with
-    /// the batch loader for that key alone, if the holder dies).
+    /// Keys whose lease another process holds, each with how long its
+    /// lease had left: awaited together, woken by the holders' fills (a
+    /// value the message carries is taken as it is, others are read in one
+    /// `get_many`); the keys whose leases are gone (a holder that died: its
+    /// lease is no longer extended and runs out) are taken over together:
+    /// one lease step for every key of this call that is due, the keys
+    /// whose leases run out within [`TAKEOVER_GATHER`] of the first added,
+    /// and then one batch, loaded as this call's own keys are
+    /// ([`lead_many`](Self::lead_many): one loader call and one bulkhead
+    /// slot per [`MAX_BATCH`] keys). So a dead holder's keys cost each
+    /// waiting call one batch, within its lease TTL plus one load, however
+    /// many keys it held. The wait ends by `lock_wait` (then the
+    /// [`OnLockTimeout`](super::OnLockTimeout) policy, for the keys left).
     async fn await_many<K, B>(
         &self,
-        held: Vec<Led<K, V>>,
+        held: Vec<(Led<K, V>, Duration)>,
         batch: &Arc<B>,
         options: &Options,
         priority: Priority,
+        ticket: Option<Ticket>,
     ) where
         K: CacheKey + Clone + Send + Sync + 'static,
         B: BatchLoad<K, V>,
     {
-        // Woken by the holders' fills; the fallback polls of many keys are
-        // spread out (at most ~100 per `lock_poll` for the batch, each key
-        // at least once per lease TTL), or they would be a load of their own.
-        let options = Options {
-            poll_scale: u32::try_from(held.len() / WAITER_POLLS + 1).unwrap_or(u32::MAX),
-            ..*options
-        };
-        let options = &options;
-        join_all(held.into_iter().map(|led| {
-            let loader = one_key(Arc::clone(batch), led.key, led.user);
-            let fill = self.clone().fill(
-                led.storage,
-                Arc::new(loader),
-                *options,
-                led.replacing,
-                priority,
-                Mode::Fleet,
+        if held.is_empty() {
+            return;
+        }
+        // The loads (takeovers, and a lock-wait policy's) run beside the
+        // wait, so a wake-up is never held up by a load, nor a load by a read.
+        let (jobs, queue) = mpsc::unbounded_channel();
+        tokio::join!(
+            self.wait_many(held, jobs, options, priority),
+            self.run_jobs(queue, batch, options, priority, ticket),
+        );
+    }
+
+    /// [`await_many`](Self::await_many)'s waiting: hands every key it does
+    /// not land itself (taken over, or past `lock_wait` and loaded anyway)
+    /// to `jobs`.
+    async fn wait_many<K>(
+        &self,
+        held: Vec<(Led<K, V>, Duration)>,
+        jobs: mpsc::UnboundedSender<Job<K, V>>,
+        options: &Options,
+        priority: Priority,
+    ) where
+        K: CacheKey + Clone + Send + Sync + 'static,
+    {
+        let inner = &self.inner;
+        let ticket = self.local.ticket();
+        let deadline = deadline_after(inner.lock_wait_for(options));
+        let mut keys: Vec<Option<Waiting<K, V>>> = held
+            .into_iter()
+            .map(|(led, left)| {
+                Some(Waiting {
+                    led,
+                    retry_at: deadline_after(left.saturating_add(LEASE_RETRY_MARGIN)),
+                    stale: None,
+                })
+            })
+            .collect();
+        // One watch per key for the whole wait, and its wake-up armed
+        // before any read: a fill between two reads is never missed.
+        let mut watches = Vec::with_capacity(keys.len());
+        for waiting in keys.iter().flatten() {
+            let storage = &waiting.led.storage;
+            watches.push(
+                inner
+                    .waiters
+                    .watch(&*inner.store, storage, SUBSCRIBE_WITHIN)
+                    .await,
             );
-            async move { led.lander.land(fill.await) }
-        }))
-        .await;
+        }
+        // Key `i`'s wake-up, armed now; it yields `i` when it fires. Only
+        // the keys woken are polled again (not every key on every wake).
+        let arm = |i: usize| {
+            let mut woken = Box::pin(watches[i].notify().notified());
+            woken.as_mut().enable();
+            async move {
+                woken.await;
+                i
+            }
+        };
+        let mut wakes: FuturesUnordered<_> = (0..keys.len()).map(arm).collect();
+        // Polls (a fallback to the bus) read and try every waiting key at
+        // once (one read, one lease step), each key as often as a single
+        // key's wait polls it when ~100 share a `lock_poll` (and at least
+        // once per lease TTL): a lost "released" or "filled" message costs
+        // at most one poll.
+        let every = {
+            let scale = u32::try_from(keys.len() / WAITER_POLLS + 1).unwrap_or(u32::MAX);
+            inner
+                .lock_poll
+                .saturating_mul(options.poll_scale.saturating_mul(scale))
+                .min(inner.lease_ttl.max(inner.lock_poll))
+        };
+        let mut check: Vec<usize> = (0..keys.len()).collect();
+        let mut attempt: Vec<usize> = Vec::new();
+        loop {
+            // Filled meanwhile (or just before the watches): served.
+            self.check_filled(&mut keys, &check, options, ticket).await;
+            check.clear();
+            // Leases gone: taken over, together.
+            let now = Instant::now();
+            attempt.extend(
+                (0..keys.len()).filter(|&i| keys[i].as_ref().is_some_and(|w| w.retry_at <= now)),
+            );
+            attempt.sort_unstable();
+            attempt.dedup();
+            attempt.retain(|&i| keys[i].is_some());
+            if !attempt.is_empty() {
+                self.take_over(&mut keys, &attempt, &jobs).await;
+                attempt.clear();
+            }
+            if keys.iter().all(Option::is_none) || Instant::now() >= deadline {
+                break;
+            }
+            let retry_at = keys
+                .iter()
+                .flatten()
+                .map(|w| w.retry_at)
+                .min()
+                .unwrap_or(deadline);
+            let poll = {
+                let mut rng = inner.rng.lock().unwrap_or_else(|p| p.into_inner());
+                poll_delay(every, &mut *rng)
+            };
+            tokio::select! {
+                biased;
+                Some(first) = wakes.next() => {
+                    let mut woke = vec![first];
+                    while let Some(Some(i)) = wakes.next().now_or_never() {
+                        woke.push(i);
+                    }
+                    for i in woke {
+                        // A key done meanwhile is not watched again.
+                        let Some(waiting) = keys[i].as_mut() else {
+                            continue;
+                        };
+                        wakes.push(arm(i));
+                        // The fill's message may carry the entry: no read
+                        // then (a tagged one is read: the store checks it).
+                        let storage = &waiting.led.storage;
+                        let carried = watches[i]
+                            .filled()
+                            .and_then(|bytes| self.decode(storage, bytes))
+                            .filter(|entry| entry.tags.is_empty());
+                        let value = carried.and_then(|entry| {
+                            let replacing = waiting.led.replacing;
+                            self.fresh_entry(storage, entry, &mut waiting.stale, options, replacing, ticket)
+                        });
+                        match value {
+                            Some(value) => {
+                                if let Some(waiting) = keys[i].take() {
+                                    waiting.led.lander.land(Ok((value, Served::Coalesced, None)));
+                                }
+                            }
+                            // Released without a value, or not carried:
+                            // read, and tried again.
+                            None => {
+                                check.push(i);
+                                attempt.push(i);
+                            }
+                        }
+                    }
+                }
+                () = sleep_until(deadline) => {}
+                () = sleep_until(retry_at) => {}
+                () = sleep(poll) => {
+                    check.extend((0..keys.len()).filter(|&i| keys[i].is_some()));
+                    attempt.extend(check.iter().copied());
+                }
+            }
+        }
+        drop(wakes);
+        // Past `lock_wait`: the policy, for the keys left.
+        let left: Vec<Waiting<K, V>> = keys.into_iter().flatten().collect();
+        if left.is_empty() {
+            return;
+        }
+        let waited = inner.lock_wait_for(options);
+        if priority == Priority::Background {
+            for waiting in left {
+                waiting.led.lander.land(Err(lock_timeout(waited)));
+            }
+            return;
+        }
+        match inner.on_lock_timeout.0 {
+            LockTimeoutKind::LoadAnyway => {
+                warn_limited!(
+                    inner.logs,
+                    Warning::LockWaitLoadAnyway,
+                    keys = left.len(),
+                    ?waited,
+                    "leases held past lock_wait; loading anyway (not written)"
+                );
+                let leds = left.into_iter().map(|waiting| waiting.led).collect();
+                let _ = jobs.send(Job::Unwritten(leds));
+            }
+            LockTimeoutKind::ServeStale => {
+                for waiting in left {
+                    let storage = &waiting.led.storage;
+                    let stale = waiting.stale.as_ref();
+                    let result = match stale.and_then(|e| self.entry_value(storage, e)) {
+                        Some(value) => {
+                            let reason = StaleReason::LockTimeout;
+                            Ok((value, Served::Stale { reason }, None))
+                        }
+                        None => Err(lock_timeout(waited)),
+                    };
+                    waiting.led.lander.land(result);
+                }
+            }
+            LockTimeoutKind::Error => {
+                for waiting in left {
+                    waiting.led.lander.land(Err(lock_timeout(waited)));
+                }
+            }
+        }
+    }
+
+    /// Reads the keys `check` names among `keys` (one `get_many`) and lands
+    /// the ones found fresh; a stale entry seen is kept for the lock-wait
+    /// policy.
+    async fn check_filled<K>(
+        &self,
+        keys: &mut [Option<Waiting<K, V>>],
+        check: &[usize],
+        options: &Options,
+        ticket: Option<Ticket>,
+    ) {
+        let mut check: Vec<usize> = check.to_vec();
+        check.sort_unstable();
+        check.dedup();
+        check.retain(|&i| keys[i].is_some());
+        if check.is_empty() {
+            return;
+        }
+        let read = {
+            let storage: Vec<&[u8]> = check
+                .iter()
+                .filter_map(|&i| keys[i].as_ref().map(|w| &w.led.storage[..]))
+                .collect();
+            self.read_many(&storage, true).await
+        };
+        for (&i, read) in check.iter().zip(read) {
+            let Ok(Some(entry)) = read else { continue };
+            let Some(waiting) = keys[i].as_mut() else {
+                continue;
+            };
+            let (storage, replacing) = (&waiting.led.storage, waiting.led.replacing);
+            let value = self.fresh_entry(
+                storage,
+                entry,
+                &mut waiting.stale,
+                options,
+                replacing,
+                ticket,
+            );
+            if let Some(value) = value
+                && let Some(waiting) = keys[i].take()
+            {
+                waiting
+                    .led
+                    .lander
+                    .land(Ok((value, Served::Coalesced, None)));
+            }
+        }
+    }
+
+    /// Tries the leases of the keys `due` names among `keys` in one step
+    /// (one script; per hash slot on a Cluster). If any was taken (its
+    /// holder's lease is gone), the other waiting keys whose leases run out
+    /// within [`TAKEOVER_GATHER`] are tried too once they have (a dead
+    /// holder's leases were taken, and extended, together), so they are
+    /// loaded in the same batch. The keys taken go to `jobs` as one batch;
+    /// those whose attempt failed (the store) as another; the rest wait on,
+    /// until their holder's new expiry.
+    async fn take_over<K>(
+        &self,
+        keys: &mut [Option<Waiting<K, V>>],
+        due: &[usize],
+        jobs: &mpsc::UnboundedSender<Job<K, V>>,
+    ) where
+        K: CacheKey + Clone + Send + Sync + 'static,
+    {
+        let mut taken = Vec::new();
+        let mut failed = Vec::new();
+        let mut failure = None;
+        let asked = self
+            .try_leases(keys, due, &mut taken, &mut failed, &mut failure)
+            .await;
+        if !taken.is_empty() {
+            let now = Instant::now();
+            let gather = TAKEOVER_GATHER.min(self.inner.lease_ttl / 10);
+            let soon: Vec<usize> = (0..keys.len())
+                .filter(|&i| keys[i].as_ref().is_some_and(|w| w.retry_at <= now + gather))
+                .collect();
+            if let Some(last) = soon
+                .iter()
+                .filter_map(|&i| keys[i].as_ref())
+                .map(|w| w.retry_at)
+                .max()
+            {
+                sleep_until(last).await;
+                self.try_leases(keys, &soon, &mut taken, &mut failed, &mut failure)
+                    .await;
+            }
+        }
+        if !taken.is_empty() {
+            let _ = jobs.send(Job::Lead { taken, asked });
+        }
+        if let Some(failure) = failure {
+            let _ = jobs.send(Job::Unleased { failed, failure });
+        }
+    }
+
+    /// One lease step for the keys `try_now` names among `keys`: a key
+    /// taken moves to `taken`, one whose attempt failed to `failed` (the
+    /// first error in `failure`), one still held gets its holder's new
+    /// expiry. When the leases were asked for.
+    async fn try_leases<K>(
+        &self,
+        keys: &mut [Option<Waiting<K, V>>],
+        try_now: &[usize],
+        taken: &mut Vec<(Led<K, V>, OwnedLease)>,
+        failed: &mut Vec<(Led<K, V>, OwnedLease, Error)>,
+        failure: &mut Option<Error>,
+    ) -> Instant {
+        let inner = &self.inner;
+        let tried: Vec<usize> = try_now
+            .iter()
+            .copied()
+            .filter(|&i| keys[i].is_some())
+            .collect();
+        let tokens: Vec<[u8; 16]> = tried.iter().map(|_| inner.new_token()).collect();
+        let lease_keys: Vec<Vec<u8>> = tried
+            .iter()
+            .filter_map(|&i| keys[i].as_ref().map(|w| inner.lease_key(&w.led.storage)))
+            .collect();
+        let asked = Instant::now();
+        if tried.is_empty() {
+            return asked;
+        }
+        let attempts = {
+            let requests: Vec<LeaseRequest<'_>> = lease_keys
+                .iter()
+                .zip(&tokens)
+                .map(|(key, token)| LeaseRequest { key, token })
+                .collect();
+            inner
+                .store
+                .acquire_leases_split(&requests, inner.lease_ttl)
+                .await
+        };
+        for (((i, attempt), lease_key), token) in
+            tried.into_iter().zip(attempts).zip(lease_keys).zip(tokens)
+        {
+            match attempt {
+                Ok(LeaseAttempt::Acquired) => {
+                    inner.metrics.lease("acquired");
+                    if let Some(waiting) = keys[i].take() {
+                        taken.push((waiting.led, (lease_key, token)));
+                    }
+                }
+                Ok(LeaseAttempt::Held { ttl }) => {
+                    inner.metrics.lease("busy");
+                    if let Some(waiting) = keys[i].as_mut() {
+                        waiting.retry_at = deadline_after(ttl.saturating_add(LEASE_RETRY_MARGIN));
+                    }
+                }
+                Err(err) => {
+                    if failure.is_none() {
+                        inner.metrics.store_failed("acquire_lease", &err);
+                        *failure = Some(err.clone());
+                    }
+                    if let Some(waiting) = keys[i].take() {
+                        failed.push((waiting.led, (lease_key, token), err));
+                    }
+                }
+            }
+        }
+        asked
+    }
+
+    /// Runs the loads [`wait_many`](Self::wait_many) hands over, side by
+    /// side, until it is done and they have all landed.
+    async fn run_jobs<K, B>(
+        &self,
+        mut queue: mpsc::UnboundedReceiver<Job<K, V>>,
+        batch: &Arc<B>,
+        options: &Options,
+        priority: Priority,
+        ticket: Option<Ticket>,
+    ) where
+        K: CacheKey + Clone + Send + Sync + 'static,
+        B: BatchLoad<K, V>,
+    {
+        let mut running = FuturesUnordered::new();
+        loop {
+            tokio::select! {
+                biased;
+                job = queue.recv() => match job {
+                    Some(job) => running.push(self.run_job(job, batch, options, priority, ticket)),
+                    None => break,
+                },
+                Some(()) = running.next(), if !running.is_empty() => {}
+            }
+        }
+        while running.next().await.is_some() {}
+    }
+
+    /// One of [`run_jobs`](Self::run_jobs)' loads.
+    async fn run_job<K, B>(
+        &self,
+        job: Job<K, V>,
+        batch: &Arc<B>,
+        options: &Options,
+        priority: Priority,
+        ticket: Option<Ticket>,
+    ) where
+        K: CacheKey + Clone + Send + Sync + 'static,
+        B: BatchLoad<K, V>,
+    {
+        match job {
+            Job::Lead { taken, asked } => {
+                let (leds, leases): (Vec<Led<K, V>>, Vec<OwnedLease>) = taken.into_iter().unzip();
+                let taken = leds
+                    .into_iter()
+                    .zip(&leases)
+                    .map(|(led, (key, token))| (led, LeaseRequest { key, token }))
+                    .collect();
+                self.lead_many(taken, asked, batch, options, priority, ticket)
+                    .await;
+            }
+            Job::Unleased { failed, failure } => {
+                let mut leds = Vec::with_capacity(failed.len());
+                let mut leases: Vec<OwnedLease> = Vec::with_capacity(failed.len());
+                for (led, lease, err) in failed {
+                    leds.push((led, err));
+                    leases.push(lease);
+                }
+                let failed = leds
+                    .into_iter()
+                    .zip(&leases)
+                    .map(|((led, err), (key, token))| (led, LeaseRequest { key, token }, err))
+                    .collect();
+                self.load_unleased(failed, batch, options, priority, ticket, Some(failure))
+                    .await;
+            }
+            Job::Unwritten(leds) => {
+                join_all(in_batches(leds).into_iter().map(|chunk| async move {
+                    let keys = chunk.iter().map(|l| l.key.clone()).collect();
+                    match self.load_batch(keys, batch, options, priority).await {
+                        Ok((mut found, _)) => {
+                            for led in chunk {
+                                let value = found.remove(&led.user);
+                                led.lander.land(Ok((value, Served::Loaded, None)));
+                            }
+                        }
+                        Err(err) => {
+                            for led in chunk {
+                                led.lander.land(Err(err.clone()));
+                            }
+                        }
+                    }
+                }))
+                .await;
+            }
+        }
     }
 
     /// Keys whose leases could not be tried (the store failed): a
-    /// background refresh gives up; a caller's keys are loaded directly
+    /// background refresh gives up, giving the tokens just tried back
+    /// first (in case the attempt ran); a caller's keys are loaded directly
     /// and not written (see `fill::load_direct`), and the tokens just
     /// tried are given back in the background in case the attempt ran.
     async fn load_unleased<K, B>(
@@ -1077,13 +1567,26 @@ impl<V: Value> Cache<V> {
         if let Some(err) = failure {
             warn_limited!(self.inner.logs, Warning::LeaseUnavailable, keys = failed.len(), error = %err, "leases unavailable; loading directly");
         }
+        if priority == Priority::Background {
+            // Never a load outside the lease in the background; the tokens
+            // just tried are given back first, in case the attempt ran (a
+            // lost reply; on a Cluster one failed slot group fails the
+            // others' attempts, which did run), so waiters elsewhere need
+            // not sit out the lease TTL.
+            join_all(
+                failed
+                    .iter()
+                    .map(|(led, lease, _)| self.release(&led.storage, *lease)),
+            )
+            .await;
+            for (led, _, err) in failed {
+                led.lander.land(Err(err));
+            }
+            return;
+        }
         let mut direct = Vec::with_capacity(failed.len());
         let mut tokens = Vec::with_capacity(failed.len());
-        for (led, lease, err) in failed {
-            if priority == Priority::Background {
-                led.lander.land(Err(err));
-                continue;
-            }
+        for (led, lease, _) in failed {
             tokens.push((
                 led.storage.clone(),
                 lease.key.to_vec(),
@@ -1176,30 +1679,6 @@ fn in_batches<T>(items: Vec<T>) -> Vec<Vec<T>> {
     }
     batches
 }
-
-/// The batch loader for one key, as a single key's loader (a waiter that
-/// takes a dead holder's lease over loads that key alone).
-fn one_key<K, V, B>(
-    batch: Arc<B>,
-    key: K,
-    user: Vec<u8>,
-) -> impl FnOnce() -> BatchOne<V> + Clone + Send + Sync + 'static
-where
-    K: Clone + Send + Sync + 'static,
-    V: Send + 'static,
-    B: BatchLoad<K, V>,
-{
-    move || {
-        let load = batch.call(vec![key]);
-        Box::pin(async move {
-            let found = load.await?.unwrap_or_default();
-            Ok(found.into_iter().find(|(k, _)| *k == user).map(|(_, v)| v))
-        })
-    }
-}
-
-/// The future of [`one_key`]'s loader.
-type BatchOne<V> = Pin<Box<dyn Future<Output = Result<Option<V>, BoxError>> + Send>>;
 
 /// A key of a `get_many` not done by the call's deadline.
 fn batch_timeout() -> Error {

@@ -278,13 +278,14 @@ impl<V: Value> CacheBuilder<V> {
     /// `MGET` (batch reads, tags, reads that meet), `SET`, `DEL`, `PTTL`,
     /// `EXISTS`, `PUBLISH`, `SUBSCRIBE`, `EVALSHA` and `EVAL` (its Lua
     /// scripts also run `SETRANGE` and `PEXPIRE`), and the keyless `PING`
-    /// and `TIME`; a Redis Cluster also needs `CLUSTER SLOTS`. The
-    /// narrowest user:
+    /// and `TIME`; a Redis Cluster also needs `CLUSTER SLOTS`, and a
+    /// Sentinel-managed master `ROLE` (every connection to the master the
+    /// sentinels name checks that it is one). The narrowest user:
     ///
     /// ```text
     /// ACL SETUSER app on >secret resetkeys ~myapp:* resetchannels &myapp:* -@all
     ///     +get +mget +set +del +pttl +exists +publish +subscribe +evalsha +eval
-    ///     +setrange +pexpire +ping +time +cluster|slots
+    ///     +setrange +pexpire +ping +time +cluster|slots +role
     /// ```
     ///
     /// or, less strictly, `+@all -@dangerous` for the commands. Connect as

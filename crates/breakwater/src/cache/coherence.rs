@@ -91,6 +91,23 @@ impl<V: Value> Local<V> {
         self.background.detach(key);
     }
 
+    /// The local step of an invalidation of the storage keys `keys`
+    /// ([`invalidated`](Self::invalidated)), taken when the returned guard
+    /// is dropped: after the store has answered, and just as well if the
+    /// caller's future is dropped first (the store may have run the
+    /// invalidation; nothing from before may answer here afterwards, and
+    /// this process ignores its own message on the bus).
+    pub(super) fn invalidation<'a, K: AsRef<[u8]> + 'a>(
+        &'a self,
+        keys: impl IntoIterator<Item = &'a K> + 'a,
+    ) -> impl Drop + 'a {
+        LocalStep::new(move || {
+            for key in keys {
+                self.invalidated(key.as_ref());
+            }
+        })
+    }
+
     /// This process is about to publish an invalidation of `key`: until it
     /// hears it back on the bus, a fill message about `key` may be one
     /// published before (the bus delivers in order), and the value it
@@ -118,6 +135,25 @@ impl<V: Value> Local<V> {
             }
             Some(n) => *n -= 1,
             None => unheard.overflow = unheard.overflow.saturating_sub(1),
+        }
+    }
+}
+
+/// Runs its step when dropped: the local step of an invalidation, which
+/// must run once the store may have done its part, whether the caller
+/// waits for the reply or not (see [`Local::invalidation`]).
+pub(super) struct LocalStep<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> LocalStep<F> {
+    pub(super) fn new(step: F) -> Self {
+        LocalStep(Some(step))
+    }
+}
+
+impl<F: FnOnce()> Drop for LocalStep<F> {
+    fn drop(&mut self) {
+        if let Some(step) = self.0.take() {
+            step();
         }
     }
 }

@@ -33,7 +33,7 @@
 //!    result is served and kept in L1, not written (no fence can tell a
 //!    load from before an invalidation then), and the token just tried is
 //!    released in case the attempt ran after all. A background refresh does
-//!    not load at all then.
+//!    not load at all then (it gives the token back too).
 
 use std::convert::Infallible;
 use std::pin::pin;
@@ -88,7 +88,7 @@ impl Mode {
 
 /// How long a waiter gives the cache's subscription to come up before it
 /// relies on polling alone.
-const SUBSCRIBE_WITHIN: Duration = Duration::from_millis(250);
+pub(super) const SUBSCRIBE_WITHIN: Duration = Duration::from_millis(250);
 
 impl<V: Value> Cache<V> {
     /// One flight: the value for storage key `key`, loaded by this process or
@@ -179,7 +179,11 @@ impl<V: Value> Cache<V> {
                     inner.metrics.store_failed("acquire_lease", &err);
                     Span::current().record("lease", "unavailable");
                     if background {
-                        // Never a load outside the lease in the background.
+                        // Never a load outside the lease in the background;
+                        // the token just tried is given back, in case the
+                        // attempt ran (a lost reply), so waiters elsewhere
+                        // need not sit out the lease TTL.
+                        self.release(&key, lease).await;
                         return Err(err);
                     }
                     // 5. No store: load directly, write nothing.
@@ -625,7 +629,7 @@ impl<V: Value> Cache<V> {
     }
 
     /// [`fresh_value`](Self::fresh_value) for an entry already in hand.
-    fn fresh_entry(
+    pub(super) fn fresh_entry(
         &self,
         key: &[u8],
         entry: Entry,
@@ -659,7 +663,7 @@ pub(super) type Lease<'a> = LeaseRequest<'a>;
 
 /// How long past a held lease's expiry a waiter tries to take it over (the
 /// store's TTLs are whole milliseconds).
-const LEASE_RETRY_MARGIN: Duration = Duration::from_millis(2);
+pub(super) const LEASE_RETRY_MARGIN: Duration = Duration::from_millis(2);
 
 /// `now + wait`, or a day from now if that is later than tokio can tell
 /// (a `load_timeout` of `Duration::MAX`): a deadline never overflows.
@@ -669,7 +673,7 @@ pub(super) fn deadline_after(wait: Duration) -> Instant {
         .unwrap_or_else(|| now + Duration::from_secs(24 * 3600))
 }
 
-fn lock_timeout(waited: Duration) -> Error {
+pub(super) fn lock_timeout(waited: Duration) -> Error {
     Error::new(
         ErrorKind::LockTimeout,
         format!("another process held this key's lease for longer than lock_wait ({waited:?})"),

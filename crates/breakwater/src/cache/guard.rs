@@ -357,6 +357,10 @@ impl Store for GuardedStore {
         self.store.name()
     }
 
+    fn read_deadline(&self) -> Duration {
+        self.store.read_deadline()
+    }
+
     fn acquire_lease<'a>(
         &'a self,
         lease_key: &'a [u8],

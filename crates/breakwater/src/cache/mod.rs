@@ -74,7 +74,7 @@ use crate::clock::millis;
 use crate::codec::{Codec, Compression, Encode};
 use crate::entry::{Entry, TagStamp};
 use crate::error::{Error, ErrorKind};
-use crate::flight::{Joined, Role, Turn};
+use crate::flight::{Joined, Lead, Role, Turn};
 use crate::freshness::{Freshness, FreshnessPolicy, Reading};
 use crate::key::CacheKey;
 use crate::l1::{Slot, Stamp, Ticket};
@@ -204,6 +204,29 @@ impl<T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static> Value for 
 ///    `load_timeout`). A call that waited for a load revoked before it
 ///    started (see line 1) goes through again, so it may take that bound
 ///    up to three times. With a store breaker open, store calls fail at once.
+///    The bound is each call's own: it does not depend on another caller
+///    being polled, nor on the runtime that first used the cache. A call
+///    that shares another caller's read of the key waits for it at most
+///    *S* and then reads alone (that caller may have stopped polling its
+///    future); once the read found nothing, callers wait on the load's own
+///    task. A read queued behind another runtime's batch waits at most *S*
+///    too. A load whose task went away with its runtime is loaded again
+///    (it counts as one of the three passes); so is one that has not
+///    landed within what a load can take (`lock_wait` + `queue_wait` +
+///    `load_timeout` + 5 s): its task is stranded on a runtime that no
+///    longer runs it (a current-thread runtime whose `block_on` returned
+///    when its own caller gave up).
+///
+/// **Runtimes and dropped callers.** Background work (the store's
+/// reconnection, probes, clock refresh and subscriptions; the cache's bus
+/// listener) runs on the runtime of the call that first needed it and is
+/// started again, on the next call's runtime, when that runtime has shut
+/// down (or left it stranded, idle, past its next deadline). A bus
+/// listener that is not subscribed, or is gone, counts as a dropped bus
+/// (line 3: L1 entries unverified) until a new one is. The local step of
+/// an `invalidate`, `set` or `invalidate_tag` (line 1 and 2 in this
+/// process) runs even when the caller's future is dropped after the store
+/// may have run it.
 /// 6. **Time.** Freshness is judged on the store's clock (Redis's `TIME`,
 ///    sampled); no application-clock reading can pin, freeze or jump it.
 ///
@@ -571,6 +594,10 @@ impl<V: Value> Cache<V> {
         let span = self.span(Op::Set, key);
         let done = async {
             let key = self.key_in_store(key)?;
+            // Inside a version transition the previous version's entry is
+            // revoked first: from then on (also if the caller goes away)
+            // nothing that began before may answer here.
+            let _local = self.local.invalidation([&key]);
             // The value's windows start now, not after the generations'
             // read (which may take a store deadline).
             let now = self.inner.store.now_ms();
@@ -588,7 +615,7 @@ impl<V: Value> Cache<V> {
             }
             let sealed =
                 self.seal_tagged(&key, Some(value), Duration::ZERO, options, stamps, now)?;
-            self.replace_batch(vec![(key, sealed)]).await
+            self.replace_batch(vec![(key.clone(), sealed)]).await
         }
         .instrument(span.clone())
         .await;
@@ -672,6 +699,11 @@ impl<V: Value> Cache<V> {
                 notice: inner.notice(message),
             })
             .collect();
+        // Even if the reply is lost (the write may have happened), or the
+        // caller goes away before it comes, nothing that began before may
+        // answer from now on.
+        let keys = batch.iter().map(|(key, _)| key);
+        let _local = self.local.invalidation(keys);
         let written = match writes.as_slice() {
             [w] => {
                 inner
@@ -681,11 +713,8 @@ impl<V: Value> Cache<V> {
             }
             writes => inner.store.replace_many(writes).await,
         };
-        // Even if the reply was lost (the write may have happened), nothing
-        // that began before may answer from now on.
-        for (key, _) in &batch {
-            self.local.invalidated(key);
-            if written.is_err() {
+        if written.is_err() {
+            for (key, _) in &batch {
                 self.local.own_notice_heard(key);
             }
         }
@@ -737,28 +766,27 @@ impl<V: Value> Cache<V> {
             Some((old, old_lease, message, &p.channel))
         });
         let previous = &previous;
-        let done = self
-            .deliver(key, || async move {
-                if let Some((old, old_lease, message, channel)) = previous {
-                    let notice = Notice { channel, message };
-                    self.inner.store.invalidate(old, old_lease, notice).await?;
-                }
-                self.local.expect_own_notice(key, listening);
-                let done = self
-                    .inner
-                    .store
-                    .invalidate(key, lease, self.inner.notice(message))
-                    .await;
-                if done.is_err() {
-                    self.local.own_notice_heard(key);
-                }
-                done
-            })
-            .await;
         // After the store has answered (a read that starts later sees the
-        // deletion); also if it failed: the reply may be all that was lost.
-        self.local.invalidated(key);
-        done
+        // deletion); also if it failed (the reply may be all that was
+        // lost), or if the caller goes away first.
+        let _local = self.local.invalidation([key]);
+        self.deliver(key, || async move {
+            if let Some((old, old_lease, message, channel)) = previous {
+                let notice = Notice { channel, message };
+                self.inner.store.invalidate(old, old_lease, notice).await?;
+            }
+            self.local.expect_own_notice(key, listening);
+            let done = self
+                .inner
+                .store
+                .invalidate(key, lease, self.inner.notice(message))
+                .await;
+            if done.is_err() {
+                self.local.own_notice_heard(key);
+            }
+            done
+        })
+        .await
     }
 
     /// Runs `attempt`, an invalidation (idempotent: a delete or a bump, with
@@ -1072,6 +1100,11 @@ impl<V: Value> Cache<V> {
             return Ok(Near::Miss);
         };
         let now = Instant::now();
+        // A listener that missed its heartbeat (its runtime idle) hears
+        // nothing: L1 is unverified and a listener starts here.
+        if self.inner.waiters.is_stranded(now) {
+            self.inner.waiters.stranded(&*self.inner.store);
+        }
         if l1.is_fresh(&slot, now) {
             let served = match slot.value {
                 Some(_) => Served::Hit,
@@ -1380,15 +1413,16 @@ impl<V: Value> Cache<V> {
             let (load, role) =
                 self.join_fill(&key, loader, *options, None, Priority::Foreground, mode);
             let metrics = &self.inner.metrics;
+            let key = &key;
             let flight = async move {
                 let _waiting = (role == Role::Follower).then(|| metrics.waiting());
-                (load.result().await, role)
+                (self.await_load(key, load, options).await, role)
             };
             match (options.soft_timeout, &fallback) {
                 (Some(soft), Some(stale)) => match tokio::time::timeout(soft, flight).await {
                     Ok(done) => done,
                     Err(_) => {
-                        if let Some(value) = self.entry_value(&key, stale) {
+                        if let Some(value) = self.entry_value(key, stale) {
                             let served = Served::Stale {
                                 reason: StaleReason::SoftTimeout,
                             };
@@ -1741,12 +1775,19 @@ impl<V: Value> Cache<V> {
     /// the air. With none in the air, the read runs inline in the caller's
     /// task (no task, no shared loader: an uncontended hit is one `GET` and
     /// its decoding); later readers of the key join it. Finding nothing,
-    /// the read joins (or starts) the key's load, and its followers get
-    /// that load's outcome too (unless `load_on_miss` is false: then the
-    /// miss is the outcome, and each caller goes on to the load step
-    /// itself). A leader that goes away (its caller
-    /// cancelled) hands nothing down: its followers read again, one of them
-    /// leading, and a load already started goes on in its own task.
+    /// the read joins (or starts) the key's load, and its followers wait
+    /// on that load too (unless `load_on_miss` is false: then the miss is
+    /// the outcome, and each caller goes on to the load step itself): the
+    /// leader hands them the load's flight as soon as it has joined it,
+    /// so they wait on the flight's own task, not on the leader.
+    ///
+    /// A follower waits for the leader's read no longer than one store
+    /// read deadline ([`Store::read_deadline`]): a leader whose caller
+    /// stopped polling it (a `select!` busy elsewhere, a slowly consumed
+    /// stream) delays nobody else by more than that; the follower then
+    /// reads alone. A leader that goes away (its caller cancelled) hands
+    /// nothing down: its followers read again, one of them leading, and a
+    /// load already started goes on in its own task.
     async fn read_shared<L: Load<V>>(
         &self,
         user_key: &[u8],
@@ -1758,69 +1799,144 @@ impl<V: Value> Cache<V> {
         loop {
             let joined = match self.local.reads.lead_or_join(user_key) {
                 Turn::Lead(lead) => {
-                    let ticket = self.local.ticket();
-                    let entry = match self.read(key).await {
-                        Ok(entry) => entry.map(Arc::new),
-                        Err(err) => {
-                            lead.land_with(|| Err(err.clone()));
-                            return Shared::Read(Err(err));
-                        }
-                    };
-                    // Nothing in this version: inside a version transition
-                    // the previous version's entry stands in (judged by the
-                    // pipeline, which refreshes this version).
-                    // (Boxed: inline, a second read's state would grow
-                    // every `get_or_load` future, hits included.)
-                    let (entry, previous) = match entry {
-                        Some(entry) => (Some(entry), false),
-                        None if self.inner.previous.is_some() => {
-                            (Box::pin(self.read_previous(key, options)).await, true)
-                        }
-                        None => (None, false),
-                    };
-                    if entry.is_some() || !load_on_miss {
-                        let read = Read {
-                            entry,
-                            loaded: None,
-                            ticket,
-                            previous,
-                        };
-                        lead.land_with(|| Ok(read.clone()));
-                        return Shared::Read(Ok(read));
-                    }
-                    let (load, role) = self.join_fill(
-                        key,
-                        loader.clone(),
-                        *options,
-                        None,
-                        Priority::Foreground,
-                        Mode::Fleet,
-                    );
-                    let result = load.result().await;
-                    lead.land_with(|| {
-                        Ok(Read {
-                            previous: false,
-                            entry: None,
-                            loaded: Some((result.clone(), role)),
-                            ticket,
-                        })
-                    });
-                    return Shared::Loaded(result, role);
+                    return self
+                        .read_led(Some(lead), key, loader, options, load_on_miss)
+                        .await;
                 }
                 Turn::Follow(joined) => joined,
             };
-            let outcome = {
-                let _waiting = self.inner.metrics.waiting();
-                joined.outcome().await
-            };
-            match outcome {
-                Some(Ok(Read {
-                    loaded: Some((result, _)),
+            let _waiting = self.inner.metrics.waiting();
+            let within = self.inner.store.read_deadline();
+            match tokio::time::timeout(within, joined.outcome()).await {
+                // A load that landed before this caller came to it may be
+                // one it saw revoked on an earlier pass (the read stays in
+                // the air until its leader is polled again): read alone.
+                Ok(Some(Ok(Read {
+                    loading: Some(load),
                     ..
-                })) => return Shared::Loaded(result, Role::Follower),
-                Some(read) => return Shared::Read(read),
+                }))) if !load.has_landed() => {
+                    let result = self.await_load(key, load, options).await;
+                    return Shared::Loaded(result, Role::Follower);
+                }
+                Ok(Some(Ok(Read {
+                    loading: Some(_), ..
+                }))) => {
+                    drop(_waiting);
+                    // Later callers lead a new shared read.
+                    self.local.reads.detach(user_key);
+                    return Box::pin(self.read_led(None, key, loader, options, load_on_miss)).await;
+                }
+                Ok(Some(read)) => return Shared::Read(read),
                 // The leader went away: read again.
-                None => {}
+                Ok(None) => {}
+                // The leader's read is late (its caller may have stopped
+                // polling it): this caller reads alone.
+                Err(_) => {
+                    tracing::debug!(key = %show_key(key), ?within, "a shared read is late; reading alone");
+                    drop(_waiting);
+                    // Later callers lead a new shared read.
+                    self.local.reads.detach(user_key);
+                    return Box::pin(self.read_led(None, key, loader, options, load_on_miss)).await;
+                }
+            }
+        }
+    }
+
+    /// The read of [`read_shared`](Self::read_shared), led by this caller
+    /// (`lead`: the read its followers share; `None`: read alone, for a
+    /// follower whose leader is late).
+    async fn read_led<L: Load<V>>(
+        &self,
+        lead: Option<Lead<'_, Read<V>>>,
+        key: &[u8],
+        loader: &L,
+        options: &Options,
+        load_on_miss: bool,
+    ) -> Shared<V> {
+        let ticket = self.local.ticket();
+        let entry = match self.read(key).await {
+            Ok(entry) => entry.map(Arc::new),
+            Err(err) => {
+                if let Some(lead) = lead {
+                    lead.land_with(|| Err(err.clone()));
+                }
+                return Shared::Read(Err(err));
+            }
+        };
+        // Nothing in this version: inside a version transition
+        // the previous version's entry stands in (judged by the
+        // pipeline, which refreshes this version).
+        // (Boxed: inline, a second read's state would grow
+        // every `get_or_load` future, hits included.)
+        let (entry, previous) = match entry {
+            Some(entry) => (Some(entry), false),
+            None if self.inner.previous.is_some() => {
+                (Box::pin(self.read_previous(key, options)).await, true)
+            }
+            None => (None, false),
+        };
+        if entry.is_some() || !load_on_miss {
+            let read = Read {
+                entry,
+                loading: None,
+                ticket,
+                previous,
+            };
+            if let Some(lead) = lead {
+                lead.land_with(|| Ok(read.clone()));
+            }
+            return Shared::Read(Ok(read));
+        }
+        let (load, role) = self.join_fill(
+            key,
+            loader.clone(),
+            *options,
+            None,
+            Priority::Foreground,
+            Mode::Fleet,
+        );
+        // The followers wait on the flight itself from here (and so do
+        // callers that join this read while the load runs).
+        let lead = lead.map(|mut lead| {
+            lead.publish(Ok(Read {
+                previous: false,
+                entry: None,
+                loading: Some(load.clone()),
+                ticket,
+            }));
+            lead
+        });
+        let result = self.await_load(key, load, options).await;
+        drop(lead);
+        Shared::Loaded(result, role)
+    }
+
+    /// The outcome of the load of storage key `key` that this call joined,
+    /// waited for no longer than a load can take (`lock_wait`, the
+    /// bulkhead's `queue_wait`, `load_timeout`, and [`STRANDED_AFTER`] for
+    /// its store calls). A load still in the air by then is stranded: its
+    /// task runs on a runtime that no longer runs it (idle, its `block_on`
+    /// returned). It is detached, and the call goes through the pipeline
+    /// again on its own runtime (see [`revoked_before`]): an
+    /// abandoned flight's error.
+    async fn await_load(
+        &self,
+        key: &[u8],
+        load: Joined<Loaded<V>>,
+        options: &Options,
+    ) -> Result<Loaded<V>, Error> {
+        let bound = self
+            .inner
+            .lock_wait_for(options)
+            .saturating_add(self.inner.origin.queue_wait())
+            .saturating_add(options.load_timeout)
+            .saturating_add(STRANDED_AFTER);
+        match tokio::time::timeout(bound, load.clone().result()).await {
+            Ok(result) => result,
+            Err(_) => {
+                tracing::warn!(key = %show_key(key), ?bound, "a load did not land within its bound (its runtime is not running it); loading again");
+                self.local.flights.detach_joined(key, &load);
+                Err(crate::flight::stranded())
             }
         }
     }
@@ -2204,9 +2320,9 @@ type Loaded<V> = (Option<V>, Served, Option<Instant>);
 struct Read<V> {
     /// The envelope, if one is stored and readable.
     entry: Option<Arc<Entry>>,
-    /// Nothing was: the outcome of the key's load (started by the read, or
-    /// already in the air: the role says which).
-    loaded: Option<(Result<Loaded<V>, Error>, Role)>,
+    /// Nothing was: the key's load (started by the read, or already in
+    /// the air), which the read's followers wait on.
+    loading: Option<Joined<Loaded<V>>>,
     /// When the read began, for L1.
     ticket: Option<Ticket>,
     /// `entry` is the previous version's (a version transition).
@@ -2297,6 +2413,11 @@ fn default_lock_wait(load: Duration, lease_ttl: Duration) -> Duration {
 /// `{#` + 16 hex digits + `}`.
 const HASH_TAG_LEN: usize = 19;
 
+/// Beyond its waits and its load, how long a load may take (its store
+/// calls) before a caller takes it for stranded (see
+/// [`Cache::await_load`]).
+const STRANDED_AFTER: Duration = Duration::from_secs(5);
+
 /// How many times one call goes through the pipeline when the load it
 /// joined turns out revoked (see [`Cache::pipeline`]): what a call joins on
 /// its third pass began after it started, so its value is served whatever
@@ -2306,13 +2427,17 @@ pub(super) const MAX_PASSES: usize = 3;
 /// A flight's outcome for a caller that started at `started`: `None` if
 /// it is a revoked load whose lease was asked for before then (the caller
 /// goes through the pipeline again), unless this is the `last` pass: then
-/// an error, never the revoked value.
+/// an error, never the revoked value. `None` too for a flight abandoned
+/// by its task (its runtime shut down) before the last pass.
 fn revoked_before<V>(
     result: Result<Loaded<V>, Error>,
     started: Instant,
     last: bool,
 ) -> Option<Result<Loaded<V>, Error>> {
     match &result {
+        // The flight's task went away with its runtime (another runtime's
+        // caller led it): load again, on this caller's runtime.
+        Err(err) if !last && crate::flight::is_abandoned(err) => None,
         Ok((_, _, Some(asked))) if started > *asked => last.then(|| {
             Err(Error::new(
                 ErrorKind::Timeout,

@@ -13,17 +13,26 @@
 //! lease back: nothing changed then, and the L1 copy may be the fail-safe
 //! stand-in for that failed load); when messages may have been lost (the
 //! subscription dropped and came back) it wakes every waiter and flushes L1.
+//!
+//! The listener is a supervised task (see `crate::background`): started
+//! on the runtime of the first call that needs it, it is started again by
+//! the next call when that runtime went away. Until it is subscribed, and
+//! from the moment it is gone, L1 counts the bus as down: its copies are
+//! unverified (re-read before they are served as fresh), so a process
+//! whose listener died with a runtime never serves an L1 copy that an
+//! invalidation elsewhere has made old.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::{Pin, pin};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
+use crate::background::{Duty, Supervised};
 use crate::metrics::Metrics;
 use crate::store::{Delivery, Store};
 
@@ -162,12 +171,34 @@ pub(crate) struct Waiters {
     hook: Option<Arc<dyn BusHook>>,
     /// Where notices heard (and possibly missed) are counted.
     metrics: Option<Metrics>,
-    listener: OnceLock<(AbortHandle, Arc<Ready>)>,
+    /// The listener task (supervised: see the module docs).
+    listener: Supervised,
+    /// Whether it is subscribed.
+    ready: Arc<Ready>,
+    /// No listener runs (none was started yet, or one was lost with its
+    /// runtime): the next call starts one. The fast path's one load.
+    lost: Arc<AtomicBool>,
     /// Inside a version transition: the previous version's channel, heard
     /// too (see `transition`).
     previous: Option<PreviousChannel>,
-    previous_listener: OnceLock<AbortHandle>,
+    previous_listener: Supervised,
+    /// The listeners' tasks, stopped when the cache goes.
+    tasks: Mutex<Vec<AbortHandle>>,
+    /// When these waiters were made: the listener's promises count from it.
+    born: tokio::time::Instant,
+    /// The next listener has the store renew its feed (the one before was
+    /// found stranded).
+    renew_feed: AtomicBool,
 }
+
+/// How often the listener beats (renews its promise, and has the store
+/// check its feed of the channel).
+const LISTENER_BEAT: Duration = Duration::from_millis(250);
+
+/// How far ahead each beat promises the next: a listener not heard from
+/// for this long runs on a runtime that has gone idle (see
+/// [`Waiters::is_stranded`]).
+const LISTENER_PROMISE: Duration = Duration::from_secs(1);
 
 /// The previous version's channel and how its keys map to this version's.
 pub(crate) struct PreviousChannel {
@@ -189,9 +220,18 @@ pub(crate) struct PreviousChannel {
 struct Ready {
     up: AtomicBool,
     came_up: Notify,
+    /// When the listener promised to be heard from again, in ms since the
+    /// waiters were made (0: no promise).
+    due_ms: AtomicU64,
 }
 
 impl Ready {
+    /// The listener promises a beat within `within` from now.
+    fn promise(&self, born: tokio::time::Instant, within: Duration) {
+        let due = crate::clock::millis(born.elapsed().saturating_add(within)).max(1);
+        self.due_ms.store(due, Ordering::Relaxed);
+    }
+
     fn set(&self, up: bool) {
         if !self.up.swap(up, Ordering::SeqCst) && up {
             self.came_up.notify_waiters();
@@ -218,15 +258,21 @@ impl Waiters {
         hook: Option<Arc<dyn BusHook>>,
         metrics: Option<Metrics>,
     ) -> Self {
+        let lost = Arc::new(AtomicBool::new(true));
         Waiters {
             channel,
             sender,
             registry: Arc::default(),
             hook,
             metrics,
-            listener: OnceLock::new(),
+            listener: Supervised::reporting_to(&lost),
+            ready: Arc::default(),
             previous: None,
-            previous_listener: OnceLock::new(),
+            previous_listener: Supervised::reporting_to(&lost),
+            lost,
+            tasks: Mutex::default(),
+            born: tokio::time::Instant::now(),
+            renew_feed: AtomicBool::new(false),
         }
     }
 
@@ -267,93 +313,193 @@ impl Waiters {
         }
     }
 
-    /// Whether the listener has been started.
+    /// Whether the listener runs.
     pub(crate) fn is_listening(&self) -> bool {
-        self.listener.get().is_some()
+        !self.lost.load(Ordering::Acquire)
     }
 
-    /// Makes sure the listener runs (it keeps L1 in step); cheap once it
-    /// does.
+    /// Makes sure the listener runs (it keeps L1 in step), starting it on
+    /// the caller's runtime if it never ran or its runtime went away;
+    /// cheap (one atomic load) while it runs.
+    #[inline]
     pub(crate) fn ensure_listening(&self, store: &dyn Store) {
-        if self.listener.get().is_none() {
-            self.listen(store);
+        if self.lost.load(Ordering::Acquire) {
+            self.start_listening(store);
         }
     }
 
-    /// Starts the listener if it is not running yet (needs a tokio
-    /// runtime); the returned flag says whether it is subscribed.
+    /// Starts the listener if it does not run (needs a tokio runtime);
+    /// the returned flag says whether it is subscribed.
     fn listen(&self, store: &dyn Store) -> Arc<Ready> {
-        let (_, ready) = self.listener.get_or_init(|| {
-            let mut subscription = store.subscribe(&self.channel);
-            let ready = Arc::new(Ready::default());
-            ready.set(subscription.is_ready());
-            let ready_tx = Arc::clone(&ready);
-            let registry = Arc::clone(&self.registry);
-            let hook = self.hook.clone();
-            let own = self.sender;
-            let metrics = self.metrics.clone();
-            // Stores announce every (re)subscription with `Missed`, so the
-            // ready flag is refreshed after each delivery.
-            let task = tokio::spawn(async move {
-                while let Some(delivery) = subscription.recv().await {
-                    match delivery {
-                        Delivery::Message(m) => {
-                            if let Some(metrics) = &metrics {
-                                metrics.notices("received", 1);
-                            }
-                            if let Some(parsed) = parse(&m) {
-                                // Decided now, in bus order: a value published
-                                // before an own invalidation not yet heard back
-                                // is not handed over (the waiter reads instead).
-                                let trusted = hook
-                                    .as_ref()
-                                    .is_none_or(|hook| hook.trusts_carried(parsed.key));
-                                let filled =
-                                    parsed.value_at.filter(|_| trusted).map(|at| Carried {
-                                        message: Arc::clone(&m),
-                                        at,
-                                    });
-                                wake(&registry, Some((parsed.key, filled)));
-                                if let Some(hook) = &hook {
-                                    let invalidated = parsed.kind == INVALIDATED;
-                                    let own = parsed.sender == own;
-                                    if parsed.kind == TAG_INVALIDATED {
-                                        // This process dealt with its own
-                                        // before publishing it.
-                                        if !own {
-                                            hook.tags_invalidated();
-                                        }
-                                    } else if parsed.kind == RELEASED {
-                                        // A load gave up: nothing changed
-                                        // in the store, and an L1 copy may
-                                        // be all that stands in for it.
-                                    } else {
-                                        hook.changed(parsed.key.to_vec(), invalidated, own).await;
+        self.ensure_listening(store);
+        Arc::clone(&self.ready)
+    }
+
+    #[cold]
+    fn start_listening(&self, store: &dyn Store) {
+        // Lowered first: a listener lost from now on raises it again.
+        self.lost.store(false, Ordering::SeqCst);
+        let started = self
+            .listener
+            .ensure(Duration::MAX, |duty| self.listener_task(store, duty));
+        match started {
+            Some(task) => self.track(task),
+            // Outside a runtime, or another call started it just now.
+            None if !self.listener.is_running(Duration::MAX) => {
+                self.lost.store(true, Ordering::SeqCst);
+            }
+            None => {}
+        }
+        self.listen_previous(store);
+    }
+
+    fn track(&self, task: AbortHandle) {
+        let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
+        tasks.retain(|t| !t.is_finished());
+        tasks.push(task);
+    }
+
+    /// The listener's task: subscribes now (on the caller's runtime), then
+    /// dispatches every delivery. Until it is subscribed, L1 counts the bus
+    /// as down; so it does once the task is gone (see [`ListenerDuty`]).
+    fn listener_task(
+        &self,
+        store: &dyn Store,
+        duty: Duty,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let mut subscription = store.subscribe(&self.channel);
+        if self.renew_feed.swap(false, Ordering::SeqCst) {
+            // The listener before was stranded: so may the store's feed
+            // be, on the same idle runtime.
+            subscription.renew();
+        }
+        let up = subscription.is_ready();
+        self.ready.set(up);
+        self.ready.promise(self.born, LISTENER_PROMISE);
+        if let Some(hook) = &self.hook {
+            // Not subscribed yet: nothing is heard until it is, as after a
+            // drop. Subscribed (a feed that outlived a lost listener):
+            // whatever the lost one left unverified is heard from now on.
+            hook.missed(up);
+        }
+        let born = self.born;
+        let duty = ListenerDuty {
+            duty: Some(duty),
+            ready: Arc::clone(&self.ready),
+            hook: self.hook.clone(),
+        };
+        let ready_tx = Arc::clone(&self.ready);
+        let registry = Arc::clone(&self.registry);
+        let hook = self.hook.clone();
+        let own = self.sender;
+        let metrics = self.metrics.clone();
+        // Stores announce every (re)subscription with `Missed`, so the
+        // ready flag is refreshed after each delivery.
+        async move {
+            let mut beat = tokio::time::interval(LISTENER_BEAT);
+            beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                // In order (no random pick): a seeded simulation replays.
+                let delivery = tokio::select! {
+                    biased;
+                    delivery = subscription.recv() => delivery,
+                    _ = beat.tick() => {
+                        if !duty.is_current() {
+                            // Taken for stranded and replaced (its runtime
+                            // was idle): the new listener hears for it.
+                            return duty.done();
+                        }
+                        ready_tx.promise(born, LISTENER_PROMISE);
+                        // The store's feed may be the one stranded.
+                        subscription.keep_alive();
+                        continue;
+                    }
+                };
+                let Some(delivery) = delivery else { break };
+                match delivery {
+                    Delivery::Message(m) => {
+                        if let Some(metrics) = &metrics {
+                            metrics.notices("received", 1);
+                        }
+                        if let Some(parsed) = parse(&m) {
+                            // Decided now, in bus order: a value published
+                            // before an own invalidation not yet heard back
+                            // is not handed over (the waiter reads instead).
+                            let trusted = hook
+                                .as_ref()
+                                .is_none_or(|hook| hook.trusts_carried(parsed.key));
+                            let filled = parsed.value_at.filter(|_| trusted).map(|at| Carried {
+                                message: Arc::clone(&m),
+                                at,
+                            });
+                            wake(&registry, Some((parsed.key, filled)));
+                            if let Some(hook) = &hook {
+                                let invalidated = parsed.kind == INVALIDATED;
+                                let own = parsed.sender == own;
+                                if parsed.kind == TAG_INVALIDATED {
+                                    // This process dealt with its own
+                                    // before publishing it.
+                                    if !own {
+                                        hook.tags_invalidated();
                                     }
+                                } else if parsed.kind == RELEASED {
+                                    // A load gave up: nothing changed
+                                    // in the store, and an L1 copy may
+                                    // be all that stands in for it.
+                                } else {
+                                    hook.changed(parsed.key.to_vec(), invalidated, own).await;
                                 }
                             }
                         }
-                        Delivery::Missed => {
-                            // Stores announce every (re)subscription too;
-                            // only a drop (the bus is down now) can have
-                            // lost notices.
-                            if let (Some(metrics), false) = (&metrics, subscription.is_ready()) {
-                                metrics.notices("missed", 1);
-                            }
-                            wake(&registry, None);
-                            if let Some(hook) = &hook {
-                                hook.missed(subscription.is_ready());
-                            }
+                    }
+                    Delivery::Missed => {
+                        // Stores announce every (re)subscription too;
+                        // only a drop (the bus is down now) can have
+                        // lost notices.
+                        if let (Some(metrics), false) = (&metrics, subscription.is_ready()) {
+                            metrics.notices("missed", 1);
+                        }
+                        wake(&registry, None);
+                        if let Some(hook) = &hook {
+                            hook.missed(subscription.is_ready());
                         }
                     }
-                    let now = subscription.is_ready();
-                    ready_tx.set(now);
                 }
-            });
-            (task.abort_handle(), ready)
-        });
-        self.listen_previous(store);
-        Arc::clone(ready)
+                let now = subscription.is_ready();
+                ready_tx.set(now);
+            }
+            // The subscription ended (its feed went away with a runtime,
+            // say): nothing is heard from here on, so the bus counts as
+            // down (the duty's drop) and the next call subscribes again.
+            drop(duty);
+        }
+    }
+
+    /// Whether the listener missed its promise by `now` (it runs on a
+    /// runtime that has gone idle): one atomic load, for the L1 hit path.
+    #[inline]
+    pub(crate) fn is_stranded(&self, now: tokio::time::Instant) -> bool {
+        let due = self.ready.due_ms.load(Ordering::Relaxed);
+        due != 0 && crate::clock::millis(now.saturating_duration_since(self.born)) > due
+    }
+
+    /// The listener was found stranded: the bus counts as down at once (L1
+    /// unverified), and a new listener starts on the caller's runtime (the
+    /// stranded one ends, should its runtime run it again).
+    #[cold]
+    pub(crate) fn stranded(&self, store: &dyn Store) {
+        tracing::debug!(
+            "the bus listener missed its heartbeat (its runtime is idle); listening from here"
+        );
+        self.ready.due_ms.store(0, Ordering::Relaxed);
+        self.ready.set(false);
+        if let Some(hook) = &self.hook {
+            hook.missed(false);
+        }
+        self.listener.reset();
+        self.renew_feed.store(true, Ordering::SeqCst);
+        self.lost.store(true, Ordering::SeqCst);
+        self.ensure_listening(store);
     }
 
     /// Starts the previous version's listener, once: any message about a
@@ -368,9 +514,13 @@ impl Waiters {
             return;
         };
         if tokio::time::Instant::now() >= previous.until {
+            // Over: a listener lost before the end no longer holds L1 back.
+            if !self.previous_listener.is_running(Duration::MAX) {
+                hook.previous_missed(true);
+            }
             return;
         }
-        self.previous_listener.get_or_init(|| {
+        let started = self.previous_listener.ensure(Duration::MAX, |duty| {
             let mut subscription = store.subscribe(&previous.channel);
             let hook = Arc::clone(hook);
             // Until it is subscribed, nothing from there is heard.
@@ -378,12 +528,24 @@ impl Waiters {
             let own = self.sender;
             let (old, new) = previous.prefixes.clone();
             let until = previous.until;
-            let task = tokio::spawn(async move {
+            let guard = PreviousDuty {
+                duty: Some(duty),
+                hook: Arc::clone(&hook),
+            };
+            async move {
                 loop {
                     let delivery = tokio::select! {
                         delivery = subscription.recv() => delivery,
-                        () = tokio::time::sleep_until(until) => None,
+                        // The transition is over: nothing more to hear, and
+                        // that channel being down no longer holds L1 back.
+                        () = tokio::time::sleep_until(until) => {
+                            guard.hook.previous_missed(true);
+                            return guard.done();
+                        }
                     };
+                    // The subscription ended: that channel counts as down
+                    // (the guard's drop) until the next call subscribes
+                    // again.
                     let Some(delivery) = delivery else { return };
                     match delivery {
                         Delivery::Message(m) => {
@@ -405,20 +567,84 @@ impl Waiters {
                         Delivery::Missed => hook.previous_missed(subscription.is_ready()),
                     }
                 }
-            });
-            task.abort_handle()
+            }
         });
+        if let Some(task) = started {
+            self.track(task);
+        }
     }
 }
 
 impl Drop for Waiters {
     fn drop(&mut self) {
-        if let Some((task, _)) = self.listener.get() {
+        let tasks = self.tasks.get_mut().unwrap_or_else(|p| p.into_inner());
+        for task in tasks.drain(..) {
             task.abort();
         }
-        if let Some(task) = self.previous_listener.get() {
-            task.abort();
+    }
+}
+
+/// The listener's hold on its slot: dropped before the listener was done
+/// (its runtime went away, or its subscription ended), the bus counts as
+/// down (L1 unverified) until the next call has started a new listener and
+/// it is subscribed.
+struct ListenerDuty {
+    duty: Option<Duty>,
+    ready: Arc<Ready>,
+    hook: Option<Arc<dyn BusHook>>,
+}
+
+impl ListenerDuty {
+    /// Whether this is still the waiters' listener.
+    fn is_current(&self) -> bool {
+        self.duty.as_ref().is_some_and(Duty::is_current)
+    }
+
+    /// Ends without a word (replaced: the new listener speaks).
+    fn done(mut self) {
+        if let Some(duty) = self.duty.take() {
+            duty.done();
         }
+    }
+}
+
+impl Drop for ListenerDuty {
+    fn drop(&mut self) {
+        let Some(duty) = self.duty.take() else { return };
+        if duty.is_current() {
+            self.ready.set(false);
+            if let Some(hook) = &self.hook {
+                hook.missed(false);
+            }
+        }
+        // Raises the waiters' `lost` flag.
+        drop(duty);
+    }
+}
+
+/// The previous version's listener's hold on its slot: dropped before it
+/// was done, that channel counts as down until a new listener is
+/// subscribed.
+struct PreviousDuty {
+    duty: Option<Duty>,
+    hook: Arc<dyn BusHook>,
+}
+
+impl PreviousDuty {
+    fn done(mut self) {
+        if let Some(duty) = self.duty.take() {
+            duty.done();
+        }
+    }
+}
+
+impl Drop for PreviousDuty {
+    fn drop(&mut self) {
+        let Some(duty) = self.duty.take() else { return };
+        if duty.is_current() {
+            self.hook.previous_missed(false);
+        }
+        drop(duty);
     }
 }
 

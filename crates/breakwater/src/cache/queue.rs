@@ -1,5 +1,5 @@
 //! Reads of distinct keys that meet while the store is busy go out as one
-//! batch ([`Store::get_many`](crate::Store::get_many): one `MGET`).
+//! batch ([`Store::get_many`]: one `MGET`).
 //!
 //! A read goes straight to the store, in the caller's task, while fewer
 //! than [`IN_FLIGHT`] of this cache's reads are in the air: an uncontended
@@ -18,10 +18,19 @@
 //! contract is unaffected, and it waits for no other read: only for one
 //! yield and its own batch, within the store's deadline.
 //!
+//! The batch task runs on the runtime of the read that was queued first.
+//! A queued read from another runtime cannot count on that one running
+//! (a current-thread runtime whose `block_on` returned runs nothing), so
+//! it waits no longer than one store read deadline
+//! ([`Store::read_deadline`]); then it sends
+//! what is queued itself, or, if the stranded batch had already taken its
+//! key, reads alone. A read on the batch task's own runtime needs no timer:
+//! while it is polled, so is that task.
+//!
 //! Concurrent readers of *one* key never get here twice: they already
 //! share one read ([`Reads`](crate::flight::Reads)).
 //!
-//! Only stores that ask for it ([`Store::batches_reads`](crate::Store::batches_reads))
+//! Only stores that ask for it ([`Store::batches_reads`])
 //! are read this way; a Redis Cluster is not (its batches split per hash
 //! slot anyway). Hand-rolled: what it needs is an admission count and a
 //! queue, and a batching crate (a `DataLoader`) would add a timer or a
@@ -35,6 +44,7 @@ use tokio::sync::oneshot;
 
 use super::guard::GuardedStore;
 use crate::error::{Error, ErrorKind};
+use crate::store::Store;
 
 /// Reads in the air (single, or batches) before further reads are queued.
 pub(crate) const IN_FLIGHT: usize = 4;
@@ -58,7 +68,17 @@ struct Queued {
 pub(crate) struct ReadQueue {
     /// Reads and batches in the air.
     in_flight: AtomicUsize,
-    queue: Mutex<Vec<Queued>>,
+    queue: Mutex<Waiting>,
+}
+
+/// What is queued, and the runtime whose task will send it.
+#[derive(Default)]
+struct Waiting {
+    reads: Vec<Queued>,
+    runtime: Option<tokio::runtime::Id>,
+    /// Counts batches: the task of an older one (whose reads another
+    /// caller sent) neither sends nor drops a newer one's.
+    batch: u64,
 }
 
 impl std::fmt::Debug for ReadQueue {
@@ -108,36 +128,75 @@ pub(crate) fn admit(queue: &ReadQueue) -> Option<Admitted<'_>> {
 /// per queued read would cost more than the batching saves): it ends when
 /// that task answers or drops the reply, after its one store call, which
 /// the store's own deadline bounds.
+///
+/// A read from another runtime than the batch task's waits at most one
+/// store read deadline (see the module docs).
 pub(crate) async fn queued(store: &Arc<GuardedStore>, queue: &ReadQueue, key: &[u8]) -> Reply {
-    let (reply, answer) = oneshot::channel();
-    let first = {
+    let (reply, mut answer) = oneshot::channel();
+    let runtime = tokio::runtime::Handle::try_current().ok();
+    let here = runtime.as_ref().map(tokio::runtime::Handle::id);
+    let (first, elsewhere, batch) = {
         let mut waiting = lock(queue);
-        waiting.push(Queued {
+        waiting.reads.push(Queued {
             key: key.to_vec(),
             reply,
         });
-        waiting.len() == 1
+        let first = waiting.reads.len() == 1;
+        if first {
+            waiting.runtime = here;
+            waiting.batch = waiting.batch.wrapping_add(1);
+        }
+        (first, waiting.runtime != here, waiting.batch)
     };
     if first {
         let flush = Flush {
             store: Arc::clone(store),
+            batch: Some(batch),
             taken: false,
         };
         // Outside a runtime nothing can send it: `flush` is dropped here,
         // and so is the queue (this read's reply with it).
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        if let Some(runtime) = runtime {
             runtime.spawn(async move {
                 behind_the_woken().await;
                 flush.send().await;
             });
         }
     }
-    answer.await.unwrap_or_else(|_| {
+    let dropped = |_| {
         Err(Error::new(
             ErrorKind::Store,
             "a queued read got no reply (its batch was dropped: the runtime is shutting down)",
         ))
-    })
+    };
+    if !elsewhere {
+        return answer.await.unwrap_or_else(dropped);
+    }
+    let within = store.read_deadline();
+    if let Ok(reply) = tokio::time::timeout(within, &mut answer).await {
+        return reply.unwrap_or_else(dropped);
+    }
+    // The batch task's runtime is not running it: send what is queued
+    // from here (this read among it, and the others with it), or, if
+    // the stranded task already took this read, read alone.
+    tracing::debug!(
+        ?within,
+        "a queued read's batch is late (its runtime is idle); sending it from here"
+    );
+    Flush {
+        store: Arc::clone(store),
+        batch: None,
+        taken: false,
+    }
+    .send()
+    .await;
+    // Sent from here, or by another caller that got there first: its
+    // reply comes within one more deadline; else the stranded task had
+    // taken it, and this caller reads alone.
+    match tokio::time::timeout(within, &mut answer).await {
+        Ok(Ok(reply)) => reply,
+        _ => store.get_inline(key).await,
+    }
 }
 
 /// Lets the tasks already woken on this worker run first: the task wakes
@@ -174,6 +233,9 @@ async fn behind_the_woken() {
 /// at once and the next read queued schedules a new one.
 struct Flush {
     store: Arc<GuardedStore>,
+    /// The batch it was scheduled for (`None`: whatever is queued, for a
+    /// caller sending a stranded batch itself).
+    batch: Option<u64>,
     taken: bool,
 }
 
@@ -185,8 +247,16 @@ impl Flush {
         let Some(queue) = self.store.read_queue() else {
             return;
         };
-        let taken = std::mem::take(&mut *lock(queue));
-        self.taken = true;
+        let taken = {
+            let mut waiting = lock(queue);
+            self.taken = true;
+            if self.batch.is_some_and(|batch| batch != waiting.batch) {
+                // Its reads went out from elsewhere; what is queued now
+                // is a newer batch's, which its own task sends.
+                return;
+            }
+            std::mem::take(&mut waiting.reads)
+        };
         queue.in_flight.fetch_add(1, Ordering::AcqRel);
         let _admitted = Admitted { queue };
         let store = &self.store;
@@ -207,11 +277,14 @@ impl Drop for Flush {
         if !self.taken
             && let Some(queue) = self.store.read_queue()
         {
-            drop(std::mem::take(&mut *lock(queue)));
+            let mut waiting = lock(queue);
+            if self.batch.is_none_or(|batch| batch == waiting.batch) {
+                drop(std::mem::take(&mut waiting.reads));
+            }
         }
     }
 }
 
-fn lock(queue: &ReadQueue) -> std::sync::MutexGuard<'_, Vec<Queued>> {
+fn lock(queue: &ReadQueue) -> std::sync::MutexGuard<'_, Waiting> {
     queue.queue.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -86,7 +86,7 @@ use std::time::Duration;
 use rand::RngExt;
 use tokio::time::Instant;
 
-use super::coherence::Local;
+use super::coherence::{Local, LocalStep};
 use super::notify::{self, TAG_INVALIDATED};
 use super::options::Options;
 use super::{Cache, Load, Op, Value, hash_tagged, record_error, show_key};
@@ -294,6 +294,10 @@ impl<V: Value> Cache<V> {
         // entry can have recorded; retries send the same one.
         let fresh = self.fresh_generation();
         let ttl = counter_ttl(&inner.defaults);
+        // After the store has answered (a read that starts later sees the
+        // new generation); also if it failed (the reply may be all that was
+        // lost), or if the caller goes away first.
+        let _local = LocalStep::new(|| self.local.tags_invalidated());
         let done = self
             .deliver(key, || async move {
                 let notice = inner.notice(message);
@@ -314,10 +318,6 @@ impl<V: Value> Cache<V> {
         {
             tracing::debug!(tag = %show_key(tag), error = %err, "tag invalidation not published to the previous version");
         }
-        // After the store has answered (a read that starts later sees the
-        // new generation); also if it failed: the reply may be all that was
-        // lost.
-        self.local.tags_invalidated();
         done
     }
 

@@ -9,7 +9,7 @@
 //!
 //! - **Pin**: before a load's loader runs (after the lease is taken, as the
 //!   tags' generations are read) and before a `set`, the previous version's
-//!   entry for the key is *pinned* ([`Store::pin`](crate::Store::pin)): its bytes are read, or,
+//!   entry for the key is *pinned* ([`Store::pin`]): its bytes are read, or,
 //!   where it has none, a placeholder is written there: an expired negative
 //!   entry (its windows ended in 1970, its `load_ms` and windows random), which
 //!   the previous version reads as expired, exactly as a miss (it loads, and

@@ -309,6 +309,12 @@ impl Store for MemoryStore {
         "memory"
     }
 
+    /// 50 ms: a read answers at once; a caller waits this long only for
+    /// another caller's read that is not being polled.
+    fn read_deadline(&self) -> Duration {
+        Duration::from_millis(50)
+    }
+
     fn bump_generation<'a>(
         &'a self,
         key: &'a [u8],

@@ -298,6 +298,16 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
         false
     }
 
+    /// How long one read ([`get`](Store::get)) may take before the store
+    /// gives up on it: its deadline. A cache's caller that shares another
+    /// caller's read of the same key (or waits in a batch of reads) waits
+    /// no longer than this for it before it reads alone, so a read whose
+    /// caller stopped polling it delays nobody else by more. 1 s by
+    /// default; stores with a deadline of their own return it.
+    fn read_deadline(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
     // --- failure domains ---
 
     /// How many independent failure domains the store has: 1 unless its
@@ -431,17 +441,59 @@ pub enum Delivery {
 /// A live subscription to one channel; see [`Store::subscribe`].
 ///
 /// Dropping it unsubscribes this receiver.
-#[derive(Debug)]
 pub struct Subscription {
     messages: broadcast::Receiver<Delivery>,
     ready: watch::Receiver<bool>,
+    /// Starts the store's feed of this channel again if the task that
+    /// runs it is stranded on an idle runtime (`RedisStore`); with `true`,
+    /// whatever that task's promises say.
+    keeper: Option<Arc<dyn Fn(bool) + Send + Sync>>,
+}
+
+impl fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Subscription")
+            .field("ready", &self.is_ready())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Subscription {
     /// Wraps a broadcast of deliveries and a readiness flag; for [`Store`]
     /// implementations.
     pub fn new(messages: broadcast::Receiver<Delivery>, ready: watch::Receiver<bool>) -> Self {
-        Subscription { messages, ready }
+        Subscription {
+            messages,
+            ready,
+            keeper: None,
+        }
+    }
+
+    /// The same, with `keeper`, which the subscriber calls now and then
+    /// from its own runtime (see [`keep_alive`](Self::keep_alive)).
+    pub(crate) fn kept_by(mut self, keeper: Arc<dyn Fn(bool) + Send + Sync>) -> Self {
+        self.keeper = Some(keeper);
+        self
+    }
+
+    /// Called by the subscriber now and then (a cache's listener: twice a
+    /// second), from a runtime that runs: a store whose feed of the channel
+    /// runs on a task stranded on an idle runtime starts it again here.
+    pub(crate) fn keep_alive(&self) {
+        if let Some(keeper) = &self.keeper {
+            keeper(false);
+        }
+    }
+
+    /// Has the store feed this channel from a new task on the caller's
+    /// runtime, whatever the one feeding it now promised (a subscriber that
+    /// found its own task stranded cannot trust the feed it shared that
+    /// runtime with): until the new one is subscribed, the subscription is
+    /// not ready.
+    pub(crate) fn renew(&self) {
+        if let Some(keeper) = &self.keeper {
+            keeper(true);
+        }
     }
 
     /// `true` while the subscription is established at the store.

@@ -38,6 +38,7 @@ use super::{
     Delivery, FencedWrite, LeaseAttempt, LeaseRequest, Notice, Replace, SUBSCRIPTION_BUFFER, Store,
     StoreFuture, Subscription, ttl_millis,
 };
+use crate::background::{Duty, Supervised};
 use crate::clock::{SystemClock, WallClock, millis};
 use crate::error::{ConfigError, Error, ErrorKind, MAX_WAIT};
 use crate::jitter::{Backoff, poll_delay};
@@ -161,8 +162,8 @@ static FENCED_SET: LazyLock<Lua> = LazyLock::new(|| {
     )
 });
 
-/// What KEYS[1] holds, or ARGV[1] (the placeholder), written there with
-/// `PX` ARGV[2] if it holds nothing.
+/// What `KEYS[1]` holds, or `ARGV[1]` (the placeholder), written there with
+/// `PX` `ARGV[2]` if it holds nothing.
 static PIN: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"local held = redis.call('GET', KEYS[1])
@@ -228,7 +229,7 @@ macro_rules! generation_lua {
 /// A tag's generation bump: KEYS = the counter; ARGV = channel, message,
 /// fresh value, TTL in ms. A counter holding a generation goes up by one;
 /// a missing or foreign one is set to the fresh value (`SET` replaces any
-/// Redis type). Its TTL is kept if longer than ARGV[4] (`SET` drops it, so
+/// Redis type). Its TTL is kept if longer than `ARGV[4]` (`SET` drops it, so
 /// it is read first). Then publishes; returns the new value as digits.
 static BUMP_GENERATION: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(generation_lua!(
@@ -248,7 +249,7 @@ static BUMP_GENERATION: LazyLock<Lua> = LazyLock::new(|| {
 /// Read-or-create of tag counters: KEYS = the counters; ARGV = fresh
 /// value, TTL in ms. Each counter holding a generation is replied as it
 /// is; a missing or foreign one is set to the fresh value first. Each
-/// one's TTL is made at least ARGV[2]. One reply (digits) per key, in
+/// one's TTL is made at least `ARGV[2]`. One reply (digits) per key, in
 /// order.
 static TAG_GENERATIONS: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(generation_lua!(
@@ -599,7 +600,10 @@ struct Inner {
     /// The live connection, if any; dropped when broken or when it fails a
     /// probe after a timeout, and made again in the background.
     conn: RwLock<Option<Live>>,
-    /// The one task that (re)connects, if it runs.
+    /// The one task that (re)connects, if it runs (supervised: see
+    /// `crate::background`).
+    reconnector: Supervised,
+    /// Where the (re)connection stands.
     reconnect: Mutex<Reconnect>,
     /// Counts finished connection attempts (made or failed), to wake the
     /// callers waiting on one.
@@ -609,8 +613,13 @@ struct Inner {
     last_failure: Mutex<Option<Error>>,
     generations: AtomicU64,
     /// A probe of the current connection runs (after a command timed out).
-    probing: AtomicBool,
-    clock_refresh_started: AtomicBool,
+    prober: Supervised,
+    /// The task that keeps the clock sample current.
+    clock_refresh: Supervised,
+    /// A background task was dropped with its runtime (or stranded on an
+    /// idle one): the next command starts what is missing again, on its
+    /// own runtime ([`revive`](Inner::revive)).
+    lost_tasks: Arc<AtomicBool>,
     clock: RwLock<Option<ClockSample>>,
     /// The highest Redis-derived time handed out, so the clock does not run
     /// back by a sample's rounding when a new sample corrects it. Only
@@ -628,8 +637,6 @@ struct Inner {
 /// The state of the background (re)connection.
 #[derive(Debug, Default)]
 struct Reconnect {
-    /// A task is (re)connecting: making an attempt, or backing off.
-    running: bool,
     /// When the attempt in progress began, and when it ends at the
     /// latest; `None` while backing off.
     attempt: Option<Attempt>,
@@ -651,6 +658,9 @@ struct Attempt {
 struct Live {
     generation: u64,
     conn: Conn,
+    /// The runtime that made it, whose task drives it (redis-rs spawns the
+    /// connection's driver there).
+    home: Option<tokio::runtime::Handle>,
 }
 
 /// Where the store's commands go.
@@ -778,6 +788,8 @@ impl ConnectionLike for Conn {
 struct ChannelFeed {
     messages: broadcast::Sender<Delivery>,
     ready: watch::Sender<bool>,
+    /// The task that keeps the channel subscribed.
+    task: Supervised,
 }
 
 impl Drop for Inner {
@@ -1048,22 +1060,25 @@ impl RedisStore {
             config.write_timeout,
             config.max_response_timeout,
         );
+        let lost_tasks = Arc::new(AtomicBool::new(false));
         RedisStore {
             inner: Arc::new(Inner {
                 target,
                 config,
                 latency,
                 conn: RwLock::new(None),
+                reconnector: Supervised::reporting_to(&lost_tasks),
                 reconnect: Mutex::default(),
                 attempts: watch::Sender::new(0),
                 last_failure: Mutex::default(),
                 generations: AtomicU64::new(0),
-                probing: AtomicBool::new(false),
-                clock_refresh_started: AtomicBool::new(false),
+                prober: Supervised::reporting_to(&lost_tasks),
+                clock_refresh: Supervised::reporting_to(&lost_tasks),
                 clock: RwLock::new(None),
                 last_now: AtomicU64::new(0),
                 channels: Mutex::default(),
                 tasks: Mutex::default(),
+                lost_tasks,
             }),
         }
     }
@@ -1250,7 +1265,14 @@ impl Inner {
                 }
                 _ if patient => deadline,
                 Some(attempt) => (attempt.since + self.latency.deadline(0, Op::Read)).min(deadline),
-                None => return Err(self.reconnecting()),
+                // Backing off, or an attempt just ended (it may have made
+                // the connection since it was looked for above).
+                None => {
+                    return self
+                        .current()
+                        .map(|live| (live, first))
+                        .ok_or_else(|| self.reconnecting());
+                }
             };
             if tokio::time::timeout_at(until, attempts.changed())
                 .await
@@ -1264,14 +1286,27 @@ impl Inner {
     /// Starts the reconnecting task unless it runs; the attempt in
     /// progress (`None` while it backs off), and whether a connection was
     /// ever made.
+    ///
+    /// The task is supervised (see `crate::background`): one whose runtime
+    /// went away, or that overstayed an attempt (its bound) or a backoff by
+    /// `connect_timeout` (its runtime is idle), is replaced by one on the
+    /// caller's runtime.
     fn start_reconnect(self: &Arc<Self>) -> (Option<Attempt>, bool) {
-        let mut reconnect = self.reconnect.lock().unwrap_or_else(|p| p.into_inner());
-        if !reconnect.running {
-            reconnect.running = true;
-            reconnect.attempt = Some(self.attempt(0));
-            let task = tokio::spawn(run_reconnect(Arc::downgrade(self)));
-            self.track(task.abort_handle());
+        let weak = Arc::downgrade(self);
+        let started = self
+            .reconnector
+            .ensure(self.config.connect_timeout, |duty| {
+                // Before the task can run (and end its first attempt).
+                self.reconnect
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .attempt = Some(self.attempt(0));
+                run_reconnect(weak, duty)
+            });
+        if let Some(task) = started {
+            self.track(task);
         }
+        let reconnect = self.reconnect.lock().unwrap_or_else(|p| p.into_inner());
         (reconnect.attempt, reconnect.connected_once)
     }
 
@@ -1318,6 +1353,86 @@ impl Inner {
         match self.target {
             Target::Node(_) | Target::Sentinel(_) => 0,
             Target::Cluster { .. } => usize::from(hash_slot(key) / SLOTS_PER_DOMAIN),
+        }
+    }
+
+    /// Starts again, on the caller's runtime, the background tasks that
+    /// were lost (dropped with their runtime, or stranded on an idle one):
+    /// the clock refresh and the Sentinel watcher once a connection was
+    /// made, and every channel's subscription. Cheap when nothing was lost
+    /// (one atomic load, on every command).
+    #[inline]
+    fn revive(self: &Arc<Self>) {
+        if self.lost_tasks.load(Ordering::Relaxed) {
+            self.revive_lost();
+        }
+    }
+
+    #[cold]
+    fn revive_lost(self: &Arc<Self>) {
+        if tokio::runtime::Handle::try_current().is_err()
+            || !self.lost_tasks.swap(false, Ordering::AcqRel)
+        {
+            return;
+        }
+        let connected_once = self
+            .reconnect
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .connected_once;
+        if connected_once {
+            self.keep_clock();
+        }
+        let channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        for (channel, feed) in channels.iter() {
+            self.keep_subscribed(channel, feed);
+        }
+    }
+
+    /// Makes sure the clock refresh (and, on a Sentinel store, the master
+    /// watcher) runs.
+    fn keep_clock(self: &Arc<Self>) {
+        let grace = self.config.connect_timeout;
+        let weak = Arc::downgrade(self);
+        if let Some(task) = self
+            .clock_refresh
+            .ensure(grace, |duty| run_clock_refresh(weak, duty))
+        {
+            self.track(task);
+        }
+        if let Some(sentinel) = self.target.sentinel() {
+            let weak = Arc::downgrade(self);
+            if let Some(task) = sentinel
+                .watcher
+                .ensure(grace, |duty| sentinel::watch(weak, duty))
+            {
+                self.track(task);
+            }
+        }
+    }
+
+    /// Makes sure a task keeps `channel` subscribed for `feed`.
+    fn keep_subscribed(self: &Arc<Self>, channel: &[u8], feed: &ChannelFeed) {
+        let source = match self.target.sentinel() {
+            Some(sentinel) => Feed::Sentinel(Arc::clone(sentinel)),
+            None => Feed::Nodes(self.target.nodes().to_vec()),
+        };
+        let (config, channel) = (self.config.clone(), channel.to_vec());
+        let (messages, ready) = (feed.messages.clone(), feed.ready.clone());
+        let grace = self.config.connect_timeout;
+        if let Some(task) = feed.task.ensure(grace, |duty| {
+            run_subscription(
+                source,
+                config,
+                channel,
+                FeedDuty {
+                    duty: Some(duty),
+                    messages,
+                    ready,
+                },
+            )
+        }) {
+            self.track(task);
         }
     }
 
@@ -1415,18 +1530,11 @@ impl Inner {
                 Conn::Node(_) | Conn::Master(..) => return Err(err),
             }
         }
-        if !self.clock_refresh_started.swap(true, Ordering::Relaxed) {
-            self.track(spawn_clock_refresh(Arc::downgrade(self)));
-        }
-        if let Some(sentinel) = self.target.sentinel()
-            && sentinel.start_watching()
-        {
-            let task = tokio::spawn(sentinel::watch(Arc::downgrade(self)));
-            self.track(task.abort_handle());
-        }
+        self.keep_clock();
         let live = Live {
             generation: self.generations.fetch_add(1, Ordering::Relaxed) + 1,
             conn,
+            home: tokio::runtime::Handle::try_current().ok(),
         };
         *self.conn.write().unwrap_or_else(|p| p.into_inner()) = Some(live);
         Ok(())
@@ -1452,37 +1560,60 @@ impl Inner {
     /// commands: a request lost on the way while a later one was answered),
     /// is forgotten and re-made in the background; until then calls keep
     /// failing after one deadline each, never more.
+    ///
+    /// A timeout may also mean that the runtime driving the connection (or
+    /// a background task) has gone idle: the lost tasks are looked for too.
     fn suspect(self: &Arc<Self>, live: Live) {
-        if self.probing.swap(true, Ordering::AcqRel) {
-            return;
-        }
+        self.lost_tasks.store(true, Ordering::Release);
         let inner = Arc::downgrade(self);
         let wait = self
             .config
             .connect_timeout
             .max(self.latency.deadline(0, Op::Write));
-        let task = tokio::spawn(async move {
+        let probe = |duty: Duty| async move {
+            duty.due_by(Some(Instant::now() + wait));
             let Live {
                 generation,
                 mut conn,
+                home,
             } = live;
+            // Made on another runtime: its driver runs there. A runtime
+            // that no longer runs anything (idle, or gone) cannot drive it,
+            // and the connection is as good as dead.
+            if let Some(home) = home.filter(|home| !runs_here(home))
+                && !runs_anything(&home).await
+            {
+                if let Some(inner) = inner.upgrade()
+                    && duty.is_current()
+                {
+                    tracing::debug!(
+                        "the runtime that drives the redis connection runs nothing; reconnecting"
+                    );
+                    inner.forget(generation);
+                }
+                return duty.done();
+            }
             let answered = tokio::time::timeout(
                 wait,
                 redis::cmd("PING").query_async::<redis::Value>(&mut conn),
             )
             .await;
-            let Some(inner) = inner.upgrade() else { return };
+            let Some(inner) = inner.upgrade() else {
+                return duty.done();
+            };
             let pong = matches!(&answered, Ok(Ok(redis::Value::SimpleString(s))) if s == "PONG");
-            if !pong {
+            if !pong && duty.is_current() {
                 tracing::debug!(
                     ?wait,
                     "redis connection did not answer a probe; reconnecting"
                 );
                 inner.forget(generation);
             }
-            inner.probing.store(false, Ordering::Release);
-        });
-        self.track(task.abort_handle());
+            duty.done();
+        };
+        if let Some(task) = self.prober.ensure(wait, probe) {
+            self.track(task);
+        }
     }
 
     /// Runs one command on the connection, about a key of failure domain
@@ -1505,6 +1636,7 @@ impl Inner {
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
+        self.revive();
         let mut retried = false;
         loop {
             let wait = self.latency.deadline(domain, op);
@@ -1764,6 +1896,25 @@ impl Inner {
     }
 }
 
+/// Whether the caller runs on `runtime`.
+fn runs_here(runtime: &tokio::runtime::Handle) -> bool {
+    tokio::runtime::Handle::try_current().is_ok_and(|here| here.id() == runtime.id())
+}
+
+/// How long a runtime has to run a trivial task before it counts as
+/// running nothing (idle: a current-thread runtime whose `block_on`
+/// returned; or shut down).
+const CANARY_WAIT: Duration = Duration::from_millis(100);
+
+/// Whether `runtime` runs a trivial task within [`CANARY_WAIT`].
+async fn runs_anything(runtime: &tokio::runtime::Handle) -> bool {
+    let (ran, answer) = tokio::sync::oneshot::channel();
+    drop(runtime.spawn(async move {
+        let _ = ran.send(());
+    }));
+    matches!(tokio::time::timeout(CANARY_WAIT, answer).await, Ok(Ok(())))
+}
+
 /// `EVALSHA`, then `EVAL` if the node does not have the script.
 async fn run_script<T: FromRedisValue>(
     conn: &mut Conn,
@@ -1781,31 +1932,44 @@ async fn run_script<T: FromRedisValue>(
 /// full-jitter backoff (50 ms doubling to 2 s) between failed attempts, so
 /// a fleet does not reconnect in lockstep (on a Sentinel store, the
 /// sentinels naming a new master cuts the backoff short). Holds the store
-/// only during an attempt; ends when the store is dropped.
-async fn run_reconnect(inner: Weak<Inner>) {
+/// only during an attempt; ends when the store is dropped, or when it
+/// finds itself replaced (its runtime went idle; see `crate::background`).
+async fn run_reconnect(inner: Weak<Inner>, duty: Duty) {
     let backoff = Backoff::full_jitter(Duration::from_millis(50), Duration::from_secs(2));
     let mut rng: StdRng = rand::make_rng();
     let mut failures = 0u32;
     loop {
-        let Some(inner) = inner.upgrade() else { return };
+        let Some(inner) = inner.upgrade() else {
+            return duty.done();
+        };
+        // Due by the end of its attempt's bound (plus the supervisor's
+        // grace, `connect_timeout`): an attempt may take that long.
+        let attempt = inner.attempt(failures);
+        if !duty.due_by(Some(attempt.until)) {
+            return duty.done();
+        }
         inner
             .reconnect
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .attempt = Some(inner.attempt(failures));
+            .attempt = Some(attempt);
         let made = inner.connect(failures).await;
+        if !duty.is_current() {
+            // Replaced while its runtime was idle: the new task speaks for
+            // the store now.
+            return duty.done();
+        }
         {
             let mut reconnect = inner.reconnect.lock().unwrap_or_else(|p| p.into_inner());
             reconnect.attempt = None;
             if made.is_ok() {
-                reconnect.running = false;
                 reconnect.connected_once = true;
             }
         }
         *inner.last_failure.lock().unwrap_or_else(|p| p.into_inner()) = made.clone().err();
         inner.attempts.send_modify(|n| *n = n.wrapping_add(1));
         match made {
-            Ok(()) => return,
+            Ok(()) => return duty.done(),
             Err(err) => {
                 tracing::debug!(error = %err, "redis connection attempt failed; backing off")
             }
@@ -1813,7 +1977,11 @@ async fn run_reconnect(inner: Weak<Inner>) {
         failures = failures.saturating_add(1);
         let sentinel = inner.target.sentinel().cloned();
         drop(inner);
-        let pause = tokio::time::sleep(backoff.delay(failures, None, &mut rng));
+        let delay = backoff.delay(failures, None, &mut rng);
+        if !duty.due_by(Some(Instant::now() + delay)) {
+            return duty.done();
+        }
+        let pause = tokio::time::sleep(delay);
         match sentinel {
             Some(sentinel) => {
                 tokio::select! {
@@ -1826,37 +1994,40 @@ async fn run_reconnect(inner: Weak<Inner>) {
     }
 }
 
-/// Keeps the clock sample current while the store is alive.
-fn spawn_clock_refresh(inner: Weak<Inner>) -> AbortHandle {
-    tokio::spawn(async move {
-        loop {
-            let every = match inner.upgrade() {
-                Some(inner) => inner.config.clock_refresh,
-                None => return,
-            };
-            tokio::time::sleep(every).await;
-            let Some(inner) = inner.upgrade() else { return };
-            let deadline = Instant::now() + inner.config.connect_timeout;
-            let sampled = match inner.conn(deadline, true).await {
-                // The connection has no response timeout of its own.
-                Ok((mut live, _)) => {
-                    tokio::time::timeout_at(deadline, inner.sample_clock(&mut live.conn))
-                        .await
-                        .unwrap_or_else(|_| {
-                            Err(Error::new(
-                                ErrorKind::Store,
-                                "redis did not answer TIME in time",
-                            ))
-                        })
-                }
-                Err(err) => Err(err),
-            };
-            if let Err(err) = sampled {
-                tracing::warn!(error = %err, "redis clock sample failed; keeping the previous one");
-            }
+/// Keeps the clock sample current while the store is alive (and while it
+/// is the store's clock refresh: see `crate::background`).
+async fn run_clock_refresh(inner: Weak<Inner>, duty: Duty) {
+    loop {
+        let (every, within) = match inner.upgrade() {
+            Some(inner) => (inner.config.clock_refresh, inner.config.connect_timeout),
+            None => return duty.done(),
+        };
+        if !duty.due_by(Some(Instant::now() + every + within)) {
+            return duty.done();
         }
-    })
-    .abort_handle()
+        tokio::time::sleep(every).await;
+        let Some(inner) = inner.upgrade() else {
+            return duty.done();
+        };
+        let deadline = Instant::now() + inner.config.connect_timeout;
+        let sampled = match inner.conn(deadline, true).await {
+            // The connection has no response timeout of its own.
+            Ok((mut live, _)) => {
+                tokio::time::timeout_at(deadline, inner.sample_clock(&mut live.conn))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(Error::new(
+                            ErrorKind::Store,
+                            "redis did not answer TIME in time",
+                        ))
+                    })
+            }
+            Err(err) => Err(err),
+        };
+        if let Err(err) = sampled {
+            tracing::warn!(error = %err, "redis clock sample failed; keeping the previous one");
+        }
+    }
 }
 
 /// Where a subscription connects.
@@ -1909,17 +2080,23 @@ impl Feed {
 /// On a Sentinel store it subscribes on the master the sentinels name, and
 /// drops the subscription as soon as they name another one (what is
 /// published there would not reach it).
-async fn run_subscription(
-    feed: Feed,
-    config: RedisStoreConfig,
-    channel: Vec<u8>,
-    messages: broadcast::Sender<Delivery>,
-    ready: watch::Sender<bool>,
-) {
+///
+/// The task is supervised (see `crate::background`): dropped with its
+/// runtime, it tells the subscribers the bus is down (`ready` false,
+/// [`Delivery::Missed`]), and the store's next command starts it again.
+async fn run_subscription(feed: Feed, config: RedisStoreConfig, channel: Vec<u8>, duty: FeedDuty) {
+    let FeedDuty {
+        ref messages,
+        ref ready,
+        ..
+    } = duty;
     let backoff = Backoff::full_jitter(Duration::from_millis(50), Duration::from_secs(2));
     let mut rng: StdRng = rand::make_rng();
     let mut failures = 0u32;
     for attempt in 0usize.. {
+        if !duty.due_by(Instant::now() + config.connect_timeout) {
+            return duty.done();
+        }
         let connect = async {
             // In a cluster, each new attempt tries the next node.
             let Some(client) = feed.client(attempt, &config).await else {
@@ -1931,9 +2108,13 @@ async fn run_subscription(
             Ok::<_, Error>(Some((pubsub, master)))
         };
         match tokio::time::timeout(config.connect_timeout, connect).await {
-            Ok(Ok(None)) => return,
+            Ok(Ok(None)) => return duty.done(),
             Ok(Ok(Some((pubsub, master)))) => {
                 failures = 0;
+                if !duty.due_by(Instant::now() + config.subscription_ping + config.response_timeout)
+                {
+                    return duty.done();
+                }
                 ready.send_replace(true);
                 let _ = messages.send(Delivery::Missed);
                 let (mut sink, mut stream) = pubsub.split();
@@ -1949,6 +2130,10 @@ async fn run_subscription(
                             None => break,
                         },
                         _ = ping.tick() => {
+                            let back_by = Instant::now() + config.subscription_ping + config.response_timeout;
+                            if !duty.due_by(back_by) {
+                                break;
+                            }
                             let pong = tokio::time::timeout(
                                 config.response_timeout,
                                 sink.ping::<redis::Value>(),
@@ -1964,6 +2149,11 @@ async fn run_subscription(
                         }
                     }
                 }
+                if !duty.is_current() {
+                    // Replaced (this runtime was idle): the new task
+                    // speaks for the channel now.
+                    return duty.done();
+                }
                 ready.send_replace(false);
                 let _ = messages.send(Delivery::Missed);
                 tracing::warn!("redis subscription dropped; reconnecting");
@@ -1972,7 +2162,50 @@ async fn run_subscription(
             Err(_) => tracing::debug!("redis subscription timed out"),
         }
         failures = failures.saturating_add(1);
-        tokio::time::sleep(backoff.delay(failures, None, &mut rng)).await;
+        let delay = backoff.delay(failures, None, &mut rng);
+        if !duty.due_by(Instant::now() + delay) {
+            return duty.done();
+        }
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// A subscription task's hold on its channel (see `crate::background`):
+/// dropped before it was done (its runtime went away), it tells the
+/// channel's subscribers that the bus is down, since nobody listens for
+/// them any more.
+struct FeedDuty {
+    duty: Option<Duty>,
+    messages: broadcast::Sender<Delivery>,
+    ready: watch::Sender<bool>,
+}
+
+impl FeedDuty {
+    /// Promises to be back by `due`; `false` if the task was replaced.
+    fn due_by(&self, due: Instant) -> bool {
+        self.duty.as_ref().is_some_and(|d| d.due_by(Some(due)))
+    }
+
+    fn is_current(&self) -> bool {
+        self.duty.as_ref().is_some_and(Duty::is_current)
+    }
+
+    /// The task ends of its own accord.
+    fn done(mut self) {
+        if let Some(duty) = self.duty.take() {
+            duty.done();
+        }
+    }
+}
+
+impl Drop for FeedDuty {
+    fn drop(&mut self) {
+        let Some(duty) = self.duty.take() else { return };
+        if duty.is_current() && *self.ready.borrow() {
+            self.ready.send_replace(false);
+            let _ = self.messages.send(Delivery::Missed);
+        }
+        drop(duty);
     }
 }
 
@@ -2183,6 +2416,12 @@ impl Store for RedisStore {
     /// reads; not on a Cluster, where a batch splits per hash slot.
     fn batches_reads(&self) -> bool {
         self.failure_domains() == 1
+    }
+
+    /// The read deadline in force, in the slowest failure domain: it
+    /// follows the latency Redis has (see [`RedisStore::latency`]).
+    fn read_deadline(&self) -> Duration {
+        self.latency().read_deadline
     }
 
     /// One for a single server; for a cluster, one per 256 consecutive hash
@@ -2528,26 +2767,33 @@ impl Store for RedisStore {
             .channels
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        let feed = channels.entry(channel.to_vec()).or_insert_with(|| {
-            let feed = ChannelFeed {
+        let feed = channels
+            .entry(channel.to_vec())
+            .or_insert_with(|| ChannelFeed {
                 messages: broadcast::channel(SUBSCRIPTION_BUFFER).0,
                 ready: watch::Sender::new(false),
-            };
-            let source = match self.inner.target.sentinel() {
-                Some(sentinel) => Feed::Sentinel(Arc::clone(sentinel)),
-                None => Feed::Nodes(self.inner.target.nodes().to_vec()),
-            };
-            let task = tokio::spawn(run_subscription(
-                source,
-                self.inner.config.clone(),
-                channel.to_vec(),
-                feed.messages.clone(),
-                feed.ready.clone(),
-            ));
-            self.inner.track(task.abort_handle());
-            feed
-        });
+                task: Supervised::reporting_to(&self.inner.lost_tasks),
+            });
+        // Started here, or again if its runtime went away.
+        self.inner.keep_subscribed(channel, feed);
+        // And again if it is stranded on an idle runtime, which only the
+        // subscriber, polled elsewhere, can notice.
+        let (inner, owned) = (Arc::downgrade(&self.inner), channel.to_vec());
+        let keeper = move |renew: bool| {
+            if let Some(inner) = inner.upgrade() {
+                let channels = inner.channels.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(feed) = channels.get(&owned) {
+                    if renew {
+                        feed.task.reset();
+                        feed.ready.send_replace(false);
+                        let _ = feed.messages.send(Delivery::Missed);
+                    }
+                    inner.keep_subscribed(&owned, feed);
+                }
+            }
+        };
         Subscription::new(feed.messages.subscribe(), feed.ready.subscribe())
+            .kept_by(Arc::new(keeper))
     }
 }
 

@@ -109,6 +109,7 @@ pub struct CountingStore<S> {
     lose_lease_replies: Arc<std::sync::atomic::AtomicBool>,
     failing_invalidations: Arc<AtomicUsize>,
     failing_gets: Arc<std::sync::atomic::AtomicBool>,
+    hang_write_replies: Arc<std::sync::atomic::AtomicBool>,
     batches_reads: bool,
 }
 
@@ -128,6 +129,7 @@ impl<S: Store + Clone> CountingStore<S> {
             lose_lease_replies: Arc::default(),
             failing_invalidations: Arc::default(),
             failing_gets: Arc::default(),
+            hang_write_replies: Arc::default(),
             batches_reads: false,
         }
     }
@@ -158,6 +160,24 @@ impl<S: Store + Clone> CountingStore<S> {
     /// its reply timed out.
     pub fn lose_lease_replies(&self, lost: bool) {
         self.lose_lease_replies.store(lost, Ordering::SeqCst);
+    }
+
+    /// While `hang`, each `invalidate` and `replace` runs, and its reply
+    /// never comes (the caller's future waits until it is dropped).
+    pub fn hang_write_replies(&self, hang: bool) {
+        self.hang_write_replies.store(hang, Ordering::SeqCst);
+    }
+
+    /// Runs `write`, then, while write replies hang, never answers.
+    fn maybe_hang<'a, T: Send + 'a>(&'a self, write: StoreFuture<'a, T>) -> StoreFuture<'a, T> {
+        let hang = self.hang_write_replies.load(Ordering::SeqCst);
+        Box::pin(async move {
+            let done = write.await;
+            if hang {
+                std::future::pending::<()>().await;
+            }
+            done
+        })
     }
 
     /// The wrapped store.
@@ -208,6 +228,11 @@ impl<S: Store + Clone> Store for CountingStore<S> {
     fn batches_reads(&self) -> bool {
         self.batches_reads
     }
+    /// A read takes `get_delay` (and a late reply's delay) more than the
+    /// wrapped store's: so does its deadline.
+    fn read_deadline(&self) -> Duration {
+        self.inner.read_deadline() + self.get_delay + *self.late_replies.lock().unwrap()
+    }
     fn acquire_lease<'a>(
         &'a self,
         l: &'a [u8],
@@ -251,7 +276,7 @@ impl<S: Store + Clone> Store for CountingStore<S> {
         l: &'a [u8],
         n: Notice<'a>,
     ) -> StoreFuture<'a, ()> {
-        self.inner.replace(k, v, t, l, n)
+        self.maybe_hang(self.inner.replace(k, v, t, l, n))
     }
     fn invalidate<'a>(&'a self, k: &'a [u8], l: &'a [u8], n: Notice<'a>) -> StoreFuture<'a, ()> {
         let failing = self
@@ -261,7 +286,7 @@ impl<S: Store + Clone> Store for CountingStore<S> {
         if failing {
             return Box::pin(async { Err(breakwater::Error::store_msg("connection reset")) });
         }
-        self.inner.invalidate(k, l, n)
+        self.maybe_hang(self.inner.invalidate(k, l, n))
     }
     fn bump_generation<'a>(
         &'a self,

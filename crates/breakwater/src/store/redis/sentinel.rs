@@ -52,7 +52,6 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -67,6 +66,7 @@ use super::{
     BUMP_GENERATION, Conn, INVALIDATE, Inner, Notice, RedisStoreConfig, connection_info,
     node_client, redact_url, store_error,
 };
+use crate::background::{Duty, Supervised};
 use crate::error::{ConfigError, Error, ErrorKind};
 
 /// How long, at least, a revocation is remembered for a replay on the next
@@ -267,7 +267,8 @@ pub(crate) struct Sentinel {
     named: watch::Sender<Option<MasterAddr>>,
     /// Cuts the reconnect backoff short when a new master is named.
     renamed: Notify,
-    watching: AtomicBool,
+    /// The task that follows the master (see [`watch()`]).
+    pub(super) watcher: Supervised,
     /// How long the current master's revocations are remembered.
     retention: Duration,
 }
@@ -325,7 +326,7 @@ impl Sentinel {
             ledger: Mutex::default(),
             named: watch::Sender::new(None),
             renamed: Notify::new(),
-            watching: AtomicBool::new(false),
+            watcher: Supervised::default(),
             retention: REPLAY_WINDOW.saturating_add(config.subscription_ping.saturating_mul(2)),
         })
     }
@@ -653,11 +654,6 @@ impl Sentinel {
         }
         Ok(replayed)
     }
-
-    /// Whether the caller is the one to start the watching task.
-    pub(crate) fn start_watching(&self) -> bool {
-        !self.watching.swap(true, Ordering::Relaxed)
-    }
 }
 
 impl fmt::Debug for Sentinel {
@@ -698,16 +694,25 @@ impl Ledger {
 /// Follows the master while the store is alive: asks the sentinels every
 /// `subscription_ping`; when they name another master (or a subscription
 /// found one), drops the store's connection to the old one and reconnects.
-pub(super) async fn watch(inner: Weak<Inner>) {
+///
+/// Supervised (see `crate::background`): started again by the store when
+/// its runtime went away, it ends when it finds itself replaced.
+pub(super) async fn watch(inner: Weak<Inner>, duty: Duty) {
     let (sentinel, config) = {
-        let Some(inner) = inner.upgrade() else { return };
+        let Some(inner) = inner.upgrade() else {
+            return duty.done();
+        };
         let Some(sentinel) = inner.target.sentinel() else {
-            return;
+            return duty.done();
         };
         (Arc::clone(sentinel), inner.config.clone())
     };
     let mut named = sentinel.named.subscribe();
     loop {
+        let back_by = Instant::now() + config.subscription_ping + config.connect_timeout;
+        if !duty.due_by(Some(back_by)) {
+            return duty.done();
+        }
         tokio::select! {
             () = tokio::time::sleep(config.subscription_ping) => {
                 let deadline = Instant::now() + config.connect_timeout;
@@ -716,9 +721,11 @@ pub(super) async fn watch(inner: Weak<Inner>) {
                     Err(err) => tracing::debug!(error = %err, "redis sentinel check failed"),
                 }
             }
-            changed = named.changed() => if changed.is_err() { return },
+            changed = named.changed() => if changed.is_err() { return duty.done() },
         }
-        let Some(inner) = inner.upgrade() else { return };
+        let Some(inner) = inner.upgrade() else {
+            return duty.done();
+        };
         let believed = sentinel.believed();
         if let Some(live) = inner.current()
             && let Conn::Master(_, at) = &live.conn
