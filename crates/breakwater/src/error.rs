@@ -111,6 +111,9 @@ struct Details {
     source: Option<Source>,
     /// A store error that belongs to one key, not to the store.
     key_fault: bool,
+    /// A store error that says the store cannot be used now (see
+    /// [`Error::is_unreachable`]).
+    unreachable: bool,
     /// When trying again may succeed; see [`Error::retry_after`].
     retry_after: Option<Duration>,
 }
@@ -123,6 +126,7 @@ impl Error {
             message: message.into(),
             source: None,
             key_fault: false,
+            unreachable: false,
             retry_after: None,
         }))
     }
@@ -131,6 +135,22 @@ impl Error {
     pub(crate) fn with_retry_after(mut self, after: Duration) -> Self {
         self.0.retry_after = Some(after);
         self
+    }
+
+    /// Marks a store error as saying the store cannot be used now.
+    pub(crate) fn unreachable(mut self) -> Self {
+        self.0.unreachable = true;
+        self
+    }
+
+    /// `true` for a store error that says the store cannot be used now,
+    /// rather than that it was slow: no connection can be had (refused,
+    /// broken again after a retry, reconnecting), or the store's circuit
+    /// breaker is open. A cache loads directly, without the fleet's lease,
+    /// only after such an error; a store that timed out is still asked for
+    /// the lease.
+    pub(crate) fn is_unreachable(&self) -> bool {
+        self.0.unreachable
     }
 
     /// Attaches a source error.

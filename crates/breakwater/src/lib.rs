@@ -91,8 +91,9 @@ pub use limit::LimitConfig;
 pub use metrics::{LeaseStats, LoadStats, NoticeStats, Stats};
 pub use retry::RetryConfig;
 pub use store::{
-    Delivery, FencedWrite, LeaseAttempt, LeaseRequest, MemoryStore, Notice, RedisStore,
-    RedisStoreConfig, Replace, SentinelError, Store, StoreFuture, Subscription, Unchanged,
+    Delivery, FencedWrite, LeaseAttempt, LeaseRequest, MemoryStore, Notice, RedisLatency,
+    RedisStore, RedisStoreConfig, Replace, SentinelError, Store, StoreFuture, Subscription,
+    Unchanged,
 };
 
 /// The README's examples, compiled and run as doctests.

@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use breakwater::{Cache, ErrorKind, MemoryStore, Served, StaleReason, Store};
+use breakwater::{BreakerConfig, Cache, ErrorKind, MemoryStore, Served, StaleReason, Store};
 use support::ten_second_cache;
 
 /// What the test loader's future returns.
@@ -502,34 +502,38 @@ async fn l1_answers_what_it_holds_without_a_store_read() {
     assert_eq!(cache.stats().l1_hits, 3, "{}", cache.stats());
 }
 
+/// A store whose reads fail but which still answers is still the store:
+/// the batch goes through the leases and is written (one load fleet-wide).
+/// Only a store that cannot be used (here: its breaker opened by the failed
+/// read) has the batch loaded directly, and not written.
 #[tokio::test(start_paused = true)]
-async fn a_failed_store_read_loads_directly_and_writes_nothing() {
-    let store = support::CountingStore::new(MemoryStore::new());
-    let cache = ten_second_cache("many")
-        .store(store.clone())
-        .build()
-        .unwrap();
-    store.fail_gets(true);
-    let calls = Calls::default();
-    let got = cache
-        .get_many([1u64, 2], calls.loader(Duration::from_millis(10)))
-        .await
-        .unwrap();
-    assert_eq!(got, [expected(1), expected(2)]);
-    assert_eq!(
-        calls.calls(),
-        vec![vec![1, 2]],
-        "one batch, loaded directly"
-    );
-    store.fail_gets(false);
-    let raw = store
-        .clone()
-        .into_inner()
-        .get(&cache.storage_key(1u64).unwrap())
-        .await
-        .unwrap();
-    assert!(
-        raw.is_none(),
-        "a load without the store's fence is not written"
-    );
+async fn a_failed_store_read_loads_through_the_leases_unless_the_store_is_unusable() {
+    for unusable in [false, true] {
+        let store = support::CountingStore::new(MemoryStore::new());
+        let mut builder = ten_second_cache("many").store(store.clone());
+        if unusable {
+            builder = builder.store_breaker(BreakerConfig::new().consecutive_failures(1));
+        }
+        let cache = builder.build().unwrap();
+        store.fail_gets(true);
+        let calls = Calls::default();
+        let got = cache
+            .get_many([1u64, 2], calls.loader(Duration::from_millis(10)))
+            .await
+            .unwrap();
+        assert_eq!(got, [expected(1), expected(2)]);
+        assert_eq!(calls.calls(), vec![vec![1, 2]], "one batch");
+        store.fail_gets(false);
+        let raw = store
+            .clone()
+            .into_inner()
+            .get(&cache.storage_key(1u64).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(
+            raw.is_some(),
+            !unusable,
+            "written through the leases unless the store is unusable (unusable: {unusable})"
+        );
+    }
 }

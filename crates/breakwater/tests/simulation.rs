@@ -60,6 +60,14 @@
 //! good): exactly two loader calls in all (the partitioned one and one
 //! takeover), and every caller in the other processes gets the value.
 //!
+//! **one-load-slow-store** (Coherence 4, issue 27). A healthy fleet over a
+//! store that answers every call 40–49 ms late, then (a new key) 51–70 ms
+//! late, with deadlines that follow the latency as `RedisStore`'s do (a
+//! read's starts at 50 ms, a write's at 250 ms; a timeout triples its
+//! kind's): 50 concurrent callers per process, a 200 ms loader: exactly
+//! one loader call and no errors. Just above the read deadline each
+//! process's first read times out: that must not skip the fleet's lease.
+//!
 //! **batch-holder-death** (Coherence 4, for batches). A healthy fleet, each
 //! process asking `get_many` for its window of overlapping keys (a seeded
 //! 40 to 150 keys, windows a seeded step apart, released within 20 ms),
@@ -71,7 +79,7 @@
 //!
 //! **liveness** (Coherence 5). Every call is wrapped in a timeout of the
 //! bound `Cache`'s docs state, for the default settings and this store's
-//! longest reply (`BOUND`, 71.45 s); running into it is a failure.
+//! longest reply (`BOUND`, 72.25 s); running into it is a failure.
 //!
 //! **time** (Coherence 6). A `Hit` must not be older than the longest fresh
 //! window (`ttl * (1 + jitter ratio)`), and a `Stale` value not older than
@@ -165,7 +173,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, watch};
-use tokio::time::{Instant, sleep, timeout};
+use tokio::time::{Instant, sleep, sleep_until, timeout};
 
 // ---------------------------------------------------------------- settings
 
@@ -185,10 +193,10 @@ const L1_TTL: Duration = Duration::from_secs(2);
 /// Every call's bound: the one `Cache`'s docs state (coherence line 5),
 /// for the default settings (`load_timeout` 30 s, the bulkhead's
 /// `queue_wait` 1 s, `lease_ttl` 3 s, so `lock_wait` 37 s) and a store
-/// deadline S of `MAX_REPLY`: S + lock_wait + 3S + 250 ms + queue_wait +
-/// load_timeout, i.e. 68.25 s + 4 × 0.8 s = 71.45 s.
+/// deadline S of `MAX_REPLY`: S + lock_wait + 4S (the lease asked twice) +
+/// 250 ms + queue_wait + load_timeout, i.e. 68.25 s + 5 × 0.8 s = 72.25 s.
 const BOUND: Duration = Duration::from_millis(
-    37_000 + 30_000 + 1_000 + 250 + 4 * (MAX_DELAY_MS + RESPONSE_TIMEOUT.as_millis() as u64),
+    37_000 + 30_000 + 1_000 + 250 + 5 * (MAX_DELAY_MS + RESPONSE_TIMEOUT.as_millis() as u64),
 );
 /// Whole-millisecond store timestamps.
 const TOLERANCE: Duration = Duration::from_millis(5);
@@ -254,6 +262,8 @@ impl Faults {
 struct ChaosState {
     rng: StdRng,
     faults: Faults,
+    /// Every call answered slowly (the slow-store round), if set.
+    slow: Option<Slow>,
     /// `false` while the store is stopped for this process (or it is
     /// partitioned): calls hang for the response timeout, then fail, and the
     /// subscription is down.
@@ -262,10 +272,52 @@ struct ChaosState {
     feeds: Vec<tokio::task::AbortHandle>,
 }
 
+/// A store that answers every call after a seeded latency, with
+/// deadlines that follow it as `RedisStore`'s do: a read starts with
+/// `response_timeout`'s 50 ms, a write with `write_timeout`'s 250 ms; a
+/// call slower than its deadline times out at the deadline (after it ran:
+/// its reply is what was late), and the deadline of its kind becomes 3 ×
+/// what it was, up to 2 s (`max_response_timeout`); a call whose deadline
+/// another call's timeout grew meanwhile waits on to the new one.
+#[derive(Debug, Clone, Copy)]
+struct Slow {
+    /// Each call's latency is drawn from `latency.0..=latency.1` ms.
+    latency: (u64, u64),
+    read_deadline: Duration,
+    write_deadline: Duration,
+}
+
+impl Slow {
+    const CEILING: Duration = Duration::from_secs(2);
+
+    fn new(latency: (u64, u64)) -> Slow {
+        Slow {
+            latency,
+            read_deadline: ms(50),
+            write_deadline: ms(250),
+        }
+    }
+
+    fn deadline(&mut self, read: bool) -> &mut Duration {
+        if read {
+            &mut self.read_deadline
+        } else {
+            &mut self.write_deadline
+        }
+    }
+}
+
 /// What one call will suffer, drawn when it is made.
 enum Plan {
     Down,
     Dropped,
+    /// Answered after `latency`, or timed out at `deadline` if that is
+    /// sooner (see [`Slow`]).
+    Slow {
+        latency: Duration,
+        deadline: Duration,
+        read: bool,
+    },
     Run {
         before: Duration,
         timeout: bool,
@@ -296,6 +348,7 @@ impl ChaosStore {
             state: Arc::new(Mutex::new(ChaosState {
                 rng,
                 faults: Faults::HEALTHY,
+                slow: None,
                 link: watch::Sender::new(true),
                 feeds: Vec::new(),
             })),
@@ -319,6 +372,12 @@ impl ChaosStore {
         lock(&self.state).faults = faults;
     }
 
+    /// Every call answered after a latency drawn from `latency` (ms), with
+    /// deadlines that follow it (see [`Slow`]).
+    fn set_slow(&self, latency: (u64, u64)) {
+        lock(&self.state).slow = Some(Slow::new(latency));
+    }
+
     /// Stops (`false`) or restarts (`true`) the store for this process.
     fn set_up(&self, up: bool) {
         lock(&self.state).link.send_replace(up);
@@ -337,10 +396,19 @@ impl ChaosStore {
         *lock(&self.state).link.borrow()
     }
 
-    fn plan(&self) -> Plan {
+    fn plan(&self, read: bool) -> Plan {
         let mut s = lock(&self.state);
         if !*s.link.borrow() {
             return Plan::Down;
+        }
+        if let Some(mut slow) = s.slow {
+            let latency = ms(s.rng.random_range(slow.latency.0..=slow.latency.1));
+            let deadline = *slow.deadline(read);
+            return Plan::Slow {
+                latency,
+                deadline,
+                read,
+            };
         }
         let f = s.faults;
         let rng = &mut s.rng;
@@ -376,10 +444,48 @@ impl ChaosStore {
         T: Send + Brief + 'a,
         F: FnOnce() -> StoreFuture<'a, T> + Send + 'a,
     {
-        let plan = self.plan();
+        let plan = self.plan(matches!(name, Some("s.get" | "s.get_many")));
         Box::pin(async move {
             let start = Instant::now();
             let (result, ran) = match plan {
+                Plan::Slow {
+                    latency,
+                    mut deadline,
+                    read,
+                } => {
+                    // The command runs half-way, its reply takes the rest.
+                    let (run_at, reply_at) = (start + latency / 2, start + latency);
+                    let mut op = Some(op);
+                    let mut done = None;
+                    loop {
+                        let give_up = start + deadline;
+                        if run_at < give_up.min(reply_at) + ms(1)
+                            && let Some(op) = op.take()
+                        {
+                            sleep_until(run_at).await;
+                            let result = op().await;
+                            done = Some((Instant::now(), result));
+                        }
+                        if reply_at <= give_up {
+                            sleep_until(reply_at).await;
+                            let (at, result) = done.expect("it ran");
+                            let ran = Some((at, show(&result)));
+                            break (result, ran);
+                        }
+                        sleep_until(give_up).await;
+                        let mut state = lock(&self.state);
+                        let current = state.slow.as_mut().expect("slow").deadline(read);
+                        // Another call's timeout grew it (they were sent
+                        // together): wait on, as `RedisStore` does.
+                        if *current > deadline {
+                            deadline = *current;
+                            continue;
+                        }
+                        *current = (*current * 3).min(Slow::CEILING).max(*current);
+                        let ran = done.map(|(at, result)| (at, show(&result)));
+                        break (Err(Error::store_msg("timed out")), ran);
+                    }
+                }
                 Plan::Down => {
                     sleep(RESPONSE_TIMEOUT).await;
                     (
@@ -1719,6 +1825,46 @@ async fn holder_death_round(world: &Arc<World>) {
     }
 }
 
+/// A healthy fleet over a store that answers every call slowly
+/// (**one-load-slow-store**): just below the read deadline (40–49 ms,
+/// every call answers), and just above it (51–70 ms: the first reads of
+/// each process time out and grow its read deadline, writes and leases
+/// answer). 4 × 50 callers at a fresh key with a 200 ms loader, as in the
+/// one-load rounds: exactly one loader call and no errors. A read that
+/// timed out must not skip the lease.
+async fn slow_store_round(world: &Arc<World>) {
+    let seed = world.seed;
+    let mut rng = stream(seed, 8);
+    for (round, key, latency) in [(8, "lag-below", (40, 49)), (9, "lag-above", (51, 70))] {
+        let procs = fleet(world, round, &CHAOS_FLEET, false);
+        for p in &procs {
+            p.store.set_slow(latency);
+        }
+        let callers = spawn_callers(world, &procs, key, ms(200), &mut rng);
+        let mut errors = 0;
+        for (_, caller) in callers {
+            if caller.await.expect("caller panicked").is_none() {
+                errors += 1;
+            }
+        }
+        let calls = world.load_calls(key);
+        if calls.len() != 1 || errors != 0 {
+            world.violate(
+                "one-load-slow-store",
+                key,
+                format!(
+                    "healthy fleet, every reply {}-{} ms late (read deadline 50 ms, growing), \
+                     4x50 callers, 200 ms loader: {} loader calls (by processes {calls:?}), \
+                     expected 1; {errors} callers got no value, expected 0",
+                    latency.0,
+                    latency.1,
+                    calls.len()
+                ),
+            );
+        }
+    }
+}
+
 /// A healthy fleet, each process asking `get_many` for its window of
 /// overlapping keys (seeded sizes, released within 20 ms of each other),
 /// 500 ms batch loader; the process whose batch loader starts first is
@@ -2145,6 +2291,7 @@ fn run_seed(seed: u64) -> Outcome {
         hot_key_round(&world).await;
         revoked_load_round(&world).await;
         empty_restart_round(&world).await;
+        slow_store_round(&world).await;
         bus_death_round(&world).await;
         world
     });

@@ -482,9 +482,15 @@ impl<V: Value> Cache<V> {
             let entry = match read {
                 Ok(entry) => entry,
                 Err(err) => {
+                    // Directly only if the store cannot be used (see `Mode::after`).
+                    let mode = Mode::after(&err);
                     if !store_failed {
                         store_failed = true;
-                        warn_limited!(self.inner.logs, Warning::StoreRead, key = %show_key(&want.storage), error = %err, "store read failed; loading directly");
+                        let then = match mode {
+                            Mode::Local => "loading directly (or serving L1 copies)",
+                            Mode::Fleet => "loading through the leases (or serving L1 copies)",
+                        };
+                        warn_limited!(self.inner.logs, Warning::StoreRead, key = %show_key(&want.storage), error = %err, "store read failed; {then}");
                         self.inner.metrics.store_failed("get", &err);
                     }
                     if let Some(slot) = want.local_stale.take() {
@@ -495,7 +501,7 @@ impl<V: Value> Cache<V> {
                             },
                         }));
                     } else {
-                        load.push((i, Mode::Local, None));
+                        load.push((i, mode, None));
                     }
                     continue;
                 }

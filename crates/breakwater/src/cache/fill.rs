@@ -23,8 +23,13 @@
 //!    long enough for a live holder's load and one takeover): the
 //!    [`OnLockTimeout`](super::OnLockTimeout) policy, for foreground calls
 //!    only. A background refresh never loads without the lease.
-//! 5. The store fails at 1: load directly (in-process single-flight still
-//!    holds), so a sick Redis degrades to direct loads, never to errors. The
+//! 5. The store fails at 1: unless it cannot be used at all
+//!    ([`Error::is_unreachable`]), the attempt is made once more with the
+//!    same token (a slow store: the first may have taken the lease, and the
+//!    script answers "acquired" to its holder; the retry's deadline grew
+//!    with the timeout). Failing still, load directly (in-process
+//!    single-flight still holds, and the origin's bulkhead caps it), so a
+//!    sick Redis degrades to direct loads, never to errors. The
 //!    result is served and kept in L1, not written (no fence can tell a
 //!    load from before an invalidation then), and the token just tried is
 //!    released in case the attempt ran after all. A background refresh does
@@ -59,8 +64,26 @@ use crate::store::{FencedWrite, LeaseAttempt, LeaseRequest, Store};
 pub(super) enum Mode {
     /// Lease, wait, write: one load across the fleet.
     Fleet,
-    /// The store is failing: load in this process only, and do not write.
+    /// The store cannot be used: load in this process only, and do not
+    /// write.
     Local,
+}
+
+impl Mode {
+    /// How to load after the store failed a read with `err`: directly
+    /// only if the store cannot be used now (no connection can be had, or
+    /// its breaker is open: [`Error::is_unreachable`]). A store that timed
+    /// out, or answered with an error, is slow or sick but still the
+    /// store: the lease is asked for (with a deadline that grew with the
+    /// timeout), so a slow Redis costs no second load in the fleet; if the
+    /// lease cannot be had either, the flight loads directly then.
+    pub(super) fn after(err: &Error) -> Mode {
+        if err.is_unreachable() {
+            Mode::Local
+        } else {
+            Mode::Fleet
+        }
+    }
 }
 
 /// How long a waiter gives the cache's subscription to come up before it
@@ -111,11 +134,22 @@ impl<V: Value> Cache<V> {
             // The lease's TTL runs from when the store took it, which may
             // be well before the reply: extensions are timed from here.
             let asked = Instant::now();
-            let lease_left = match inner
+            let mut attempt = inner
                 .store
                 .acquire_lease(lease.key, lease.token, inner.lease_ttl)
-                .await
+                .await;
+            // 5. A slow store: once more, with the same token.
+            if let Err(err) = &attempt
+                && !err.is_unreachable()
             {
+                inner.metrics.store_failed("acquire_lease", err);
+                warn_limited!(inner.logs, Warning::LeaseUnavailable, key = %show_key(&key), error = %err, "lease attempt failed; trying again with the same token");
+                attempt = inner
+                    .store
+                    .acquire_lease(lease.key, lease.token, inner.lease_ttl)
+                    .await;
+            }
+            let lease_left = match attempt {
                 Ok(LeaseAttempt::Acquired) => {
                     inner.metrics.lease("acquired");
                     Span::current().record("lease", "acquired");
@@ -263,7 +297,15 @@ impl<V: Value> Cache<V> {
         // Unreadable: nothing to record: load, serve and keep in L1, write
         // nothing (as a direct load); the lease goes first, so waiters need
         // not wait for this load.
-        let (tags, pinned) = match self.recorded(key, loader, options).await {
+        let recorded = match self.recorded(key, loader, options).await {
+            // A slow store: once more (the lease is held).
+            Err((op, err)) if !err.is_unreachable() => {
+                tracing::debug!(key = %show_key(key), op, error = %err, "what the entry records could not be read; trying again");
+                self.recorded(key, loader, options).await
+            }
+            other => other,
+        };
+        let (tags, pinned) = match recorded {
             Ok(recorded) => recorded,
             Err((op, err)) => {
                 warn_limited!(inner.logs, Warning::StoreRead, key = %show_key(key), op, error = %err, "what the entry records could not be read; loading without writing");

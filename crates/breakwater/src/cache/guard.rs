@@ -282,7 +282,8 @@ impl GuardedStore {
                 ErrorKind::Store,
                 rejected.describe("the store", "store calls", "store call"),
             )
-            .with_retry_after(rejected.retry_in);
+            .with_retry_after(rejected.retry_in)
+            .unreachable();
             match cause.lock().unwrap_or_else(|p| p.into_inner()).clone() {
                 Some(cause) => refused.with_source(cause),
                 None => refused,

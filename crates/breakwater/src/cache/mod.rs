@@ -9,8 +9,11 @@
 //!    returned here, before anything else is built.
 //! 2. **Read**: one `GET` of the envelope, shared by the callers of the key
 //!    in this process. Corrupt or foreign bytes are a miss plus a warning; a
-//!    store failure is a miss plus a warning too, so a sick store degrades to
-//!    direct loads instead of failing requests. An entry written with tags
+//!    store failure is a miss plus a warning too: an L1 copy stands in if
+//!    there is one; else a store that cannot be used (its breaker open, no
+//!    connection) degrades to direct loads instead of failing requests,
+//!    while one that timed out (slow, not gone) still goes through the
+//!    lease (steps 4–6). An entry written with tags
 //!    is checked against its tags' generations (one more round trip; see
 //!    `tags`); one whose tag was invalidated is a miss. When nothing is stored, the
 //!    shared read goes straight on to steps 4–6 and its callers get the
@@ -165,8 +168,18 @@ impl<T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static> Value for 
 ///    another process serves from the store, which the fence keeps clean; a
 ///    read already in the air when the message arrives may still land there
 ///    (one store deadline).
-/// 4. **One load per key per expiry**, fleet-wide, while the store is
-///    healthy: waiters keep waiting while the holder's lease is alive (it
+/// 4. **One load per key per expiry**, fleet-wide, while the store
+///    answers, however slowly: a [`RedisStore`](crate::RedisStore)'s
+///    deadlines follow the latency Redis has, up to its
+///    `max_response_timeout` (2 s by default; see `# Deadlines follow
+///    Redis's latency` on [`RedisStoreConfig`](crate::RedisStoreConfig);
+///    its first connection needs a round trip within `connect_timeout`),
+///    a read that timed out still goes through the lease, and a lease
+///    attempt that timed out is made again with the same token; only a
+///    store that cannot be used (its breaker open, no connection to be
+///    had) makes a process load directly: once per key at a time in that
+///    process (single-flight), under the origin's bulkhead. Waiters keep
+///    waiting while the holder's lease is alive (it
 ///    is extended every third of `lease_ttl` while the loader runs), so a
 ///    slow loader is awaited, not repeated. A holder that dies stops
 ///    extending; its lease runs out within `lease_ttl` (3 s by default) and
@@ -177,15 +190,17 @@ impl<T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static> Value for 
 ///    [`OnLockTimeout`] then applies to a stuck lease, never to a slow
 ///    load, and a background refresh never loads without the lease.
 /// 5. **Liveness.** Every call returns. Writing *S* for one store deadline
-///    (a [`RedisStore`](crate::RedisStore)'s `response_timeout`, 50 ms, for
-///    a read; its `write_timeout`, 250 ms, for a write or a lease script; a
+///    (a [`RedisStore`](crate::RedisStore)'s read deadline: 3 × the round
+///    trips it sees, at least `response_timeout`, 50 ms, at most
+///    `max_response_timeout`, 2 s; for a write or a lease script at least
+///    `write_timeout`, 250 ms; a
 ///    reconnect runs in the background and no call waits for it longer
-///    than that; `connect_timeout` only for the very first connection;
+///    than that; the first connection's attempt for as long as it may take;
 ///    twice when a broken connection is retried once), a `get_or_load`
 ///    takes at most: one read (*S*); then either a
-///    load it leads (the bulkhead's `queue_wait` + `load_timeout` + one
-///    write, *S*), or a wait of `lock_wait` plus a few store calls (3*S* +
-///    250 ms) followed, with `load_anyway`, by a load (`queue_wait` +
+///    load it leads (the lease, asked at most twice, 2*S*, the bulkhead's
+///    `queue_wait` + `load_timeout` + one write, *S*), or a wait of
+///    `lock_wait` plus a few store calls (4*S* + 250 ms) followed, with `load_anyway`, by a load (`queue_wait` +
 ///    `load_timeout`). A call that waited for a load revoked before it
 ///    started (see line 1) goes through again, so it may take that bound
 ///    up to three times. With a store breaker open, store calls fail at once.
@@ -1227,7 +1242,7 @@ impl<V: Value> Cache<V> {
             }
             Shared::Read(read) => read,
         };
-        let (entry, store_ok, ticket) = match read {
+        let (entry, mode, ticket) = match read {
             Ok(Read {
                 entry: Some(old),
                 previous: true,
@@ -1248,14 +1263,14 @@ impl<V: Value> Cache<V> {
                         },
                     }));
                 }
-                (None, true, None)
+                (None, Mode::Fleet, None)
             }
-            Ok(read) => (read.entry, true, read.ticket),
+            Ok(read) => (read.entry, Mode::Fleet, read.ticket),
             Err(err) => {
-                warn_limited!(self.inner.logs, Warning::StoreRead, key = %show_key(key), error = %err, "store read failed; loading directly");
                 self.inner.metrics.store_failed("get", &err);
-                // The store is unreachable: a local stale copy stands in.
+                // A local stale copy stands in: no load at all.
                 if let Some(slot) = local_stale {
+                    warn_limited!(self.inner.logs, Warning::StoreRead, key = %show_key(key), error = %err, "store read failed; serving the stale L1 copy");
                     return Some(Ok(Fetched {
                         value: slot.value.clone(),
                         served: Served::Stale {
@@ -1263,7 +1278,18 @@ impl<V: Value> Cache<V> {
                         },
                     }));
                 }
-                (None, false, None)
+                // Only a store that cannot be used is passed by: a slow
+                // one still holds the fleet's lease (see `Mode::after`).
+                let mode = Mode::after(&err);
+                match mode {
+                    Mode::Local => {
+                        warn_limited!(self.inner.logs, Warning::StoreRead, key = %show_key(key), error = %err, "store read failed; loading directly");
+                    }
+                    Mode::Fleet => {
+                        warn_limited!(self.inner.logs, Warning::StoreRead, key = %show_key(key), error = %err, "store read failed; loading through the lease (the store answers, slowly)");
+                    }
+                }
+                (None, mode, None)
             }
         };
 
@@ -1303,7 +1329,7 @@ impl<V: Value> Cache<V> {
 
         // 5. Boxed: the load's part of the future is the large one, and
         // a hit (which returned above) would otherwise build and carry it.
-        let load = self.load(key.to_vec(), loader.clone(), options, fallback, store_ok);
+        let load = self.load(key.to_vec(), loader.clone(), options, fallback, mode);
         let (result, role, stale) = match Box::pin(load).await {
             Ok(done) => done,
             Err(served) => return Some(served),
@@ -1366,7 +1392,8 @@ impl<V: Value> Cache<V> {
 
     /// Step 5 of the pipeline, past a store read that served nothing: one
     /// flight per key in this process; the flight takes the lease, loads
-    /// and writes (see `fill`). A soft timeout gives up waiting (not
+    /// and writes (see `fill`), or, in [`Mode::Local`] (the store cannot
+    /// be used), loads directly. A soft timeout gives up waiting (not
     /// loading) when there is a stale value (`fallback`) to serve: that is
     /// `Err` (served at once); else the flight's outcome, this call's role
     /// in it and the stale stand-in, to settle.
@@ -1377,12 +1404,11 @@ impl<V: Value> Cache<V> {
         loader: L,
         options: &Options,
         fallback: Option<Arc<Entry>>,
-        store_ok: bool,
+        mode: Mode,
     ) -> Result<(Result<Loaded<V>, Error>, Role, Option<Arc<Entry>>), Result<Fetched<V>, Error>>
     where
         L: Load<V>,
     {
-        let mode = if store_ok { Mode::Fleet } else { Mode::Local };
         let (result, role) = {
             let (load, role) =
                 self.join_fill(&key, loader, *options, None, Priority::Foreground, mode);

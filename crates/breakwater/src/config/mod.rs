@@ -103,6 +103,7 @@
 //! | `redis.connect_timeout` | duration | `"500ms"` |
 //! | `redis.response_timeout` | duration | `"50ms"` |
 //! | `redis.write_timeout` | duration | `"250ms"` |
+//! | `redis.max_response_timeout` | duration | `"2s"` |
 //! | `redis.clock_refresh` | duration | `"60s"` |
 //! | `redis.subscription_ping` | duration | `"1s"` |
 //!
@@ -872,6 +873,7 @@ struct RedisSection {
     connect_timeout: Option<Human>,
     response_timeout: Option<Human>,
     write_timeout: Option<Human>,
+    max_response_timeout: Option<Human>,
     clock_refresh: Option<Human>,
     subscription_ping: Option<Human>,
 }
@@ -887,6 +889,9 @@ impl RedisSection {
         }
         if let Some(d) = self.write_timeout {
             config = config.write_timeout(d.0);
+        }
+        if let Some(d) = self.max_response_timeout {
+            config = config.max_response_timeout(d.0);
         }
         if let Some(d) = self.clock_refresh {
             config = config.clock_refresh(d.0);

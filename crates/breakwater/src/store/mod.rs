@@ -29,7 +29,7 @@ mod memory;
 mod redis;
 
 pub use memory::MemoryStore;
-pub use redis::{RedisStore, RedisStoreConfig, SentinelError};
+pub use redis::{RedisLatency, RedisStore, RedisStoreConfig, SentinelError};
 
 /// The future returned by [`Store`] operations.
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send + 'a>>;

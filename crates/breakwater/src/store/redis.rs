@@ -2,8 +2,9 @@
 //! Sentinel names ([`sentinel`] says how a failover is followed).
 //!
 //! Commands share one multiplexed connection (or one cluster connection,
-//! which routes each command by its key's hash slot), each bounded by
-//! `response_timeout`. Leases are Lua scripts (`EVALSHA`, with `EVAL` as the
+//! which routes each command by its key's hash slot), each bounded by a
+//! deadline that follows the latency Redis actually has (see [`latency`]).
+//! Leases are Lua scripts (`EVALSHA`, with `EVAL` as the
 //! fallback on a node that lacks them). Fill and invalidation notices ride
 //! on one pub/sub connection per channel. The store's clock is Redis's
 //! `TIME`, sampled on connect and every `clock_refresh`. TLS (`rediss://`,
@@ -14,6 +15,7 @@ mod tls;
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
+use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, RwLock, Weak};
 use std::time::Duration;
@@ -41,8 +43,11 @@ use crate::clock::{SystemClock, WallClock, millis};
 use crate::error::{ConfigError, Error, ErrorKind, MAX_WAIT};
 use crate::jitter::{Backoff, poll_delay};
 
+mod latency;
 mod sentinel;
 
+pub use latency::RedisLatency;
+use latency::{Latencies, Op};
 pub use sentinel::SentinelError;
 use sentinel::{MasterAddr, Revocation, Sentinel};
 
@@ -267,15 +272,6 @@ static TAG_GENERATIONS: LazyLock<Lua> = LazyLock::new(|| {
 /// How many writes of one `replace_many` run at a time on a cluster.
 const CLUSTER_WRITES_IN_FLIGHT: usize = 64;
 
-/// Which deadline a command gets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Op {
-    /// `response_timeout`.
-    Read,
-    /// `write_timeout`.
-    Write,
-}
-
 /// A Lua script, run with `EVALSHA`, and with `EVAL` (which also caches it
 /// on that node) when the node does not know it yet. Not with
 /// `SCRIPT LOAD`: redis-rs sends that to every node of a cluster, and one
@@ -319,6 +315,11 @@ impl Invocation<'_> {
         self
     }
 
+    /// The failure domain of its first key (they share a hash slot).
+    fn domain(&self, inner: &Inner) -> usize {
+        self.keys.first().map_or(0, |key| inner.domain(key))
+    }
+
     /// `EVALSHA <sha> …`, or `EVAL <code> …` when `with_code`.
     fn cmd(&self, with_code: bool) -> Cmd {
         let (verb, script) = if with_code {
@@ -341,13 +342,43 @@ impl Invocation<'_> {
 ///
 /// | setting | default |
 /// |---|---|
-/// | `connect_timeout` | 500 ms |
-/// | `response_timeout` | 50 ms: the deadline of a read (`GET`); a healthy Redis answers in well under a millisecond |
-/// | `write_timeout` | 250 ms: the deadline of a write or a lease script. Writes queue on the one multiplexed connection behind each other: on a 2-core machine 1,000 `set`s in flight took up to 42 ms each (release build; 100 in flight: up to 12 ms), so a bulk of writes needs more room than a read |
+/// | `connect_timeout` | 500 ms: making a connection and its handshake; after a failed attempt the next one gets twice as long, up to `max_response_timeout` |
+/// | `response_timeout` | 50 ms: the least deadline of a read (`GET`); a healthy Redis answers in well under a millisecond |
+/// | `write_timeout` | 250 ms: the least deadline of a write or a lease script. Writes queue on the one multiplexed connection behind each other: on a 2-core machine 1,000 `set`s in flight took up to 42 ms each (release build; 100 in flight: up to 12 ms), so a bulk of writes needs more room than a read |
+/// | `max_response_timeout` | 2 s: the most a deadline grows to when Redis answers slowly (see below) |
 /// | `subscription_ping` | 1 s (a pub/sub connection that does not answer a `PING` within `response_timeout` is dropped and re-made) |
 /// | `clock_refresh` | 60 s |
 /// | `tls_ca_pem` | none: a `rediss://` URL trusts the webpki roots (the `tls` feature) |
 /// | `tls_client_cert_pem` | none (no client certificate) |
+///
+/// # Deadlines follow Redis's latency
+///
+/// `response_timeout` and `write_timeout` are floors, not fixed deadlines.
+/// The store measures every reply's round trip, per failure domain (one
+/// for a single server, one per 256 hash slots on a Cluster), and keeps a
+/// decaying peak of them: a slower reply raises it at once, quicker ones
+/// bring it down within about 10 s. Each command's deadline is 3 × that
+/// peak, at least its floor and at most `max_response_timeout`. A command
+/// that timed out counts as a round trip of its whole deadline, so while
+/// Redis does not answer the deadlines grow threefold per timeout up to
+/// the ceiling (as TCP backs off), and come back down once it answers
+/// quickly again. [`RedisStore::latency`] reports the round trip and the
+/// deadlines in force.
+///
+/// The bound this gives a cache: **with Redis answering within
+/// `max_response_timeout`, however slowly, a key is loaded once
+/// fleet-wide** (a read that times out still goes through the lease, and a
+/// lease attempt that times out is tried again with the same token; only
+/// a Redis that cannot be reached, or whose breaker is open, makes a
+/// process load directly). Connecting adapts too: the handshake gets
+/// `connect_timeout` (twice that after each failed attempt, up to
+/// `max_response_timeout`), the clock samples that follow get the read
+/// deadline the handshake's round trip calls for, and calls made before
+/// the first connection wait for the attempt in progress. So the first
+/// connection needs a round trip within `connect_timeout`: a Redis slower
+/// than that when a process starts has its first calls load directly
+/// (measured: 2 processes, 700 ms round trips, 2 loads; 400 ms, 1 load)
+/// until a later attempt, with twice the time, connects.
 ///
 /// # TLS
 ///
@@ -371,6 +402,7 @@ pub struct RedisStoreConfig {
     connect_timeout: Duration,
     response_timeout: Duration,
     write_timeout: Duration,
+    max_response_timeout: Duration,
     clock_refresh: Duration,
     subscription_ping: Duration,
     wall_clock: Arc<dyn WallClock>,
@@ -383,6 +415,7 @@ impl Default for RedisStoreConfig {
             connect_timeout: Duration::from_millis(500),
             response_timeout: Duration::from_millis(50),
             write_timeout: Duration::from_millis(250),
+            max_response_timeout: Duration::from_secs(2),
             clock_refresh: Duration::from_secs(60),
             subscription_ping: Duration::from_secs(1),
             wall_clock: Arc::new(SystemClock),
@@ -392,28 +425,49 @@ impl Default for RedisStoreConfig {
 }
 
 impl RedisStoreConfig {
-    /// How long one connection attempt may take.
+    /// How long the first connection attempt may take to connect and
+    /// shake hands (each failed attempt doubles it for the next, up to
+    /// `max_response_timeout`).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
     }
 
-    /// How long a read (`GET`, `PTTL`, `TIME`) may wait for its reply.
+    /// The least a read (`GET`, `PTTL`, `TIME`) may wait for its reply:
+    /// its deadline while Redis answers quickly (see `# Deadlines follow
+    /// Redis's latency`).
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
         self
     }
 
-    /// How long a write (`SET`, `DEL`, `PUBLISH`) or a lease script may wait
-    /// for its reply; never less than `response_timeout`.
+    /// The least a write (`SET`, `DEL`, `PUBLISH`) or a lease script may
+    /// wait for its reply; never less than `response_timeout`.
     pub fn write_timeout(mut self, timeout: Duration) -> Self {
         self.write_timeout = timeout;
         self
     }
 
+    /// The most a command's deadline grows to while Redis answers slowly
+    /// (never less than `write_timeout`): with Redis answering within it,
+    /// a key is loaded once fleet-wide.
+    pub fn max_response_timeout(mut self, timeout: Duration) -> Self {
+        self.max_response_timeout = timeout;
+        self
+    }
+
     /// The longest any command may wait: what the connection itself allows.
     fn longest_reply(&self) -> Duration {
-        self.response_timeout.max(self.write_timeout)
+        self.response_timeout
+            .max(self.write_timeout)
+            .max(self.max_response_timeout)
+    }
+
+    /// How long the connection attempt after `failures` failed ones may
+    /// take to connect and shake hands.
+    fn connect_budget(&self, failures: u32) -> Duration {
+        let grown = self.connect_timeout.saturating_mul(1 << failures.min(16));
+        grown.min(self.max_response_timeout.max(self.connect_timeout))
     }
 
     /// How often Redis's clock is sampled again with `TIME`.
@@ -484,6 +538,7 @@ impl RedisStoreConfig {
             ("connect_timeout", self.connect_timeout),
             ("response_timeout", self.response_timeout),
             ("write_timeout", self.write_timeout),
+            ("max_response_timeout", self.max_response_timeout),
             ("clock_refresh", self.clock_refresh),
             ("subscription_ping", self.subscription_ping),
         ] {
@@ -540,6 +595,8 @@ pub struct RedisStore {
 struct Inner {
     target: Target,
     config: RedisStoreConfig,
+    /// Round trips per failure domain, and the deadlines they call for.
+    latency: Latencies,
     /// The live connection, if any; dropped when broken or when it fails a
     /// probe after a timeout, and made again in the background.
     conn: RwLock<Option<Live>>,
@@ -580,10 +637,19 @@ struct Inner {
 /// The state of the background (re)connection.
 #[derive(Debug, Default)]
 struct Reconnect {
-    /// When the attempt in progress began; `None` while backing off.
-    attempt_since: Option<Instant>,
+    /// When the attempt in progress began, and when it ends at the
+    /// latest; `None` while backing off.
+    attempt: Option<Attempt>,
     /// A connection was made at least once.
     connected_once: bool,
+}
+
+/// A connection attempt in progress.
+#[derive(Debug, Clone, Copy)]
+struct Attempt {
+    since: Instant,
+    /// Its bound (see [`Inner::attempt_bound`]).
+    until: Instant,
 }
 
 /// A connection and its generation, so a failure only drops the connection
@@ -984,11 +1050,22 @@ impl RedisStore {
     }
 
     fn with_target(target: Target, config: RedisStoreConfig) -> Self {
+        let domains = match target {
+            Target::Node(_) | Target::Sentinel(_) => 1,
+            Target::Cluster { .. } => usize::from(SLOTS / SLOTS_PER_DOMAIN),
+        };
+        let latency = Latencies::new(
+            domains,
+            config.response_timeout,
+            config.write_timeout,
+            config.max_response_timeout,
+        );
         let lost_tasks = Arc::new(AtomicBool::new(false));
         RedisStore {
             inner: Arc::new(Inner {
                 target,
                 config,
+                latency,
                 conn: RwLock::new(None),
                 reconnector: Supervised::reporting_to(&lost_tasks),
                 reconnect: Mutex::default(),
@@ -1153,35 +1230,49 @@ impl Inner {
     }
 
     /// The connection, or an error at once if none can be had by
-    /// `deadline`. No caller makes a connection or queues behind one: a
-    /// single background task (re)connects, with jittered backoff between
-    /// failed attempts (see [`run_reconnect`]). A caller waits for an
-    /// attempt in progress only while that attempt is young (younger than
-    /// `response_timeout`, or `connect_timeout` before the first connection
-    /// was ever made) and never past `deadline`; an attempt older than
-    /// that is taken for hung, and during backoff calls fail at once. A
-    /// `patient` caller (`warm_up`, the clock refresh) waits until
-    /// `deadline` whatever the attempts do.
-    async fn conn(self: &Arc<Self>, deadline: Instant, patient: bool) -> Result<Live, Error> {
+    /// `deadline`; with it, whether it is the first one the store made
+    /// and this call waited for it. No caller makes a connection or
+    /// queues behind one: a single background task (re)connects, with
+    /// jittered backoff between failed attempts (see [`run_reconnect`]).
+    /// Before the first connection was ever made, a caller waits for the
+    /// attempt in progress, as long as that attempt may take (see
+    /// [`attempt_bound`](Self::attempt_bound)): a slow Redis is not an
+    /// unreachable one. After, it waits only while the attempt is young
+    /// (younger than one read deadline) and never past `deadline`; an
+    /// attempt older than that is taken for hung, and during backoff
+    /// calls fail at once. A `patient` caller (`warm_up`, the clock
+    /// refresh) waits until `deadline` whatever the attempts do (and for
+    /// the first attempt in progress as any caller does).
+    async fn conn(
+        self: &Arc<Self>,
+        deadline: Instant,
+        patient: bool,
+    ) -> Result<(Live, bool), Error> {
         let mut attempts = self.attempts.subscribe();
+        let mut first = false;
         loop {
             if let Some(live) = self.current() {
-                return Ok(live);
+                return Ok((live, first));
             }
-            let (since, connected_once) = self.start_reconnect();
-            let until = match since {
-                _ if patient => deadline,
-                Some(since) => {
-                    let patience = if connected_once {
-                        self.config.response_timeout
-                    } else {
-                        self.config.connect_timeout
-                    };
-                    (since + patience).min(deadline)
+            let (attempt, connected_once) = self.start_reconnect();
+            let until = match attempt {
+                // A little past its bound: the attempt's own outcome
+                // (made, or why not) is what the caller gets.
+                Some(attempt) if !connected_once => {
+                    first = true;
+                    let end = attempt.until + Duration::from_millis(5);
+                    if patient { end.max(deadline) } else { end }
                 }
+                _ if patient => deadline,
+                Some(attempt) => (attempt.since + self.latency.deadline(0, Op::Read)).min(deadline),
                 // Backing off, or an attempt just ended (it may have made
                 // the connection since it was looked for above).
-                None => return self.current().ok_or_else(|| self.reconnecting()),
+                None => {
+                    return self
+                        .current()
+                        .map(|live| (live, first))
+                        .ok_or_else(|| self.reconnecting());
+                }
             };
             if tokio::time::timeout_at(until, attempts.changed())
                 .await
@@ -1192,15 +1283,15 @@ impl Inner {
         }
     }
 
-    /// Starts the reconnecting task unless it runs; when the attempt in
-    /// progress began (`None` while it backs off), and whether a
-    /// connection was ever made.
+    /// Starts the reconnecting task unless it runs; the attempt in
+    /// progress (`None` while it backs off), and whether a connection was
+    /// ever made.
     ///
     /// The task is supervised (see `crate::background`): one whose runtime
-    /// went away, or that overstayed an attempt or a backoff by
+    /// went away, or that overstayed an attempt (its bound) or a backoff by
     /// `connect_timeout` (its runtime is idle), is replaced by one on the
     /// caller's runtime.
-    fn start_reconnect(self: &Arc<Self>) -> (Option<Instant>, bool) {
+    fn start_reconnect(self: &Arc<Self>) -> (Option<Attempt>, bool) {
         let weak = Arc::downgrade(self);
         let started = self
             .reconnector
@@ -1209,14 +1300,60 @@ impl Inner {
                 self.reconnect
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .attempt_since = Some(Instant::now());
+                    .attempt = Some(self.attempt(0));
                 run_reconnect(weak, duty)
             });
         if let Some(task) = started {
             self.track(task);
         }
         let reconnect = self.reconnect.lock().unwrap_or_else(|p| p.into_inner());
-        (reconnect.attempt_since, reconnect.connected_once)
+        (reconnect.attempt, reconnect.connected_once)
+    }
+
+    /// An attempt that starts now, after `failures` failed ones.
+    fn attempt(&self, failures: u32) -> Attempt {
+        let since = Instant::now();
+        Attempt {
+            since,
+            until: since + self.attempt_bound(failures),
+        }
+    }
+
+    /// How long the connection attempt after `failures` failed ones may
+    /// take in all: connecting and the handshake (the
+    /// [handshake budget](Self::handshake_budget)), sampling the clock
+    /// (each reply within the read deadline, and no new sample begun past
+    /// `max_response_timeout`: at most twice that), and on a Sentinel
+    /// store what the former master may have lost (the handshake budget
+    /// again).
+    fn attempt_bound(&self, failures: u32) -> Duration {
+        let handshake = self.handshake_budget(failures);
+        handshake * 2 + self.latency.ceiling() * 2
+    }
+
+    /// How long the attempt after `failures` failed ones may take to
+    /// connect and shake hands: `connect_timeout`, doubled per failed
+    /// attempt, and at least the write deadline the latency seen so far
+    /// calls for; at most `max_response_timeout` (or `connect_timeout`, if
+    /// that is longer).
+    fn handshake_budget(&self, failures: u32) -> Duration {
+        self.config
+            .connect_budget(failures)
+            .max(self.latency.deadline(0, Op::Write))
+            .min(
+                self.config
+                    .max_response_timeout
+                    .max(self.config.connect_timeout),
+            )
+    }
+
+    /// The failure domain of `key` (see [`Store::failure_domain`]).
+    #[inline]
+    fn domain(&self, key: &[u8]) -> usize {
+        match self.target {
+            Target::Node(_) | Target::Sentinel(_) => 0,
+            Target::Cluster { .. } => usize::from(hash_slot(key) / SLOTS_PER_DOMAIN),
+        }
     }
 
     /// Starts again, on the caller's runtime, the background tasks that
@@ -1300,12 +1437,14 @@ impl Inner {
     }
 
     /// A call that found no connection and will not wait for one; the
-    /// last attempt's failure, if any, is its source.
+    /// last attempt's failure, if any, is its source. Redis is unusable
+    /// for now ([`Error::is_unreachable`]).
     fn reconnecting(&self) -> Error {
         let err = Error::new(
             ErrorKind::Store,
             "redis is unreachable; reconnecting in the background (calls fail at once until then)",
-        );
+        )
+        .unreachable();
         let last = self
             .last_failure
             .lock()
@@ -1317,51 +1456,67 @@ impl Inner {
         }
     }
 
-    /// One connection attempt, bounded by `connect_timeout` (the clock
-    /// sample included): the connection is made, Redis's clock sampled,
-    /// and the connection installed.
-    async fn connect(self: &Arc<Self>) -> Result<(), Error> {
-        let connect_timeout = self.config.connect_timeout;
+    /// One connection attempt after `failures` failed ones, bounded by
+    /// [`attempt_bound`](Self::attempt_bound): the connection is made and
+    /// its handshake answered within the
+    /// [handshake budget](Self::handshake_budget) (its round trip seeds the
+    /// latency of domains that have none yet), Redis's clock sampled (each
+    /// reply within the read deadline), and the connection installed.
+    async fn connect(self: &Arc<Self>, failures: u32) -> Result<(), Error> {
+        let budget = self.handshake_budget(failures);
+        let too_slow = |what: &str, within: Duration| {
+            Error::new(
+                ErrorKind::Store,
+                format!("could not {what} redis within {within:?}"),
+            )
+        };
         let attempt = async {
-            let mut conn = match &self.target {
-                // No response timeout of the connection's own: every
-                // command through `call` has its deadline, and a second
-                // timer per command cost a hit a fifth of a raw `GET`.
-                Target::Node(client) => {
-                    let config = AsyncConnectionConfig::new()
-                        .set_connection_timeout(Some(connect_timeout))
-                        .set_response_timeout(None);
-                    client
-                        .get_multiplexed_async_connection_with_config(&config)
+            let started = Instant::now();
+            let made = async {
+                match &self.target {
+                    // No response timeout of the connection's own: every
+                    // command through `call` has its deadline, and a second
+                    // timer per command cost a hit a fifth of a raw `GET`.
+                    Target::Node(client) => {
+                        let config = AsyncConnectionConfig::new()
+                            .set_connection_timeout(Some(budget))
+                            .set_response_timeout(None);
+                        client
+                            .get_multiplexed_async_connection_with_config(&config)
+                            .await
+                            .map(Conn::Node)
+                            .map_err(store_error)
+                    }
+                    Target::Cluster { client, .. } => client
+                        .get_async_connection()
                         .await
-                        .map(Conn::Node)
-                        .map_err(store_error)?
-                }
-                Target::Cluster { client, .. } => client
-                    .get_async_connection()
-                    .await
-                    .map(Conn::Cluster)
-                    .map_err(store_error)?,
-                Target::Sentinel(sentinel) => {
-                    let (conn, master) = sentinel.connect_master(&self.config).await?;
-                    Conn::Master(conn, master)
+                        .map(Conn::Cluster)
+                        .map_err(store_error),
+                    Target::Sentinel(sentinel) => {
+                        let (conn, master) = sentinel.connect_master(&self.config).await?;
+                        Ok(Conn::Master(conn, master))
+                    }
                 }
             };
+            let mut conn = tokio::time::timeout(budget, made)
+                .await
+                .map_err(|_| too_slow("connect to", budget))??;
+            // At least one round trip (the handshake's), likely more: a
+            // generous first guess, for the clock samples' deadlines.
+            self.latency.seed(started.elapsed());
             let sampled = self.sample_clock(&mut conn).await;
             // After a failover, first what the former master may have lost.
             if let (Some(sentinel), Conn::Master(conn, master)) = (self.target.sentinel(), &conn) {
-                sentinel.replay(&mut conn.clone(), master).await?;
+                tokio::time::timeout(budget, sentinel.replay(&mut conn.clone(), master))
+                    .await
+                    .map_err(|_| too_slow("replay lost revocations on", budget))??;
             }
             Ok::<_, Error>((conn, sampled))
         };
-        let (conn, sampled) = tokio::time::timeout(connect_timeout, attempt)
+        let bound = self.attempt_bound(failures);
+        let (conn, sampled) = tokio::time::timeout(bound, attempt)
             .await
-            .map_err(|_| {
-                Error::new(
-                    ErrorKind::Store,
-                    format!("could not connect to redis within {connect_timeout:?}"),
-                )
-            })??;
+            .map_err(|_| too_slow("connect to", bound))??;
         if let Err(err) = sampled {
             match &conn {
                 // A cluster whose clock nodes do not answer still serves the
@@ -1400,16 +1555,21 @@ impl Inner {
     /// for it would fail or delay every call behind a reconnect; so the
     /// connection is kept and probed instead: one `PING` in the background
     /// (at most one probe at a time), given `connect_timeout` (at least the
-    /// write deadline). A connection that does not answer is forgotten and
-    /// re-made in the background; until then calls keep failing after one
-    /// deadline each, never more.
+    /// write deadline in force). A connection that does not answer, or
+    /// answers with anything but `PONG` (its replies shifted onto other
+    /// commands: a request lost on the way while a later one was answered),
+    /// is forgotten and re-made in the background; until then calls keep
+    /// failing after one deadline each, never more.
     ///
     /// A timeout may also mean that the runtime driving the connection (or
     /// a background task) has gone idle: the lost tasks are looked for too.
     fn suspect(self: &Arc<Self>, live: Live) {
         self.lost_tasks.store(true, Ordering::Release);
         let inner = Arc::downgrade(self);
-        let wait = self.config.connect_timeout.max(self.config.longest_reply());
+        let wait = self
+            .config
+            .connect_timeout
+            .max(self.latency.deadline(0, Op::Write));
         let probe = |duty: Duty| async move {
             duty.due_by(Some(Instant::now() + wait));
             let Live {
@@ -1441,7 +1601,8 @@ impl Inner {
             let Some(inner) = inner.upgrade() else {
                 return duty.done();
             };
-            if !matches!(answered, Ok(Ok(_))) && duty.is_current() {
+            let pong = matches!(&answered, Ok(Ok(redis::Value::SimpleString(s))) if s == "PONG");
+            if !pong && duty.is_current() {
                 tracing::debug!(
                     ?wait,
                     "redis connection did not answer a probe; reconnecting"
@@ -1455,31 +1616,46 @@ impl Inner {
         }
     }
 
-    /// Runs one command on the connection. A broken connection is dropped
+    /// Runs one command on the connection, about a key of failure domain
+    /// `domain`, within the deadline of `op` there (see [`latency`]); its
+    /// round trip is recorded, a timeout as a round trip of the whole
+    /// deadline. A broken connection is dropped
     /// (the next call reconnects); a timeout has the connection probed
     /// ([`suspect`](Self::suspect)). A broken connection
     /// (not a timeout: that would double the deadline) is retried once on a
     /// fresh connection after a short jittered pause, so a Redis restart or a
-    /// failover costs a request nothing.
-    async fn call<T, F, Fut>(self: &Arc<Self>, op: Op, command: F) -> Result<T, Error>
+    /// failover costs a request nothing; broken again, the error says Redis
+    /// is [unreachable](Error::is_unreachable).
+    async fn call<T, F, Fut>(
+        self: &Arc<Self>,
+        op: Op,
+        domain: usize,
+        command: F,
+    ) -> Result<T, Error>
     where
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
         self.revive();
         let mut retried = false;
-        let wait = match op {
-            Op::Read => self.config.response_timeout,
-            // A write is never less patient than a read.
-            Op::Write => self.config.write_timeout.max(self.config.response_timeout),
-        };
         loop {
+            let wait = self.latency.deadline(domain, op);
             // One deadline for the call: waiting for a reconnect in
-            // progress counts against it.
-            let deadline = Instant::now() + wait;
+            // progress counts against it (not for the first connection,
+            // which the call waits for in full: then the command's deadline
+            // starts once it is made, from the latency it measured).
+            let mut sent = Instant::now();
+            let mut deadline = sent + wait;
             let (live, waited) = match self.current() {
                 Some(live) => (live, false),
-                None => (self.conn(deadline, false).await?, true),
+                None => match self.conn(deadline, false).await? {
+                    (live, true) => {
+                        sent = Instant::now();
+                        deadline = sent + self.latency.deadline(domain, op);
+                        (live, false)
+                    }
+                    (live, false) => (live, true),
+                },
             };
             // A cluster connection reconnects each node on its own, and one
             // node's failure says nothing about the others': it is kept, and
@@ -1487,28 +1663,57 @@ impl Inner {
             let cluster = matches!(live.conn, Conn::Cluster(_));
             let live_again = live.clone();
             let sentinel_master = live.conn.master().is_some();
-            let outcome = match tokio::time::timeout_at(deadline, command(live.conn)).await {
-                Ok(outcome) => outcome,
-                // After waiting for a reconnect: what was left of the
-                // deadline ran out, which says nothing about the new
-                // connection; it is kept.
-                Err(_) if waited => {
-                    return Err(Error::new(
-                        ErrorKind::Store,
-                        "redis did not answer in time (part of the deadline went to a reconnect)",
-                    ));
-                }
-                // The command's own deadline (the connection allows the
-                // longest of them): as a timeout reported by the connection.
-                Err(_) => {
-                    if !cluster {
-                        self.suspect(live_again);
+            let mut reply = pin!(command(live.conn));
+            let outcome = loop {
+                match tokio::time::timeout_at(deadline, reply.as_mut()).await {
+                    Ok(outcome) => break outcome,
+                    // After waiting for a reconnect: what was left of the
+                    // deadline ran out, which says nothing about the new
+                    // connection; it is kept.
+                    Err(_) if waited => {
+                        return Err(Error::new(
+                            ErrorKind::Store,
+                            "redis did not answer in time (part of the deadline went to a reconnect)",
+                        ));
                     }
-                    return Err(Error::new(ErrorKind::Store, "redis did not answer in time"));
+                    // The command's own deadline (the connection allows the
+                    // longest of them): as a timeout reported by the
+                    // connection. The reply takes at least that long: the
+                    // next deadline grows. Another command's timeout may
+                    // have grown it already (they were sent together): then
+                    // this one waits on for its reply, to that deadline, so
+                    // a burst of commands when Redis slows down costs one
+                    // failure, not one each (which would open the store's
+                    // breaker).
+                    Err(_) => {
+                        let now = Instant::now();
+                        let news = self.latency.timed_out(domain, deadline - sent, now);
+                        let grown = sent + self.latency.deadline(domain, op);
+                        if !news && grown > now {
+                            deadline = grown;
+                            continue;
+                        }
+                        if !cluster {
+                            self.suspect(live_again);
+                        }
+                        tracing::debug!(
+                            after = ?deadline - sent,
+                            next = ?self.latency.deadline(domain, op),
+                            "redis did not answer in time; the next deadline grows"
+                        );
+                        return Err(Error::new(ErrorKind::Store, "redis did not answer in time"));
+                    }
                 }
             };
             match outcome {
-                Ok(value) => return Ok(value),
+                Ok(value) => {
+                    // Not after a reconnect: part of the time went to it.
+                    if !waited {
+                        let now = Instant::now();
+                        self.latency.record(domain, now - sent, now);
+                    }
+                    return Ok(value);
+                }
                 Err(err) => {
                     let broken = err.is_connection_dropped()
                         || err.is_io_error()
@@ -1521,8 +1726,18 @@ impl Inner {
                     } else if err.is_timeout() && !cluster {
                         self.suspect(live_again);
                     }
+                    if !broken && !err.is_timeout() && !waited {
+                        // Redis answered, with an error: a round trip.
+                        let now = Instant::now();
+                        self.latency.record(domain, now - sent, now);
+                    }
                     if !broken || err.is_timeout() || retried || cluster {
-                        return Err(store_error(err));
+                        let err = store_error(err);
+                        return Err(if broken && !cluster {
+                            err.unreachable()
+                        } else {
+                            err
+                        });
                     }
                     retried = true;
                     let pause = {
@@ -1536,16 +1751,17 @@ impl Inner {
         }
     }
 
-    /// One command through [`call`](Self::call), with the deadline of `op`.
+    /// One command about `key` through [`call`](Self::call), with the
+    /// deadline of `op`.
     async fn query<T: FromRedisValue>(
         self: &Arc<Self>,
         op: Op,
+        key: &[u8],
         cmd: &redis::Cmd,
     ) -> Result<T, Error> {
-        self.call(
-            op,
-            |mut conn| async move { cmd.query_async(&mut conn).await },
-        )
+        self.call(op, self.domain(key), |mut conn| async move {
+            cmd.query_async(&mut conn).await
+        })
         .await
     }
 
@@ -1554,7 +1770,7 @@ impl Inner {
     /// script.
     async fn eval<T: FromRedisValue>(self: &Arc<Self>, script: Invocation<'_>) -> Result<T, Error> {
         let script = &script;
-        self.call(Op::Write, |mut conn| async move {
+        self.call(Op::Write, script.domain(self), |mut conn| async move {
             run_script(&mut conn, script).await
         })
         .await
@@ -1572,7 +1788,7 @@ impl Inner {
     ) -> Result<(), Error> {
         let script = &script;
         let master = self
-            .call(Op::Write, |mut conn| async move {
+            .call(Op::Write, script.domain(self), |mut conn| async move {
                 let _: i64 = run_script(&mut conn, script).await?;
                 Ok(conn.master().cloned())
             })
@@ -1606,24 +1822,49 @@ impl Inner {
     /// Any one good sample will do. Until the store has a sample, a cluster
     /// may take it from any node; after that only from slot 0's primary (a
     /// failed refresh keeps the previous sample rather than switch clocks).
+    ///
+    /// Each reply gets the read deadline of the clock's domain (domain 0:
+    /// the one server, or slot 0's primary) and is recorded there as a
+    /// round trip (and seeds the domains that have none yet); a `TIME`
+    /// that does not answer in time ends the sampling, and so does
+    /// `max_response_timeout` spent. Each sample better than the ones
+    /// before is put in use at once, so a sampling cut short keeps what it
+    /// found.
     async fn sample_clock(&self, conn: &mut Conn) -> Result<(), Error> {
         let any_node = self
             .clock
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .is_none();
+        let started = Instant::now();
         let mut best: Option<ClockSample> = None;
         let mut failure = None;
         for _ in 0..3 {
+            if best.is_some() && started.elapsed() >= self.latency.ceiling() {
+                break;
+            }
+            let wait = self.latency.deadline(0, Op::Read);
             let sent = Instant::now();
-            let (secs, micros): (u64, u64) = match conn.time(any_node).await {
-                Ok(time) => time,
-                Err(err) => {
-                    failure = Some(err);
-                    continue;
-                }
-            };
-            let rtt = sent.elapsed();
+            let (secs, micros): (u64, u64) =
+                match tokio::time::timeout(wait, conn.time(any_node)).await {
+                    Ok(Ok(time)) => time,
+                    Ok(Err(err)) => {
+                        failure = Some(store_error(err));
+                        continue;
+                    }
+                    Err(_) => {
+                        self.latency.record(0, wait, Instant::now());
+                        failure = Some(Error::new(
+                            ErrorKind::Store,
+                            format!("redis did not answer TIME within {wait:?}"),
+                        ));
+                        break;
+                    }
+                };
+            let now = Instant::now();
+            let rtt = now - sent;
+            self.latency.record(0, rtt, now);
+            self.latency.seed(rtt);
             let sample = ClockSample {
                 local: sent + rtt / 2,
                 redis_ms: secs.saturating_mul(1000).saturating_add(micros / 1000),
@@ -1631,24 +1872,26 @@ impl Inner {
             };
             if best.is_none_or(|b| sample.rtt < b.rtt) {
                 best = Some(sample);
+                self.install_clock(sample);
             }
         }
         match (best, failure) {
-            (Some(best), _) => {
-                let mut clock = self.clock.write().unwrap_or_else(|p| p.into_inner());
-                *clock = Some(best);
-                // Behind the last time handed out by more than the sample's
-                // own uncertainty: Redis's clock stepped back (or this is
-                // another host's). Follow it rather than stand still.
-                let now = best.reading();
-                let slack = millis(best.rtt).max(1);
-                if self.last_now.load(Ordering::Relaxed) > now.saturating_add(slack) {
-                    self.last_now.store(now, Ordering::Relaxed);
-                }
-                Ok(())
-            }
-            (None, Some(err)) => Err(store_error(err)),
-            (None, None) => Ok(()),
+            (Some(_), _) | (None, None) => Ok(()),
+            (None, Some(err)) => Err(err),
+        }
+    }
+
+    /// Puts clock sample `sample` in use.
+    fn install_clock(&self, sample: ClockSample) {
+        let mut clock = self.clock.write().unwrap_or_else(|p| p.into_inner());
+        *clock = Some(sample);
+        // Behind the last time handed out by more than the sample's
+        // own uncertainty: Redis's clock stepped back (or this is
+        // another host's). Follow it rather than stand still.
+        let now = sample.reading();
+        let slack = millis(sample.rtt).max(1);
+        if self.last_now.load(Ordering::Relaxed) > now.saturating_add(slack) {
+            self.last_now.store(now, Ordering::Relaxed);
         }
     }
 }
@@ -1699,15 +1942,18 @@ async fn run_reconnect(inner: Weak<Inner>, duty: Duty) {
         let Some(inner) = inner.upgrade() else {
             return duty.done();
         };
-        if !duty.due_by(Some(Instant::now() + inner.config.connect_timeout)) {
+        // Due by the end of its attempt's bound (plus the supervisor's
+        // grace, `connect_timeout`): an attempt may take that long.
+        let attempt = inner.attempt(failures);
+        if !duty.due_by(Some(attempt.until)) {
             return duty.done();
         }
         inner
             .reconnect
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .attempt_since = Some(Instant::now());
-        let made = inner.connect().await;
+            .attempt = Some(attempt);
+        let made = inner.connect(failures).await;
         if !duty.is_current() {
             // Replaced while its runtime was idle: the new task speaks for
             // the store now.
@@ -1715,7 +1961,7 @@ async fn run_reconnect(inner: Weak<Inner>, duty: Duty) {
         }
         {
             let mut reconnect = inner.reconnect.lock().unwrap_or_else(|p| p.into_inner());
-            reconnect.attempt_since = None;
+            reconnect.attempt = None;
             if made.is_ok() {
                 reconnect.connected_once = true;
             }
@@ -1766,14 +2012,16 @@ async fn run_clock_refresh(inner: Weak<Inner>, duty: Duty) {
         let deadline = Instant::now() + inner.config.connect_timeout;
         let sampled = match inner.conn(deadline, true).await {
             // The connection has no response timeout of its own.
-            Ok(mut live) => tokio::time::timeout_at(deadline, inner.sample_clock(&mut live.conn))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(Error::new(
-                        ErrorKind::Store,
-                        "redis did not answer TIME in time",
-                    ))
-                }),
+            Ok((mut live, _)) => {
+                tokio::time::timeout_at(deadline, inner.sample_clock(&mut live.conn))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(Error::new(
+                            ErrorKind::Store,
+                            "redis did not answer TIME in time",
+                        ))
+                    })
+            }
             Err(err) => Err(err),
         };
         if let Err(err) = sampled {
@@ -2094,7 +2342,7 @@ impl RedisStore {
         // Sized up front: the command's buffer is not grown for the key.
         let mut get = redis::Cmd::with_capacity(2, 3 + key.len());
         get.arg("GET").arg(key);
-        self.inner.query(Op::Read, &get).await
+        self.inner.query(Op::Read, key, &get).await
     }
 }
 
@@ -2109,6 +2357,7 @@ impl Store for RedisStore {
             self.inner
                 .query(
                     Op::Write,
+                    key,
                     redis::cmd("SET").arg(key).arg(value).arg("PX").arg(ms),
                 )
                 .await
@@ -2119,7 +2368,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             let removed: u64 = self
                 .inner
-                .query(Op::Write, redis::cmd("DEL").arg(key))
+                .query(Op::Write, key, redis::cmd("DEL").arg(key))
                 .await?;
             Ok(removed > 0)
         })
@@ -2129,7 +2378,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             let ms: i64 = self
                 .inner
-                .query(Op::Read, redis::cmd("PTTL").arg(key))
+                .query(Op::Read, key, redis::cmd("PTTL").arg(key))
                 .await?;
             // -2: no such key; -1: no expiry.
             Ok(u64::try_from(ms).ok().map(Duration::from_millis))
@@ -2169,9 +2418,10 @@ impl Store for RedisStore {
         self.failure_domains() == 1
     }
 
-    /// `response_timeout`.
+    /// The read deadline in force, in the slowest failure domain: it
+    /// follows the latency Redis has (see [`RedisStore::latency`]).
     fn read_deadline(&self) -> Duration {
-        self.inner.config.response_timeout
+        self.latency().read_deadline
     }
 
     /// One for a single server; for a cluster, one per 256 consecutive hash
@@ -2185,10 +2435,7 @@ impl Store for RedisStore {
     }
 
     fn failure_domain(&self, key: &[u8]) -> usize {
-        match self.inner.target {
-            Target::Node(_) | Target::Sentinel(_) => 0,
-            Target::Cluster { .. } => usize::from(hash_slot(key) / SLOTS_PER_DOMAIN),
-        }
+        self.inner.domain(key)
     }
 
     fn acquire_lease<'a>(
@@ -2219,7 +2466,8 @@ impl Store for RedisStore {
             for &i in group {
                 mget.arg(keys[i]);
             }
-            async move { self.inner.query(Op::Read, &mget).await }
+            let first = keys[group[0]];
+            async move { self.inner.query(Op::Read, first, &mget).await }
         }))
     }
 
@@ -2251,7 +2499,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             let held: i64 = self
                 .inner
-                .query(Op::Read, redis::cmd("EXISTS").arg(lease_key))
+                .query(Op::Read, lease_key, redis::cmd("EXISTS").arg(lease_key))
                 .await?;
             Ok(held == 1)
         })
@@ -2404,7 +2652,7 @@ impl Store for RedisStore {
             let pipeline = &pipeline;
             let master = self
                 .inner
-                .call(Op::Write, |mut conn| async move {
+                .call(Op::Write, 0, |mut conn| async move {
                     match by_sha.query_async::<()>(&mut conn).await {
                         Err(err)
                             if err.kind()
@@ -2463,7 +2711,7 @@ impl Store for RedisStore {
                 .arg(ms);
             let (digits, master) = self
                 .inner
-                .call(Op::Write, |mut conn| async move {
+                .call(Op::Write, self.inner.domain(key), |mut conn| async move {
                     let digits: String = run_script(&mut conn, script).await?;
                     Ok((digits, conn.master().cloned()))
                 })
@@ -2503,7 +2751,11 @@ impl Store for RedisStore {
     fn publish<'a>(&'a self, channel: &'a [u8], message: &'a [u8]) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             self.inner
-                .query::<i64>(Op::Write, redis::cmd("PUBLISH").arg(channel).arg(message))
+                .query::<i64>(
+                    Op::Write,
+                    channel,
+                    redis::cmd("PUBLISH").arg(channel).arg(message),
+                )
                 .await
                 .map(drop)
         })
@@ -2554,7 +2806,8 @@ impl RedisStore {
     }
 
     /// Connects now (if not yet connected) and samples Redis's clock, so the
-    /// first request does not pay for the connection.
+    /// first request does not pay for the connection. Waits for the
+    /// connection attempt in progress, at least `connect_timeout`.
     ///
     /// # Errors
     ///
@@ -2562,6 +2815,29 @@ impl RedisStore {
     pub async fn warm_up(&self) -> Result<(), Error> {
         let deadline = Instant::now() + self.inner.config.connect_timeout;
         self.inner.conn(deadline, true).await.map(drop)
+    }
+
+    /// The round trip this store sees and the deadlines it gives commands
+    /// now (see `# Deadlines follow Redis's latency` on
+    /// [`RedisStoreConfig`]), for its slowest failure domain (a single
+    /// server has one; a Cluster one per 256 hash slots).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), breakwater::Error> {
+    /// let store = breakwater::RedisStore::connect("redis://127.0.0.1:6379")?;
+    /// store.warm_up().await?;
+    /// let latency = store.latency();
+    /// println!(
+    ///     "round trip {:?}: reads get {:?}, writes {:?}",
+    ///     latency.round_trip, latency.read_deadline, latency.write_deadline
+    /// );
+    /// # Ok(()) }
+    /// ```
+    pub fn latency(&self) -> RedisLatency {
+        let latency = &self.inner.latency;
+        latency.report(latency.slowest())
     }
 }
 
