@@ -185,3 +185,41 @@ fn a_redis_answering_100ms_late_costs_one_load_fleet_wide() {
 fn a_redis_answering_250ms_late_costs_one_load_fleet_wide() {
     one_load_no_errors(Duration::from_millis(250));
 }
+
+/// The bus holds at the same latency: a subscription through the delay
+/// proxy (every round trip 100 ms, then 250 ms) comes up and stays up for
+/// 4 s, its `PING`s (every second) answered within the store's read
+/// deadline in force. Before, a `PING` had `response_timeout` (50 ms) and
+/// the subscription dropped and came back every second, every drop
+/// unverifying every L1 entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_redis_keeps_its_subscription() {
+    for round_trip in [Duration::from_millis(100), Duration::from_millis(250)] {
+        let server = RedisServer::start();
+        let proxy = FaultProxy::start(server.addr());
+        proxy.set(Fault::Delay(round_trip / 2));
+        let store = RedisStore::connect(&proxy.url()).unwrap();
+        // A command or two first, as a cache's calls would make: the
+        // deadlines learn the latency.
+        let _ = breakwater::Store::get(&store, b"warm-up").await;
+        let _ = breakwater::Store::get(&store, b"warm-up").await;
+        let mut bus = breakwater::Store::subscribe(&store, b"bus");
+        assert!(
+            bus.ready(Duration::from_secs(10)).await,
+            "subscribed at {round_trip:?}"
+        );
+        let mut missed = 0;
+        let until = tokio::time::Instant::now() + Duration::from_secs(4);
+        while let Ok(Some(delivery)) = tokio::time::timeout_at(until, bus.recv()).await {
+            if delivery == breakwater::Delivery::Missed {
+                missed += 1;
+            }
+        }
+        // The announcement of the subscription itself, at most.
+        assert!(
+            missed <= 1 && bus.is_ready(),
+            "at {round_trip:?}: {missed} drops in 4 s, ready {}",
+            bus.is_ready()
+        );
+    }
+}

@@ -1420,6 +1420,7 @@ impl Inner {
         let (config, channel) = (self.config.clone(), channel.to_vec());
         let (messages, ready) = (feed.messages.clone(), feed.ready.clone());
         let grace = self.config.connect_timeout;
+        let store = Arc::downgrade(self);
         if let Some(task) = feed.task.ensure(grace, |duty| {
             run_subscription(
                 source,
@@ -1429,6 +1430,7 @@ impl Inner {
                     duty: Some(duty),
                     messages,
                     ready,
+                    store,
                 },
             )
         }) {
@@ -2073,8 +2075,10 @@ impl Feed {
 /// Keeps one channel subscribed on a dedicated pub/sub connection,
 /// reconnecting with jittered backoff, and fans its messages out. An idle
 /// connection is checked with `PING` every `subscription_ping`; one that does
-/// not answer within `response_timeout` (a hung or unreachable Redis) is
-/// dropped. Every (re)connection is announced as [`Delivery::Missed`], since
+/// not answer within the store's read deadline in force (a hung or
+/// unreachable Redis) is dropped; connecting and subscribing get
+/// `connect_timeout`, or twice the write deadline in force if that is
+/// longer (deadlines follow the latency Redis has: see `latency`). Every (re)connection is announced as [`Delivery::Missed`], since
 /// messages sent while it was down are lost. In a cluster each attempt tries
 /// the next node: a `PUBLISH` on any node reaches every node's subscribers.
 /// On a Sentinel store it subscribes on the master the sentinels name, and
@@ -2107,11 +2111,14 @@ async fn run_subscription(feed: Feed, config: RedisStoreConfig, channel: Vec<u8>
             pubsub.subscribe(&channel).await.map_err(store_error)?;
             Ok::<_, Error>(Some((pubsub, master)))
         };
-        match tokio::time::timeout(config.connect_timeout, connect).await {
+        let within = config
+            .connect_timeout
+            .max(duty.deadline(Op::Write).saturating_mul(2));
+        match tokio::time::timeout(within, connect).await {
             Ok(Ok(None)) => return duty.done(),
             Ok(Ok(Some((pubsub, master)))) => {
                 failures = 0;
-                if !duty.due_by(Instant::now() + config.subscription_ping + config.response_timeout)
+                if !duty.due_by(Instant::now() + config.subscription_ping + duty.deadline(Op::Read))
                 {
                     return duty.done();
                 }
@@ -2130,12 +2137,12 @@ async fn run_subscription(feed: Feed, config: RedisStoreConfig, channel: Vec<u8>
                             None => break,
                         },
                         _ = ping.tick() => {
-                            let back_by = Instant::now() + config.subscription_ping + config.response_timeout;
+                            let back_by = Instant::now() + config.subscription_ping + duty.deadline(Op::Read);
                             if !duty.due_by(back_by) {
                                 break;
                             }
                             let pong = tokio::time::timeout(
-                                config.response_timeout,
+                                duty.deadline(Op::Read),
                                 sink.ping::<redis::Value>(),
                             )
                             .await;
@@ -2178,9 +2185,21 @@ struct FeedDuty {
     duty: Option<Duty>,
     messages: broadcast::Sender<Delivery>,
     ready: watch::Sender<bool>,
+    /// The store, for the deadlines in force.
+    store: Weak<Inner>,
 }
 
 impl FeedDuty {
+    /// The store's deadline in force for `op` (its first failure
+    /// domain's), or the configured floor once the store is gone.
+    fn deadline(&self, op: Op) -> Duration {
+        self.store
+            .upgrade()
+            .map_or(Duration::from_millis(50), |inner| {
+                inner.latency.deadline(0, op)
+            })
+    }
+
     /// Promises to be back by `due`; `false` if the task was replaced.
     fn due_by(&self, due: Instant) -> bool {
         self.duty.as_ref().is_some_and(|d| d.due_by(Some(due)))
