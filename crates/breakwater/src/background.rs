@@ -177,6 +177,32 @@ impl Drop for Duty {
     }
 }
 
+/// The id of the runtime the caller runs on, without cloning its handle
+/// (an atomic on a line every worker of a multi-thread runtime shares, per
+/// call: 12% of a batched Redis hit): remembered per thread, in a small
+/// direct-mapped table, for the tasks that asked (a task never changes
+/// runtime; task ids are unique in the process).
+pub(crate) fn current_runtime() -> Option<tokio::runtime::Id> {
+    use std::hash::BuildHasher;
+    type Slot = std::cell::Cell<Option<(tokio::task::Id, tokio::runtime::Id)>>;
+    const SLOTS: usize = 64;
+    thread_local! {
+        static SEEN: [Slot; SLOTS] = const { [const { std::cell::Cell::new(None) }; SLOTS] };
+    }
+    let Some(task) = tokio::task::try_id() else {
+        return tokio::runtime::Handle::try_current().ok().map(|h| h.id());
+    };
+    let at = (foldhash::fast::FixedState::with_seed(0).hash_one(task) as usize) % SLOTS;
+    if let Some((seen, runtime)) = SEEN.with(|seen| seen[at].get())
+        && seen == task
+    {
+        return Some(runtime);
+    }
+    let runtime = tokio::runtime::Handle::try_current().ok()?.id();
+    SEEN.with(|seen| seen[at].set(Some((task, runtime))));
+    Some(runtime)
+}
+
 fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
     // No step under the lock can panic half-way.
     state.lock().unwrap_or_else(|p| p.into_inner())

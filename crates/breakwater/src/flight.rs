@@ -52,6 +52,10 @@ struct Flight<T> {
 struct Cell<T> {
     result: OnceLock<Option<Result<T, Error>>>,
     landed: Notify,
+    /// Its followers' deadline passed (see [`Joined::watch`]).
+    late: std::sync::atomic::AtomicBool,
+    /// The runtime the deadline's task runs on, once one was started.
+    watchdog: OnceLock<Option<tokio::runtime::Id>>,
 }
 
 impl<T> Cell<T> {
@@ -59,9 +63,15 @@ impl<T> Cell<T> {
         Arc::new(Cell {
             result: OnceLock::new(),
             landed: Notify::new(),
+            late: std::sync::atomic::AtomicBool::new(false),
+            watchdog: OnceLock::new(),
         })
     }
 }
+
+/// A flight's followers waited past their deadline ([`Joined::watch`]).
+#[derive(Debug)]
+pub(crate) struct Late;
 
 /// A flight registered for its leader: the landing, and the cell.
 type Entered<T> = (Landing<T>, Arc<Cell<T>>);
@@ -263,6 +273,48 @@ impl<T> Clone for Joined<T> {
     fn clone(&self) -> Self {
         Joined {
             cell: Arc::clone(&self.cell),
+        }
+    }
+}
+
+impl<T: Clone + Send + Sync + 'static> Joined<T> {
+    /// Gives the flight's followers a deadline, `within` from now: one task
+    /// per flight (started by its first follower, on that follower's
+    /// runtime), which marks the flight late and wakes them, instead of a
+    /// timer per follower (a hot key has dozens). `true` if that task runs
+    /// on the caller's runtime, so that [`outcome_or_late`](Self::outcome_or_late)
+    /// is bounded for it; a caller on another runtime needs a deadline of
+    /// its own (that runtime may be idle).
+    pub(crate) fn watch(&self, within: std::time::Duration) -> bool {
+        let home = self.cell.watchdog.get_or_init(|| {
+            let runtime = tokio::runtime::Handle::try_current().ok()?;
+            let cell = Arc::clone(&self.cell);
+            drop(runtime.spawn(async move {
+                if cell.result.get().is_none() {
+                    tokio::time::sleep(within).await;
+                    cell.late.store(true, std::sync::atomic::Ordering::Release);
+                    cell.landed.notify_waiters();
+                }
+            }));
+            Some(runtime.id())
+        });
+        home.is_some() && *home == crate::background::current_runtime()
+    }
+
+    /// [`outcome`](Self::outcome), or [`Late`] once the deadline that
+    /// [`watch`](Self::watch) set has passed.
+    pub(crate) async fn outcome_or_late(&self) -> Result<Option<Result<T, Error>>, Late> {
+        loop {
+            let landed = self.cell.landed.notified();
+            let mut landed = std::pin::pin!(landed);
+            landed.as_mut().enable();
+            if let Some(result) = self.cell.result.get() {
+                return Ok(result.clone());
+            }
+            if self.cell.late.load(std::sync::atomic::Ordering::Acquire) {
+                return Err(Late);
+            }
+            landed.await;
         }
     }
 }

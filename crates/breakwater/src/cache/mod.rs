@@ -1807,9 +1807,18 @@ impl<V: Value> Cache<V> {
             };
             let _waiting = self.inner.metrics.waiting();
             let within = self.inner.store.read_deadline();
-            // Boxed: a follower's timer would grow every read's future,
-            // hits included.
-            match Box::pin(tokio::time::timeout(within, joined.outcome())).await {
+            // One deadline task per shared read, not a timer per follower;
+            // a follower from another runtime than that task's has its
+            // own (boxed: it would grow every read's future, hits
+            // included).
+            let outcome = if joined.watch(within) {
+                joined.outcome_or_late().await.map_err(drop)
+            } else {
+                Box::pin(tokio::time::timeout(within, joined.outcome()))
+                    .await
+                    .map_err(drop)
+            };
+            match outcome {
                 // A load that landed before this caller came to it may be
                 // one it saw revoked on an earlier pass (the read stays in
                 // the air until its leader is polled again): read alone.

@@ -132,9 +132,8 @@ pub(crate) fn admit(queue: &ReadQueue) -> Option<Admitted<'_>> {
 /// A read from another runtime than the batch task's waits at most one
 /// store read deadline (see the module docs).
 pub(crate) async fn queued(store: &Arc<GuardedStore>, queue: &ReadQueue, key: &[u8]) -> Reply {
-    let (reply, mut answer) = oneshot::channel();
-    let runtime = tokio::runtime::Handle::try_current().ok();
-    let here = runtime.as_ref().map(tokio::runtime::Handle::id);
+    let (reply, answer) = oneshot::channel();
+    let here = crate::background::current_runtime();
     let (first, elsewhere, batch) = {
         let mut waiting = lock(queue);
         waiting.reads.push(Queued {
@@ -156,7 +155,7 @@ pub(crate) async fn queued(store: &Arc<GuardedStore>, queue: &ReadQueue, key: &[
         };
         // Outside a runtime nothing can send it: `flush` is dropped here,
         // and so is the queue (this read's reply with it).
-        if let Some(runtime) = runtime {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 behind_the_woken().await;
                 flush.send().await;
@@ -172,6 +171,24 @@ pub(crate) async fn queued(store: &Arc<GuardedStore>, queue: &ReadQueue, key: &[
     if !elsewhere {
         return answer.await.unwrap_or_else(dropped);
     }
+    // Boxed: its timers and the batch it may send would grow every queued
+    // read's future (and its allocation).
+    Box::pin(from_elsewhere(store, key, answer)).await
+}
+
+/// The wait of a read queued from another runtime than its batch task's:
+/// at most one store read deadline (see the module docs).
+async fn from_elsewhere(
+    store: &Arc<GuardedStore>,
+    key: &[u8],
+    mut answer: oneshot::Receiver<Reply>,
+) -> Reply {
+    let dropped = |_| {
+        Err(Error::new(
+            ErrorKind::Store,
+            "a queued read got no reply (its batch was dropped: the runtime is shutting down)",
+        ))
+    };
     let within = store.read_deadline();
     if let Ok(reply) = tokio::time::timeout(within, &mut answer).await {
         return reply.unwrap_or_else(dropped);
