@@ -831,42 +831,18 @@ impl<V: Value> Cache<V> {
         if led.is_empty() {
             return;
         }
-        let inner = &self.inner;
-        let tokens: Vec<[u8; 16]> = led.iter().map(|_| inner.new_token()).collect();
-        let lease_keys: Vec<Vec<u8>> = led.iter().map(|l| inner.lease_key(&l.storage)).collect();
-        let requests: Vec<LeaseRequest<'_>> = lease_keys
-            .iter()
-            .zip(&tokens)
-            .map(|(key, token)| LeaseRequest { key, token })
-            .collect();
-        // A lease's TTL runs from when the store took it, which may be well
-        // before its reply arrives: keep-alive is timed from the request.
-        let asked = Instant::now();
-        let attempts = inner
-            .store
-            .acquire_leases_split(&requests, inner.lease_ttl)
-            .await;
+        let mut failure = None;
+        let storage = led.iter().map(|l| l.storage.as_slice());
+        let (asked, leases, attempts) = self.ask_leases(storage, &mut failure).await;
         let mut taken = Vec::new();
         let mut held = Vec::new();
         let mut failed = Vec::new();
-        let mut failure = None;
-        for ((led, attempt), request) in led.into_iter().zip(attempts).zip(&requests) {
+        for ((led, attempt), (key, token)) in led.into_iter().zip(attempts).zip(&leases) {
+            let request = LeaseRequest { key, token };
             match attempt {
-                Ok(LeaseAttempt::Acquired) => {
-                    inner.metrics.lease("acquired");
-                    taken.push((led, *request));
-                }
-                Ok(LeaseAttempt::Held { ttl }) => {
-                    inner.metrics.lease("busy");
-                    held.push((led, ttl));
-                }
-                Err(err) => {
-                    if failure.is_none() {
-                        inner.metrics.store_failed("acquire_lease", &err);
-                        failure = Some(err.clone());
-                    }
-                    failed.push((led, *request, err));
-                }
+                Ok(LeaseAttempt::Acquired) => taken.push((led, request)),
+                Ok(LeaseAttempt::Held { ttl }) => held.push((led, ttl)),
+                Err(err) => failed.push((led, request, err)),
             }
         }
         tokio::join!(
@@ -1401,60 +1377,77 @@ impl<V: Value> Cache<V> {
         failed: &mut Vec<(Led<K, V>, OwnedLease, Error)>,
         failure: &mut Option<Error>,
     ) -> Instant {
-        let inner = &self.inner;
         let tried: Vec<usize> = try_now
             .iter()
             .copied()
             .filter(|&i| keys[i].is_some())
             .collect();
-        let tokens: Vec<[u8; 16]> = tried.iter().map(|_| inner.new_token()).collect();
-        let lease_keys: Vec<Vec<u8>> = tried
-            .iter()
-            .filter_map(|&i| keys[i].as_ref().map(|w| inner.lease_key(&w.led.storage)))
-            .collect();
-        let asked = Instant::now();
         if tried.is_empty() {
-            return asked;
+            return Instant::now();
         }
-        let attempts = {
-            let requests: Vec<LeaseRequest<'_>> = lease_keys
-                .iter()
-                .zip(&tokens)
-                .map(|(key, token)| LeaseRequest { key, token })
-                .collect();
-            inner
-                .store
-                .acquire_leases_split(&requests, inner.lease_ttl)
-                .await
-        };
-        for (((i, attempt), lease_key), token) in
-            tried.into_iter().zip(attempts).zip(lease_keys).zip(tokens)
-        {
+        let storage = tried
+            .iter()
+            .filter_map(|&i| keys[i].as_ref().map(|w| w.led.storage.as_slice()));
+        let (asked, leases, attempts) = self.ask_leases(storage, failure).await;
+        for ((i, attempt), lease) in tried.into_iter().zip(attempts).zip(leases) {
             match attempt {
                 Ok(LeaseAttempt::Acquired) => {
-                    inner.metrics.lease("acquired");
                     if let Some(waiting) = keys[i].take() {
-                        taken.push((waiting.led, (lease_key, token)));
+                        taken.push((waiting.led, lease));
                     }
                 }
                 Ok(LeaseAttempt::Held { ttl }) => {
-                    inner.metrics.lease("busy");
                     if let Some(waiting) = keys[i].as_mut() {
                         waiting.retry_at = deadline_after(ttl.saturating_add(LEASE_RETRY_MARGIN));
                     }
                 }
                 Err(err) => {
-                    if failure.is_none() {
-                        inner.metrics.store_failed("acquire_lease", &err);
-                        *failure = Some(err.clone());
-                    }
                     if let Some(waiting) = keys[i].take() {
-                        failed.push((waiting.led, (lease_key, token), err));
+                        failed.push((waiting.led, lease, err));
                     }
                 }
             }
         }
         asked
+    }
+
+    /// One lease step for the storage keys `storage`: a fresh token each,
+    /// all asked at once ([`Store::acquire_leases`]; per hash slot on a
+    /// Cluster), each outcome counted, the first failure counted as a
+    /// store failure and kept in `failure`. Returns when they were asked (a
+    /// lease's TTL runs from when the store took it, which may be well
+    /// before its reply arrives: keep-alive is timed from the request),
+    /// and each key's lease and outcome, in order.
+    async fn ask_leases<'s>(
+        &self,
+        storage: impl Iterator<Item = &'s [u8]>,
+        failure: &mut Option<Error>,
+    ) -> (Instant, Vec<OwnedLease>, Vec<Result<LeaseAttempt, Error>>) {
+        let inner = &self.inner;
+        let leases: Vec<OwnedLease> = storage
+            .map(|key| (inner.lease_key(key), inner.new_token()))
+            .collect();
+        let requests: Vec<LeaseRequest<'_>> = leases
+            .iter()
+            .map(|(key, token)| LeaseRequest { key, token })
+            .collect();
+        let asked = Instant::now();
+        let attempts = inner
+            .store
+            .acquire_leases_split(&requests, inner.lease_ttl)
+            .await;
+        for attempt in &attempts {
+            match attempt {
+                Ok(LeaseAttempt::Acquired) => inner.metrics.lease("acquired"),
+                Ok(LeaseAttempt::Held { .. }) => inner.metrics.lease("busy"),
+                Err(err) if failure.is_none() => {
+                    inner.metrics.store_failed("acquire_lease", err);
+                    *failure = Some(err.clone());
+                }
+                Err(_) => {}
+            }
+        }
+        (asked, leases, attempts)
     }
 
     /// Runs the loads [`wait_many`](Self::wait_many) hands over, side by
