@@ -1876,8 +1876,8 @@ async fn slow_store_round(world: &Arc<World>) {
 /// dead holder's load and one takeover).
 async fn batch_holder_death_round(world: &Arc<World>) {
     let seed = world.seed;
-    let procs = fleet(world, 8, &CHAOS_FLEET, false);
-    let mut rng = stream(seed, 8);
+    let procs = fleet(world, 10, &CHAOS_FLEET, false);
+    let mut rng = stream(seed, 70);
     let window = rng.random_range(40..=150usize);
     let step = rng.random_range(5..=window / 2);
     let keys: Vec<String> = (0..window + 3 * step).map(|k| format!("b{k:03}")).collect();
@@ -2138,7 +2138,7 @@ async fn empty_restart_round(world: &Arc<World>) {
 /// call). Before issue 27 its L1 served the old values for its whole TTL.
 async fn bus_death_round(world: &Arc<World>) {
     let seed = world.seed;
-    let procs = fleet(world, 8, &[(Duration::ZERO, true); 2], false);
+    let procs = fleet(world, 11, &[(Duration::ZERO, true); 2], false);
     let (deaf, other) = (&procs[0], &procs[1]);
     let keys: Vec<String> = (0..4).map(|k| format!("b{k}")).collect();
     for p in &procs {
@@ -2146,7 +2146,7 @@ async fn bus_death_round(world: &Arc<World>) {
             get(world, p, key, ms(5), false).await;
         }
     }
-    let mut rng = stream(seed, 8);
+    let mut rng = stream(seed, 80);
     sleep(ms(rng.random_range(10..500))).await;
     let killed = deaf.store.kill_feeds();
     world.trace(
