@@ -74,14 +74,9 @@ fn lease_of(cache: &Cache<String>, key: u64) -> Vec<u8> {
     lease
 }
 
-/// A dead process's leases on ids 1..=600 (taken together, as a batch
-/// holder takes them); this process asks for 1..=1000 with a 500 ms loader
-/// and the library's defaults (3 s leases, the default bulkhead). Ids
-/// 601..=1000 are one loader call; the 600 dead ones are taken over when
-/// the leases run out, as one batch (two loader calls: 500 + 100), with no
-/// error, done within the lease TTL plus two loads.
-#[tokio::test(start_paused = true)]
-async fn a_dead_holders_keys_are_taken_over_as_one_batch() {
+/// A cache on a memory store where a dead process holds the leases of
+/// ids 1..=600 (3 s, taken together, as a batch holder takes them).
+async fn cache_with_dead_leases() -> Cache<String> {
     let store = MemoryStore::new();
     let cache = ten_second_cache("many")
         .store(store.clone())
@@ -92,6 +87,18 @@ async fn a_dead_holders_keys_are_taken_over_as_one_batch() {
         let attempt = store.acquire_lease(&lease, b"dead", Duration::from_secs(3));
         assert!(attempt.await.unwrap().is_acquired());
     }
+    cache
+}
+
+/// A dead process's leases on ids 1..=600 (taken together, as a batch
+/// holder takes them); this process asks for 1..=1000 with a 500 ms loader
+/// and the library's defaults (3 s leases, the default bulkhead). Ids
+/// 601..=1000 are one loader call; the 600 dead ones are taken over when
+/// the leases run out, as one batch (two loader calls: 500 + 100), with no
+/// error, done within the lease TTL plus two loads.
+#[tokio::test(start_paused = true)]
+async fn a_dead_holders_keys_are_taken_over_as_one_batch() {
+    let cache = cache_with_dead_leases().await;
     let dead = Instant::now();
     let calls = Calls::default();
     let got = cache
@@ -128,16 +135,7 @@ async fn a_dead_holders_keys_are_taken_over_as_one_batch() {
 /// over once, as one batch (500 + 100), not once per call.
 #[tokio::test(start_paused = true)]
 async fn concurrent_calls_in_one_process_take_over_as_one_batch() {
-    let store = MemoryStore::new();
-    let cache = ten_second_cache("many")
-        .store(store.clone())
-        .build()
-        .unwrap();
-    for id in 1..=600u64 {
-        let lease = lease_of(&cache, id);
-        let attempt = store.acquire_lease(&lease, b"dead", Duration::from_secs(3));
-        assert!(attempt.await.unwrap().is_acquired());
-    }
+    let cache = cache_with_dead_leases().await;
     let dead = Instant::now();
     let calls = Calls::default();
     let callers: Vec<_> = (0..4u64)
