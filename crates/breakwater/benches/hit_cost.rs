@@ -20,8 +20,8 @@
 //!
 //! (`BREAKWATER_COST` is one of `l1`, `moka` (a bare `moka::future` get),
 //! `mokasync` (a bare `moka::sync` get), `redis`, `raw`, `tagged`
-//! (a Redis hit on an entry with one tag), `redis50`, `raw50`, `floor50`;
-//! the counting
+//! (a Redis hit on an entry with one tag), `redis50`, `raw50`, `floor50`,
+//! `hot50` (50 callers on one key); the counting
 //! allocator's own instructions are in every figure alike.)
 
 use std::time::Duration;
@@ -44,7 +44,7 @@ fn hits() -> u64 {
 
 /// Whether scenario `name` runs: all of them unless `BREAKWATER_COST`
 /// names one (`l1`, `moka`, `mokasync`, `redis`, `raw`, `tagged`, `redis50`, `raw50`,
-/// `floor50`), for
+/// `floor50`, `hot50`), for
 /// callgrind.
 fn runs(name: &str) -> bool {
     std::env::var("BREAKWATER_COST").map_or(true, |only| only == name)
@@ -297,6 +297,32 @@ fn main() {
             ours as f64 / (per * CALLERS as u64) as f64,
             raw as f64 / (per * CALLERS as u64) as f64,
             floor as f64 / (per * CALLERS as u64) as f64
+        );
+
+        // 50 callers at once on one hot key: concurrent reads of it share
+        // one `GET` (a leader reads, the others follow it).
+        let hot = blocks("hot50", async || {
+            let mut callers = tokio::task::JoinSet::new();
+            for _ in 0..CALLERS {
+                let l2 = l2.clone();
+                callers.spawn(async move {
+                    for _ in 0..per {
+                        let got = l2
+                            .get_or_load("product:0", || async {
+                                Ok::<_, std::io::Error>(Some(String::new()))
+                            })
+                            .await
+                            .unwrap();
+                        assert!(got.is_some());
+                    }
+                });
+            }
+            callers.join_all().await;
+        })
+        .await;
+        println!(
+            "Redis hit, {CALLERS} callers on one key: {:>6.2} allocations per hit",
+            hot as f64 / (per * CALLERS as u64) as f64
         );
     });
 }

@@ -52,9 +52,10 @@ struct Flight<T> {
 struct Cell<T> {
     result: OnceLock<Option<Result<T, Error>>>,
     landed: Notify,
-    /// Its followers' deadline passed (see [`Joined::watch`]).
+    /// Its followers' deadline passed (see [`Reads::bound`]).
     late: std::sync::atomic::AtomicBool,
-    /// The runtime the deadline's task runs on, once one was started.
+    /// The runtime of the task that keeps its followers' deadline, once
+    /// the first follower gave them one (`None`: no runtime to run it).
     watchdog: OnceLock<Option<tokio::runtime::Id>>,
 }
 
@@ -69,7 +70,7 @@ impl<T> Cell<T> {
     }
 }
 
-/// A flight's followers waited past their deadline ([`Joined::watch`]).
+/// A flight's followers waited past their deadline ([`Reads::bound`]).
 #[derive(Debug)]
 pub(crate) struct Late;
 
@@ -278,31 +279,8 @@ impl<T> Clone for Joined<T> {
 }
 
 impl<T: Clone + Send + Sync + 'static> Joined<T> {
-    /// Gives the flight's followers a deadline, `within` from now: one task
-    /// per flight (started by its first follower, on that follower's
-    /// runtime), which marks the flight late and wakes them, instead of a
-    /// timer per follower (a hot key has dozens). `true` if that task runs
-    /// on the caller's runtime, so that [`outcome_or_late`](Self::outcome_or_late)
-    /// is bounded for it; a caller on another runtime needs a deadline of
-    /// its own (that runtime may be idle).
-    pub(crate) fn watch(&self, within: std::time::Duration) -> bool {
-        let home = self.cell.watchdog.get_or_init(|| {
-            let runtime = tokio::runtime::Handle::try_current().ok()?;
-            let cell = Arc::clone(&self.cell);
-            drop(runtime.spawn(async move {
-                if cell.result.get().is_none() {
-                    tokio::time::sleep(within).await;
-                    cell.late.store(true, std::sync::atomic::Ordering::Release);
-                    cell.landed.notify_waiters();
-                }
-            }));
-            Some(runtime.id())
-        });
-        home.is_some() && *home == crate::background::current_runtime()
-    }
-
     /// [`outcome`](Self::outcome), or [`Late`] once the deadline that
-    /// [`watch`](Self::watch) set has passed.
+    /// [`Reads::bound`] set has passed.
     pub(crate) async fn outcome_or_late(&self) -> Result<Option<Result<T, Error>>, Late> {
         loop {
             let landed = self.cell.landed.notified();
@@ -315,6 +293,11 @@ impl<T: Clone + Send + Sync + 'static> Joined<T> {
                 return Err(Late);
             }
             landed.await;
+            // Woken by the landing (which sets the result first) or the
+            // deadline: no new registration needed to tell which.
+            if let Some(result) = self.cell.result.get() {
+                return Ok(result.clone());
+            }
         }
     }
 }
@@ -432,6 +415,144 @@ const READ_SLOTS: usize = 256;
 pub(crate) struct Reads<T> {
     slots: Box<[Mutex<ReadSlot<T>>]>,
     hasher: foldhash::fast::FixedState,
+    /// The followers' deadlines ([`bound`](Self::bound)).
+    alarms: Arc<Alarms<T>>,
+}
+
+/// The deadlines of the shared reads that have followers, kept by one
+/// task for all of them ([`Reads::bound`]): a timer per follower would
+/// cost every follower of a hot key a timer-wheel entry, and a task per
+/// shared read a spawn per read that anyone joins (a tenth of a hot key's
+/// throughput). The task runs while deadlines are pending and a little
+/// longer, sleeping until the earliest; it is [`Supervised`]: when its
+/// runtime goes away (or goes idle past its promise), the next follower
+/// starts it again on its own runtime, and the deadlines, kept here and
+/// not in the task, carry over.
+///
+/// [`Supervised`]: crate::background::Supervised
+struct Alarms<T> {
+    pending: Mutex<Pending<T>>,
+    /// Wakes the task for a deadline earlier than the one it sleeps until.
+    sooner: Notify,
+    task: crate::background::Supervised,
+}
+
+/// [`Alarms`]' state.
+struct Pending<T> {
+    /// Each shared read's deadline, by its cell (weak: a read nobody
+    /// waits for any more is not kept alive for its deadline).
+    due: Vec<(tokio::time::Instant, std::sync::Weak<Cell<T>>)>,
+    /// The instant the task sleeps until; `None` while it is idle or not
+    /// running.
+    wakes_at: Option<tokio::time::Instant>,
+    /// The runtime the task was last started on.
+    home: Option<tokio::runtime::Id>,
+}
+
+/// How long the deadline task stays once nothing is pending (a hot key's
+/// shared reads come back within it, and find it running).
+const ALARMS_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How long past its promise the deadline task may be before it is taken
+/// for stranded on an idle runtime and started again.
+const ALARMS_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
+
+impl<T: Send + Sync + 'static> Alarms<T> {
+    /// The task: marks late (and wakes) the reads whose deadline passed,
+    /// forgets those that landed or lost their followers, and sleeps until
+    /// the next deadline; ends once nothing was pending for
+    /// [`ALARMS_IDLE`].
+    async fn keep(alarms: std::sync::Weak<Self>, duty: crate::background::Duty) {
+        use std::sync::atomic::Ordering;
+        let mut idle_since = None;
+        loop {
+            let Some(this) = alarms.upgrade() else {
+                duty.done();
+                return;
+            };
+            let now = tokio::time::Instant::now();
+            let sooner = this.sooner.notified();
+            let mut sooner = std::pin::pin!(sooner);
+            sooner.as_mut().enable();
+            let next = {
+                let mut pending = lock_pending(&this.pending);
+                if !duty.is_current() {
+                    // Replaced as stranded: the new task keeps the deadlines.
+                    return;
+                }
+                pending.due.retain(|(at, cell)| {
+                    let Some(cell) = cell.upgrade() else {
+                        return false;
+                    };
+                    if cell.result.get().is_some() {
+                        return false;
+                    }
+                    if *at > now {
+                        return true;
+                    }
+                    cell.late.store(true, Ordering::Release);
+                    cell.landed.notify_waiters();
+                    false
+                });
+                let next = pending.due.iter().map(|(at, _)| *at).min();
+                if next.is_some() {
+                    idle_since = None;
+                } else if idle_since.is_some_and(|t| now >= t + ALARMS_IDLE) {
+                    // Freed under the lock: a read that registers from
+                    // now on finds the slot free and starts a new task.
+                    pending.wakes_at = None;
+                    duty.done();
+                    return;
+                } else {
+                    idle_since.get_or_insert(now);
+                }
+                let wakes_at = next.unwrap_or_else(|| idle_since.unwrap_or(now) + ALARMS_IDLE);
+                pending.wakes_at = Some(wakes_at);
+                duty.due_by(Some(wakes_at));
+                wakes_at
+            };
+            tokio::select! {
+                () = tokio::time::sleep_until(next) => {}
+                () = sooner => {}
+            }
+        }
+    }
+}
+
+impl<T: Send + Sync + 'static> Alarms<T> {
+    /// Registers `cell`'s deadline, `within` from now, and makes sure the
+    /// task runs: the runtime it runs on (`None`: no runtime to start it).
+    fn watch(
+        self: &Arc<Self>,
+        cell: &Arc<Cell<T>>,
+        within: std::time::Duration,
+    ) -> Option<tokio::runtime::Id> {
+        let at = tokio::time::Instant::now() + within;
+        let home = {
+            let mut pending = lock_pending(&self.pending);
+            pending.due.push((at, Arc::downgrade(cell)));
+            if pending.wakes_at.is_some_and(|wakes| at < wakes) {
+                self.sooner.notify_one();
+            }
+            pending.home
+        };
+        let alarms = Arc::downgrade(self);
+        if self
+            .task
+            .ensure(ALARMS_GRACE, |duty| Self::keep(alarms, duty))
+            .is_none()
+        {
+            return home;
+        }
+        let here = crate::background::current_runtime();
+        lock_pending(&self.pending).home = here;
+        here
+    }
+}
+
+fn lock_pending<T>(pending: &Mutex<Pending<T>>) -> MutexGuard<'_, Pending<T>> {
+    // A few vector operations under the lock; none can panic half-way.
+    pending.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// One slot of [`Reads`].
@@ -481,6 +602,15 @@ impl<T: Clone> Reads<T> {
             // Seeded per process, so which keys share a slot cannot be
             // chosen from outside (and sharing costs only an allocation).
             hasher: foldhash::fast::FixedState::with_seed(rand::random()),
+            alarms: Arc::new(Alarms {
+                pending: Mutex::new(Pending {
+                    due: Vec::new(),
+                    wakes_at: None,
+                    home: None,
+                }),
+                sooner: Notify::new(),
+                task: crate::background::Supervised::default(),
+            }),
         }
     }
 
@@ -566,6 +696,30 @@ impl<T: Clone> Reads<T> {
                 }
             }
         }
+    }
+
+    /// Gives the followers of `joined` (a read of these `Reads`) a
+    /// deadline, `within` from the first follower's call: once it passes,
+    /// the read is marked late and they are woken
+    /// ([`Joined::outcome_or_late`] says [`Late`]). One task keeps every
+    /// read's deadline ([`Alarms`]). `true` if that task runs on the
+    /// caller's runtime, so that `outcome_or_late` is bounded for it; a
+    /// caller on another runtime needs a deadline of its own (the task's
+    /// runtime may be idle).
+    /// (`within` is asked for only by the first follower.)
+    pub(crate) fn bound(
+        &self,
+        joined: &Joined<T>,
+        within: impl FnOnce() -> std::time::Duration,
+    ) -> bool
+    where
+        T: Send + Sync + 'static,
+    {
+        let home = joined
+            .cell
+            .watchdog
+            .get_or_init(|| self.alarms.watch(&joined.cell, within()));
+        home.is_some() && *home == crate::background::current_runtime()
     }
 
     /// How many reads are in the air (detached ones not counted).
@@ -1037,5 +1191,101 @@ mod tests {
         for task in tasks {
             assert!(task.await.unwrap().unwrap_err().is_store());
         }
+    }
+
+    fn follow(flight: &Reads<u64>, key: &[u8]) -> Joined<u64> {
+        match flight.lead_or_join(key) {
+            Turn::Follow(joined) => joined,
+            Turn::Lead(_) => panic!("a read is in the air"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn followers_of_a_late_read_are_woken_at_its_deadline_by_one_task() {
+        let flight = Reads::<u64>::new();
+        let Turn::Lead(slow) = flight.lead_or_join(b"slow") else {
+            panic!("the first call leads")
+        };
+        let Turn::Lead(quick) = flight.lead_or_join(b"quick") else {
+            panic!("the first call leads")
+        };
+        let start = tokio::time::Instant::now();
+        let a = follow(&flight, b"slow");
+        assert!(
+            flight.bound(&a, || Duration::from_millis(300)),
+            "the task runs here"
+        );
+        let b = follow(&flight, b"slow");
+        assert!(
+            flight.bound(&b, || Duration::from_secs(60)),
+            "the read's deadline is kept"
+        );
+        // A later read with a sooner deadline wakes the task early.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let c = follow(&flight, b"quick");
+        assert!(flight.bound(&c, || Duration::from_millis(50)));
+        assert!(c.outcome_or_late().await.is_err(), "late");
+        assert_eq!(start.elapsed(), Duration::from_millis(60));
+        // A read that lands before its deadline is not late.
+        let d = follow(&flight, b"quick");
+        quick.land_with(|| Ok(2));
+        assert_eq!(d.outcome_or_late().await.unwrap().unwrap().unwrap(), 2);
+        assert!(a.outcome_or_late().await.is_err());
+        assert!(b.outcome_or_late().await.is_err());
+        assert_eq!(start.elapsed(), Duration::from_millis(300));
+        drop(slow);
+        // With nothing pending the task ends after a while, and a new
+        // read starts it again.
+        tokio::time::sleep(ALARMS_IDLE * 2).await;
+        assert!(!flight.alarms.task.is_running(ALARMS_GRACE));
+        let Turn::Lead(_again) = flight.lead_or_join(b"slow") else {
+            panic!("the first call leads")
+        };
+        let e = follow(&flight, b"slow");
+        assert!(flight.bound(&e, || Duration::from_millis(20)));
+        assert!(flight.alarms.task.is_running(ALARMS_GRACE));
+        assert!(e.outcome_or_late().await.is_err());
+    }
+
+    #[test]
+    fn deadlines_outlive_the_runtime_that_kept_them() {
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        let flight = Reads::<u64>::new();
+        let Turn::Lead(_lead) = flight.lead_or_join(b"k") else {
+            panic!("the first call leads")
+        };
+        let first = runtime();
+        let a = first.block_on(async {
+            let a = follow(&flight, b"k");
+            assert!(flight.bound(&a, || Duration::from_millis(100)));
+            a
+        });
+        drop(first);
+        // Another runtime: the task is started there, and the deadline
+        // registered on the dropped one still fires.
+        runtime().block_on(async {
+            let b = follow(&flight, b"k");
+            assert!(
+                !flight.bound(&b, || Duration::from_millis(100)),
+                "another runtime's task"
+            );
+            let Turn::Lead(_other) = flight.lead_or_join(b"j") else {
+                panic!("the first call leads")
+            };
+            let c = follow(&flight, b"j");
+            assert!(
+                flight.bound(&c, || Duration::from_millis(100)),
+                "started again here"
+            );
+            let started = std::time::Instant::now();
+            assert!(a.outcome_or_late().await.is_err());
+            assert!(c.outcome_or_late().await.is_err());
+            assert!(started.elapsed() < Duration::from_secs(5));
+        });
     }
 }

@@ -291,7 +291,7 @@ impl FreshnessPolicy {
             Kind::XFetch(beta) => {
                 let span = f64::from(load_ms) * clamp_beta(beta);
                 // `as` saturates; the product is never negative or NaN.
-                Some((span * 37.0).floor() as u64)
+                Some((span * 37.0) as u64)
             }
             Kind::Fraction(fraction) => {
                 let left = ((1.0 - clamp_fraction(fraction)) * to_ms(self.ttl) as f64).round();

@@ -1806,15 +1806,15 @@ impl<V: Value> Cache<V> {
                 Turn::Follow(joined) => joined,
             };
             let _waiting = self.inner.metrics.waiting();
-            let within = self.inner.store.read_deadline();
-            // One deadline task per shared read, not a timer per follower;
-            // a follower from another runtime than that task's has its
-            // own (boxed: it would grow every read's future, hits
-            // included).
-            let outcome = if joined.watch(within) {
+            let within = || self.inner.store.read_deadline();
+            // One task keeps every shared read's deadline, not a timer
+            // per follower; a follower from another runtime than that
+            // task's has its own (boxed: it would grow every read's
+            // future, hits included).
+            let outcome = if self.local.reads.bound(&joined, within) {
                 joined.outcome_or_late().await.map_err(drop)
             } else {
-                Box::pin(tokio::time::timeout(within, joined.outcome()))
+                Box::pin(tokio::time::timeout(within(), joined.outcome()))
                     .await
                     .map_err(drop)
             };
@@ -1843,7 +1843,7 @@ impl<V: Value> Cache<V> {
                 // The leader's read is late (its caller may have stopped
                 // polling it): this caller reads alone.
                 Err(_) => {
-                    tracing::debug!(key = %show_key(key), ?within, "a shared read is late; reading alone");
+                    tracing::debug!(key = %show_key(key), "a shared read is late; reading alone");
                     drop(_waiting);
                     // Later callers lead a new shared read.
                     self.local.reads.detach(user_key);

@@ -600,6 +600,12 @@ struct Inner {
     /// The live connection, if any; dropped when broken or when it fails a
     /// probe after a timeout, and made again in the background.
     conn: RwLock<Option<Live>>,
+    /// The runtime that made the live connection (by its generation),
+    /// whose task drives it (redis-rs spawns the connection's driver
+    /// there). Kept apart from it: a call clones the connection, and a
+    /// runtime handle's clone is an atomic on a line every worker of a
+    /// multi-thread runtime shares.
+    conn_home: Mutex<Option<(u64, tokio::runtime::Handle)>>,
     /// The one task that (re)connects, if it runs (supervised: see
     /// `crate::background`).
     reconnector: Supervised,
@@ -658,9 +664,6 @@ struct Attempt {
 struct Live {
     generation: u64,
     conn: Conn,
-    /// The runtime that made it, whose task drives it (redis-rs spawns the
-    /// connection's driver there).
-    home: Option<tokio::runtime::Handle>,
 }
 
 /// Where the store's commands go.
@@ -1067,6 +1070,7 @@ impl RedisStore {
                 config,
                 latency,
                 conn: RwLock::new(None),
+                conn_home: Mutex::new(None),
                 reconnector: Supervised::reporting_to(&lost_tasks),
                 reconnect: Mutex::default(),
                 attempts: watch::Sender::new(0),
@@ -1533,11 +1537,11 @@ impl Inner {
             }
         }
         self.keep_clock();
-        let live = Live {
-            generation: self.generations.fetch_add(1, Ordering::Relaxed) + 1,
-            conn,
-            home: tokio::runtime::Handle::try_current().ok(),
-        };
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
+        let home = tokio::runtime::Handle::try_current().ok();
+        *self.conn_home.lock().unwrap_or_else(|p| p.into_inner()) =
+            home.map(|home| (generation, home));
+        let live = Live { generation, conn };
         *self.conn.write().unwrap_or_else(|p| p.into_inner()) = Some(live);
         Ok(())
     }
@@ -1552,7 +1556,8 @@ impl Inner {
         }
     }
 
-    /// A command on `live` timed out. One slow reply (a large value ahead
+    /// A command on connection `generation` timed out (ignored if that is
+    /// no longer the live one: a newer one is not in doubt). One slow reply (a large value ahead
     /// of it, a busy server) says little, and dropping a shared connection
     /// for it would fail or delay every call behind a reconnect; so the
     /// connection is kept and probed instead: one `PING` in the background
@@ -1565,19 +1570,28 @@ impl Inner {
     ///
     /// A timeout may also mean that the runtime driving the connection (or
     /// a background task) has gone idle: the lost tasks are looked for too.
-    fn suspect(self: &Arc<Self>, live: Live) {
+    fn suspect(self: &Arc<Self>, generation: u64) {
         self.lost_tasks.store(true, Ordering::Release);
+        let Some(live) = self.current().filter(|live| live.generation == generation) else {
+            return;
+        };
         let inner = Arc::downgrade(self);
         let wait = self
             .config
             .connect_timeout
             .max(self.latency.deadline(0, Op::Write));
+        let home = self
+            .conn_home
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .filter(|(made, _)| *made == live.generation)
+            .map(|(_, home)| home.clone());
         let probe = |duty: Duty| async move {
             duty.due_by(Some(Instant::now() + wait));
             let Live {
                 generation,
                 mut conn,
-                home,
             } = live;
             // Made on another runtime: its driver runs there. A runtime
             // that no longer runs anything (idle, or gone) cannot drive it,
@@ -1650,7 +1664,9 @@ impl Inner {
             let mut deadline = sent + wait;
             let (live, waited) = match self.current() {
                 Some(live) => (live, false),
-                None => match self.conn(deadline, false).await? {
+                // Boxed: no connection is the rare case, and its wait
+                // would grow every command's future.
+                None => match Box::pin(self.conn(deadline, false)).await? {
                     (live, true) => {
                         sent = Instant::now();
                         deadline = sent + self.latency.deadline(domain, op);
@@ -1663,7 +1679,7 @@ impl Inner {
             // node's failure says nothing about the others': it is kept, and
             // a failed command is not retried on it.
             let cluster = matches!(live.conn, Conn::Cluster(_));
-            let live_again = live.clone();
+            let generation = live.generation;
             let sentinel_master = live.conn.master().is_some();
             let mut reply = pin!(command(live.conn));
             let outcome = loop {
@@ -1696,7 +1712,7 @@ impl Inner {
                             continue;
                         }
                         if !cluster {
-                            self.suspect(live_again);
+                            self.suspect(generation);
                         }
                         tracing::debug!(
                             after = ?deadline - sent,
@@ -1724,9 +1740,9 @@ impl Inner {
                         // is made again to the master they name now.
                         || (sentinel_master && sentinel::moved(&err));
                     if broken && !cluster {
-                        self.forget(live_again.generation);
+                        self.forget(generation);
                     } else if err.is_timeout() && !cluster {
-                        self.suspect(live_again);
+                        self.suspect(generation);
                     }
                     if !broken && !err.is_timeout() && !waited {
                         // Redis answered, with an error: a round trip.
