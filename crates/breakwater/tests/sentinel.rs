@@ -216,6 +216,52 @@ async fn sentinel_failures_are_typed_and_show_no_password() {
     assert!(text.contains("SENTINEL"), "{text}");
 }
 
+/// Sentinels answering 600 ms late (a delay proxy in front of the one
+/// sentinel; library defaults, whose `connect_timeout` is 500 ms): more
+/// than one attempt's first budget, and the store still connects, as it
+/// does to a single server that slow (the budget doubles per failed
+/// attempt), and the value is loaded once and kept on the master.
+/// (Before, the lookup had `connect_timeout` on every attempt, whatever
+/// the latency: the store never connected.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_sentinels_are_waited_for_as_a_slow_server_is() {
+    let setup = tokio::task::spawn_blocking(RedisSentinel::start)
+        .await
+        .unwrap();
+    let sentinel = std::net::SocketAddr::from(([127, 0, 0, 1], setup.sentinels()[0].port()));
+    let proxy = breakwater_testkit::FaultProxy::start(sentinel);
+    proxy.set(breakwater_testkit::Fault::Delay(Duration::from_millis(300)));
+    let store = RedisStore::connect_sentinel_with(
+        &[proxy.url()],
+        setup.master_name(),
+        RedisStoreConfig::default(),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let connected = loop {
+        match store.warm_up().await {
+            Ok(()) => break Ok(started.elapsed()),
+            Err(err) if started.elapsed() > Duration::from_secs(10) => break Err(err),
+            Err(_) => sleep(Duration::from_millis(100)).await,
+        }
+    };
+    let connected = connected.expect("the store connects through slow sentinels");
+    eprintln!("connected after {connected:?}");
+    let loads = Arc::new(AtomicUsize::new(0));
+    let cache = cache_on(store, false);
+    let counted = Arc::clone(&loads);
+    let got = cache
+        .get_or_load("slow", move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(Ok::<_, std::io::Error>(Some("v".to_owned())))
+        })
+        .await
+        .unwrap();
+    assert_eq!(got.as_deref(), Some("v"));
+    assert_eq!(loads.load(Ordering::SeqCst), 1);
+    assert!(stored_on(&setup, 0, &cache, "slow"), "kept on the master");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_demoted_master_refusing_writes_sends_the_store_to_the_new_one() {
     let setup = tokio::task::spawn_blocking(RedisSentinel::start)

@@ -378,7 +378,10 @@ impl Invocation<'_> {
 /// connection needs a round trip within `connect_timeout`: a Redis slower
 /// than that when a process starts has its first calls load directly
 /// (measured: 2 processes, 700 ms round trips, 2 loads; 400 ms, 1 load)
-/// until a later attempt, with twice the time, connects.
+/// until a later attempt, with twice the time, connects. Through
+/// sentinels the lookup (a sentinel's connection and answer, then the
+/// master's connection and `ROLE`) gets twice an attempt's budget, and
+/// grows with it.
 ///
 /// # TLS
 ///
@@ -1328,11 +1331,16 @@ impl Inner {
     /// [handshake budget](Self::handshake_budget)), sampling the clock
     /// (each reply within the read deadline, and no new sample begun past
     /// `max_response_timeout`: at most twice that), and on a Sentinel
-    /// store what the former master may have lost (the handshake budget
-    /// again).
+    /// store the lookup (twice the handshake budget: see
+    /// `sentinel::lookup_time`) and what the former master may have lost
+    /// (the handshake budget again).
     fn attempt_bound(&self, failures: u32) -> Duration {
         let handshake = self.handshake_budget(failures);
-        handshake * 2 + self.latency.ceiling() * 2
+        let connect = match self.target {
+            Target::Sentinel(_) => sentinel::lookup_time(handshake) + handshake,
+            _ => handshake * 2,
+        };
+        connect + self.latency.ceiling() * 2
     }
 
     /// How long the attempt after `failures` failed ones may take to
@@ -1499,14 +1507,19 @@ impl Inner {
                         .map(Conn::Cluster)
                         .map_err(store_error),
                     Target::Sentinel(sentinel) => {
-                        let (conn, master) = sentinel.connect_master(&self.config).await?;
+                        let (conn, master) = sentinel.connect_master(&self.config, budget).await?;
                         Ok(Conn::Master(conn, master))
                     }
                 }
             };
-            let mut conn = tokio::time::timeout(budget, made)
+            // Through sentinels: two connections (see `sentinel::lookup_time`).
+            let within = match self.target {
+                Target::Sentinel(_) => sentinel::lookup_time(budget),
+                _ => budget,
+            };
+            let mut conn = tokio::time::timeout(within, made)
                 .await
-                .map_err(|_| too_slow("connect to", budget))??;
+                .map_err(|_| too_slow("connect to", within))??;
             // At least one round trip (the handshake's), likely more: a
             // generous first guess, for the clock samples' deadlines.
             self.latency.seed(started.elapsed());
@@ -2058,11 +2071,13 @@ enum Feed {
 
 impl Feed {
     /// A client for attempt `attempt`, and the master it goes to on a
-    /// Sentinel store; `None` if there is nowhere to connect.
+    /// Sentinel store (found within `budget`); `None` if there is nowhere
+    /// to connect.
     async fn client(
         &self,
         attempt: usize,
         config: &RedisStoreConfig,
+        budget: Duration,
     ) -> Option<Result<(redis::Client, Option<MasterAddr>), Error>> {
         match self {
             Feed::Nodes(clients) => {
@@ -2071,7 +2086,7 @@ impl Feed {
             }
             Feed::Sentinel(sentinel) => Some(
                 sentinel
-                    .subscription_client(config)
+                    .subscription_client(config, budget)
                     .await
                     .map(|(client, master)| (client, Some(master))),
             ),
@@ -2114,12 +2129,15 @@ async fn run_subscription(feed: Feed, config: RedisStoreConfig, channel: Vec<u8>
     let mut rng: StdRng = rand::make_rng();
     let mut failures = 0u32;
     for attempt in 0usize.. {
-        if !duty.due_by(Instant::now() + config.connect_timeout) {
+        let within = config
+            .connect_timeout
+            .max(duty.deadline(Op::Write).saturating_mul(2));
+        if !duty.due_by(Instant::now() + within) {
             return duty.done();
         }
         let connect = async {
             // In a cluster, each new attempt tries the next node.
-            let Some(client) = feed.client(attempt, &config).await else {
+            let Some(client) = feed.client(attempt, &config, within).await else {
                 return Ok(None);
             };
             let (client, master) = client?;
@@ -2127,9 +2145,6 @@ async fn run_subscription(feed: Feed, config: RedisStoreConfig, channel: Vec<u8>
             pubsub.subscribe(&channel).await.map_err(store_error)?;
             Ok::<_, Error>(Some((pubsub, master)))
         };
-        let within = config
-            .connect_timeout
-            .max(duty.deadline(Op::Write).saturating_mul(2));
         match tokio::time::timeout(within, connect).await {
             Ok(Ok(None)) => return duty.done(),
             Ok(Ok(Some((pubsub, master)))) => {

@@ -354,6 +354,7 @@ impl Sentinel {
         &self,
         node: &SentinelNode,
         config: &RedisStoreConfig,
+        budget: Duration,
     ) -> Result<Option<(String, u16)>, String> {
         let cached = node.conn.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut conn = match cached {
@@ -361,7 +362,9 @@ impl Sentinel {
             None => {
                 let conn = node
                     .client
-                    .get_multiplexed_async_connection_with_config(&connection_config(config))
+                    .get_multiplexed_async_connection_with_config(&connection_config(
+                        config, budget,
+                    ))
                     .await
                     .map_err(|e| format!("{}: {}", node.addr, self.scrub(&e.to_string())))?;
                 *node.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some(conn.clone());
@@ -387,13 +390,14 @@ impl Sentinel {
     async fn master_addr(
         &self,
         config: &RedisStoreConfig,
+        budget: Duration,
         deadline: Instant,
     ) -> Result<(String, u16), SentinelError> {
         let mut asks: FuturesUnordered<_> = self
             .nodes
             .iter()
             .map(|node| async move {
-                match tokio::time::timeout_at(deadline, self.ask(node, config)).await {
+                match tokio::time::timeout_at(deadline, self.ask(node, config, budget)).await {
                     Ok(answer) => answer,
                     Err(_) => Err(format!("{}: no answer in time", node.addr)),
                 }
@@ -418,25 +422,31 @@ impl Sentinel {
     }
 
     /// A connection to the master the sentinels name, checked with `ROLE`,
-    /// and its address (now the master believed in).
+    /// and its address (now the master believed in). `budget` is what a
+    /// single server's connection and handshake get (the store's handshake
+    /// budget, which follows the latency it sees); the lookup makes two
+    /// (a sentinel's, then the master's) and gets twice that.
     pub(crate) async fn connect_master(
         &self,
         config: &RedisStoreConfig,
+        budget: Duration,
     ) -> Result<(MultiplexedConnection, MasterAddr), Error> {
-        let deadline = Instant::now() + config.connect_timeout;
-        let (conn, master) = self.verified_master(config, deadline).await?;
+        let deadline = Instant::now() + lookup_time(budget);
+        let (conn, master) = self.verified_master(config, budget, deadline).await?;
         self.believe(&master);
         Ok((conn, master))
     }
 
     /// A client for the master the sentinels name (checked with `ROLE`), for
-    /// the subscription, and its address.
+    /// the subscription, and its address; within `budget`, as
+    /// [`connect_master`](Self::connect_master).
     pub(crate) async fn subscription_client(
         &self,
         config: &RedisStoreConfig,
+        budget: Duration,
     ) -> Result<(redis::Client, MasterAddr), Error> {
-        let deadline = Instant::now() + config.connect_timeout;
-        let (_, master) = self.verified_master(config, deadline).await?;
+        let deadline = Instant::now() + lookup_time(budget);
+        let (_, master) = self.verified_master(config, budget, deadline).await?;
         self.believe(&master);
         let client = redis::Client::open(self.master_info_at(&master)?).map_err(store_error)?;
         Ok((client, master))
@@ -447,12 +457,16 @@ impl Sentinel {
     async fn verified_master(
         &self,
         config: &RedisStoreConfig,
+        budget: Duration,
         deadline: Instant,
     ) -> Result<(MultiplexedConnection, MasterAddr), Error> {
         let lookup = |err: SentinelError| {
             Error::new(ErrorKind::Store, "redis sentinel lookup failed").with_source(err)
         };
-        let (host, port) = self.master_addr(config, deadline).await.map_err(lookup)?;
+        let (host, port) = self
+            .master_addr(config, budget, deadline)
+            .await
+            .map_err(lookup)?;
         let master: MasterAddr = Arc::from(format!("{host}:{port}"));
         let unreachable = |reason: String| {
             lookup(SentinelError::MasterUnreachable {
@@ -465,7 +479,7 @@ impl Sentinel {
             .map_err(|e| unreachable(self.scrub(&e.to_string())))?;
         let connect = async {
             let mut conn = client
-                .get_multiplexed_async_connection_with_config(&connection_config(config))
+                .get_multiplexed_async_connection_with_config(&connection_config(config, budget))
                 .await?;
             let role: redis::Role = redis::cmd("ROLE").query_async(&mut conn).await?;
             Ok::<_, redis::RedisError>((conn, role))
@@ -709,14 +723,18 @@ pub(super) async fn watch(inner: Weak<Inner>, duty: Duty) {
     };
     let mut named = sentinel.named.subscribe();
     loop {
-        let back_by = Instant::now() + config.subscription_ping + config.connect_timeout;
+        // As long as a connection may take, at the latency seen.
+        let Some(budget) = inner.upgrade().map(|inner| inner.handshake_budget(0)) else {
+            return duty.done();
+        };
+        let back_by = Instant::now() + config.subscription_ping + budget;
         if !duty.due_by(Some(back_by)) {
             return duty.done();
         }
         tokio::select! {
             () = tokio::time::sleep(config.subscription_ping) => {
-                let deadline = Instant::now() + config.connect_timeout;
-                match sentinel.master_addr(&config, deadline).await {
+                let deadline = Instant::now() + budget;
+                match sentinel.master_addr(&config, budget, deadline).await {
                     Ok((host, port)) => sentinel.believe(&Arc::from(format!("{host}:{port}"))),
                     Err(err) => tracing::debug!(error = %err, "redis sentinel check failed"),
                 }
@@ -750,10 +768,20 @@ pub(super) fn moved(err: &redis::RedisError) -> bool {
 }
 
 /// Connection settings for a sentinel or the master: the store's timeouts.
-fn connection_config(config: &RedisStoreConfig) -> AsyncConnectionConfig {
+/// How long finding and connecting to the master may take, for `budget`
+/// per connection: a sentinel's connection and answer, then the master's
+/// connection and `ROLE`.
+pub(super) fn lookup_time(budget: Duration) -> Duration {
+    budget.saturating_mul(2)
+}
+
+/// A connection to a sentinel or the master, made within `budget` (at
+/// least `connect_timeout`), and replies waited for as long as any
+/// command may take.
+fn connection_config(config: &RedisStoreConfig, budget: Duration) -> AsyncConnectionConfig {
     AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(config.connect_timeout))
-        .set_response_timeout(Some(config.longest_reply()))
+        .set_connection_timeout(Some(budget.max(config.connect_timeout)))
+        .set_response_timeout(Some(config.longest_reply().max(budget)))
 }
 
 /// The master's name and connection settings from `master`: a bare name,
