@@ -687,6 +687,14 @@ async fn lose_until(upstream: &mut Subscription, until: impl Future<Output = ()>
 }
 
 impl Store for ChaosStore {
+    /// The read deadline in force, as `RedisStore`'s: the slow round's
+    /// growing one, else the response timeout.
+    fn read_deadline(&self) -> Duration {
+        lock(&self.state)
+            .slow
+            .map_or(RESPONSE_TIMEOUT, |slow| slow.read_deadline)
+    }
+
     fn get<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Vec<u8>>> {
         self.call(Some("s.get"), key, move || self.inner.get(key))
     }
@@ -2071,6 +2079,105 @@ async fn hot_key_round(world: &Arc<World>) {
     }
 }
 
+/// A caller that polls `get_or_load` once and then holds its future
+/// unpolled (a `select!` whose other arm is busy, a slowly consumed
+/// stream) delays nobody else past one read deadline. A healthy fleet
+/// whose store answers every call 10 to 20 ms late (read deadline 50 ms);
+/// in each process, for a cold key and for a warm one of its own, one
+/// caller polls once and holds its future 1.5 to 2.5 s, and 20 callers of
+/// the key arrive within the next 100 ms: each is answered within
+/// [`HELD_FOLLOWER_BOUND`], the cold key is loaded once (the warm one not
+/// at all) while the caller is held, and the held caller, polled again,
+/// gets a right value too.
+async fn held_leader_round(world: &Arc<World>) {
+    let mut rng = stream(world.seed, 90);
+    let procs = fleet(
+        world,
+        12,
+        &[(Duration::ZERO, false), (Duration::ZERO, true)],
+        false,
+    );
+    for p in &procs {
+        p.store.set_slow((10, 20));
+    }
+    for p in &procs {
+        for warm in [false, true] {
+            let key: &'static str = match (p.id, warm) {
+                (0, false) => "held-cold-0",
+                (0, true) => "held-warm-0",
+                (_, false) => "held-cold-1",
+                (_, true) => "held-warm-1",
+            };
+            if warm && get(world, p, key, ms(100), false).await.is_none() {
+                world.violate("held-leader", key, "warming the key failed".into());
+                continue;
+            }
+            let loaded_before = world.load_calls(key).len();
+            let hold = ms(rng.random_range(1_500..2_500));
+            let seq = world.next_seq();
+            let start = Instant::now();
+            let loader = world.loader(p.id, key, ms(100));
+            let mut held = Box::pin(p.cache.get_or_load_with_meta(key, loader));
+            // One poll: its read is in the air, and nobody polls it.
+            let early = timeout(Duration::ZERO, held.as_mut()).await;
+            let followers: Vec<_> = (0..20)
+                .map(|_| {
+                    let (world, p) = (Arc::clone(world), p.clone());
+                    let stagger = ms(rng.random_range(0..100));
+                    tokio::spawn(async move {
+                        sleep(stagger).await;
+                        let seq = world.next_seq();
+                        let start = Instant::now();
+                        let loader = world.loader(p.id, key, ms(100));
+                        let call = p.cache.get_or_load_with_meta(key, loader);
+                        let result = timeout(HELD_FOLLOWER_BOUND, call).await;
+                        world.check_get(
+                            p.id,
+                            p.profile,
+                            key,
+                            seq,
+                            start,
+                            result,
+                            HELD_FOLLOWER_BOUND,
+                        )
+                    })
+                })
+                .collect();
+            sleep(hold).await;
+            // While the caller was held (the entries are younger than their
+            // fresh time: no early refresh either).
+            let loaded = world.load_calls(key).len() - loaded_before;
+            let expected = usize::from(!warm);
+            if loaded != expected {
+                world.violate(
+                    "held-leader",
+                    key,
+                    format!(
+                        "P{} held a get_or_load future unpolled for {hold:?} while 20 callers \
+                         asked for the {} key: {loaded} loader calls meanwhile, expected {expected}",
+                        p.id,
+                        if warm { "warm" } else { "cold" },
+                    ),
+                );
+            }
+            let result = match early {
+                Ok(done) => Ok(done),
+                Err(_) => timeout(BOUND, held).await,
+            };
+            world.check_get(p.id, p.profile, key, seq, start, result, hold + BOUND);
+            for follower in followers {
+                follower.await.expect("follower panicked");
+            }
+        }
+    }
+}
+
+/// How long a caller of the held-leader round may take: one read deadline
+/// (50 ms) waiting for the held caller's read, its own read, then a load
+/// (lease, 100 ms loader, write), every store call up to 20 ms late; with
+/// room to spare, yet well below the 1.5 s the caller is held at least.
+const HELD_FOLLOWER_BOUND: Duration = Duration::from_millis(800);
+
 /// Callers of the hot-key round that may join a refresh XFetch started
 /// late (inside the last load time before expiry): one load's worth.
 const HOT_COALESCED_ALLOWED: usize = 10;
@@ -2293,6 +2400,7 @@ fn run_seed(seed: u64) -> Outcome {
         empty_restart_round(&world).await;
         slow_store_round(&world).await;
         bus_death_round(&world).await;
+        held_leader_round(&world).await;
         world
     });
     // Background tasks (listeners, forwarders, refreshes) end with the
