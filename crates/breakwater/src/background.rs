@@ -37,6 +37,8 @@ use tokio::time::Instant;
 #[derive(Debug, Default)]
 pub(crate) struct Supervised {
     state: Arc<Mutex<State>>,
+    /// The latest epoch, read without the lock ([`epoch`](Self::epoch)).
+    latest: std::sync::atomic::AtomicU64,
     /// Raised when a task of this slot is lost: dropped before it was
     /// [`done`](Duty::done) (its runtime went away).
     lost: Option<Arc<AtomicBool>>,
@@ -53,6 +55,8 @@ struct State {
     /// on something that wakes it, and is trusted while its runtime
     /// lives).
     due: Option<Instant>,
+    /// The runtime the current epoch's task was started on.
+    home: Option<tokio::runtime::Id>,
 }
 
 impl Supervised {
@@ -61,6 +65,7 @@ impl Supervised {
     pub(crate) fn reporting_to(lost: &Arc<AtomicBool>) -> Self {
         Supervised {
             state: Arc::default(),
+            latest: std::sync::atomic::AtomicU64::new(0),
             lost: Some(Arc::clone(lost)),
         }
     }
@@ -78,8 +83,28 @@ impl Supervised {
     pub(crate) fn reset(&self) {
         let mut state = lock(&self.state);
         state.epoch = state.epoch.wrapping_add(1);
+        self.latest.store(state.epoch, Ordering::Release);
         state.running = false;
         state.due = None;
+        state.home = None;
+    }
+
+    /// The task that holds the slot: the runtime it was started on, and
+    /// its epoch (see [`epoch`](Self::epoch)); `None` if none does.
+    pub(crate) fn holder(&self) -> Option<(tokio::runtime::Id, u64)> {
+        let state = lock(&self.state);
+        if !state.running {
+            return None;
+        }
+        Some((state.home?, state.epoch))
+    }
+
+    /// The epoch of the slot's latest task, without taking its lock: it
+    /// changes whenever another task takes the slot (or it is
+    /// [`reset`](Self::reset)), so a caller that saw a task's epoch
+    /// can tell, with one load, that it is still that task's.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.latest.load(Ordering::Acquire)
     }
 
     /// Starts the task unless one holds the slot and keeps its promises
@@ -103,7 +128,9 @@ impl Supervised {
                 );
             }
             state.epoch = state.epoch.wrapping_add(1);
+            self.latest.store(state.epoch, Ordering::Release);
             state.running = true;
+            state.home = Some(runtime.id());
             // Until the task makes a promise of its own: a task spawned on
             // a runtime that never polls it is overdue after `grace`.
             state.due = Some(Instant::now());

@@ -54,9 +54,10 @@ struct Cell<T> {
     landed: Notify,
     /// Its followers' deadline passed (see [`Reads::bound`]).
     late: std::sync::atomic::AtomicBool,
-    /// The runtime of the task that keeps its followers' deadline, once
-    /// the first follower gave them one (`None`: no runtime to run it).
-    watchdog: OnceLock<Option<tokio::runtime::Id>>,
+    /// The task that keeps its followers' deadline, once the first
+    /// follower gave them one: the runtime it ran on then, and its epoch
+    /// (`None`: no task).
+    watchdog: OnceLock<Option<(tokio::runtime::Id, u64)>>,
 }
 
 impl<T> Cell<T> {
@@ -445,8 +446,6 @@ struct Pending<T> {
     /// The instant the task sleeps until; `None` while it is idle or not
     /// running.
     wakes_at: Option<tokio::time::Instant>,
-    /// The runtime the task was last started on.
-    home: Option<tokio::runtime::Id>,
 }
 
 /// How long the deadline task stays once nothing is pending (a hot key's
@@ -521,32 +520,30 @@ impl<T: Send + Sync + 'static> Alarms<T> {
 
 impl<T: Send + Sync + 'static> Alarms<T> {
     /// Registers `cell`'s deadline, `within` from now, and makes sure the
-    /// task runs: the runtime it runs on (`None`: no runtime to start it).
+    /// task runs: the task that holds the slot now, as its runtime and
+    /// epoch (`None`: no task could be started).
     fn watch(
         self: &Arc<Self>,
         cell: &Arc<Cell<T>>,
         within: std::time::Duration,
-    ) -> Option<tokio::runtime::Id> {
+    ) -> Option<(tokio::runtime::Id, u64)> {
         let at = tokio::time::Instant::now() + within;
-        let home = {
+        {
             let mut pending = lock_pending(&self.pending);
             pending.due.push((at, Arc::downgrade(cell)));
             if pending.wakes_at.is_some_and(|wakes| at < wakes) {
-                self.sooner.notify_one();
+                // Every waiter: a task replaced as stranded may still wait
+                // here too (its runtime idle), and must not take the only
+                // wake-up. The current task enabled its wait before it
+                // read `wakes_at`.
+                self.sooner.notify_waiters();
             }
-            pending.home
-        };
-        let alarms = Arc::downgrade(self);
-        if self
-            .task
-            .ensure(ALARMS_GRACE, |duty| Self::keep(alarms, duty))
-            .is_none()
-        {
-            return home;
         }
-        let here = crate::background::current_runtime();
-        lock_pending(&self.pending).home = here;
-        here
+        let alarms = Arc::downgrade(self);
+        self.task
+            .ensure(ALARMS_GRACE, |duty| Self::keep(alarms, duty));
+        // Read after `ensure`: the task it started, or the one it found.
+        self.task.holder()
     }
 }
 
@@ -606,7 +603,6 @@ impl<T: Clone> Reads<T> {
                 pending: Mutex::new(Pending {
                     due: Vec::new(),
                     wakes_at: None,
-                    home: None,
                 }),
                 sooner: Notify::new(),
                 task: crate::background::Supervised::default(),
@@ -702,10 +698,12 @@ impl<T: Clone> Reads<T> {
     /// deadline, `within` from the first follower's call: once it passes,
     /// the read is marked late and they are woken
     /// ([`Joined::outcome_or_late`] says [`Late`]). One task keeps every
-    /// read's deadline ([`Alarms`]). `true` if that task runs on the
-    /// caller's runtime, so that `outcome_or_late` is bounded for it; a
-    /// caller on another runtime needs a deadline of its own (the task's
-    /// runtime may be idle).
+    /// read's deadline ([`Alarms`]). `true` if the task that took the
+    /// deadline still holds its slot and runs on the caller's runtime
+    /// (which runs it while the caller waits there), so that
+    /// `outcome_or_late` is bounded for it; a caller on another runtime,
+    /// or after that task was replaced, needs a deadline of its own (the
+    /// task's runtime may be idle).
     /// (`within` is asked for only by the first follower.)
     pub(crate) fn bound(
         &self,
@@ -715,11 +713,13 @@ impl<T: Clone> Reads<T> {
     where
         T: Send + Sync + 'static,
     {
-        let home = joined
+        let kept = joined
             .cell
             .watchdog
             .get_or_init(|| self.alarms.watch(&joined.cell, within()));
-        home.is_some() && *home == crate::background::current_runtime()
+        kept.is_some_and(|(home, epoch)| {
+            self.alarms.task.epoch() == epoch && Some(home) == crate::background::current_runtime()
+        })
     }
 
     /// How many reads are in the air (detached ones not counted).
@@ -1286,6 +1286,44 @@ mod tests {
             assert!(a.outcome_or_late().await.is_err());
             assert!(c.outcome_or_late().await.is_err());
             assert!(started.elapsed() < Duration::from_secs(5));
+        });
+    }
+
+    #[test]
+    fn a_follower_is_not_bounded_by_a_task_replaced_since() {
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        let flight = Reads::<u64>::new();
+        let Turn::Lead(_lead) = flight.lead_or_join(b"k") else {
+            panic!("the first call leads")
+        };
+        // The task starts on A, whose `block_on` then returns: A is idle.
+        let a = runtime();
+        a.block_on(async {
+            let first = follow(&flight, b"k");
+            assert!(flight.bound(&first, || Duration::from_millis(20)));
+        });
+        // Past its promise and the grace, B's first follower replaces it.
+        std::thread::sleep(Duration::from_millis(200));
+        runtime().block_on(async {
+            let Turn::Lead(_other) = flight.lead_or_join(b"j") else {
+                panic!("the first call leads")
+            };
+            let other = follow(&flight, b"j");
+            assert!(
+                flight.bound(&other, || Duration::from_secs(60)),
+                "started on B"
+            );
+        });
+        // B is gone; back on A, a follower of the read registered with A's
+        // task is not bounded by it (it was replaced): its own timer.
+        a.block_on(async {
+            let late = follow(&flight, b"k");
+            assert!(!flight.bound(&late, || Duration::from_millis(20)));
         });
     }
 }

@@ -2129,15 +2129,20 @@ async fn run_subscription(feed: Feed, config: RedisStoreConfig, channel: Vec<u8>
     let mut rng: StdRng = rand::make_rng();
     let mut failures = 0u32;
     for attempt in 0usize.. {
-        let within = config
+        let budget = config
             .connect_timeout
             .max(duty.deadline(Op::Write).saturating_mul(2));
+        // Through sentinels, the lookup first (see `sentinel::lookup_time`).
+        let within = match feed {
+            Feed::Sentinel(_) => sentinel::lookup_time(budget) + budget,
+            Feed::Nodes(_) => budget,
+        };
         if !duty.due_by(Instant::now() + within) {
             return duty.done();
         }
         let connect = async {
             // In a cluster, each new attempt tries the next node.
-            let Some(client) = feed.client(attempt, &config, within).await else {
+            let Some(client) = feed.client(attempt, &config, budget).await else {
                 return Ok(None);
             };
             let (client, master) = client?;
