@@ -71,6 +71,27 @@ async fn blocks<F: AsyncFnOnce()>(name: &str, f: F) -> u64 {
     }
 }
 
+/// One caller per key of `keys`, all at once, each hitting its key `per`
+/// times through `get_or_load`.
+async fn hits_at_once(cache: &Cache<String>, keys: Vec<String>, per: u64) {
+    let mut callers = tokio::task::JoinSet::new();
+    for key in keys {
+        let cache = cache.clone();
+        callers.spawn(async move {
+            for _ in 0..per {
+                let got = cache
+                    .get_or_load(&key, || async {
+                        Ok::<_, std::io::Error>(Some(String::new()))
+                    })
+                    .await
+                    .unwrap();
+                assert!(got.is_some());
+            }
+        });
+    }
+    callers.join_all().await;
+}
+
 fn main() {
     // Without a profiler, dhat's allocator only forwards to the system's.
     let _profiler = std::env::var_os("BREAKWATER_COST")
@@ -223,25 +244,7 @@ fn main() {
                 .expect("set");
         }
         let per = n / CALLERS as u64;
-        let ours = blocks("redis50", async || {
-            let mut callers = tokio::task::JoinSet::new();
-            for key in keys.clone() {
-                let l2 = l2.clone();
-                callers.spawn(async move {
-                    for _ in 0..per {
-                        let got = l2
-                            .get_or_load(&key, || async {
-                                Ok::<_, std::io::Error>(Some(String::new()))
-                            })
-                            .await
-                            .unwrap();
-                        assert!(got.is_some());
-                    }
-                });
-            }
-            callers.join_all().await;
-        })
-        .await;
+        let ours = blocks("redis50", async || hits_at_once(&l2, keys.clone(), per).await).await;
         let raw = blocks("raw50", async || {
             let mut callers = tokio::task::JoinSet::new();
             for key in keys.clone() {
@@ -301,25 +304,8 @@ fn main() {
 
         // 50 callers at once on one hot key: concurrent reads of it share
         // one `GET` (a leader reads, the others follow it).
-        let hot = blocks("hot50", async || {
-            let mut callers = tokio::task::JoinSet::new();
-            for _ in 0..CALLERS {
-                let l2 = l2.clone();
-                callers.spawn(async move {
-                    for _ in 0..per {
-                        let got = l2
-                            .get_or_load("product:0", || async {
-                                Ok::<_, std::io::Error>(Some(String::new()))
-                            })
-                            .await
-                            .unwrap();
-                        assert!(got.is_some());
-                    }
-                });
-            }
-            callers.join_all().await;
-        })
-        .await;
+        let hot_key = vec!["product:0".to_owned(); CALLERS];
+        let hot = blocks("hot50", async || hits_at_once(&l2, hot_key.clone(), per).await).await;
         println!(
             "Redis hit, {CALLERS} callers on one key: {:>6.2} allocations per hit",
             hot as f64 / (per * CALLERS as u64) as f64

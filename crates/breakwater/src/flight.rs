@@ -1193,6 +1193,14 @@ mod tests {
         }
     }
 
+    /// A runtime of its own, as a binding's thread would make one.
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
     fn follow(flight: &Reads<u64>, key: &[u8]) -> Joined<u64> {
         match flight.lead_or_join(key) {
             Turn::Follow(joined) => joined,
@@ -1249,12 +1257,6 @@ mod tests {
 
     #[test]
     fn deadlines_outlive_the_runtime_that_kept_them() {
-        let runtime = || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-        };
         let flight = Reads::<u64>::new();
         let Turn::Lead(_lead) = flight.lead_or_join(b"k") else {
             panic!("the first call leads")
@@ -1291,12 +1293,6 @@ mod tests {
 
     #[test]
     fn a_follower_is_not_bounded_by_a_task_replaced_since() {
-        let runtime = || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap()
-        };
         let flight = Reads::<u64>::new();
         let Turn::Lead(_lead) = flight.lead_or_join(b"k") else {
             panic!("the first call leads")
