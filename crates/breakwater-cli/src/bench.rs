@@ -83,7 +83,7 @@ async fn hit(opts: &HitOpts) -> Result<(), Failure> {
         1 => "1 worker thread".to_string(),
         n => format!("{n} worker threads"),
     };
-    println!(
+    crate::outln!(
         "Redis hits on {}: get_or_load (L1 off: a GET, or a share of an MGET, per hit) next to raw GETs on one \
          connection; {} trial(s) of {} ms, interleaved (which side runs first alternates); {runtime}",
         shown(&opts.redis),
@@ -115,7 +115,7 @@ async fn hit(opts: &HitOpts) -> Result<(), Failure> {
     };
     spinner.finish_and_clear();
     for row in rows.map_err(Failure::runtime)? {
-        println!("{row}");
+        crate::outln!("{row}");
     }
     Ok(())
 }
@@ -287,14 +287,14 @@ async fn stampede(opts: &StampedeOpts) -> Result<(), Failure> {
 
 async fn stampede_table(opts: &StampedeOpts) -> Result<(), Box<dyn std::error::Error>> {
     let exe = std::env::current_exe()?;
-    println!(
+    crate::outln!(
         "stampede bench: one missing hot key, loader {} ms, {} run(s) per row, {}",
         opts.bench.loader_ms,
         opts.bench.runs,
         shown(&opts.bench.redis)
     );
-    println!();
-    println!(
+    crate::outln!();
+    crate::outln!(
         "{:<11} {:>2} {:>5} {:>6} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9}",
         "algorithm",
         "P",
@@ -327,7 +327,7 @@ async fn stampede_table(opts: &StampedeOpts) -> Result<(), Box<dyn std::error::E
                 all.wakes_us.sort_unstable();
                 let name = algo.name();
                 progress.suspend(|| {
-                    println!(
+                    crate::outln!(
                         "{:<11} {:>2} {:>5} {:>6} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9}",
                         name,
                         processes,
@@ -345,14 +345,14 @@ async fn stampede_table(opts: &StampedeOpts) -> Result<(), Box<dyn std::error::E
         }
     }
     progress.finish_and_clear();
-    println!();
-    println!(
+    crate::outln!();
+    crate::outln!(
         "loads: loader calls per run (goal 1). Latency: from the release to each call's return."
     );
-    println!(
+    crate::outln!(
         "wake: from the moment the loaded value was produced to each caller's return (callers"
     );
-    println!("that found the value already cached count too).");
+    crate::outln!("that found the value already cached count too).");
     Ok(())
 }
 
@@ -378,18 +378,25 @@ async fn grace_table(
     // The calls are spawned one by one; a caller's latency includes the
     // fan-out, so it is no measure of waiting (a busy machine takes longer
     // than the loader to start 1,000 tasks).
-    println!(
+    crate::outln!(
         "grace bench: one hot key just past its fresh window (grace 60 s), loader {} ms, {} run(s), {}",
         opts.bench.loader_ms,
         opts.bench.runs,
         shown(&opts.bench.redis)
     );
-    println!("waited: callers that waited on a load instead of being served at once (the stale");
-    println!("value, or the new one once it landed); goal 0 of all callers.");
-    println!();
-    println!(
+    crate::outln!(
+        "waited: callers that waited on a load instead of being served at once (the stale"
+    );
+    crate::outln!("value, or the new one once it landed); goal 0 of all callers.");
+    crate::outln!();
+    crate::outln!(
         "{:>7} {:>16} {:>12} {:>8} {:>8} {:>8}",
-        "C", "waited", "loads/run", "p50 ms", "p99 ms", "max ms"
+        "C",
+        "waited",
+        "loads/run",
+        "p50 ms",
+        "p99 ms",
+        "max ms"
     );
     let progress = crate::progress::bar(
         (opts.bench.concurrency.len() * opts.bench.runs) as u64,
@@ -453,7 +460,7 @@ async fn grace_table(
         latencies.sort_unstable();
         let callers = concurrency * opts.bench.runs;
         progress.suspend(|| {
-            println!(
+            crate::outln!(
                 "{:>7} {:>16} {:>12} {:>8} {:>8} {:>8}",
                 concurrency,
                 format!("{waited} of {callers}"),
@@ -462,17 +469,21 @@ async fn grace_table(
                 ms(percentile(&latencies, 0.99)),
                 ms(latencies.last().copied()),
             );
-            println!(
+            crate::outln!(
                 "        stats(): {}",
                 crate::traffic::stats_line(&cache.stats())
             );
         });
     }
     progress.finish_and_clear();
-    println!();
-    println!("waited: of all callers in all runs. loads/run: loader calls per refresh (goal 1).");
-    println!("Latency: from the release to each call's return; a busy machine shows here, not");
-    println!("in waited.");
+    crate::outln!();
+    crate::outln!(
+        "waited: of all callers in all runs. loads/run: loader calls per refresh (goal 1)."
+    );
+    crate::outln!(
+        "Latency: from the release to each call's return; a busy machine shows here, not"
+    );
+    crate::outln!("in waited.");
     Ok(())
 }
 

@@ -100,7 +100,7 @@ type StoryFn = fn(u64) -> Result<Story, Error>;
 /// Runs `breakwater demo`.
 pub(crate) async fn main(opts: DemoOpts) -> ExitCode {
     let seed = opts.seed.unwrap_or_else(rand::random);
-    println!(
+    crate::outln!(
         "breakwater demo — seed {seed} (replay with --seed {seed}); embedded memory store, \
          virtual clock"
     );
@@ -135,7 +135,7 @@ fn show(number: usize, story: &Story, opts: &DemoOpts) -> Result<(), Failure> {
             story.name
         )));
     }
-    print!("\n{number}. {}", render(story));
+    crate::out!("\n{number}. {}", render(story));
     let chart = Chart {
         title: story.title.clone(),
         lines: story
@@ -149,7 +149,7 @@ fn show(number: usize, story: &Story, opts: &DemoOpts) -> Result<(), Failure> {
         events: story.events.clone(),
     };
     let [png, svg] = chart::write(&chart, &opts.out, story.name)?;
-    println!("chart: {} and {}", png.display(), svg.display());
+    crate::outln!("chart: {} and {}", png.display(), svg.display());
     Ok(())
 }
 

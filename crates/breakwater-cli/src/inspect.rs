@@ -41,7 +41,7 @@ pub(crate) struct InspectOpts {
 pub(crate) async fn main(opts: InspectOpts) -> ExitCode {
     match run(&opts).await {
         Ok(text) => {
-            print!("{text}");
+            crate::out!("{text}");
             ExitCode::SUCCESS
         }
         Err(failure) => failure.exit("inspect"),

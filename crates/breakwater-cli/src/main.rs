@@ -14,6 +14,7 @@ mod failure;
 mod histogram;
 mod inspect;
 mod many;
+mod output;
 mod progress;
 mod simulate;
 mod spread;

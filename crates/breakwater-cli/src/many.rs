@@ -241,11 +241,15 @@ pub(crate) async fn bench(opts: &ManyOpts) -> Result<(), Failure> {
     let exe = std::env::current_exe().map_err(Failure::runtime)?;
     let pid = std::process::id();
     let namespace = format!("bench-many-{pid}");
-    println!(
+    crate::outln!(
         "get_many: {} processes x {} caller(s), {} ids each (process p from p x {}), loader {} ms",
-        opts.processes, opts.callers, opts.ids, opts.step, opts.loader_ms
+        opts.processes,
+        opts.callers,
+        opts.ids,
+        opts.step,
+        opts.loader_ms
     );
-    println!(
+    crate::outln!(
         "{:>4} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>9} {:>9} {:>9}",
         "run",
         "ids",
@@ -278,7 +282,7 @@ pub(crate) async fn bench(opts: &ManyOpts) -> Result<(), Failure> {
             lat.get(((lat.len() as f64 * p).ceil() as usize).saturating_sub(1))
                 .map_or(0.0, |us| *us as f64 / 1_000.0)
         };
-        println!(
+        crate::outln!(
             "{:>4} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>9.1} {:>9.1} {:>9.1}",
             r + 1,
             span,
@@ -299,11 +303,11 @@ pub(crate) async fn bench(opts: &ManyOpts) -> Result<(), Failure> {
                 run.first_error.as_deref().unwrap_or("none")
             ));
             for (p, stats) in run.stats.iter().enumerate() {
-                println!("  process {p}: {stats}");
+                crate::outln!("  process {p}: {stats}");
             }
         }
     }
-    println!(
+    crate::outln!(
         "every id loaded exactly once across the fleet: {}",
         if failed.is_empty() { "yes" } else { "NO" }
     );

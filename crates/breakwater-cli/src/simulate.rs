@@ -278,10 +278,10 @@ fn report(opts: &SimulateOpts, outcomes: &[Outcome], warnings: &[String]) -> Res
             "strategies": outcomes,
             "charts": charts,
         });
-        println!("{json:#}");
+        crate::outln!("{json:#}");
     } else {
-        print!("{}", render(opts, outcomes));
-        println!("chart: {} and {}", charts[0].display(), charts[1].display());
+        crate::out!("{}", render(opts, outcomes));
+        crate::outln!("chart: {} and {}", charts[0].display(), charts[1].display());
     }
     Ok(())
 }

@@ -178,7 +178,7 @@ async fn run(opts: &SpreadOpts) -> Result<(), Failure> {
     let seed = opts.seed.unwrap_or_else(|| rand::random::<u64>() >> 12);
     let began_ms = unix_ms();
 
-    println!(
+    crate::outln!(
         "spread: keys matching {:?} on {}, jitter {}: each TTL becomes {:.0}% to 100% of itself \
          (never longer); at most {} keys/s; seed {seed}",
         opts.pattern,
@@ -190,7 +190,7 @@ async fn run(opts: &SpreadOpts) -> Result<(), Failure> {
     let scan = scan(&mut conn, opts, began_ms)
         .await
         .map_err(|e| Failure::runtime(format!("the scan failed ({e}); nothing was changed")))?;
-    println!(
+    crate::outln!(
         "scanned {} keys: {} with a TTL, {} without (left alone), {} gone before they were read",
         count(scan.with_ttl.len() + scan.without_ttl + scan.gone),
         count(scan.with_ttl.len()),
@@ -208,8 +208,8 @@ async fn run(opts: &SpreadOpts) -> Result<(), Failure> {
     let mut after = applied.expiries_ms.clone();
     after.sort_unstable();
 
-    println!();
-    print!(
+    crate::outln!();
+    crate::out!(
         "{}",
         histogram::render(
             "seconds from the start",
@@ -227,19 +227,19 @@ async fn run(opts: &SpreadOpts) -> Result<(), Failure> {
         )
     );
     let ideal = uniform_ideal(&scan.with_ttl, opts.jitter);
-    println!(
+    crate::outln!(
         "busiest second: {} before, {} after; uniform ideal {ideal:.0}/s (every key's new \
          expiry evenly over its own window)",
         count(histogram::peak_1s(&before)),
         count(histogram::peak_1s(&after)),
     );
     if opts.dry_run {
-        println!(
+        crate::outln!(
             "dry run: nothing was changed; {} TTL(s) would be shortened (--seed {seed} draws the same)",
             count(applied.changed)
         );
     } else {
-        println!(
+        crate::outln!(
             "changed {} TTL(s), kept {} (the draw was not shorter than the TTL by then); left alone \
              {} that lost their TTL and {} that vanished since the scan; {:.1} s",
             count(applied.changed),

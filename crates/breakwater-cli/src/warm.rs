@@ -73,7 +73,7 @@ pub(crate) async fn main(opts: WarmOpts) -> ExitCode {
     spinner.finish_and_clear();
     match result {
         Ok(run) => {
-            print!("{}", render(&opts, &run));
+            crate::out!("{}", render(&opts, &run));
             if run.cold.failed + run.warm.failed == 0 {
                 ExitCode::SUCCESS
             } else {

@@ -526,6 +526,43 @@ fn temp_dir(name: &str) -> std::path::PathBuf {
     dir
 }
 
+/// `breakwater demo | head -1`: the reader goes away after one line, and
+/// the command ends quietly with status 0, as `cat` does (before: a panic,
+/// "failed printing to stdout: Broken pipe", status 101).
+#[test]
+fn a_closed_stdout_ends_the_command_quietly() {
+    let out = temp_dir("demo-head");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_breakwater"))
+        .args(["demo", "--seed", "3", "--out", out.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("breakwater runs");
+    // Read beside: a full stderr pipe must not stall the command.
+    let mut stderr = child.stderr.take().unwrap();
+    let err = thread::spawn(move || {
+        let mut err = String::new();
+        stderr.read_to_string(&mut err).unwrap();
+        err
+    });
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 1];
+    stdout.read_exact(&mut first).expect("a first byte");
+    // `head -1` has what it wanted: it closes the pipe.
+    drop(stdout);
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "still running after 300 s");
+        thread::sleep(Duration::from_millis(50));
+    };
+    let err = err.join().unwrap();
+    assert_eq!(status.code(), Some(0), "stderr:\n{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
 #[test]
 fn demo_tells_three_stories_and_writes_their_charts() {
     let out = temp_dir("demo");
