@@ -12,7 +12,7 @@
 //!
 //! | metric | kind | labels | meaning |
 //! |---|---|---|---|
-//! | `breakwater_requests_total` | counter | `namespace`, `served`: `l1_hit`, `hit`, `negative`, `stale_refreshing`, `stale_loader_failed`, `stale_soft_timeout`, `stale_lock_timeout`, `stale_breaker_open`, `stale_overloaded`, `stale_store_unavailable`, `stale_previous_version`, `loaded`, `coalesced`, `fallback`, `error` | how each `get_or_load` call (and each load a warm-up makes) was served: `l1_hit` from the near cache, `hit` from the store, the rest as [`Served::as_str`](crate::Served::as_str) names them; negative hits are counted apart from real values |
+//! | `breakwater_requests_total` | counter | `namespace`, `served`: `l1_hit`, `hit`, `negative`, `stale_refreshing`, `stale_loader_failed`, `stale_soft_timeout`, `stale_lock_timeout`, `stale_breaker_open`, `stale_overloaded`, `stale_store_unavailable`, `stale_previous_version`, `loaded`, `coalesced`, `fallback`, `error` | how each `get_or_load` call (and each load a warm-up makes) was served, as [`Served::as_str`](crate::Served::as_str) names it (`l1_hit` from the near cache, `hit` from the store); negative hits are counted apart from real values |
 //! | `breakwater_errors_total` | counter | `namespace`, `kind`: `loader`, `store`, `codec`, `config`, `invalid_key`, `timeout`, `lock_timeout`, `circuit_open`, `overloaded`, `too_large` | `get_or_load` calls that returned an error, by [`ErrorKind`] (they are also `served="error"` above) |
 //! | `breakwater_loads_total` | counter | `namespace`, `origin`, `outcome`: `value`, `negative`, `error`, `panic`, `timeout` | loader calls made by this process |
 //! | `breakwater_load_seconds` | histogram | `namespace`, `origin` | how long each loader call took |
@@ -47,11 +47,8 @@ use std::time::Duration;
 use metrics::{Counter, Gauge, Histogram, Recorder, SharedString, counter, gauge, histogram};
 
 use crate::breaker::BreakerState;
-use crate::cache::{SERVED_METRIC_LABELS, StaleReason};
+use crate::cache::{SERVED_LABELS, StaleReason};
 use crate::error::ErrorKind;
-
-/// The `served` label index of an L1 hit in [`SERVED_METRIC_LABELS`].
-pub(crate) const SERVED_L1_HIT: usize = SERVED_METRIC_LABELS.len() - 1;
 
 /// The `outcome` labels of `breakwater_loads_total`.
 const LOAD_OUTCOMES: [&str; 5] = ["value", "negative", "error", "panic", "timeout"];
@@ -188,7 +185,7 @@ impl<T> Handles<T> {
 /// The running counts behind [`Stats`]: relaxed atomics, one add per event.
 #[derive(Default)]
 struct Counts {
-    served: [AtomicU64; SERVED_METRIC_LABELS.len()],
+    served: [AtomicU64; SERVED_LABELS.len()],
     errors: [AtomicU64; ERROR_KINDS.len()],
     loads: [AtomicU64; LOAD_OUTCOMES.len()],
     leases: [AtomicU64; LEASE_EVENTS.len()],
@@ -249,13 +246,13 @@ impl Metrics {
         }
     }
 
-    /// One `get_or_load` call, served as `SERVED_METRIC_LABELS[index]`.
+    /// One `get_or_load` call, served as `SERVED_LABELS[index]`.
     pub(crate) fn served(&self, index: usize) {
         if let Some(count) = self.counts.served.get(index) {
             add(count);
         }
         let register = || {
-            SERVED_METRIC_LABELS
+            SERVED_LABELS
                 .iter()
                 .map(|label| {
                     counter!("breakwater_requests_total", "namespace" => self.namespace.clone(), "served" => *label)
@@ -434,7 +431,7 @@ impl Metrics {
         let notices = |i: usize| read(&c.notices[i]);
         Stats {
             requests: c.served.iter().map(read).sum(),
-            l1_hits: served(SERVED_L1_HIT),
+            l1_hits: index(Served::L1Hit),
             store_hits: index(Served::Hit),
             negative_hits: index(Served::Negative),
             stale,

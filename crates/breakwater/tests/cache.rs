@@ -886,7 +886,7 @@ async fn integer_keys_need_no_format() {
     assert_eq!(cache.get("42").await.unwrap(), Some(product(42)), "one key");
     assert_eq!(cache.get(42i8).await.unwrap(), Some(product(42)));
     let fetched = cache.get_or_load_with_meta(42u128, load(id)).await.unwrap();
-    assert_eq!(fetched.served, breakwater::Served::Hit);
+    assert_eq!(fetched.served, breakwater::Served::L1Hit);
     cache.invalidate(42usize).await.unwrap();
     assert_eq!(cache.get(id).await.unwrap(), None);
     cache.set(-1i64, &product(1)).await.unwrap();

@@ -134,7 +134,7 @@ async fn a_dropped_invalidate_still_drops_the_local_copy() {
     let db = Arc::new(AtomicU64::new(1));
     assert_eq!(cache.get_or_load("k", from(&db)).await.unwrap(), Some(1));
     let fetched = cache.get_or_load_with_meta("k", from(&db)).await.unwrap();
-    assert_eq!(fetched.served, Served::Hit, "kept in L1");
+    assert_eq!(fetched.served, Served::L1Hit, "kept in L1");
 
     // The database changes; the invalidation runs in the store, and its
     // caller goes away before the reply comes.

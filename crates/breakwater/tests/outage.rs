@@ -275,7 +275,7 @@ async fn invalidations_reach_other_processes_l1_and_a_dropped_bus_unverifies_it(
             .await
             .unwrap()
             .served,
-        Served::Hit
+        Served::L1Hit
     );
 
     // An invalidation in A drops the key from B's L1.
@@ -431,7 +431,7 @@ async fn warm_keys_through_an_outage(server: &mut RedisServer, kill: bool) -> Ve
             .unwrap_or_else(|e| panic!("warm:{k} failed: {e}"));
         assert_eq!(got.value.as_deref(), Some(format!("v{k}").as_str()));
         match got.served {
-            Served::Hit => {}
+            Served::L1Hit => {}
             Served::Stale {
                 reason: StaleReason::StoreUnavailable,
             } => stale += 1,

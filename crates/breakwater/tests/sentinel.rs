@@ -809,7 +809,7 @@ async fn fail_over_under_traffic(setup: RedisSentinel, trigger: Trigger) {
         .get_or_load_with_meta(name(key), shared.db.loader(key))
         .await
         .unwrap();
-    assert_eq!((again.value, again.served), (first, Served::Hit));
+    assert_eq!((again.value, again.served), (first, Served::L1Hit));
     let version = shared.db.write(key);
     a.invalidate(name(key)).await.unwrap();
     let invalidated = Instant::now();

@@ -218,8 +218,6 @@ struct Want<K, V> {
     storage: Vec<u8>,
     /// An L1 copy past its fresh time, for a store that fails.
     local_stale: Option<Arc<Slot<V>>>,
-    /// Served from L1.
-    near: bool,
     outcome: Option<Result<Fetched<V>, Error>>,
 }
 
@@ -437,7 +435,6 @@ impl<V: Value> Cache<V> {
                 user,
                 storage,
                 local_stale: None,
-                near: false,
                 outcome: None,
             });
         }
@@ -445,7 +442,6 @@ impl<V: Value> Cache<V> {
         for (i, want) in wants.iter_mut().enumerate() {
             match self.near(&want.user, Some(options)) {
                 Ok(Near::Fresh(fetched, replacing)) => {
-                    want.near = true;
                     cooperate().await;
                     want.outcome = Some(Ok(fetched));
                     if let Some(replacing) = replacing {
@@ -624,7 +620,6 @@ impl<V: Value> Cache<V> {
         position
             .into_iter()
             .map(|at| {
-                let near = matches!(at, Ok(i) if wants[i].near);
                 let count = !matches!(at, Ok(i) if counted[i]);
                 let result = match at {
                     Ok(i) => wants[i]
@@ -634,7 +629,7 @@ impl<V: Value> Cache<V> {
                     Err(err) => Err(err),
                 };
                 if count {
-                    self.count_served(&result, near);
+                    self.count_served(&result);
                 }
                 result
             })

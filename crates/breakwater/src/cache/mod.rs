@@ -52,7 +52,7 @@ mod warm;
 pub(crate) use builder::default_store_breaker;
 pub use builder::{CacheBuilder, OnLockTimeout};
 pub use inspect::{EntryView, Inspection, Stored};
-pub(crate) use options::SERVED_METRIC_LABELS;
+pub(crate) use options::SERVED_LABELS;
 pub use options::{CacheEntry, Fetched, Served, StaleReason};
 pub use origin::{Origin, OriginBuilder};
 pub use settings::Settings;
@@ -1011,7 +1011,7 @@ impl<V: Value> Cache<V> {
                 && let Ok(Near::Fresh(fetched, None)) = near
             {
                 let result = Ok(fetched);
-                self.count_served(&result, true);
+                self.count_served(&result);
                 return result;
             }
         }
@@ -1033,7 +1033,7 @@ impl<V: Value> Cache<V> {
             Ok(Near::Miss) => self.pipeline_in(&span, key, loader, options, None).await,
             Err(err) => Err(err),
         };
-        self.count_served(&result, near_hit);
+        self.count_served(&result);
         if !span.is_disabled() {
             match &result {
                 Ok(fetched) => {
@@ -1068,11 +1068,10 @@ impl<V: Value> Cache<V> {
         }
     }
 
-    /// Counts how a request was served (the `served` metric; a hit from
-    /// the `near` cache as `l1_hit`) and the kind of its error.
-    fn count_served(&self, result: &Result<Fetched<V>, Error>, near: bool) {
+    /// Counts how a request was served (the `served` metric) and the kind
+    /// of its error.
+    fn count_served(&self, result: &Result<Fetched<V>, Error>) {
         let index = match result {
-            Ok(fetched) if near && fetched.served == Served::Hit => crate::metrics::SERVED_L1_HIT,
             Ok(fetched) => fetched.served.metric_index(),
             Err(err) => {
                 self.inner.metrics.error(err.kind());
@@ -1107,7 +1106,7 @@ impl<V: Value> Cache<V> {
         }
         if l1.is_fresh(&slot, now) {
             let served = match slot.value {
-                Some(_) => Served::Hit,
+                Some(_) => Served::L1Hit,
                 None => Served::Negative,
             };
             let refresh = options.and_then(|options| self.refresh_due(&slot, options, now));

@@ -124,7 +124,9 @@ impl Options {
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Served {
-    /// A fresh value from the cache.
+    /// A fresh value from this process's near cache (L1): no store call.
+    L1Hit,
+    /// A fresh value from the store (Redis).
     Hit,
     /// A fresh "not found" from the cache (the loader said `None` earlier).
     Negative,
@@ -146,7 +148,8 @@ pub enum Served {
 
 /// The `served` label values of `breakwater_requests_total`, indexed by
 /// [`Served::metric_index`]; the last one counts errors.
-pub(crate) const SERVED_LABELS: [&str; 14] = [
+pub(crate) const SERVED_LABELS: [&str; 15] = [
+    "l1_hit",
     "hit",
     "negative",
     "stale_refreshing",
@@ -166,24 +169,10 @@ pub(crate) const SERVED_LABELS: [&str; 14] = [
 /// The index of the `error` label in [`SERVED_LABELS`].
 pub(crate) const SERVED_ERROR: usize = SERVED_LABELS.len() - 1;
 
-/// The `served` label values the request counter reports: those of
-/// [`SERVED_LABELS`] (same indexes), then `l1_hit`, a hit served by the
-/// near cache (a [`Served::Hit`] to its caller).
-pub(crate) const SERVED_METRIC_LABELS: [&str; SERVED_LABELS.len() + 1] = {
-    let mut labels = [""; SERVED_LABELS.len() + 1];
-    let mut i = 0;
-    while i < SERVED_LABELS.len() {
-        labels[i] = SERVED_LABELS[i];
-        i += 1;
-    }
-    labels[SERVED_LABELS.len()] = "l1_hit";
-    labels
-};
-
 impl Served {
     /// The outcome as one word: the `served` label of
     /// `breakwater_requests_total` (see [`metrics`](crate::metrics)):
-    /// `hit`, `negative`, `stale_refreshing`, `stale_loader_failed`,
+    /// `l1_hit`, `hit`, `negative`, `stale_refreshing`, `stale_loader_failed`,
     /// `stale_soft_timeout`, `stale_lock_timeout`, `stale_breaker_open`,
     /// `stale_overloaded`, `stale_store_unavailable`, `stale_previous_version`, `loaded`,
     /// `coalesced` or `fallback`. [`Display`](std::fmt::Display) writes the
@@ -194,6 +183,7 @@ impl Served {
     /// ```
     /// use breakwater::{Served, StaleReason};
     ///
+    /// assert_eq!(Served::L1Hit.as_str(), "l1_hit");
     /// assert_eq!(Served::Hit.as_str(), "hit");
     /// let stale = Served::Stale { reason: StaleReason::Refreshing };
     /// assert_eq!(stale.to_string(), "stale_refreshing");
@@ -205,21 +195,22 @@ impl Served {
     /// Where this outcome's label sits in [`SERVED_LABELS`].
     pub(crate) fn metric_index(self) -> usize {
         match self {
-            Served::Hit => 0,
-            Served::Negative => 1,
+            Served::L1Hit => 0,
+            Served::Hit => 1,
+            Served::Negative => 2,
             Served::Stale { reason } => match reason {
-                StaleReason::Refreshing => 2,
-                StaleReason::LoaderFailed => 3,
-                StaleReason::SoftTimeout => 4,
-                StaleReason::LockTimeout => 5,
-                StaleReason::BreakerOpen => 6,
-                StaleReason::Overloaded => 7,
-                StaleReason::StoreUnavailable => 8,
-                StaleReason::PreviousVersion => 9,
+                StaleReason::Refreshing => 3,
+                StaleReason::LoaderFailed => 4,
+                StaleReason::SoftTimeout => 5,
+                StaleReason::LockTimeout => 6,
+                StaleReason::BreakerOpen => 7,
+                StaleReason::Overloaded => 8,
+                StaleReason::StoreUnavailable => 9,
+                StaleReason::PreviousVersion => 10,
             },
-            Served::Loaded => 10,
-            Served::Coalesced => 11,
-            Served::Fallback => 12,
+            Served::Loaded => 11,
+            Served::Coalesced => 12,
+            Served::Fallback => 13,
         }
     }
 }
@@ -487,6 +478,7 @@ mod tests {
     fn every_outcome_has_its_own_label() {
         let stale = |reason| Served::Stale { reason };
         let expected = [
+            (Served::L1Hit, "l1_hit"),
             (Served::Hit, "hit"),
             (Served::Negative, "negative"),
             (stale(StaleReason::Refreshing), "stale_refreshing"),

@@ -322,11 +322,13 @@ impl<V: Value> Cache<V> {
             None,
             &options,
         );
-        self.count_served(&fetched, false);
+        self.count_served(&fetched);
         match fetched {
             Ok(fetched) => match fetched.served {
                 Served::Loaded => Outcome::Loaded,
-                Served::Hit | Served::Negative | Served::Coalesced => Outcome::Cached,
+                Served::L1Hit | Served::Hit | Served::Negative | Served::Coalesced => {
+                    Outcome::Cached
+                }
                 // The load failed and something else stood in for it.
                 Served::Stale { .. } | Served::Fallback => Outcome::Failed(Error::new(
                     ErrorKind::Loader,
