@@ -6,7 +6,7 @@
 //! | `GET /products/{id}` | the product, through the cache; `x-cache` says how it was served |
 //! | `PUT /products/{id}` | changes `name` and/or `price_cents`, then invalidates the cached product |
 //! | `GET /metrics` | Prometheus text: breakwater's metrics, SQL queries, HTTP requests |
-//! | `GET /stats` | the product cache's [`Cache::stats`](breakwater::Cache::stats) in this process, as text: hits by tier, stale by reason, loads, errors, breakers |
+//! | `GET /stats` | the product cache's [`Cache::stats`](breakwater_cache::Cache::stats) in this process, as text: hits by tier, stale by reason, loads, errors, breakers |
 //! | `GET /healthz` | `ok`, with the database and Redis breakers' states |
 
 use std::time::Duration;
@@ -17,7 +17,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use breakwater::{
+use breakwater_cache::{
     BreakerConfig, Cache, ConfigError, Error, Fetched, Jitter, L1Config, LimitConfig, Origin,
     RedisStore, Served,
 };

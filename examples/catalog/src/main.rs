@@ -2,7 +2,7 @@
 //! breakwater in front of PostgreSQL.
 //!
 //! Products live in PostgreSQL; `GET /products/{id}` reads them through a
-//! breakwater [`Cache`](breakwater::Cache) in Redis (with an in-process L1,
+//! breakwater [`Cache`](breakwater_cache::Cache) in Redis (with an in-process L1,
 //! grace, fail-safe and a breaker on the database), `PUT /products/{id}`
 //! writes the row and invalidates the cached product, `GET /metrics` serves
 //! Prometheus text (`dashboards/breakwater.json` charts it), `GET /stats`
@@ -14,7 +14,7 @@
 //! ```sh
 //! DATABASE_URL=postgres://postgres:secret@127.0.0.1:5432/postgres \
 //! REDIS_URL=redis://127.0.0.1:6379/ \
-//! cargo run -p breakwater-example-catalog
+//! cargo run -p breakwater-cache-example-catalog
 //! ```
 //!
 //! Settings come from the environment (see `config.rs`); logs go to stderr,
@@ -30,7 +30,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use breakwater::{RedisStore, RedisStoreConfig};
+use breakwater_cache::{RedisStore, RedisStoreConfig};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use tracing_subscriber::EnvFilter;
 
@@ -54,7 +54,7 @@ enum StartError {
     /// PostgreSQL could not be prepared.
     Database(DbError),
     /// A cache or origin setting was refused.
-    Cache(breakwater::ConfigError),
+    Cache(breakwater_cache::ConfigError),
     /// The Prometheus recorder could not be installed.
     Metrics(String),
     /// The listener could not be opened, or serving failed.

@@ -1,6 +1,6 @@
 //! `dashboards/breakwater.json` cannot drift from the metrics: every
 //! breakwater metric a panel queries is in the table of
-//! `crates/breakwater/src/metrics.rs` (a `_bucket` series only of a
+//! `crates/breakwater-cache/src/metrics.rs` (a `_bucket` series only of a
 //! histogram), and every label and label value a query names is in that
 //! metric's row.
 
@@ -25,7 +25,7 @@ fn repo_file(path: &str) -> String {
 
 /// The metrics table in the `metrics` module's docs.
 fn table() -> BTreeMap<String, Row> {
-    let source = repo_file("crates/breakwater/src/metrics.rs");
+    let source = repo_file("crates/breakwater-cache/src/metrics.rs");
     let rows: BTreeMap<String, Row> = source
         .lines()
         .filter_map(|line| line.strip_prefix("//! | `breakwater_"))

@@ -23,7 +23,7 @@
 //! `stats()` (eprintln; `--nocapture` shows them).
 //!
 //! PostgreSQL comes from the Debian `postgresql` package (`./scripts/test`
-//! installs it); see `breakwater_testkit::PostgresServer`.
+//! installs it); see `breakwater_cache_testkit::PostgresServer`.
 
 use std::io::Read;
 use std::process::{Child, Stdio};
@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use breakwater_testkit::{PostgresServer, RedisServer, TiedChild, free_port, tied_command};
+use breakwater_cache_testkit::{PostgresServer, RedisServer, TiedChild, free_port, tied_command};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper::{Method, Request, StatusCode};

@@ -1,0 +1,179 @@
+//! The Redis-hit comparison shared by `cargo bench -p breakwater-cache
+//! --bench hit` and `breakwater bench hit --redis URL` (a module of the
+//! CLI, which the bench includes with `#[path]`): a hit through
+//! `get_or_load` (L1 off, so every hit reads
+//! Redis: one `GET`, or its share of an `MGET` when reads meet while the
+//! store is busy) next to a raw `GET` on one multiplexed connection of the
+//! same server, interleaved trials, the ratio of the medians.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use breakwater_cache::{Cache, RedisStore};
+
+/// One scenario's figures: operations per second of each trial.
+pub struct Row {
+    /// What ran: callers and keys.
+    pub name: &'static str,
+    /// `get_or_load`, per trial.
+    pub ours: Vec<f64>,
+    /// Raw `GET`, per trial.
+    pub raw: Vec<f64>,
+}
+
+impl Row {
+    /// The median of `get_or_load`'s trials over the median of the raw ones.
+    pub fn ratio(&self) -> f64 {
+        median(&self.ours) / median(&self.raw)
+    }
+}
+
+impl std::fmt::Display for Row {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let whole = |xs: &[f64]| xs.iter().map(|x| *x as u64).collect::<Vec<_>>();
+        write!(
+            f,
+            "{:<22} get_or_load {:>8.0}/s   raw GET {:>8.0}/s   ratio {:.2}   (trials: ours {:?}, raw {:?})",
+            self.name,
+            median(&self.ours),
+            median(&self.raw),
+            self.ratio(),
+            whole(&self.ours),
+            whole(&self.raw),
+        )
+    }
+}
+
+/// Runs the three scenarios (1 caller; 50 callers on 50 keys; 50 callers
+/// on one hot key) against the Redis at `url`, `trials` interleaved trials
+/// of `trial` each. Which side runs first alternates from trial to trial
+/// (raw `GET`s first in the first): the second of two back-to-back runs
+/// can measure faster, and an even count of trials balances that out. Writes keys under `bw:bench-hit:` and `raw:bench-hit:`.
+pub async fn compare(url: &str, trials: usize, trial: Duration) -> Result<Vec<Row>, String> {
+    let store = RedisStore::connect(url).map_err(|e| e.to_string())?;
+    store.warm_up().await.map_err(|e| e.to_string())?;
+    let cache = Cache::<String>::builder()
+        .namespace("bench-hit")
+        .store(store)
+        .ttl(Duration::from_secs(3_600))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+    let raw = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| e.to_string())?;
+    let keys: Vec<String> = (0..50).map(|k| format!("product:{k}")).collect();
+    let mut raw_keys = Vec::new();
+    for key in &keys {
+        let value = format!("value of {key}, about the size of a small row");
+        cache.set(key, &value).await.map_err(|e| e.to_string())?;
+        let raw_key = format!("raw:bench-hit:{key}");
+        redis::cmd("SET")
+            .arg(&raw_key)
+            .arg(&value)
+            .arg("EX")
+            .arg(3_600)
+            .query_async::<()>(&mut raw.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        raw_keys.push(raw_key);
+    }
+    let keys = Arc::new(keys);
+    let raw_keys = Arc::new(raw_keys);
+    let mut rows = Vec::new();
+    for (name, callers, distinct) in [
+        ("1 caller", 1usize, true),
+        ("50 callers, 50 keys", 50, true),
+        ("50 callers, 1 hot key", 50, false),
+    ] {
+        let pick = move |i: usize| if distinct { i } else { 0 };
+        let mut row = Row {
+            name,
+            ours: Vec::new(),
+            raw: Vec::new(),
+        };
+        for trial_no in 0..trials.max(1) {
+            let (conn, raw_keys) = (raw.clone(), Arc::clone(&raw_keys));
+            let raw_run = run(callers, trial, move |i| {
+                let mut conn = conn.clone();
+                let key = raw_keys[pick(i)].clone();
+                async move {
+                    let v: Option<String> = redis::cmd("GET")
+                        .arg(&key)
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap_or(None);
+                    v.is_some()
+                }
+            });
+            let (cache, keys) = (cache.clone(), Arc::clone(&keys));
+            let ours_run = run(callers, trial, move |i| {
+                let cache = cache.clone();
+                let keys = Arc::clone(&keys);
+                async move {
+                    let v = cache
+                        .get_or_load(&keys[pick(i)], || async {
+                            Ok::<_, std::io::Error>(Some(String::new()))
+                        })
+                        .await;
+                    v.is_ok_and(|v| v.is_some_and(|v| !v.is_empty()))
+                }
+            });
+            // Which side runs first alternates (see above).
+            if trial_no % 2 == 0 {
+                row.raw.push(raw_run.await);
+                row.ours.push(ours_run.await);
+            } else {
+                row.ours.push(ours_run.await);
+                row.raw.push(raw_run.await);
+            }
+        }
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// Hits per second of `callers` tasks, each awaiting `op(i)` in a loop for
+/// one trial; an op that answers `false` (a miss, an error) is not counted.
+async fn run<F, Fut>(callers: usize, trial: Duration, op: F) -> f64
+where
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = bool> + Send + 'static,
+{
+    let op = Arc::new(op);
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..callers)
+        .map(|i| {
+            let (op, stop, done) = (Arc::clone(&op), Arc::clone(&stop), Arc::clone(&done));
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    n += u64::from(op(i).await);
+                }
+                done.fetch_add(n, Ordering::Relaxed);
+            })
+        })
+        .collect();
+    tokio::time::sleep(trial).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        let _ = task.await;
+    }
+    done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+}
+
+/// The median; of an even count, the mean of the middle two (so that with
+/// an even count of trials, each side's runs first and second weigh alike).
+fn median(xs: &[f64]) -> f64 {
+    let mut xs = xs.to_vec();
+    xs.sort_by(f64::total_cmp);
+    match xs.len() {
+        0 => 0.0,
+        n if n % 2 == 0 => (xs[n / 2 - 1] + xs[n / 2]) / 2.0,
+        n => xs[n / 2],
+    }
+}

@@ -1,0 +1,174 @@
+//! `breakwater inspect`: what a Redis holds for cache keys, as the cache sees
+//! it: fresh or stale and for how long, negative, unreadable, the record's
+//! TTL, and whether a load holds the key's lease.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use breakwater_cache::{Cache, Codec, Inspection, Stored};
+use clap::{Args, ValueEnum};
+
+use crate::failure::{Failure, bad_url, unreachable};
+
+/// The codec the inspected cache writes with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum CodecArg {
+    /// MessagePack (the library's default).
+    Msgpack,
+    /// JSON.
+    Json,
+}
+
+/// Options of `breakwater inspect`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct InspectOpts {
+    /// Redis URL, e.g. `redis://127.0.0.1:6379`; several, comma-separated,
+    /// for the nodes of a Redis Cluster.
+    #[arg(long)]
+    pub(crate) redis: String,
+    /// The cache's namespace.
+    #[arg(long)]
+    pub(crate) namespace: String,
+    /// The cache's codec.
+    #[arg(long, value_enum, default_value_t = CodecArg::Msgpack)]
+    pub(crate) codec: CodecArg,
+    /// The user keys to inspect.
+    #[arg(required = true)]
+    pub(crate) keys: Vec<String>,
+}
+
+/// Runs `breakwater inspect`.
+pub(crate) async fn main(opts: InspectOpts) -> ExitCode {
+    match run(&opts).await {
+        Ok(text) => {
+            crate::out!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(failure) => failure.exit("inspect"),
+    }
+}
+
+/// Inspects every key and renders the report.
+async fn run(opts: &InspectOpts) -> Result<String, Failure> {
+    let store = crate::redis_store(&opts.redis).map_err(|err| bad_url(&opts.redis, err))?;
+    store
+        .warm_up()
+        .await
+        .map_err(|err| unreachable(&opts.redis, err))?;
+    let codec = match opts.codec {
+        CodecArg::Msgpack => Codec::msgpack(),
+        CodecArg::Json => Codec::json(),
+    };
+    // The value type is never decoded: inspection reads the envelope only.
+    let cache = Cache::<()>::builder()
+        .namespace(opts.namespace.clone())
+        .store(store)
+        .codec(codec)
+        .build()?;
+    let mut out = String::new();
+    for key in &opts.keys {
+        let inspection = cache.inspect(key).await?;
+        out.push_str(&render(key, &inspection));
+    }
+    Ok(out)
+}
+
+/// One key's report.
+pub(crate) fn render(key: &str, inspection: &Inspection) -> String {
+    use std::fmt::Write as _;
+
+    let mut out = String::new();
+    let _ = writeln!(out, "{key}");
+    let _ = writeln!(
+        out,
+        "  stored as  {}",
+        String::from_utf8_lossy(&inspection.storage_key)
+    );
+    match &inspection.stored {
+        Stored::Missing => {
+            let _ = writeln!(out, "  entry      none");
+        }
+        Stored::Unreadable { bytes, reason } => {
+            let _ = writeln!(
+                out,
+                "  entry      unreadable ({bytes} bytes): {reason}; reads treat it as a miss"
+            );
+        }
+        Stored::Entry(entry) => {
+            let state = match (entry.fresh_for, entry.stale_for) {
+                (Some(fresh), Some(stale)) if stale > fresh => format!(
+                    "fresh for {}, then stale for {}",
+                    human(fresh),
+                    human(stale - fresh)
+                ),
+                (Some(fresh), _) => format!("fresh for {}, no stale window", human(fresh)),
+                (None, Some(stale)) => format!("stale, {} left", human(stale)),
+                (None, None) => "expired".to_owned(),
+            };
+            let servable = if entry.servable {
+                "served now"
+            } else {
+                "not served: a read loads"
+            };
+            let kind = if entry.negative {
+                "negative (the value does not exist)"
+            } else {
+                "value"
+            };
+            let _ = writeln!(out, "  entry      {kind}, {state} ({servable})");
+            let _ = writeln!(
+                out,
+                "  size       {} bytes stored, {} bytes of {} value",
+                entry.stored_bytes,
+                entry.value_bytes,
+                entry.codec.name()
+            );
+            let _ = writeln!(out, "  loaded in  {}", human(entry.load_time));
+        }
+        other => {
+            let _ = writeln!(out, "  entry      {other:?}");
+        }
+    }
+    if let Some(ttl) = inspection.store_ttl {
+        let _ = writeln!(out, "  store TTL  {}", human(ttl));
+    }
+    let lease = if inspection.lease_held {
+        "held: a load is running"
+    } else {
+        "free"
+    };
+    let _ = writeln!(out, "  lease      {lease}");
+    out
+}
+
+/// `1h 02m 03s`, `4m 05s`, `6.5 s` or `12 ms`.
+fn human(d: Duration) -> String {
+    let secs = d.as_secs();
+    if secs >= 3600 {
+        format!(
+            "{}h {:02}m {:02}s",
+            secs / 3600,
+            secs % 3600 / 60,
+            secs % 60
+        )
+    } else if secs >= 60 {
+        format!("{}m {:02}s", secs / 60, secs % 60)
+    } else if secs >= 1 {
+        format!("{:.1} s", d.as_secs_f64())
+    } else {
+        format!("{} ms", d.as_millis())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_like_a_clock() {
+        assert_eq!(human(Duration::from_millis(12)), "12 ms");
+        assert_eq!(human(Duration::from_millis(6_500)), "6.5 s");
+        assert_eq!(human(Duration::from_secs(245)), "4m 05s");
+        assert_eq!(human(Duration::from_secs(3_723)), "1h 02m 03s");
+    }
+}

@@ -1,0 +1,658 @@
+//! `breakwater simulate`: a keyspace written at once, then steady traffic on
+//! a virtual clock against a simulated database, once per strategy: a
+//! naive cache next to breakwater, to watch the avalanche (every key
+//! expiring in the same second) and the stampede (every request for a
+//! missing hot key querying the database) happen, and not happen.
+//!
+//! Every strategy runs on its own embedded memory store with paused tokio
+//! time (a run of minutes takes seconds, and the same seed gives the same
+//! figures). Requests arrive evenly at `--rps` and pick keys with a Zipf
+//! law (a few hot keys, a long tail); the database ([`Database`]) slows
+//! down past its capacity.
+//!
+//! - **naive**: `GET`; on a miss, query the database and `SET` with the one
+//!   TTL. No jitter, no coalescing, no stale values.
+//! - **breakwater**: [`Cache::get_or_load`](breakwater_cache::Cache::get_or_load)
+//!   with the jitter, single-flight, the grace window and early refresh.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use breakwater_cache::{Cache, Error, Jitter, MemoryStore};
+use clap::builder::RangedU64ValueParser;
+use clap::{Args, ValueEnum};
+use indicatif::ProgressBar;
+use serde::Serialize;
+
+use crate::chart::{self, Chart, Event, Line};
+use crate::db::{self, Database};
+use crate::failure::{self, Failure};
+use crate::histogram::count;
+use crate::progress;
+use crate::traffic::{self, Client, Expiries, Workload};
+
+/// Options of `breakwater simulate`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct SimulateOpts {
+    /// Keys, all written at the start with one TTL.
+    #[arg(long, default_value_t = 2_000,
+          value_parser = RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    pub(crate) keys: usize,
+    /// Base TTL of every key (`600s`, `10m`).
+    #[arg(long, default_value = "10m", value_parser = window)]
+    pub(crate) ttl: Duration,
+    /// breakwater's jitter: `ratio:R` (±R of the TTL), `down:R` (−R..0),
+    /// `fixed:D` (±D), `up-to:D` (0..+D) or `none`.
+    #[arg(long, default_value = "ratio:0.2", value_parser = jitter, allow_hyphen_values = true)]
+    pub(crate) jitter: Jitter,
+    /// breakwater's grace (stale-while-revalidate) window; a tenth of the
+    /// TTL when not given.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub(crate) grace: Option<Duration>,
+    /// Requests per second.
+    #[arg(long, default_value_t = 400, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) rps: u32,
+    /// Zipf exponent of key popularity (0 = uniform).
+    #[arg(long, default_value_t = 1.0, value_parser = zipf)]
+    pub(crate) zipf: f64,
+    /// How long one database query takes at or under capacity (`50ms`).
+    #[arg(long, default_value = "50ms", value_parser = latency)]
+    pub(crate) loader_latency: Duration,
+    /// Queries the database runs at once at that latency; past it every
+    /// query slows down in proportion (0 = no limit).
+    #[arg(long, default_value_t = 100)]
+    pub(crate) db_capacity: usize,
+    /// Simulated time of traffic (`90s`, `25m`); longer than the TTL to see
+    /// the bulk write expire.
+    #[arg(long, default_value = "25m", value_parser = window)]
+    pub(crate) duration: Duration,
+    /// The strategies to run, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "naive,breakwater")]
+    pub(crate) strategies: Vec<Strategy>,
+    /// Seed for key choice and jitter.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) seed: u64,
+    /// Print the figures as JSON instead of tables.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Directory the chart is written to (created if missing).
+    #[arg(long, default_value = "breakwater-simulate")]
+    pub(crate) out: PathBuf,
+}
+
+/// A caching strategy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Strategy {
+    /// GET, and on a miss query and SET: no jitter, no coalescing.
+    Naive,
+    /// breakwater's `get_or_load`.
+    Breakwater,
+}
+
+impl Strategy {
+    fn name(self) -> &'static str {
+        match self {
+            Strategy::Naive => "naive",
+            Strategy::Breakwater => "breakwater",
+        }
+    }
+}
+
+/// A duration of 1 s to 1 day.
+fn window(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|err| err.to_string())?;
+    if (Duration::from_secs(1)..=Duration::from_secs(86_400)).contains(&d) {
+        Ok(d)
+    } else {
+        Err("must be between 1s and 1 day".to_owned())
+    }
+}
+
+/// A query latency of at most a minute.
+fn latency(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|err| err.to_string())?;
+    if d <= Duration::from_secs(60) {
+        Ok(d)
+    } else {
+        Err("must be at most 1m".to_owned())
+    }
+}
+
+/// A Zipf exponent in `0..=10`.
+fn zipf(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
+    if (0.0..=10.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err("must be between 0 and 10".to_owned())
+    }
+}
+
+/// `ratio:R`, `down:R`, `fixed:D`, `up-to:D` or `none`, checked by the
+/// library.
+pub(crate) fn jitter(s: &str) -> Result<Jitter, String> {
+    let (kind, size) = s.split_once(':').unwrap_or((s, ""));
+    let ratio = || {
+        size.parse::<f64>()
+            .map_err(|_| format!("`{size}` is not a ratio (e.g. ratio:0.2)"))
+    };
+    let span = || humantime::parse_duration(size).map_err(|err| format!("`{size}`: {err}"));
+    let jitter = match kind {
+        "none" if size.is_empty() => Jitter::none(),
+        "ratio" => Jitter::ratio(ratio()?),
+        "down" => Jitter::down(ratio()?),
+        "fixed" => Jitter::fixed(span()?),
+        "up-to" => Jitter::up_to(span()?),
+        _ => {
+            return Err(
+                "expected ratio:R, down:R, fixed:DURATION, up-to:DURATION or none".to_owned(),
+            );
+        }
+    };
+    jitter.validate().map_err(|err| err.to_string())?;
+    Ok(jitter)
+}
+
+/// What one strategy measured.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Outcome {
+    /// The strategy.
+    pub(crate) strategy: Strategy,
+    /// How the bulk write's expiries spread.
+    pub(crate) expiries: Expiries,
+    /// Database queries in all (the bulk write not counted).
+    pub(crate) queries: usize,
+    /// The most queries started in one whole second.
+    pub(crate) peak_per_second: usize,
+    /// The most queries running at once.
+    pub(crate) peak_at_once: usize,
+    /// Requests made.
+    pub(crate) requests: usize,
+    /// Requests that waited at all (for a load or a bulkhead permit).
+    pub(crate) waited: usize,
+    /// Requests answered with a stale value.
+    pub(crate) stale: usize,
+    /// Requests that failed.
+    pub(crate) errors: usize,
+    /// Requests whose task panicked (the command fails).
+    pub(crate) panicked: usize,
+    /// Latency quantiles of the answered requests, in ms.
+    pub(crate) p50_ms: Option<f64>,
+    /// 99th percentile.
+    pub(crate) p99_ms: Option<f64>,
+    /// The slowest.
+    pub(crate) max_ms: Option<f64>,
+    /// Queries started in each second.
+    pub(crate) per_second: Vec<usize>,
+    /// [`Cache::stats`](breakwater_cache::Cache::stats) at the end, for
+    /// breakwater.
+    pub(crate) stats: Option<String>,
+}
+
+/// The most requests one strategy simulates (the latencies are kept).
+const MAX_REQUESTS: u64 = 20_000_000;
+/// Sparklines have at most this many cells.
+const SPARK_CELLS: usize = 60;
+
+/// Runs `breakwater simulate`.
+pub(crate) async fn main(opts: SimulateOpts) -> ExitCode {
+    let warnings = warnings(&opts);
+    for warning in &warnings {
+        eprintln!("breakwater simulate: warning: {warning}");
+    }
+    let total = workload(&opts).total();
+    if total > MAX_REQUESTS {
+        return Failure::usage(format!(
+            "{total} requests per strategy is too many (at most {MAX_REQUESTS}): lower --rps \
+             or --duration"
+        ))
+        .exit("simulate");
+    }
+    // Checked before any strategy runs: a setting the library refuses, or an
+    // --out that cannot be written, must not cost a whole run.
+    if let Err(err) = breakwater_cache(&opts, &MemoryStore::new()) {
+        return Failure::from(err).exit("simulate");
+    }
+    if let Err(err) = std::fs::create_dir_all(&opts.out) {
+        return Failure::runtime(format!("cannot create --out {}: {err}", opts.out.display()))
+            .exit("simulate");
+    }
+    let bar = progress::bar(total * opts.strategies.len() as u64, "simulating");
+    let (run_opts, run_bar) = (opts.clone(), bar.clone());
+    let outcomes = traffic::off_thread(move || simulate(&run_opts, Some(&run_bar))).await;
+    bar.finish_and_clear();
+    let result = match outcomes {
+        None => Err(Failure::runtime("the simulation panicked")),
+        Some(outcomes) => outcomes
+            .map_err(Failure::from)
+            .and_then(|outcomes| report(&opts, &outcomes, &warnings)),
+    };
+    failure::finish("simulate", result)
+}
+
+/// Writes the chart and prints the report.
+fn report(opts: &SimulateOpts, outcomes: &[Outcome], warnings: &[String]) -> Result<(), Failure> {
+    let panicked: usize = outcomes.iter().map(|o| o.panicked).sum();
+    if panicked > 0 {
+        return Err(Failure::runtime(format!(
+            "{panicked} simulated request(s) panicked"
+        )));
+    }
+    let chart = Chart {
+        title: format!(
+            "{} keys written at once, TTL {}, {} requests/s",
+            count(opts.keys),
+            humantime::format_duration(opts.ttl),
+            count(opts.rps as usize)
+        ),
+        lines: outcomes
+            .iter()
+            .map(|o| Line {
+                name: o.strategy.name().to_owned(),
+                per_second: o.per_second.clone(),
+            })
+            .collect(),
+        events: vec![Event {
+            at_s: opts.ttl.as_secs_f64(),
+            label: "TTL".to_owned(),
+        }],
+    };
+    let charts = chart::write(&chart, &opts.out, "simulate")?;
+    if opts.json {
+        let json = serde_json::json!({
+            "keys": opts.keys,
+            "ttl_s": opts.ttl.as_secs_f64(),
+            "jitter": opts.jitter.to_string(),
+            "grace_s": grace(opts).as_secs_f64(),
+            "rps": opts.rps,
+            "zipf": opts.zipf,
+            "loader_latency_ms": opts.loader_latency.as_secs_f64() * 1000.0,
+            "db_capacity": opts.db_capacity,
+            "duration_s": opts.duration.as_secs_f64(),
+            "seed": opts.seed,
+            "warnings": warnings,
+            "strategies": outcomes,
+            "charts": charts,
+        });
+        crate::outln!("{json:#}");
+    } else {
+        crate::out!("{}", render(opts, outcomes));
+        crate::outln!("chart: {} and {}", charts[0].display(), charts[1].display());
+    }
+    Ok(())
+}
+
+/// What looks wrong with the options, said before running.
+pub(crate) fn warnings(opts: &SimulateOpts) -> Vec<String> {
+    let mut out = Vec::new();
+    // The last request is sent before the window ends, and a key is gone
+    // only once its time has passed: the window must reach past the latest
+    // expiry for every key of the bulk write to expire in it.
+    let latest = opts.ttl.max(opts.jitter.bounds(opts.ttl).1);
+    if opts.duration <= latest {
+        out.push(format!(
+            "--duration {} does not reach past the bulk write's expiries (naive: all at {}; \
+             breakwater: up to {}): keys that expire after the window are never reloaded, so \
+             the figures understate the avalanche; use a --duration longer than {}",
+            humantime::format_duration(opts.duration),
+            humantime::format_duration(opts.ttl),
+            humantime::format_duration(latest),
+            humantime::format_duration(latest)
+        ));
+    }
+    out
+}
+
+/// breakwater's grace: as given, or a tenth of the TTL.
+fn grace(opts: &SimulateOpts) -> Duration {
+    opts.grace.unwrap_or(opts.ttl / 10)
+}
+
+fn workload(opts: &SimulateOpts) -> Workload {
+    Workload {
+        keys: opts.keys,
+        rps: opts.rps,
+        duration: opts.duration,
+        zipf: opts.zipf,
+        seed: opts.seed,
+    }
+}
+
+/// Runs every strategy, each on a fresh paused runtime.
+///
+/// # Errors
+///
+/// A [`Config`](breakwater_cache::ErrorKind::Config) error for options the
+/// library rejects (e.g. a grace window above its limit).
+pub(crate) fn simulate(
+    opts: &SimulateOpts,
+    progress: Option<&ProgressBar>,
+) -> Result<Vec<Outcome>, Error> {
+    opts.strategies
+        .iter()
+        .map(|&strategy| traffic::paused_runtime().block_on(scenario(opts, strategy, progress)))
+        .collect()
+}
+
+/// breakwater's cache for `opts`, on `store`.
+fn breakwater_cache(opts: &SimulateOpts, store: &MemoryStore) -> Result<Cache<u64>, Error> {
+    Ok(traffic::builder(store, opts.jitter, opts.seed)
+        .ttl(opts.ttl)
+        .grace(grace(opts))
+        .build()?)
+}
+
+/// One strategy on the current (paused) runtime.
+async fn scenario(
+    opts: &SimulateOpts,
+    strategy: Strategy,
+    progress: Option<&ProgressBar>,
+) -> Result<Outcome, Error> {
+    let store = MemoryStore::new();
+    let client = match strategy {
+        Strategy::Naive => Client::Naive {
+            store,
+            ttl: opts.ttl,
+        },
+        Strategy::Breakwater => Client::Breakwater(breakwater_cache(opts, &store)?),
+    };
+    let mut db = Database::new(opts.loader_latency);
+    if opts.db_capacity > 0 {
+        db = db.with_capacity(opts.db_capacity);
+    }
+    let db = Arc::new(db);
+    client.preload(opts.keys).await?;
+    let expiries: Vec<u64> = client
+        .expiries_ms(opts.keys)
+        .await?
+        .into_iter()
+        .flatten()
+        .collect();
+    let tally = traffic::run(&client, &db, &workload(opts), progress).await;
+    let started = db.started_ms();
+    let seconds = usize::try_from(opts.duration.as_secs()).unwrap_or(usize::MAX);
+    let per_second = db::per_second(&started, seconds);
+    Ok(Outcome {
+        strategy,
+        expiries: Expiries::of(&expiries),
+        queries: started.len(),
+        peak_per_second: per_second.iter().copied().max().unwrap_or(0),
+        peak_at_once: db.peak(),
+        requests: tally.requests(),
+        waited: tally.waited(),
+        stale: tally.stale,
+        errors: tally.errors,
+        panicked: tally.panicked,
+        p50_ms: tally.quantile_ms(0.5),
+        p99_ms: tally.quantile_ms(0.99),
+        max_ms: tally.quantile_ms(1.0),
+        per_second,
+        stats: tally.stats.as_ref().map(traffic::stats_line),
+    })
+}
+
+/// The report as text.
+pub(crate) fn render(opts: &SimulateOpts, outcomes: &[Outcome]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "simulate: {} keys written at once with TTL {}, then {} requests/s for {} (Zipf s={})",
+        count(opts.keys),
+        humantime::format_duration(opts.ttl),
+        count(opts.rps as usize),
+        humantime::format_duration(opts.duration),
+        opts.zipf
+    );
+    let capacity = if opts.db_capacity == 0 {
+        "no capacity limit".to_owned()
+    } else {
+        format!("slower past {} at once", count(opts.db_capacity))
+    };
+    let _ = writeln!(
+        out,
+        "database {} a query, {capacity}; breakwater: jitter {}, grace {}; virtual clock, seed {}",
+        humantime::format_duration(opts.loader_latency),
+        opts.jitter,
+        humantime::format_duration(grace(opts)),
+        opts.seed
+    );
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "{:<11} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7}",
+        "",
+        "queries",
+        "peak/s",
+        "at once",
+        "waited",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "stale",
+        "errors"
+    );
+    let ms = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"));
+    for o in outcomes {
+        let _ = writeln!(
+            out,
+            "{:<11} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7}",
+            o.strategy.name(),
+            count(o.queries),
+            count(o.peak_per_second),
+            count(o.peak_at_once),
+            count(o.waited),
+            ms(o.p50_ms),
+            ms(o.p99_ms),
+            ms(o.max_ms),
+            count(o.stale),
+            count(o.errors)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "(queries: database queries; peak/s: most started in one second; at once: most\n \
+         running together; waited: requests not answered at once)"
+    );
+    for o in outcomes {
+        if let Some(stats) = &o.stats {
+            let _ = writeln!(out, "{} stats(): {stats}", o.strategy.name());
+        }
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(out, "expiries of the bulk write:");
+    for o in outcomes {
+        let _ = writeln!(out, "{:<11} {}", o.strategy.name(), o.expiries.describe());
+    }
+    let _ = writeln!(out);
+    let seconds = outcomes
+        .iter()
+        .map(|o| o.per_second.len())
+        .max()
+        .unwrap_or(0);
+    let width = seconds.div_ceil(SPARK_CELLS).max(1);
+    let rows: Vec<Vec<usize>> = outcomes
+        .iter()
+        .map(|o| o.per_second.chunks(width).map(|c| c.iter().sum()).collect())
+        .collect();
+    let peak = rows.iter().flatten().copied().max().unwrap_or(0);
+    let _ = writeln!(
+        out,
+        "database queries per {width} s, one scale for every row (█ = {}):",
+        count(peak)
+    );
+    for (o, line) in outcomes.iter().zip(sparklines(&rows)) {
+        let own = rows_peak(&o.per_second, width);
+        let _ = writeln!(
+            out,
+            "{:<11} {line} (peak {})",
+            o.strategy.name(),
+            count(own)
+        );
+    }
+    out
+}
+
+/// The most queries in one `width`-second bucket of `per_second`.
+fn rows_peak(per_second: &[usize], width: usize) -> usize {
+    per_second
+        .chunks(width)
+        .map(|c| c.iter().sum())
+        .max()
+        .unwrap_or(0)
+}
+
+/// One block character per value, every row on one scale: the largest
+/// value of all rows is a full block, so rows compare at a glance.
+fn sparklines(rows: &[Vec<usize>]) -> Vec<String> {
+    const BLOCKS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    let max = rows.iter().flatten().copied().max().unwrap_or(0).max(1);
+    rows.iter()
+        .map(|row| {
+            row.iter()
+                .map(|&v| BLOCKS[(v * (BLOCKS.len() - 1)).div_ceil(max).min(BLOCKS.len() - 1)])
+                .collect()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts() -> SimulateOpts {
+        SimulateOpts {
+            keys: 200,
+            ttl: Duration::from_secs(60),
+            jitter: Jitter::ratio(0.2),
+            grace: None,
+            rps: 400,
+            zipf: 1.0,
+            loader_latency: Duration::from_millis(50),
+            db_capacity: 100,
+            duration: Duration::from_secs(180),
+            strategies: vec![Strategy::Naive, Strategy::Breakwater],
+            seed: 7,
+            json: false,
+            out: PathBuf::new(),
+        }
+    }
+
+    #[test]
+    fn breakwater_flattens_the_avalanche_and_the_stampede() {
+        let outcomes = simulate(&opts(), None).unwrap();
+        let (naive, bw) = (&outcomes[0], &outcomes[1]);
+        assert_eq!((naive.errors, bw.errors), (0, 0));
+        assert_eq!(naive.requests, 400 * 180);
+        // Every naive key expires at 60 s exactly: the busiest second
+        // queries for many keys at once (and for hot keys, many times).
+        assert!(
+            naive.peak_per_second >= 4 * bw.peak_per_second.max(1),
+            "naive {} vs breakwater {}",
+            naive.peak_per_second,
+            bw.peak_per_second
+        );
+        assert!(naive.peak_at_once > bw.peak_at_once, "{naive:?} {bw:?}");
+        // Grace: breakwater's callers do not wait for the database.
+        assert!(bw.p99_ms.unwrap() < 50.0, "{bw:?}");
+    }
+
+    /// The seed's own figures, with a fixed seed: 100,000 keys written at
+    /// once with TTL 300 s.
+    #[test]
+    fn the_seed_figures_of_a_bulk_write() {
+        let bulk = |spec: &str| {
+            let opts = SimulateOpts {
+                keys: 100_000,
+                ttl: Duration::from_secs(300),
+                jitter: jitter(spec).unwrap(),
+                duration: Duration::from_secs(1),
+                rps: 1,
+                strategies: vec![Strategy::Breakwater],
+                seed: 42,
+                ..opts()
+            };
+            let outcome = simulate(&opts, None).unwrap().remove(0);
+            assert_eq!(outcome.expiries.count, 100_000);
+            outcome.expiries
+        };
+
+        let e = bulk("ratio:0.2");
+        assert!(e.first_s >= 240.0 && e.last_s <= 360.0, "{e:?}");
+        assert!(e.first_s < 241.0 && e.last_s > 359.0, "{e:?}");
+        let even = 100_000.0 / 120.0;
+        assert!(
+            (e.mean_per_second - even).abs() <= 0.05 * even,
+            "mean {} vs {even}",
+            e.mean_per_second
+        );
+        assert!(e.busiest_second as f64 <= 1.2 * even, "{e:?}");
+
+        let e = bulk("ratio:0.1");
+        assert!(e.first_s >= 270.0 && e.last_s <= 330.0, "{e:?}");
+        assert!(e.first_s < 271.0 && e.last_s > 329.0, "{e:?}");
+
+        let e = bulk("none");
+        assert_eq!(e.busiest_second, 100_000);
+        assert_eq!((e.first_s, e.last_s), (300.0, 300.0));
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_figures() {
+        let a = simulate(&opts(), None).unwrap();
+        let b = simulate(&opts(), None).unwrap();
+        for (a, b) in a.iter().zip(&b) {
+            assert_eq!(a.per_second, b.per_second);
+            assert_eq!(a.expiries, b.expiries);
+        }
+    }
+
+    #[test]
+    fn jitter_options_are_checked_by_the_library() {
+        assert_eq!(jitter("ratio:0.2").unwrap(), Jitter::ratio(0.2));
+        assert_eq!(
+            jitter("fixed:3s").unwrap(),
+            Jitter::fixed(Duration::from_secs(3))
+        );
+        assert_eq!(jitter("none").unwrap(), Jitter::none());
+        assert_eq!(
+            jitter("ratio:1.5").unwrap_err(),
+            "jitter ratio must be in 0..=1, got 1.5"
+        );
+        assert!(jitter("sideways:1").is_err());
+    }
+
+    #[test]
+    fn a_window_shorter_than_the_ttl_is_warned_about() {
+        let short = SimulateOpts {
+            duration: Duration::from_secs(120),
+            ttl: Duration::from_secs(600),
+            ..opts()
+        };
+        let warned = warnings(&short);
+        assert_eq!(warned.len(), 1, "{warned:?}");
+        assert!(warned[0].contains("does not reach past"), "{warned:?}");
+        assert!(warnings(&opts()).is_empty());
+        // As long as the TTL, or inside the jitter's reach: warned too.
+        for secs in [600, 700] {
+            let edge = SimulateOpts {
+                duration: Duration::from_secs(secs),
+                ttl: Duration::from_secs(600),
+                ..opts()
+            };
+            assert_eq!(warnings(&edge).len(), 1, "{secs} s");
+        }
+    }
+
+    #[test]
+    fn sparklines_share_one_scale() {
+        // A peak of 1,862 and one of 510: only the first reaches the top.
+        let lines = sparklines(&[vec![0, 1_862, 0], vec![0, 510, 0]]);
+        assert_eq!(lines[0], "▁█▁");
+        assert_eq!(lines[1], "▁▃▁");
+        assert_eq!(sparklines(&[vec![0, 0]]), ["▁▁"]);
+    }
+}

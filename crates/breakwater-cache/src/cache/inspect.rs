@@ -1,0 +1,158 @@
+//! Inspection: what the store holds for one key, as the cache sees it
+//! (fresh, stale or unreadable, how long each window has left, whether a
+//! load holds the lease), for operators and for tests.
+
+use std::time::Duration;
+
+use super::{Cache, Value, in_grace, reading};
+use crate::codec::Codec;
+use crate::entry::Entry;
+use crate::error::Error;
+use crate::store::Store;
+
+/// What the store holds for one key; see [`Cache::inspect`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Inspection {
+    /// The exact key in the store (see [`Cache::storage_key`]).
+    pub storage_key: Vec<u8>,
+    /// What is stored there.
+    pub stored: Stored,
+    /// The time the store keeps the record, if it has an expiry.
+    pub store_ttl: Option<Duration>,
+    /// `true` while some process holds the key's lease (a load is running).
+    pub lease_held: bool,
+}
+
+/// What is stored under a key; see [`Inspection`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Stored {
+    /// Nothing (never written, expired or invalidated).
+    Missing,
+    /// Bytes the cache cannot read as one of its entries (corrupt, another
+    /// codec, a foreign writer); a read treats them as a miss.
+    Unreadable {
+        /// How many bytes are stored.
+        bytes: usize,
+        /// Why they cannot be read.
+        reason: String,
+    },
+    /// One of the cache's entries.
+    Entry(EntryView),
+}
+
+/// One stored entry, judged on the store's clock; see [`Stored::Entry`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EntryView {
+    /// The entry records that the value does not exist (negative caching).
+    pub negative: bool,
+    /// The codec of the value.
+    pub codec: Codec,
+    /// The stored size (header and possibly compressed value).
+    pub stored_bytes: usize,
+    /// The serialized value's size, uncompressed.
+    pub value_bytes: usize,
+    /// How long the load that produced it took.
+    pub load_time: Duration,
+    /// Time left in the fresh window; `None` once it has ended.
+    pub fresh_for: Option<Duration>,
+    /// Time left in the stale window (which ends when the store drops the
+    /// record); `None` once it has ended.
+    pub stale_for: Option<Duration>,
+    /// Whether a `get_or_load` with the cache's defaults serves it now:
+    /// fresh, or stale within grace (while one refresh runs). Past grace but
+    /// inside the stale window it only stands in if a load fails.
+    pub servable: bool,
+}
+
+impl EntryView {
+    fn new<V: Value>(cache: &Cache<V>, entry: &Entry, stored_bytes: usize) -> Self {
+        let now = cache.inner.store.now_ms();
+        let left = |until: u64| (until > now).then(|| Duration::from_millis(until - now));
+        let fresh_for = left(entry.fresh_until);
+        let defaults = &cache.inner.defaults;
+        let servable = fresh_for.is_some()
+            || (in_grace(entry, now, defaults)
+                && cache
+                    .inner
+                    .freshness(defaults)
+                    .servable_stale(reading(entry, now)));
+        EntryView {
+            negative: entry.negative,
+            codec: entry.codec,
+            stored_bytes,
+            value_bytes: entry.payload.len(),
+            load_time: Duration::from_millis(u64::from(entry.load_ms)),
+            fresh_for,
+            stale_for: left(entry.stale_until),
+            servable,
+        }
+    }
+}
+
+impl<V: Value> Cache<V> {
+    /// What the store holds for `key`: the entry and its windows on the
+    /// store's clock, unreadable bytes, or nothing; the record's TTL in the
+    /// store; and whether a load holds the key's lease. Reads only: three
+    /// store reads, no L1, no load, no metrics.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use breakwater_cache::{Cache, Stored};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), breakwater_cache::Error> {
+    /// let cache = Cache::<String>::builder().namespace("catalog").build()?;
+    /// assert_eq!(cache.inspect("product:1").await?.stored, Stored::Missing);
+    /// cache.set("product:1", &"espresso".to_owned()).await?;
+    /// let Stored::Entry(entry) = cache.inspect("product:1").await?.stored else {
+    ///     panic!("just written");
+    /// };
+    /// assert!(entry.fresh_for.is_some() && !entry.negative);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidKey`](crate::ErrorKind::InvalidKey) for an empty or
+    /// over-long key, [`Store`](crate::ErrorKind::Store) if a read fails.
+    pub async fn inspect(&self, key: impl crate::CacheKey) -> Result<Inspection, Error> {
+        let storage_key = self.storage_key(key)?;
+        let store = &self.inner.store;
+        let bytes = store.get(&storage_key).await?;
+        let store_ttl = store.ttl(&storage_key).await?;
+        let lease_held = store
+            .lease_held(&self.inner.lease_key(&storage_key))
+            .await?;
+        let stored = match bytes {
+            None => Stored::Missing,
+            Some(bytes) => {
+                let len = bytes.len();
+                match Entry::decode(bytes, self.inner.compression.max_decompressed_len()) {
+                    Ok(entry) if entry.codec == self.inner.codec => {
+                        Stored::Entry(EntryView::new(self, &entry, len))
+                    }
+                    Ok(entry) => Stored::Unreadable {
+                        bytes: len,
+                        reason: format!(
+                            "written with codec {}, this cache reads {}",
+                            entry.codec.name(),
+                            self.inner.codec.name()
+                        ),
+                    },
+                    Err(err) => Stored::Unreadable {
+                        bytes: len,
+                        reason: err.to_string(),
+                    },
+                }
+            }
+        };
+        Ok(Inspection {
+            storage_key,
+            stored,
+            store_ttl,
+            lease_held,
+        })
+    }
+}

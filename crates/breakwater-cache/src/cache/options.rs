@@ -1,0 +1,510 @@
+//! Per-call settings ([`CacheEntry`]) and how a call was served ([`Served`]).
+
+use std::error::Error as StdError;
+use std::future::Future;
+use std::time::Duration;
+
+use std::sync::Arc;
+
+use super::tags::{TagSet, Tagged};
+use super::{Cache, Value};
+use crate::error::{ConfigError, Error, KeyedResult, MAX_WAIT, MAX_WINDOW};
+use crate::freshness::EarlyRefresh;
+use crate::jitter::Jitter;
+use crate::key::CacheKey;
+
+/// The settings one call runs with: the cache's defaults, overridden per
+/// call through [`Cache::entry`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Options {
+    pub(crate) ttl: Duration,
+    pub(crate) negative_ttl: Duration,
+    pub(crate) jitter: Jitter,
+    pub(crate) grace: Duration,
+    /// `None`: the same as `grace`.
+    pub(crate) max_stale: Option<Duration>,
+    pub(crate) early_refresh: EarlyRefresh,
+    pub(crate) soft_timeout: Option<Duration>,
+    pub(crate) load_timeout: Duration,
+    pub(crate) fail_safe_throttle: Duration,
+    /// Waiters poll every `lock_poll × poll_scale` (at most every lease
+    /// TTL): a `get_many` waiting on many keys spreads its fallback polls
+    /// (1 for a single call).
+    pub(crate) poll_scale: u32,
+}
+
+impl Options {
+    /// How long past its fresh window a value may be served at all.
+    pub(crate) fn max_stale(&self) -> Duration {
+        self.max_stale.unwrap_or(self.grace)
+    }
+
+    /// Every rule a set of options must satisfy, with exact messages.
+    ///
+    /// Windows (`ttl`, `negative_ttl`, `grace`, `max_stale`) are at most 365
+    /// days and waits (`load_timeout`, `fail_safe_throttle`) at most a day,
+    /// so no deadline computed from them can overflow.
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        for (name, value) in [("ttl", self.ttl), ("negative_ttl", self.negative_ttl)] {
+            if value < Duration::from_millis(1) {
+                return Err(ConfigError::new(format!(
+                    "{name} must be at least 1ms, got {value:?}"
+                ))
+                .for_key(name));
+            }
+            ConfigError::at_most(
+                name,
+                value,
+                MAX_WINDOW,
+                "a value kept longer belongs in the database; use at most 365 days",
+            )
+            .for_key(name)?;
+        }
+        ConfigError::at_most(
+            "grace",
+            self.grace,
+            MAX_WINDOW,
+            "use a grace of at most 365 days (Duration::ZERO for none)",
+        )
+        .for_key("grace")?;
+        if let Some(max_stale) = self.max_stale {
+            ConfigError::at_most(
+                "max_stale",
+                max_stale,
+                MAX_WINDOW,
+                "use a max_stale of at most 365 days",
+            )
+            .for_key("max_stale")?;
+        }
+        if let Some(max_stale) = self.max_stale
+            && self.grace > max_stale
+        {
+            return Err(ConfigError::new(format!(
+                "grace ({:?}) must not exceed max_stale ({max_stale:?})",
+                self.grace
+            ))
+            .for_key("grace"));
+        }
+        if self.load_timeout < Duration::from_millis(2) {
+            return Err(ConfigError::new(format!(
+                "load_timeout must be at least 2ms, got {:?}",
+                self.load_timeout
+            ))
+            .for_key("load_timeout"));
+        }
+        ConfigError::at_most(
+            "load_timeout",
+            self.load_timeout,
+            MAX_WAIT,
+            "use a load_timeout of at most 1 day",
+        )
+        .for_key("load_timeout")?;
+        ConfigError::at_most(
+            "fail_safe_throttle",
+            self.fail_safe_throttle,
+            MAX_WAIT,
+            "use a throttle of at most 1 day (the default is 5s)",
+        )
+        .for_key("fail_safe_throttle")?;
+        if let Some(soft) = self.soft_timeout
+            && (soft.is_zero() || soft >= self.load_timeout)
+        {
+            return Err(ConfigError::new(format!(
+                "soft_timeout ({soft:?}) must be greater than zero and below load_timeout ({:?})",
+                self.load_timeout
+            ))
+            .for_key("soft_timeout"));
+        }
+        self.jitter.validate().within("jitter")?;
+        self.early_refresh.validate().within("early_refresh")
+    }
+}
+
+/// How a call was served. Every return path says which.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    /// A fresh value from this process's near cache (L1): no store call.
+    L1Hit,
+    /// A fresh value from the store (Redis).
+    Hit,
+    /// A fresh "not found" from the cache (the loader said `None` earlier).
+    Negative,
+    /// A value past its fresh window, and why it was served anyway.
+    Stale {
+        /// Why the stale value was served.
+        reason: StaleReason,
+    },
+    /// This call's loader ran and its value was returned (and cached).
+    Loaded,
+    /// Another call's load was shared: in this process, or another process
+    /// that held the lease and woke this one.
+    Coalesced,
+    /// The load failed, was refused by the circuit breaker or shed, no stale
+    /// value could stand in, and the configured fallback was served (it is
+    /// not cached).
+    Fallback,
+}
+
+/// The `served` label values of `breakwater_requests_total`, indexed by
+/// [`Served::metric_index`]; the last one counts errors.
+pub(crate) const SERVED_LABELS: [&str; 15] = [
+    "l1_hit",
+    "hit",
+    "negative",
+    "stale_refreshing",
+    "stale_loader_failed",
+    "stale_soft_timeout",
+    "stale_lock_timeout",
+    "stale_breaker_open",
+    "stale_overloaded",
+    "stale_store_unavailable",
+    "stale_previous_version",
+    "loaded",
+    "coalesced",
+    "fallback",
+    "error",
+];
+
+/// The index of the `error` label in [`SERVED_LABELS`].
+pub(crate) const SERVED_ERROR: usize = SERVED_LABELS.len() - 1;
+
+impl Served {
+    /// The outcome as one word: the `served` label of
+    /// `breakwater_requests_total` (see [`metrics`](crate::metrics)):
+    /// `l1_hit`, `hit`, `negative`, `stale_refreshing`, `stale_loader_failed`,
+    /// `stale_soft_timeout`, `stale_lock_timeout`, `stale_breaker_open`,
+    /// `stale_overloaded`, `stale_store_unavailable`, `stale_previous_version`, `loaded`,
+    /// `coalesced` or `fallback`. [`Display`](std::fmt::Display) writes the
+    /// same, so it fits an `x-cache` header or a log field.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use breakwater_cache::{Served, StaleReason};
+    ///
+    /// assert_eq!(Served::L1Hit.as_str(), "l1_hit");
+    /// assert_eq!(Served::Hit.as_str(), "hit");
+    /// let stale = Served::Stale { reason: StaleReason::Refreshing };
+    /// assert_eq!(stale.to_string(), "stale_refreshing");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        SERVED_LABELS[self.metric_index()]
+    }
+
+    /// Where this outcome's label sits in [`SERVED_LABELS`].
+    pub(crate) fn metric_index(self) -> usize {
+        match self {
+            Served::L1Hit => 0,
+            Served::Hit => 1,
+            Served::Negative => 2,
+            Served::Stale { reason } => match reason {
+                StaleReason::Refreshing => 3,
+                StaleReason::LoaderFailed => 4,
+                StaleReason::SoftTimeout => 5,
+                StaleReason::LockTimeout => 6,
+                StaleReason::BreakerOpen => 7,
+                StaleReason::Overloaded => 8,
+                StaleReason::StoreUnavailable => 9,
+                StaleReason::PreviousVersion => 10,
+            },
+            Served::Loaded => 11,
+            Served::Coalesced => 12,
+            Served::Fallback => 13,
+        }
+    }
+}
+
+impl std::fmt::Display for Served {
+    /// [`Served::as_str`].
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a stale value was served.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StaleReason {
+    /// Inside grace: served at once while one background refresh runs.
+    Refreshing,
+    /// The loader failed (or failed recently: the key is throttled).
+    LoaderFailed,
+    /// The loader was slower than `soft_timeout`; it finishes in the
+    /// background and updates the cache.
+    SoftTimeout,
+    /// Another process held the lease past `lock_wait`.
+    LockTimeout,
+    /// The origin's circuit breaker is open; the loader was not called.
+    BreakerOpen,
+    /// The origin's bulkhead was full; the load was shed.
+    Overloaded,
+    /// The store could not be reached; a local (L1) copy stood in.
+    StoreUnavailable,
+    /// The key had no entry in this cache's version yet, inside the
+    /// version transition: the previous version's entry stood in while one
+    /// background load fills this version (see
+    /// [`CacheBuilder::version`](crate::CacheBuilder::version)).
+    PreviousVersion,
+}
+
+/// A value with how it was served; see [`Cache::get_or_load_with_meta`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fetched<V> {
+    /// The value, or `None` for "does not exist".
+    pub value: Option<V>,
+    /// How it was served.
+    pub served: Served,
+}
+
+/// One call with its own settings; see [`Cache::entry`].
+///
+/// Settings not given here are the cache's. When callers with different
+/// settings share one load, the settings of the call that started it apply
+/// to the write.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use breakwater_cache::{Cache, Jitter};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), breakwater_cache::Error> {
+/// let cache = Cache::<u64>::builder().build()?;
+/// let stock = cache
+///     .entry("stock:42")
+///     .ttl(Duration::from_secs(5))
+///     .jitter(Jitter::down(0.2)) // never older than 5 s
+///     .grace(Duration::ZERO)     // stock must not be served stale
+///     .get_or_load(|| async { Ok::<_, std::io::Error>(Some(3)) })
+///     .await?;
+/// assert_eq!(stock, Some(3));
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+#[must_use = "a CacheEntry does nothing until get_or_load is called"]
+pub struct CacheEntry<'a, V> {
+    cache: &'a Cache<V>,
+    key: Vec<u8>,
+    options: Options,
+    /// The tags this call's write records; checked when the call is made.
+    tags: Vec<Vec<u8>>,
+}
+
+impl<'a, V: Value> CacheEntry<'a, V> {
+    pub(super) fn new(cache: &'a Cache<V>, key: &[u8], options: Options) -> Self {
+        CacheEntry {
+            cache,
+            key: key.to_vec(),
+            options,
+            tags: Vec::new(),
+        }
+    }
+
+    /// Tags this call's write: [`Cache::invalidate_tag`] of any of them
+    /// makes the entry unreachable, fleet-wide. Called again, it adds more.
+    ///
+    /// A tag is 1 to 256 bytes (any [`CacheKey`]); an entry has at most 16
+    /// distinct tags (duplicates count once). A tagged entry costs one more
+    /// round trip (one `MGET` of its tags' generations) on every store read
+    /// of it, and on the load that writes it; untagged entries cost nothing
+    /// more. Tags apply to the value this call writes: a call that finds
+    /// the value cached, or shares another call's load, gets that value
+    /// with the tags it was written with.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use breakwater_cache::Cache;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), breakwater_cache::Error> {
+    /// let cache = Cache::<u64>::builder().build()?;
+    /// let price = cache
+    ///     .entry("price:42")
+    ///     .tags(["product:42", "catalog"])
+    ///     .get_or_load(|| async { Ok::<_, std::io::Error>(Some(1999)) })
+    ///     .await?;
+    /// assert_eq!(price, Some(1999));
+    /// cache.invalidate_tag("catalog").await?;
+    /// assert_eq!(cache.get("price:42").await?, None);
+    /// # Ok(()) }
+    /// ```
+    pub fn tags<I>(mut self, tags: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: CacheKey,
+    {
+        self.tags
+            .extend(tags.into_iter().map(|tag| tag.key_bytes().to_vec()));
+        self
+    }
+
+    /// The fresh TTL for this call's write, before jitter.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.options.ttl = ttl;
+        self
+    }
+
+    /// The negative TTL for this call's write, before jitter.
+    pub fn negative_ttl(mut self, ttl: Duration) -> Self {
+        self.options.negative_ttl = ttl;
+        self
+    }
+
+    /// The jitter for this call's write.
+    pub fn jitter(mut self, jitter: Jitter) -> Self {
+        self.options.jitter = jitter;
+        self
+    }
+
+    /// The grace window (stale-while-revalidate); `Duration::ZERO` opts out.
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.options.grace = grace;
+        self
+    }
+
+    /// The most a value may be served past its fresh window (fail-safe).
+    pub fn max_stale(mut self, max_stale: Duration) -> Self {
+        self.options.max_stale = Some(max_stale);
+        self
+    }
+
+    /// Early refresh before the value goes stale.
+    pub fn early_refresh(mut self, early: EarlyRefresh) -> Self {
+        self.options.early_refresh = early;
+        self
+    }
+
+    /// Serve the stale value if the load takes longer than this.
+    pub fn soft_timeout(mut self, timeout: Duration) -> Self {
+        self.options.soft_timeout = Some(timeout);
+        self
+    }
+
+    /// The hard bound on this call's load.
+    pub fn load_timeout(mut self, timeout: Duration) -> Self {
+        self.options.load_timeout = timeout;
+        self
+    }
+
+    /// [`Cache::get_or_load`] with this call's settings.
+    ///
+    /// # Errors
+    ///
+    /// As [`Cache::get_or_load`], and [`Config`](crate::ErrorKind::Config) if
+    /// this call's settings are invalid.
+    pub async fn get_or_load<F, Fut, E>(self, loader: F) -> Result<Option<V>, Error>
+    where
+        F: FnOnce() -> Fut + Clone + Send + Sync + 'static,
+        Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
+        E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+    {
+        self.get_or_load_with_meta(loader).await.map(|f| f.value)
+    }
+
+    /// [`Cache::get_or_load_with_meta`] with this call's settings.
+    ///
+    /// # Errors
+    ///
+    /// As [`get_or_load`](Self::get_or_load).
+    pub async fn get_or_load_with_meta<F, Fut, E>(self, loader: F) -> Result<Fetched<V>, Error>
+    where
+        F: FnOnce() -> Fut + Clone + Send + Sync + 'static,
+        Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
+        E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+    {
+        self.options.validate()?;
+        if self.tags.is_empty() {
+            return self.cache.fetch(&self.key, loader, &self.options).await;
+        }
+        let tags = TagSet::new(self.tags, &self.options)?;
+        let loader = Tagged {
+            loader,
+            tags: Arc::new(tags),
+        };
+        self.cache.fetch(&self.key, loader, &self.options).await
+    }
+
+    /// [`Cache::set`] with this call's settings (TTL, jitter, `max_stale`)
+    /// and [`tags`](Self::tags): the tags' current generations are read (one
+    /// `MGET`) and recorded with the value. A tag invalidated between that
+    /// read and the write leaves the value invalid at once (read as a miss),
+    /// never an older value valid.
+    ///
+    /// # Errors
+    ///
+    /// As [`Cache::set`]; [`Config`](crate::ErrorKind::Config) if this
+    /// call's settings are invalid, [`InvalidKey`](crate::ErrorKind::InvalidKey)
+    /// for an invalid tag, [`Store`](crate::ErrorKind::Store) if the tags'
+    /// generations cannot be read (nothing is written).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use breakwater_cache::Cache;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), breakwater_cache::Error> {
+    /// let cache = Cache::<String>::builder().build()?;
+    /// cache
+    ///     .entry("user:7:name")
+    ///     .tags(["user:7"])
+    ///     .ttl(Duration::from_secs(60))
+    ///     .set(&"Ada".to_string())
+    ///     .await?;
+    /// assert_eq!(cache.get("user:7:name").await?.as_deref(), Some("Ada"));
+    /// cache.invalidate_tag("user:7").await?;
+    /// assert_eq!(cache.get("user:7:name").await?, None);
+    /// # Ok(()) }
+    /// ```
+    pub async fn set(self, value: &V) -> Result<(), Error> {
+        self.options.validate()?;
+        let tags = if self.tags.is_empty() {
+            None
+        } else {
+            Some(TagSet::new(self.tags, &self.options)?)
+        };
+        self.cache
+            .set_with(&self.key, value, tags.as_ref(), &self.options)
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The label list and the index match are kept by hand: every outcome
+    /// must land on its own label.
+    #[test]
+    fn every_outcome_has_its_own_label() {
+        let stale = |reason| Served::Stale { reason };
+        let expected = [
+            (Served::L1Hit, "l1_hit"),
+            (Served::Hit, "hit"),
+            (Served::Negative, "negative"),
+            (stale(StaleReason::Refreshing), "stale_refreshing"),
+            (stale(StaleReason::LoaderFailed), "stale_loader_failed"),
+            (stale(StaleReason::SoftTimeout), "stale_soft_timeout"),
+            (stale(StaleReason::LockTimeout), "stale_lock_timeout"),
+            (stale(StaleReason::BreakerOpen), "stale_breaker_open"),
+            (stale(StaleReason::Overloaded), "stale_overloaded"),
+            (
+                stale(StaleReason::StoreUnavailable),
+                "stale_store_unavailable",
+            ),
+            (
+                stale(StaleReason::PreviousVersion),
+                "stale_previous_version",
+            ),
+            (Served::Loaded, "loaded"),
+            (Served::Coalesced, "coalesced"),
+            (Served::Fallback, "fallback"),
+        ];
+        for (served, label) in expected {
+            assert_eq!(SERVED_LABELS[served.metric_index()], label, "{served:?}");
+            assert_eq!(served.as_str(), label);
+            assert_eq!(served.to_string(), label);
+        }
+        assert_eq!(SERVED_LABELS[SERVED_ERROR], "error");
+        assert_eq!(SERVED_LABELS.len(), expected.len() + 1);
+    }
+}

@@ -1,0 +1,102 @@
+//! breakwater — a cache layer that keeps the primary database standing.
+//!
+//! Two different failures hide behind "the cache expired":
+//!
+//! - **Avalanche**: thousands of keys written together with one TTL expire in
+//!   the same second, and again one TTL later, so the database takes a wave of
+//!   misses on a schedule. The remedy is [`Jitter`] on every write, which
+//!   [`Cache`] applies by default (±10 %).
+//! - **Stampede** (dogpile, thundering herd): one hot key expires and every
+//!   request that wanted it runs the same expensive query. Jitter cannot help
+//!   one key; one load per key (single-flight plus a lease) and refreshing
+//!   before expiry can.
+//!
+//! [`Cache::get_or_load`] is the one call that composes the remedies; every
+//! policy in it has a documented default and a builder method.
+//!
+//! # Choosing a jitter
+//!
+//! | data | jitter |
+//! |---|---|
+//! | most keys, TTL of minutes or more | [`Jitter::ratio(0.1)`](Jitter::ratio) to `0.2` |
+//! | must never be older than the TTL | [`Jitter::down`] |
+//! | short TTLs (seconds) | [`Jitter::fixed`] (e.g. ±3 s on 10 s) |
+//!
+//! # Stores
+//!
+//! [`MemoryStore`] keeps entries in-process (one process, no server).
+//! [`RedisStore`] shares them between processes. Both judge time on the
+//! store's clock, never by comparing application machines' clocks.
+//!
+//! `rediss://` URLs (managed Redis services) need the `tls` feature
+//! (rustls): see [`RedisStoreConfig`]'s `# TLS` for a private CA and client
+//! certificates.
+//!
+//! # Configuration
+//!
+//! Every setting has a builder method, and the same settings can come from
+//! a TOML or JSON file or from environment variables
+//! (`BREAKWATER_CACHE_TTL=5m`): [`config::CacheConfig`], checked by the
+//! builder's own checks, with every key and its default in [`config`].
+//!
+//! # Examples
+//!
+//! ```
+//! use std::time::Duration;
+//! use breakwater_cache::{Cache, Jitter};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let cache = Cache::<u64>::builder()
+//!     .namespace("stock")
+//!     .ttl(Duration::from_secs(10))
+//!     .jitter(Jitter::fixed(Duration::from_secs(3))) // 7..=13 s
+//!     .build()?;
+//! let units = cache.get_or_load("sku:1", || async { Ok::<_, std::io::Error>(Some(12)) }).await?;
+//! assert_eq!(units, Some(12));
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+
+mod background;
+pub mod breaker;
+mod cache;
+pub mod clock;
+pub mod codec;
+pub mod config;
+mod entry;
+mod error;
+mod flight;
+pub mod freshness;
+pub mod jitter;
+pub mod key;
+pub mod l1;
+pub mod limit;
+mod log_limit;
+pub mod metrics;
+pub mod retry;
+pub mod store;
+
+pub use breaker::{BreakerConfig, BreakerState};
+pub use cache::{
+    Cache, CacheBuilder, CacheEntry, EntryView, Fetched, Inspection, OnLockTimeout, Origin,
+    OriginBuilder, Served, Settings, StaleReason, Stored, Value, Warm, WarmReport,
+};
+pub use codec::{Codec, Compression};
+pub use error::{ConfigError, Error, ErrorKind};
+pub use freshness::EarlyRefresh;
+pub use jitter::{Backoff, Interval, Jitter};
+pub use key::{CacheKey, KeyBytes};
+pub use l1::L1Config;
+pub use limit::LimitConfig;
+pub use metrics::{LeaseStats, LoadStats, NoticeStats, Stats};
+pub use retry::RetryConfig;
+pub use store::{
+    Delivery, FencedWrite, LeaseAttempt, LeaseRequest, MemoryStore, Notice, RedisLatency,
+    RedisStore, RedisStoreConfig, Replace, SentinelError, Store, StoreFuture, Subscription,
+    Unchanged,
+};
+
+/// The README's examples, compiled and run as doctests.
+#[doc = include_str!("../../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -1,0 +1,412 @@
+//! The cache on a private three-node Redis Cluster: one load per key across
+//! "processes" (separate stores, own connections), waiters woken by a fill
+//! on another node, fenced writes, and a node outage. The `Store` contract
+//! runs on the cluster too (`store_contract.rs`).
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use breakwater_cache::{BreakerConfig, BreakerState, Cache, RedisStore, RedisStoreConfig, Store};
+use support::{CountingStore, RedisCluster, cluster_store, connect_cluster, slow_loader};
+
+fn cache_on<S: Store + Clone>(store: &S) -> Cache<String> {
+    Cache::builder()
+        .namespace("cluster")
+        .store(store.clone())
+        .ttl(Duration::from_secs(60))
+        .lock_poll(Duration::from_secs(10)) // polling alone would take ≥ 5 s
+        .build()
+        .unwrap()
+}
+
+/// The cluster node that stores `key` for `cache`.
+fn node_of(cluster: &RedisCluster, cache: &Cache<String>, key: &str) -> usize {
+    let storage = cache.storage_key(key.as_bytes()).unwrap();
+    cluster.node_of(std::str::from_utf8(&storage).unwrap())
+}
+
+/// A user key whose entry lives on `node`.
+fn key_on(cluster: &RedisCluster, cache: &Cache<String>, node: usize) -> String {
+    (0..)
+        .map(|i| format!("key-{i}"))
+        .find(|k| node_of(cluster, cache, k) == node)
+        .unwrap()
+}
+
+/// A store on `cluster` with short deadlines, connected.
+async fn impatient(cluster: &RedisCluster) -> RedisStore {
+    let config = RedisStoreConfig::default()
+        .connect_timeout(Duration::from_millis(900))
+        .response_timeout(Duration::from_millis(300));
+    let store = RedisStore::connect_cluster_with(cluster.urls(), config).unwrap();
+    store.warm_up().await.unwrap();
+    store
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_spread_over_every_node_and_each_loads_once_across_processes() {
+    let (cluster, store) = cluster_store().await;
+    let other = connect_cluster(&cluster).await;
+    let caches = [cache_on(&store), cache_on(&other)];
+    let keys: Vec<String> = (0..30).map(|i| format!("product:{i}")).collect();
+    let calls: Vec<Arc<AtomicUsize>> = keys.iter().map(|_| Arc::default()).collect();
+    let mut tasks = Vec::new();
+    for (key, calls) in keys.iter().zip(&calls) {
+        for cache in &caches {
+            for _ in 0..10 {
+                let cache = cache.clone();
+                let key = key.clone();
+                let load = slow_loader(calls, Duration::from_millis(50), &format!("v:{key}"));
+                tasks.push(tokio::spawn(async move {
+                    let got = cache.get_or_load(&key, load).await;
+                    (key, got)
+                }));
+            }
+        }
+    }
+    for task in tasks {
+        let (key, got) = task.await.unwrap();
+        assert_eq!(got.unwrap(), Some(format!("v:{key}")));
+    }
+    for (key, calls) in keys.iter().zip(&calls) {
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            1,
+            "{key} loaded more than once"
+        );
+    }
+    // The entries (and only they: leases are gone) are spread over the nodes.
+    let per_node: Vec<u64> = cluster
+        .nodes()
+        .iter()
+        .map(|node| node.command(&["DBSIZE"]).unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(per_node.iter().sum::<u64>(), 30, "{per_node:?}");
+    assert!(per_node.iter().all(|&n| n > 0), "{per_node:?}");
+}
+
+/// Process A loads `key` slowly while process B (its own cluster
+/// connection) waits; see [`support::wait_for_a_fill`].
+async fn wait_for_a_fill(
+    cluster: &RedisCluster,
+    key: &str,
+    value: &str,
+) -> (Option<String>, usize) {
+    let a_store = connect_cluster(cluster).await;
+    let b_store = CountingStore::new(connect_cluster(cluster).await);
+    let (a, b) = (cache_on(&a_store), cache_on(&b_store));
+    support::wait_for_a_fill(a, b, || b_store.gets(), key, value).await
+}
+
+#[tokio::test]
+async fn a_fill_on_one_node_wakes_a_waiter_subscribed_to_another() {
+    let (cluster, store) = cluster_store().await;
+    // Subscriptions use the first node; the key lives on the last.
+    let key = key_on(&cluster, &cache_on(&store), 2);
+    let (got, gets_after_wake) = wait_for_a_fill(&cluster, &key, "filled").await;
+    assert_eq!(got.as_deref(), Some("filled"));
+    assert_eq!(
+        gets_after_wake, 0,
+        "woken by the fill's message, which carried the value"
+    );
+}
+
+#[tokio::test]
+async fn invalidate_during_a_slow_load_refuses_its_write_on_a_cluster() {
+    let (cluster, store) = cluster_store().await;
+    let other = connect_cluster(&cluster).await;
+    let (a, b) = (cache_on(&store), cache_on(&other));
+    let key = key_on(&cluster, &a, 1);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let slow = {
+        let load = slow_loader(&calls, Duration::from_millis(500), "stale");
+        let (a, key) = (a.clone(), key.clone());
+        tokio::spawn(async move { a.get_or_load(&key, load).await })
+    };
+    support::until("the load to start", || calls.load(Ordering::SeqCst) > 0).await;
+    b.invalidate(&key).await.unwrap();
+    // The slow load still answers its own callers...
+    assert_eq!(slow.await.unwrap().unwrap().as_deref(), Some("stale"));
+    // ...but its write was refused: the next read loads fresh data.
+    assert_eq!(a.get(&key).await.unwrap(), None);
+    let fresh = b
+        .get_or_load(&key, slow_loader(&calls, Duration::ZERO, "fresh"))
+        .await
+        .unwrap();
+    assert_eq!(fresh.as_deref(), Some("fresh"));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_dead_node_degrades_its_keys_to_direct_loads_and_spares_the_others() {
+    let mut cluster = RedisCluster::start();
+    let store = impatient(&cluster).await;
+    let cache = cache_on(&store);
+    let (dead, alive) = (key_on(&cluster, &cache, 1), key_on(&cluster, &cache, 0));
+    let calls = Arc::new(AtomicUsize::new(0));
+    for key in [&dead, &alive] {
+        let got = cache
+            .get_or_load(
+                key,
+                slow_loader(&calls, Duration::ZERO, &format!("v:{key}")),
+            )
+            .await
+            .unwrap();
+        assert_eq!(got, Some(format!("v:{key}")));
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+
+    cluster.node_mut(1).kill();
+    // The dead node's key is loaded directly: no error reaches the caller.
+    let got = cache
+        .get_or_load(&dead, slow_loader(&calls, Duration::ZERO, "direct"))
+        .await
+        .unwrap();
+    assert_eq!(got.as_deref(), Some("direct"));
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    // A key on a live node is still served from the cluster, unloaded.
+    let got = cache
+        .get_or_load(&alive, slow_loader(&calls, Duration::ZERO, "reloaded"))
+        .await
+        .unwrap();
+    assert_eq!(got, Some(format!("v:{alive}")));
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn failure_domains_follow_hash_slots() {
+    let (cluster, store) = cluster_store().await;
+    assert_eq!(store.failure_domains(), 64);
+    for key in [
+        "foo",
+        "bar",
+        "bw:cluster:v:{product:1}",
+        "{user1000}.following",
+    ] {
+        let slot: usize = cluster.nodes()[0]
+            .command(&["CLUSTER", "KEYSLOT", key])
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(store.failure_domain(key.as_bytes()), slot / 256, "{key}");
+    }
+}
+
+#[tokio::test]
+async fn a_dead_node_opens_only_its_own_store_breakers() {
+    let mut cluster = RedisCluster::start();
+    let store = impatient(&cluster).await;
+    let cache: Cache<String> = Cache::builder()
+        .namespace("cluster")
+        .store(store)
+        .ttl(Duration::from_secs(60))
+        .store_breaker(
+            BreakerConfig::new()
+                .consecutive_failures(3)
+                .cool_down(Duration::from_secs(60)),
+        )
+        .build()
+        .unwrap();
+    let alive = key_on(&cluster, &cache, 0);
+    cache.set(&alive, &"cached".to_owned()).await.unwrap();
+    // Keys of one failure domain (256 slots) on node 1: a failed read
+    // loads directly without touching the store again, so each call is one
+    // failure against its domain's breaker.
+    let domain = |k: &str| {
+        let storage = cache.storage_key(k.as_bytes()).unwrap();
+        cache.store().failure_domain(&storage)
+    };
+    let first = key_on(&cluster, &cache, 1);
+    let dead: Vec<String> = (0..)
+        .map(|i| format!("key-{i}"))
+        .filter(|k| domain(k) == domain(&first))
+        .take(4)
+        .collect();
+    assert_ne!(domain(&alive), domain(&first));
+
+    cluster.node_mut(1).kill();
+    let calls = Arc::new(AtomicUsize::new(0));
+    for key in &dead {
+        let got = cache
+            .get_or_load(key, slow_loader(&calls, Duration::ZERO, "direct"))
+            .await
+            .unwrap();
+        assert_eq!(got.as_deref(), Some("direct"));
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), dead.len());
+    // The dead node's failures opened its breakers...
+    assert_eq!(cache.store_breaker_state(), BreakerState::Open);
+    // ...and only its: a key on a live node is still read from the store.
+    let got = cache
+        .get_or_load(&alive, slow_loader(&calls, Duration::ZERO, "reloaded"))
+        .await
+        .unwrap();
+    assert_eq!(got.as_deref(), Some("cached"));
+    assert_eq!(calls.load(Ordering::SeqCst), dead.len());
+}
+
+#[tokio::test]
+async fn every_process_reads_the_clock_of_the_node_serving_slot_0() {
+    let (cluster, _store) = cluster_store().await;
+    let _other = connect_cluster(&cluster).await;
+    let time_calls = |node: usize| {
+        support::command_calls(&cluster.nodes()[node])
+            .into_iter()
+            .find(|(name, _)| name == "time")
+            .map_or(0, |(_, calls)| calls)
+    };
+    // Two stores connected: three samples each, all from node 0.
+    assert_eq!(time_calls(0), 6);
+    assert_eq!((time_calls(1), time_calls(2)), (0, 0));
+}
+
+#[tokio::test]
+async fn losing_slot_0s_primary_spares_the_other_nodes_and_new_processes() {
+    let mut cluster = RedisCluster::start();
+    let store = impatient(&cluster).await;
+    let cache = cache_on(&store);
+    let alive = key_on(&cluster, &cache, 2);
+    cache.set(&alive, &"cached".to_owned()).await.unwrap();
+
+    // Node 0 serves slot 0: its clock is the store's, and it is a seed.
+    cluster.node_mut(0).kill();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let dead = key_on(&cluster, &cache, 0);
+    let got = cache
+        .get_or_load(&dead, slow_loader(&calls, Duration::ZERO, "direct"))
+        .await
+        .unwrap();
+    assert_eq!(got.as_deref(), Some("direct"));
+    for _ in 0..3 {
+        let got = cache
+            .get_or_load(&alive, slow_loader(&calls, Duration::ZERO, "reloaded"))
+            .await
+            .unwrap();
+        assert_eq!(got.as_deref(), Some("cached"), "read from node 2");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    // A process that starts now connects and reads node 2 too.
+    let newcomer = cache_on(&impatient(&cluster).await);
+    let got = newcomer
+        .get_or_load(&alive, slow_loader(&calls, Duration::ZERO, "reloaded"))
+        .await
+        .unwrap();
+    assert_eq!(got.as_deref(), Some("cached"));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_silent_node_costs_only_its_own_keys() {
+    let cluster = RedisCluster::start();
+    let store = impatient(&cluster).await;
+    let cache = cache_on(&store);
+    let alive = key_on(&cluster, &cache, 0);
+    let silent = key_on(&cluster, &cache, 1);
+    cache.set(&alive, &"cached".to_owned()).await.unwrap();
+
+    cluster.nodes()[1].pause(); // SIGSTOP: connections stay open, nothing answers
+    let calls = Arc::new(AtomicUsize::new(0));
+    let got = cache
+        .get_or_load(&silent, slow_loader(&calls, Duration::ZERO, "direct"))
+        .await
+        .unwrap();
+    assert_eq!(
+        got.as_deref(),
+        Some("direct"),
+        "one deadline, then a direct load"
+    );
+    for _ in 0..3 {
+        let got = cache
+            .get_or_load(&alive, slow_loader(&calls, Duration::ZERO, "reloaded"))
+            .await
+            .unwrap();
+        assert_eq!(got.as_deref(), Some("cached"), "read from node 0");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    cluster.nodes()[1].resume();
+}
+
+#[tokio::test]
+async fn lease_scripts_run_on_a_node_that_lost_them_while_another_hangs() {
+    let cluster = RedisCluster::start();
+    let store = impatient(&cluster).await;
+    let lease = (0..)
+        .map(|i| format!("bw:t:l:{{k{i}}}"))
+        .find(|k| cluster.node_of(k) == 0)
+        .unwrap();
+    assert!(
+        store
+            .acquire_lease(lease.as_bytes(), b"a", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    // Node 0 forgets its scripts (as after a restart) while node 2 hangs:
+    // loading a script on every node is impossible now.
+    cluster.nodes()[2].pause();
+    assert_eq!(
+        cluster.nodes()[0].command(&["SCRIPT", "FLUSH"]).unwrap(),
+        "OK"
+    );
+    let notice = breakwater_cache::Notice {
+        channel: b"bw:t:events",
+        message: b"released",
+    };
+    assert!(
+        store
+            .release_lease(lease.as_bytes(), b"a", notice)
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .acquire_lease(lease.as_bytes(), b"b", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+}
+
+#[tokio::test]
+async fn a_new_process_connects_while_slot_0s_primary_is_silent() {
+    let cluster = RedisCluster::start();
+    let cache = cache_on(&impatient(&cluster).await);
+    let alive = key_on(&cluster, &cache, 2);
+    cache.set(&alive, &"cached".to_owned()).await.unwrap();
+
+    cluster.nodes()[0].pause(); // SIGSTOP: the clock node stops answering
+    let newcomer = cache_on(&impatient(&cluster).await);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let got = newcomer
+        .get_or_load(&alive, slow_loader(&calls, Duration::ZERO, "reloaded"))
+        .await
+        .unwrap();
+    assert_eq!(got.as_deref(), Some("cached"), "read from node 2");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    cluster.nodes()[0].resume();
+}
+
+/// `set_many` on a cluster: a batch whose keys live on every node is
+/// written (side by side, each to its key's node) and read back by another
+/// process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_many_writes_keys_on_every_node() {
+    let (cluster, store) = cluster_store().await;
+    let other = connect_cluster(&cluster).await;
+    let (writer, reader) = (cache_on(&store), cache_on(&other));
+    let keys: Vec<String> = (0..1_000).map(|i| format!("bulk:{i}")).collect();
+    let nodes: std::collections::HashSet<usize> =
+        keys.iter().map(|k| node_of(&cluster, &writer, k)).collect();
+    assert_eq!(nodes.len(), 3, "the batch spans every node");
+    writer
+        .set_many(keys.iter().map(|k| (k.clone(), format!("v-{k}"))))
+        .await
+        .unwrap();
+    for k in &keys {
+        assert_eq!(reader.get(k).await.unwrap(), Some(format!("v-{k}")), "{k}");
+    }
+}

@@ -1,0 +1,920 @@
+//! The `Store` contract, run against every backend: `MemoryStore` on paused
+//! tokio time, and `RedisStore` on a private, real `redis-server`, on a
+//! private three-node Redis Cluster, and on the master of a private Redis
+//! Sentinel setup.
+
+mod support;
+
+use std::time::Duration;
+
+use breakwater_cache::{
+    Delivery, ErrorKind, FencedWrite, LeaseAttempt, LeaseRequest, Notice, Replace, Store,
+    Subscription, Unchanged,
+};
+
+/// How a backend lets time pass: paused tokio time for the memory store, real
+/// time for Redis (whose expiry runs on its own clock).
+#[derive(Clone, Copy)]
+enum Time {
+    Paused,
+    Real,
+}
+
+impl Time {
+    async fn pass(self, d: Duration) {
+        match self {
+            Time::Paused => tokio::time::advance(d).await,
+            Time::Real => tokio::time::sleep(d).await,
+        }
+    }
+}
+
+const BINARY_KEY: &[u8] = b"bw:test:{\x00\xff\r\n}:\xc3\x28 key";
+const BINARY_VALUE: &[u8] = b"\x00\x01\x02\xff\xfe\r\n\0value";
+
+async fn missing_key_reads_none(store: &dyn Store, _: Time) {
+    assert_eq!(store.get(b"missing").await.unwrap(), None);
+    assert_eq!(store.ttl(b"missing").await.unwrap(), None);
+    assert!(!store.delete(b"missing").await.unwrap());
+}
+
+async fn set_then_get_is_binary_safe(store: &dyn Store, _: Time) {
+    store
+        .set(BINARY_KEY, BINARY_VALUE, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get(BINARY_KEY).await.unwrap().as_deref(),
+        Some(BINARY_VALUE)
+    );
+    store
+        .set(b"empty", b"", Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(store.get(b"empty").await.unwrap(), Some(Vec::new()));
+}
+
+async fn set_replaces_value_and_ttl(store: &dyn Store, _: Time) {
+    store
+        .set(b"k", b"one", Duration::from_secs(600))
+        .await
+        .unwrap();
+    store
+        .set(b"k", b"two", Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(store.get(b"k").await.unwrap().as_deref(), Some(&b"two"[..]));
+    let ttl = store.ttl(b"k").await.unwrap().unwrap();
+    assert!(ttl <= Duration::from_secs(5), "{ttl:?}");
+    assert!(ttl > Duration::from_secs(4), "{ttl:?}");
+}
+
+async fn ttl_is_reported_in_milliseconds(store: &dyn Store, _: Time) {
+    store
+        .set(b"k", b"v", Duration::from_millis(12_345))
+        .await
+        .unwrap();
+    let ttl = store.ttl(b"k").await.unwrap().unwrap();
+    assert!(ttl <= Duration::from_millis(12_345), "{ttl:?}");
+    assert!(ttl > Duration::from_millis(12_000), "{ttl:?}");
+}
+
+async fn zero_ttl_is_rejected(store: &dyn Store, _: Time) {
+    let err = store.set(b"k", b"v", Duration::ZERO).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    let err = store
+        .set(b"k", b"v", Duration::from_micros(999))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    assert_eq!(
+        store.get(b"k").await.unwrap(),
+        None,
+        "a rejected write wrote"
+    );
+}
+
+async fn delete_removes_once(store: &dyn Store, _: Time) {
+    store
+        .set(b"k", b"v", Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(store.delete(b"k").await.unwrap());
+    assert!(!store.delete(b"k").await.unwrap());
+    assert_eq!(store.get(b"k").await.unwrap(), None);
+}
+
+async fn keys_expire_after_their_ttl(store: &dyn Store, time: Time) {
+    store
+        .set(b"short", b"v", Duration::from_millis(50))
+        .await
+        .unwrap();
+    store
+        .set(b"long", b"v", Duration::from_secs(60))
+        .await
+        .unwrap();
+    // Redis expires on its own clock and may take a moment to notice; a
+    // bounded wait, never a timing assertion.
+    let mut waited = Duration::ZERO;
+    while store.get(b"short").await.unwrap().is_some() {
+        assert!(waited < Duration::from_secs(5), "key did not expire");
+        time.pass(Duration::from_millis(25)).await;
+        waited += Duration::from_millis(25);
+    }
+    assert!(
+        waited >= Duration::from_millis(25),
+        "expired before its TTL"
+    );
+    assert_eq!(store.ttl(b"short").await.unwrap(), None);
+    assert!(store.get(b"long").await.unwrap().is_some());
+}
+
+async fn large_values_round_trip(store: &dyn Store, _: Time) {
+    let value: Vec<u8> = (0..1_048_576u32).map(|i| (i % 251) as u8).collect();
+    store
+        .set(b"big", &value, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(store.get(b"big").await.unwrap(), Some(value));
+}
+
+async fn clock_is_unix_ms_and_monotonic(store: &dyn Store, time: Time) {
+    let a = store.now_ms();
+    // 2020-09-13 and 2100-01-01: a Unix-milliseconds clock, not some other unit.
+    assert!((1_600_000_000_000..4_102_444_800_000).contains(&a), "{a}");
+    time.pass(Duration::from_millis(20)).await;
+    let b = store.now_ms();
+    assert!(b >= a + 20, "clock did not advance: {a} -> {b}");
+    let c = store.now_ms();
+    assert!(c >= b, "clock went backwards: {b} -> {c}");
+}
+
+const LEASE: &[u8] = b"bw:test:l:{k}";
+const VALUE_KEY: &[u8] = b"bw:test:v:{k}";
+const CHANNEL: &[u8] = b"bw:test:events";
+const TTL: Duration = Duration::from_secs(10);
+
+fn notice(message: &[u8]) -> Notice<'_> {
+    Notice {
+        channel: CHANNEL,
+        message,
+    }
+}
+
+fn fenced<'a>(token: &'a [u8], value: &'a [u8], value_notice: Option<&'a [u8]>) -> FencedWrite<'a> {
+    FencedWrite {
+        key: VALUE_KEY,
+        value,
+        ttl: TTL,
+        lease_key: LEASE,
+        token,
+        notice: notice(b"plain"),
+        value_notice,
+        unchanged: None,
+    }
+}
+
+async fn subscribed(store: &dyn Store) -> Subscription {
+    let mut sub = store.subscribe(CHANNEL);
+    assert!(
+        sub.ready(Duration::from_secs(5)).await,
+        "subscription never came up"
+    );
+    // Drain the (re)subscription announcement.
+    while let Ok(Some(Delivery::Missed)) =
+        tokio::time::timeout(Duration::from_millis(100), sub.recv()).await
+    {}
+    sub
+}
+
+async fn next_message(sub: &mut Subscription) -> Vec<u8> {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), sub.recv()).await {
+            Ok(Some(Delivery::Message(m))) => return m.to_vec(),
+            Ok(Some(Delivery::Missed)) => {}
+            other => panic!("no message: {other:?}"),
+        }
+    }
+}
+
+async fn a_lease_has_one_holder_bound_to_its_token(store: &dyn Store, time: Time) {
+    let mut sub = subscribed(store).await;
+    assert!(!store.lease_held(LEASE).await.unwrap());
+    assert!(
+        store
+            .acquire_lease(LEASE, b"token-a", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    assert!(store.lease_held(LEASE).await.unwrap());
+    assert!(
+        !store
+            .acquire_lease(LEASE, b"token-b", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    // Only the holder extends or releases it, even once it is waited on.
+    assert!(!store.extend_lease(LEASE, b"token-b", TTL).await.unwrap());
+    assert!(store.extend_lease(LEASE, b"token-a", TTL).await.unwrap());
+    assert!(
+        !store
+            .release_lease(LEASE, b"token-b", notice(b"wrong"))
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .release_lease(LEASE, b"token-a", notice(b"released"))
+            .await
+            .unwrap()
+    );
+    assert_eq!(next_message(&mut sub).await, b"released");
+    assert!(!store.lease_held(LEASE).await.unwrap());
+    // Free again; and a lease runs out on its own.
+    assert!(
+        store
+            .acquire_lease(LEASE, b"token-b", Duration::from_millis(50))
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    time.pass(Duration::from_millis(120)).await;
+    assert!(!store.lease_held(LEASE).await.unwrap(), "expired");
+    assert!(
+        store
+            .acquire_lease(LEASE, b"token-c", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+}
+
+async fn a_token_that_is_a_prefix_of_the_holders_holds_nothing(store: &dyn Store, _: Time) {
+    assert!(
+        store
+            .acquire_lease(LEASE, b"abw", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    assert!(
+        !store
+            .acquire_lease(LEASE, b"other", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    ); // marks it
+    assert!(!store.extend_lease(LEASE, b"ab", TTL).await.unwrap());
+    assert!(
+        !store
+            .release_lease(LEASE, b"ab", notice(b"x"))
+            .await
+            .unwrap()
+    );
+    assert!(!store.fenced_set(fenced(b"ab", b"v", None)).await.unwrap());
+    assert_eq!(store.get(VALUE_KEY).await.unwrap(), None);
+    assert!(store.fenced_set(fenced(b"abw", b"v", None)).await.unwrap());
+}
+
+async fn a_fenced_write_needs_the_lease(store: &dyn Store, _: Time) {
+    assert!(
+        store
+            .acquire_lease(LEASE, b"token-a", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    store
+        .invalidate(VALUE_KEY, LEASE, notice(b"invalidated"))
+        .await
+        .unwrap();
+    assert!(
+        !store
+            .fenced_set(fenced(b"token-a", b"late", None))
+            .await
+            .unwrap()
+    );
+    assert_eq!(store.get(VALUE_KEY).await.unwrap(), None);
+
+    assert!(
+        store
+            .acquire_lease(LEASE, b"token-b", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    assert!(
+        !store
+            .fenced_set(fenced(b"token-a", b"late", None))
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .fenced_set(fenced(b"token-b", b"fresh", None))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store.get(VALUE_KEY).await.unwrap().as_deref(),
+        Some(&b"fresh"[..])
+    );
+    // The write released the lease.
+    assert!(
+        store
+            .acquire_lease(LEASE, b"token-c", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+}
+
+async fn a_waited_on_lease_hands_the_value_to_its_notice(store: &dyn Store, _: Time) {
+    let mut sub = subscribed(store).await;
+    // Nobody waited: the plain notice.
+    assert!(
+        store
+            .acquire_lease(LEASE, b"token-a", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    assert!(
+        store
+            .fenced_set(fenced(b"token-a", b"one", Some(b"head:")))
+            .await
+            .unwrap()
+    );
+    assert_eq!(next_message(&mut sub).await, b"plain");
+    // Somebody waited: the value notice with the value appended.
+    assert!(
+        store
+            .acquire_lease(LEASE, b"token-b", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    assert!(
+        !store
+            .acquire_lease(LEASE, b"token-c", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    assert!(
+        !store
+            .acquire_lease(LEASE, b"token-d", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    assert!(
+        store
+            .fenced_set(fenced(b"token-b", BINARY_VALUE, Some(b"head:")))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        next_message(&mut sub).await,
+        [&b"head:"[..], BINARY_VALUE].concat()
+    );
+    assert_eq!(
+        store.get(VALUE_KEY).await.unwrap().as_deref(),
+        Some(BINARY_VALUE)
+    );
+    // Somebody waited but the writer offers no value notice: the plain one.
+    assert!(
+        store
+            .acquire_lease(LEASE, b"token-e", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    assert!(
+        !store
+            .acquire_lease(LEASE, b"token-f", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    assert!(
+        store
+            .fenced_set(fenced(b"token-e", b"big", None))
+            .await
+            .unwrap()
+    );
+    assert_eq!(next_message(&mut sub).await, b"plain");
+    // The mark went with the lease: the next holder starts unwaited.
+    assert!(
+        store
+            .acquire_lease(LEASE, b"token-g", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    assert!(
+        store
+            .fenced_set(fenced(b"token-g", b"two", Some(b"head:")))
+            .await
+            .unwrap()
+    );
+    assert_eq!(next_message(&mut sub).await, b"plain");
+}
+
+async fn a_lease_attempt_is_idempotent_and_reports_the_time_left(store: &dyn Store, _: Time) {
+    assert!(
+        store
+            .acquire_lease(LEASE, b"token-a", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    // The same token again (a retried call whose reply was lost): still its.
+    assert!(
+        store
+            .acquire_lease(LEASE, b"token-a", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    match store.acquire_lease(LEASE, b"token-b", TTL).await.unwrap() {
+        LeaseAttempt::Held { ttl } => {
+            assert!(ttl <= TTL && ttl > TTL - Duration::from_secs(2), "{ttl:?}");
+        }
+        other => panic!("token-b took a held lease: {other:?}"),
+    }
+    // Token a still holds it, waited on or not.
+    assert!(store.extend_lease(LEASE, b"token-a", TTL).await.unwrap());
+}
+
+async fn replace_writes_revokes_the_lease_and_publishes(store: &dyn Store, _: Time) {
+    let mut sub = subscribed(store).await;
+    assert!(
+        store
+            .acquire_lease(LEASE, b"token-a", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    store
+        .replace(VALUE_KEY, BINARY_VALUE, TTL, LEASE, notice(b"replaced"))
+        .await
+        .unwrap();
+    assert_eq!(next_message(&mut sub).await, b"replaced");
+    assert_eq!(
+        store.get(VALUE_KEY).await.unwrap().as_deref(),
+        Some(BINARY_VALUE)
+    );
+    assert!(
+        !store.lease_held(LEASE).await.unwrap(),
+        "the lease was revoked"
+    );
+    // The revoked holder's write is refused: the replaced value stands.
+    assert!(
+        !store
+            .fenced_set(fenced(b"token-a", b"old", None))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store.get(VALUE_KEY).await.unwrap().as_deref(),
+        Some(BINARY_VALUE)
+    );
+    let ttl = store.ttl(VALUE_KEY).await.unwrap().unwrap();
+    assert!(ttl <= TTL && ttl > TTL - Duration::from_secs(2), "{ttl:?}");
+    let zero = store
+        .replace(VALUE_KEY, b"v", Duration::ZERO, LEASE, notice(b"x"))
+        .await
+        .unwrap_err();
+    assert_eq!(zero.kind(), ErrorKind::Config, "{zero}");
+}
+
+async fn replace_many_writes_every_entry_and_revokes_every_lease(store: &dyn Store, _: Time) {
+    let mut sub = subscribed(store).await;
+    let keys: Vec<Vec<u8>> = (0..3)
+        .map(|i| format!("bw:test:v:{{m{i}}}").into_bytes())
+        .collect();
+    let leases: Vec<Vec<u8>> = (0..3)
+        .map(|i| format!("bw:test:l:{{m{i}}}").into_bytes())
+        .collect();
+    for lease in &leases {
+        assert!(
+            store
+                .acquire_lease(lease, b"holder", TTL)
+                .await
+                .unwrap()
+                .is_acquired()
+        );
+    }
+    let writes: Vec<Replace<'_>> = keys
+        .iter()
+        .zip(&leases)
+        .map(|(key, lease_key)| Replace {
+            key,
+            value: BINARY_VALUE,
+            ttl: TTL,
+            lease_key,
+            notice: notice(b"replaced"),
+        })
+        .collect();
+    store.replace_many(&writes).await.unwrap();
+    for (key, lease) in keys.iter().zip(&leases) {
+        assert_eq!(next_message(&mut sub).await, b"replaced");
+        assert_eq!(store.get(key).await.unwrap().as_deref(), Some(BINARY_VALUE));
+        assert!(!store.lease_held(lease).await.unwrap());
+    }
+    store.replace_many(&[]).await.unwrap();
+}
+
+async fn get_many_reads_in_order_across_slots(store: &dyn Store, _: Time) {
+    // 600 keys: more than one command's worth, spread over many slots.
+    let keys: Vec<Vec<u8>> = (0..600)
+        .map(|i| format!("bw:test:v:{{g{i}}}").into_bytes())
+        .collect();
+    for (i, key) in keys.iter().enumerate() {
+        if i % 3 != 0 {
+            store
+                .set(key, format!("value {i}").as_bytes(), TTL)
+                .await
+                .unwrap();
+        }
+    }
+    let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+    let values = store.get_many(&refs).await.unwrap();
+    assert_eq!(values.len(), keys.len());
+    for (i, value) in values.iter().enumerate() {
+        let expected = (i % 3 != 0).then(|| format!("value {i}").into_bytes());
+        assert_eq!(value, &expected, "key {i}");
+    }
+    // A key asked twice answers twice; none asked, nothing answered.
+    let twice = store.get_many(&[refs[1], refs[1]]).await.unwrap();
+    assert_eq!(twice[0], twice[1]);
+    assert!(store.get_many(&[]).await.unwrap().is_empty());
+}
+
+async fn acquire_leases_takes_each_as_acquire_lease_would(store: &dyn Store, _: Time) {
+    let leases: Vec<Vec<u8>> = (0..300)
+        .map(|i| format!("bw:test:l:{{b{i}}}").into_bytes())
+        .collect();
+    // Someone else holds every tenth.
+    for lease in leases.iter().step_by(10) {
+        assert!(
+            store
+                .acquire_lease(lease, b"other", TTL)
+                .await
+                .unwrap()
+                .is_acquired()
+        );
+    }
+    let tokens: Vec<Vec<u8>> = (0..300)
+        .map(|i| format!("token-{i}").into_bytes())
+        .collect();
+    let requests: Vec<LeaseRequest<'_>> = leases
+        .iter()
+        .zip(&tokens)
+        .map(|(key, token)| LeaseRequest { key, token })
+        .collect();
+    let attempts = store.acquire_leases(&requests, TTL).await.unwrap();
+    assert_eq!(attempts.len(), leases.len());
+    for (i, attempt) in attempts.iter().enumerate() {
+        if i % 10 == 0 {
+            match attempt {
+                LeaseAttempt::Held { ttl } => assert!(*ttl <= TTL, "{ttl:?}"),
+                other => panic!("lease {i} is another's, yet {other:?}"),
+            }
+        } else {
+            assert!(attempt.is_acquired(), "lease {i}: {attempt:?}");
+            assert!(
+                store
+                    .extend_lease(&leases[i], &tokens[i], TTL)
+                    .await
+                    .unwrap()
+            );
+        }
+    }
+    // Idempotent for the holders; still refused for the others.
+    let again = store.acquire_leases(&requests, TTL).await.unwrap();
+    for (i, (a, b)) in attempts.iter().zip(&again).enumerate() {
+        assert_eq!(a.is_acquired(), b.is_acquired(), "lease {i}");
+    }
+    assert!(store.acquire_leases(&[], TTL).await.unwrap().is_empty());
+    let zero = store
+        .acquire_leases(&requests[..1], Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert_eq!(zero.kind(), ErrorKind::Config, "{zero}");
+}
+
+/// A fresh generation, as a cache draws them (in `[2^40, 2^52)`).
+const FRESH: u64 = 1 << 41;
+
+/// The TTL `key` has left, which must be set.
+async fn left(store: &dyn Store, key: &[u8]) -> Duration {
+    store
+        .ttl(key)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("{} has no TTL", String::from_utf8_lossy(key)))
+}
+
+async fn bump_generation_counts_on_or_starts_fresh_and_publishes(store: &dyn Store, _: Time) {
+    const TAG: &[u8] = b"bw:test:t:{tag}";
+    let ttl = Duration::from_secs(600);
+    let mut sub = subscribed(store).await;
+    // A missing counter starts at the fresh value, with the TTL.
+    let first = store
+        .bump_generation(TAG, FRESH, ttl, notice(b"bumped"))
+        .await
+        .unwrap();
+    assert_eq!(first, FRESH);
+    assert_eq!(next_message(&mut sub).await, b"bumped");
+    assert_eq!(
+        store.get(TAG).await.unwrap(),
+        Some(FRESH.to_string().into_bytes()),
+        "stored as decimal digits"
+    );
+    let ttl_left = left(store, TAG).await;
+    assert!(ttl_left <= ttl && ttl_left > ttl - Duration::from_secs(5));
+    // A counter that exists goes on by one, whatever the fresh value.
+    for i in 1..=20 {
+        let next = store
+            .bump_generation(TAG, FRESH + 1_000, ttl, notice(b"again"))
+            .await
+            .unwrap();
+        assert_eq!(next, FRESH + i);
+    }
+    // Its TTL is lengthened, never shortened.
+    let hour = Duration::from_secs(3600);
+    store
+        .bump_generation(TAG, FRESH, hour, notice(b"x"))
+        .await
+        .unwrap();
+    assert!(left(store, TAG).await > hour - Duration::from_secs(5));
+    let bumped = store
+        .bump_generation(TAG, FRESH, Duration::from_secs(1), notice(b"x"))
+        .await
+        .unwrap();
+    assert_eq!(bumped, FRESH + 22);
+    assert!(left(store, TAG).await > hour - Duration::from_secs(5));
+    // What is not a generation starts again at the fresh value.
+    for foreign in [
+        &b"not a number"[..],
+        b"",
+        b"-3",
+        b"1.5",
+        b"9007199254740992",
+    ] {
+        store.set(TAG, foreign, ttl).await.unwrap();
+        let fresh = store
+            .bump_generation(TAG, FRESH + 77, ttl, notice(b"x"))
+            .await
+            .unwrap();
+        assert_eq!(fresh, FRESH + 77, "{foreign:?}");
+    }
+    // Up to 2^53 a counter goes on exactly (a Lua number is a double).
+    store.set(TAG, b"9007199254740990", ttl).await.unwrap();
+    assert_eq!(
+        store
+            .bump_generation(TAG, FRESH, ttl, notice(b"x"))
+            .await
+            .unwrap(),
+        9_007_199_254_740_991
+    );
+    // Other counters are their own.
+    let other = store
+        .bump_generation(b"bw:test:t:{other}", FRESH + 5, ttl, notice(b"x"))
+        .await
+        .unwrap();
+    assert_eq!(other, FRESH + 5);
+    let zero = store
+        .bump_generation(TAG, FRESH, Duration::ZERO, notice(b"x"))
+        .await
+        .unwrap_err();
+    assert_eq!(zero.kind(), ErrorKind::Config, "{zero}");
+}
+
+async fn tag_generations_read_or_create_each_counter(store: &dyn Store, time: Time) {
+    // On different slots of a cluster.
+    let keys: [&[u8]; 3] = [b"bw:test:t:{a}", b"bw:test:t:{b}", b"bw:test:t:{c}"];
+    let ttl = Duration::from_secs(600);
+    store
+        .set(keys[1], b"12345", Duration::from_secs(5))
+        .await
+        .unwrap();
+    store
+        .set(keys[2], b"junk", Duration::from_secs(5))
+        .await
+        .unwrap();
+    // Missing or foreign: created with the fresh value; a generation: read.
+    let got = store.tag_generations(&keys, FRESH, ttl).await.unwrap();
+    assert_eq!(got, [FRESH, 12_345, FRESH]);
+    for (key, expected) in keys.iter().zip(&got) {
+        assert_eq!(
+            store.get(key).await.unwrap(),
+            Some(expected.to_string().into_bytes())
+        );
+        // Each TTL at least `ttl` (the read one's lengthened from 5 s).
+        assert!(left(store, key).await > ttl - Duration::from_secs(5));
+    }
+    // Read again with another fresh value and a shorter TTL: nothing
+    // replaced, no TTL shortened.
+    let again = store
+        .tag_generations(&keys, FRESH + 1, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(again, got);
+    for key in keys {
+        assert!(left(store, key).await > ttl - Duration::from_secs(5));
+    }
+    // A bump is seen; an expired counter is created again, fresh.
+    store
+        .bump_generation(keys[0], FRESH + 9, ttl, notice(b"x"))
+        .await
+        .unwrap();
+    store
+        .set(keys[1], b"7", Duration::from_millis(10))
+        .await
+        .unwrap();
+    time.pass(Duration::from_millis(50)).await;
+    assert_eq!(
+        store.tag_generations(&keys, FRESH + 2, ttl).await.unwrap(),
+        [FRESH + 1, FRESH + 2, FRESH]
+    );
+    // Many counters (more than one script carries), in order.
+    let many: Vec<Vec<u8>> = (0..300)
+        .map(|i| format!("bw:test:t:{{m{i}}}").into_bytes())
+        .collect();
+    for (i, key) in many.iter().enumerate().filter(|(i, _)| i % 3 == 0) {
+        store.set(key, i.to_string().as_bytes(), ttl).await.unwrap();
+    }
+    let many: Vec<&[u8]> = many.iter().map(Vec::as_slice).collect();
+    let got = store.tag_generations(&many, FRESH, ttl).await.unwrap();
+    for (i, generation) in got.iter().enumerate() {
+        let expected = if i % 3 == 0 { i as u64 } else { FRESH };
+        assert_eq!(*generation, expected, "counter {i}");
+    }
+    assert!(
+        store
+            .tag_generations(&[], FRESH, ttl)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let zero = store
+        .tag_generations(&keys, FRESH, Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert_eq!(zero.kind(), ErrorKind::Config, "{zero}");
+}
+
+/// The previous version's key of `VALUE_KEY`, in its hash slot.
+const BESIDE: &[u8] = b"bw:test@1:v:{k}";
+
+/// `pin` returns what a key holds, or writes the placeholder (with its TTL)
+/// where it holds nothing; a fenced write with `unchanged` lands only while
+/// that key still holds the pinned bytes, and is refused (the lease
+/// released, the notice published) once it changed or went.
+async fn a_pin_holds_a_key_and_a_fenced_write_can_need_it_unchanged(store: &dyn Store, _: Time) {
+    let pinned = store.pin(BESIDE, b"placeholder", TTL).await.unwrap();
+    assert_eq!(pinned, b"placeholder");
+    assert_eq!(
+        store.get(BESIDE).await.unwrap().as_deref(),
+        Some(&b"placeholder"[..])
+    );
+    let ttl = store
+        .ttl(BESIDE)
+        .await
+        .unwrap()
+        .expect("the placeholder has a TTL");
+    assert!(ttl <= TTL && ttl > TTL / 2, "{ttl:?}");
+    store.set(BESIDE, b"old entry", TTL).await.unwrap();
+    assert_eq!(
+        store.pin(BESIDE, b"other", TTL).await.unwrap(),
+        b"old entry"
+    );
+
+    let write = |token: &'static [u8], bytes: &'static [u8]| FencedWrite {
+        unchanged: Some(Unchanged { key: BESIDE, bytes }),
+        ..fenced(token, b"new", None)
+    };
+    // Unchanged: written.
+    assert!(
+        store
+            .acquire_lease(LEASE, b"t1", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    assert!(store.fenced_set(write(b"t1", b"old entry")).await.unwrap());
+    assert_eq!(
+        store.get(VALUE_KEY).await.unwrap().as_deref(),
+        Some(&b"new"[..])
+    );
+    store.delete(VALUE_KEY).await.unwrap();
+    // Changed, then gone: refused, the lease released and waiters told.
+    let mut sub = subscribed(store).await;
+    for change in [Some(&b"changed"[..]), None] {
+        match change {
+            Some(bytes) => store.set(BESIDE, bytes, TTL).await.unwrap(),
+            None => assert!(store.delete(BESIDE).await.unwrap()),
+        }
+        assert!(
+            store
+                .acquire_lease(LEASE, b"t2", TTL)
+                .await
+                .unwrap()
+                .is_acquired()
+        );
+        assert!(!store.fenced_set(write(b"t2", b"old entry")).await.unwrap());
+        assert_eq!(store.get(VALUE_KEY).await.unwrap(), None);
+        assert_eq!(next_message(&mut sub).await, b"plain");
+        assert!(
+            store
+                .acquire_lease(LEASE, b"t3", TTL)
+                .await
+                .unwrap()
+                .is_acquired(),
+            "the refused write released the lease"
+        );
+        assert!(
+            store
+                .release_lease(LEASE, b"t3", notice(b"released"))
+                .await
+                .unwrap()
+        );
+        assert_eq!(next_message(&mut sub).await, b"released");
+    }
+}
+
+macro_rules! contract {
+    ($($case:ident),* $(,)?) => {
+        mod memory {
+            use breakwater_cache::MemoryStore;
+            $(
+                #[tokio::test(start_paused = true)]
+                async fn $case() {
+                    super::$case(&MemoryStore::new(), super::Time::Paused).await;
+                }
+            )*
+        }
+
+        mod redis {
+            use crate::support::redis_store;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let (_server, store) = redis_store().await;
+                    super::$case(&store, super::Time::Real).await;
+                }
+            )*
+        }
+
+        mod cluster {
+            use crate::support::cluster_store;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let (_cluster, store) = cluster_store().await;
+                    super::$case(&store, super::Time::Real).await;
+                }
+            )*
+        }
+
+        mod sentinel {
+            use crate::support::sentinel_store;
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    let (_setup, store) = sentinel_store().await;
+                    super::$case(&store, super::Time::Real).await;
+                }
+            )*
+        }
+    };
+}
+
+contract!(
+    missing_key_reads_none,
+    set_then_get_is_binary_safe,
+    set_replaces_value_and_ttl,
+    ttl_is_reported_in_milliseconds,
+    zero_ttl_is_rejected,
+    delete_removes_once,
+    keys_expire_after_their_ttl,
+    large_values_round_trip,
+    clock_is_unix_ms_and_monotonic,
+    a_lease_has_one_holder_bound_to_its_token,
+    a_fenced_write_needs_the_lease,
+    a_token_that_is_a_prefix_of_the_holders_holds_nothing,
+    a_waited_on_lease_hands_the_value_to_its_notice,
+    a_lease_attempt_is_idempotent_and_reports_the_time_left,
+    replace_writes_revokes_the_lease_and_publishes,
+    replace_many_writes_every_entry_and_revokes_every_lease,
+    get_many_reads_in_order_across_slots,
+    acquire_leases_takes_each_as_acquire_lease_would,
+    bump_generation_counts_on_or_starts_fresh_and_publishes,
+    tag_generations_read_or_create_each_counter,
+    a_pin_holds_a_key_and_a_fenced_write_can_need_it_unchanged,
+);
