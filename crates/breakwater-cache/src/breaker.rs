@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use metrics::SharedString;
+use metrics::{Label, SharedString};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use tokio::time::Instant;
@@ -445,27 +445,55 @@ impl BreakerLabel {
         }
     }
 
+    /// The labels of this breaker's series: `breaker`, `name`, and
+    /// `domain` for a store's breaker only (no empty label values).
+    fn labels(&self) -> Vec<Label> {
+        let mut labels = vec![
+            Label::new("breaker", self.kind),
+            Label::new("name", self.name.clone()),
+        ];
+        if let Some(domain) = self.domain {
+            labels.push(Label::new("domain", domain.to_string()));
+        }
+        labels
+    }
+
     /// The state gauge, set to `state`.
     fn gauge(&self, state: BreakerState) {
-        metrics::gauge!("breakwater_breaker_state", "breaker" => self.kind, "name" => self.name.clone(), "domain" => self.domain_label())
+        metrics::gauge!("breakwater_breaker_state", self.labels())
             .set(crate::metrics::breaker_gauge(state));
     }
 
-    fn domain_label(&self) -> SharedString {
-        SharedString::from(self.domain.map_or_else(String::new, |d| d.to_string()))
+    /// The transitions counter to `to`.
+    fn transitions(&self, to: BreakerState) -> metrics::Counter {
+        let to = match to {
+            BreakerState::Closed => "closed",
+            BreakerState::HalfOpen => "half_open",
+            BreakerState::Open => "open",
+        };
+        let mut labels = self.labels();
+        labels.push(Label::new("to", to));
+        metrics::counter!("breakwater_breaker_transitions_total", labels)
+    }
+
+    /// The series of a breaker just built: the state gauge (closed) and
+    /// the transitions counters at 0, so a healthy breaker's dashboard
+    /// panels show 0 rather than no data.
+    fn register(&self) {
+        self.gauge(BreakerState::Closed);
+        for to in [
+            BreakerState::Open,
+            BreakerState::HalfOpen,
+            BreakerState::Closed,
+        ] {
+            self.transitions(to).increment(0);
+        }
     }
 
     /// Records a change to `to`: the state gauge, the transitions counter.
     fn record(&self, to: BreakerState) {
         self.gauge(to);
-        let domain = self.domain_label();
-        let to_label = match to {
-            BreakerState::Closed => "closed",
-            BreakerState::HalfOpen => "half_open",
-            BreakerState::Open => "open",
-        };
-        metrics::counter!("breakwater_breaker_transitions_total", "breaker" => self.kind, "name" => self.name.clone(), "domain" => domain, "to" => to_label)
-            .increment(1);
+        self.transitions(to).increment(1);
     }
 }
 
@@ -508,10 +536,11 @@ impl CircuitBreaker {
     }
 
     /// Names what the breaker guards (for its logs and metrics).
-    /// The state gauge is set (closed) here, so a healthy breaker has its
-    /// series before it first trips.
+    /// Its series are registered here (the state gauge closed, the
+    /// transitions at 0), so a healthy breaker has them before it first
+    /// trips.
     pub(crate) fn labelled(mut self, label: BreakerLabel) -> Self {
-        label.gauge(BreakerState::Closed);
+        label.register();
         self.label = label;
         self
     }

@@ -10,6 +10,13 @@
 //! which is the namespace unless the cache was given a shared
 //! [`Origin`](crate::Origin).
 //!
+//! When a cache is built it describes every metric to the installed
+//! recorder (unit and help text: the `# HELP` and `# TYPE` lines of a
+//! Prometheus page) and registers its series: counters at 0, gauges as they
+//! stand, every label value below included, so a healthy service's
+//! dashboard shows 0 rather than "No data". No label value is empty (the
+//! origin's breaker has no `domain` label at all).
+//!
 //! | metric | kind | labels | meaning |
 //! |---|---|---|---|
 //! | `breakwater_requests_total` | counter | `namespace`, `served`: `l1_hit`, `hit`, `negative`, `stale_refreshing`, `stale_loader_failed`, `stale_soft_timeout`, `stale_lock_timeout`, `stale_breaker_open`, `stale_overloaded`, `stale_store_unavailable`, `stale_previous_version`, `loaded`, `coalesced`, `fallback`, `error` | how each `get_or_load` call (and each load a warm-up makes) was served, as [`Served::as_str`](crate::Served::as_str) names it (`l1_hit` from the near cache, `hit` from the store); negative hits are counted apart from real values |
@@ -44,7 +51,10 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use metrics::{Counter, Gauge, Histogram, Recorder, SharedString, counter, gauge, histogram};
+use metrics::{
+    Counter, Gauge, Histogram, Recorder, SharedString, Unit, counter, describe_counter,
+    describe_gauge, describe_histogram, gauge, histogram,
+};
 
 use crate::breaker::BreakerState;
 use crate::cache::{SERVED_LABELS, StaleReason};
@@ -54,6 +64,8 @@ use crate::error::ErrorKind;
 const LOAD_OUTCOMES: [&str; 5] = ["value", "negative", "error", "panic", "timeout"];
 /// The `event` labels of `breakwater_lease_total`.
 const LEASE_EVENTS: [&str; 4] = ["acquired", "busy", "lost", "revoked"];
+/// The `outcome` labels of `breakwater_warm_keys_total`.
+const WARM_OUTCOMES: [&str; 3] = ["loaded", "cached", "failed"];
 /// The `event` labels of `breakwater_notices_total`.
 const NOTICE_EVENTS: [&str; 3] = ["sent", "received", "missed"];
 /// The `kind` labels of `breakwater_errors_total`, in [`kind_index`] order.
@@ -130,6 +142,106 @@ const STALE_REASONS: [StaleReason; 8] = [
     StaleReason::StoreUnavailable,
     StaleReason::PreviousVersion,
 ];
+
+/// Gives the installed recorder every metric's unit and help text (the
+/// `# HELP` lines of a Prometheus page). Called when a cache is built.
+fn describe() {
+    describe_counter!(
+        "breakwater_requests_total",
+        Unit::Count,
+        "Cache calls (get_or_load, and loads a warm-up makes) by how they were served."
+    );
+    describe_counter!(
+        "breakwater_errors_total",
+        Unit::Count,
+        "Cache calls that returned an error, by error kind."
+    );
+    describe_counter!(
+        "breakwater_loads_total",
+        Unit::Count,
+        "Loader calls this process made, by outcome."
+    );
+    describe_histogram!(
+        "breakwater_load_seconds",
+        Unit::Seconds,
+        "How long each loader call took."
+    );
+    describe_gauge!(
+        "breakwater_loads_in_flight",
+        Unit::Count,
+        "Loads holding a slot of the origin's bulkhead."
+    );
+    describe_counter!(
+        "breakwater_loads_shed_total",
+        Unit::Count,
+        "Loads the origin's bulkhead shed (full, or no rate token in time), by priority."
+    );
+    describe_counter!(
+        "breakwater_early_refreshes_total",
+        Unit::Count,
+        "Background refreshes started before a value went stale."
+    );
+    describe_gauge!(
+        "breakwater_waiters",
+        Unit::Count,
+        "Callers waiting for a load or a read another caller in this process runs."
+    );
+    describe_counter!(
+        "breakwater_lease_total",
+        Unit::Count,
+        "Lease events: acquired, busy (held by another process), lost while loading, revoked before the write."
+    );
+    describe_counter!(
+        "breakwater_notices_total",
+        Unit::Count,
+        "Change notices on the namespace's Redis channel: sent, received, possibly missed."
+    );
+    describe_gauge!(
+        "breakwater_breaker_state",
+        Unit::Count,
+        "Circuit breaker state: 0 closed, 1 half-open, 2 open."
+    );
+    describe_counter!(
+        "breakwater_breaker_transitions_total",
+        Unit::Count,
+        "Circuit breaker state changes, by the state changed to."
+    );
+    describe_histogram!(
+        "breakwater_store_seconds",
+        Unit::Seconds,
+        "How long each store call took, by operation (refused calls excepted)."
+    );
+    describe_counter!(
+        "breakwater_store_errors_total",
+        Unit::Count,
+        "Store operations that failed, by operation."
+    );
+    describe_counter!(
+        "breakwater_key_errors_total",
+        Unit::Count,
+        "Store operations refused for one key (wrong Redis type, too large for the server): not store failures."
+    );
+    describe_counter!(
+        "breakwater_unreadable_entries_total",
+        Unit::Count,
+        "Stored entries that did not decode as this cache's value type (treated as misses)."
+    );
+    describe_counter!(
+        "breakwater_too_large_total",
+        Unit::Count,
+        "Values not cached because their encoded entry was larger than max_value_size."
+    );
+    describe_gauge!(
+        "breakwater_l1_entries",
+        Unit::Count,
+        "Entries in the L1 near cache (approximate)."
+    );
+    describe_counter!(
+        "breakwater_warm_keys_total",
+        Unit::Count,
+        "Keys walked by Cache::warm, by outcome."
+    );
+}
 
 /// The current recorder's address, as an identity.
 fn recorder_id() -> usize {
@@ -246,24 +358,98 @@ impl Metrics {
         }
     }
 
+    /// Describes every metric to the installed recorder and registers
+    /// this cache's series at 0 (counters) or as they stand (gauges), so a
+    /// healthy service's dashboard shows 0 where nothing happened yet
+    /// rather than no data. Adding 0 leaves a series another cache of the
+    /// same namespace or origin already counts as it is. Called when the
+    /// cache is built; a recorder installed later gets the series as
+    /// events happen.
+    pub(crate) fn register(&self) {
+        describe();
+        let ns = || self.namespace.clone();
+        let origin = || self.origin.clone();
+        self.served.with(
+            || self.served_counters(),
+            |counters: &Vec<Counter>| counters.iter().for_each(|c| c.increment(0)),
+        );
+        self.store.with(|| self.store_histograms(), |_| {});
+        self.waiters.with(
+            || gauge!("breakwater_waiters", "namespace" => ns()),
+            |gauge: &Gauge| gauge.increment(0.0),
+        );
+        self.l1_entries.with(
+            || gauge!("breakwater_l1_entries", "namespace" => ns()),
+            |gauge: &Gauge| gauge.increment(0.0),
+        );
+        for kind in ERROR_KINDS {
+            counter!("breakwater_errors_total", "namespace" => ns(), "kind" => kind).increment(0);
+        }
+        for outcome in LOAD_OUTCOMES {
+            counter!("breakwater_loads_total", "namespace" => ns(), "origin" => origin(), "outcome" => outcome)
+                .increment(0);
+        }
+        // Registering is all a histogram needs here (no sample to record).
+        drop(histogram!("breakwater_load_seconds", "namespace" => ns(), "origin" => origin()));
+        gauge!("breakwater_loads_in_flight", "origin" => origin()).increment(0.0);
+        for priority in ["foreground", "background"] {
+            counter!("breakwater_loads_shed_total", "origin" => origin(), "priority" => priority)
+                .increment(0);
+        }
+        counter!("breakwater_early_refreshes_total", "namespace" => ns()).increment(0);
+        for event in LEASE_EVENTS {
+            counter!("breakwater_lease_total", "namespace" => ns(), "event" => event).increment(0);
+        }
+        for event in NOTICE_EVENTS {
+            counter!("breakwater_notices_total", "namespace" => ns(), "event" => event)
+                .increment(0);
+        }
+        for op in STORE_OPS {
+            counter!("breakwater_store_errors_total", "namespace" => ns(), "op" => op).increment(0);
+            counter!("breakwater_key_errors_total", "namespace" => ns(), "op" => op).increment(0);
+        }
+        counter!("breakwater_unreadable_entries_total", "namespace" => ns()).increment(0);
+        counter!("breakwater_too_large_total", "namespace" => ns()).increment(0);
+        for outcome in WARM_OUTCOMES {
+            counter!("breakwater_warm_keys_total", "namespace" => ns(), "outcome" => outcome)
+                .increment(0);
+        }
+    }
+
+    /// The request counters, one per `served` label, in label order.
+    fn served_counters(&self) -> Vec<Counter> {
+        SERVED_LABELS
+            .iter()
+            .map(|label| {
+                counter!("breakwater_requests_total", "namespace" => self.namespace.clone(), "served" => *label)
+            })
+            .collect()
+    }
+
+    /// The store latency histograms, one per operation, in `STORE_OPS`
+    /// order.
+    fn store_histograms(&self) -> Vec<Histogram> {
+        STORE_OPS
+            .iter()
+            .map(|op| {
+                histogram!("breakwater_store_seconds", "namespace" => self.namespace.clone(), "op" => *op)
+            })
+            .collect()
+    }
+
     /// One `get_or_load` call, served as `SERVED_LABELS[index]`.
     pub(crate) fn served(&self, index: usize) {
         if let Some(count) = self.counts.served.get(index) {
             add(count);
         }
-        let register = || {
-            SERVED_LABELS
-                .iter()
-                .map(|label| {
-                    counter!("breakwater_requests_total", "namespace" => self.namespace.clone(), "served" => *label)
-                })
-                .collect()
-        };
-        self.served.with(register, |counters: &Vec<Counter>| {
-            if let Some(counter) = counters.get(index) {
-                counter.increment(1);
-            }
-        });
+        self.served.with(
+            || self.served_counters(),
+            |counters: &Vec<Counter>| {
+                if let Some(counter) = counters.get(index) {
+                    counter.increment(1);
+                }
+            },
+        );
     }
 
     /// One `get_or_load` call that returned an error of `kind`.
@@ -342,17 +528,12 @@ impl Metrics {
         let Some(index) = STORE_OPS.iter().position(|o| *o == op) else {
             return;
         };
-        let register = || {
-            STORE_OPS
-                .iter()
-                .map(|op| {
-                    histogram!("breakwater_store_seconds", "namespace" => self.namespace.clone(), "op" => *op)
-                })
-                .collect()
-        };
-        self.store.with(register, |histograms: &Vec<Histogram>| {
-            histograms[index].record(took.as_secs_f64());
-        });
+        self.store.with(
+            || self.store_histograms(),
+            |histograms: &Vec<Histogram>| {
+                histograms[index].record(took.as_secs_f64());
+            },
+        );
     }
 
     /// The L1 near cache holds `n` entries.

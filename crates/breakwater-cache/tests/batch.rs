@@ -456,7 +456,8 @@ async fn four_processes_on_redis_load_every_id_once() {
     let server = support::RedisServer::start();
     let mut stores = Vec::new();
     for _ in 0..4 {
-        let store = breakwater_cache::RedisStore::connect_with(&server.url(), very_patient()).unwrap();
+        let store =
+            breakwater_cache::RedisStore::connect_with(&server.url(), very_patient()).unwrap();
         store.warm_up().await.unwrap();
         stores.push(store);
     }
@@ -470,7 +471,8 @@ async fn four_processes_on_a_cluster_load_every_id_once() {
     let mut stores = Vec::new();
     for _ in 0..4 {
         let store =
-            breakwater_cache::RedisStore::connect_cluster_with(cluster.urls(), very_patient()).unwrap();
+            breakwater_cache::RedisStore::connect_cluster_with(cluster.urls(), very_patient())
+                .unwrap();
         store.warm_up().await.unwrap();
         stores.push(store);
     }

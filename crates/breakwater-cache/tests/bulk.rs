@@ -126,7 +126,9 @@ async fn a_warm_up_of_a_hundred_thousand_keys_with_a_hundred_in_flight() {
         .warm(
             (0..total).map(|i| format!("k{i}")),
             |key: String| async move { Ok::<_, std::io::Error>(Some(format!("value of {key}"))) },
-            breakwater_cache::Warm::new().rate(1_000_000).concurrency(100),
+            breakwater_cache::Warm::new()
+                .rate(1_000_000)
+                .concurrency(100),
         )
         .await
         .unwrap();

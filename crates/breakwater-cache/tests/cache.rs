@@ -485,7 +485,9 @@ fn builder_rejects_invalid_settings_with_exact_messages() {
 /// has an upper bound, with a message that says what to use instead.
 #[test]
 fn builder_rejects_settings_past_their_upper_bounds() {
-    use breakwater_cache::{Backoff, BreakerConfig, EarlyRefresh, L1Config, LimitConfig, RetryConfig};
+    use breakwater_cache::{
+        Backoff, BreakerConfig, EarlyRefresh, L1Config, LimitConfig, RetryConfig,
+    };
     let msg = |b: breakwater_cache::CacheBuilder<u32>| b.build().unwrap_err().to_string();
     let max = Duration::MAX;
     let year = Duration::from_secs(365 * 24 * 3600);

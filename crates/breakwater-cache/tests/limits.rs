@@ -25,7 +25,9 @@ async fn an_endless_ttl_is_cut_to_what_redis_accepts() {
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use breakwater_cache::{Cache, Compression, L1Config, MemoryStore, RedisStore, RedisStoreConfig, Stored};
+use breakwater_cache::{
+    Cache, Compression, L1Config, MemoryStore, RedisStore, RedisStoreConfig, Stored,
+};
 use support::RedisServer;
 use tokio::time::Instant;
 

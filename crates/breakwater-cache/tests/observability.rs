@@ -276,7 +276,7 @@ fn an_open_breaker_counts_stale_breaker_open_its_state_and_its_transition() {
         only(&moved, "breakwater_breaker_state"),
         vec![
             (
-                "breakwater_breaker_state{breaker=origin,domain=,name=tripped}".to_owned(),
+                "breakwater_breaker_state{breaker=origin,name=tripped}".to_owned(),
                 2.0
             ),
             (
@@ -288,7 +288,7 @@ fn an_open_breaker_counts_stale_breaker_open_its_state_and_its_transition() {
     assert_eq!(
         only(&moved, "breakwater_breaker_transitions_total"),
         row(
-            "breakwater_breaker_transitions_total{breaker=origin,domain=,name=tripped,to=open}",
+            "breakwater_breaker_transitions_total{breaker=origin,name=tripped,to=open}",
             1.0
         )
     );

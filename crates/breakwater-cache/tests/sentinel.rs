@@ -230,7 +230,9 @@ async fn slow_sentinels_are_waited_for_as_a_slow_server_is() {
         .unwrap();
     let sentinel = std::net::SocketAddr::from(([127, 0, 0, 1], setup.sentinels()[0].port()));
     let proxy = breakwater_cache_testkit::FaultProxy::start(sentinel);
-    proxy.set(breakwater_cache_testkit::Fault::Delay(Duration::from_millis(300)));
+    proxy.set(breakwater_cache_testkit::Fault::Delay(
+        Duration::from_millis(300),
+    ));
     let store = RedisStore::connect_sentinel_with(
         &[proxy.url()],
         setup.master_name(),

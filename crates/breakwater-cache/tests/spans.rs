@@ -19,6 +19,7 @@ use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 #[derive(Debug, Clone)]
 struct Closed {
     name: String,
+    level: tracing::Level,
     parent: Option<String>,
     fields: HashMap<String, String>,
 }
@@ -60,6 +61,7 @@ where
             id.into_u64(),
             Closed {
                 name: attrs.metadata().name().to_owned(),
+                level: *attrs.metadata().level(),
                 parent,
                 fields: fields.0,
             },
@@ -149,6 +151,44 @@ fn a_load_has_a_call_span_with_fill_load_and_write_children() {
             "breakwater.get_or_load",
             "breakwater.fill",
             "breakwater.get_or_load"
+        ]
+    );
+}
+
+#[test]
+fn an_l1_hit_has_its_span_at_debug_and_a_store_read_or_load_at_info() {
+    let spans = spans(|| async {
+        let cache = cache("near")
+            .l1(breakwater_cache::L1Config::new())
+            .build()
+            .unwrap();
+        value(&cache, "user:42").await.unwrap(); // loaded
+        value(&cache, "user:42").await.unwrap(); // from L1
+        assert!(cache.get("user:42").await.unwrap().is_some()); // from L1
+        assert!(cache.get("user:7").await.unwrap().is_none()); // a store read
+    });
+    let levels = |name: &str| -> Vec<(tracing::Level, String)> {
+        named(&spans, name)
+            .iter()
+            .map(|s| {
+                let what = s.fields.get("served").or(s.fields.get("found"));
+                (s.level, what.cloned().unwrap_or_default())
+            })
+            .collect()
+    };
+    use tracing::Level;
+    assert_eq!(
+        levels("breakwater.get_or_load"),
+        [
+            (Level::INFO, "loaded".to_owned()),
+            (Level::DEBUG, "l1_hit".to_owned())
+        ]
+    );
+    assert_eq!(
+        levels("breakwater.get"),
+        [
+            (Level::DEBUG, "true".to_owned()),
+            (Level::INFO, "false".to_owned())
         ]
     );
 }

@@ -225,10 +225,14 @@ async fn lock_timeout_case(
         tokio::time::advance(Duration::from_secs(11)).await; // past fresh, inside max_stale
     }
     let calls = Arc::new(AtomicUsize::new(0));
-    let stuck =
-        breakwater_cache::Store::acquire_lease(&store, b"bw:lw:l:{k}", b"stuck", Duration::from_secs(60))
-            .await
-            .unwrap();
+    let stuck = breakwater_cache::Store::acquire_lease(
+        &store,
+        b"bw:lw:l:{k}",
+        b"stuck",
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
     assert!(stuck.is_acquired());
     let started = tokio::time::Instant::now();
     let result = waiter

@@ -18,6 +18,9 @@
 //!    stale included; the database breaker open; load and store latency
 //!    histograms; notices sent), and its `/stats` agrees.
 //!
+//! Before all that, right after start-up, A's `/metrics` has a `# HELP` and
+//! a `# TYPE` line for every breakwater metric, and every series at 0.
+//!
 //! It reports the requests made, the SQL queries that reached the database,
 //! both bursts' latency percentiles, A's `breakwater_*` metrics and its
 //! `stats()` (eprintln; `--nocapture` shows them).
@@ -476,6 +479,12 @@ async fn scenario(pg: &mut PostgresServer, a: &mut Service, b: &mut Service, c: 
     c.wait_ready(&http).await;
     let mut requests = 3; // the last /healthz of each
 
+    // 0. Before any product request: every metric described, every series
+    // a dashboard panel queries there, at 0.
+    let fresh = request(&http, Method::GET, &a.url("/metrics"), None).await;
+    requests += 1;
+    described_and_zero(&fresh.text);
+
     // 1. A cold product, 200 requests at once over both processes, while
     // the table is locked: the query that fills the cache is slow, so every
     // request arrives while it runs (a stampede, not a queue of hits).
@@ -870,6 +879,65 @@ async fn scenario(pg: &mut PostgresServer, a: &mut Service, b: &mut Service, c: 
         excerpt.join("\n")
     );
     eprintln!("e2e: A's /stats:\n{}", stats.text.trim_end());
+}
+
+/// The metric names of the table in the library's `metrics` module docs
+/// (the dashboard queries only these: `tests/dashboard.rs`).
+fn documented_metrics() -> Vec<String> {
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../crates/breakwater-cache/src/metrics.rs");
+    let source =
+        std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let names: Vec<String> = source
+        .lines()
+        .filter_map(|line| line.strip_prefix("//! | `breakwater_"))
+        .map(|row| format!("breakwater_{}", &row[..row.find('`').expect("a name")]))
+        .collect();
+    assert!(names.len() >= 19, "the metrics table was not found");
+    names
+}
+
+/// A `/metrics` page of a service that served nothing yet: a `# HELP` and
+/// a `# TYPE` line for every breakwater metric, at least one series of
+/// each, every one at 0 (histograms: no sample yet), no empty label value.
+fn described_and_zero(text: &str) {
+    let samples = Samples::parse(text);
+    for name in documented_metrics() {
+        for line in ["# HELP", "# TYPE"] {
+            assert!(
+                text.lines()
+                    .any(|l| l.starts_with(&format!("{line} {name} "))),
+                "no `{line} {name}` line in /metrics at start-up:\n{text}"
+            );
+        }
+        let series: Vec<&Sample> = samples
+            .0
+            .iter()
+            .filter(|(n, ..)| {
+                n == &name
+                    || n.strip_prefix(name.as_str())
+                        .is_some_and(|rest| ["_bucket", "_sum", "_count"].contains(&rest))
+            })
+            .collect();
+        assert!(!series.is_empty(), "no {name} series at start-up:\n{text}");
+        for (n, labels, value) in series {
+            if !n.ends_with("_bucket") {
+                assert_eq!(*value, 0.0, "{n}{labels:?} at start-up");
+            }
+            assert!(
+                labels.iter().all(|(_, v)| !v.is_empty()),
+                "{n}{labels:?}: an empty label value"
+            );
+        }
+    }
+    eprintln!(
+        "e2e: A's /metrics at start-up: {} breakwater series, every one described and at 0",
+        samples
+            .0
+            .iter()
+            .filter(|(n, ..)| n.starts_with("breakwater_"))
+            .count()
+    );
 }
 
 /// One line of a Prometheus text exposition: name, labels, value.

@@ -776,6 +776,7 @@ impl<V: Value> CacheBuilder<V> {
             channel: format!("{}:events", versioned(self.version - 1)).into_bytes(),
         });
         let metrics = Metrics::new(&self.namespace, origin.name());
+        metrics.register();
         let channel = format!("{}:events", versioned(self.version)).into_bytes();
         let hears = previous.as_ref().map(|p| PreviousChannel {
             channel: p.channel.clone(),

@@ -279,6 +279,23 @@ impl<T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static> Value for 
 /// either: until the invalidation is heard back, values carried for that
 /// key are not taken.
 ///
+/// # Tracing
+///
+/// With a [`tracing`] subscriber, each public call has a span:
+/// `breakwater.get_or_load` (fields `namespace`, `key.hash`, `served`,
+/// `role`, `error`; the raw `key` only with
+/// [`trace_keys`](CacheBuilder::trace_keys)), `breakwater.get`,
+/// `breakwater.set`, `breakwater.invalidate`, `breakwater.invalidate_tag`
+/// and `breakwater.get_many`, with the store read, the fill, the load
+/// (`origin`, `outcome`, `load_ms`) and the fenced write as children.
+///
+/// Levels: a `get_or_load` or `get` that a fresh L1 copy answers alone
+/// (no store read, no refresh) has its span at `debug`, so an exporter
+/// filtered at `info` does not ship one span per near-cache hit; every
+/// call that reads the store or loads is at `info`; the store calls' own
+/// spans are at `debug`. Warnings about the store or the loader are
+/// rate-limited: one line per kind per second, with a `suppressed` count.
+///
 /// # Examples
 ///
 /// ```
@@ -522,8 +539,13 @@ impl<V: Value> Cache<V> {
     /// [`Store`](ErrorKind::Store) if the store fails.
     pub async fn get(&self, key: impl CacheKey) -> Result<Option<V>, Error> {
         let key = key.key_bytes();
-        let span = self.span(Op::Get, &key);
-        let got = self.get_bytes(&key).instrument(span.clone()).await;
+        let near = self.near(&key, None);
+        let op = match near {
+            Ok(Near::Fresh(..)) => Op::GetNear,
+            _ => Op::Get,
+        };
+        let span = self.span(op, &key);
+        let got = self.get_bytes(&key, near).instrument(span.clone()).await;
         if !span.is_disabled() {
             match &got {
                 Ok(value) => {
@@ -535,9 +557,13 @@ impl<V: Value> Cache<V> {
         got
     }
 
-    /// [`get`](Self::get), in its span.
-    async fn get_bytes(&self, key: &[u8]) -> Result<Option<V>, Error> {
-        if let Near::Fresh(fetched, _) = self.near(key, None)? {
+    /// [`get`](Self::get), in its span, after L1 answered `near`.
+    async fn get_bytes(
+        &self,
+        key: &[u8],
+        near: Result<Near<V>, Error>,
+    ) -> Result<Option<V>, Error> {
+        if let Near::Fresh(fetched, _) = near? {
             cooperate().await;
             return Ok(fetched.value);
         }
@@ -1015,7 +1041,13 @@ impl<V: Value> Cache<V> {
                 return result;
             }
         }
-        let span = self.span(Op::GetOrLoad, key);
+        // A plain L1 hit's span is at `debug`: with an exporter at `info`,
+        // hits do not each become an exported span.
+        let op = match near {
+            Ok(Near::Fresh(_, None)) => Op::GetOrLoadNear,
+            _ => Op::GetOrLoad,
+        };
+        let span = self.span(op, key);
         let result = match near {
             Ok(Near::Fresh(fetched, None)) => Ok(fetched),
             // Early refresh, judged on the L1 copy as on a store read.
@@ -1635,6 +1667,25 @@ impl<V: Value> Cache<V> {
                 otel.status_code = Empty,
             ),
             Op::Get => tracing::info_span!(
+                "breakwater.get",
+                namespace = %ns,
+                key.hash = Empty,
+                key = Empty,
+                found = Empty,
+                error = Empty,
+                otel.status_code = Empty,
+            ),
+            Op::GetOrLoadNear => tracing::debug_span!(
+                "breakwater.get_or_load",
+                namespace = %ns,
+                key.hash = Empty,
+                key = Empty,
+                served = Empty,
+                role = Empty,
+                error = Empty,
+                otel.status_code = Empty,
+            ),
+            Op::GetNear => tracing::debug_span!(
                 "breakwater.get",
                 namespace = %ns,
                 key.hash = Empty,
@@ -2568,11 +2619,16 @@ fn lease_key(key: &[u8], prefix_len: usize) -> Vec<u8> {
     lease
 }
 
-/// The public calls that have a span.
+/// The public calls that have a span. A call L1 answers alone (a fresh
+/// copy, nothing to refresh) has its span at `debug`, the others at `info`.
 #[derive(Clone, Copy)]
 enum Op {
     GetOrLoad,
+    /// A `get_or_load` served by a fresh L1 copy.
+    GetOrLoadNear,
     Get,
+    /// A `get` served by a fresh L1 copy.
+    GetNear,
     Set,
     Invalidate,
     InvalidateTag,

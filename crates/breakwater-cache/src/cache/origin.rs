@@ -267,8 +267,14 @@ impl OriginBuilder {
     ///
     /// # Errors
     ///
-    /// The first invalid setting's [`ConfigError`].
+    /// The first invalid setting's [`ConfigError`]; an empty name (it
+    /// labels the origin's metrics and logs).
     pub fn build(self) -> Result<Origin, ConfigError> {
+        if self.name.trim().is_empty() {
+            return Err(ConfigError::new(
+                "origin name must not be empty (it labels the origin's metrics and logs), e.g. Origin::builder(\"postgres\")",
+            ));
+        }
         self.breaker.validate().within("breaker")?;
         self.limit.validate().within("limit")?;
         self.retry.validate().within("retry")?;

@@ -243,7 +243,9 @@ impl<S: Store + Clone> Store for CountingStore<S> {
         Box::pin(async move {
             let attempt = self.inner.acquire_lease(l, t, d).await;
             if lost {
-                return Err(breakwater_cache::Error::store_msg("redis did not answer in time"));
+                return Err(breakwater_cache::Error::store_msg(
+                    "redis did not answer in time",
+                ));
             }
             attempt
         })
@@ -410,7 +412,10 @@ pub fn ten_second_cache(namespace: &str) -> breakwater_cache::CacheBuilder<Strin
 }
 
 /// `key` through `cache`, loading `"v"`.
-pub async fn value(cache: &Cache<String>, key: &str) -> Result<Option<String>, breakwater_cache::Error> {
+pub async fn value(
+    cache: &Cache<String>,
+    key: &str,
+) -> Result<Option<String>, breakwater_cache::Error> {
     cache
         .get_or_load(key, || async {
             Ok::<_, std::io::Error>(Some("v".to_owned()))

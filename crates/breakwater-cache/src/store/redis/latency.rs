@@ -33,8 +33,7 @@ pub(super) const MULTIPLIER: u32 = 3;
 pub(super) const DECAY: Duration = Duration::from_secs(10);
 
 /// [`DECAY`] in microseconds.
-const DECAY_US: u64 = 10_000_000;
-const _: () = assert!(DECAY.as_micros() == DECAY_US as u128);
+const DECAY_US: u64 = DECAY.as_micros() as u64;
 
 /// Which floor a deadline has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
