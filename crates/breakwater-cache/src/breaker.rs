@@ -668,7 +668,7 @@ impl CircuitBreaker {
                 domain,
                 reason,
                 ?cool_down,
-                "store circuit breaker opened; store calls fail fast (reads miss, writes are dropped, loads run per process)"
+                "store circuit breaker opened; store calls fail fast until a probe succeeds (L1 copies stand in for reads; a value that must load is loaded in this process and not written)"
             ),
         }
         l.record(BreakerState::Open);

@@ -19,7 +19,7 @@
 //! kind that stops occurring leaves its last count unreported, which is
 //! what a quiet log after a burst should look like.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -29,8 +29,11 @@ use crate::clock::millis;
 /// A kind of repeated warning; each is limited on its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Warning {
-    /// A store read failed; the value is loaded directly.
+    /// A store read failed: a stale L1 copy is served, or the value loads
+    /// (directly, or through the lease).
     StoreRead,
+    /// A batch read failed: the same, for the keys of a `get_many`.
+    StoreReadBatch,
     /// The lease could not be tried; the value is loaded directly.
     LeaseUnavailable,
     /// A lease extension failed while loading.
@@ -57,11 +60,21 @@ pub(crate) enum Warning {
 }
 
 impl Warning {
-    const COUNT: usize = 12;
+    const COUNT: usize = 13;
 
     fn index(self) -> usize {
         self as usize
     }
+}
+
+/// A warning given once per cache, with its likely cause; the same event
+/// after that is logged at `debug` (and counted by the metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Once {
+    /// A stored value did not decode as the cache's value type.
+    ForeignValue,
+    /// A stored entry was written with another codec.
+    ForeignCodec,
 }
 
 /// One kind's state: when its next line may be logged, and how many were
@@ -79,6 +92,8 @@ pub(crate) struct LogLimiter {
     origin: Instant,
     interval_ms: u64,
     slots: [Slot; Warning::COUNT],
+    /// Whether each [`Once`] kind was given.
+    given: [AtomicBool; 2],
 }
 
 impl Default for LogLimiter {
@@ -94,7 +109,13 @@ impl LogLimiter {
             origin: Instant::now(),
             interval_ms: millis(interval).max(1),
             slots: Default::default(),
+            given: Default::default(),
         }
+    }
+
+    /// `true` the first time it is asked for `kind`, `false` after.
+    pub(crate) fn first(&self, kind: Once) -> bool {
+        !self.given[kind as usize].swap(true, Ordering::Relaxed)
     }
 
     /// `Some(suppressed)` if a warning of `kind` should be logged now
@@ -137,6 +158,15 @@ pub(crate) use warn_limited;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_once_kind_is_given_once() {
+        let limiter = LogLimiter::default();
+        assert!(limiter.first(Once::ForeignValue));
+        assert!(!limiter.first(Once::ForeignValue));
+        assert!(limiter.first(Once::ForeignCodec));
+        assert!(!limiter.first(Once::ForeignCodec));
+    }
 
     #[tokio::test(start_paused = true)]
     async fn first_logged_then_one_per_interval_with_the_count() {

@@ -471,7 +471,11 @@ impl<V: Value> Cache<V> {
         };
         // Keys to load: (want, store usable, stale stand-in).
         let mut load: Vec<(usize, Mode, Option<Arc<Entry>>)> = Vec::new();
-        let mut store_failed = false;
+        // The first failed read (its key, error and mode), and how many
+        // keys an L1 copy answered and how many load because of it: one
+        // log line for the batch, saying what was done.
+        let mut store_failed: Option<(usize, Error, Mode)> = None;
+        let (mut from_l1, mut loading) = (0usize, 0usize);
         let now = self.inner.store.now_ms();
         for (&i, read) in unread.iter().zip(read) {
             let want = &mut wants[i];
@@ -480,16 +484,12 @@ impl<V: Value> Cache<V> {
                 Err(err) => {
                     // Directly only if the store cannot be used (see `Mode::after`).
                     let mode = Mode::after(&err);
-                    if !store_failed {
-                        store_failed = true;
-                        let then = match mode {
-                            Mode::Local => "loading directly (or serving L1 copies)",
-                            Mode::Fleet => "loading through the leases (or serving L1 copies)",
-                        };
-                        warn_limited!(self.inner.logs, Warning::StoreRead, key = %show_key(&want.storage), error = %err, "store read failed; {then}");
+                    if store_failed.is_none() {
                         self.inner.metrics.store_failed("get", &err);
+                        store_failed = Some((i, err, mode));
                     }
                     if let Some(slot) = want.local_stale.take() {
+                        from_l1 += 1;
                         want.outcome = Some(Ok(Fetched {
                             value: slot.value.clone(),
                             served: Served::Stale {
@@ -497,6 +497,7 @@ impl<V: Value> Cache<V> {
                             },
                         }));
                     } else {
+                        loading += 1;
                         load.push((i, mode, None));
                     }
                     continue;
@@ -518,6 +519,29 @@ impl<V: Value> Cache<V> {
                     load.push((i, Mode::Fleet, stale.then(|| Arc::new(entry))));
                 }
             }
+        }
+
+        if let Some((i, err, mode)) = &store_failed {
+            let then = match (loading, mode) {
+                (0, _) => "serving the stale L1 copies",
+                (_, Mode::Local) if from_l1 > 0 => {
+                    "serving the stale L1 copies it has, loading the others directly, without writing (the store cannot be used)"
+                }
+                (_, Mode::Local) => "loading directly, without writing (the store cannot be used)",
+                (_, Mode::Fleet) if from_l1 > 0 => {
+                    "serving the stale L1 copies it has, loading the others through the leases (the store answers, slowly)"
+                }
+                (_, Mode::Fleet) => "loading through the leases (the store answers, slowly)",
+            };
+            warn_limited!(
+                self.inner.logs,
+                Warning::StoreReadBatch,
+                key = %show_key(&wants[*i].storage),
+                error = %err,
+                served_from_l1 = from_l1,
+                loading,
+                "store read failed for a batch; {then}"
+            );
         }
 
         // Inside a version transition, the previous version's entries stand
@@ -718,7 +742,7 @@ impl<V: Value> Cache<V> {
             if !self.stands_in(&entry, now, options) {
                 continue;
             }
-            let Some(value) = self.entry_value(old, &entry) else {
+            let Some(value) = self.previous_value(old, &entry) else {
                 continue;
             };
             wants[*i].outcome = Some(Ok(Fetched {

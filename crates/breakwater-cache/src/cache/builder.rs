@@ -124,6 +124,9 @@ impl OnLockTimeout {
 /// past what their policy can use (see each config's `validate`).
 pub struct CacheBuilder<V> {
     namespace: String,
+    /// Whether [`namespace`](Self::namespace) was called (a warning at
+    /// build otherwise).
+    namespace_given: bool,
     key_prefix: String,
     store: Option<Arc<dyn Store>>,
     ttl: Duration,
@@ -213,6 +216,7 @@ impl<V: Value> CacheBuilder<V> {
     pub(crate) fn new() -> Self {
         CacheBuilder {
             namespace: "default".to_owned(),
+            namespace_given: false,
             key_prefix: "bw:".to_owned(),
             store: None,
             ttl: Duration::from_secs(300),
@@ -254,6 +258,7 @@ impl<V: Value> CacheBuilder<V> {
     /// the keys).
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.namespace = namespace.into();
+        self.namespace_given = true;
         self
     }
 
@@ -749,6 +754,28 @@ impl<V: Value> CacheBuilder<V> {
         }
     }
 
+    /// One warning per default that surprises in production: no store
+    /// (a process-local memory store that shares nothing) and no
+    /// namespace (every cache left without one shares `"default"`).
+    fn warn_of_defaults(&self) {
+        if self.store.is_none() {
+            tracing::warn!(
+                namespace = %self.namespace,
+                "cache built without .store(..): its entries live in a MemoryStore of its own, \
+                 in this process only, shared with no other process or cache; pass \
+                 .store(RedisStore::connect(url)?) to share them, or .store(MemoryStore::new()) \
+                 if a process-local cache is what you want"
+            );
+        }
+        if !self.namespace_given {
+            tracing::warn!(
+                "cache built without .namespace(..): it uses \"default\", which every cache \
+                 left without one shares; caches of different value types there read each \
+                 other's entries as misses. Name each cache, e.g. .namespace(\"products\")"
+            );
+        }
+    }
+
     /// Checks every setting and builds the cache. No I/O happens here: a
     /// [`RedisStore`](crate::RedisStore) connects on first use.
     ///
@@ -775,6 +802,7 @@ impl<V: Value> CacheBuilder<V> {
             until: tokio::time::Instant::now() + self.version_transition,
             channel: format!("{}:events", versioned(self.version - 1)).into_bytes(),
         });
+        self.warn_of_defaults();
         let metrics = Metrics::new(&self.namespace, origin.name());
         metrics.register();
         let channel = format!("{}:events", versioned(self.version)).into_bytes();

@@ -79,7 +79,7 @@ use crate::freshness::{Freshness, FreshnessPolicy, Reading};
 use crate::key::CacheKey;
 use crate::l1::{Slot, Stamp, Ticket};
 use crate::limit::Priority;
-use crate::log_limit::{LogLimiter, Warning, warn_limited};
+use crate::log_limit::{LogLimiter, Once, Warning, warn_limited};
 use crate::metrics::Metrics;
 use crate::metrics::Stats;
 use crate::store::{Notice, Replace, Store, fnv1a};
@@ -1282,7 +1282,7 @@ impl<V: Value> Cache<V> {
                 // The previous version's value stands in while one
                 // background load fills this version; undecodable, it is a
                 // miss.
-                if let Some(value) = self.entry_value(key, &old) {
+                if let Some(value) = self.previous_value(key, &old) {
                     if !self.inner.is_throttled(key, self.inner.store.now_ms()) {
                         let key = key.to_vec();
                         self.refresh_in_background(key, loader.clone(), *options, 0, false);
@@ -1314,7 +1314,7 @@ impl<V: Value> Cache<V> {
                 let mode = Mode::after(&err);
                 match mode {
                     Mode::Local => {
-                        warn_limited!(self.inner.logs, Warning::StoreRead, key = %show_key(key), error = %err, "store read failed; loading directly");
+                        warn_limited!(self.inner.logs, Warning::StoreRead, key = %show_key(key), error = %err, "store read failed and the store cannot be used (breaker open or no connection); loading directly, without writing");
                     }
                     Mode::Fleet => {
                         warn_limited!(self.inner.logs, Warning::StoreRead, key = %show_key(key), error = %err, "store read failed; loading through the lease (the store answers, slowly)");
@@ -2121,14 +2121,23 @@ impl<V: Value> Cache<V> {
         match Entry::decode(bytes, self.inner.compression.max_decompressed_len()) {
             Ok(entry) if entry.codec == self.inner.codec => Some(entry),
             Ok(entry) => {
-                warn_limited!(
-                    self.inner.logs,
-                    Warning::Unreadable,
-                    key = %show_key(key),
-                    stored = entry.codec.name(),
-                    expected = self.inner.codec.name(),
-                    "cached entry has another codec; treating it as a miss"
-                );
+                self.inner.metrics.unreadable();
+                let (stored, expected) = (entry.codec.name(), self.inner.codec.name());
+                if self.inner.logs.first(Once::ForeignCodec) {
+                    tracing::warn!(
+                        namespace = %self.inner.namespace,
+                        key = %show_key(key),
+                        stored,
+                        expected,
+                        "a cached entry was written with another codec; treating it as a miss. \
+                         Likely cause: another cache or service with another codec writes under \
+                         the same namespace (give each its own .namespace(..)). Reported once; \
+                         every such entry is counted in breakwater_unreadable_entries_total \
+                         and logged at debug"
+                    );
+                } else {
+                    tracing::debug!(key = %show_key(key), stored, expected, "cached entry has another codec; treating it as a miss");
+                }
                 None
             }
             Err(err) => {
@@ -2148,6 +2157,23 @@ impl<V: Value> Cache<V> {
         self.decode_value(key, entry).map(Some)
     }
 
+    /// [`entry_value`](Self::entry_value) of the previous version's entry
+    /// (inside a version transition): one that does not decode is the
+    /// expected end of a type change with the version bump, logged at
+    /// `debug` only.
+    fn previous_value(&self, key: &[u8], entry: &Entry) -> Option<Option<V>> {
+        if entry.negative {
+            return Some(None);
+        }
+        match entry.value::<V>() {
+            Ok(value) => Some(Some(value)),
+            Err(err) => {
+                tracing::debug!(key = %show_key(key), error = %err, "the previous version's value does not decode as this version's type; loading");
+                None
+            }
+        }
+    }
+
     fn is_fresh(&self, entry: &Entry) -> bool {
         entry.fresh_until > self.inner.store.now_ms()
     }
@@ -2156,9 +2182,32 @@ impl<V: Value> Cache<V> {
         match entry.value::<V>() {
             Ok(value) => Some(value),
             Err(err) => {
-                warn_limited!(self.inner.logs, Warning::Unreadable, key = %show_key(key), error = %err, "cached value does not decode; treating it as a miss");
+                self.foreign_value(key, &err);
                 None
             }
+        }
+    }
+
+    /// A stored value that does not decode as `V`: counted, and reported
+    /// once per cache with its likely cause (a stream of identical
+    /// warnings would say nothing more); at `debug` after that.
+    #[cold]
+    fn foreign_value(&self, key: &[u8], err: &Error) {
+        self.inner.metrics.unreadable();
+        if self.inner.logs.first(Once::ForeignValue) {
+            tracing::warn!(
+                namespace = %self.inner.namespace,
+                key = %show_key(key),
+                value_type = std::any::type_name::<V>(),
+                error = %err,
+                "a cached value does not decode as this cache's value type; treating it as a miss. \
+                 Likely cause: another cache or service stores another type under the same \
+                 namespace (give each value type its own .namespace(..)), or the type changed \
+                 without a .version(..) bump. Reported once; every such entry is counted in \
+                 breakwater_unreadable_entries_total and logged at debug"
+            );
+        } else {
+            tracing::debug!(key = %show_key(key), error = %err, "cached value does not decode as this cache's value type; treating it as a miss");
         }
     }
 
