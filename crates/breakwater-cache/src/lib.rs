@@ -14,6 +14,18 @@
 //! [`Cache::get_or_load`] is the one call that composes the remedies; every
 //! policy in it has a documented default and a builder method.
 //!
+//! # Adding it
+//!
+//! The crate is `breakwater-cache` (imported as `breakwater_cache`):
+//!
+//! ```toml
+//! [dependencies]
+//! breakwater-cache = "0.1"  # features = ["tls"] for rediss:// URLs
+//! ```
+//!
+//! or `cargo add breakwater-cache`; from a checkout of the repository,
+//! `cargo add breakwater-cache --path path/to/crates/breakwater-cache`.
+//!
 //! # Choosing a jitter
 //!
 //! | data | jitter |
