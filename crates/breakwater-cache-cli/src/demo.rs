@@ -38,11 +38,11 @@ use crate::traffic::{self, Client, Expiries, Tally, Workload};
 pub(crate) struct DemoOpts {
     /// Seed of the jitter and of the request draws; drawn at random (and
     /// printed) when not given, so any run can be replayed.
-    #[arg(long)]
+    #[arg(long, value_name = "SEED")]
     pub(crate) seed: Option<u64>,
 
     /// Directory the charts are written to (created if missing).
-    #[arg(long, default_value = "breakwater-demo")]
+    #[arg(long, value_name = "DIR", default_value = "breakwater-demo")]
     pub(crate) out: PathBuf,
 }
 

@@ -24,7 +24,7 @@ pub(crate) enum CodecArg {
 pub(crate) struct InspectOpts {
     /// Redis URL, e.g. `redis://127.0.0.1:6379`; several, comma-separated,
     /// for the nodes of a Redis Cluster.
-    #[arg(long)]
+    #[arg(long, value_name = "URL")]
     pub(crate) redis: String,
     /// The cache's namespace.
     #[arg(long)]

@@ -10,7 +10,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use breakwater_cache::{BreakerState, Cache, Error, Jitter, MemoryStore, Served, Stats, Store, Stored};
+use breakwater_cache::{
+    BreakerState, Cache, Error, Jitter, MemoryStore, Served, Stats, Store, Stored,
+};
 use indicatif::ProgressBar;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};

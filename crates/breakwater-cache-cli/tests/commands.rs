@@ -178,8 +178,8 @@ async fn warm_fills_a_cluster_named_by_its_node_urls() {
         "60",
         "--rate",
         "10000",
-        "--loader-ms",
-        "1",
+        "--loader-latency",
+        "1ms",
     ]);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert!(
@@ -280,8 +280,8 @@ fn zero_or_absurd_bench_arguments_are_usage_errors_not_hangs() {
             "--concurrency",
         ),
         (
-            &["grace", "--concurrency", "5", "--loader-ms", "99999999"],
-            "--loader-ms",
+            &["grace", "--concurrency", "5", "--loader-latency", "2m"],
+            "--loader-latency",
         ),
         (&["hit", "--trials", "0"], "--trials"),
         (&["hit", "--workers", "65"], "--workers"),
@@ -373,8 +373,8 @@ fn benches_delete_the_keys_they_wrote() {
         "1",
         "--runs",
         "1",
-        "--loader-ms",
-        "1",
+        "--loader-latency",
+        "1ms",
     ]);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert_eq!(
@@ -391,8 +391,8 @@ fn benches_delete_the_keys_they_wrote() {
         "5",
         "--runs",
         "1",
-        "--loader-ms",
-        "1",
+        "--loader-latency",
+        "1ms",
     ]);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert_eq!(
@@ -409,8 +409,8 @@ fn benches_delete_the_keys_they_wrote() {
             &url,
             "--trials",
             "1",
-            "--trial-ms",
-            "20",
+            "--trial",
+            "20ms",
             "--workers",
             workers,
         ]);
@@ -439,8 +439,8 @@ fn benches_delete_the_keys_they_wrote() {
         "1",
         "--runs",
         "1",
-        "--loader-ms",
-        "1",
+        "--loader-latency",
+        "1ms",
     ]);
     assert_eq!(code, 0, "{err}");
     let mut left = all_keys(&server);
@@ -461,8 +461,8 @@ fn bench_grace_says_what_waited_means_next_to_its_figure() {
         "5",
         "--runs",
         "1",
-        "--loader-ms",
-        "1",
+        "--loader-latency",
+        "1ms",
     ]);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert!(
@@ -481,10 +481,10 @@ fn warm_shows_how_the_expiries_spread() {
         "300",
         "--rate",
         "100000",
-        "--loader-ms",
-        "1",
-        "--ttl-secs",
-        "100",
+        "--loader-latency",
+        "1ms",
+        "--ttl",
+        "100s",
     ]);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     // ±20 % of 100 s: a histogram of rows over 80..120 s, bars and counts.
@@ -492,6 +492,49 @@ fn warm_shows_how_the_expiries_spread() {
     assert!(rows >= 5, "{out}");
     assert!(out.contains("busiest second"), "{out}");
     assert!(out.contains("uniform ideal"), "{out}");
+}
+
+/// The previous release's spellings still work for one release, each with
+/// one warning that names the new spelling.
+#[test]
+fn old_option_spellings_work_with_a_deprecation_warning() {
+    let (code, out, err) = breakwater(&[
+        "warm",
+        "--keys",
+        "300",
+        "--rate",
+        "100000",
+        "--loader-ms",
+        "1",
+        "--ttl-secs=100",
+        "--ratio",
+        "0.1",
+    ]);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    for warning in [
+        "warning: --loader-ms is deprecated; use --loader-latency 1ms",
+        "warning: --ttl-secs is deprecated; use --ttl 1m 40s",
+        "warning: --ratio is deprecated; use --jitter 0.1",
+    ] {
+        assert_eq!(err.matches(warning).count(), 1, "{warning}: {err}");
+    }
+    assert!(out.contains("TTL 1m 40s, jitter ±10%"), "{out}");
+    // A value in the old unit that is not a number: a usage error that
+    // names the new spelling.
+    let (code, _, err) = breakwater(&["warm", "--loader-ms", "5ms"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("use --loader-latency"), "{err}");
+    // The new spellings refuse what is out of bounds, naming the option.
+    for (args, says) in [
+        (&["warm", "--ttl", "500ms"][..], "--ttl"),
+        (&["warm", "--loader-latency", "5"], "--loader-latency"),
+        (&["warm", "--jitter", "sideways:3"], "--jitter"),
+        (&["simulate", "--jitter", "1.5"], "--jitter"),
+    ] {
+        let (code, out, err) = breakwater(args);
+        assert_eq!(code, 2, "{args:?}\nstdout:\n{out}\nstderr:\n{err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
 }
 
 #[test]
