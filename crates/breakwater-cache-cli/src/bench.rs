@@ -226,13 +226,11 @@ pub(crate) async fn main(command: BenchCommand) -> ExitCode {
 /// (a runtime failure if not), before a bench prints anything.
 async fn check_redis(url: &str) -> Result<breakwater_cache::RedisStore, Failure> {
     redis::Client::open(url).map_err(|err| bad_url(url, err))?;
-    crate::worker::bench_store(url).await.map_err(|err| {
-        if err.is_config() {
-            bad_url(url, err)
-        } else {
-            unreachable(url, err)
-        }
-    })
+    match crate::worker::bench_store(url).await {
+        Ok(store) => Ok(store),
+        Err(err) if err.is_config() => Err(bad_url(url, err)),
+        Err(err) => Err(unreachable(url, err).await),
+    }
 }
 
 /// Deletes every key matching one of `patterns` (SCAN and UNLINK, never

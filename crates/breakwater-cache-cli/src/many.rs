@@ -237,9 +237,10 @@ pub(crate) async fn bench(opts: &ManyOpts) -> Result<(), Failure> {
     for url in opts.redis.split(',') {
         redis::Client::open(url.trim()).map_err(|err| bad_url(url, err))?;
     }
-    let store = connect(&opts.redis)
-        .await
-        .map_err(|err| unreachable(&opts.redis, err))?;
+    let store = match connect(&opts.redis).await {
+        Ok(store) => store,
+        Err(err) => return Err(unreachable(&opts.redis, err).await),
+    };
     let exe = std::env::current_exe().map_err(Failure::runtime)?;
     let pid = std::process::id();
     let namespace = format!("bench-many-{pid}");

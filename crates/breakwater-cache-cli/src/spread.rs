@@ -157,15 +157,21 @@ async fn run(opts: &SpreadOpts) -> Result<(), Failure> {
     let config = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(5)))
         .set_response_timeout(Some(Duration::from_secs(10)));
-    let mut conn = client
+    let mut conn = match client
         .get_multiplexed_async_connection_with_config(&config)
         .await
-        .map_err(|e| unreachable(&opts.redis, e))?;
-    let info: String = redis::cmd("INFO")
+    {
+        Ok(conn) => conn,
+        Err(err) => return Err(unreachable(&opts.redis, err).await),
+    };
+    let info: String = match redis::cmd("INFO")
         .arg("cluster")
         .query_async(&mut conn)
         .await
-        .map_err(|e| unreachable(&opts.redis, e))?;
+    {
+        Ok(info) => info,
+        Err(err) => return Err(unreachable(&opts.redis, err).await),
+    };
     if info.contains("cluster_enabled:1") {
         return Err(Failure::usage(format!(
             "{} is a Redis Cluster node; spread works on one node's keys: run it once per primary",

@@ -96,10 +96,9 @@ pub(crate) async fn run(opts: &WarmOpts) -> Result<WarmRun, Failure> {
     let store: Arc<dyn Store> = match &opts.redis {
         Some(url) => {
             let store = crate::redis_store(url).map_err(|err| bad_url(url, err))?;
-            store
-                .warm_up()
-                .await
-                .map_err(|err| crate::failure::unreachable(url, err))?;
+            if let Err(err) = store.warm_up().await {
+                return Err(crate::failure::unreachable(url, err).await);
+            }
             Arc::new(store)
         }
         None => Arc::new(MemoryStore::new()),

@@ -329,6 +329,61 @@ fn benches_report_an_unreachable_redis_in_one_line_before_any_table() {
     }
 }
 
+/// A server on a private port that answers every connection the way an
+/// HTTP server answers a Redis client: `HTTP/1.1 400 Bad Request`. Its
+/// address; it serves until the test process ends.
+fn http_server() -> std::net::SocketAddr {
+    use std::io::Write;
+
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            thread::spawn(move || {
+                let mut request = [0u8; 256];
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(1)));
+                let _ = conn.read(&mut request);
+                let _ = conn.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn a_server_that_is_not_redis_is_named_as_such() {
+    let addr = http_server();
+    let url = format!("redis://:hunter2@{addr}");
+    for args in [
+        &["inspect", "--namespace", "ns", "key"][..],
+        &["warm", "--keys", "10"],
+        &["bench", "hit", "--trials", "1"],
+        &["bench", "grace", "--concurrency", "5", "--runs", "1"],
+        &["spread", "--match", "k:*", "--jitter", "0.2"],
+    ] {
+        let mut all = args.to_vec();
+        all.extend(["--redis", &url]);
+        let (code, out, err) = breakwater_within(&all, Duration::from_secs(30));
+        assert_ne!(code, 0, "{all:?}\nstdout:\n{out}\nstderr:\n{err}");
+        assert!(!err.contains("panicked"), "{all:?}: {err}");
+        assert!(out.is_empty(), "{all:?}: {out}");
+        assert_one_line_error(&err);
+        assert!(
+            err.contains(&format!(
+                "{addr} answered, but not as a Redis server (it does not speak RESP"
+            )),
+            "{all:?}: {err}"
+        );
+        assert!(
+            err.contains("is --redis pointing at the right port?"),
+            "{all:?}: {err}"
+        );
+        assert!(!err.contains("server is running"), "{all:?}: {err}");
+        assert!(!err.contains("hunter2"), "{all:?}: {err}");
+    }
+}
+
 #[test]
 fn a_bad_url_is_a_usage_error_for_every_command() {
     for args in [
