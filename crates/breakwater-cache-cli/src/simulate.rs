@@ -209,25 +209,25 @@ fn report(opts: &SimulateOpts, outcomes: &[Outcome], warnings: &[String]) -> Res
             "{panicked} simulated request(s) panicked"
         )));
     }
-    let chart = Chart {
-        title: format!(
+    let chart = Chart::queries(
+        format!(
             "{} keys written at once, TTL {}, {} requests/s",
             count(opts.keys),
             humantime::format_duration(opts.ttl),
             count(opts.rps as usize)
         ),
-        lines: outcomes
+        outcomes
             .iter()
             .map(|o| Line {
                 name: o.strategy.name().to_owned(),
                 per_second: o.per_second.clone(),
             })
             .collect(),
-        events: vec![Event {
+        vec![Event {
             at_s: opts.ttl.as_secs_f64(),
             label: "TTL".to_owned(),
         }],
-    };
+    );
     let charts = chart::write(&chart, &opts.out, "simulate")?;
     if opts.json {
         let json = serde_json::json!({

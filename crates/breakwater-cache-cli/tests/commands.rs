@@ -682,6 +682,18 @@ fn demo_tells_three_stories_and_writes_their_charts() {
             assert!(stdout.contains(&path.display().to_string()), "{stdout}");
         }
     }
+    // Every series on a log scale; the outage also shows what the requests
+    // met, per second.
+    let outage = std::fs::read_to_string(out.join("outage.svg")).unwrap();
+    for text in [
+        "database queries per second (log scale)",
+        "requests per second: errors, stale values (log scale)",
+        "naive: errors (peak",
+        "breakwater: errors (peak 0/s)",
+        "breakwater: stale values (peak",
+    ] {
+        assert!(outage.contains(text), "{text} not in outage.svg");
+    }
     // The seed's figures, measured on the virtual clock.
     assert!(
         stdout.contains(
