@@ -223,7 +223,7 @@ mod tests {
 
     /// Of these, the help text is the same too (among options that take
     /// one value, and among those that take a comma-separated list).
-    const SAME_HELP: &[&str] = &["ttl", "jitter", "loader-latency", "concurrency", "runs"];
+    const SAME_HELP: &[&str] = &["ttl", "jitter", "loader-latency", "concurrency"];
 
     #[test]
     fn a_shared_option_parses_and_reads_the_same_everywhere() {

@@ -48,7 +48,7 @@ pub(crate) struct ManyOpts {
     /// 1m).
     #[arg(long, value_name = "DURATION", default_value = "50ms", value_parser = args::loader_latency)]
     pub(crate) loader_latency: Duration,
-    /// Repetitions of each scenario (1 to 1,000); figures are over all of them.
+    /// Runs, each on ids no earlier run used, one row each (1 to 1,000).
     #[arg(long, value_name = "N", default_value_t = 3, value_parser = args::runs())]
     pub(crate) runs: usize,
 }
