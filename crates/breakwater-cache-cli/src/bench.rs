@@ -19,6 +19,7 @@ use std::time::Duration;
 use clap::builder::RangedU64ValueParser;
 use clap::{Args, Subcommand};
 
+use crate::args;
 use crate::failure::{Failure, bad_url, shown, unreachable};
 use crate::worker::Algo;
 
@@ -38,7 +39,7 @@ pub(crate) enum BenchCommand {
     Grace(GraceOpts),
     /// Redis hits: `get_or_load` next to raw GETs on one connection, with ratios.
     #[command(
-        after_help = "Example:\n  breakwater bench hit --redis redis://127.0.0.1:6379 --trials 6 --trial-ms 1000\n  breakwater bench hit --redis redis://127.0.0.1:6379 --workers 2"
+        after_help = "Example:\n  breakwater bench hit --redis redis://127.0.0.1:6379 --trials 6 --trial 1s\n  breakwater bench hit --redis redis://127.0.0.1:6379 --workers 2"
     )]
     Hit(HitOpts),
     /// `get_many` from several processes for overlapping ids at once: every
@@ -54,19 +55,19 @@ pub(crate) enum BenchCommand {
 pub(crate) struct HitOpts {
     /// Redis URL to run against (writes keys under `bw:bench-hit:` and
     /// `raw:bench-hit:`, expiring after an hour).
-    #[arg(long)]
+    #[arg(long, value_name = "URL")]
     pub(crate) redis: String,
     /// Interleaved trials per scenario (1 to 100); the ratio is of the
     /// medians. Which side runs first alternates, raw GETs first in the
     /// first trial: an even count balances the order.
-    #[arg(long, default_value_t = 6, value_parser = RangedU64ValueParser::<usize>::new().range(1..=100))]
+    #[arg(long, value_name = "N", default_value_t = 6, value_parser = RangedU64ValueParser::<usize>::new().range(1..=100))]
     pub(crate) trials: usize,
-    /// Length of one trial, in milliseconds (1 to 600,000).
-    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
-    pub(crate) trial_ms: u64,
+    /// Length of one trial, e.g. `1s` (1ms to 10m).
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = args::trial)]
+    pub(crate) trial: Duration,
     /// Worker threads of the runtime both sides run on (0 to 64; 0, the
     /// default, is a current-thread runtime, as `breakwater`'s own).
-    #[arg(long, default_value_t = 0, value_parser = RangedU64ValueParser::<usize>::new().range(0..=64))]
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = RangedU64ValueParser::<usize>::new().range(0..=64))]
     pub(crate) workers: usize,
 }
 
@@ -85,17 +86,13 @@ async fn hit(opts: &HitOpts) -> Result<(), Failure> {
     };
     crate::outln!(
         "Redis hits on {}: get_or_load (L1 off: a GET, or a share of an MGET, per hit) next to raw GETs on one \
-         connection; {} trial(s) of {} ms, interleaved (which side runs first alternates); {runtime}",
+         connection; {} trial(s) of {}, interleaved (which side runs first alternates); {runtime}",
         shown(&opts.redis),
         opts.trials,
-        opts.trial_ms
+        humantime::format_duration(opts.trial)
     );
     let spinner = crate::progress::spinner("bench hit: 3 scenarios");
-    let (url, trials, trial) = (
-        opts.redis.clone(),
-        opts.trials,
-        Duration::from_millis(opts.trial_ms),
-    );
+    let (url, trials, trial) = (opts.redis.clone(), opts.trials, opts.trial);
     let rows = if opts.workers == 0 {
         hit::compare(&url, trials, trial).await
     } else {
@@ -124,22 +121,24 @@ async fn hit(opts: &HitOpts) -> Result<(), Failure> {
 #[derive(Debug, Clone, Args)]
 pub(crate) struct BenchArgs {
     /// Redis URL to run against (see the README for the keys the benches write).
-    #[arg(long)]
+    #[arg(long, value_name = "URL")]
     pub(crate) redis: String,
-    /// Loader latency in milliseconds (0 to 60,000).
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(0..=60_000))]
-    pub(crate) loader_ms: u64,
-    /// Concurrent callers, per process (comma-separated list, each 1 to
-    /// 100,000).
+    /// How long one loader call (a database query) takes, e.g. `5ms` (0 to
+    /// 1m).
+    #[arg(long, value_name = "DURATION", default_value = "50ms", value_parser = args::loader_latency)]
+    pub(crate) loader_latency: Duration,
+    /// Most calls in flight at once, per process: a comma-separated list,
+    /// one row each (each 1 to 100,000).
     #[arg(
         long,
+        value_name = "N",
         value_delimiter = ',',
-        default_values_t = [100, 1000],
-        value_parser = RangedU64ValueParser::<usize>::new().range(1..=100_000)
+        default_value = "100,1000",
+        value_parser = args::concurrency()
     )]
     pub(crate) concurrency: Vec<usize>,
     /// Repetitions of each scenario (1 to 1,000); figures are over all of them.
-    #[arg(long, default_value_t = 3, value_parser = RangedU64ValueParser::<usize>::new().range(1..=1_000))]
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = args::runs())]
     pub(crate) runs: usize,
 }
 
@@ -155,12 +154,14 @@ pub(crate) struct GraceOpts {
 pub(crate) struct StampedeOpts {
     #[command(flatten)]
     pub(crate) bench: BenchArgs,
-    /// Processes (comma-separated list, each 1 to 64).
+    /// Worker processes, released together: a comma-separated list, one
+    /// row each (each 1 to 64).
     #[arg(
         long,
+        value_name = "N",
         value_delimiter = ',',
-        default_values_t = [1, 4],
-        value_parser = RangedU64ValueParser::<usize>::new().range(1..=64)
+        default_value = "1,4",
+        value_parser = args::processes()
     )]
     pub(crate) processes: Vec<usize>,
 }
@@ -225,13 +226,11 @@ pub(crate) async fn main(command: BenchCommand) -> ExitCode {
 /// (a runtime failure if not), before a bench prints anything.
 async fn check_redis(url: &str) -> Result<breakwater_cache::RedisStore, Failure> {
     redis::Client::open(url).map_err(|err| bad_url(url, err))?;
-    crate::worker::bench_store(url).await.map_err(|err| {
-        if err.is_config() {
-            bad_url(url, err)
-        } else {
-            unreachable(url, err)
-        }
-    })
+    match crate::worker::bench_store(url).await {
+        Ok(store) => Ok(store),
+        Err(err) if err.is_config() => Err(bad_url(url, err)),
+        Err(err) => Err(unreachable(url, err).await),
+    }
 }
 
 /// Deletes every key matching one of `patterns` (SCAN and UNLINK, never
@@ -288,8 +287,8 @@ async fn stampede(opts: &StampedeOpts) -> Result<(), Failure> {
 async fn stampede_table(opts: &StampedeOpts) -> Result<(), Box<dyn std::error::Error>> {
     let exe = std::env::current_exe()?;
     crate::outln!(
-        "stampede bench: one missing hot key, loader {} ms, {} run(s) per row, {}",
-        opts.bench.loader_ms,
+        "stampede bench: one missing hot key, loader {}, {} run(s) per row, {}",
+        humantime::format_duration(opts.bench.loader_latency),
         opts.bench.runs,
         shown(&opts.bench.redis)
     );
@@ -374,13 +373,13 @@ async fn grace_table(
     use breakwater_cache::{Cache, EarlyRefresh, Jitter, Served};
     use tokio::time::Instant;
 
-    let loader_time = Duration::from_millis(opts.bench.loader_ms);
+    let loader_time = opts.bench.loader_latency;
     // The calls are spawned one by one; a caller's latency includes the
     // fan-out, so it is no measure of waiting (a busy machine takes longer
     // than the loader to start 1,000 tasks).
     crate::outln!(
-        "grace bench: one hot key just past its fresh window (grace 60 s), loader {} ms, {} run(s), {}",
-        opts.bench.loader_ms,
+        "grace bench: one hot key just past its fresh window (grace 60 s), loader {}, {} run(s), {}",
+        humantime::format_duration(opts.bench.loader_latency),
         opts.bench.runs,
         shown(&opts.bench.redis)
     );
@@ -520,7 +519,10 @@ async fn run_once(
                 "--samples",
             ])
             .args(["--concurrency", &concurrency.to_string()])
-            .args(["--loader-ms", &opts.bench.loader_ms.to_string()])
+            .args([
+                "--loader-latency",
+                &humantime::format_duration(opts.bench.loader_latency).to_string(),
+            ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

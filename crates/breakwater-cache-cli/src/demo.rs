@@ -11,7 +11,9 @@
 //! 3. **outage**: the database fails for 30 s under steady traffic.
 //!
 //! Each story prints a table and writes a chart (PNG and SVG) of the
-//! database's queries per second.
+//! database's queries per second on a log scale; the outage's chart has a
+//! second panel of the errors and stale values the requests met each
+//! second.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -27,7 +29,7 @@ use clap::Args;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::chart::{self, Chart, Event, Line};
+use crate::chart::{self, Chart, Event, Line, Panel};
 use crate::db::{self, Database};
 use crate::failure::Failure;
 use crate::histogram::count;
@@ -38,11 +40,11 @@ use crate::traffic::{self, Client, Expiries, Tally, Workload};
 pub(crate) struct DemoOpts {
     /// Seed of the jitter and of the request draws; drawn at random (and
     /// printed) when not given, so any run can be replayed.
-    #[arg(long)]
+    #[arg(long, value_name = "SEED")]
     pub(crate) seed: Option<u64>,
 
     /// Directory the charts are written to (created if missing).
-    #[arg(long, default_value = "breakwater-demo")]
+    #[arg(long, value_name = "DIR", default_value = "breakwater-demo")]
     pub(crate) out: PathBuf,
 }
 
@@ -92,6 +94,9 @@ pub(crate) struct Story {
     pub(crate) events: Vec<Event>,
     /// Lines printed under the table.
     pub(crate) notes: Vec<String>,
+    /// Whether its chart also shows failed requests and stale values per
+    /// second (the outage).
+    pub(crate) served: bool,
 }
 
 /// A story, run with a seed.
@@ -136,21 +141,50 @@ fn show(number: usize, story: &Story, opts: &DemoOpts) -> Result<(), Failure> {
         )));
     }
     crate::out!("\n{number}. {}", render(story));
-    let chart = Chart {
-        title: story.title.clone(),
-        lines: story
-            .rows
-            .iter()
-            .map(|row| Line {
-                name: row.name.clone(),
-                per_second: row.per_second.clone(),
-            })
-            .collect(),
-        events: story.events.clone(),
-    };
-    let [png, svg] = chart::write(&chart, &opts.out, story.name)?;
+    let [png, svg] = chart::write(&chart_of(story), &opts.out, story.name)?;
     crate::outln!("chart: {} and {}", png.display(), svg.display());
     Ok(())
+}
+
+/// The story's chart: database queries per second, one series per
+/// strategy; for a story that shows what was served, a second panel of
+/// failed requests and stale values per second.
+pub(crate) fn chart_of(story: &Story) -> Chart {
+    let queries = story
+        .rows
+        .iter()
+        .map(|row| Line {
+            name: row.name.clone(),
+            per_second: row.per_second.clone(),
+        })
+        .collect();
+    let mut chart = Chart::queries(story.title.clone(), queries, story.events.clone());
+    if story.served {
+        let mut lines = Vec::new();
+        // Over the queries' seconds, zeros included.
+        let fit = |counts: &[usize], row: &Row| {
+            let mut counts = counts.to_vec();
+            counts.resize(row.per_second.len(), 0);
+            counts
+        };
+        for row in &story.rows {
+            lines.push(Line {
+                name: format!("{}: errors", row.name),
+                per_second: fit(&row.tally.errors_per_second, row),
+            });
+        }
+        for row in story.rows.iter().filter(|row| row.tally.stale > 0) {
+            lines.push(Line {
+                name: format!("{}: stale values", row.name),
+                per_second: fit(&row.tally.stale_per_second, row),
+            });
+        }
+        chart.panels.push(Panel {
+            y_desc: "requests per second: errors, stale values".to_owned(),
+            lines,
+        });
+    }
+    chart
 }
 
 /// The story as text: heading, table, notes.
@@ -227,7 +261,7 @@ fn avalanche(seed: u64) -> Result<Story, Error> {
             }
             let began = Instant::now();
             let mut tasks = JoinSet::new();
-            let mut tally = Tally::default();
+            let mut tally = Tally::since(began);
             for (second, keys) in due.range(..SECONDS) {
                 tokio::time::sleep_until(began + Duration::from_secs(*second)).await;
                 for key in keys.iter().copied() {
@@ -289,6 +323,7 @@ fn avalanche(seed: u64) -> Result<Story, Error> {
             label: "TTL 300 s".to_owned(),
         }],
         notes,
+        served: false,
     })
 }
 
@@ -366,6 +401,7 @@ fn stampede(seed: u64) -> Result<Story, Error> {
         rows,
         events,
         notes,
+        served: false,
     })
 }
 
@@ -508,6 +544,7 @@ fn outage(seed: u64) -> Result<Story, Error> {
         rows,
         events,
         notes,
+        served: true,
     })
 }
 

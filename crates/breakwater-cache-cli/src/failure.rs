@@ -2,12 +2,14 @@
 //! and one line on stderr that says what to fix.
 //!
 //! - exit code 2: a usage or configuration error (a bad option value, a URL
-//!   that does not parse); running again as typed cannot succeed;
+//!   that does not parse, a `--redis` whose server answers but is not a
+//!   Redis); running again as typed cannot succeed;
 //! - exit code 1: a failure at run time (Redis unreachable, a command
 //!   failed); the same command may succeed later.
 
 use std::fmt;
 use std::process::ExitCode;
+use std::time::Duration;
 
 /// Why a subcommand stopped.
 #[derive(Debug)]
@@ -106,13 +108,99 @@ pub(crate) fn bad_url(url: &str, err: impl fmt::Display) -> Failure {
     ))
 }
 
-/// A Redis that cannot be reached: a runtime failure that says what to
+/// A Redis that could not be reached or did not answer as one: what to
 /// check.
-pub(crate) fn unreachable(url: &str, err: impl fmt::Display) -> Failure {
+///
+/// When a node of `url` (one URL, or a cluster's comma-separated list)
+/// answers a raw `PING` with something that is not RESP (an HTTP server,
+/// PostgreSQL, SSH), that is the message, a configuration error: `--redis`
+/// names the wrong port. Otherwise it is a runtime failure: the server is
+/// down, unreachable, or refused the command.
+pub(crate) async fn unreachable(url: &str, err: impl fmt::Display) -> Failure {
+    for node in url.split(',') {
+        if let Some(not_redis) = not_redis(node.trim()).await {
+            return Failure::usage(not_redis);
+        }
+    }
     Failure::runtime(format!(
         "cannot reach Redis at {} ({err}); check --redis and that the server is running",
         shown(url)
     ))
+}
+
+/// How long the probe waits to connect, and then for a reply.
+const PROBE_WAIT: Duration = Duration::from_secs(2);
+
+/// The first bytes of every RESP2 and RESP3 reply.
+const RESP_TYPES: &[u8] = b"+-:$*_,#!=(%~>|";
+
+/// Why the server at `url` is not a Redis, if it answered and is not one:
+/// it is sent `PING\r\n` (an inline command every Redis answers, with
+/// `+PONG` or an error such as `-NOAUTH`) and its first byte is looked at.
+/// `None` when it is one, when nothing answered in time, for a TLS URL (a
+/// raw probe cannot speak TLS) and for a URL that does not parse.
+async fn not_redis(url: &str) -> Option<String> {
+    use redis::{ConnectionAddr, IntoConnectionInfo};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let info = url.into_connection_info().ok()?;
+    let ConnectionAddr::Tcp(host, port) = info.addr() else {
+        return None;
+    };
+    let at = if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    let mut stream = tokio::time::timeout(
+        PROBE_WAIT,
+        tokio::net::TcpStream::connect((host.as_str(), *port)),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    stream.write_all(b"PING\r\n").await.ok()?;
+    let mut reply = [0u8; 64];
+    let read = tokio::time::timeout(PROBE_WAIT, stream.read(&mut reply))
+        .await
+        .ok()?;
+    let advice = "is --redis pointing at the right port?";
+    match read {
+        Ok(0) | Err(_) => Some(format!(
+            "{at} accepted the connection but closed it without a Redis reply (it does not \
+             speak RESP): {advice}"
+        )),
+        Ok(n) if RESP_TYPES.contains(&reply[0]) => {
+            let _ = n;
+            None
+        }
+        // A TLS record (alert or handshake): a TLS port, or a TLS proxy.
+        Ok(_) if matches!(reply[0], 0x15 | 0x16) => Some(format!(
+            "{at} answered with TLS, not as a plain Redis server (it does not speak RESP \
+             without TLS): use a rediss:// URL, or is --redis pointing at the right port?"
+        )),
+        Ok(n) => Some(format!(
+            "{at} answered, but not as a Redis server (it does not speak RESP; it replied \
+             {:?}): {advice}",
+            printable(&reply[..n])
+        )),
+    }
+}
+
+/// The first line of `bytes`, printable ASCII only, at most 40 characters.
+fn printable(bytes: &[u8]) -> String {
+    bytes
+        .iter()
+        .take_while(|b| **b != b'\r' && **b != b'\n')
+        .take(40)
+        .map(|&b| {
+            if b.is_ascii_graphic() || b == b' ' {
+                char::from(b)
+            } else {
+                '?'
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -132,6 +220,15 @@ mod tests {
         assert_eq!(shown("rediss://:secret@host"), "rediss://:***@host");
         assert_eq!(shown("redis://secret@host"), "redis://***@host");
         assert_eq!(shown("not-a-url"), "not-a-url");
+    }
+
+    #[test]
+    fn a_reply_is_shown_as_one_printable_line() {
+        assert_eq!(
+            printable(b"HTTP/1.1 400 Bad Request\r\n\r\n"),
+            "HTTP/1.1 400 Bad Request"
+        );
+        assert_eq!(printable(b"N\x00\xff"), "N??");
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub(crate) enum CodecArg {
 pub(crate) struct InspectOpts {
     /// Redis URL, e.g. `redis://127.0.0.1:6379`; several, comma-separated,
     /// for the nodes of a Redis Cluster.
-    #[arg(long)]
+    #[arg(long, value_name = "URL")]
     pub(crate) redis: String,
     /// The cache's namespace.
     #[arg(long)]
@@ -51,10 +51,9 @@ pub(crate) async fn main(opts: InspectOpts) -> ExitCode {
 /// Inspects every key and renders the report.
 async fn run(opts: &InspectOpts) -> Result<String, Failure> {
     let store = crate::redis_store(&opts.redis).map_err(|err| bad_url(&opts.redis, err))?;
-    store
-        .warm_up()
-        .await
-        .map_err(|err| unreachable(&opts.redis, err))?;
+    if let Err(err) = store.warm_up().await {
+        return Err(unreachable(&opts.redis, err).await);
+    }
     let codec = match opts.codec {
         CodecArg::Msgpack => Codec::msgpack(),
         CodecArg::Json => Codec::json(),

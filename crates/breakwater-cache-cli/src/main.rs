@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod args;
 mod bench;
 mod chart;
 mod db;
@@ -93,7 +94,14 @@ fn redis_store(urls: &str) -> Result<breakwater_cache::RedisStore, breakwater_ca
 /// Parses the command line and runs the chosen subcommand.
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let args = match args::rewrite_deprecated(std::env::args_os().collect()) {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("breakwater: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    let cli = Cli::parse_from(args);
     match cli.command {
         Command::Demo(opts) => demo::main(opts).await,
         Command::Simulate(opts) => simulate::main(opts).await,
@@ -115,5 +123,191 @@ mod tests {
     #[test]
     fn cli_definition_is_valid() {
         Cli::command().debug_assert();
+    }
+
+    /// Every subcommand, recursively, hidden ones too, with its path.
+    fn all_commands(cmd: &clap::Command, path: String, out: &mut Vec<(String, clap::Command)>) {
+        out.push((path.clone(), cmd.clone()));
+        for sub in cmd.get_subcommands() {
+            all_commands(sub, format!("{path} {}", sub.get_name()), out);
+        }
+    }
+
+    fn commands() -> Vec<(String, clap::Command)> {
+        let mut root = Cli::command();
+        root.build();
+        let mut out = Vec::new();
+        all_commands(&root, "breakwater".to_owned(), &mut out);
+        out
+    }
+
+    /// Every option with a long name: (command path, command, option).
+    fn options() -> Vec<(String, clap::Command, clap::Arg)> {
+        let mut out = Vec::new();
+        for (path, cmd) in commands() {
+            for arg in cmd.get_arguments() {
+                if arg
+                    .get_long()
+                    .is_some_and(|l| l != "help" && l != "version")
+                {
+                    out.push((path.clone(), cmd.clone(), arg.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn no_option_is_spelled_with_a_unit_or_as_a_bare_ratio() {
+        for (path, _, arg) in options() {
+            let mut names: Vec<&str> = arg.get_long_and_visible_aliases().unwrap_or_default();
+            names.extend(arg.get_all_aliases().unwrap_or_default());
+            for name in names {
+                assert!(
+                    !name.ends_with("-ms") && !name.ends_with("-secs") && name != "ratio",
+                    "{path} --{name}: a duration is `--name 10m`, a jitter `--jitter 0.2`"
+                );
+            }
+        }
+    }
+
+    /// Values every shared option's parser is tried on.
+    const PROBES: &[&str] = &[
+        "0",
+        "1",
+        "5",
+        "64",
+        "65",
+        "1000",
+        "1001",
+        "100000",
+        "100001",
+        "1000000",
+        "1000001",
+        "-1",
+        "0.2",
+        "1.5",
+        "ratio:0.2",
+        "down:0.2",
+        "±30s",
+        "up-to:1m",
+        "none",
+        "0s",
+        "1ms",
+        "500ms",
+        "1s",
+        "1m",
+        "61s",
+        "10m",
+        "1h",
+        "365d",
+        "366d",
+        "abc",
+        "redis://x",
+    ];
+
+    /// The options that mean the same thing wherever they appear.
+    const SHARED: &[&str] = &[
+        "ttl",
+        "jitter",
+        "loader-latency",
+        "concurrency",
+        "processes",
+        "runs",
+        "rate",
+        "seed",
+        "redis",
+        "namespace",
+        "out",
+    ];
+
+    /// Of these, the help text is the same too (among options that take
+    /// one value, and among those that take a comma-separated list).
+    const SAME_HELP: &[&str] = &["ttl", "jitter", "loader-latency", "concurrency"];
+
+    #[test]
+    fn a_shared_option_parses_and_reads_the_same_everywhere() {
+        let options = options();
+        for name in SHARED {
+            let all: Vec<_> = options
+                .iter()
+                .filter(|(_, _, arg)| arg.get_long() == Some(name))
+                .collect();
+            assert!(!all.is_empty(), "--{name} is used nowhere");
+            let (first_path, first_cmd, first) = all[0];
+            // Each probe on a command line of the option alone.
+            let accepts = |cmd: &clap::Command, arg: &clap::Arg| -> Vec<bool> {
+                let cmd = cmd.clone().mut_args(|a| a.required(false));
+                let long = arg.get_long().unwrap_or_default();
+                PROBES
+                    .iter()
+                    .map(|probe| {
+                        cmd.clone()
+                            .try_get_matches_from([
+                                "breakwater".to_owned(),
+                                format!("--{long}={probe}"),
+                            ])
+                            .is_ok()
+                    })
+                    .collect()
+            };
+            let first_accepts = accepts(first_cmd, first);
+            for (path, cmd, arg) in &all {
+                assert_eq!(
+                    arg.get_value_names(),
+                    first.get_value_names(),
+                    "--{name}: {path} and {first_path} name its value differently"
+                );
+                assert_eq!(
+                    accepts(cmd, arg),
+                    first_accepts,
+                    "--{name}: {path} and {first_path} accept different values ({PROBES:?})"
+                );
+                if SAME_HELP.contains(name) {
+                    let list = arg.get_value_delimiter().is_some();
+                    for (other_path, _, other) in &all {
+                        if other.get_value_delimiter().is_some() == list {
+                            assert_eq!(
+                                arg.get_help().map(ToString::to_string),
+                                other.get_help().map(ToString::to_string),
+                                "--{name}: {path} and {other_path} explain it differently"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn list_defaults_show_as_typed() {
+        for (path, cmd, arg) in options() {
+            let Some(delimiter) = arg.get_value_delimiter() else {
+                continue;
+            };
+            let name = arg.get_long().unwrap_or_default();
+            let defaults = arg.get_default_values();
+            assert!(
+                defaults.len() <= 1,
+                "{path} --{name}: give the default as one string, \"a{delimiter}b\", so \
+                 --help shows it as it is typed"
+            );
+            if let Some(default) = defaults.first() {
+                let default = default.to_string_lossy();
+                let help = cmd.clone().render_help().to_string();
+                assert!(
+                    help.contains(&format!("[default: {default}]")),
+                    "{path} --{name}: {help}"
+                );
+            }
+        }
+        // And nowhere a list default clap joined with spaces.
+        for (path, cmd) in commands() {
+            let help = cmd.clone().render_long_help().to_string();
+            for default in help.split("[default: ").skip(1) {
+                let value = default.split(']').next().unwrap_or_default();
+                assert!(!value.contains(' '), "{path}: [default: {value}]");
+            }
+        }
     }
 }

@@ -21,6 +21,7 @@ use clap::Args;
 use clap::builder::RangedU64ValueParser;
 use tokio::time::Instant;
 
+use crate::args;
 use crate::failure::{Failure, bad_url, unreachable};
 use crate::worker::{read_line, say};
 
@@ -28,27 +29,27 @@ use crate::worker::{read_line, say};
 #[derive(Debug, Clone, Args)]
 pub(crate) struct ManyOpts {
     /// Redis URL, or a Redis Cluster's node URLs separated by commas.
-    #[arg(long)]
+    #[arg(long, value_name = "URL")]
     pub(crate) redis: String,
     /// Worker processes, released together (1 to 64).
-    #[arg(long, default_value_t = 4, value_parser = RangedU64ValueParser::<usize>::new().range(1..=64))]
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = args::processes())]
     pub(crate) processes: usize,
     /// Ids each process asks for in one `get_many` (1 to 100,000).
-    #[arg(long, default_value_t = 1_000, value_parser = RangedU64ValueParser::<usize>::new().range(1..=100_000))]
+    #[arg(long, value_name = "N", default_value_t = 1_000, value_parser = RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     pub(crate) ids: usize,
     /// Process p asks for ids from p × step on, so neighbours overlap by
     /// `ids - step` (0 to 100,000; 0: every process asks for the same ids).
-    #[arg(long, default_value_t = 250, value_parser = RangedU64ValueParser::<usize>::new().range(0..=100_000))]
+    #[arg(long, value_name = "N", default_value_t = 250, value_parser = RangedU64ValueParser::<usize>::new().range(0..=100_000))]
     pub(crate) step: usize,
-    /// Concurrent `get_many` calls in each process, each for the process's
-    /// ids in its own order (1 to 1,000).
-    #[arg(long, default_value_t = 1, value_parser = RangedU64ValueParser::<usize>::new().range(1..=1_000))]
-    pub(crate) callers: usize,
-    /// How long one batch loader call takes, in milliseconds (0 to 60,000).
-    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(0..=60_000))]
-    pub(crate) loader_ms: u64,
-    /// Runs, each on ids no earlier run used (1 to 100).
-    #[arg(long, default_value_t = 3, value_parser = RangedU64ValueParser::<usize>::new().range(1..=100))]
+    /// Most calls in flight at once, per process (1 to 100,000).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = args::concurrency())]
+    pub(crate) concurrency: usize,
+    /// How long one loader call (a database query) takes, e.g. `5ms` (0 to
+    /// 1m).
+    #[arg(long, value_name = "DURATION", default_value = "50ms", value_parser = args::loader_latency)]
+    pub(crate) loader_latency: Duration,
+    /// Runs, each on ids no earlier run used, one row each (1 to 1,000).
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = args::runs())]
     pub(crate) runs: usize,
 }
 
@@ -56,7 +57,7 @@ pub(crate) struct ManyOpts {
 #[derive(Debug, Clone, Args)]
 pub(crate) struct ManyWorkerOpts {
     /// Redis URL, or a Redis Cluster's node URLs separated by commas.
-    #[arg(long)]
+    #[arg(long, value_name = "URL")]
     redis: String,
     /// Cache namespace.
     #[arg(long)]
@@ -67,14 +68,15 @@ pub(crate) struct ManyWorkerOpts {
     /// How many ids.
     #[arg(long)]
     count: u64,
-    /// Concurrent calls.
-    #[arg(long, default_value_t = 1)]
-    callers: usize,
-    /// How long one loader call takes, in milliseconds.
-    #[arg(long, default_value_t = 50)]
-    loader_ms: u64,
+    /// Most calls in flight at once, per process (1 to 100,000).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = args::concurrency())]
+    concurrency: usize,
+    /// How long one loader call (a database query) takes, e.g. `5ms` (0 to
+    /// 1m).
+    #[arg(long, value_name = "DURATION", default_value = "50ms", value_parser = args::loader_latency)]
+    loader_latency: Duration,
     /// Seeds each caller's order of the ids.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, value_name = "SEED", default_value_t = 1)]
     seed: u64,
 }
 
@@ -137,12 +139,12 @@ async fn run_worker(opts: ManyWorkerOpts) -> Result<usize, Box<dyn std::error::E
         return Err("stdin closed before the go line".into());
     }
     let ids: Vec<u64> = (opts.from..opts.from + opts.count).collect();
-    let calls: Vec<_> = (0..opts.callers)
+    let calls: Vec<_> = (0..opts.concurrency)
         .map(|caller| {
             let cache = cache.clone();
             let ids = shuffled(ids.clone(), opts.seed.wrapping_add(caller as u64));
             let (loaded, batches) = (Arc::clone(&loaded), Arc::clone(&batches));
-            let delay = Duration::from_millis(opts.loader_ms);
+            let delay = opts.loader_latency;
             tokio::spawn(async move {
                 let loader = move |missing: Vec<u64>| {
                     batches.fetch_add(1, Ordering::Relaxed);
@@ -235,19 +237,20 @@ pub(crate) async fn bench(opts: &ManyOpts) -> Result<(), Failure> {
     for url in opts.redis.split(',') {
         redis::Client::open(url.trim()).map_err(|err| bad_url(url, err))?;
     }
-    let store = connect(&opts.redis)
-        .await
-        .map_err(|err| unreachable(&opts.redis, err))?;
+    let store = match connect(&opts.redis).await {
+        Ok(store) => store,
+        Err(err) => return Err(unreachable(&opts.redis, err).await),
+    };
     let exe = std::env::current_exe().map_err(Failure::runtime)?;
     let pid = std::process::id();
     let namespace = format!("bench-many-{pid}");
     crate::outln!(
-        "get_many: {} processes x {} caller(s), {} ids each (process p from p x {}), loader {} ms",
+        "get_many: {} processes x {} caller(s), {} ids each (process p from p x {}), loader {}",
         opts.processes,
-        opts.callers,
+        opts.concurrency,
         opts.ids,
         opts.step,
-        opts.loader_ms
+        humantime::format_duration(opts.loader_latency)
     );
     crate::outln!(
         "{:>4} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>9} {:>9} {:>9}",
@@ -295,7 +298,11 @@ pub(crate) async fn bench(opts: &ManyOpts) -> Result<(), Failure> {
             pct(0.99),
             pct(1.0)
         );
-        if twice > 0 || never > 0 || run.errors > 0 || run.asked != opts.processes * opts.callers {
+        if twice > 0
+            || never > 0
+            || run.errors > 0
+            || run.asked != opts.processes * opts.concurrency
+        {
             failed.push(format!(
                 "run {}: {twice} ids loaded more than once, {never} never loaded, {} errors (first: {})",
                 r + 1,
@@ -352,8 +359,11 @@ async fn run_many(
                 "--count",
                 &opts.ids.to_string(),
             ])
-            .args(["--callers", &opts.callers.to_string()])
-            .args(["--loader-ms", &opts.loader_ms.to_string()])
+            .args(["--concurrency", &opts.concurrency.to_string()])
+            .args([
+                "--loader-latency",
+                &humantime::format_duration(opts.loader_latency).to_string(),
+            ])
             .args(["--seed", &(base + p as u64).to_string()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -21,12 +21,13 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use breakwater_cache::{Cache, Error, Jitter, MemoryStore};
+use breakwater_cache::{Cache, Error, MemoryStore};
 use clap::builder::RangedU64ValueParser;
 use clap::{Args, ValueEnum};
 use indicatif::ProgressBar;
 use serde::Serialize;
 
+use crate::args::{self, JitterArg};
 use crate::chart::{self, Chart, Event, Line};
 use crate::db::{self, Database};
 use crate::failure::{self, Failure};
@@ -38,19 +39,19 @@ use crate::traffic::{self, Client, Expiries, Workload};
 #[derive(Debug, Clone, Args)]
 pub(crate) struct SimulateOpts {
     /// Keys, all written at the start with one TTL.
-    #[arg(long, default_value_t = 2_000,
+    #[arg(long, value_name = "N", default_value_t = 2_000,
           value_parser = RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
     pub(crate) keys: usize,
-    /// Base TTL of every key (`600s`, `10m`).
-    #[arg(long, default_value = "10m", value_parser = window)]
+    /// Base TTL of the keys, e.g. `10m` or `1h` (1s to 365d).
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = args::ttl)]
     pub(crate) ttl: Duration,
-    /// breakwater's jitter: `ratio:R` (±R of the TTL), `down:R` (−R..0),
-    /// `fixed:D` (±D), `up-to:D` (0..+D) or `none`.
-    #[arg(long, default_value = "ratio:0.2", value_parser = jitter, allow_hyphen_values = true)]
-    pub(crate) jitter: Jitter,
+    /// TTL jitter: `0.2` or `ratio:0.2` (±20%), `down:0.2` (−20% to 0),
+    /// `±30s` or `fixed:30s`, `up-to:30s` (0 to +30s), or `none`.
+    #[arg(long, value_name = "JITTER", default_value = "0.2", value_parser = args::jitter, allow_hyphen_values = true)]
+    pub(crate) jitter: JitterArg,
     /// breakwater's grace (stale-while-revalidate) window; a tenth of the
     /// TTL when not given.
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub(crate) grace: Option<Duration>,
     /// Requests per second.
     #[arg(long, default_value_t = 400, value_parser = clap::value_parser!(u32).range(1..=100_000))]
@@ -58,28 +59,29 @@ pub(crate) struct SimulateOpts {
     /// Zipf exponent of key popularity (0 = uniform).
     #[arg(long, default_value_t = 1.0, value_parser = zipf)]
     pub(crate) zipf: f64,
-    /// How long one database query takes at or under capacity (`50ms`).
-    #[arg(long, default_value = "50ms", value_parser = latency)]
+    /// How long one loader call (a database query) takes, e.g. `5ms` (0 to
+    /// 1m).
+    #[arg(long, value_name = "DURATION", default_value = "50ms", value_parser = args::loader_latency)]
     pub(crate) loader_latency: Duration,
-    /// Queries the database runs at once at that latency; past it every
-    /// query slows down in proportion (0 = no limit).
-    #[arg(long, default_value_t = 100)]
+    /// Queries the database runs at once at `--loader-latency`; past it
+    /// every query slows down in proportion (0 = no limit).
+    #[arg(long, value_name = "N", default_value_t = 100)]
     pub(crate) db_capacity: usize,
     /// Simulated time of traffic (`90s`, `25m`); longer than the TTL to see
     /// the bulk write expire.
-    #[arg(long, default_value = "25m", value_parser = window)]
+    #[arg(long, value_name = "DURATION", default_value = "25m", value_parser = window)]
     pub(crate) duration: Duration,
     /// The strategies to run, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "naive,breakwater")]
     pub(crate) strategies: Vec<Strategy>,
     /// Seed for key choice and jitter.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, value_name = "SEED", default_value_t = 1)]
     pub(crate) seed: u64,
     /// Print the figures as JSON instead of tables.
     #[arg(long)]
     pub(crate) json: bool,
     /// Directory the chart is written to (created if missing).
-    #[arg(long, default_value = "breakwater-simulate")]
+    #[arg(long, value_name = "DIR", default_value = "breakwater-simulate")]
     pub(crate) out: PathBuf,
 }
 
@@ -112,16 +114,6 @@ fn window(s: &str) -> Result<Duration, String> {
     }
 }
 
-/// A query latency of at most a minute.
-fn latency(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s).map_err(|err| err.to_string())?;
-    if d <= Duration::from_secs(60) {
-        Ok(d)
-    } else {
-        Err("must be at most 1m".to_owned())
-    }
-}
-
 /// A Zipf exponent in `0..=10`.
 fn zipf(s: &str) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
@@ -130,31 +122,6 @@ fn zipf(s: &str) -> Result<f64, String> {
     } else {
         Err("must be between 0 and 10".to_owned())
     }
-}
-
-/// `ratio:R`, `down:R`, `fixed:D`, `up-to:D` or `none`, checked by the
-/// library.
-pub(crate) fn jitter(s: &str) -> Result<Jitter, String> {
-    let (kind, size) = s.split_once(':').unwrap_or((s, ""));
-    let ratio = || {
-        size.parse::<f64>()
-            .map_err(|_| format!("`{size}` is not a ratio (e.g. ratio:0.2)"))
-    };
-    let span = || humantime::parse_duration(size).map_err(|err| format!("`{size}`: {err}"));
-    let jitter = match kind {
-        "none" if size.is_empty() => Jitter::none(),
-        "ratio" => Jitter::ratio(ratio()?),
-        "down" => Jitter::down(ratio()?),
-        "fixed" => Jitter::fixed(span()?),
-        "up-to" => Jitter::up_to(span()?),
-        _ => {
-            return Err(
-                "expected ratio:R, down:R, fixed:DURATION, up-to:DURATION or none".to_owned(),
-            );
-        }
-    };
-    jitter.validate().map_err(|err| err.to_string())?;
-    Ok(jitter)
 }
 
 /// What one strategy measured.
@@ -242,25 +209,25 @@ fn report(opts: &SimulateOpts, outcomes: &[Outcome], warnings: &[String]) -> Res
             "{panicked} simulated request(s) panicked"
         )));
     }
-    let chart = Chart {
-        title: format!(
+    let chart = Chart::queries(
+        format!(
             "{} keys written at once, TTL {}, {} requests/s",
             count(opts.keys),
             humantime::format_duration(opts.ttl),
             count(opts.rps as usize)
         ),
-        lines: outcomes
+        outcomes
             .iter()
             .map(|o| Line {
                 name: o.strategy.name().to_owned(),
                 per_second: o.per_second.clone(),
             })
             .collect(),
-        events: vec![Event {
+        vec![Event {
             at_s: opts.ttl.as_secs_f64(),
             label: "TTL".to_owned(),
         }],
-    };
+    );
     let charts = chart::write(&chart, &opts.out, "simulate")?;
     if opts.json {
         let json = serde_json::json!({
@@ -292,7 +259,7 @@ pub(crate) fn warnings(opts: &SimulateOpts) -> Vec<String> {
     // The last request is sent before the window ends, and a key is gone
     // only once its time has passed: the window must reach past the latest
     // expiry for every key of the bulk write to expire in it.
-    let latest = opts.ttl.max(opts.jitter.bounds(opts.ttl).1);
+    let latest = opts.ttl.max(opts.jitter.jitter().bounds(opts.ttl).1);
     if opts.duration <= latest {
         out.push(format!(
             "--duration {} does not reach past the bulk write's expiries (naive: all at {}; \
@@ -340,7 +307,7 @@ pub(crate) fn simulate(
 
 /// breakwater's cache for `opts`, on `store`.
 fn breakwater_cache(opts: &SimulateOpts, store: &MemoryStore) -> Result<Cache<u64>, Error> {
-    Ok(traffic::builder(store, opts.jitter, opts.seed)
+    Ok(traffic::builder(store, opts.jitter.jitter(), opts.seed)
         .ttl(opts.ttl)
         .grace(grace(opts))
         .build()?)
@@ -527,7 +494,7 @@ mod tests {
         SimulateOpts {
             keys: 200,
             ttl: Duration::from_secs(60),
-            jitter: Jitter::ratio(0.2),
+            jitter: JitterArg::Ratio(0.2),
             grace: None,
             rps: 400,
             zipf: 1.0,
@@ -568,7 +535,7 @@ mod tests {
             let opts = SimulateOpts {
                 keys: 100_000,
                 ttl: Duration::from_secs(300),
-                jitter: jitter(spec).unwrap(),
+                jitter: args::jitter(spec).unwrap(),
                 duration: Duration::from_secs(1),
                 rps: 1,
                 strategies: vec![Strategy::Breakwater],
@@ -608,21 +575,6 @@ mod tests {
             assert_eq!(a.per_second, b.per_second);
             assert_eq!(a.expiries, b.expiries);
         }
-    }
-
-    #[test]
-    fn jitter_options_are_checked_by_the_library() {
-        assert_eq!(jitter("ratio:0.2").unwrap(), Jitter::ratio(0.2));
-        assert_eq!(
-            jitter("fixed:3s").unwrap(),
-            Jitter::fixed(Duration::from_secs(3))
-        );
-        assert_eq!(jitter("none").unwrap(), Jitter::none());
-        assert_eq!(
-            jitter("ratio:1.5").unwrap_err(),
-            "jitter ratio must be in 0..=1, got 1.5"
-        );
-        assert!(jitter("sideways:1").is_err());
     }
 
     #[test]

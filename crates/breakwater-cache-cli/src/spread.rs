@@ -34,14 +34,16 @@ use clap::Args;
 use clap::builder::RangedU64ValueParser;
 use redis::aio::MultiplexedConnection;
 
+use crate::args::{self, JitterArg};
 use crate::failure::{Failure, bad_url, shown, unreachable};
 use crate::histogram::{self, count};
 
 /// The examples under `breakwater spread --help`.
 pub(crate) const AFTER_HELP: &str = "\
-Each key's TTL becomes a random value between ttl·(1−jitter) and ttl: a TTL is
-only ever shortened or kept, never lengthened. Keys without a TTL are never
-touched. Works on one Redis node; for a Redis Cluster run it once per primary.
+spread takes a --jitter ratio R, as `0.2` or `down:0.2` (0 < R < 1): each key's
+TTL becomes a random value between ttl·(1−R) and ttl. A TTL is only ever
+shortened or kept, never lengthened. Keys without a TTL are never touched.
+Works on one Redis node; for a Redis Cluster run it once per primary.
 
 Example:
   breakwater spread --redis redis://127.0.0.1:6379 --match 'product:*' --jitter 0.2 --dry-run
@@ -79,28 +81,28 @@ return out
 pub(crate) struct SpreadOpts {
     /// Redis URL of one node, e.g. `redis://127.0.0.1:6379` (not a Redis
     /// Cluster: run it once per primary).
-    #[arg(long)]
+    #[arg(long, value_name = "URL")]
     pub(crate) redis: String,
     /// The keys to spread: a SCAN MATCH pattern, e.g. `product:*` (quote it
     /// in the shell).
     #[arg(long = "match", value_name = "PATTERN")]
     pub(crate) pattern: String,
-    /// How much shorter a TTL may get: each becomes ttl·(1−jitter) to ttl
-    /// (more than 0, less than 1; 0.2 spreads a TTL of 300 s over 240–300 s).
-    #[arg(long, allow_negative_numbers = true)]
-    pub(crate) jitter: f64,
-    /// Most keys changed a second (1 to 1,000,000).
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    /// TTL jitter: `0.2` or `ratio:0.2` (±20%), `down:0.2` (−20% to 0),
+    /// `±30s` or `fixed:30s`, `up-to:30s` (0 to +30s), or `none`.
+    #[arg(long, value_name = "JITTER", value_parser = args::jitter, allow_hyphen_values = true)]
+    pub(crate) jitter: JitterArg,
+    /// Most keys changed per second (1 to 1,000,000).
+    #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = args::rate())]
     pub(crate) rate: u64,
     /// Keys per SCAN page and per write (1 to 10,000).
-    #[arg(long, default_value_t = 500, value_parser = RangedU64ValueParser::<usize>::new().range(1..=10_000))]
+    #[arg(long, value_name = "N", default_value_t = 500, value_parser = RangedU64ValueParser::<usize>::new().range(1..=10_000))]
     pub(crate) batch: usize,
     /// Change nothing: show the expiries now and what the run would draw.
     #[arg(long)]
     pub(crate) dry_run: bool,
     /// Seed of the draw (default: a random one, printed); the same seed
     /// draws the same factor for the same key.
-    #[arg(long)]
+    #[arg(long, value_name = "SEED")]
     pub(crate) seed: Option<u64>,
 }
 
@@ -140,12 +142,7 @@ pub(crate) async fn main(opts: SpreadOpts) -> ExitCode {
 
 /// Checks the options, connects, scans, and spreads (or, dry, draws).
 async fn run(opts: &SpreadOpts) -> Result<(), Failure> {
-    if !(opts.jitter > 0.0 && opts.jitter < 1.0) {
-        return Err(Failure::usage(format!(
-            "--jitter must be more than 0 and less than 1, got {} (0.2 shortens each TTL by up to 20%)",
-            opts.jitter
-        )));
-    }
+    let jitter = shortening(opts.jitter)?;
     if opts.pattern.is_empty() {
         return Err(Failure::usage(
             "--match must not be empty; use '*' for every key",
@@ -160,15 +157,21 @@ async fn run(opts: &SpreadOpts) -> Result<(), Failure> {
     let config = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(5)))
         .set_response_timeout(Some(Duration::from_secs(10)));
-    let mut conn = client
+    let mut conn = match client
         .get_multiplexed_async_connection_with_config(&config)
         .await
-        .map_err(|e| unreachable(&opts.redis, e))?;
-    let info: String = redis::cmd("INFO")
+    {
+        Ok(conn) => conn,
+        Err(err) => return Err(unreachable(&opts.redis, err).await),
+    };
+    let info: String = match redis::cmd("INFO")
         .arg("cluster")
         .query_async(&mut conn)
         .await
-        .map_err(|e| unreachable(&opts.redis, e))?;
+    {
+        Ok(info) => info,
+        Err(err) => return Err(unreachable(&opts.redis, err).await),
+    };
     if info.contains("cluster_enabled:1") {
         return Err(Failure::usage(format!(
             "{} is a Redis Cluster node; spread works on one node's keys: run it once per primary",
@@ -183,8 +186,8 @@ async fn run(opts: &SpreadOpts) -> Result<(), Failure> {
          (never longer); at most {} keys/s; seed {seed}",
         opts.pattern,
         shown(&opts.redis),
-        opts.jitter,
-        (1.0 - opts.jitter) * 100.0,
+        jitter,
+        (1.0 - jitter) * 100.0,
         count(usize::try_from(opts.rate).unwrap_or(usize::MAX)),
     );
     let scan = scan(&mut conn, opts, began_ms)
@@ -201,9 +204,9 @@ async fn run(opts: &SpreadOpts) -> Result<(), Failure> {
     before.sort_unstable();
 
     let applied = if opts.dry_run {
-        dry(&scan, opts.jitter, seed)
+        dry(&scan, jitter, seed)
     } else {
-        apply(&mut conn, &scan, opts, seed, began_ms).await?
+        apply(&mut conn, &scan, opts, jitter, seed, began_ms).await?
     };
     let mut after = applied.expiries_ms.clone();
     after.sort_unstable();
@@ -226,7 +229,7 @@ async fn run(opts: &SpreadOpts) -> Result<(), Failure> {
             ],
         )
     );
-    let ideal = uniform_ideal(&scan.with_ttl, opts.jitter);
+    let ideal = uniform_ideal(&scan.with_ttl, jitter);
     crate::outln!(
         "busiest second: {} before, {} after; uniform ideal {ideal:.0}/s (every key's new \
          expiry evenly over its own window)",
@@ -250,6 +253,34 @@ async fn run(opts: &SpreadOpts) -> Result<(), Failure> {
         );
     }
     Ok(())
+}
+
+/// The ratio a `--jitter` shortens TTLs by: `R` or `down:R`, with
+/// `0 < R < 1`. Any other jitter is a usage error: spread never lengthens a
+/// TTL, and draws a factor of it.
+fn shortening(jitter: JitterArg) -> Result<f64, Failure> {
+    let r = match jitter {
+        JitterArg::Number(r) | JitterArg::Down(r) => r,
+        JitterArg::Ratio(r) => {
+            return Err(Failure::usage(format!(
+                "--jitter ratio:{r} would lengthen TTLs too; spread only shortens them: use \
+                 --jitter down:{r} (or {r})"
+            )));
+        }
+        other => {
+            return Err(Failure::usage(format!(
+                "--jitter {other} is not a ratio; spread shortens each TTL by up to a ratio: \
+                 use e.g. --jitter 0.2 (or down:0.2)"
+            )));
+        }
+    };
+    if r > 0.0 && r < 1.0 {
+        Ok(r)
+    } else {
+        Err(Failure::usage(format!(
+            "--jitter must be more than 0 and less than 1, got {r} (0.2 shortens each TTL by up to 20%)"
+        )))
+    }
 }
 
 /// SCANs the matching keys (each once, though SCAN may repeat one) and
@@ -331,6 +362,7 @@ async fn apply(
     conn: &mut MultiplexedConnection,
     scan: &Scan,
     opts: &SpreadOpts,
+    jitter: f64,
     seed: u64,
     began_ms: u64,
 ) -> Result<Applied, Failure> {
@@ -346,7 +378,7 @@ async fn apply(
             invocation.key(&f.key[..]);
         }
         for f in batch {
-            invocation.arg(factor(seed, &f.key, opts.jitter).to_string());
+            invocation.arg(factor(seed, &f.key, jitter).to_string());
         }
         let out: Vec<i64> = invocation.invoke_async(conn).await.map_err(|e| {
             Failure::runtime(format!(
@@ -450,6 +482,16 @@ mod tests {
         assert!((sum / 10_000.0 - 0.9).abs() < 0.005, "{}", sum / 10_000.0);
         assert_ne!(factor(7, b"a", 0.2), factor(8, b"a", 0.2));
         assert_ne!(factor(7, b"a", 0.2), factor(7, b"b", 0.2));
+    }
+
+    #[test]
+    fn only_a_downward_ratio_spreads() {
+        let ok = |s: &str| shortening(args::jitter(s).unwrap()).ok();
+        assert_eq!(ok("0.2"), Some(0.2));
+        assert_eq!(ok("down:0.3"), Some(0.3));
+        for refused in ["0", "1", "ratio:0.2", "±30s", "up-to:1m", "none"] {
+            assert_eq!(ok(refused), None, "{refused}");
+        }
     }
 
     #[test]

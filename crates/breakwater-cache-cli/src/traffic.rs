@@ -151,18 +151,43 @@ pub(crate) struct Tally {
     /// The cache's own counts at the end ([`Cache::stats`]), for a
     /// breakwater client.
     pub(crate) stats: Option<Stats>,
+    /// When the requests began to be counted in seconds (tokio time);
+    /// `None`: no per-second counts.
+    pub(crate) began: Option<Instant>,
+    /// Failed requests in each second after `began`, by when they ended.
+    pub(crate) errors_per_second: Vec<usize>,
+    /// Requests answered with a stale value in each second after `began`.
+    pub(crate) stale_per_second: Vec<usize>,
 }
 
 impl Tally {
-    /// Counts one finished request.
+    /// An empty tally that also counts errors and stale answers per second
+    /// from `began`.
+    pub(crate) fn since(began: Instant) -> Self {
+        Tally {
+            began: Some(began),
+            ..Tally::default()
+        }
+    }
+
+    /// Counts one finished request (in the second it is counted in).
     pub(crate) fn record(&mut self, done: Result<Result<Answer, Error>, tokio::task::JoinError>) {
+        let second = self
+            .began
+            .map(|began| usize::try_from(began.elapsed().as_secs()).unwrap_or(usize::MAX));
         match done {
             Ok(Ok(answer)) => {
                 self.latencies_us
                     .push(u64::try_from(answer.latency.as_micros()).unwrap_or(u64::MAX));
                 self.stale += usize::from(answer.stale);
+                if answer.stale {
+                    bump(&mut self.stale_per_second, second);
+                }
             }
-            Ok(Err(_)) => self.errors += 1,
+            Ok(Err(_)) => {
+                self.errors += 1;
+                bump(&mut self.errors_per_second, second);
+            }
             Err(_) => self.panicked += 1,
         }
     }
@@ -181,6 +206,18 @@ impl Tally {
     /// The `q` quantile of the latencies, in ms; `None` with no answers.
     pub(crate) fn quantile_ms(&self, q: f64) -> Option<f64> {
         percentile(&self.latencies_us, q).map(|us| us as f64 / 1000.0)
+    }
+}
+
+/// Adds one to `counts[second]`, growing `counts` as needed.
+fn bump(counts: &mut Vec<usize>, second: Option<usize>) {
+    // A day of seconds at most: a clock gone wrong must not allocate the
+    // world.
+    if let Some(second) = second.filter(|s| *s < 86_400) {
+        if counts.len() <= second {
+            counts.resize(second + 1, 0);
+        }
+        counts[second] += 1;
     }
 }
 
@@ -223,7 +260,7 @@ pub(crate) async fn run(
     // Finished requests are reaped as the run goes, so memory follows the
     // requests in flight, not all of them.
     let mut tasks = JoinSet::new();
-    let mut tally = Tally::default();
+    let mut tally = Tally::since(began);
     for i in 0..load.total() {
         tokio::time::sleep_until(began + Duration::from_nanos(gap_ns * i)).await;
         let key = pick(&cdf, rng.random::<f64>());

@@ -2,7 +2,7 @@
 //! the database, and show that it held back: how fast it loaded, how many
 //! queries ran at once, and how the warmed keys' expiries spread.
 //!
-//! The "database" is a stand-in that takes `--loader-ms` per query and
+//! The "database" is a stand-in that takes `--loader-latency` per query and
 //! counts the queries running at once. Without `--redis` the cache runs on
 //! the embedded memory store; with it, on that Redis (keys under
 //! `bw:<namespace>:`). A second pass over the same keys shows that a warm
@@ -12,10 +12,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use breakwater_cache::{Cache, Error, Jitter, MemoryStore, Store, Value, Warm, WarmReport};
+use breakwater_cache::{Cache, Error, MemoryStore, Store, Value, Warm, WarmReport};
 use clap::Args;
 use clap::builder::RangedU64ValueParser;
 
+use crate::args::{self, JitterArg};
 use crate::db::Database;
 use crate::failure::{Failure, bad_url, shown};
 use crate::histogram;
@@ -25,29 +26,31 @@ use crate::histogram;
 pub(crate) struct WarmOpts {
     /// Redis URL (several, comma-separated, for the nodes of a Redis
     /// Cluster); without it the embedded memory store is used.
-    #[arg(long)]
+    #[arg(long, value_name = "URL")]
     pub(crate) redis: Option<String>,
     /// Cache namespace (the keys are `bw:<namespace>:v:{key:<i>}`).
     #[arg(long, default_value = "warm-demo")]
     pub(crate) namespace: String,
     /// Keys to warm (1 to 10,000,000).
-    #[arg(long, default_value_t = 2_000, value_parser = RangedU64ValueParser::<usize>::new().range(1..=10_000_000))]
+    #[arg(long, value_name = "N", default_value_t = 2_000, value_parser = RangedU64ValueParser::<usize>::new().range(1..=10_000_000))]
     pub(crate) keys: usize,
-    /// Most loads started per second.
-    #[arg(long, default_value_t = 1_000)]
-    pub(crate) rate: u32,
-    /// Most keys in progress at once (1 to 10,000).
-    #[arg(long, default_value_t = 16, value_parser = RangedU64ValueParser::<usize>::new().range(1..=10_000))]
+    /// Most loads started per second (1 to 1,000,000).
+    #[arg(long, value_name = "N", default_value_t = 1_000, value_parser = args::rate())]
+    pub(crate) rate: u64,
+    /// Most calls in flight at once, per process (1 to 100,000).
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = args::concurrency())]
     pub(crate) concurrency: usize,
-    /// How long one database query takes, in milliseconds (0 to 60,000).
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=60_000))]
-    pub(crate) loader_ms: u64,
-    /// Base TTL in seconds (1 to 31,536,000, a year).
-    #[arg(long, default_value_t = 3_600, value_parser = clap::value_parser!(u64).range(1..=31_536_000))]
-    pub(crate) ttl_secs: u64,
-    /// Jitter ratio of the warmed TTLs (±ratio).
-    #[arg(long, default_value_t = 0.2, allow_negative_numbers = true)]
-    pub(crate) ratio: f64,
+    /// How long one loader call (a database query) takes, e.g. `5ms` (0 to
+    /// 1m).
+    #[arg(long, value_name = "DURATION", default_value = "5ms", value_parser = args::loader_latency)]
+    pub(crate) loader_latency: Duration,
+    /// Base TTL of the keys, e.g. `10m` or `1h` (1s to 365d).
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = args::ttl)]
+    pub(crate) ttl: Duration,
+    /// TTL jitter: `0.2` or `ratio:0.2` (±20%), `down:0.2` (−20% to 0),
+    /// `±30s` or `fixed:30s`, `up-to:30s` (0 to +30s), or `none`.
+    #[arg(long, value_name = "JITTER", default_value = "0.2", value_parser = args::jitter, allow_hyphen_values = true)]
+    pub(crate) jitter: JitterArg,
 }
 
 /// What a warm run measured.
@@ -93,23 +96,24 @@ pub(crate) async fn run(opts: &WarmOpts) -> Result<WarmRun, Failure> {
     let store: Arc<dyn Store> = match &opts.redis {
         Some(url) => {
             let store = crate::redis_store(url).map_err(|err| bad_url(url, err))?;
-            store
-                .warm_up()
-                .await
-                .map_err(|err| crate::failure::unreachable(url, err))?;
+            if let Err(err) = store.warm_up().await {
+                return Err(crate::failure::unreachable(url, err).await);
+            }
             Arc::new(store)
         }
         None => Arc::new(MemoryStore::new()),
     };
-    let jitter = Jitter::ratio(opts.ratio);
+    let jitter = opts.jitter.jitter();
     let cache = Cache::<String>::builder()
         .namespace(opts.namespace.clone())
         .shared_store(Arc::clone(&store))
-        .ttl(Duration::from_secs(opts.ttl_secs))
+        .ttl(opts.ttl)
         .jitter(jitter)
         .build()?;
-    let warm = Warm::new().rate(opts.rate).concurrency(opts.concurrency);
-    let db = Arc::new(Database::new(Duration::from_millis(opts.loader_ms)));
+    let warm = Warm::new()
+        .rate(u32::try_from(opts.rate).unwrap_or(u32::MAX))
+        .concurrency(opts.concurrency);
+    let db = Arc::new(Database::new(opts.loader_latency));
     let keys: Vec<String> = (0..opts.keys).map(|i| format!("key:{i}")).collect();
 
     let began_ms = store.now_ms();
@@ -171,8 +175,11 @@ pub(crate) fn render(opts: &WarmOpts, run: &WarmRun) -> String {
         .map_or("the embedded memory store".to_owned(), shown);
     let _ = writeln!(
         out,
-        "warm: {} keys on {store}, at most {} loads/s and {} keys at once, {} ms per query",
-        opts.keys, opts.rate, opts.concurrency, opts.loader_ms
+        "warm: {} keys on {store}, at most {} loads/s and {} keys at once, {} per query",
+        opts.keys,
+        opts.rate,
+        opts.concurrency,
+        humantime::format_duration(opts.loader_latency)
     );
     let _ = writeln!(out);
     for (name, pass) in [("cold cache", &run.cold), ("warm cache", &run.warm)] {
@@ -201,21 +208,22 @@ pub(crate) fn render(opts: &WarmOpts, run: &WarmRun) -> String {
         let _ = writeln!(out);
         let _ = writeln!(
             out,
-            "expiries: {} keys from {:.0} s to {:.0} s after the warm-up began (TTL {} s ±{:.0}%)",
+            "expiries: {} keys from {:.0} s to {:.0} s after the warm-up began (TTL {}, jitter {})",
             histogram::count(e.len()),
             *first as f64 / 1000.0,
             *last as f64 / 1000.0,
-            opts.ttl_secs,
-            opts.ratio * 100.0
+            humantime::format_duration(opts.ttl),
+            opts.jitter
         );
         out.push_str(&histogram::render(
             "seconds after the warm-up began",
             &[("expiries", e)],
         ));
-        let window_s = 2.0 * opts.ratio * opts.ttl_secs as f64;
+        let (low, high) = opts.jitter.jitter().bounds(opts.ttl);
+        let window_s = (high - low).as_secs_f64();
         let ideal = if window_s >= 1.0 {
             format!(
-                "uniform ideal {:.0}/s (the keys spread evenly over ttl·(1±ratio))",
+                "uniform ideal {:.0}/s (the keys spread evenly over the jitter's window)",
                 e.len() as f64 / window_s
             )
         } else {
@@ -234,16 +242,16 @@ pub(crate) fn render(opts: &WarmOpts, run: &WarmRun) -> String {
 mod tests {
     use super::*;
 
-    fn opts(keys: usize, rate: u32, concurrency: usize) -> WarmOpts {
+    fn opts(keys: usize, rate: u64, concurrency: usize) -> WarmOpts {
         WarmOpts {
             redis: None,
             namespace: "warm-test".to_owned(),
             keys,
             rate,
             concurrency,
-            loader_ms: 50,
-            ttl_secs: 3_600,
-            ratio: 0.2,
+            loader_latency: Duration::from_millis(50),
+            ttl: Duration::from_secs(3_600),
+            jitter: JitterArg::Number(0.2),
         }
     }
 

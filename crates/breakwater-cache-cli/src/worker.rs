@@ -29,6 +29,8 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::args;
+
 /// Which stampede defence the worker runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum Algo {
@@ -53,7 +55,7 @@ impl Algo {
 #[derive(Debug, Clone, Args)]
 pub(crate) struct WorkerOpts {
     /// Redis URL, e.g. `redis://127.0.0.1:6379`.
-    #[arg(long)]
+    #[arg(long, value_name = "URL")]
     pub(crate) redis: String,
     /// Cache namespace.
     #[arg(long, default_value = "stampede")]
@@ -61,20 +63,21 @@ pub(crate) struct WorkerOpts {
     /// The one key every call asks for.
     #[arg(long, default_value = "hot")]
     pub(crate) key: String,
-    /// Concurrent `get_or_load` calls in this process (1 to 100,000).
-    #[arg(long, default_value_t = 250, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
+    /// Most calls in flight at once, per process (1 to 100,000).
+    #[arg(long, value_name = "N", default_value_t = 250, value_parser = args::concurrency())]
     pub(crate) concurrency: usize,
-    /// How long the loader sleeps, in milliseconds.
-    #[arg(long, default_value_t = 50)]
-    pub(crate) loader_ms: u64,
-    /// The cache's lease TTL, in milliseconds (default: the library's).
-    #[arg(long)]
-    pub(crate) lease_ttl_ms: Option<u64>,
-    /// The cache's lock wait, in milliseconds; a waiter past it fails with a
+    /// How long one loader call (a database query) takes, e.g. `5ms` (0 to
+    /// 1m).
+    #[arg(long, value_name = "DURATION", default_value = "50ms", value_parser = args::loader_latency)]
+    pub(crate) loader_latency: Duration,
+    /// The cache's lease TTL, e.g. `2s` (default: the library's).
+    #[arg(long, value_name = "DURATION", value_parser = args::short_wait)]
+    pub(crate) lease_ttl: Option<Duration>,
+    /// The cache's lock wait, e.g. `300ms`; a waiter past it fails with a
     /// lock timeout instead of loading (default: the library's wait and
     /// policy).
-    #[arg(long)]
-    pub(crate) lock_wait_ms: Option<u64>,
+    #[arg(long, value_name = "DURATION", value_parser = args::short_wait)]
+    pub(crate) lock_wait: Option<Duration>,
     /// The Redis key the loader `INCR`s once per load.
     #[arg(long, default_value = "loads")]
     pub(crate) counter: String,
@@ -118,12 +121,12 @@ async fn run(opts: WorkerOpts) -> Result<usize, Box<dyn std::error::Error>> {
     let mut cache = Cache::<String>::builder()
         .namespace(opts.namespace.clone())
         .store(store);
-    if let Some(ms) = opts.lease_ttl_ms {
-        cache = cache.lease_ttl(Duration::from_millis(ms));
+    if let Some(lease_ttl) = opts.lease_ttl {
+        cache = cache.lease_ttl(lease_ttl);
     }
-    if let Some(ms) = opts.lock_wait_ms {
+    if let Some(lock_wait) = opts.lock_wait {
         cache = cache
-            .lock_wait(Duration::from_millis(ms))
+            .lock_wait(lock_wait)
             .on_lock_timeout(OnLockTimeout::error());
     }
     let cache = cache.build()?;
@@ -148,7 +151,7 @@ async fn run(opts: WorkerOpts) -> Result<usize, Box<dyn std::error::Error>> {
     let shared = Arc::new(Shared {
         cache,
         conn: counter_conn,
-        loader_sleep: Duration::from_millis(opts.loader_ms),
+        loader_sleep: opts.loader_latency,
         opts,
     });
     let finished = Arc::new(Finished {

@@ -178,8 +178,8 @@ async fn warm_fills_a_cluster_named_by_its_node_urls() {
         "60",
         "--rate",
         "10000",
-        "--loader-ms",
-        "1",
+        "--loader-latency",
+        "1ms",
     ]);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert!(
@@ -280,8 +280,8 @@ fn zero_or_absurd_bench_arguments_are_usage_errors_not_hangs() {
             "--concurrency",
         ),
         (
-            &["grace", "--concurrency", "5", "--loader-ms", "99999999"],
-            "--loader-ms",
+            &["grace", "--concurrency", "5", "--loader-latency", "2m"],
+            "--loader-latency",
         ),
         (&["hit", "--trials", "0"], "--trials"),
         (&["hit", "--workers", "65"], "--workers"),
@@ -329,6 +329,61 @@ fn benches_report_an_unreachable_redis_in_one_line_before_any_table() {
     }
 }
 
+/// A server on a private port that answers every connection the way an
+/// HTTP server answers a Redis client: `HTTP/1.1 400 Bad Request`. Its
+/// address; it serves until the test process ends.
+fn http_server() -> std::net::SocketAddr {
+    use std::io::Write;
+
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            thread::spawn(move || {
+                let mut request = [0u8; 256];
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(1)));
+                let _ = conn.read(&mut request);
+                let _ = conn.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn a_server_that_is_not_redis_is_named_as_such() {
+    let addr = http_server();
+    let url = format!("redis://:hunter2@{addr}");
+    for args in [
+        &["inspect", "--namespace", "ns", "key"][..],
+        &["warm", "--keys", "10"],
+        &["bench", "hit", "--trials", "1"],
+        &["bench", "grace", "--concurrency", "5", "--runs", "1"],
+        &["spread", "--match", "k:*", "--jitter", "0.2"],
+    ] {
+        let mut all = args.to_vec();
+        all.extend(["--redis", &url]);
+        let (code, out, err) = breakwater_within(&all, Duration::from_secs(30));
+        assert_ne!(code, 0, "{all:?}\nstdout:\n{out}\nstderr:\n{err}");
+        assert!(!err.contains("panicked"), "{all:?}: {err}");
+        assert!(out.is_empty(), "{all:?}: {out}");
+        assert_one_line_error(&err);
+        assert!(
+            err.contains(&format!(
+                "{addr} answered, but not as a Redis server (it does not speak RESP"
+            )),
+            "{all:?}: {err}"
+        );
+        assert!(
+            err.contains("is --redis pointing at the right port?"),
+            "{all:?}: {err}"
+        );
+        assert!(!err.contains("server is running"), "{all:?}: {err}");
+        assert!(!err.contains("hunter2"), "{all:?}: {err}");
+    }
+}
+
 #[test]
 fn a_bad_url_is_a_usage_error_for_every_command() {
     for args in [
@@ -373,8 +428,8 @@ fn benches_delete_the_keys_they_wrote() {
         "1",
         "--runs",
         "1",
-        "--loader-ms",
-        "1",
+        "--loader-latency",
+        "1ms",
     ]);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert_eq!(
@@ -391,8 +446,8 @@ fn benches_delete_the_keys_they_wrote() {
         "5",
         "--runs",
         "1",
-        "--loader-ms",
-        "1",
+        "--loader-latency",
+        "1ms",
     ]);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert_eq!(
@@ -409,8 +464,8 @@ fn benches_delete_the_keys_they_wrote() {
             &url,
             "--trials",
             "1",
-            "--trial-ms",
-            "20",
+            "--trial",
+            "20ms",
             "--workers",
             workers,
         ]);
@@ -439,8 +494,8 @@ fn benches_delete_the_keys_they_wrote() {
         "1",
         "--runs",
         "1",
-        "--loader-ms",
-        "1",
+        "--loader-latency",
+        "1ms",
     ]);
     assert_eq!(code, 0, "{err}");
     let mut left = all_keys(&server);
@@ -461,8 +516,8 @@ fn bench_grace_says_what_waited_means_next_to_its_figure() {
         "5",
         "--runs",
         "1",
-        "--loader-ms",
-        "1",
+        "--loader-latency",
+        "1ms",
     ]);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     assert!(
@@ -481,10 +536,10 @@ fn warm_shows_how_the_expiries_spread() {
         "300",
         "--rate",
         "100000",
-        "--loader-ms",
-        "1",
-        "--ttl-secs",
-        "100",
+        "--loader-latency",
+        "1ms",
+        "--ttl",
+        "100s",
     ]);
     assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
     // ±20 % of 100 s: a histogram of rows over 80..120 s, bars and counts.
@@ -492,6 +547,49 @@ fn warm_shows_how_the_expiries_spread() {
     assert!(rows >= 5, "{out}");
     assert!(out.contains("busiest second"), "{out}");
     assert!(out.contains("uniform ideal"), "{out}");
+}
+
+/// The previous release's spellings still work for one release, each with
+/// one warning that names the new spelling.
+#[test]
+fn old_option_spellings_work_with_a_deprecation_warning() {
+    let (code, out, err) = breakwater(&[
+        "warm",
+        "--keys",
+        "300",
+        "--rate",
+        "100000",
+        "--loader-ms",
+        "1",
+        "--ttl-secs=100",
+        "--ratio",
+        "0.1",
+    ]);
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    for warning in [
+        "warning: --loader-ms is deprecated; use --loader-latency 1ms",
+        "warning: --ttl-secs is deprecated; use --ttl 1m 40s",
+        "warning: --ratio is deprecated; use --jitter 0.1",
+    ] {
+        assert_eq!(err.matches(warning).count(), 1, "{warning}: {err}");
+    }
+    assert!(out.contains("TTL 1m 40s, jitter ±10%"), "{out}");
+    // A value in the old unit that is not a number: a usage error that
+    // names the new spelling.
+    let (code, _, err) = breakwater(&["warm", "--loader-ms", "5ms"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("use --loader-latency"), "{err}");
+    // The new spellings refuse what is out of bounds, naming the option.
+    for (args, says) in [
+        (&["warm", "--ttl", "500ms"][..], "--ttl"),
+        (&["warm", "--loader-latency", "5"], "--loader-latency"),
+        (&["warm", "--jitter", "sideways:3"], "--jitter"),
+        (&["simulate", "--jitter", "1.5"], "--jitter"),
+    ] {
+        let (code, out, err) = breakwater(args);
+        assert_eq!(code, 2, "{args:?}\nstdout:\n{out}\nstderr:\n{err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
 }
 
 #[test]
@@ -583,6 +681,18 @@ fn demo_tells_three_stories_and_writes_their_charts() {
             assert!(path.is_file(), "{} missing: {stdout}", path.display());
             assert!(stdout.contains(&path.display().to_string()), "{stdout}");
         }
+    }
+    // Every series on a log scale; the outage also shows what the requests
+    // met, per second.
+    let outage = std::fs::read_to_string(out.join("outage.svg")).unwrap();
+    for text in [
+        "database queries per second (log scale)",
+        "requests per second: errors, stale values (log scale)",
+        "naive: errors (peak",
+        "breakwater: errors (peak 0/s)",
+        "breakwater: stale values (peak",
+    ] {
+        assert!(outage.contains(text), "{text} not in outage.svg");
     }
     // The seed's figures, measured on the virtual clock.
     assert!(

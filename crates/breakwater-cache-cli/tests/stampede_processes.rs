@@ -130,7 +130,7 @@ fn get(redis: &RedisServer, key: &str) -> String {
 fn one_load_across_processes(workers: usize, concurrency: usize, loader_ms: u64) {
     let redis = RedisServer::start();
     let concurrency_arg = concurrency.to_string();
-    let loader_arg = loader_ms.to_string();
+    let loader_arg = format!("{loader_ms}ms");
     let mut spawned: Vec<Worker> = (0..workers)
         .map(|i| {
             Worker::spawn(
@@ -139,7 +139,7 @@ fn one_load_across_processes(workers: usize, concurrency: usize, loader_ms: u64)
                 &[
                     "--concurrency",
                     &concurrency_arg,
-                    "--loader-ms",
+                    "--loader-latency",
                     &loader_arg,
                 ],
             )
@@ -182,10 +182,10 @@ fn killed_leader_is_taken_over_after_the_lease_ttl() {
         &[
             "--concurrency",
             "1",
-            "--loader-ms",
-            "60000",
-            "--lease-ttl-ms",
-            "1000",
+            "--loader-latency",
+            "1m",
+            "--lease-ttl",
+            "1s",
         ],
     );
     leader.wait_ready();
@@ -203,12 +203,12 @@ fn killed_leader_is_taken_over_after_the_lease_ttl() {
             &[
                 "--concurrency",
                 "50",
-                "--loader-ms",
-                "50",
-                "--lease-ttl-ms",
-                "1000",
-                "--lock-wait-ms",
-                "10000",
+                "--loader-latency",
+                "50ms",
+                "--lease-ttl",
+                "1s",
+                "--lock-wait",
+                "10s",
             ],
         )
     });
@@ -245,7 +245,7 @@ fn a_killed_holder_costs_exactly_one_more_load_with_defaults() {
             Worker::spawn(
                 &format!("worker {i}"),
                 &redis,
-                &["--concurrency", "250", "--loader-ms", "500"],
+                &["--concurrency", "250", "--loader-latency", "500ms"],
             )
         })
         .collect();
@@ -323,7 +323,7 @@ fn invalidate_during_a_load_in_another_os_process() {
         let mut worker = Worker::spawn(
             "worker A",
             &redis,
-            &["--concurrency", "1", "--loader-ms", "500"],
+            &["--concurrency", "1", "--loader-latency", "500ms"],
         );
         worker.wait_ready();
         let runtime = tokio::runtime::Builder::new_current_thread()
