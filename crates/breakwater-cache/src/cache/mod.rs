@@ -1655,69 +1655,31 @@ impl<V: Value> Cache<V> {
             return Span::none();
         }
         let ns = &self.inner.namespace;
+        // A call's span: its level and name, the fields every call has,
+        // and its own (the level must be a constant of the callsite).
+        macro_rules! call_span {
+            ($level:expr, $name:literal $(, $field:ident)*) => {
+                tracing::span!(
+                    $level,
+                    $name,
+                    namespace = %ns,
+                    key.hash = Empty,
+                    key = Empty,
+                    $($field = Empty,)*
+                    error = Empty,
+                    otel.status_code = Empty,
+                )
+            };
+        }
+        use tracing::Level;
         let span = match op {
-            Op::GetOrLoad => tracing::info_span!(
-                "breakwater.get_or_load",
-                namespace = %ns,
-                key.hash = Empty,
-                key = Empty,
-                served = Empty,
-                role = Empty,
-                error = Empty,
-                otel.status_code = Empty,
-            ),
-            Op::Get => tracing::info_span!(
-                "breakwater.get",
-                namespace = %ns,
-                key.hash = Empty,
-                key = Empty,
-                found = Empty,
-                error = Empty,
-                otel.status_code = Empty,
-            ),
-            Op::GetOrLoadNear => tracing::debug_span!(
-                "breakwater.get_or_load",
-                namespace = %ns,
-                key.hash = Empty,
-                key = Empty,
-                served = Empty,
-                role = Empty,
-                error = Empty,
-                otel.status_code = Empty,
-            ),
-            Op::GetNear => tracing::debug_span!(
-                "breakwater.get",
-                namespace = %ns,
-                key.hash = Empty,
-                key = Empty,
-                found = Empty,
-                error = Empty,
-                otel.status_code = Empty,
-            ),
-            Op::Set => tracing::info_span!(
-                "breakwater.set",
-                namespace = %ns,
-                key.hash = Empty,
-                key = Empty,
-                error = Empty,
-                otel.status_code = Empty,
-            ),
-            Op::Invalidate => tracing::info_span!(
-                "breakwater.invalidate",
-                namespace = %ns,
-                key.hash = Empty,
-                key = Empty,
-                error = Empty,
-                otel.status_code = Empty,
-            ),
-            Op::InvalidateTag => tracing::info_span!(
-                "breakwater.invalidate_tag",
-                namespace = %ns,
-                key.hash = Empty,
-                key = Empty,
-                error = Empty,
-                otel.status_code = Empty,
-            ),
+            Op::GetOrLoad => call_span!(Level::INFO, "breakwater.get_or_load", served, role),
+            Op::GetOrLoadNear => call_span!(Level::DEBUG, "breakwater.get_or_load", served, role),
+            Op::Get => call_span!(Level::INFO, "breakwater.get", found),
+            Op::GetNear => call_span!(Level::DEBUG, "breakwater.get", found),
+            Op::Set => call_span!(Level::INFO, "breakwater.set"),
+            Op::Invalidate => call_span!(Level::INFO, "breakwater.invalidate"),
+            Op::InvalidateTag => call_span!(Level::INFO, "breakwater.invalidate_tag"),
         };
         if !span.is_disabled() {
             span.record(
