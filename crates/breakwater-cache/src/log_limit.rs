@@ -77,6 +77,10 @@ pub(crate) enum Once {
     ForeignCodec,
 }
 
+impl Once {
+    const COUNT: usize = 2;
+}
+
 /// One kind's state: when its next line may be logged, and how many were
 /// held back since its last one.
 #[derive(Debug, Default)]
@@ -93,7 +97,7 @@ pub(crate) struct LogLimiter {
     interval_ms: u64,
     slots: [Slot; Warning::COUNT],
     /// Whether each [`Once`] kind was given.
-    given: [AtomicBool; 2],
+    given: [AtomicBool; Once::COUNT],
 }
 
 impl Default for LogLimiter {

@@ -2083,23 +2083,12 @@ impl<V: Value> Cache<V> {
         match Entry::decode(bytes, self.inner.compression.max_decompressed_len()) {
             Ok(entry) if entry.codec == self.inner.codec => Some(entry),
             Ok(entry) => {
-                self.inner.metrics.unreadable();
-                let (stored, expected) = (entry.codec.name(), self.inner.codec.name());
-                if self.inner.logs.first(Once::ForeignCodec) {
-                    tracing::warn!(
-                        namespace = %self.inner.namespace,
-                        key = %show_key(key),
-                        stored,
-                        expected,
-                        "a cached entry was written with another codec; treating it as a miss. \
-                         Likely cause: another cache or service with another codec writes under \
-                         the same namespace (give each its own .namespace(..)). Reported once; \
-                         every such entry is counted in breakwater_unreadable_entries_total \
-                         and logged at debug"
-                    );
-                } else {
-                    tracing::debug!(key = %show_key(key), stored, expected, "cached entry has another codec; treating it as a miss");
-                }
+                let codecs = format_args!(
+                    "stored with {}, this cache uses {}",
+                    entry.codec.name(),
+                    self.inner.codec.name()
+                );
+                self.foreign(Once::ForeignCodec, key, &codecs);
                 None
             }
             Err(err) => {
@@ -2111,12 +2100,11 @@ impl<V: Value> Cache<V> {
     }
 
     /// The value an entry stands for: `Some(None)` for a negative entry,
-    /// `None` if it does not decode.
+    /// `None` if it does not decode (reported as a foreign value).
     fn entry_value(&self, key: &[u8], entry: &Entry) -> Option<Option<V>> {
-        if entry.negative {
-            return Some(None);
-        }
-        self.decode_value(key, entry).map(Some)
+        self.stored_value(entry)
+            .map_err(|err| self.foreign(Once::ForeignValue, key, &err))
+            .ok()
     }
 
     /// [`entry_value`](Self::entry_value) of the previous version's entry
@@ -2124,16 +2112,17 @@ impl<V: Value> Cache<V> {
     /// expected end of a type change with the version bump, logged at
     /// `debug` only.
     fn previous_value(&self, key: &[u8], entry: &Entry) -> Option<Option<V>> {
+        self.stored_value(entry)
+            .map_err(|err| tracing::debug!(key = %show_key(key), error = %err, "the previous version's value does not decode as this version's type; loading"))
+            .ok()
+    }
+
+    /// The value an entry stands for, `None` for a negative entry.
+    fn stored_value(&self, entry: &Entry) -> Result<Option<V>, Error> {
         if entry.negative {
-            return Some(None);
+            return Ok(None);
         }
-        match entry.value::<V>() {
-            Ok(value) => Some(Some(value)),
-            Err(err) => {
-                tracing::debug!(key = %show_key(key), error = %err, "the previous version's value does not decode as this version's type; loading");
-                None
-            }
-        }
+        entry.value::<V>().map(Some)
     }
 
     fn is_fresh(&self, entry: &Entry) -> bool {
@@ -2141,35 +2130,37 @@ impl<V: Value> Cache<V> {
     }
 
     fn decode_value(&self, key: &[u8], entry: &Entry) -> Option<V> {
-        match entry.value::<V>() {
-            Ok(value) => Some(value),
-            Err(err) => {
-                self.foreign_value(key, &err);
-                None
-            }
-        }
+        entry
+            .value::<V>()
+            .map_err(|err| self.foreign(Once::ForeignValue, key, &err))
+            .ok()
     }
 
-    /// A stored value that does not decode as `V`: counted, and reported
-    /// once per cache with its likely cause (a stream of identical
-    /// warnings would say nothing more); at `debug` after that.
+    /// A stored entry this cache cannot take (`kind`: another value type,
+    /// or another codec; `detail` says which): counted, and reported once
+    /// per cache with its likely cause (a stream of identical warnings
+    /// would say nothing more); at `debug` after that.
     #[cold]
-    fn foreign_value(&self, key: &[u8], err: &Error) {
+    fn foreign(&self, kind: Once, key: &[u8], detail: &dyn std::fmt::Display) {
         self.inner.metrics.unreadable();
-        if self.inner.logs.first(Once::ForeignValue) {
+        let what = match kind {
+            Once::ForeignValue => "a cached value does not decode as this cache's value type",
+            Once::ForeignCodec => "a cached entry was written with another codec",
+        };
+        if self.inner.logs.first(kind) {
             tracing::warn!(
                 namespace = %self.inner.namespace,
                 key = %show_key(key),
                 value_type = std::any::type_name::<V>(),
-                error = %err,
-                "a cached value does not decode as this cache's value type; treating it as a miss. \
-                 Likely cause: another cache or service stores another type under the same \
-                 namespace (give each value type its own .namespace(..)), or the type changed \
-                 without a .version(..) bump. Reported once; every such entry is counted in \
+                detail = %detail,
+                "{what}; treating it as a miss. Likely cause: another cache or service stores \
+                 another type under the same namespace, or writes there with another codec \
+                 (give each its own .namespace(..)), or the type changed without a .version(..) \
+                 bump. Reported once; every such entry is counted in \
                  breakwater_unreadable_entries_total and logged at debug"
             );
         } else {
-            tracing::debug!(key = %show_key(key), error = %err, "cached value does not decode as this cache's value type; treating it as a miss");
+            tracing::debug!(key = %show_key(key), detail = %detail, "{what}; treating it as a miss");
         }
     }
 
