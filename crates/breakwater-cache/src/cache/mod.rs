@@ -2083,12 +2083,17 @@ impl<V: Value> Cache<V> {
         match Entry::decode(bytes, self.inner.compression.max_decompressed_len()) {
             Ok(entry) if entry.codec == self.inner.codec => Some(entry),
             Ok(entry) => {
-                let codecs = format_args!(
-                    "stored with {}, this cache uses {}",
-                    entry.codec.name(),
-                    self.inner.codec.name()
+                // One expression: a `format_args!` kept in a `let` needs Rust
+                // 1.89, and the rust-version is 1.88.
+                self.foreign(
+                    Once::ForeignCodec,
+                    key,
+                    &format_args!(
+                        "stored with {}, this cache uses {}",
+                        entry.codec.name(),
+                        self.inner.codec.name()
+                    ),
                 );
-                self.foreign(Once::ForeignCodec, key, &codecs);
                 None
             }
             Err(err) => {
