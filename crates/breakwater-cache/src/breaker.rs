@@ -246,6 +246,18 @@ pub enum BreakerState {
     HalfOpen,
 }
 
+impl BreakerState {
+    /// The `breakwater_breaker_state` gauge's value: 0 closed, 1 half-open,
+    /// 2 open.
+    pub(crate) fn gauge(self) -> f64 {
+        match self {
+            BreakerState::Closed => 0.0,
+            BreakerState::HalfOpen => 1.0,
+            BreakerState::Open => 2.0,
+        }
+    }
+}
+
 impl fmt::Display for BreakerState {
     /// `closed`, `open` or `half-open`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -460,8 +472,7 @@ impl BreakerLabel {
 
     /// The state gauge, set to `state`.
     fn gauge(&self, state: BreakerState) {
-        metrics::gauge!("breakwater_breaker_state", self.labels())
-            .set(crate::metrics::breaker_gauge(state));
+        metrics::gauge!("breakwater_breaker_state", self.labels()).set(state.gauge());
     }
 
     /// The transitions counter to `to`.

@@ -86,12 +86,13 @@ pub mod limit;
 mod log_limit;
 pub mod metrics;
 pub mod retry;
+mod served;
 pub mod store;
 
 pub use breaker::{BreakerConfig, BreakerState};
 pub use cache::{
-    Cache, CacheBuilder, CacheEntry, EntryView, Fetched, Inspection, OnLockTimeout, Origin,
-    OriginBuilder, Served, Settings, StaleReason, Stored, Value, Warm, WarmReport,
+    Cache, CacheBuilder, CacheEntry, EntryView, Inspection, OnLockTimeout, Origin, OriginBuilder,
+    Settings, Stored, Value, Warm, WarmReport,
 };
 pub use codec::{Codec, Compression};
 pub use error::{ConfigError, Error, ErrorKind};
@@ -102,6 +103,7 @@ pub use l1::L1Config;
 pub use limit::LimitConfig;
 pub use metrics::{LeaseStats, LoadStats, NoticeStats, Stats};
 pub use retry::RetryConfig;
+pub use served::{Fetched, Served, StaleReason};
 pub use store::{
     Delivery, FencedWrite, LeaseAttempt, LeaseRequest, MemoryStore, Notice, RedisLatency,
     RedisStore, RedisStoreConfig, Replace, SentinelError, Store, StoreFuture, Subscription,

@@ -57,8 +57,8 @@ use metrics::{
 };
 
 use crate::breaker::BreakerState;
-use crate::cache::{SERVED_LABELS, StaleReason};
 use crate::error::ErrorKind;
+use crate::served::{SERVED_LABELS, StaleReason};
 
 /// The `outcome` labels of `breakwater_loads_total`.
 const LOAD_OUTCOMES: [&str; 5] = ["value", "negative", "error", "panic", "timeout"];
@@ -663,15 +663,6 @@ impl Drop for Waiting<'_> {
     }
 }
 
-/// The `breakwater_breaker_state` gauge's value for `state`.
-pub(crate) fn breaker_gauge(state: BreakerState) -> f64 {
-    match state {
-        BreakerState::Closed => 0.0,
-        BreakerState::HalfOpen => 1.0,
-        BreakerState::Open => 2.0,
-    }
-}
-
 /// A snapshot of one cache's counts since it was built, from
 /// [`Cache::stats`](crate::Cache::stats): what the metrics report, for
 /// applications without a metrics stack. Counting costs one relaxed atomic
@@ -898,4 +889,4 @@ fn state_name(state: BreakerState) -> &'static str {
     }
 }
 
-use crate::cache::Served;
+use crate::served::Served;

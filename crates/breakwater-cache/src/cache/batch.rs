@@ -67,7 +67,7 @@ use super::fill::{
     LEASE_RETRY_MARGIN, Lease, Mode, SUBSCRIBE_WITHIN, deadline_after, lock_timeout,
 };
 use super::notify::{self, FILLED};
-use super::options::{Fetched, Options, Served, StaleReason};
+use super::options::Options;
 use super::tags::counter_ttl;
 use super::transition::{self, Pinned};
 use super::{
@@ -82,6 +82,7 @@ use crate::key::CacheKey;
 use crate::l1::{Slot, Ticket};
 use crate::limit::Priority;
 use crate::log_limit::{Warning, warn_limited};
+use crate::served::{Fetched, Served, StaleReason};
 use crate::store::{LeaseAttempt, LeaseRequest, Store};
 
 /// The most keys one batch loader call is asked for; larger batches are

@@ -18,7 +18,6 @@ use super::throttle::Throttle;
 use super::{Cache, Fallback, Inner, Previous, Value};
 use crate::breaker::BreakerConfig;
 use crate::codec::{Codec, Compression};
-use crate::config::CacheConfig;
 use crate::error::{ConfigError, KeyedResult};
 use crate::freshness::EarlyRefresh;
 use crate::jitter::Jitter;
@@ -78,7 +77,7 @@ impl OnLockTimeout {
 /// rejects invalid ones with an exact message.
 ///
 /// The same settings can come from a file or the environment:
-/// [`config`](Self::config) with a [`CacheConfig`], whose keys are these
+/// [`config`](Self::config) with a [`CacheConfig`](crate::config::CacheConfig), whose keys are these
 /// methods' names.
 ///
 /// # Defaults
@@ -609,31 +608,6 @@ impl<V: Value> CacheBuilder<V> {
     pub fn rng_seed(mut self, seed: u64) -> Self {
         self.rng_seed = Some(seed);
         self
-    }
-
-    /// Every setting applied from `config` (see [`CacheConfig`]); the
-    /// settings it leaves out keep what this builder has. Checked by
-    /// [`build`](Self::build) like every other setting.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use breakwater_cache::Cache;
-    /// use breakwater_cache::config::CacheConfig;
-    ///
-    /// let config = CacheConfig::from_toml_str(r#"
-    ///     namespace = "catalog"
-    ///     ttl = "10m"
-    ///     jitter = { ratio = 0.2 }
-    ///     [l1]
-    ///     entries = 50_000
-    /// "#)?;
-    /// let cache = Cache::<String>::builder().config(&config).build()?;
-    /// assert_eq!(cache.namespace(), "catalog");
-    /// # Ok::<(), breakwater_cache::ConfigError>(())
-    /// ```
-    pub fn config(self, config: &CacheConfig) -> Self {
-        config.apply(self)
     }
 
     /// Every check [`build`](Self::build) makes, in its order, and what it

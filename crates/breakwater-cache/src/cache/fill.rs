@@ -47,7 +47,7 @@ use tracing::{Instrument, Span};
 
 use super::builder::LockTimeoutKind;
 use super::notify::{self, FILLED, RELEASED, VALUE_IN_MESSAGE_MAX};
-use super::options::{Options, Served, StaleReason};
+use super::options::Options;
 use super::tags::counter_ttl;
 use super::transition::Pinned;
 use super::{Cache, Load, Loaded, Value, reading, show_key};
@@ -57,6 +57,7 @@ use crate::jitter::poll_delay;
 use crate::l1::Ticket;
 use crate::limit::Priority;
 use crate::log_limit::{Warning, warn_limited};
+use crate::served::{Served, StaleReason};
 use crate::store::{FencedWrite, LeaseAttempt, LeaseRequest, Store};
 
 /// Whether a flight may use the store.

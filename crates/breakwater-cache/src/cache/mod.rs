@@ -52,8 +52,7 @@ mod warm;
 pub(crate) use builder::default_store_breaker;
 pub use builder::{CacheBuilder, OnLockTimeout};
 pub use inspect::{EntryView, Inspection, Stored};
-pub(crate) use options::SERVED_LABELS;
-pub use options::{CacheEntry, Fetched, Served, StaleReason};
+pub use options::CacheEntry;
 pub use origin::{Origin, OriginBuilder};
 pub use settings::Settings;
 pub use warm::{Warm, WarmReport};
@@ -82,6 +81,7 @@ use crate::limit::Priority;
 use crate::log_limit::{LogLimiter, Once, Warning, warn_limited};
 use crate::metrics::Metrics;
 use crate::metrics::Stats;
+use crate::served::{Fetched, Served, StaleReason};
 use crate::store::{Notice, Replace, Store, fnv1a};
 use builder::OnLockTimeout as LockPolicy;
 use coherence::Local;
@@ -1107,7 +1107,7 @@ impl<V: Value> Cache<V> {
             Ok(fetched) => fetched.served.metric_index(),
             Err(err) => {
                 self.inner.metrics.error(err.kind());
-                options::SERVED_ERROR
+                crate::served::SERVED_ERROR
             }
         };
         self.inner.metrics.served(index);

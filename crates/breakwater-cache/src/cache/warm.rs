@@ -26,12 +26,12 @@ use tokio::sync::Mutex;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 use super::fill::Mode;
-use super::options::Served;
 use super::{Cache, Value, reading};
 use crate::error::{ConfigError, Error, ErrorKind};
 use crate::jitter::Jitter;
 use crate::key::CacheKey;
 use crate::limit::Priority;
+use crate::served::Served;
 use crate::store::Store;
 
 /// The highest warm rate: loads are spaced at least 1 µs apart.

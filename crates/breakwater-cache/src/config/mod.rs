@@ -190,7 +190,34 @@ macro_rules! cache_config {
             redis: Option<RedisSection>,
         }
 
-        impl CacheConfig {
+        impl<V: Value> CacheBuilder<V> {
+    /// Every setting applied from `config` (see [`CacheConfig`]); the
+    /// settings it leaves out keep what this builder has. Checked by
+    /// [`build`](CacheBuilder::build) like every other setting.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use breakwater_cache::Cache;
+    /// use breakwater_cache::config::CacheConfig;
+    ///
+    /// let config = CacheConfig::from_toml_str(r#"
+    ///     namespace = "catalog"
+    ///     ttl = "10m"
+    ///     jitter = { ratio = 0.2 }
+    ///     [l1]
+    ///     entries = 50_000
+    /// "#)?;
+    /// let cache = Cache::<String>::builder().config(&config).build()?;
+    /// assert_eq!(cache.namespace(), "catalog");
+    /// # Ok::<(), breakwater_cache::ConfigError>(())
+    /// ```
+    pub fn config(self, config: &CacheConfig) -> Self {
+        config.apply(self)
+    }
+}
+
+impl CacheConfig {
             /// Every key that is set, applied to `builder` by the method of
             /// the same name.
             pub(crate) fn apply<V: Value>(&self, builder: CacheBuilder<V>) -> CacheBuilder<V> {
