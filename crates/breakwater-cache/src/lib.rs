@@ -91,8 +91,8 @@ pub mod store;
 
 pub use breaker::{BreakerConfig, BreakerState};
 pub use cache::{
-    Cache, CacheBuilder, CacheEntry, EntryView, Inspection, OnLockTimeout, Origin, OriginBuilder,
-    Settings, Stored, Value, Warm, WarmReport,
+    Cache, CacheBuilder, CacheEntry, EntryView, Inspection, LeaseConfig, OnLockTimeout, Origin,
+    OriginBuilder, Settings, Stored, Value, Warm, WarmReport,
 };
 pub use codec::{Codec, Compression};
 pub use error::{ConfigError, Error, ErrorKind};

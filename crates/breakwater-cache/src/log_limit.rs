@@ -159,6 +159,16 @@ macro_rules! warn_limited {
 }
 pub(crate) use warn_limited;
 
+/// A key as it may appear in logs: lossy UTF-8, cut at 128 bytes.
+pub(crate) fn show_key(key: &[u8]) -> String {
+    let cut = &key[..key.len().min(128)];
+    let mut s = String::from_utf8_lossy(cut).into_owned();
+    if key.len() > cut.len() {
+        s.push('…');
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -62,18 +62,19 @@ use tokio::time::{Instant, sleep, sleep_until};
 use tracing::field::Empty;
 use tracing::{Instrument, Span};
 
-use super::builder::LockTimeoutKind;
-use super::fill::{
-    LEASE_RETRY_MARGIN, Lease, Mode, SUBSCRIBE_WITHIN, deadline_after, lock_timeout,
-};
+use super::coherence::Loaded;
+use super::fill::{Mode, SUBSCRIBE_WITHIN};
+use super::handle::Cache;
+use super::lease::LockTimeoutKind;
+use super::lease::{LEASE_RETRY_MARGIN, Lease, deadline_after, lock_timeout};
 use super::notify::{self, FILLED};
 use super::options::Options;
+use super::pipeline::{MAX_PASSES, cooperate, revoked_before};
+use super::read::Near;
 use super::tags::counter_ttl;
 use super::transition::{self, Pinned};
-use super::{
-    Cache, Judged, Load, Loaded, MAX_PASSES, Near, Refresh, Value, cooperate, revoked_before,
-    show_key,
-};
+use super::value::{Load, Value};
+use super::verdict::{Judged, Refresh};
 use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
 use crate::flight::{Joined, Lander, Role};
@@ -81,6 +82,7 @@ use crate::jitter::poll_delay;
 use crate::key::CacheKey;
 use crate::l1::{Slot, Ticket};
 use crate::limit::Priority;
+use crate::log_limit::show_key;
 use crate::log_limit::{Warning, warn_limited};
 use crate::served::{Fetched, Served, StaleReason};
 use crate::store::{LeaseAttempt, LeaseRequest, Store};
@@ -375,7 +377,7 @@ impl<V: Value> Cache<V> {
         let span = if tracing::dispatcher::has_been_set() {
             tracing::info_span!(
                 "breakwater.get_many",
-                namespace = %self.inner.namespace,
+                namespace = %self.inner.settings.namespace,
                 keys = keys.len(),
                 loaded = Empty,
             )
@@ -1160,9 +1162,10 @@ impl<V: Value> Cache<V> {
         let every = {
             let scale = u32::try_from(keys.len() / WAITER_POLLS + 1).unwrap_or(u32::MAX);
             inner
+                .lease
                 .lock_poll
                 .saturating_mul(options.poll_scale.saturating_mul(scale))
-                .min(inner.lease_ttl.max(inner.lock_poll))
+                .min(inner.lease.lease_ttl.max(inner.lease.lock_poll))
         };
         let mut check: Vec<usize> = (0..keys.len()).collect();
         let mut attempt: Vec<usize> = Vec::new();
@@ -1255,7 +1258,7 @@ impl<V: Value> Cache<V> {
             }
             return;
         }
-        match inner.on_lock_timeout.0 {
+        match inner.lease.on_lock_timeout.0 {
             LockTimeoutKind::LoadAnyway => {
                 warn_limited!(
                     inner.logs,
@@ -1362,7 +1365,7 @@ impl<V: Value> Cache<V> {
             .await;
         if !taken.is_empty() {
             let now = Instant::now();
-            let gather = TAKEOVER_GATHER.min(self.inner.lease_ttl / 10);
+            let gather = TAKEOVER_GATHER.min(self.inner.lease.lease_ttl / 10);
             let soon: Vec<usize> = (0..keys.len())
                 .filter(|&i| keys[i].as_ref().is_some_and(|w| w.retry_at <= now + gather))
                 .collect();
@@ -1454,7 +1457,7 @@ impl<V: Value> Cache<V> {
         let asked = Instant::now();
         let attempts = inner
             .store
-            .acquire_leases_split(&requests, inner.lease_ttl)
+            .acquire_leases_split(&requests, inner.lease.lease_ttl)
             .await;
         for attempt in &attempts {
             match attempt {

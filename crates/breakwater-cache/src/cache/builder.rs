@@ -10,12 +10,15 @@ use rand::{RngExt, SeedableRng};
 
 use super::coherence::Local;
 use super::guard::GuardedStore;
+use super::handle::{Cache, Fallback, Inner, Previous};
+use super::lease::{LeaseConfig, OnLockTimeout};
 use super::notify::{BusHook, PreviousChannel, SENDER_LEN, Waiters};
 use super::options::Options;
 use super::origin::Origin;
+use super::queue::ReadQueue;
 use super::settings::Settings;
 use super::throttle::Throttle;
-use super::{Cache, Fallback, Inner, Previous, Value};
+use super::value::Value;
 use crate::breaker::BreakerConfig;
 use crate::codec::{Codec, Compression};
 use crate::error::{ConfigError, KeyedResult};
@@ -27,51 +30,6 @@ use crate::log_limit::LogLimiter;
 use crate::metrics::Metrics;
 use crate::retry::RetryConfig;
 use crate::store::{MemoryStore, Store};
-
-/// What a caller does when another process has held the key's lease for
-/// longer than `lock_wait`.
-///
-/// # Examples
-///
-/// ```
-/// use breakwater_cache::{Cache, OnLockTimeout};
-/// let cache = Cache::<u64>::builder()
-///     .on_lock_timeout(OnLockTimeout::serve_stale())
-///     .build()
-///     .unwrap();
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OnLockTimeout(pub(crate) LockTimeoutKind);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LockTimeoutKind {
-    LoadAnyway,
-    ServeStale,
-    Error,
-}
-
-impl OnLockTimeout {
-    /// Call the loader anyway and return its value (without writing it: the
-    /// lease holder will). The default; availability first. Waiters wait as
-    /// long as the lease is held and extended, so this applies to a stuck
-    /// lease (held past `lock_wait`, which must then cover `load_timeout +
-    /// lease_ttl`), never to a slow load.
-    pub fn load_anyway() -> Self {
-        OnLockTimeout(LockTimeoutKind::LoadAnyway)
-    }
-
-    /// Return the stale value if one is inside `grace`, else fail with
-    /// [`LockTimeout`](crate::ErrorKind::LockTimeout).
-    pub fn serve_stale() -> Self {
-        OnLockTimeout(LockTimeoutKind::ServeStale)
-    }
-
-    /// Fail with [`LockTimeout`](crate::ErrorKind::LockTimeout); the
-    /// database is never called by a waiter.
-    pub fn error() -> Self {
-        OnLockTimeout(LockTimeoutKind::Error)
-    }
-}
 
 /// Builds a [`Cache`]; every setting has a default, and [`build`](Self::build)
 /// rejects invalid ones with an exact message.
@@ -143,10 +101,7 @@ pub struct CacheBuilder<V> {
     early_refresh: EarlyRefresh,
     soft_timeout: Option<Duration>,
     fail_safe_throttle: Duration,
-    lease_ttl: Duration,
-    lock_wait: Option<Duration>,
-    lock_poll: Duration,
-    on_lock_timeout: OnLockTimeout,
+    lease: LeaseConfig,
     load_timeout: Duration,
     origin: Option<Origin>,
     breaker: Option<BreakerConfig>,
@@ -230,10 +185,7 @@ impl<V: Value> CacheBuilder<V> {
             early_refresh: EarlyRefresh::xfetch(1.0),
             soft_timeout: None,
             fail_safe_throttle: Duration::from_secs(5),
-            lease_ttl: Duration::from_secs(3),
-            lock_wait: None,
-            lock_poll: Duration::from_millis(200),
-            on_lock_timeout: OnLockTimeout::load_anyway(),
+            lease: LeaseConfig::new(),
             load_timeout: Duration::from_secs(30),
             origin: None,
             breaker: None,
@@ -497,42 +449,44 @@ impl<V: Value> CacheBuilder<V> {
         self
     }
 
-    /// How long a loader's lease lives without being extended. The leader
-    /// extends it every third of this while its loader runs; if the leader's
-    /// process dies, the lease runs out within this long and exactly one
-    /// waiting process takes over (waiters try again the moment it expires).
-    /// Keep it well above the store's response time: at least 10 ms.
+    /// The key's lease as one [`LeaseConfig`]: its TTL, how long and how
+    /// often other callers wait for its holder, and what they do past the
+    /// wait. The four settings also have shorthands here
+    /// ([`lease_ttl`](Self::lease_ttl), [`lock_wait`](Self::lock_wait),
+    /// [`lock_poll`](Self::lock_poll),
+    /// [`on_lock_timeout`](Self::on_lock_timeout)); the last call wins.
+    pub fn lease(mut self, config: LeaseConfig) -> Self {
+        self.lease = config;
+        self
+    }
+
+    /// [`LeaseConfig::lease_ttl`]: how long a loader's lease lives without
+    /// being extended (3 s by default; at least 10 ms).
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
-        self.lease_ttl = ttl;
+        self.lease = self.lease.lease_ttl(ttl);
         self
     }
 
-    /// How long a caller waits for another process's load before
-    /// [`on_lock_timeout`](Self::on_lock_timeout) applies. Waiters keep
-    /// waiting while the lease is held and extended, so this is the bound on
-    /// a stuck lease, not on a slow load.
-    ///
-    /// With [`OnLockTimeout::load_anyway`] (the default policy) it must be at
-    /// least `queue_wait + load_timeout + lease_ttl` (the bulkhead's
-    /// `queue_wait`, 1 s by default): a shorter wait would start a second
-    /// load while the holder's may still be running (and not write it). The
-    /// default, `queue_wait + load_timeout + 2 × lease_ttl`, also covers one
-    /// takeover.
+    /// [`LeaseConfig::lock_wait`]: how long a caller waits for another
+    /// process's load before [`on_lock_timeout`](Self::on_lock_timeout)
+    /// applies. With [`OnLockTimeout::load_anyway`] (the default policy) it
+    /// must be at least `queue_wait + load_timeout + lease_ttl`.
     pub fn lock_wait(mut self, wait: Duration) -> Self {
-        self.lock_wait = Some(wait);
+        self.lease = self.lease.lock_wait(wait);
         self
     }
 
-    /// How often a waiter re-checks on its own (jittered to `poll/2 ..=
-    /// 3·poll/2`), in case a wake-up message is lost.
+    /// [`LeaseConfig::lock_poll`]: how often a waiter re-checks on its own,
+    /// in case a wake-up message is lost.
     pub fn lock_poll(mut self, poll: Duration) -> Self {
-        self.lock_poll = poll;
+        self.lease = self.lease.lock_poll(poll);
         self
     }
 
-    /// What happens when `lock_wait` runs out.
+    /// [`LeaseConfig::on_lock_timeout`]: what happens when `lock_wait` runs
+    /// out.
     pub fn on_lock_timeout(mut self, policy: OnLockTimeout) -> Self {
-        self.on_lock_timeout = policy;
+        self.lease = self.lease.on_lock_timeout(policy);
         self
     }
 
@@ -660,13 +614,8 @@ impl<V: Value> CacheBuilder<V> {
                 origin.build()?
             }
         };
-        validate_lease(
-            self.lease_ttl,
-            self.lock_wait,
-            self.lock_poll,
-            self.load_timeout.saturating_add(origin.queue_wait()),
-            self.on_lock_timeout,
-        )?;
+        self.lease
+            .validate(self.load_timeout.saturating_add(origin.queue_wait()))?;
         self.store_breaker.validate().within("store_breaker")?;
         if let Some(l1) = &self.l1 {
             l1.validate().within("l1")?;
@@ -711,12 +660,10 @@ impl<V: Value> CacheBuilder<V> {
             early_refresh: defaults.early_refresh,
             soft_timeout: defaults.soft_timeout,
             fail_safe_throttle: defaults.fail_safe_throttle,
-            lease_ttl: self.lease_ttl,
-            lock_wait: self
-                .lock_wait
-                .unwrap_or_else(|| super::default_lock_wait(load, self.lease_ttl)),
-            lock_poll: self.lock_poll,
-            on_lock_timeout: self.on_lock_timeout,
+            lease_ttl: self.lease.lease_ttl,
+            lock_wait: self.lease.lock_wait_for(load),
+            lock_poll: self.lease.lock_poll,
+            on_lock_timeout: self.lease.on_lock_timeout,
             load_timeout: defaults.load_timeout,
             origin: origin.name().to_owned(),
             breaker,
@@ -808,25 +755,19 @@ impl<V: Value> CacheBuilder<V> {
         ));
         Ok(Cache {
             inner: Arc::new(Inner {
-                namespace: self.namespace,
                 value_prefix,
                 tag_prefix,
+                read_queue: raw_store
+                    .batches_reads()
+                    .then(|| Arc::new(ReadQueue::default())),
                 raw_store,
                 store,
                 origin,
                 defaults,
-                codec: self.codec,
-                compression: self.compression,
-                max_key_len: self.max_key_len,
-                max_value_size: self.max_value_size,
-                trace_keys: self.trace_keys,
                 previous,
-                lease_ttl: self.lease_ttl,
-                lock_wait: self.lock_wait,
-                lock_poll: self.lock_poll,
-                on_lock_timeout: self.on_lock_timeout,
+                lease: self.lease,
                 rng: Mutex::new(rng),
-                store_retries: super::store_retries(self.rng_seed.map(|s| s.wrapping_add(3))),
+                store_retries: store_retries(self.rng_seed.map(|s| s.wrapping_add(3))),
                 token_rng: Mutex::new(token_rng),
                 waiters,
                 metrics,
@@ -845,62 +786,6 @@ pub(crate) struct Checked {
     /// The per-call settings unless a call overrides them.
     defaults: Options,
     origin: Origin,
-}
-
-/// The longest `lease_ttl` or `lock_wait` accepted: a day. Longer ones are
-/// surely mistakes, and deadlines built from them must not overflow.
-const MAX_LEASE_DURATION: Duration = Duration::from_secs(24 * 3600);
-
-/// The lease settings and how they relate: a holder extends its lease every
-/// third of `lease_ttl`; waiters wait `lock_wait`, and with `load_anyway`
-/// that must cover a live holder's `load` (`queue_wait + load_timeout`).
-fn validate_lease(
-    lease_ttl: Duration,
-    lock_wait: Option<Duration>,
-    lock_poll: Duration,
-    load: Duration,
-    on_lock_timeout: OnLockTimeout,
-) -> Result<(), ConfigError> {
-    if lease_ttl < Duration::from_millis(10) {
-        return Err(ConfigError::new(format!(
-            "lease_ttl must be at least 10ms, got {lease_ttl:?}"
-        ))
-        .for_key("lease_ttl"));
-    }
-    if lock_poll < Duration::from_millis(2) {
-        return Err(
-            ConfigError::new(format!("lock_poll must be at least 2ms, got {lock_poll:?}"))
-                .for_key("lock_poll"),
-        );
-    }
-    for (name, value) in [
-        ("lease_ttl", Some(lease_ttl)),
-        ("lock_wait", lock_wait),
-        ("lock_poll", Some(lock_poll)),
-    ] {
-        if let Some(value) = value.filter(|v| *v > MAX_LEASE_DURATION) {
-            return Err(ConfigError::new(format!(
-                "{name} must be at most {MAX_LEASE_DURATION:?}, got {value:?}"
-            ))
-            .for_key(name));
-        }
-    }
-    if let Some(wait) = lock_wait
-        && on_lock_timeout == OnLockTimeout::load_anyway()
-    {
-        let needed = load.saturating_add(lease_ttl);
-        if wait < needed {
-            return Err(ConfigError::new(format!(
-                "lock_wait ({wait:?}) must be at least queue_wait + load_timeout + lease_ttl \
-                 ({needed:?}) with \
-                 OnLockTimeout::load_anyway, or every waiting process starts a second load while \
-                 the holder's is still running; raise lock_wait (or leave it unset), lower \
-                 load_timeout, or choose OnLockTimeout::serve_stale() or error()"
-            ))
-            .for_key("lock_wait"));
-        }
-    }
-    Ok(())
 }
 
 fn validate_namespace(ns: &str) -> Result<(), ConfigError> {
@@ -986,4 +871,19 @@ fn validate_key_prefix(prefix: &str) -> Result<(), ConfigError> {
         )));
     }
     Ok(())
+}
+
+/// Retries of store calls safe to repeat (`invalidate`, a warm-up's
+/// reads): up to 10 attempts, 20..400 ms apart with full jitter (spread
+/// over a second or more, so a store breaker's cool-down can pass), for
+/// store failures that may pass (not a key's own fault).
+pub(super) fn store_retries(seed: Option<u64>) -> crate::retry::Retry {
+    let config = crate::RetryConfig::new()
+        .max_attempts(10)
+        .backoff(crate::Backoff::full_jitter(
+            Duration::from_millis(20),
+            Duration::from_millis(400),
+        ))
+        .retry_if(|err| err.is_store() && !err.is_key_fault());
+    crate::retry::Retry::new(config, seed)
 }

@@ -39,10 +39,16 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Mutex;
 
+use super::keys::user_key;
 use super::notify::BusHook;
-use super::{Loaded, Read, Value, user_key};
+use super::value::Value;
+use crate::entry::Entry;
+use crate::flight::Joined;
 use crate::flight::{Reads, SingleFlight};
 use crate::l1::{NearCache, Ticket};
+use crate::served::Served;
+use std::sync::Arc;
+use tokio::time::Instant;
 
 /// The in-process state of one cache: flights and L1.
 pub(super) struct Local<V> {
@@ -213,6 +219,49 @@ impl<V: Value> BusHook for Local<V> {
         if let Some(l1) = &self.l1 {
             l1.unverify(up);
         }
+    }
+}
+
+/// What a load flight lands with: the value, how it was served, and, if
+/// the load's fenced write was refused, when its lease was asked for.
+///
+/// A refused write means the lease was revoked while the value was loaded
+/// (an invalidation or `set`, possibly from another process that this one
+/// has not heard from yet) or ran out: the value may predate a change that
+/// completed before some of the flight's callers started. The revocation
+/// came after the lease was asked for, so the value is served only to
+/// callers that started by then; later ones read and load again (see
+/// `pipeline`).
+pub(super) type Loaded<V> = (Option<V>, Served, Option<Instant>);
+
+/// What a shared store read gives every caller that shared it.
+#[derive(Clone)]
+pub(super) struct Read<V> {
+    /// The envelope, if one is stored and readable.
+    pub(super) entry: Option<Arc<Entry>>,
+    /// Nothing was: the key's load (started by the read, or already in
+    /// the air), which the read's followers wait on.
+    pub(super) loading: Option<Joined<Loaded<V>>>,
+    /// When the read began, for L1.
+    pub(super) ticket: Option<Ticket>,
+    /// `entry` is the previous version's (a version transition).
+    pub(super) previous: bool,
+}
+
+impl<V: Value> Local<V> {
+    /// A tag was invalidated (here or, heard on the bus, elsewhere): any
+    /// key may carry it, so nothing that began before may answer a caller
+    /// that starts from now on. L1 refuses every read or load that began
+    /// before (its epoch floor moves) and is emptied if it may hold a
+    /// tagged entry, and every flight and shared read in the air is
+    /// detached.
+    pub(super) fn tags_invalidated(&self) {
+        if let Some(l1) = &self.l1 {
+            l1.drop_tagged();
+        }
+        self.reads.detach_all();
+        self.flights.detach_all();
+        self.background.detach_all();
     }
 }
 

@@ -45,20 +45,28 @@ use futures_util::future::join_all;
 use tokio::time::{Instant, sleep, sleep_until};
 use tracing::{Instrument, Span};
 
-use super::builder::LockTimeoutKind;
+use super::coherence::Loaded;
+use super::handle::Cache;
+use super::lease::{LEASE_RETRY_MARGIN, Lease, LockTimeoutKind, deadline_after, lock_timeout};
 use super::notify::{self, FILLED, RELEASED, VALUE_IN_MESSAGE_MAX};
 use super::options::Options;
 use super::tags::counter_ttl;
 use super::transition::Pinned;
-use super::{Cache, Load, Loaded, Value, reading, show_key};
+use super::value::{Load, Value};
+use super::verdict::reading;
 use crate::entry::{Entry, TagStamp};
 use crate::error::{Error, ErrorKind};
+use crate::flight::{Joined, Role};
 use crate::jitter::poll_delay;
+use crate::l1::Slot;
 use crate::l1::Ticket;
 use crate::limit::Priority;
+use crate::log_limit::show_key;
 use crate::log_limit::{Warning, warn_limited};
+use crate::served::Fetched;
 use crate::served::{Served, StaleReason};
-use crate::store::{FencedWrite, LeaseAttempt, LeaseRequest, Store};
+use crate::store::{FencedWrite, LeaseAttempt, Store};
+use tracing::field::Empty;
 
 /// Whether a flight may use the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,7 +145,7 @@ impl<V: Value> Cache<V> {
             let asked = Instant::now();
             let mut attempt = inner
                 .store
-                .acquire_lease(lease.key, lease.token, inner.lease_ttl)
+                .acquire_lease(lease.key, lease.token, inner.lease.lease_ttl)
                 .await;
             // 5. A slow store: once more, with the same token.
             if let Err(err) = &attempt
@@ -147,7 +155,7 @@ impl<V: Value> Cache<V> {
                 warn_limited!(inner.logs, Warning::LeaseUnavailable, key = %show_key(&key), error = %err, "lease attempt failed; trying again with the same token");
                 attempt = inner
                     .store
-                    .acquire_lease(lease.key, lease.token, inner.lease_ttl)
+                    .acquire_lease(lease.key, lease.token, inner.lease.lease_ttl)
                     .await;
             }
             let lease_left = match attempt {
@@ -218,9 +226,10 @@ impl<V: Value> Cache<V> {
             let poll = {
                 let mut rng = inner.rng.lock().unwrap_or_else(|p| p.into_inner());
                 let every = inner
+                    .lease
                     .lock_poll
                     .saturating_mul(options.poll_scale)
-                    .min(inner.lease_ttl.max(inner.lock_poll));
+                    .min(inner.lease.lease_ttl.max(inner.lease.lock_poll));
                 poll_delay(every, &mut *rng)
             };
             tokio::select! {
@@ -252,7 +261,7 @@ impl<V: Value> Cache<V> {
         if background {
             return Err(lock_timeout(waited));
         }
-        match inner.on_lock_timeout.0 {
+        match inner.lease.on_lock_timeout.0 {
             LockTimeoutKind::LoadAnyway => {
                 warn_limited!(inner.logs, Warning::LockWaitLoadAnyway, key = %show_key(&key), ?waited, "lease held past lock_wait; loading anyway (not written)");
                 let (value, _) = self.load_unwritten(&loader, &options, priority).await?;
@@ -392,7 +401,7 @@ impl<V: Value> Cache<V> {
         asked: Instant,
     ) -> Infallible {
         let inner = &self.inner;
-        let every = inner.lease_ttl / 3;
+        let every = inner.lease.lease_ttl / 3;
         let mut extend = tokio::time::interval_at(asked + every, every);
         extend.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -404,7 +413,7 @@ impl<V: Value> Cache<V> {
                 let lease = leases[i];
                 inner
                     .store
-                    .extend_lease(lease.key, lease.token, inner.lease_ttl)
+                    .extend_lease(lease.key, lease.token, inner.lease.lease_ttl)
             }))
             .await;
             let mut lost = 0;
@@ -648,35 +657,261 @@ impl<V: Value> Cache<V> {
             self.remember(key, &value, &entry, now, ticket, options);
             return Some(value);
         }
-        if self
-            .inner
-            .freshness(options)
-            .servable_stale(reading(&entry, now))
-        {
+        if options.freshness().servable_stale(reading(&entry, now)) {
             *stale = Some(entry);
         }
         None
     }
 }
 
-/// A lease as its holder knows it: its key and the holder's token.
-pub(super) type Lease<'a> = LeaseRequest<'a>;
+impl<V: Value> Cache<V> {
+    /// Step 5 of the pipeline, past a store read that served nothing: one
+    /// flight per key in this process; the flight takes the lease, loads
+    /// and writes (see `fill`), or, in [`Mode::Local`] (the store cannot
+    /// be used), loads directly. A soft timeout gives up waiting (not
+    /// loading) when there is a stale value (`fallback`) to serve: that is
+    /// `Err` (served at once); else the flight's outcome, this call's role
+    /// in it and the stale stand-in, to settle.
+    #[allow(clippy::type_complexity)]
+    pub(super) async fn load<L>(
+        &self,
+        key: Vec<u8>,
+        loader: L,
+        options: &Options,
+        fallback: Option<Arc<Entry>>,
+        mode: Mode,
+    ) -> Result<(Result<Loaded<V>, Error>, Role, Option<Arc<Entry>>), Result<Fetched<V>, Error>>
+    where
+        L: Load<V>,
+    {
+        let (result, role) = {
+            let (load, role) =
+                self.join_fill(&key, loader, *options, None, Priority::Foreground, mode);
+            let metrics = &self.inner.metrics;
+            let key = &key;
+            let flight = async move {
+                let _waiting = (role == Role::Follower).then(|| metrics.waiting());
+                (self.await_load(key, load, options).await, role)
+            };
+            match (options.soft_timeout, &fallback) {
+                (Some(soft), Some(stale)) => match tokio::time::timeout(soft, flight).await {
+                    Ok(done) => done,
+                    Err(_) => {
+                        if let Some(value) = self.entry_value(key, stale) {
+                            let served = Served::Stale {
+                                reason: StaleReason::SoftTimeout,
+                            };
+                            return Err(Ok(Fetched { value, served }));
+                        }
+                        return Err(Err(Error::new(
+                            ErrorKind::Timeout,
+                            "soft timeout with an unreadable stale value",
+                        )));
+                    }
+                },
+                _ => flight.await,
+            }
+        };
 
-/// How long past a held lease's expiry a waiter tries to take it over (the
-/// store's TTLs are whole milliseconds).
-pub(super) const LEASE_RETRY_MARGIN: Duration = Duration::from_millis(2);
+        Ok((result, role, fallback))
+    }
 
-/// `now + wait`, or a day from now if that is later than tokio can tell
-/// (a `load_timeout` of `Duration::MAX`): a deadline never overflows.
-pub(super) fn deadline_after(wait: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(wait)
-        .unwrap_or_else(|| now + Duration::from_secs(24 * 3600))
+    /// Step 6, a flight's outcome for one caller of user key `user_key`
+    /// (storage key `key`). On failure: the stale entry if one may stand in
+    /// (fail-safe), else this process's L1 copy (`local`) if it may (the
+    /// store lost the entry, L1 did not), else the fallback, else the
+    /// error.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn settle(
+        &self,
+        user_key: &[u8],
+        key: &[u8],
+        result: Result<Loaded<V>, Error>,
+        role: Role,
+        stale: Option<Arc<Entry>>,
+        local: Option<&Arc<Slot<V>>>,
+        options: &Options,
+    ) -> Result<Fetched<V>, Error> {
+        match result {
+            Ok((value, served, _)) => {
+                let served = if role == Role::Follower && served == Served::Loaded {
+                    Served::Coalesced
+                } else {
+                    served
+                };
+                Ok(Fetched { value, served })
+            }
+            Err(err) => {
+                let reason = match err.kind() {
+                    ErrorKind::Loader | ErrorKind::Timeout | ErrorKind::Store => {
+                        Some(StaleReason::LoaderFailed)
+                    }
+                    ErrorKind::CircuitOpen => Some(StaleReason::BreakerOpen),
+                    ErrorKind::Overloaded => Some(StaleReason::Overloaded),
+                    // A lock timeout was already decided by `OnLockTimeout`.
+                    _ => None,
+                };
+                let Some(reason) = reason else {
+                    return Err(err);
+                };
+                // The stored stale value, else the L1 copy.
+                let stand_in = stale
+                    .and_then(|entry| self.entry_value(key, &entry))
+                    .map(|value| (value, "the stale value"))
+                    .or_else(|| {
+                        let value = self.local_stand_in(local?, options)?;
+                        Some((value, "the stale L1 copy (the store has none)"))
+                    });
+                if let Some((value, what)) = stand_in {
+                    warn_limited!(self.inner.logs, Warning::LoadFailed, key = %show_key(key), error = %err, "load failed; serving {what}");
+                    if reason == StaleReason::LoaderFailed {
+                        self.inner.throttle(key, options.fail_safe_throttle);
+                    }
+                    let served = Served::Stale { reason };
+                    return Ok(Fetched { value, served });
+                }
+                if let Some(fallback) = &self.fallback {
+                    warn_limited!(self.inner.logs, Warning::LoadFailed, key = %show_key(user_key), error = %err, "load failed; serving the fallback");
+                    return Ok(Fetched {
+                        value: fallback(user_key),
+                        served: Served::Fallback,
+                    });
+                }
+                Err(err)
+            }
+        }
+    }
+
+    /// Starts one refresh of `key` in the background, unless one is already
+    /// in the air. Background flights are kept apart from foreground ones: a
+    /// foreground caller never inherits a background refresh's refusals (it
+    /// never loads without the lease); it takes its own turn at the lease,
+    /// and is woken by the refresh's fill.
+    /// `replacing` is the `fresh_until` of the entry being refreshed;
+    /// `early` if it is still fresh (an early refresh, counted).
+    pub(super) fn refresh_in_background<L: Load<V>>(
+        &self,
+        key: Vec<u8>,
+        loader: L,
+        options: Options,
+        replacing: u64,
+        early: bool,
+    ) {
+        let (load, role) = self.join_fill(
+            &key,
+            loader,
+            options,
+            Some(replacing),
+            Priority::Background,
+            Mode::Fleet,
+        );
+        if role == Role::Follower {
+            return;
+        }
+        if early {
+            self.inner.metrics.early_refresh();
+        }
+        let cache = self.clone();
+        tokio::spawn(async move {
+            let result = load.result().await;
+            cache.refreshed(&key, &result, &options);
+        });
+    }
+
+    /// A background refresh of `key` ended: shed, it is nothing; failed, the
+    /// key is throttled (fail-safe).
+    pub(super) fn refreshed(
+        &self,
+        key: &[u8],
+        result: &Result<Loaded<V>, Error>,
+        options: &Options,
+    ) {
+        match result {
+            Err(err) if err.is_overloaded() || err.is_circuit_open() => {
+                tracing::debug!(key = %show_key(key), error = %err, "background refresh shed");
+            }
+            Err(err) => {
+                warn_limited!(self.inner.logs, Warning::RefreshFailed, key = %show_key(key), error = %err, "background refresh failed; throttling the key");
+                self.inner.throttle(key, options.fail_safe_throttle);
+            }
+            Ok(_) => {}
+        }
+    }
+
+    /// Joins the load flight for storage key `key`, starting one that runs
+    /// [`fill`](Self::fill) with these settings if none is in the air. The
+    /// loader is put in an `Arc` only if the flight starts, so a caller that
+    /// joins one already in the air allocates nothing.
+    pub(super) fn join_fill<L: Load<V>>(
+        &self,
+        key: &[u8],
+        loader: L,
+        options: Options,
+        replacing: Option<u64>,
+        priority: Priority,
+        mode: Mode,
+    ) -> (Joined<Loaded<V>>, Role) {
+        let flights = match priority {
+            Priority::Foreground => &self.local.flights,
+            Priority::Background => &self.local.background,
+        };
+        let (joined, role) = flights.join(key, || {
+            // A child of the caller's span, though it runs in its own task.
+            let span = tracing::info_span!(
+                "breakwater.fill",
+                background = priority == Priority::Background,
+                lease = Empty,
+                written = Empty,
+            );
+            self.clone()
+                .fill(
+                    key.to_vec(),
+                    Arc::new(loader),
+                    options,
+                    replacing,
+                    priority,
+                    mode,
+                )
+                .instrument(span)
+        });
+        if priority == Priority::Foreground {
+            Span::current().record("role", role.as_str());
+        }
+        (joined, role)
+    }
+
+    /// The outcome of the load of storage key `key` that this call joined,
+    /// waited for no longer than a load can take (`lock_wait`, the
+    /// bulkhead's `queue_wait`, `load_timeout`, and [`STRANDED_AFTER`] for
+    /// its store calls). A load still in the air by then is stranded: its
+    /// task runs on a runtime that no longer runs it (idle, its `block_on`
+    /// returned). It is detached, and the call goes through the pipeline
+    /// again on its own runtime (see [`revoked_before`](super::pipeline::revoked_before)): an
+    /// abandoned flight's error.
+    pub(super) async fn await_load(
+        &self,
+        key: &[u8],
+        load: Joined<Loaded<V>>,
+        options: &Options,
+    ) -> Result<Loaded<V>, Error> {
+        let bound = self
+            .inner
+            .lock_wait_for(options)
+            .saturating_add(self.inner.origin.queue_wait())
+            .saturating_add(options.load_timeout)
+            .saturating_add(STRANDED_AFTER);
+        match tokio::time::timeout(bound, load.clone().result()).await {
+            Ok(result) => result,
+            Err(_) => {
+                tracing::warn!(key = %show_key(key), ?bound, "a load did not land within its bound (its runtime is not running it); loading again");
+                self.local.flights.detach_joined(key, &load);
+                Err(crate::flight::stranded())
+            }
+        }
+    }
 }
 
-pub(super) fn lock_timeout(waited: Duration) -> Error {
-    Error::new(
-        ErrorKind::LockTimeout,
-        format!("another process held this key's lease for longer than lock_wait ({waited:?})"),
-    )
-}
+/// Beyond its waits and its load, how long a load may take (its store
+/// calls) before a caller takes it for stranded (see
+/// [`Cache::await_load`]).
+pub(super) const STRANDED_AFTER: Duration = Duration::from_secs(5);

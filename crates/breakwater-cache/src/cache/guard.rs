@@ -28,7 +28,6 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
-use super::queue::ReadQueue;
 use crate::breaker::{BreakerConfig, BreakerLabel, BreakerState, CircuitBreaker};
 use crate::error::{Error, ErrorKind};
 use crate::log_limit::{LogLimiter, Warning, warn_limited};
@@ -62,9 +61,6 @@ pub(crate) struct GuardedStore {
     /// Where a key fault is reported.
     metrics: Metrics,
     logs: Arc<LogLimiter>,
-    /// Reads that meet while the store is busy, if it batches reads
-    /// ([`Store::batches_reads`]; see `queue`).
-    queue: Option<ReadQueue>,
 }
 
 impl fmt::Debug for GuardedStore {
@@ -100,15 +96,8 @@ impl GuardedStore {
             causes: (0..domains).map(|_| Mutex::new(None)).collect(),
             metrics,
             logs,
-            queue: store.batches_reads().then(ReadQueue::default),
             store,
         }
-    }
-
-    /// The queue of reads that meet while the store is busy, if it batches
-    /// reads.
-    pub(crate) fn read_queue(&self) -> Option<&ReadQueue> {
-        self.queue.as_ref()
     }
 
     /// The worst state of the breakers: open if any is open, else half-open
@@ -306,7 +295,7 @@ impl GuardedStore {
                 warn_limited!(
                     self.logs,
                     Warning::KeyFault,
-                    key = %super::show_key(key),
+                    key = %crate::log_limit::show_key(key),
                     op,
                     error = %err,
                     "the store refused this key (not a store failure); its next write replaces it"

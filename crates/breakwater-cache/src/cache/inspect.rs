@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use super::{Cache, Value, in_grace, reading};
+use super::handle::Cache;
+use super::value::Value;
+use super::verdict::{in_grace, reading};
 use crate::codec::Codec;
 use crate::entry::Entry;
 use crate::error::Error;
@@ -75,10 +77,7 @@ impl EntryView {
         let defaults = &cache.inner.defaults;
         let servable = fresh_for.is_some()
             || (in_grace(entry, now, defaults)
-                && cache
-                    .inner
-                    .freshness(defaults)
-                    .servable_stale(reading(entry, now)));
+                && defaults.freshness().servable_stale(reading(entry, now)));
         EntryView {
             negative: entry.negative,
             codec: entry.codec,
@@ -129,8 +128,11 @@ impl<V: Value> Cache<V> {
             None => Stored::Missing,
             Some(bytes) => {
                 let len = bytes.len();
-                match Entry::decode(bytes, self.inner.compression.max_decompressed_len()) {
-                    Ok(entry) if entry.codec == self.inner.codec => {
+                match Entry::decode(
+                    bytes,
+                    self.inner.settings.compression.max_decompressed_len(),
+                ) {
+                    Ok(entry) if entry.codec == self.inner.settings.codec => {
                         Stored::Entry(EntryView::new(self, &entry, len))
                     }
                     Ok(entry) => Stored::Unreadable {
@@ -138,7 +140,7 @@ impl<V: Value> Cache<V> {
                         reason: format!(
                             "written with codec {}, this cache reads {}",
                             entry.codec.name(),
-                            self.inner.codec.name()
+                            self.inner.settings.codec.name()
                         ),
                     },
                     Err(err) => Stored::Unreadable {

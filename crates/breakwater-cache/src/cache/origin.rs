@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 use tracing::field::Empty;
 
-use super::Load;
+use super::value::Load;
 use crate::breaker::{BreakerConfig, BreakerLabel, BreakerState, CircuitBreaker};
 use crate::error::{ConfigError, Error, ErrorKind, KeyedResult};
 use crate::limit::{LimitConfig, LoadLimiter, Priority};

@@ -131,7 +131,7 @@ pub(crate) fn admit(queue: &ReadQueue) -> Option<Admitted<'_>> {
 ///
 /// A read from another runtime than the batch task's waits at most one
 /// store read deadline (see the module docs).
-pub(crate) async fn queued(store: &Arc<GuardedStore>, queue: &ReadQueue, key: &[u8]) -> Reply {
+pub(crate) async fn queued(store: &Arc<GuardedStore>, queue: &Arc<ReadQueue>, key: &[u8]) -> Reply {
     let (reply, answer) = oneshot::channel();
     let here = crate::background::current_runtime();
     let (first, elsewhere, batch) = {
@@ -150,6 +150,7 @@ pub(crate) async fn queued(store: &Arc<GuardedStore>, queue: &ReadQueue, key: &[
     if first {
         let flush = Flush {
             store: Arc::clone(store),
+            queue: Arc::clone(queue),
             batch: Some(batch),
             taken: false,
         };
@@ -173,13 +174,14 @@ pub(crate) async fn queued(store: &Arc<GuardedStore>, queue: &ReadQueue, key: &[
     }
     // Boxed: its timers and the batch it may send would grow every queued
     // read's future (and its allocation).
-    Box::pin(from_elsewhere(store, key, answer)).await
+    Box::pin(from_elsewhere(store, queue, key, answer)).await
 }
 
 /// The wait of a read queued from another runtime than its batch task's:
 /// at most one store read deadline (see the module docs).
 async fn from_elsewhere(
     store: &Arc<GuardedStore>,
+    queue: &Arc<ReadQueue>,
     key: &[u8],
     mut answer: oneshot::Receiver<Reply>,
 ) -> Reply {
@@ -202,6 +204,7 @@ async fn from_elsewhere(
     );
     Flush {
         store: Arc::clone(store),
+        queue: Arc::clone(queue),
         batch: None,
         taken: false,
     }
@@ -250,6 +253,7 @@ async fn behind_the_woken() {
 /// at once and the next read queued schedules a new one.
 struct Flush {
     store: Arc<GuardedStore>,
+    queue: Arc<ReadQueue>,
     /// The batch it was scheduled for (`None`: whatever is queued, for a
     /// caller sending a stranded batch itself).
     batch: Option<u64>,
@@ -261,9 +265,7 @@ impl Flush {
     /// keys each), counted in the air while they run, and hands each
     /// queued caller its reply.
     async fn send(mut self) {
-        let Some(queue) = self.store.read_queue() else {
-            return;
-        };
+        let queue = &*self.queue;
         let taken = {
             let mut waiting = lock(queue);
             self.taken = true;
@@ -291,10 +293,8 @@ impl Flush {
 
 impl Drop for Flush {
     fn drop(&mut self) {
-        if !self.taken
-            && let Some(queue) = self.store.read_queue()
-        {
-            let mut waiting = lock(queue);
+        if !self.taken {
+            let mut waiting = lock(&self.queue);
             if self.batch.is_none_or(|batch| batch == waiting.batch) {
                 drop(std::mem::take(&mut waiting.reads));
             }

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::builder::OnLockTimeout;
+use super::lease::OnLockTimeout;
 use crate::breaker::BreakerConfig;
 use crate::codec::{Codec, Compression};
 use crate::freshness::EarlyRefresh;

@@ -1,5 +1,5 @@
 //! Tag invalidation: entries written with tags, and
-//! [`Cache::invalidate_tag`], which makes every entry carrying a tag
+//! [`Cache::invalidate_tag`](crate::Cache::invalidate_tag), which makes every entry carrying a tag
 //! unreachable, fleet-wide, in one store operation.
 //!
 //! # Generations, checked on read
@@ -16,7 +16,7 @@
 //! - **Write**: a load with tags reads its tags' generations *after* it has
 //!   taken the key's lease and *before* its loader runs, and records them
 //!   in the entry (format version 2, see `entry`). The read creates what
-//!   is missing ([`Store::tag_generations`]: one script, one per slot on a
+//!   is missing ([`Store::tag_generations`](crate::Store::tag_generations): one script, one per slot on a
 //!   Cluster, atomic per counter): a missing counter, or one that holds no
 //!   generation, is set to a fresh value drawn at random from `[2^40,
 //!   2^52)` (from the OS, never from a seed: two processes seeded alike
@@ -25,8 +25,8 @@
 //!   generations cannot be read, the value is served and kept in L1, not
 //!   written (as a direct load is). A `set` with tags reads them (and
 //!   creates), then replaces.
-//! - **Invalidate**: [`Cache::invalidate_tag`] bumps the counter, atomically
-//!   with its notice ([`Store::bump_generation`]): one more if it holds a
+//! - **Invalidate**: [`Cache::invalidate_tag`](crate::Cache::invalidate_tag) bumps the counter, atomically
+//!   with its notice ([`Store::bump_generation`](crate::Store::bump_generation)): one more if it holds a
 //!   generation, else a fresh value. O(1) store work whatever the number
 //!   of entries carrying the tag.
 //! - **Read**: an entry with tags is valid only while every tag's counter
@@ -80,21 +80,13 @@
 //! (kind `t`) reaches them on the namespace bus. Without L1, another
 //! process reads the store, whose generations have already moved on.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use rand::RngExt;
-use tokio::time::Instant;
-
-use super::coherence::{Local, LocalStep};
-use super::notify::{self, TAG_INVALIDATED};
+use super::keys::hash_tagged;
 use super::options::Options;
-use super::{Cache, Load, Op, Value, hash_tagged, record_error, show_key};
-use crate::entry::{Entry, MAX_TAG_LEN, MAX_TAGS, TagStamp};
+use crate::entry::{MAX_TAG_LEN, MAX_TAGS};
 use crate::error::{Error, ErrorKind};
-use crate::key::CacheKey;
-use crate::store::{FRESH_GENERATIONS, Store, parse_generation};
-use tracing::Instrument;
+use crate::store::parse_generation;
 
 /// The shortest TTL a tag counter is given (see the module docs).
 const COUNTER_TTL_FLOOR: Duration = Duration::from_secs(3600);
@@ -127,8 +119,8 @@ pub(super) fn counter_ttl(options: &Options) -> Duration {
 /// needs none.)
 #[derive(Debug)]
 pub(crate) struct TagSet {
-    tags: Vec<Vec<u8>>,
-    counter_ttl: Duration,
+    pub(super) tags: Vec<Vec<u8>>,
+    pub(super) counter_ttl: Duration,
 }
 
 impl TagSet {
@@ -162,7 +154,7 @@ impl TagSet {
 }
 
 /// A tag is 1 to [`MAX_TAG_LEN`] bytes.
-fn check_tag(tag: &[u8]) -> Result<(), Error> {
+pub(super) fn check_tag(tag: &[u8]) -> Result<(), Error> {
     if tag.is_empty() {
         return Err(Error::new(ErrorKind::InvalidKey, "a tag must not be empty"));
     }
@@ -176,303 +168,20 @@ fn check_tag(tag: &[u8]) -> Result<(), Error> {
 }
 
 /// The key of `tag`'s generation counter, hash-tagged as storage keys are.
-fn tag_key(tag_prefix: &[u8], tag: &[u8]) -> Vec<u8> {
+pub(super) fn tag_key(tag_prefix: &[u8], tag: &[u8]) -> Vec<u8> {
     hash_tagged(tag_prefix, tag)
 }
 
 /// A generation as stored (decimal digits); `None` for a missing counter
 /// or one that holds anything else, which equals no recorded generation.
-fn generation(stored: Option<&[u8]>) -> Option<u64> {
+pub(super) fn generation(stored: Option<&[u8]>) -> Option<u64> {
     stored.and_then(parse_generation)
-}
-
-/// A loader whose call named tags: the fill records their generations in
-/// the entry it writes.
-#[derive(Clone)]
-pub(super) struct Tagged<L> {
-    pub(super) loader: L,
-    pub(super) tags: Arc<TagSet>,
-}
-
-impl<V, L: Load<V>> Load<V> for Tagged<L> {
-    type Fut = L::Fut;
-    type Err = L::Err;
-
-    fn call(&self) -> Self::Fut {
-        self.loader.call()
-    }
-
-    fn tags(&self) -> Option<&TagSet> {
-        Some(&self.tags)
-    }
-}
-
-impl<V: Value> Cache<V> {
-    /// Makes every entry written with `tag` (through
-    /// [`CacheEntry::tags`](super::CacheEntry::tags)) unreachable, in every
-    /// process, at once: one store operation (a generation counter moved
-    /// on, with its notice), however many entries carry the tag. Entries
-    /// without tags, or with other tags only, are not touched in the store.
-    ///
-    /// A transient store failure is tried again, as for
-    /// [`invalidate`](Self::invalidate) (up to 10 attempts within 1 s; an
-    /// extra bump only invalidates again). If none gets through, the error
-    /// says the invalidation was not delivered.
-    ///
-    /// The counter may be missing (never written, expired, or lost to the
-    /// store: evicted under `maxmemory`, deleted): then it starts again at
-    /// a random value no entry can have recorded. A lost counter never
-    /// makes an entry valid again; every entry that recorded it reads as a
-    /// miss from then on, whether or not `invalidate_tag` is called. The
-    /// counter expires once no entry can still have recorded it (see the
-    /// module docs for its TTL; this call gives it at least the TTL the
-    /// cache's default settings ask for).
-    ///
-    /// Once it has returned `Ok`:
-    ///
-    /// - **No resurrection**: a load that started before it recorded the
-    ///   tag's old generation, so its entry is invalid when it lands; no
-    ///   entry of the tag from before is served again, fresh or stale.
-    /// - **Read your invalidation**: every call in this process that starts
-    ///   later gets a value loaded after it. Entries' tags are known only
-    ///   when they are read, so this process's L1 is emptied (if it holds a
-    ///   tagged entry at all) and its loads and shared reads in the air are
-    ///   detached (their own callers still get their results), for every
-    ///   key.
-    /// - **Elsewhere**: another process reads the store, which checks every
-    ///   tagged entry's generations on each read (one more round trip for a
-    ///   tagged entry; none for an untagged one). Its L1 is emptied, and its
-    ///   flights detached, when the message reaches it: the L1 bound of the
-    ///   coherence contract on [`Cache`] holds for tags as for keys. As with
-    ///   `invalidate`, a call there that joins a load or shared read
-    ///   already in the air before the message arrives gets that flight's
-    ///   result.
-    ///
-    /// # Errors
-    ///
-    /// [`InvalidKey`](ErrorKind::InvalidKey) for an empty tag or one over
-    /// 256 bytes, or [`Store`](ErrorKind::Store) if it was not delivered.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use breakwater_cache::Cache;
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), breakwater_cache::Error> {
-    /// let cache = Cache::<String>::builder().build()?;
-    /// let name = cache
-    ///     .entry("user:7:name")
-    ///     .tags(["user:7"])
-    ///     .get_or_load(|| async { Ok::<_, std::io::Error>(Some("Ada".to_string())) })
-    ///     .await?;
-    /// assert_eq!(name.as_deref(), Some("Ada"));
-    /// cache.set("motd", &"hello".to_string()).await?; // no tags
-    ///
-    /// cache.invalidate_tag("user:7").await?;
-    /// assert_eq!(cache.get("user:7:name").await?, None);
-    /// assert_eq!(cache.get("motd").await?.as_deref(), Some("hello"));
-    /// # Ok(()) }
-    /// ```
-    pub async fn invalidate_tag(&self, tag: impl CacheKey) -> Result<(), Error> {
-        let tag = tag.key_bytes();
-        let span = self.span(Op::InvalidateTag, &tag);
-        let done = self
-            .invalidate_tag_bytes(&tag)
-            .instrument(span.clone())
-            .await;
-        record_error(&span, &done);
-        done
-    }
-
-    /// [`invalidate_tag`](Self::invalidate_tag), in its span.
-    async fn invalidate_tag_bytes(&self, tag: &[u8]) -> Result<(), Error> {
-        check_tag(tag)?;
-        let inner = &self.inner;
-        let key = tag_key(&inner.tag_prefix, tag);
-        let message = notify::message(TAG_INVALIDATED, inner.waiters.sender(), &key);
-        let (key, message) = (&key, &message);
-        // Should the counter be missing, it starts again at a value no
-        // entry can have recorded; retries send the same one.
-        let fresh = self.fresh_generation();
-        let ttl = counter_ttl(&inner.defaults);
-        // After the store has answered (a read that starts later sees the
-        // new generation); also if it failed (the reply may be all that was
-        // lost), or if the caller goes away first.
-        let _local = LocalStep::new(|| self.local.tags_invalidated());
-        let done = self
-            .deliver(key, || async move {
-                let notice = inner.notice(message);
-                inner
-                    .store
-                    .bump_generation(key, fresh, ttl, notice)
-                    .await
-                    .map(drop)
-            })
-            .await;
-        // Inside a version transition the previous version's processes
-        // share the tag (its counter has no version): they are told on
-        // their own channel, to empty their L1s.
-        if done.is_ok()
-            && let Some(previous) = &inner.previous
-            && Instant::now() < previous.until
-            && let Err(err) = inner.store.publish(&previous.channel, message).await
-        {
-            tracing::debug!(tag = %show_key(tag), error = %err, "tag invalidation not published to the previous version");
-        }
-        done
-    }
-
-    /// The current generations of `tags`, for a write to record: each
-    /// counter read, or created (a missing or foreign one) with a fresh
-    /// value, and its TTL made at least the tag set's `counter_ttl`, in one
-    /// [`Store::tag_generations`] (a script; one per slot on a Cluster).
-    /// An entry so only ever records a counter that exists.
-    pub(super) async fn tag_generations(&self, tags: &TagSet) -> Result<Vec<TagStamp>, Error> {
-        let tag_prefix = &self.inner.tag_prefix;
-        let keys: Vec<Vec<u8>> = tags
-            .tags
-            .iter()
-            .map(|tag| tag_key(tag_prefix, tag))
-            .collect();
-        let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-        let fresh = self.fresh_generation();
-        let stored = self
-            .inner
-            .store
-            .tag_generations(&keys, fresh, tags.counter_ttl)
-            .await?;
-        if stored.len() != tags.tags.len() {
-            return Err(Error::new(
-                ErrorKind::Store,
-                "the store answered a read of tag generations with the wrong number of replies",
-            ));
-        }
-        Ok(tags
-            .tags
-            .iter()
-            .zip(stored)
-            .map(|(tag, generation)| TagStamp {
-                tag: tag.clone(),
-                generation,
-            })
-            .collect())
-    }
-
-    /// A value a tag counter starts again at: drawn from the OS-seeded
-    /// generator (a seeded one would repeat across processes with the same
-    /// seed), uniform over [`FRESH_GENERATIONS`], so no entry can have
-    /// recorded it.
-    fn fresh_generation(&self) -> u64 {
-        let mut rng = self
-            .inner
-            .token_rng
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        rng.random_range(FRESH_GENERATIONS)
-    }
-
-    /// The current generations of `tags`, in their order, `None` for a
-    /// missing counter (or one that holds no generation): one `GET` for
-    /// one tag (the store's cheapest read), else one `MGET` (one per slot
-    /// on a Cluster). Nothing is created: a read only checks.
-    async fn read_generations(&self, tags: &[impl AsRef<[u8]>]) -> Result<Vec<Option<u64>>, Error> {
-        let tag_prefix = &self.inner.tag_prefix;
-        if let [tag] = tags {
-            let key = tag_key(tag_prefix, tag.as_ref());
-            let stored = self.inner.store.get_inline(&key).await?;
-            return Ok(vec![generation(stored.as_deref())]);
-        }
-        let keys: Vec<Vec<u8>> = tags
-            .iter()
-            .map(|tag| tag_key(tag_prefix, tag.as_ref()))
-            .collect();
-        let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-        let stored = self.inner.store.get_many(&keys).await?;
-        Ok(stored.iter().map(|s| generation(s.as_deref())).collect())
-    }
-
-    /// A tagged entry read from storage key `key`, if every tag's
-    /// counter exists and still holds the generation it recorded; `None`
-    /// (a miss) if any moved on or is missing. One `MGET` of its tags'
-    /// counters.
-    pub(super) async fn still_tagged(
-        &self,
-        key: &[u8],
-        entry: Entry,
-    ) -> Result<Option<Entry>, Error> {
-        let tags: Vec<&[u8]> = entry.tags.iter().map(|t| t.tag.as_slice()).collect();
-        let current = self.read_generations(&tags).await?;
-        let current = entry
-            .tags
-            .iter()
-            .zip(current)
-            .all(|(stamp, now)| now == Some(stamp.generation));
-        if !current {
-            tracing::debug!(key = %show_key(key), "cached entry's tag was invalidated; treating it as a miss");
-            return Ok(None);
-        }
-        Ok(Some(entry))
-    }
-
-    /// [`still_tagged`](Self::still_tagged) for many entries at once: each
-    /// tagged entry of `entries` whose tags moved on (or whose counters are
-    /// missing) becomes a miss, all
-    /// checked with one read of their tags' generations. Entries that
-    /// cannot be checked (the read failed) are misses too, never served.
-    pub(super) async fn keep_current(&self, entries: &mut [Result<Option<Entry>, Error>]) {
-        fn stamps(entry: &Result<Option<Entry>, Error>) -> &[TagStamp] {
-            match entry {
-                Ok(Some(entry)) => &entry.tags,
-                _ => &[],
-            }
-        }
-        let mut tags: Vec<Vec<u8>> = entries
-            .iter()
-            .flat_map(|entry| stamps(entry).iter().map(|stamp| stamp.tag.clone()))
-            .collect();
-        if tags.is_empty() {
-            return;
-        }
-        tags.sort_unstable();
-        tags.dedup();
-        let current = self.read_generations(&tags).await.ok();
-        for entry in entries.iter_mut() {
-            let stamps = stamps(entry);
-            if stamps.is_empty() {
-                continue;
-            }
-            let valid = current.as_ref().is_some_and(|current| {
-                stamps.iter().all(|stamp| {
-                    tags.binary_search(&stamp.tag)
-                        .is_ok_and(|at| current[at] == Some(stamp.generation))
-                })
-            });
-            if !valid {
-                *entry = Ok(None);
-            }
-        }
-    }
-}
-
-impl<V: Value> Local<V> {
-    /// A tag was invalidated (here or, heard on the bus, elsewhere): any
-    /// key may carry it, so nothing that began before may answer a caller
-    /// that starts from now on. L1 refuses every read or load that began
-    /// before (its epoch floor moves) and is emptied if it may hold a
-    /// tagged entry, and every flight and shared read in the air is
-    /// detached.
-    pub(super) fn tags_invalidated(&self) {
-        if let Some(l1) = &self.l1 {
-            l1.drop_tagged();
-        }
-        self.reads.detach_all();
-        self.flights.detach_all();
-        self.background.detach_all();
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::log_limit::show_key;
 
     impl Options {
         /// A 5-minute TTL without jitter or grace.

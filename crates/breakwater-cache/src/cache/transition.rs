@@ -50,8 +50,10 @@ use std::time::Duration;
 
 use rand::RngExt;
 
-use super::notify;
-use super::{Cache, Value, lease_key};
+use super::handle::Cache;
+use super::keys::lease_key;
+use super::notify::{self};
+use super::value::Value;
 use crate::entry::{Entry, TagStamp};
 use crate::error::Error;
 use crate::store::{Notice, Store, Unchanged, fnv1a};
@@ -166,7 +168,7 @@ impl<V: Value> Cache<V> {
             (rng.random_range(1..1u64 << 40), rng.random::<u32>())
         };
         Entry {
-            codec: self.inner.codec,
+            codec: self.inner.settings.codec,
             negative: true,
             fresh_until: at,
             stale_until: at,
@@ -174,7 +176,7 @@ impl<V: Value> Cache<V> {
             payload: Vec::new(),
             tags: Vec::new().into(),
         }
-        .encode(&self.inner.compression)
+        .encode(&self.inner.settings.compression)
     }
 }
 

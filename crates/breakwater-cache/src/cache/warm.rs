@@ -26,7 +26,9 @@ use tokio::sync::Mutex;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 use super::fill::Mode;
-use super::{Cache, Value, reading};
+use super::handle::Cache;
+use super::value::Value;
+use super::verdict::reading;
 use crate::error::{ConfigError, Error, ErrorKind};
 use crate::jitter::Jitter;
 use crate::key::CacheKey;
@@ -292,10 +294,7 @@ impl<V: Value> Cache<V> {
             // `get_or_load` (fail-safe).
             Ok(Some(entry)) => {
                 let now = self.inner.store.now_ms();
-                let servable = self
-                    .inner
-                    .freshness(&options)
-                    .servable_stale(reading(&entry, now));
+                let servable = options.freshness().servable_stale(reading(&entry, now));
                 servable.then(|| Arc::new(entry))
             }
             Ok(None) => None,

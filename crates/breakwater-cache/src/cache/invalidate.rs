@@ -1,0 +1,256 @@
+//! Writes and invalidations, so that no load that began before a `set`,
+//! `invalidate` or `invalidate_tag` becomes visible after it returned:
+//! each revokes the key's lease (or bumps the tag's generation) with its
+//! notice in one store operation, retried within a second, or reported as
+//! undelivered.
+
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use super::coherence::LocalStep;
+use super::handle::Cache;
+use super::keys::lease_key;
+use super::notify::{self, TAG_INVALIDATED};
+use super::options::Options;
+use super::seal::Sealed;
+use super::tags::{self, check_tag, counter_ttl, tag_key};
+use super::trace::{Op, record_error};
+use super::value::Value;
+use crate::error::{Error, ErrorKind};
+use crate::log_limit::show_key;
+use crate::store::{Notice, Replace, Store};
+
+impl<V: Value> Cache<V> {
+    /// [`set`](Self::set) with a call's settings and tags (their current
+    /// generations read first and recorded with the value), in its span.
+    pub(super) async fn set_with(
+        &self,
+        key: &[u8],
+        value: &V,
+        tags: Option<&tags::TagSet>,
+        options: &Options,
+    ) -> Result<(), Error> {
+        let span = self.span(Op::Set, key);
+        let done = async {
+            let key = self.key_in_store(key)?;
+            // Inside a version transition the previous version's entry is
+            // revoked first: from then on (also if the caller goes away)
+            // nothing that began before may answer here.
+            let _local = self.local.invalidation([&key]);
+            // The value's windows start now, not after the generations'
+            // read (which may take a store deadline).
+            let now = self.inner.store.now_ms();
+            let mut stamps = match tags {
+                Some(tags) => self.tag_generations(tags).await?,
+                None => Vec::new(),
+            };
+            // Inside a version transition the previous version's entry is
+            // revoked and this one written beside a fresh pin of it.
+            if let Some(pinned) = self
+                .revoke_previous(&key, tags::counter_ttl(options))
+                .await?
+            {
+                stamps.insert(0, pinned.stamp());
+            }
+            let sealed =
+                self.seal_tagged(&key, Some(value), Duration::ZERO, options, stamps, now)?;
+            self.replace_batch(vec![(key.clone(), sealed)]).await
+        }
+        .instrument(span.clone())
+        .await;
+        record_error(&span, &done);
+        done
+    }
+
+    /// Writes sealed entries with [`Store::replace`] (one) or
+    /// [`Store::replace_many`]: each revokes any load in flight for its key
+    /// first, so an older result cannot land on top of it, then wakes
+    /// waiters. Nothing that began before answers in this process
+    /// afterwards; the values are not kept in L1 (another `set` may land
+    /// after this one while its reply is on the way: the next read takes
+    /// the store's value).
+    pub(super) async fn replace_batch(&self, batch: Vec<(Vec<u8>, Sealed)>) -> Result<(), Error> {
+        let inner = &self.inner;
+        let listening = inner.waiters.is_listening();
+        let prepared: Vec<_> = batch
+            .iter()
+            .map(|(key, _)| {
+                self.local.expect_own_notice(key, listening);
+                let message = notify::message(notify::INVALIDATED, inner.waiters.sender(), key);
+                (inner.lease_key(key), message)
+            })
+            .collect();
+        let writes: Vec<Replace<'_>> = batch
+            .iter()
+            .zip(&prepared)
+            .map(|((key, sealed), (lease_key, message))| Replace {
+                key,
+                value: &sealed.bytes,
+                ttl: sealed.ttl,
+                lease_key,
+                notice: inner.notice(message),
+            })
+            .collect();
+        // Even if the reply is lost (the write may have happened), or the
+        // caller goes away before it comes, nothing that began before may
+        // answer from now on.
+        let keys = batch.iter().map(|(key, _)| key);
+        let _local = self.local.invalidation(keys);
+        let written = match writes.as_slice() {
+            [w] => {
+                inner
+                    .store
+                    .replace(w.key, w.value, w.ttl, w.lease_key, w.notice)
+                    .await
+            }
+            writes => inner.store.replace_many(writes).await,
+        };
+        if written.is_err() {
+            for (key, _) in &batch {
+                self.local.own_notice_heard(key);
+            }
+        }
+        written
+    }
+
+    /// [`invalidate`](Self::invalidate), in its span.
+    pub(super) async fn invalidate_bytes(&self, key: &[u8]) -> Result<(), Error> {
+        let key = self.key_in_store(key)?;
+        let lease = self.inner.lease_key(&key);
+        let message = notify::message(notify::INVALIDATED, self.inner.waiters.sender(), &key);
+        let listening = self.inner.waiters.is_listening();
+        let (key, lease, message) = (&key, &lease, &message);
+        // Inside a version transition the previous version's entry goes
+        // too (first): it must not stand in for the invalidated value. Its
+        // lease is revoked and its processes are told on their channel.
+        let previous = self.inner.previous_key(key).and_then(|old| {
+            let p = self.inner.previous.as_ref()?;
+            let old_lease = lease_key(&old, p.prefix.len());
+            let message = notify::message(notify::INVALIDATED, self.inner.waiters.sender(), &old);
+            Some((old, old_lease, message, &p.channel))
+        });
+        let previous = &previous;
+        // After the store has answered (a read that starts later sees the
+        // deletion); also if it failed (the reply may be all that was
+        // lost), or if the caller goes away first.
+        let _local = self.local.invalidation([key]);
+        self.deliver(key, || async move {
+            if let Some((old, old_lease, message, channel)) = previous {
+                let notice = Notice { channel, message };
+                self.inner.store.invalidate(old, old_lease, notice).await?;
+            }
+            self.local.expect_own_notice(key, listening);
+            let done = self
+                .inner
+                .store
+                .invalidate(key, lease, self.inner.notice(message))
+                .await;
+            if done.is_err() {
+                self.local.own_notice_heard(key);
+            }
+            done
+        })
+        .await
+    }
+
+    /// Runs `attempt`, an invalidation (idempotent: a delete or a bump, with
+    /// its notice), with the store retries, all within
+    /// `INVALIDATE_WITHIN`; if none gets through, the error says the
+    /// invalidation of `key` was not delivered (with the attempts made and
+    /// the last failure).
+    pub(super) async fn deliver<F, Fut>(&self, key: &[u8], attempt: F) -> Result<(), Error>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<(), Error>>,
+    {
+        let last = Mutex::new((0u32, None::<Error>, Instant::now()));
+        let (last, attempt) = (&last, &attempt);
+        let attempts = self.inner.store_retries.run(|made| async move {
+            let done = attempt().await;
+            if let Err(err) = &done {
+                *last.lock().unwrap_or_else(|p| p.into_inner()) =
+                    (made, Some(err.clone()), Instant::now());
+            }
+            done
+        });
+        match tokio::time::timeout(INVALIDATE_WITHIN, attempts).await {
+            Ok((Ok(()), _)) => Ok(()),
+            Ok((Err(err), made)) => Err(undelivered(key, made, err, Instant::now())),
+            Err(_) => {
+                let (made, err, at) = last.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let err = err.unwrap_or_else(|| {
+                    Error::new(ErrorKind::Timeout, "no attempt finished in time")
+                });
+                Err(undelivered(key, made, err, at))
+            }
+        }
+    }
+
+    /// [`invalidate_tag`](Self::invalidate_tag), in its span.
+    pub(super) async fn invalidate_tag_bytes(&self, tag: &[u8]) -> Result<(), Error> {
+        check_tag(tag)?;
+        let inner = &self.inner;
+        let key = tag_key(&inner.tag_prefix, tag);
+        let message = notify::message(TAG_INVALIDATED, inner.waiters.sender(), &key);
+        let (key, message) = (&key, &message);
+        // Should the counter be missing, it starts again at a value no
+        // entry can have recorded; retries send the same one.
+        let fresh = self.fresh_generation();
+        let ttl = counter_ttl(&inner.defaults);
+        // After the store has answered (a read that starts later sees the
+        // new generation); also if it failed (the reply may be all that was
+        // lost), or if the caller goes away first.
+        let _local = LocalStep::new(|| self.local.tags_invalidated());
+        let done = self
+            .deliver(key, || async move {
+                let notice = inner.notice(message);
+                inner
+                    .store
+                    .bump_generation(key, fresh, ttl, notice)
+                    .await
+                    .map(drop)
+            })
+            .await;
+        // Inside a version transition the previous version's processes
+        // share the tag (its counter has no version): they are told on
+        // their own channel, to empty their L1s.
+        if done.is_ok()
+            && let Some(previous) = &inner.previous
+            && Instant::now() < previous.until
+            && let Err(err) = inner.store.publish(&previous.channel, message).await
+        {
+            tracing::debug!(tag = %show_key(tag), error = %err, "tag invalidation not published to the previous version");
+        }
+        done
+    }
+}
+
+/// How long `invalidate` keeps trying to deliver one invalidation.
+pub(super) const INVALIDATE_WITHIN: Duration = Duration::from_secs(1);
+
+/// The error of an invalidation that did not get through; when the last
+/// attempt (failed at `at`) was refused by the store's open breaker, it says
+/// when that ends.
+pub(super) fn undelivered(key: &[u8], attempts: u32, last: Error, at: Instant) -> Error {
+    let retry_after = last
+        .retry_after()
+        .map(|after| after.saturating_sub(at.elapsed()));
+    let err = Error::new(
+        ErrorKind::Store,
+        format!(
+            "the invalidation of {} was not delivered ({attempts} attempt(s) within {:?}): \
+             other processes may serve the old value until its TTL ends; retry it",
+            show_key(key),
+            INVALIDATE_WITHIN
+        ),
+    )
+    .with_source(last);
+    match retry_after {
+        Some(after) => err.with_retry_after(after),
+        None => err,
+    }
+}

@@ -1,0 +1,244 @@
+//! One store read of a key, so that nothing the store returns is trusted
+//! unchecked: the `GET` (queued behind a busy store), the previous
+//! version's entry beside it inside a version transition, and a tagged
+//! entry's generations. The read step, the fill's re-read under the lease,
+//! `get`, `get_many` and `inspect` read through here.
+
+use std::sync::Arc;
+
+use rand::RngExt;
+use tracing::{Instrument, Span};
+
+use super::handle::Cache;
+use super::options::Options;
+use super::queue::{self};
+use super::tags::{TagSet, generation, tag_key};
+use super::value::Value;
+use crate::entry::{Entry, TagStamp};
+use crate::error::{Error, ErrorKind};
+use crate::log_limit::show_key;
+use crate::store::FRESH_GENERATIONS;
+use crate::store::Store;
+
+impl<V: Value> Cache<V> {
+    /// Reads and decodes the envelope; unreadable bytes are a miss plus a
+    /// warning, never an error and never a wrong value. So is a key fault
+    /// (say, a Redis list under the key: reported by the guarded store):
+    /// the store is fine, and the key's next fenced write replaces it.
+    ///
+    /// Inside a version transition the previous version's entry is read
+    /// beside it (one `MGET`), and an entry loaded beside another one than
+    /// is there now is a miss (see `transition`).
+    pub(super) async fn read(&self, key: &[u8]) -> Result<Option<Entry>, Error> {
+        match self.inner.previous_key(key) {
+            None => self.read_in(key, None).await,
+            Some(previous) => Box::pin(self.read_in(key, Some(&previous))).await,
+        }
+    }
+
+    /// [`read`](Self::read), beside the previous version's key `previous`
+    /// if one is given.
+    pub(super) async fn read_in(
+        &self,
+        key: &[u8],
+        previous: Option<&[u8]>,
+    ) -> Result<Option<Entry>, Error> {
+        let span = if tracing::dispatcher::has_been_set() {
+            tracing::debug_span!("breakwater.store.get")
+        } else {
+            Span::none()
+        };
+        let get = async {
+            match previous {
+                None => self.get_queued(key).await.map(|bytes| (bytes, None)),
+                Some(previous) => {
+                    let mut both = self.inner.store.get_many(&[key, previous]).await?;
+                    let beside = both.pop().flatten();
+                    Ok((both.pop().flatten(), Some(beside)))
+                }
+            }
+        };
+        // Not wrapped unless a subscriber listens (see `fetch`).
+        let read = if span.is_disabled() {
+            get.await
+        } else {
+            get.instrument(span).await
+        };
+        let (bytes, beside) = match read {
+            Ok((Some(bytes), beside)) => (bytes, beside),
+            Ok((None, _)) => return Ok(None),
+            Err(err) if err.is_key_fault() => return Ok(None),
+            Err(err) => return Err(err),
+        };
+        match self.decode_beside(key, bytes, beside.as_ref().map(|b| b.as_deref())) {
+            // A tagged entry (never an untagged one) is checked against its
+            // tags' generations: one more round trip, boxed so that its
+            // state does not grow every read's future.
+            Some(entry) if !entry.tags.is_empty() => Box::pin(self.still_tagged(key, entry)).await,
+            entry => Ok(entry),
+        }
+    }
+
+    /// One store read of storage key `key`, straight to the store unless
+    /// it is busy and batches reads (see `queue`).
+    pub(super) async fn get_queued(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        let store = &self.inner.store;
+        let Some(waiting) = &self.inner.read_queue else {
+            return store.get_inline(key).await;
+        };
+        match queue::admit(waiting) {
+            Some(_admitted) => store.get_inline(key).await,
+            // Boxed: its state would grow every read's future.
+            None => Box::pin(queue::queued(store, waiting, key)).await,
+        }
+    }
+
+    /// Inside a version transition, the previous version's entry for
+    /// storage key `key` (this version's key): a value entry that reads
+    /// and is still servable on the store's clock, else nothing (a negative
+    /// entry, one past its stale window, a failed read and bytes of another
+    /// codec are all a plain miss).
+    pub(super) async fn read_previous(&self, key: &[u8], options: &Options) -> Option<Arc<Entry>> {
+        let old = self.inner.previous_key(key)?;
+        match self.read_in(&old, None).await {
+            Ok(Some(entry)) if self.stands_in(&entry, self.inner.store.now_ms(), options) => {
+                Some(Arc::new(entry))
+            }
+            _ => None,
+        }
+    }
+
+    /// The current generations of `tags`, for a write to record: each
+    /// counter read, or created (a missing or foreign one) with a fresh
+    /// value, and its TTL made at least the tag set's `counter_ttl`, in one
+    /// [`Store::tag_generations`] (a script; one per slot on a Cluster).
+    /// An entry so only ever records a counter that exists.
+    pub(super) async fn tag_generations(&self, tags: &TagSet) -> Result<Vec<TagStamp>, Error> {
+        let tag_prefix = &self.inner.tag_prefix;
+        let keys: Vec<Vec<u8>> = tags
+            .tags
+            .iter()
+            .map(|tag| tag_key(tag_prefix, tag))
+            .collect();
+        let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        let fresh = self.fresh_generation();
+        let stored = self
+            .inner
+            .store
+            .tag_generations(&keys, fresh, tags.counter_ttl)
+            .await?;
+        if stored.len() != tags.tags.len() {
+            return Err(Error::new(
+                ErrorKind::Store,
+                "the store answered a read of tag generations with the wrong number of replies",
+            ));
+        }
+        Ok(tags
+            .tags
+            .iter()
+            .zip(stored)
+            .map(|(tag, generation)| TagStamp {
+                tag: tag.clone(),
+                generation,
+            })
+            .collect())
+    }
+
+    /// A value a tag counter starts again at: drawn from the OS-seeded
+    /// generator (a seeded one would repeat across processes with the same
+    /// seed), uniform over [`FRESH_GENERATIONS`], so no entry can have
+    /// recorded it.
+    pub(super) fn fresh_generation(&self) -> u64 {
+        let mut rng = self
+            .inner
+            .token_rng
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        rng.random_range(FRESH_GENERATIONS)
+    }
+
+    /// The current generations of `tags`, in their order, `None` for a
+    /// missing counter (or one that holds no generation): one `GET` for
+    /// one tag (the store's cheapest read), else one `MGET` (one per slot
+    /// on a Cluster). Nothing is created: a read only checks.
+    pub(super) async fn read_generations(
+        &self,
+        tags: &[impl AsRef<[u8]>],
+    ) -> Result<Vec<Option<u64>>, Error> {
+        let tag_prefix = &self.inner.tag_prefix;
+        if let [tag] = tags {
+            let key = tag_key(tag_prefix, tag.as_ref());
+            let stored = self.inner.store.get_inline(&key).await?;
+            return Ok(vec![generation(stored.as_deref())]);
+        }
+        let keys: Vec<Vec<u8>> = tags
+            .iter()
+            .map(|tag| tag_key(tag_prefix, tag.as_ref()))
+            .collect();
+        let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        let stored = self.inner.store.get_many(&keys).await?;
+        Ok(stored.iter().map(|s| generation(s.as_deref())).collect())
+    }
+
+    /// A tagged entry read from storage key `key`, if every tag's
+    /// counter exists and still holds the generation it recorded; `None`
+    /// (a miss) if any moved on or is missing. One `MGET` of its tags'
+    /// counters.
+    pub(super) async fn still_tagged(
+        &self,
+        key: &[u8],
+        entry: Entry,
+    ) -> Result<Option<Entry>, Error> {
+        let tags: Vec<&[u8]> = entry.tags.iter().map(|t| t.tag.as_slice()).collect();
+        let current = self.read_generations(&tags).await?;
+        let current = entry
+            .tags
+            .iter()
+            .zip(current)
+            .all(|(stamp, now)| now == Some(stamp.generation));
+        if !current {
+            tracing::debug!(key = %show_key(key), "cached entry's tag was invalidated; treating it as a miss");
+            return Ok(None);
+        }
+        Ok(Some(entry))
+    }
+
+    /// [`still_tagged`](Self::still_tagged) for many entries at once: each
+    /// tagged entry of `entries` whose tags moved on (or whose counters are
+    /// missing) becomes a miss, all
+    /// checked with one read of their tags' generations. Entries that
+    /// cannot be checked (the read failed) are misses too, never served.
+    pub(super) async fn keep_current(&self, entries: &mut [Result<Option<Entry>, Error>]) {
+        fn stamps(entry: &Result<Option<Entry>, Error>) -> &[TagStamp] {
+            match entry {
+                Ok(Some(entry)) => &entry.tags,
+                _ => &[],
+            }
+        }
+        let mut tags: Vec<Vec<u8>> = entries
+            .iter()
+            .flat_map(|entry| stamps(entry).iter().map(|stamp| stamp.tag.clone()))
+            .collect();
+        if tags.is_empty() {
+            return;
+        }
+        tags.sort_unstable();
+        tags.dedup();
+        let current = self.read_generations(&tags).await.ok();
+        for entry in entries.iter_mut() {
+            let stamps = stamps(entry);
+            if stamps.is_empty() {
+                continue;
+            }
+            let valid = current.as_ref().is_some_and(|current| {
+                stamps.iter().all(|stamp| {
+                    tags.binary_search(&stamp.tag)
+                        .is_ok_and(|at| current[at] == Some(stamp.generation))
+                })
+            });
+            if !valid {
+                *entry = Ok(None);
+            }
+        }
+    }
+}
