@@ -50,7 +50,9 @@ const MAX_BREAKERS: usize = 1024;
 pub(crate) struct GuardedStore {
     store: Arc<dyn Store>,
     /// `store`, when it is a [`RedisStore`]: its reads are called without
-    /// a box on the hit path.
+    /// a box on the hit path. Found by a downcast, not a [`Store`] method:
+    /// through `dyn Store` a read can only come back as a boxed future,
+    /// the allocation this saves.
     redis: Option<RedisStore>,
     breakers: Vec<CircuitBreaker>,
     /// Each breaker's last store failure: a refusal carries it as its

@@ -64,7 +64,58 @@ pub(crate) const SUBSCRIPTION_BUFFER: usize = 4096;
 ///   TTL.
 ///
 /// The same contract test suite runs against every backend in this crate.
+///
+/// # What a new backend must write
+///
+/// The 17 methods without a default:
+///
+/// - [`get`](Store::get): one key's value.
+/// - [`set`](Store::set): a value with its TTL.
+/// - [`delete`](Store::delete): one key.
+/// - [`ttl`](Store::ttl): a key's time left (for inspection).
+/// - [`now_ms`](Store::now_ms): the store's clock.
+/// - [`name`](Store::name): the backend's name, for logs and metrics.
+/// - [`acquire_lease`](Store::acquire_lease): take a lease, or learn how
+///   long its holder has left.
+/// - [`lease_held`](Store::lease_held): whether a lease is held (for
+///   inspection).
+/// - [`extend_lease`](Store::extend_lease): the holder keeps its lease.
+/// - [`release_lease`](Store::release_lease): the holder lets go, and
+///   waiters are told.
+/// - [`fenced_set`](Store::fenced_set): the holder's write.
+/// - [`replace`](Store::replace): a write that revokes a load in flight.
+/// - [`invalidate`](Store::invalidate): a delete that revokes one.
+/// - [`bump_generation`](Store::bump_generation): a tag's invalidation.
+/// - [`tag_generations`](Store::tag_generations): tag counters read (or
+///   created) for a write.
+/// - [`publish`](Store::publish): a message to every subscriber.
+/// - [`subscribe`](Store::subscribe): the messages of one channel.
+///
+/// # Sections
+///
+/// The methods come in four sections, in this order. Every default keeps
+/// the contract on any backend; a backend overrides one to do better
+/// (fewer round trips, finer failure domains, a deadline of its own).
+///
+/// - **Core reads and writes**: `get`, `set`, `delete`, `ttl`, `now_ms`,
+///   `name`; with defaults, [`read_deadline`](Store::read_deadline) (1 s),
+///   [`failure_domains`](Store::failure_domains) (1: the store fails as a
+///   whole) and [`failure_domain`](Store::failure_domain) (0).
+/// - **Leases and fenced writes**: `acquire_lease`, `lease_held`,
+///   `extend_lease`, `release_lease`, `fenced_set`, `replace`, `invalidate`,
+///   `bump_generation`, `tag_generations`; with a default,
+///   [`pin`](Store::pin) (a `get`, then a `set` of the placeholder if
+///   nothing was there: not atomic, see its docs).
+/// - **Bus**: `publish`, `subscribe`; no defaults.
+/// - **Batch**, all with defaults: [`get_many`](Store::get_many) (one `get`
+///   after another), [`acquire_leases`](Store::acquire_leases) (one
+///   `acquire_lease` after another), [`replace_many`](Store::replace_many)
+///   (one `replace` after another) and
+///   [`batches_reads`](Store::batches_reads) (`false`: reads are never
+///   gathered into a `get_many`).
 pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
+    // --- core reads and writes ---
+
     /// Reads the value under `key`, or `None` if it is missing or expired.
     fn get<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Vec<u8>>>;
 
@@ -84,7 +135,33 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
     /// A short name for logs and metrics, e.g. `"redis"`.
     fn name(&self) -> &'static str;
 
-    // --- leases: one load per key across processes ---
+    /// How long one read ([`get`](Store::get)) may take before the store
+    /// gives up on it: its deadline. A cache's caller that shares another
+    /// caller's read of the same key (or waits in a batch of reads) waits
+    /// no longer than this for it before it reads alone, so a read whose
+    /// caller stopped polling it delays nobody else by more. 1 s by
+    /// default; stores with a deadline of their own return it.
+    fn read_deadline(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
+    /// How many independent failure domains the store has: 1 unless its
+    /// keys live on separate servers that fail separately (the nodes of a
+    /// Redis Cluster). The cache keeps one store circuit breaker per domain,
+    /// so one failed node does not cut every key off from the store. The
+    /// default: 1.
+    fn failure_domains(&self) -> usize {
+        1
+    }
+
+    /// The failure domain `key` (or a channel) lives in, below
+    /// [`failure_domains`](Store::failure_domains). The default: 0.
+    fn failure_domain(&self, key: &[u8]) -> usize {
+        let _ = key;
+        0
+    }
+
+    // --- leases and fenced writes ---
 
     /// Takes the lease `lease_key` for `ttl` if nobody holds it (`SET NX PX`),
     /// recording `token` as its holder: [`LeaseAttempt::Acquired`].
@@ -146,22 +223,6 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
         lease_key: &'a [u8],
         notice: Notice<'a>,
     ) -> StoreFuture<'a, ()>;
-
-    /// Several [`replace`](Store::replace)s, as one batch where the backend
-    /// can (Redis: one pipeline, one round trip). Each write is atomic on its
-    /// own; the batch is not. `Err` if any write may have failed (a batch
-    /// is safe to send again: each write is idempotent).
-    ///
-    /// The default runs them one after another.
-    fn replace_many<'a>(&'a self, writes: &'a [Replace<'a>]) -> StoreFuture<'a, ()> {
-        Box::pin(async move {
-            for w in writes {
-                self.replace(w.key, w.value, w.ttl, w.lease_key, w.notice)
-                    .await?;
-            }
-            Ok(())
-        })
-    }
 
     /// Deletes a value and its lease together and publishes `notice`, so a
     /// load that started before cannot write its result back.
@@ -251,7 +312,17 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
         })
     }
 
-    // --- batches ---
+    // --- bus ---
+
+    /// Publishes `message` on `channel` to every subscriber, in every process.
+    fn publish<'a>(&'a self, channel: &'a [u8], message: &'a [u8]) -> StoreFuture<'a, ()>;
+
+    /// Subscribes to `channel`. Messages published after the subscription is
+    /// [ready](Subscription::ready) are delivered; when some may have been
+    /// missed (lag, reconnection) the subscriber is told so.
+    fn subscribe(&self, channel: &[u8]) -> Subscription;
+
+    // --- batch ---
 
     /// Reads many keys at once: one round trip where the backend can (Redis:
     /// one `MGET`; a Cluster: one `MGET` per hash slot, side by side). The
@@ -288,6 +359,22 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
         })
     }
 
+    /// Several [`replace`](Store::replace)s, as one batch where the backend
+    /// can (Redis: one pipeline, one round trip). Each write is atomic on its
+    /// own; the batch is not. `Err` if any write may have failed (a batch
+    /// is safe to send again: each write is idempotent).
+    ///
+    /// The default runs them one after another.
+    fn replace_many<'a>(&'a self, writes: &'a [Replace<'a>]) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            for w in writes {
+                self.replace(w.key, w.value, w.ttl, w.lease_key, w.notice)
+                    .await?;
+            }
+            Ok(())
+        })
+    }
+
     /// Whether reads of distinct keys that meet while this store is busy
     /// may go out together as one [`get_many`](Store::get_many) (one `MGET`
     /// on Redis) instead of one [`get`](Store::get) each. Only worth it
@@ -297,43 +384,6 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
     fn batches_reads(&self) -> bool {
         false
     }
-
-    /// How long one read ([`get`](Store::get)) may take before the store
-    /// gives up on it: its deadline. A cache's caller that shares another
-    /// caller's read of the same key (or waits in a batch of reads) waits
-    /// no longer than this for it before it reads alone, so a read whose
-    /// caller stopped polling it delays nobody else by more. 1 s by
-    /// default; stores with a deadline of their own return it.
-    fn read_deadline(&self) -> Duration {
-        Duration::from_secs(1)
-    }
-
-    // --- failure domains ---
-
-    /// How many independent failure domains the store has: 1 unless its
-    /// keys live on separate servers that fail separately (the nodes of a
-    /// Redis Cluster). The cache keeps one store circuit breaker per domain,
-    /// so one failed node does not cut every key off from the store.
-    fn failure_domains(&self) -> usize {
-        1
-    }
-
-    /// The failure domain `key` (or a channel) lives in, below
-    /// [`failure_domains`](Store::failure_domains).
-    fn failure_domain(&self, key: &[u8]) -> usize {
-        let _ = key;
-        0
-    }
-
-    // --- notifications ---
-
-    /// Publishes `message` on `channel` to every subscriber, in every process.
-    fn publish<'a>(&'a self, channel: &'a [u8], message: &'a [u8]) -> StoreFuture<'a, ()>;
-
-    /// Subscribes to `channel`. Messages published after the subscription is
-    /// [ready](Subscription::ready) are delivered; when some may have been
-    /// missed (lag, reconnection) the subscriber is told so.
-    fn subscribe(&self, channel: &[u8]) -> Subscription;
 }
 
 /// One write of [`Store::replace_many`]: the arguments of

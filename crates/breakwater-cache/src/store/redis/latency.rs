@@ -65,7 +65,7 @@ struct Domain {
 }
 
 /// What a store knows of its latency and the deadlines it chose, for one
-/// failure domain (see [`RedisStore::latency`](super::RedisStore::latency)).
+/// failure domain (see [`RedisStore::latency`](crate::RedisStore::latency)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RedisLatency {
     /// The decaying peak of recent round trips (`None` before the first

@@ -48,11 +48,11 @@
 //! moved on since it was sent) is refused, under the same lock, so each
 //! revocation is either replayed or reported as failed. The resulting
 //! bound is documented on
-//! [`RedisStore::connect_sentinel`](super::RedisStore::connect_sentinel).
+//! [`RedisStore::connect_sentinel`](crate::RedisStore::connect_sentinel).
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -62,12 +62,14 @@ use redis::{AsyncConnectionConfig, ConnectionAddr, ConnectionInfo};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use super::{
-    BUMP_GENERATION, Conn, INVALIDATE, Inner, Notice, RedisStoreConfig, connection_info,
-    node_client, redact_url, store_error,
-};
-use crate::background::{Duty, Supervised};
+use super::config::RedisStoreConfig;
+use super::conn::{MasterAddr, store_error};
+use super::scripts::{BUMP_GENERATION, INVALIDATE};
+use super::tls;
+use super::url::{connection_info, mask_secrets, redact_url};
+use crate::background::Supervised;
 use crate::error::{ConfigError, Error, ErrorKind};
+use crate::store::Notice;
 
 /// How long, at least, a revocation is remembered for a replay on the next
 /// master (plus twice `subscription_ping`).
@@ -76,9 +78,6 @@ pub(super) const REPLAY_WINDOW: Duration = Duration::from_secs(10);
 pub(super) const REPLAY_CAP: usize = 100_000;
 /// Revocations applied again per pipeline.
 const REPLAY_BATCH: usize = 1000;
-
-/// A master's address, `host:port`, as the sentinels name it.
-pub(crate) type MasterAddr = Arc<str>;
 
 /// Why the master of a Sentinel-managed Redis could not be found.
 ///
@@ -267,7 +266,8 @@ pub(crate) struct Sentinel {
     named: watch::Sender<Option<MasterAddr>>,
     /// Cuts the reconnect backoff short when a new master is named.
     renamed: Notify,
-    /// The task that follows the master (see [`watch()`]).
+    /// The task that follows the master (`connection::run_master_watch`,
+    /// with [`check`](Self::check)).
     pub(super) watcher: Supervised,
     /// How long the current master's revocations are remembered.
     retention: Duration,
@@ -287,14 +287,14 @@ impl Sentinel {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        super::tls::refuse_for_sentinel(master, &config.tls)?;
+        tls::refuse_for_sentinel(master, &config.tls)?;
         let (name, master_info) = parse_master(master)?;
         let mut secrets = Vec::new();
         let mut nodes = Vec::new();
         for url in sentinels {
             let url = url.as_ref();
-            super::tls::refuse_for_sentinel(url, &config.tls)?;
-            let client = node_client(url, config)?;
+            tls::refuse_for_sentinel(url, &config.tls)?;
+            let client = tls::node_client(url, &config.tls)?;
             let info = client.get_connection_info();
             if info.redis_settings().db() != 0 {
                 return Err(ConfigError::new(format!(
@@ -546,8 +546,25 @@ impl Sentinel {
     }
 
     /// The master believed in.
-    fn believed(&self) -> Option<MasterAddr> {
+    pub(crate) fn believed(&self) -> Option<MasterAddr> {
         self.named.borrow().clone()
+    }
+
+    /// The master believed in, as it changes.
+    pub(crate) fn named(&self) -> watch::Receiver<Option<MasterAddr>> {
+        self.named.subscribe()
+    }
+
+    /// Asks the sentinels, within `budget`, which master they name now,
+    /// and believes it (see [`believe`](Self::believe)); a failed check
+    /// changes nothing. The store's watcher runs it every
+    /// `subscription_ping`.
+    pub(crate) async fn check(&self, config: &RedisStoreConfig, budget: Duration) {
+        let deadline = Instant::now() + budget;
+        match self.master_addr(config, budget, deadline).await {
+            Ok((host, port)) => self.believe(&Arc::from(format!("{host}:{port}"))),
+            Err(err) => tracing::debug!(error = %err, "redis sentinel check failed"),
+        }
     }
 
     /// Resolves once a master other than `master` is believed in.
@@ -705,56 +722,6 @@ impl Ledger {
     }
 }
 
-/// Follows the master while the store is alive: asks the sentinels every
-/// `subscription_ping`; when they name another master (or a subscription
-/// found one), drops the store's connection to the old one and reconnects.
-///
-/// Supervised (see `crate::background`): started again by the store when
-/// its runtime went away, it ends when it finds itself replaced.
-pub(super) async fn watch(inner: Weak<Inner>, duty: Duty) {
-    let (sentinel, config) = {
-        let Some(inner) = inner.upgrade() else {
-            return duty.done();
-        };
-        let Some(sentinel) = inner.target.sentinel() else {
-            return duty.done();
-        };
-        (Arc::clone(sentinel), inner.config.clone())
-    };
-    let mut named = sentinel.named.subscribe();
-    loop {
-        // As long as a connection may take, at the latency seen.
-        let Some(budget) = inner.upgrade().map(|inner| inner.handshake_budget(0)) else {
-            return duty.done();
-        };
-        let back_by = Instant::now() + config.subscription_ping + budget;
-        if !duty.due_by(Some(back_by)) {
-            return duty.done();
-        }
-        tokio::select! {
-            () = tokio::time::sleep(config.subscription_ping) => {
-                let deadline = Instant::now() + budget;
-                match sentinel.master_addr(&config, budget, deadline).await {
-                    Ok((host, port)) => sentinel.believe(&Arc::from(format!("{host}:{port}"))),
-                    Err(err) => tracing::debug!(error = %err, "redis sentinel check failed"),
-                }
-            }
-            changed = named.changed() => if changed.is_err() { return duty.done() },
-        }
-        let Some(inner) = inner.upgrade() else {
-            return duty.done();
-        };
-        let believed = sentinel.believed();
-        if let Some(live) = inner.current()
-            && let Conn::Master(_, at) = &live.conn
-            && Some(at) != believed.as_ref()
-        {
-            inner.forget(live.generation);
-            let _ = inner.start_reconnect();
-        }
-    }
-}
-
 /// Whether a command's error says the server is no longer the master
 /// (`READONLY`: a replica refused a write; `MASTERDOWN`: a replica that
 /// lost its master refused a read).
@@ -823,7 +790,7 @@ fn parse_master(master: &str) -> Result<(String, ConnectionInfo), Error> {
     }
     let template = format!("{scheme}://{userinfo}127.0.0.1{path}");
     let info = connection_info(&template)
-        .map_err(|e| invalid(&super::mask_secrets(&e.to_string(), &template)))?;
+        .map_err(|e| invalid(&mask_secrets(&e.to_string(), &template)))?;
     if !matches!(
         info.addr(),
         ConnectionAddr::Tcp(..) | ConnectionAddr::TcpTls { .. }
@@ -1075,19 +1042,6 @@ mod tests {
         assert_eq!(ledger.revoked.len(), REPLAY_CAP);
         assert_eq!(ledger.forgotten, 2000);
         assert_eq!(ledger.revoked.front().unwrap().seq, 2000);
-    }
-
-    #[test]
-    fn a_sentinel_stores_debug_shows_no_password() {
-        let store = super::super::RedisStore::connect_sentinel(
-            ["redis://:hunter2@127.0.0.1:26379"],
-            "redis://:hunter3@mymaster/0",
-        )
-        .unwrap();
-        let shown = format!("{store:?}");
-        assert!(!shown.contains("hunter"), "{shown}");
-        assert!(shown.contains("127.0.0.1:26379"), "{shown}");
-        assert!(shown.contains("mymaster"), "{shown}");
     }
 
     #[test]

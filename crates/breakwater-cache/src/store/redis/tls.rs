@@ -1,4 +1,4 @@
-//! TLS for [`RedisStore`](super::RedisStore): `rediss://` URLs, and with
+//! TLS for [`RedisStore`](crate::RedisStore): `rediss://` URLs, and with
 //! the `tls` feature the CAs to trust and a client certificate (mTLS).
 //!
 //! Every connection the store opens is made from the clients built here
@@ -10,7 +10,7 @@ use std::fmt;
 
 use crate::error::{ConfigError, Error, ErrorKind};
 
-use super::{invalid_url, redact_url};
+use super::url::{connection_info, invalid_url, redact_url};
 
 /// Whether `url` asks for TLS: a `rediss://` (or `valkeys://`) scheme, as
 /// redis-rs reads it (schemes are case-insensitive).
@@ -20,7 +20,7 @@ pub(super) fn wants_tls(url: &str) -> bool {
     })
 }
 
-/// The TLS settings of a [`RedisStoreConfig`](super::RedisStoreConfig):
+/// The TLS settings of a [`RedisStoreConfig`](crate::RedisStoreConfig):
 /// PEM bytes, checked by [`validate`](TlsConfig::validate). Empty without
 /// the `tls` feature.
 #[derive(Clone, Default)]
@@ -163,15 +163,22 @@ impl TlsConfig {
     }
 }
 
+/// A client for one server's URL (with `TCP_NODELAY`, see
+/// [`connection_info`]; TLS as the URL and `tls` say, see [`client`]). A
+/// URL that does not parse is named with its password masked
+/// ([`redact_url`]), and redis-rs's reason is kept as text with any copy
+/// of the URL or password masked too.
+pub(super) fn node_client(url: &str, tls: &TlsConfig) -> Result<redis::Client, Error> {
+    check_supported(url)?;
+    let info = connection_info(url).map_err(|e| invalid_url(url, &e))?;
+    client(url, info, tls)
+}
+
 /// A client for `info` (parsed from `url`), with TLS as `url` and `tls`
 /// say. Without the `tls` feature a `rediss://` URL is a configuration
 /// error saying to enable it; TLS settings with a `redis://` URL are one
 /// too, as is `#insecure` (no certificate checks).
-pub(super) fn client(
-    url: &str,
-    info: redis::ConnectionInfo,
-    tls: &TlsConfig,
-) -> Result<redis::Client, Error> {
+fn client(url: &str, info: redis::ConnectionInfo, tls: &TlsConfig) -> Result<redis::Client, Error> {
     let tls_url = matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
     if tls.is_set() && !tls_url {
         return Err(config_error(format!(
@@ -207,7 +214,7 @@ pub(super) fn client(
 
 /// Without the `tls` feature, the error for a `rediss://` URL (redis-rs's
 /// own, "the feature is not enabled", names a feature of redis-rs).
-pub(super) fn check_supported(url: &str) -> Result<(), Error> {
+fn check_supported(url: &str) -> Result<(), Error> {
     if cfg!(feature = "tls") || !wants_tls(url) {
         return Ok(());
     }
@@ -247,182 +254,4 @@ fn ensure_crypto_provider() {
 
 fn config_error(message: String) -> Error {
     Error::new(ErrorKind::Config, message)
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::RedisStore;
-
-    #[cfg(not(feature = "tls"))]
-    #[test]
-    fn a_rediss_url_without_the_feature_says_to_enable_it() {
-        for url in [
-            "rediss://app:hunter2@127.0.0.1:6380/",
-            "REDISS://127.0.0.1/",
-        ] {
-            let err = RedisStore::connect(url).unwrap_err();
-            assert!(err.is_config(), "{err}");
-            let shown = format!("{err} {err:?}");
-            assert!(shown.contains("without its `tls` feature"), "{shown}");
-            assert!(shown.contains("features = [\\\"tls\\\"]"), "{shown}");
-            assert!(!shown.contains("hunter2"), "{shown}");
-        }
-        let err = RedisStore::connect_cluster(["rediss://:hunter2@127.0.0.1:7000/"]).unwrap_err();
-        assert!(err.to_string().contains("`tls` feature"), "{err}");
-        assert!(!err.to_string().contains("hunter2"), "{err}");
-        // Plain URLs are untouched.
-        assert!(RedisStore::connect("redis://127.0.0.1:1/").is_ok());
-    }
-
-    #[cfg(feature = "tls")]
-    mod with_tls {
-        use breakwater_cache_testkit::TestCerts;
-
-        use super::*;
-        use crate::RedisStoreConfig;
-
-        fn with_certs(certs: &TestCerts) -> RedisStoreConfig {
-            RedisStoreConfig::default()
-                .tls_ca_pem(certs.ca_pem())
-                .tls_client_cert_pem(certs.client_cert_pem(), certs.client_key_pem())
-        }
-
-        /// `Display` and `Debug` of a config error.
-        fn config_error(url: &str, config: RedisStoreConfig) -> String {
-            let err = RedisStore::connect_with(url, config).unwrap_err();
-            assert!(err.is_config(), "{err}");
-            format!("{err} | {err:?}")
-        }
-
-        #[test]
-        fn rediss_urls_make_stores_without_connecting() {
-            assert!(RedisStore::connect("rediss://127.0.0.1:1/").is_ok());
-            assert!(RedisStore::connect("valkeys://127.0.0.1:1/").is_ok());
-            let certs = TestCerts::generate();
-            assert!(RedisStore::connect_with("rediss://127.0.0.1:1/", with_certs(&certs)).is_ok());
-            assert!(
-                RedisStore::connect_cluster_with(
-                    ["rediss://127.0.0.1:1/", "rediss://127.0.0.1:2/"],
-                    with_certs(&certs)
-                )
-                .is_ok()
-            );
-        }
-
-        #[test]
-        fn tls_settings_need_a_rediss_url() {
-            let certs = TestCerts::generate();
-            let shown = config_error("redis://:hunter2@127.0.0.1:1/", with_certs(&certs));
-            assert!(shown.contains("need a rediss:// url"), "{shown}");
-            assert!(!shown.contains("hunter2"), "{shown}");
-            let err =
-                RedisStore::connect_cluster_with(["redis://127.0.0.1:1/"], with_certs(&certs))
-                    .unwrap_err();
-            assert!(err.to_string().contains("need a rediss:// url"), "{err}");
-        }
-
-        #[test]
-        fn sentinel_over_tls_is_refused_as_not_supported_yet() {
-            let certs = TestCerts::generate();
-            let refused = |sentinel: &str, master: &str, config: RedisStoreConfig| {
-                let err =
-                    RedisStore::connect_sentinel_with([sentinel], master, config).unwrap_err();
-                assert!(err.is_config(), "{err}");
-                let shown = format!("{err} | {err:?}");
-                assert!(
-                    shown.contains("sentinel over TLS is not supported"),
-                    "{shown}"
-                );
-                assert!(!shown.contains("hunter2"), "{shown}");
-            };
-            let plain = RedisStoreConfig::default;
-            refused("rediss://:hunter2@127.0.0.1:1/", "mymaster", plain());
-            refused(
-                "redis://127.0.0.1:1/",
-                "rediss://:hunter2@mymaster/0",
-                plain(),
-            );
-            refused("redis://127.0.0.1:1/", "mymaster", with_certs(&certs));
-            assert!(RedisStore::connect_sentinel(["redis://127.0.0.1:1/"], "mymaster").is_ok());
-        }
-
-        #[test]
-        fn a_cluster_of_tls_and_plain_urls_is_refused() {
-            let err =
-                RedisStore::connect_cluster(["rediss://127.0.0.1:1/", "redis://127.0.0.1:2/"])
-                    .unwrap_err();
-            assert!(err.is_config(), "{err}");
-            assert!(err.to_string().contains("all be rediss://"), "{err}");
-        }
-
-        #[test]
-        fn insecure_is_refused() {
-            let shown = config_error(
-                "rediss://:hunter2@127.0.0.1:1/#insecure",
-                RedisStoreConfig::default(),
-            );
-            assert!(shown.contains("#insecure"), "{shown}");
-            assert!(shown.contains("tls_ca_pem"), "{shown}");
-            assert!(!shown.contains("hunter2"), "{shown}");
-        }
-
-        #[test]
-        fn a_ca_without_a_certificate_is_refused() {
-            let url = "rediss://127.0.0.1:1/";
-            for pem in [
-                &b""[..],
-                b"not a pem",
-                b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
-            ] {
-                let shown = config_error(url, RedisStoreConfig::default().tls_ca_pem(pem));
-                assert!(shown.contains("tls_ca_pem"), "{shown}");
-            }
-            let shown = config_error(url, RedisStoreConfig::default().tls_ca_pem("junk"));
-            assert!(shown.contains("holds no certificate"), "{shown}");
-        }
-
-        #[test]
-        fn a_bad_client_key_is_refused_without_being_quoted() {
-            let certs = TestCerts::generate();
-            let url = "rediss://127.0.0.1:1/";
-            let secret =
-                "-----BEGIN PRIVATE KEY-----\nhunter2-key-bytes!\n-----END PRIVATE KEY-----\n";
-            for key in [secret, "", "hunter2-key-bytes"] {
-                let config =
-                    RedisStoreConfig::default().tls_client_cert_pem(certs.client_cert_pem(), key);
-                let shown = config_error(url, config);
-                assert!(shown.contains("tls_client_cert_pem"), "{shown}");
-                assert!(!shown.contains("hunter2"), "{shown}");
-            }
-            // No certificate at all.
-            let config =
-                RedisStoreConfig::default().tls_client_cert_pem("", certs.client_key_pem());
-            let shown = config_error(url, config);
-            assert!(shown.contains("holds no certificate"), "{shown}");
-        }
-
-        #[test]
-        fn a_key_that_does_not_match_its_certificate_is_refused() {
-            let (a, b) = (TestCerts::generate(), TestCerts::generate());
-            let config = RedisStoreConfig::default()
-                .tls_client_cert_pem(a.client_cert_pem(), b.client_key_pem());
-            let shown = config_error("rediss://127.0.0.1:1/", config);
-            assert!(shown.contains("cannot be used"), "{shown}");
-        }
-
-        #[test]
-        fn debug_never_shows_a_certificate_or_a_key() {
-            let certs = TestCerts::generate();
-            let config = with_certs(&certs);
-            let key_line = certs.client_key_pem().lines().nth(1).unwrap();
-            let cert_line = certs.client_cert_pem().lines().nth(1).unwrap();
-            let shown = format!("{config:?}");
-            assert!(shown.contains("ca_pem: \"set\""), "{shown}");
-            assert!(!shown.contains(key_line), "{shown}");
-            assert!(!shown.contains(cert_line), "{shown}");
-            let store = RedisStore::connect_with("rediss://127.0.0.1:1/", config).unwrap();
-            let shown = format!("{store:?}");
-            assert!(!shown.contains(key_line), "{shown}");
-        }
-    }
 }

@@ -1,0 +1,304 @@
+//! Commands under their deadlines: one command on the live connection
+//! ([`Inner::call`]: its deadline follows the latency Redis has, a broken
+//! connection is retried once, a timeout has it probed), a script through
+//! it ([`Inner::eval`]), a revoking write that a Sentinel store remembers
+//! for the next master ([`Inner::revoke`]), and one command per group of
+//! keys that share a hash slot ([`Inner::per_slot`]).
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use redis::FromRedisValue;
+use tokio::time::Instant;
+
+use super::conn::{Conn, MasterAddr, store_error};
+use super::connection::{Inner, Target, hash_slot};
+use super::latency::Op;
+use super::scripts::{Invocation, run_script};
+use super::sentinel::{self, Revocation};
+use crate::error::{Error, ErrorKind};
+use crate::jitter::poll_delay;
+
+/// How many keys one `MGET` or lease script of a batch carries.
+const BATCH_COMMAND_KEYS: usize = 256;
+
+impl Inner {
+    /// Runs one command on the connection, about a key of failure domain
+    /// `domain`, within the deadline of `op` there (see `latency`); its
+    /// round trip is recorded, a timeout as a round trip of the whole
+    /// deadline. A broken connection is dropped
+    /// (the next call reconnects); a timeout has the connection probed
+    /// ([`suspect`](Inner::suspect)). A broken connection
+    /// (not a timeout: that would double the deadline) is retried once on a
+    /// fresh connection after a short jittered pause, so a Redis restart or a
+    /// failover costs a request nothing; broken again, the error says Redis
+    /// is [unreachable](Error::is_unreachable).
+    pub(super) async fn call<T, F, Fut>(
+        self: &Arc<Self>,
+        op: Op,
+        domain: usize,
+        command: F,
+    ) -> Result<T, Error>
+    where
+        F: Fn(Conn) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        self.revive();
+        let mut retried = false;
+        loop {
+            let wait = self.latency.deadline(domain, op);
+            // One deadline for the call: waiting for a reconnect in
+            // progress counts against it (not for the first connection,
+            // which the call waits for in full: then the command's deadline
+            // starts once it is made, from the latency it measured).
+            let mut sent = Instant::now();
+            let mut deadline = sent + wait;
+            let (live, waited) = match self.current() {
+                Some(live) => (live, false),
+                // Boxed: no connection is the rare case, and its wait
+                // would grow every command's future.
+                None => match Box::pin(self.conn(deadline, false)).await? {
+                    (live, true) => {
+                        sent = Instant::now();
+                        deadline = sent + self.latency.deadline(domain, op);
+                        (live, false)
+                    }
+                    (live, false) => (live, true),
+                },
+            };
+            // A cluster connection reconnects each node on its own, and one
+            // node's failure says nothing about the others': it is kept, and
+            // a failed command is not retried on it.
+            let cluster = matches!(live.conn, Conn::Cluster(_));
+            let generation = live.generation;
+            let sentinel_master = live.conn.master().is_some();
+            let mut reply = pin!(command(live.conn));
+            let outcome = loop {
+                match tokio::time::timeout_at(deadline, reply.as_mut()).await {
+                    Ok(outcome) => break outcome,
+                    // After waiting for a reconnect: what was left of the
+                    // deadline ran out, which says nothing about the new
+                    // connection; it is kept.
+                    Err(_) if waited => {
+                        return Err(Error::new(
+                            ErrorKind::Store,
+                            "redis did not answer in time (part of the deadline went to a reconnect)",
+                        ));
+                    }
+                    // The command's own deadline (the connection allows the
+                    // longest of them): as a timeout reported by the
+                    // connection. The reply takes at least that long: the
+                    // next deadline grows. Another command's timeout may
+                    // have grown it already (they were sent together): then
+                    // this one waits on for its reply, to that deadline, so
+                    // a burst of commands when Redis slows down costs one
+                    // failure, not one each (which would open the store's
+                    // breaker).
+                    Err(_) => {
+                        let now = Instant::now();
+                        let news = self.latency.timed_out(domain, deadline - sent, now);
+                        let grown = sent + self.latency.deadline(domain, op);
+                        if !news && grown > now {
+                            deadline = grown;
+                            continue;
+                        }
+                        if !cluster {
+                            self.suspect(generation);
+                        }
+                        tracing::debug!(
+                            after = ?deadline - sent,
+                            next = ?self.latency.deadline(domain, op),
+                            "redis did not answer in time; the next deadline grows"
+                        );
+                        return Err(Error::new(ErrorKind::Store, "redis did not answer in time"));
+                    }
+                }
+            };
+            match outcome {
+                Ok(value) => {
+                    // Not after a reconnect: part of the time went to it.
+                    if !waited {
+                        let now = Instant::now();
+                        self.latency.record(domain, now - sent, now);
+                    }
+                    return Ok(value);
+                }
+                Err(err) => {
+                    let broken = err.is_connection_dropped()
+                        || err.is_io_error()
+                        || err.is_connection_refusal()
+                        // The sentinels' master was demoted: the connection
+                        // is made again to the master they name now.
+                        || (sentinel_master && sentinel::moved(&err));
+                    if broken && !cluster {
+                        self.forget(generation);
+                    } else if err.is_timeout() && !cluster {
+                        self.suspect(generation);
+                    }
+                    if !broken && !err.is_timeout() && !waited {
+                        // Redis answered, with an error: a round trip.
+                        let now = Instant::now();
+                        self.latency.record(domain, now - sent, now);
+                    }
+                    if !broken || err.is_timeout() || retried || cluster {
+                        let err = store_error(err);
+                        return Err(if broken && !cluster {
+                            err.unreachable()
+                        } else {
+                            err
+                        });
+                    }
+                    retried = true;
+                    let pause = {
+                        let mut rng: StdRng = rand::make_rng();
+                        poll_delay(Duration::from_millis(10), &mut rng)
+                    };
+                    tracing::debug!(error = %err, ?pause, "redis connection broken; retrying once");
+                    tokio::time::sleep(pause).await;
+                }
+            }
+        }
+    }
+
+    /// One command about `key` through [`call`](Self::call), with the
+    /// deadline of `op`.
+    pub(super) async fn query<T: FromRedisValue>(
+        self: &Arc<Self>,
+        op: Op,
+        key: &[u8],
+        cmd: &redis::Cmd,
+    ) -> Result<T, Error> {
+        self.call(op, self.domain(key), |mut conn| async move {
+            cmd.query_async(&mut conn).await
+        })
+        .await
+    }
+
+    /// One script invocation through [`call`](Self::call), with the write
+    /// deadline: `EVALSHA`, then `EVAL` if the node does not have the
+    /// script.
+    pub(super) async fn eval<T: FromRedisValue>(
+        self: &Arc<Self>,
+        script: Invocation<'_>,
+    ) -> Result<T, Error> {
+        let (script, domain) = (&script, self.script_domain(&script));
+        self.call(Op::Write, domain, |mut conn| async move {
+            run_script(&mut conn, script).await
+        })
+        .await
+    }
+
+    /// A write that revokes (`INVALIDATE`, `REPLACE`) through
+    /// [`eval`](Self::eval). On a Sentinel store it counts only if the
+    /// master that acknowledged it is still the one the sentinels name, and
+    /// it is remembered, to be applied again on the next master should the
+    /// failover have lost it (see `sentinel`).
+    pub(super) async fn revoke(
+        self: &Arc<Self>,
+        script: Invocation<'_>,
+        revoked: Revocation<'_>,
+    ) -> Result<(), Error> {
+        let (script, domain) = (&script, self.script_domain(&script));
+        let master = self
+            .call(Op::Write, domain, |mut conn| async move {
+                let _: i64 = run_script(&mut conn, script).await?;
+                Ok(conn.master().cloned())
+            })
+            .await?;
+        self.acknowledged(master, std::slice::from_ref(&revoked))
+    }
+
+    /// Revocations that the master `master` acknowledged (`None`: not a
+    /// Sentinel store), recorded for the next failover; an error if the
+    /// sentinels have named another master since.
+    pub(super) fn acknowledged(
+        &self,
+        master: Option<MasterAddr>,
+        revoked: &[Revocation<'_>],
+    ) -> Result<(), Error> {
+        match (self.target.sentinel(), master) {
+            (Some(sentinel), Some(master)) => sentinel.acknowledged(&master, revoked),
+            _ => Ok(()),
+        }
+    }
+
+    /// The failure domain of `script`'s keys (they share a hash slot).
+    fn script_domain(&self, script: &Invocation<'_>) -> usize {
+        script.first_key().map_or(0, |key| self.domain(key))
+    }
+
+    /// The positions of `keys` grouped for one multi-key command each: on a
+    /// single server in runs of [`BATCH_COMMAND_KEYS`]; on a cluster by
+    /// hash slot (a command's keys must share one), then in such runs.
+    pub(super) fn by_slot(&self, keys: &[&[u8]]) -> Vec<Vec<usize>> {
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        if matches!(self.target, Target::Cluster { .. }) {
+            let mut slots: std::collections::HashMap<u16, usize> = std::collections::HashMap::new();
+            for (i, key) in keys.iter().enumerate() {
+                let slot = hash_slot(key);
+                match slots.get(&slot) {
+                    Some(&g) if groups[g].len() < BATCH_COMMAND_KEYS => groups[g].push(i),
+                    _ => {
+                        slots.insert(slot, groups.len());
+                        groups.push(vec![i]);
+                    }
+                }
+            }
+        } else {
+            let all: Vec<usize> = (0..keys.len()).collect();
+            groups.extend(all.chunks(BATCH_COMMAND_KEYS).map(<[usize]>::to_vec));
+        }
+        groups
+    }
+
+    /// Runs `command` once per group of `keys` ([`by_slot`](Self::by_slot)),
+    /// side by side; its replies in the order of `keys` (`what` names the
+    /// command, should a reply have the wrong length).
+    pub(super) async fn per_slot<T, F, Fut>(
+        &self,
+        keys: &[&[u8]],
+        what: &str,
+        command: F,
+    ) -> Result<Vec<T>, Error>
+    where
+        F: Fn(&[usize]) -> Fut,
+        Fut: Future<Output = Result<Vec<T>, Error>>,
+    {
+        let groups = self.by_slot(keys);
+        // One group (one server, or keys of one slot): its positions are
+        // every key's in order, and its reply needs no putting back.
+        if let [group] = groups.as_slice() {
+            let reply = command(group).await?;
+            if reply.len() != keys.len() {
+                return Err(wrong_count(what));
+            }
+            return Ok(reply);
+        }
+        let replies = futures_util::future::join_all(groups.iter().map(|g| command(g))).await;
+        let mut out: Vec<Option<T>> = (0..keys.len()).map(|_| None).collect();
+        for (group, reply) in groups.iter().zip(replies) {
+            let reply = reply?;
+            if reply.len() != group.len() {
+                return Err(wrong_count(what));
+            }
+            for (&i, value) in group.iter().zip(reply) {
+                out[i] = Some(value);
+            }
+        }
+        // `by_slot` puts every position in one group.
+        out.into_iter()
+            .map(|value| value.ok_or_else(|| wrong_count(what)))
+            .collect()
+    }
+}
+
+/// Redis answered `what` with the wrong number of replies.
+pub(super) fn wrong_count(what: &str) -> Error {
+    Error::new(
+        ErrorKind::Store,
+        format!("redis answered {what} with the wrong number of replies"),
+    )
+}

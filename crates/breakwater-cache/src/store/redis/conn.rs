@@ -1,0 +1,136 @@
+//! The live connection ([`Conn`]): one server's, a cluster's, or the
+//! master's that the sentinels named; and what its errors mean
+//! ([`store_error`]). How a connection is made, and made again, is
+//! `connection`'s.
+
+use std::sync::Arc;
+
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+
+use crate::error::{Error, ErrorKind};
+
+/// A master's address, `host:port`, as the sentinels name it.
+pub(crate) type MasterAddr = Arc<str>;
+
+/// A live connection: to one server, to a cluster, or to the master that
+/// the sentinels named.
+#[derive(Clone)]
+pub(super) enum Conn {
+    /// One server's multiplexed connection. Not a `ConnectionManager`:
+    /// the store already re-makes a broken connection in the background
+    /// (see `connection::run_reconnect`), and the manager's own machinery (a shared
+    /// future awaited, and the connection cloned, on every command) cost
+    /// a hit a fifth of a raw `GET`.
+    Node(MultiplexedConnection),
+    Cluster(ClusterConnection),
+    /// A plain multiplexed connection, not a `ConnectionManager`: that one
+    /// would reconnect to the same address by itself, and after a failover
+    /// the address may be a replica, or a restarted, empty master. A broken
+    /// connection is made again through the sentinels instead.
+    Master(MultiplexedConnection, MasterAddr),
+}
+
+impl Conn {
+    /// The master this connection goes to, on a Sentinel store.
+    pub(super) fn master(&self) -> Option<&MasterAddr> {
+        match self {
+            Conn::Master(_, addr) => Some(addr),
+            Conn::Node(_) | Conn::Cluster(_) => None,
+        }
+    }
+
+    /// The server's `TIME`. In a cluster it is asked of the primary that
+    /// serves slot 0, so every process that shares the cluster reads the same
+    /// node's clock (a keyless `TIME` goes to a random node, and two nodes'
+    /// clocks may disagree); if that node does not answer and `any_node`,
+    /// of any node.
+    pub(super) async fn time(&mut self, any_node: bool) -> redis::RedisResult<(u64, u64)> {
+        match self {
+            Conn::Node(c) => redis::cmd("TIME").query_async(c).await,
+            Conn::Master(c, _) => redis::cmd("TIME").query_async(c).await,
+            Conn::Cluster(c) => {
+                let route = SingleNodeRoutingInfo::SpecificNode(Route::new(0, SlotAddr::Master));
+                match c
+                    .route_command(redis::cmd("TIME"), RoutingInfo::SingleNode(route))
+                    .await
+                {
+                    Ok(reply) => Ok(redis::from_redis_value(reply)?),
+                    Err(err) if any_node => {
+                        tracing::debug!(error = %err, "TIME on slot 0's primary failed; asking any node");
+                        redis::cmd("TIME").query_async(c).await
+                    }
+                    Err(err) => Err(err),
+                }
+            }
+        }
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Node(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Master(c, _) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Node(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Master(c, _) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Node(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+            Conn::Master(c, _) => c.get_db(),
+        }
+    }
+}
+
+/// A command's failure as a store error: a [key fault](Error::key_fault)
+/// if Redis answered with an error about the command's key, else a store
+/// failure.
+pub(super) fn store_error(err: redis::RedisError) -> Error {
+    if err.is_timeout() {
+        Error::new(ErrorKind::Store, "redis did not answer in time").with_source(err)
+    } else if is_key_fault(&err) {
+        Error::key_fault(err)
+    } else {
+        Error::store(err)
+    }
+}
+
+/// Whether Redis answered with an error that belongs to the command's key
+/// (every command here is about one key, or a key and its lease): the
+/// server is up and answered, so this is not a store failure.
+///
+/// - `WRONGTYPE`: a value of another type under the key (a list where a
+///   string belongs); also when raised inside a script.
+/// - `ERR`: a general error about this command: a script's error, an
+///   argument the server refused (an expiry out of range), a value over
+///   `proto-max-bulk-len`.
+///
+/// Everything that says the server or node cannot serve (`LOADING`,
+/// `MASTERDOWN`, `CLUSTERDOWN`, `TRYAGAIN`, `READONLY`, `BUSY`, `OOM`,
+/// `NOPERM`, I/O, timeouts, ...) stays a store failure. Classified by
+/// redis-rs's kind and the reply's code, never by its message.
+fn is_key_fault(err: &redis::RedisError) -> bool {
+    match err.kind() {
+        redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) => true,
+        redis::ErrorKind::Extension => err.code() == Some("WRONGTYPE"),
+        _ => false,
+    }
+}

@@ -1,0 +1,305 @@
+//! The Lua scripts: every step that must be atomic on the server (taking,
+//! extending and releasing a lease, the leader's fenced write, a replace
+//! or invalidation that revokes a load in flight, tag generations), each
+//! with its keys and arguments documented above it.
+//!
+//! A script runs with `EVALSHA`, and with `EVAL` (which also caches it on
+//! that node) when the node does not know it yet ([`run_script`]).
+
+use std::sync::LazyLock;
+
+use redis::aio::ConnectionLike;
+use redis::{Cmd, FromRedisValue, Script, ToRedisArgs};
+
+// A lease's value is its holder's token followed by one status byte: `-`,
+// or `w` once someone else has tried to take it (a waiter). The holder is
+// the value without its last byte, so tokens of any length compare exactly.
+
+/// For each lease `KEYS[i]` (`ARGV[1]` the TTL in ms, `ARGV[1 + i]` the
+/// token): `SET NX PX` the lease, `-1` if taken, or already held by this
+/// token (a retried call whose first run's reply was lost: idempotent). If
+/// someone else holds it, mark it waited on (`SETRANGE` keeps its TTL) —
+/// only a value in this format (a token as long as ours plus a status
+/// byte), so a lease written by an earlier build, a bare token, is never
+/// altered — and reply its remaining TTL in ms (a lease without one, never
+/// written by breakwater, counts as a full `ttl`, so waiters do not spin on
+/// it). A value of another Redis type under the lease key is no lease: it
+/// is replaced by this one. One reply per key, in order.
+pub(super) static ACQUIRE_LEASES: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"local ttl = ARGV[1]
+          local out = {}
+          for i, key in ipairs(KEYS) do
+            local token = ARGV[i + 1]
+            local left = -1
+            if not redis.call('SET', key, token .. '-', 'NX', 'PX', ttl) then
+              local held = redis.pcall('GET', key)
+              if type(held) == 'table' and held.err then
+                redis.call('SET', key, token .. '-', 'PX', ttl)
+              elseif held and string.sub(held, 1, -2) == token then
+                left = -1
+              else
+                if held and #held == #token + 1 then
+                  local mark = string.sub(held, -1)
+                  if mark == '-' or mark == 'w' then
+                    redis.call('SETRANGE', key, #held - 1, 'w')
+                  end
+                end
+                left = redis.call('PTTL', key)
+                if left < 0 then
+                  left = tonumber(ttl)
+                end
+              end
+            end
+            out[i] = left
+          end
+          return out",
+    )
+});
+
+/// `PEXPIRE` the lease only if `ARGV[1]` holds it.
+pub(super) static EXTEND_LEASE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"local held = redis.call('GET', KEYS[1])
+          if held and string.sub(held, 1, -2) == ARGV[1] then
+            return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+          end
+          return 0",
+    )
+});
+
+/// Delete the lease only if `ARGV[1]` holds it, then publish.
+pub(super) static RELEASE_LEASE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"local held = redis.call('GET', KEYS[1])
+          if held and string.sub(held, 1, -2) == ARGV[1] then
+            redis.call('DEL', KEYS[1])
+            redis.call('PUBLISH', ARGV[2], ARGV[3])
+            return 1
+          end
+          return 0",
+    )
+});
+
+/// The leader's write: KEYS = value, lease (and, with a condition, the key
+/// that must be unchanged); ARGV = token, value, ttl ms, channel, message,
+/// value message (empty for none) (and the bytes the third key must hold).
+/// Writes only while the token holds the lease (and the third key holds
+/// exactly those bytes: if not, the lease is released and the message
+/// published, as for a write that failed); a waited-on lease with a value message publishes
+/// that message with the value appended. `SET` replaces a value of any
+/// Redis type (a list someone pushed under the key is repaired here). If
+/// the server refuses the write (an error about this key), the lease is
+/// still released and waiters told, so they do not wait out its TTL, and
+/// the error is returned.
+pub(super) static FENCED_SET: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"local held = redis.call('GET', KEYS[2])
+          if held and string.sub(held, 1, -2) == ARGV[1] then
+            if KEYS[3] and redis.call('GET', KEYS[3]) ~= ARGV[7] then
+              redis.call('DEL', KEYS[2])
+              redis.call('PUBLISH', ARGV[4], ARGV[5])
+              return 0
+            end
+            local written = redis.pcall('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+            if type(written) == 'table' and written.err then
+              redis.call('DEL', KEYS[2])
+              redis.call('PUBLISH', ARGV[4], ARGV[5])
+              return written
+            end
+            redis.call('DEL', KEYS[2])
+            if string.sub(held, -1) == 'w' and ARGV[6] ~= '' then
+              redis.call('PUBLISH', ARGV[4], ARGV[6] .. ARGV[2])
+            else
+              redis.call('PUBLISH', ARGV[4], ARGV[5])
+            end
+            return 1
+          end
+          return 0",
+    )
+});
+
+/// What `KEYS[1]` holds, or `ARGV[1]` (the placeholder), written there with
+/// `PX` `ARGV[2]` if it holds nothing.
+pub(super) static PIN: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"local held = redis.call('GET', KEYS[1])
+          if held then
+            return held
+          end
+          redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+          return ARGV[1]",
+    )
+});
+
+/// A plain write that revokes any load in flight: KEYS = value, lease; ARGV
+/// = value, ttl ms, channel, message.
+pub(super) static REPLACE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"redis.call('DEL', KEYS[2])
+          redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+          redis.call('PUBLISH', ARGV[3], ARGV[4])
+          return 1",
+    )
+});
+
+/// Delete value and lease together, then publish.
+pub(super) static INVALIDATE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"redis.call('DEL', KEYS[1], KEYS[2])
+          redis.call('PUBLISH', ARGV[1], ARGV[2])
+          return 1",
+    )
+});
+
+/// What a tag counter holds, in Lua: `generation(key)` is its number if
+/// it holds 1 to 16 decimal digits below 2^53 (Lua numbers are doubles,
+/// exact up to there), else `nil` (missing, not a number, or a value of
+/// another Redis type: `GET` fails, which `pcall` catches).
+/// `at_least(key, ttl)` makes its TTL at least `ttl` ms (`PTTL` is -1 for
+/// a key without one, so it gets one); never shortens it.
+macro_rules! generation_lua {
+    ($body:literal) => {
+        concat!(
+            r"local function generation(key)
+                local held = redis.pcall('GET', key)
+                if type(held) == 'string' and #held >= 1 and #held <= 16
+                    and string.match(held, '^%d+$') then
+                  local n = tonumber(held)
+                  if n < 9007199254740992 then
+                    return n
+                  end
+                end
+                return nil
+              end
+              local function at_least(key, ttl)
+                if redis.call('PTTL', key) < ttl then
+                  redis.call('PEXPIRE', key, ttl)
+                end
+              end
+              ",
+            $body
+        )
+    };
+}
+
+/// A tag's generation bump: KEYS = the counter; ARGV = channel, message,
+/// fresh value, TTL in ms. A counter holding a generation goes up by one;
+/// a missing or foreign one is set to the fresh value (`SET` replaces any
+/// Redis type). Its TTL is kept if longer than `ARGV[4]` (`SET` drops it, so
+/// it is read first). Then publishes; returns the new value as digits.
+pub(super) static BUMP_GENERATION: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(generation_lua!(
+        r"local ttl = tonumber(ARGV[4])
+          local old = generation(KEYS[1])
+          local new = ARGV[3]
+          if old then
+            new = string.format('%.0f', old + 1)
+          end
+          local left = redis.call('PTTL', KEYS[1])
+          redis.call('SET', KEYS[1], new, 'PX', string.format('%.0f', math.max(left, ttl)))
+          redis.call('PUBLISH', ARGV[1], ARGV[2])
+          return new"
+    ))
+});
+
+/// Read-or-create of tag counters: KEYS = the counters; ARGV = fresh
+/// value, TTL in ms. Each counter holding a generation is replied as it
+/// is; a missing or foreign one is set to the fresh value first. Each
+/// one's TTL is made at least `ARGV[2]`. One reply (digits) per key, in
+/// order.
+pub(super) static TAG_GENERATIONS: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(generation_lua!(
+        r"local fresh, ttl = ARGV[1], tonumber(ARGV[2])
+          local out = {}
+          for i, key in ipairs(KEYS) do
+            local held = generation(key)
+            if held then
+              at_least(key, ttl)
+              out[i] = string.format('%.0f', held)
+            else
+              redis.call('SET', key, fresh, 'PX', ARGV[2])
+              out[i] = fresh
+            end
+          end
+          return out"
+    ))
+});
+
+/// A Lua script, run with `EVALSHA`, and with `EVAL` (which also caches it
+/// on that node) when the node does not know it yet. Not with
+/// `SCRIPT LOAD`: redis-rs sends that to every node of a cluster, and one
+/// hung node then makes every lease on a node that lost its scripts time
+/// out.
+pub(super) struct Lua {
+    code: &'static str,
+    sha: String,
+}
+
+impl Lua {
+    fn new(code: &'static str) -> Self {
+        let sha = Script::new(code).get_hash().to_owned();
+        Lua { code, sha }
+    }
+
+    pub(super) fn key(&self, key: impl ToRedisArgs) -> Invocation<'_> {
+        Invocation {
+            lua: self,
+            keys: key.to_redis_args(),
+            args: Vec::new(),
+        }
+    }
+}
+
+/// One call of a [`Lua`] script: its keys and arguments.
+pub(super) struct Invocation<'a> {
+    lua: &'a Lua,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl Invocation<'_> {
+    pub(super) fn key(mut self, key: impl ToRedisArgs) -> Self {
+        self.keys.extend(key.to_redis_args());
+        self
+    }
+
+    pub(super) fn arg(mut self, arg: impl ToRedisArgs) -> Self {
+        self.args.extend(arg.to_redis_args());
+        self
+    }
+
+    /// Its first key: the others share its hash slot, and so its failure
+    /// domain.
+    pub(super) fn first_key(&self) -> Option<&[u8]> {
+        self.keys.first().map(Vec::as_slice)
+    }
+
+    /// `EVALSHA <sha> …`, or `EVAL <code> …` when `with_code`.
+    pub(super) fn cmd(&self, with_code: bool) -> Cmd {
+        let (verb, script) = if with_code {
+            ("EVAL", self.lua.code)
+        } else {
+            ("EVALSHA", self.lua.sha.as_str())
+        };
+        let mut cmd = redis::cmd(verb);
+        cmd.arg(script)
+            .arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(&self.args);
+        cmd
+    }
+}
+
+/// `EVALSHA`, then `EVAL` if the node does not have the script.
+pub(super) async fn run_script<T: FromRedisValue>(
+    conn: &mut impl ConnectionLike,
+    script: &Invocation<'_>,
+) -> redis::RedisResult<T> {
+    match script.cmd(false).query_async(conn).await {
+        Err(err) if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            script.cmd(true).query_async(conn).await
+        }
+        other => other,
+    }
+}
