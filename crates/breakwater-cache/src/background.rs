@@ -211,10 +211,10 @@ impl Drop for Duty {
 /// runtime; task ids are unique in the process).
 pub(crate) fn current_runtime() -> Option<tokio::runtime::Id> {
     use std::hash::BuildHasher;
-    type Slot = std::cell::Cell<Option<(tokio::task::Id, tokio::runtime::Id)>>;
+    type Current = std::cell::Cell<Option<(tokio::task::Id, tokio::runtime::Id)>>;
     const SLOTS: usize = 64;
     thread_local! {
-        static SEEN: [Slot; SLOTS] = const { [const { std::cell::Cell::new(None) }; SLOTS] };
+        static SEEN: [Current; SLOTS] = const { [const { std::cell::Cell::new(None) }; SLOTS] };
     }
     let Some(task) = tokio::task::try_id() else {
         return tokio::runtime::Handle::try_current().ok().map(|h| h.id());

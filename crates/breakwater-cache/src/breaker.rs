@@ -389,7 +389,7 @@ enum Phase {
 }
 
 #[derive(Debug)]
-struct Inner {
+struct BreakerCore {
     phase: Phase,
     /// Bumped on every transition; a permit's verdict counts only if the
     /// breaker has not moved on since the permit was granted.
@@ -416,7 +416,7 @@ enum Verdict {
 #[derive(Debug)]
 pub(crate) struct CircuitBreaker {
     config: BreakerConfig,
-    inner: Mutex<Inner>,
+    inner: Mutex<BreakerCore>,
     /// The generation while nothing needs the lock: closed, no failure
     /// counted, no ratio window to record into; [`SLOW`] otherwise. Written
     /// under the lock after every change, read without it: a healthy
@@ -529,7 +529,7 @@ impl CircuitBreaker {
             quick: AtomicU64::new(quick),
             label: BreakerLabel::origin(""),
             openings: AtomicU64::new(0),
-            inner: Mutex::new(Inner {
+            inner: Mutex::new(BreakerCore {
                 phase: Phase::Closed,
                 generation: 0,
                 consecutive: 0,
@@ -604,7 +604,7 @@ impl CircuitBreaker {
 
     /// The admission decision; `Ok(true)` for a half-open probe, whose slot
     /// is taken only if `take_probe`.
-    fn admit(&self, inner: &mut Inner, take_probe: bool) -> Result<bool, Rejected> {
+    fn admit(&self, inner: &mut BreakerCore, take_probe: bool) -> Result<bool, Rejected> {
         let now = Instant::now();
         self.refresh(inner, now);
         let max_probes = self.config.half_open_probes.max(1);
@@ -625,14 +625,14 @@ impl CircuitBreaker {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
+    fn lock(&self) -> MutexGuard<'_, BreakerCore> {
         // Every critical section is a few assignments with no panics:
         // poisoning cannot leave it half-done.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Turns Open into HalfOpen once the cool-down has passed.
-    fn refresh(&self, inner: &mut Inner, now: Instant) {
+    fn refresh(&self, inner: &mut BreakerCore, now: Instant) {
         if let Phase::Open { until } = inner.phase
             && now >= until
         {
@@ -654,7 +654,7 @@ impl CircuitBreaker {
         }
     }
 
-    fn open(&self, inner: &mut Inner, now: Instant, reason: &'static str) {
+    fn open(&self, inner: &mut BreakerCore, now: Instant, reason: &'static str) {
         let cool_down = self
             .config
             .cool_down_jitter
@@ -685,7 +685,7 @@ impl CircuitBreaker {
         l.record(BreakerState::Open);
     }
 
-    fn close(&self, inner: &mut Inner) {
+    fn close(&self, inner: &mut BreakerCore) {
         inner.phase = Phase::Closed;
         inner.generation = inner.generation.wrapping_add(1);
         inner.consecutive = 0;
@@ -723,7 +723,7 @@ impl CircuitBreaker {
 
     fn settle_locked(
         &self,
-        inner: &mut Inner,
+        inner: &mut BreakerCore,
         now: Instant,
         probe: bool,
         generation: u64,
@@ -762,13 +762,13 @@ impl CircuitBreaker {
     }
 
     /// Counts an outcome for the ratio rule, if it is on.
-    fn record(&self, inner: &mut Inner, now: Instant, failed: bool) {
+    fn record(&self, inner: &mut BreakerCore, now: Instant, failed: bool) {
         if let Some(window) = &mut inner.window {
             window.record(now, failed);
         }
     }
 
-    fn ratio_tripped(&self, inner: &Inner, now: Instant) -> bool {
+    fn ratio_tripped(&self, inner: &BreakerCore, now: Instant) -> bool {
         let (Some(rule), Some(window)) = (self.config.failure_ratio, &inner.window) else {
             return false;
         };

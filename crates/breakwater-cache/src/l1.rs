@@ -184,7 +184,7 @@ impl L1Config {
 /// One L1 entry. Times are tokio instants of this process, except the
 /// store-clock reading kept for early refresh.
 #[derive(Debug)]
-pub(crate) struct Slot<V> {
+pub(crate) struct NearCopy<V> {
     /// `None`: a negative entry.
     pub(crate) value: Option<V>,
     fresh_until: Instant,
@@ -269,7 +269,7 @@ impl Epochs {
     }
 }
 
-impl<V> Slot<V> {
+impl<V> NearCopy<V> {
     pub(crate) fn is_fresh(&self, now: Instant) -> bool {
         now < self.fresh_until
     }
@@ -285,7 +285,7 @@ pub(crate) struct NearCache<V> {
     /// SipHash: hashing the key is a large share of an L1 hit. The cache is
     /// bounded, so keys chosen to collide cost a slower lookup, nothing
     /// more.
-    cache: moka::sync::Cache<Vec<u8>, Arc<Slot<V>>, foldhash::fast::RandomState>,
+    cache: moka::sync::Cache<Vec<u8>, Arc<NearCopy<V>>, foldhash::fast::RandomState>,
     epochs: Epochs,
     /// Bumped whenever invalidations may have been missed: entries kept in
     /// an older generation are unverified.
@@ -330,7 +330,7 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
 
     /// Whether `slot` may be served as fresh: verified in the current bus
     /// generation, and within its fresh time.
-    pub(crate) fn is_fresh(&self, slot: &Slot<V>, now: Instant) -> bool {
+    pub(crate) fn is_fresh(&self, slot: &NearCopy<V>, now: Instant) -> bool {
         slot.is_fresh(now) && slot.generation == self.generation.load(Ordering::Relaxed)
     }
 
@@ -341,7 +341,7 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
     }
 
     /// The entry for the user's `key`.
-    pub(crate) fn get(&self, key: &[u8]) -> Option<Arc<Slot<V>>> {
+    pub(crate) fn get(&self, key: &[u8]) -> Option<Arc<NearCopy<V>>> {
         self.cache.get(key)
     }
 
@@ -349,7 +349,7 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
     /// `fresh_for` (capped by the L1 TTL) and servable as stale for
     /// `stale_for` in all, unless `key` was invalidated since `ticket`.
     /// `early_window_ms`: the fresh time left at or below which the default
-    /// policy could refresh early (see `Slot::quiet_until`).
+    /// policy could refresh early (see `NearCopy::quiet_until`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn put(
         &self,
@@ -393,7 +393,7 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
             // Before the insert (see `drop_tagged`).
             self.holds_tagged.store(true, Ordering::SeqCst);
         }
-        let slot = Slot {
+        let slot = NearCopy {
             value,
             fresh_until,
             stale_until,

@@ -84,7 +84,7 @@ impl Once {
 /// One kind's state: when its next line may be logged, and how many were
 /// held back since its last one.
 #[derive(Debug, Default)]
-struct Slot {
+struct Tally {
     /// Milliseconds since the limiter's origin.
     next_at: AtomicU64,
     suppressed: AtomicU64,
@@ -95,7 +95,7 @@ struct Slot {
 pub(crate) struct LogLimiter {
     origin: Instant,
     interval_ms: u64,
-    slots: [Slot; Warning::COUNT],
+    slots: [Tally; Warning::COUNT],
     /// Whether each [`Once`] kind was given.
     given: [AtomicBool; Once::COUNT],
 }

@@ -10,7 +10,7 @@ use rand::{RngExt, SeedableRng};
 
 use super::coherence::Local;
 use super::guard::GuardedStore;
-use super::handle::{Cache, Fallback, Inner, Previous};
+use super::handle::{Cache, CacheCore, Fallback, Previous};
 use super::lease::{LeaseConfig, OnLockTimeout};
 use super::notify::{BusHook, PreviousChannel, SENDER_LEN, Waiters};
 use super::options::Options;
@@ -754,7 +754,7 @@ impl<V: Value> CacheBuilder<V> {
             Arc::clone(&logs),
         ));
         Ok(Cache {
-            inner: Arc::new(Inner {
+            inner: Arc::new(CacheCore {
                 value_prefix,
                 tag_prefix,
                 read_queue: raw_store

@@ -58,7 +58,7 @@ pub(super) struct Local<V> {
     pub(super) background: SingleFlight<Loaded<V>>,
     /// Store reads in the air, by user key: concurrent local reads of one
     /// key share one `GET` (and build no storage key unless they lead).
-    pub(super) reads: Reads<Read<V>>,
+    pub(super) reads: Reads<SharedRead<V>>,
     /// The in-process near cache, if enabled.
     pub(super) l1: Option<NearCache<V>>,
     /// Own invalidations published but not yet heard back on the bus.
@@ -236,7 +236,7 @@ pub(super) type Loaded<V> = (Option<V>, Served, Option<Instant>);
 
 /// What a shared store read gives every caller that shared it.
 #[derive(Clone)]
-pub(super) struct Read<V> {
+pub(super) struct SharedRead<V> {
     /// The envelope, if one is stored and readable.
     pub(super) entry: Option<Arc<Entry>>,
     /// Nothing was: the key's load (started by the read, or already in

@@ -58,7 +58,7 @@ use crate::entry::{Entry, TagStamp};
 use crate::error::{Error, ErrorKind};
 use crate::flight::{Joined, Role};
 use crate::jitter::poll_delay;
-use crate::l1::Slot;
+use crate::l1::NearCopy;
 use crate::l1::Ticket;
 use crate::limit::Priority;
 use crate::log_limit::show_key;
@@ -729,7 +729,7 @@ impl<V: Value> Cache<V> {
         result: Result<Loaded<V>, Error>,
         role: Role,
         stale: Option<Arc<Entry>>,
-        local: Option<&Arc<Slot<V>>>,
+        local: Option<&Arc<NearCopy<V>>>,
         options: &Options,
     ) -> Result<Fetched<V>, Error> {
         match result {

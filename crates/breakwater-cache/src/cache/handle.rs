@@ -1,4 +1,4 @@
-//! The [`Cache`] handle and what it holds (`Inner`), the ground floor of
+//! The [`Cache`] handle and what it holds (`CacheCore`), the ground floor of
 //! the pipeline: every step names these types, and this file names no
 //! step.
 //!
@@ -221,7 +221,7 @@ use crate::store::{Notice, Store};
 /// # Ok(()) }
 /// ```
 pub struct Cache<V> {
-    pub(super) inner: Arc<Inner>,
+    pub(super) inner: Arc<CacheCore>,
     /// Flights in the air and the L1 near cache.
     pub(super) local: Arc<Local<V>>,
     /// Served when a load fails and no stale value can stand in.
@@ -253,7 +253,7 @@ impl<V> fmt::Debug for Cache<V> {
 }
 
 /// Everything a cache knows, independent of its value type.
-pub(super) struct Inner {
+pub(super) struct CacheCore {
     /// `<key_prefix><namespace>:v:` (`bw:` by default); the user key
     /// follows inside a hash tag.
     pub(super) value_prefix: Vec<u8>,
@@ -306,7 +306,7 @@ pub(crate) struct Previous {
     pub(crate) channel: Vec<u8>,
 }
 
-impl Inner {
+impl CacheCore {
     /// How long a call waits for another holder of the lease (see
     /// [`LeaseConfig::lock_wait_for`]): the holder's whole load is its
     /// bulkhead's `queue_wait` plus this call's `load_timeout`.

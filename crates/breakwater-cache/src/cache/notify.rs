@@ -141,7 +141,7 @@ fn parse(message: &[u8]) -> Option<Parsed<'_>> {
 /// What the waiters for one key share: their wake-up, and the entry the
 /// latest message about the key carried (if it carried one).
 #[derive(Default)]
-struct Slot {
+struct KeyWaiters {
     notify: Notify,
     filled: Mutex<Option<Carried>>,
 }
@@ -152,14 +152,14 @@ struct Carried {
     at: usize,
 }
 
-impl Slot {
+impl KeyWaiters {
     fn deliver(&self, filled: Option<Carried>) {
         *self.filled.lock().unwrap_or_else(|p| p.into_inner()) = filled;
         self.notify.notify_waiters();
     }
 }
 
-type Registry = Mutex<HashMap<Vec<u8>, Arc<Slot>>>;
+type Registry = Mutex<HashMap<Vec<u8>, Arc<KeyWaiters>>>;
 
 /// The keys this process is waiting on, and the listener that wakes them.
 pub(crate) struct Waiters {
@@ -707,7 +707,7 @@ fn wake(registry: &Registry, key: Option<(&[u8], Option<Carried>)>) {
     }
 }
 
-fn lock(registry: &Registry) -> MutexGuard<'_, HashMap<Vec<u8>, Arc<Slot>>> {
+fn lock(registry: &Registry) -> MutexGuard<'_, HashMap<Vec<u8>, Arc<KeyWaiters>>> {
     registry.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -715,7 +715,7 @@ fn lock(registry: &Registry) -> MutexGuard<'_, HashMap<Vec<u8>, Arc<Slot>>> {
 pub(crate) struct Watch<'a> {
     waiters: &'a Waiters,
     key: Vec<u8>,
-    slot: Arc<Slot>,
+    slot: Arc<KeyWaiters>,
 }
 
 impl Watch<'_> {

@@ -52,10 +52,10 @@ use crate::retry::{Retry, RetryConfig};
 /// ```
 #[derive(Clone)]
 pub struct Origin {
-    inner: Arc<Inner>,
+    inner: Arc<OriginCore>,
 }
 
-struct Inner {
+struct OriginCore {
     name: String,
     breaker: CircuitBreaker,
     limiter: LoadLimiter,
@@ -285,7 +285,7 @@ impl OriginBuilder {
             .retry
             .retry_if(move |err| !is_panic(err) && user.retryable(err));
         Ok(Origin {
-            inner: Arc::new(Inner {
+            inner: Arc::new(OriginCore {
                 breaker: CircuitBreaker::new(self.breaker, self.rng_seed)
                     .labelled(BreakerLabel::origin(&self.name)),
                 name: self.name,

@@ -6,17 +6,17 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tracing::{Instrument, Span};
 
-use super::coherence::{Loaded, Read};
+use super::coherence::{Loaded, SharedRead};
 use super::fill::Mode;
 use super::handle::Cache;
 use super::options::Options;
-use super::read::{Near, Shared};
+use super::read::{Near, ReadEnd};
 use super::trace::{Op, record_failure};
 use super::value::{Load, Value};
 use super::verdict::{Judged, Refresh};
 use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
-use crate::l1::Slot;
+use crate::l1::NearCopy;
 use crate::log_limit::{Warning, show_key, warn_limited};
 use crate::served::{Fetched, Served, StaleReason};
 use crate::store::Store;
@@ -137,7 +137,7 @@ impl<V: Value> Cache<V> {
         user_key: &[u8],
         loader: L,
         options: &Options,
-        local_stale: Option<Arc<Slot<V>>>,
+        local_stale: Option<Arc<NearCopy<V>>>,
     ) -> Result<Fetched<V>, Error>
     where
         L: Load<V>,
@@ -184,7 +184,7 @@ impl<V: Value> Cache<V> {
         user_key: &[u8],
         loader: L,
         options: &Options,
-        local_stale: Option<Arc<Slot<V>>>,
+        local_stale: Option<Arc<NearCopy<V>>>,
     ) -> Result<Fetched<V>, Error>
     where
         L: Load<V>,
@@ -223,7 +223,7 @@ impl<V: Value> Cache<V> {
         key: &[u8],
         loader: &L,
         options: &Options,
-        local_stale: Option<&Arc<Slot<V>>>,
+        local_stale: Option<&Arc<NearCopy<V>>>,
         started: Instant,
         last: bool,
     ) -> Option<Result<Fetched<V>, Error>>
@@ -239,15 +239,15 @@ impl<V: Value> Cache<V> {
         let read = match read.await {
             // The read found nothing and waited for the key's load: only
             // the L1 copy can stand in.
-            Shared::Loaded(result, role) => {
+            ReadEnd::Loaded(result, role) => {
                 let result = revoked_before(result, started, last)?;
                 let settled = self.settle(user_key, key, result, role, None, local_stale, options);
                 return Some(settled);
             }
-            Shared::Read(read) => read,
+            ReadEnd::SharedRead(read) => read,
         };
         let (entry, mode, ticket) = match read {
-            Ok(Read {
+            Ok(SharedRead {
                 entry: Some(old),
                 previous: true,
                 ..

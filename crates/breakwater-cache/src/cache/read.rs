@@ -7,14 +7,14 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::coherence::{Loaded, Read};
+use super::coherence::{Loaded, SharedRead};
 use super::fill::Mode;
 use super::handle::Cache;
 use super::options::Options;
 use super::value::{Load, Value};
 use crate::error::Error;
 use crate::flight::{Lead, Role, Turn};
-use crate::l1::Slot;
+use crate::l1::NearCopy;
 use crate::limit::Priority;
 use crate::log_limit::show_key;
 use crate::served::{Fetched, Served};
@@ -91,7 +91,7 @@ impl<V: Value> Cache<V> {
         loader: &L,
         options: &Options,
         load_on_miss: bool,
-    ) -> Shared<V> {
+    ) -> ReadEnd<V> {
         loop {
             let joined = match self.local.reads.lead_or_join(user_key) {
                 Turn::Lead(lead) => {
@@ -118,14 +118,14 @@ impl<V: Value> Cache<V> {
                 // A load that landed before this caller came to it may be
                 // one it saw revoked on an earlier pass (the read stays in
                 // the air until its leader is polled again): read alone.
-                Ok(Some(Ok(Read {
+                Ok(Some(Ok(SharedRead {
                     loading: Some(load),
                     ..
                 }))) if !load.has_landed() => {
                     let result = Box::pin(self.await_load(key, load, options)).await;
-                    return Shared::Loaded(result, Role::Follower);
+                    return ReadEnd::Loaded(result, Role::Follower);
                 }
-                Ok(Some(Ok(Read {
+                Ok(Some(Ok(SharedRead {
                     loading: Some(_), ..
                 }))) => {
                     drop(_waiting);
@@ -133,7 +133,7 @@ impl<V: Value> Cache<V> {
                     self.local.reads.detach(user_key);
                     return Box::pin(self.read_led(None, key, loader, options, load_on_miss)).await;
                 }
-                Ok(Some(read)) => return Shared::Read(read),
+                Ok(Some(read)) => return ReadEnd::SharedRead(read),
                 // The leader went away: read again.
                 Ok(None) => {}
                 // The leader's read is late (its caller may have stopped
@@ -154,12 +154,12 @@ impl<V: Value> Cache<V> {
     /// follower whose leader is late).
     pub(super) async fn read_led<L: Load<V>>(
         &self,
-        lead: Option<Lead<'_, Read<V>>>,
+        lead: Option<Lead<'_, SharedRead<V>>>,
         key: &[u8],
         loader: &L,
         options: &Options,
         load_on_miss: bool,
-    ) -> Shared<V> {
+    ) -> ReadEnd<V> {
         let ticket = self.local.ticket();
         let entry = match self.read(key).await {
             Ok(entry) => entry.map(Arc::new),
@@ -167,7 +167,7 @@ impl<V: Value> Cache<V> {
                 if let Some(lead) = lead {
                     lead.land_with(|| Err(err.clone()));
                 }
-                return Shared::Read(Err(err));
+                return ReadEnd::SharedRead(Err(err));
             }
         };
         // Nothing in this version: inside a version transition
@@ -183,7 +183,7 @@ impl<V: Value> Cache<V> {
             None => (None, false),
         };
         if entry.is_some() || !load_on_miss {
-            let read = Read {
+            let read = SharedRead {
                 entry,
                 loading: None,
                 ticket,
@@ -192,7 +192,7 @@ impl<V: Value> Cache<V> {
             if let Some(lead) = lead {
                 lead.land_with(|| Ok(read.clone()));
             }
-            return Shared::Read(Ok(read));
+            return ReadEnd::SharedRead(Ok(read));
         }
         let (load, role) = self.join_fill(
             key,
@@ -205,7 +205,7 @@ impl<V: Value> Cache<V> {
         // The followers wait on the flight itself from here (and so do
         // callers that join this read while the load runs).
         let lead = lead.map(|mut lead| {
-            lead.publish(Ok(Read {
+            lead.publish(Ok(SharedRead {
                 previous: false,
                 entry: None,
                 loading: Some(load.clone()),
@@ -216,17 +216,17 @@ impl<V: Value> Cache<V> {
         // Boxed: its timer would grow every read's future, hits included.
         let result = Box::pin(self.await_load(key, load, options)).await;
         drop(lead);
-        Shared::Loaded(result, role)
+        ReadEnd::Loaded(result, role)
     }
 }
 
 /// How a shared store read ended for one caller.
-pub(super) enum Shared<V> {
+pub(super) enum ReadEnd<V> {
     /// Nothing was stored: the key's load, and this caller's part in it
     /// (the leader only if it led the read and the load).
     Loaded(Result<Loaded<V>, Error>, Role),
     /// The read's outcome.
-    Read(Result<Read<V>, Error>),
+    SharedRead(Result<SharedRead<V>, Error>),
 }
 
 /// What L1 says about a key.
@@ -235,7 +235,7 @@ pub(super) enum Near<V> {
     /// an early refresh should replace, if one is due.
     Fresh(Fetched<V>, Option<u64>),
     /// A copy past its fresh time that may still stand in for the store.
-    Stale(Arc<Slot<V>>),
+    Stale(Arc<NearCopy<V>>),
     /// Nothing usable (or no L1).
     Miss,
 }

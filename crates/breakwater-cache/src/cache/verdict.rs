@@ -6,7 +6,7 @@
 
 use tokio::time::Instant;
 
-use super::handle::{Cache, Inner};
+use super::handle::{Cache, CacheCore};
 use super::options::Options;
 use super::transition::{self};
 use super::value::Value;
@@ -14,12 +14,12 @@ use crate::clock::millis;
 use crate::entry::Entry;
 use crate::error::Error;
 use crate::freshness::{Freshness, Reading};
-use crate::l1::Slot;
+use crate::l1::NearCopy;
 use crate::log_limit::{Once, Warning, show_key, warn_limited};
 use crate::served::{Fetched, Served, StaleReason};
 use crate::store::Store;
 
-impl Inner {
+impl CacheCore {
     /// The verdict on a store read. The shared (seedable) generator is
     /// locked only when a draw could change the answer: a value far from
     /// its end is fresh without one, so a hit takes no process-wide lock.
@@ -43,7 +43,7 @@ impl<V: Value> Cache<V> {
     #[inline]
     pub(super) fn refresh_due(
         &self,
-        slot: &Slot<V>,
+        slot: &NearCopy<V>,
         options: &Options,
         now: Instant,
     ) -> Option<u64> {
@@ -63,7 +63,7 @@ impl<V: Value> Cache<V> {
     /// settings.
     pub(super) fn refresh_due_slow(
         &self,
-        slot: &Slot<V>,
+        slot: &NearCopy<V>,
         options: &Options,
         now: Instant,
     ) -> Option<u64> {
@@ -144,7 +144,11 @@ impl<V: Value> Cache<V> {
     /// The value of L1 copy `slot` if it may stand in for a failed load:
     /// still within its stale window and this call's `max_stale`, judged
     /// on the store's clock as a stored entry is.
-    pub(super) fn local_stand_in(&self, slot: &Slot<V>, options: &Options) -> Option<Option<V>> {
+    pub(super) fn local_stand_in(
+        &self,
+        slot: &NearCopy<V>,
+        options: &Options,
+    ) -> Option<Option<V>> {
         let reading = Reading {
             now_ms: self.inner.store.now_ms(),
             fresh_until: slot.stored.fresh_until,

@@ -44,10 +44,10 @@ const SHARDS: usize = 16;
 /// ```
 #[derive(Clone)]
 pub struct MemoryStore {
-    inner: Arc<Inner>,
+    inner: Arc<MemoryCore>,
 }
 
-struct Inner {
+struct MemoryCore {
     shards: Vec<Mutex<Shard>>,
     /// Lease key → holder. Locked before a shard when both are needed.
     leases: Mutex<Leases>,
@@ -61,11 +61,11 @@ struct Inner {
 
 #[derive(Default)]
 struct Shard {
-    map: HashMap<Vec<u8>, Slot>,
+    map: HashMap<Vec<u8>, MemoryEntry>,
     writes_since_sweep: usize,
 }
 
-struct Slot {
+struct MemoryEntry {
     value: Vec<u8>,
     expires_at: Instant,
 }
@@ -88,7 +88,7 @@ impl MemoryStore {
     pub fn new() -> Self {
         let epoch_ms = SystemClock.unix_ms();
         MemoryStore {
-            inner: Arc::new(Inner {
+            inner: Arc::new(MemoryCore {
                 shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
                 leases: Mutex::default(),
                 channels: Mutex::default(),
@@ -128,7 +128,7 @@ impl fmt::Debug for MemoryStore {
     }
 }
 
-impl Inner {
+impl MemoryCore {
     /// The live value under `key` at `now`.
     fn read(&self, key: &[u8], now: Instant) -> Option<Vec<u8>> {
         self.shard_for(key).live(key, now).map(|s| s.value.clone())
@@ -148,7 +148,7 @@ impl Inner {
     }
 }
 
-impl Inner {
+impl MemoryCore {
     fn leases(&self) -> MutexGuard<'_, Leases> {
         self.leases.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -179,7 +179,7 @@ impl Inner {
 }
 
 impl Shard {
-    fn live(&mut self, key: &[u8], now: Instant) -> Option<&Slot> {
+    fn live(&mut self, key: &[u8], now: Instant) -> Option<&MemoryEntry> {
         if self.map.get(key).is_some_and(|s| s.expires_at <= now) {
             self.map.remove(key);
         }
@@ -191,7 +191,7 @@ impl Shard {
         self.maybe_sweep(now);
         self.map.insert(
             key.to_vec(),
-            Slot {
+            MemoryEntry {
                 value: value.to_vec(),
                 expires_at: now + Duration::from_millis(ttl_ms),
             },
@@ -225,7 +225,8 @@ impl Shard {
                 self.maybe_sweep(now);
                 let value = new.to_string().into_bytes();
                 let expires_at = at_least;
-                self.map.insert(key.to_vec(), Slot { value, expires_at });
+                self.map
+                    .insert(key.to_vec(), MemoryEntry { value, expires_at });
             }
         }
         new

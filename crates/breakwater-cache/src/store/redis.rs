@@ -18,7 +18,7 @@
 //! - [`command`]: one command under its deadline, a script, a revoking
 //!   write, one command per hash slot.
 //! - [`connection`]: where commands go (`Target`) and what the handles
-//!   share (`Inner`): the live connection, reconnecting, the probe, the
+//!   share (`RedisCore`): the live connection, reconnecting, the probe, the
 //!   background tasks.
 //! - [`bus`]: the subscription feed of each channel.
 //! - [`clock`]: Redis's clock, sampled with `TIME`.
@@ -53,7 +53,7 @@ use tokio::time::Instant;
 
 use self::bus::ChannelFeed;
 use self::command::wrong_count;
-use self::connection::{Inner, Target};
+use self::connection::{RedisCore, Target};
 use self::latency::Op;
 use self::scripts::{
     ACQUIRE_LEASES, BUMP_GENERATION, EXTEND_LEASE, FENCED_SET, INVALIDATE, PIN, RELEASE_LEASE,
@@ -102,7 +102,7 @@ const CLUSTER_WRITES_IN_FLIGHT: usize = 64;
 /// ```
 #[derive(Clone)]
 pub struct RedisStore {
-    inner: Arc<Inner>,
+    inner: Arc<RedisCore>,
 }
 
 impl RedisStore {
@@ -285,7 +285,7 @@ impl RedisStore {
 
     fn with_target(target: Target, config: RedisStoreConfig) -> Self {
         RedisStore {
-            inner: Arc::new(Inner::new(target, config)),
+            inner: Arc::new(RedisCore::new(target, config)),
         }
     }
 }

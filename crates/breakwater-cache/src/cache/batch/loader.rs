@@ -18,7 +18,7 @@ use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
 use crate::flight::{Joined, Lander, Role};
 use crate::key::CacheKey;
-use crate::l1::Slot;
+use crate::l1::NearCopy;
 use crate::served::Fetched;
 use crate::store::LeaseRequest;
 
@@ -156,7 +156,7 @@ pub(super) struct Want<K, V> {
     pub(super) user: Vec<u8>,
     pub(super) storage: Vec<u8>,
     /// An L1 copy past its fresh time, for a store that fails.
-    pub(super) local_stale: Option<Arc<Slot<V>>>,
+    pub(super) local_stale: Option<Arc<NearCopy<V>>>,
     pub(super) outcome: Option<Result<Fetched<V>, Error>>,
 }
 

@@ -1,9 +1,9 @@
 //! Commands under their deadlines: one command on the live connection
-//! ([`Inner::call`]: its deadline follows the latency Redis has, a broken
+//! ([`RedisCore::call`]: its deadline follows the latency Redis has, a broken
 //! connection is retried once, a timeout has it probed), a script through
-//! it ([`Inner::eval`]), a revoking write that a Sentinel store remembers
-//! for the next master ([`Inner::revoke`]), and one command per group of
-//! keys that share a hash slot ([`Inner::per_slot`]).
+//! it ([`RedisCore::eval`]), a revoking write that a Sentinel store remembers
+//! for the next master ([`RedisCore::revoke`]), and one command per group of
+//! keys that share a hash slot ([`RedisCore::per_slot`]).
 
 use std::future::Future;
 use std::pin::pin;
@@ -15,7 +15,7 @@ use redis::FromRedisValue;
 use tokio::time::Instant;
 
 use super::conn::{Conn, MasterAddr, store_error};
-use super::connection::{Inner, Target, hash_slot};
+use super::connection::{RedisCore, Target, hash_slot};
 use super::latency::Op;
 use super::scripts::{Invocation, run_script};
 use super::sentinel::{self, Revocation};
@@ -25,13 +25,13 @@ use crate::jitter::poll_delay;
 /// How many keys one `MGET` or lease script of a batch carries.
 const BATCH_COMMAND_KEYS: usize = 256;
 
-impl Inner {
+impl RedisCore {
     /// Runs one command on the connection, about a key of failure domain
     /// `domain`, within the deadline of `op` there (see `latency`); its
     /// round trip is recorded, a timeout as a round trip of the whole
     /// deadline. A broken connection is dropped
     /// (the next call reconnects); a timeout has the connection probed
-    /// ([`suspect`](Inner::suspect)). A broken connection
+    /// ([`suspect`](RedisCore::suspect)). A broken connection
     /// (not a timeout: that would double the deadline) is retried once on a
     /// fresh connection after a short jittered pause, so a Redis restart or a
     /// failover costs a request nothing; broken again, the error says Redis

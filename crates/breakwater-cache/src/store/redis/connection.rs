@@ -1,5 +1,5 @@
 //! Where the store's commands go ([`Target`]) and the state its handles
-//! share ([`Inner`]): the live connection, made and made again by one
+//! share ([`RedisCore`]): the live connection, made and made again by one
 //! background task (with backoff, and the first connection waited for),
 //! probed when a command times out, and the background tasks (clock
 //! refresh, Sentinel watcher, subscriptions) kept running on a runtime
@@ -176,7 +176,7 @@ pub(super) fn hash_slot(key: &[u8]) -> u16 {
 /// What a [`RedisStore`](crate::RedisStore)'s handles share: where its
 /// commands go, its settings, its latency, its live connection and the
 /// background tasks that keep it (and the clock and the bus) going.
-pub(super) struct Inner {
+pub(super) struct RedisCore {
     pub(super) target: Target,
     pub(super) config: RedisStoreConfig,
     /// Round trips per failure domain, and the deadlines they call for.
@@ -208,7 +208,7 @@ pub(super) struct Inner {
     clock_refresh: Supervised,
     /// A background task was dropped with its runtime (or stranded on an
     /// idle one): the next command starts what is missing again, on its
-    /// own runtime ([`revive`](Inner::revive)).
+    /// own runtime ([`revive`](RedisCore::revive)).
     pub(super) lost_tasks: Arc<AtomicBool>,
     /// Redis's clock, as sampled.
     pub(super) clock: RedisClock,
@@ -232,7 +232,7 @@ struct Reconnect {
 #[derive(Debug, Clone, Copy)]
 struct Attempt {
     since: Instant,
-    /// Its bound (see [`Inner::attempt_bound`]).
+    /// Its bound (see [`RedisCore::attempt_bound`]).
     until: Instant,
 }
 
@@ -244,7 +244,7 @@ pub(super) struct Live {
     pub(super) conn: Conn,
 }
 
-impl Drop for Inner {
+impl Drop for RedisCore {
     fn drop(&mut self) {
         let tasks = self.tasks.get_mut().unwrap_or_else(|p| p.into_inner());
         for task in tasks.drain(..) {
@@ -253,9 +253,9 @@ impl Drop for Inner {
     }
 }
 
-impl Inner {
+impl RedisCore {
     /// A store's shared state on `target`, not connected yet.
-    pub(super) fn new(target: Target, config: RedisStoreConfig) -> Inner {
+    pub(super) fn new(target: Target, config: RedisStoreConfig) -> RedisCore {
         let latency = Latencies::new(
             target.failure_domains(),
             config.response_timeout,
@@ -263,7 +263,7 @@ impl Inner {
             config.max_response_timeout,
         );
         let lost_tasks = Arc::new(AtomicBool::new(false));
-        Inner {
+        RedisCore {
             target,
             config,
             latency,
@@ -717,7 +717,7 @@ async fn runs_anything(runtime: &tokio::runtime::Handle) -> bool {
 /// sentinels naming a new master cuts the backoff short). Holds the store
 /// only during an attempt; ends when the store is dropped, or when it
 /// finds itself replaced (its runtime went idle; see `crate::background`).
-async fn run_reconnect(inner: Weak<Inner>, duty: Duty) {
+async fn run_reconnect(inner: Weak<RedisCore>, duty: Duty) {
     let backoff = Backoff::full_jitter(Duration::from_millis(50), Duration::from_secs(2));
     let mut rng: StdRng = rand::make_rng();
     let mut failures = 0u32;
@@ -779,7 +779,7 @@ async fn run_reconnect(inner: Weak<Inner>, duty: Duty) {
 
 /// Keeps the clock sample current while the store is alive (and while it
 /// is the store's clock refresh: see `crate::background`).
-async fn run_clock_refresh(inner: Weak<Inner>, duty: Duty) {
+async fn run_clock_refresh(inner: Weak<RedisCore>, duty: Duty) {
     loop {
         let (every, within) = match inner.upgrade() {
             Some(inner) => (inner.config.clock_refresh, inner.config.connect_timeout),
@@ -821,7 +821,7 @@ async fn run_clock_refresh(inner: Weak<Inner>, duty: Duty) {
 ///
 /// Supervised (see `crate::background`): started again by the store when
 /// its runtime went away, it ends when it finds itself replaced.
-async fn run_master_watch(inner: Weak<Inner>, duty: Duty) {
+async fn run_master_watch(inner: Weak<RedisCore>, duty: Duty) {
     let (sentinel, config) = {
         let Some(inner) = inner.upgrade() else {
             return duty.done();
