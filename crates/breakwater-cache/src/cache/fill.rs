@@ -126,7 +126,7 @@ impl<V: Value> Cache<V> {
             // load here.
             let (value, load_time) = self.load_unwritten(&loader, &options, priority).await?;
             let tagged = loader.tags().is_some();
-            self.keep_local(&key, &value, load_time, &options, ticket, tagged);
+            self.keep_unwritten(&key, &value, load_time, &options, ticket, tagged);
             return Ok((value, Served::Loaded, None));
         }
         let lease_key = inner.lease_key(&key);
@@ -323,7 +323,7 @@ impl<V: Value> Cache<V> {
                 self.release(key, lease).await;
                 let (value, load_time) = self.load_unwritten(loader, options, priority).await?;
                 let tagged = loader.tags().is_some();
-                self.keep_local(key, &value, load_time, options, ticket, tagged);
+                self.keep_unwritten(key, &value, load_time, options, ticket, tagged);
                 return Ok((value, false));
             }
         };
@@ -469,7 +469,7 @@ impl<V: Value> Cache<V> {
             cache.release(&key_owned, lease).await;
         });
         let tagged = loader.tags().is_some();
-        self.keep_local(key, &value, load_time, options, ticket, tagged);
+        self.keep_unwritten(key, &value, load_time, options, ticket, tagged);
         Ok(value)
     }
 
@@ -477,7 +477,7 @@ impl<V: Value> Cache<V> {
     /// the fail-safe throttle is lifted (as a written load lifts it); L1
     /// keeps it (a shield while the store is away, under the epoch rule);
     /// the store does not. `tagged`: the call named tags (see `drop_tagged`).
-    pub(super) fn keep_local(
+    pub(super) fn keep_unwritten(
         &self,
         key: &[u8],
         value: &Option<V>,
@@ -491,7 +491,7 @@ impl<V: Value> Cache<V> {
             // No generations were recorded (nothing is written), but the
             // copy is of a tagged call: a tag invalidation must drop it.
             sealed.stamp.tagged = tagged;
-            self.remember_sealed(key, value.clone(), &sealed, ticket);
+            self.keep_written(key, value.clone(), &sealed, ticket);
         }
     }
 
@@ -597,7 +597,7 @@ impl<V: Value> Cache<V> {
         // (A lost reply keeps it in: L1 is the shield while the store is
         // unreachable.)
         if !revoked {
-            self.remember_sealed(key, value.cloned(), &sealed, ticket);
+            self.keep_written(key, value.cloned(), &sealed, ticket);
         }
         Ok(revoked)
     }
@@ -654,7 +654,7 @@ impl<V: Value> Cache<V> {
                 return None;
             }
             let value = self.entry_value(key, &entry)?;
-            self.remember(key, &value, &entry, now, ticket, options);
+            self.keep_read(key, &value, &entry, now, ticket, options);
             return Some(value);
         }
         if options.freshness().servable_stale(reading(&entry, now)) {
@@ -673,7 +673,7 @@ impl<V: Value> Cache<V> {
     /// `Err` (served at once); else the flight's outcome, this call's role
     /// in it and the stale stand-in, to settle.
     #[allow(clippy::type_complexity)]
-    pub(super) async fn load<L>(
+    pub(super) async fn wait_for_fill<L>(
         &self,
         key: Vec<u8>,
         loader: L,
@@ -691,7 +691,7 @@ impl<V: Value> Cache<V> {
             let key = &key;
             let flight = async move {
                 let _waiting = (role == Role::Follower).then(|| metrics.waiting());
-                (self.await_load(key, load, options).await, role)
+                (self.await_fill(key, load, options).await, role)
             };
             match (options.soft_timeout, &fallback) {
                 (Some(soft), Some(stale)) => match tokio::time::timeout(soft, flight).await {
@@ -888,7 +888,7 @@ impl<V: Value> Cache<V> {
     /// returned). It is detached, and the call goes through the pipeline
     /// again on its own runtime (see [`revoked_before`](super::pipeline::revoked_before)): an
     /// abandoned flight's error.
-    pub(super) async fn await_load(
+    pub(super) async fn await_fill(
         &self,
         key: &[u8],
         load: Joined<Loaded<V>>,
@@ -913,5 +913,5 @@ impl<V: Value> Cache<V> {
 
 /// Beyond its waits and its load, how long a load may take (its store
 /// calls) before a caller takes it for stranded (see
-/// [`Cache::await_load`]).
+/// [`Cache::await_fill`]).
 pub(super) const STRANDED_AFTER: Duration = Duration::from_secs(5);

@@ -101,7 +101,9 @@ impl<V: Value> Cache<V> {
     pub(super) async fn read_previous(&self, key: &[u8], options: &Options) -> Option<Arc<Entry>> {
         let old = self.inner.previous_key(key)?;
         match self.read_in(&old, None).await {
-            Ok(Some(entry)) if self.stands_in(&entry, self.inner.store.now_ms(), options) => {
+            Ok(Some(entry))
+                if self.previous_stands_in(&entry, self.inner.store.now_ms(), options) =>
+            {
                 Some(Arc::new(entry))
             }
             _ => None,

@@ -44,7 +44,7 @@ impl<V: Value> Cache<V> {
             return Ok(None);
         };
         let value = Some(value);
-        self.remember(
+        self.keep_read(
             &key,
             &value,
             &entry,
@@ -303,7 +303,7 @@ impl<V: Value> Cache<V> {
             let now = self.inner.store.now_ms();
             match self.judge_entry(key, &entry, now, options) {
                 Judged::Served(fetched, refresh) => {
-                    self.remember(key, &fetched.value, &entry, now, ticket, options);
+                    self.keep_read(key, &fetched.value, &entry, now, ticket, options);
                     if let Some(Refresh { replacing, early }) = refresh {
                         let (key, loader) = (key.to_vec(), loader.clone());
                         self.refresh_in_background(key, loader, *options, replacing, early);
@@ -333,7 +333,7 @@ impl<V: Value> Cache<V> {
 
         // 5. Boxed: the load's part of the future is the large one, and
         // a hit (which returned above) would otherwise build and carry it.
-        let load = self.load(key.to_vec(), loader.clone(), options, fallback, mode);
+        let load = self.wait_for_fill(key.to_vec(), loader.clone(), options, fallback, mode);
         let (result, role, stale) = match Box::pin(load).await {
             Ok(done) => done,
             Err(served) => return Some(served),

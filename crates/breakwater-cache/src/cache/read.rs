@@ -122,7 +122,7 @@ impl<V: Value> Cache<V> {
                     loading: Some(load),
                     ..
                 }))) if !load.has_landed() => {
-                    let result = Box::pin(self.await_load(key, load, options)).await;
+                    let result = Box::pin(self.await_fill(key, load, options)).await;
                     return ReadEnd::Loaded(result, Role::Follower);
                 }
                 Ok(Some(Ok(SharedRead {
@@ -214,7 +214,7 @@ impl<V: Value> Cache<V> {
             lead
         });
         // Boxed: its timer would grow every read's future, hits included.
-        let result = Box::pin(self.await_load(key, load, options)).await;
+        let result = Box::pin(self.await_fill(key, load, options)).await;
         drop(lead);
         ReadEnd::Loaded(result, role)
     }

@@ -133,7 +133,7 @@ impl<V: Value> Cache<V> {
     /// both the entry and this reader's own `max_stale` allow (the writer
     /// may have allowed more), unless the key was invalidated since the read
     /// began (`ticket`).
-    pub(super) fn remember(
+    pub(super) fn keep_read(
         &self,
         key: &[u8],
         value: &Option<V>,
@@ -151,7 +151,7 @@ impl<V: Value> Cache<V> {
                 .fresh_until
                 .saturating_add(millis(options.max_stale())),
         );
-        self.put_near(
+        self.keep_near(
             key,
             value.clone(),
             stamp(entry),
@@ -163,7 +163,7 @@ impl<V: Value> Cache<V> {
 
     /// Keeps a value this process just wrote (or loaded) in L1, unless the
     /// key was invalidated since the write or load began (`ticket`).
-    pub(super) fn remember_sealed(
+    pub(super) fn keep_written(
         &self,
         key: &[u8],
         value: Option<V>,
@@ -174,7 +174,7 @@ impl<V: Value> Cache<V> {
         // sealed with: a write that took its time (a slow or timed-out
         // store) must not extend the copy's life by as much.
         let now_ms = self.inner.store.now_ms();
-        self.put_near(
+        self.keep_near(
             key,
             value,
             sealed.stamp,
@@ -188,7 +188,7 @@ impl<V: Value> Cache<V> {
     /// what is left at `now_ms` (the store's clock) of its entry's fresh
     /// window and servable until `stale_until`, unless the key was
     /// invalidated since `ticket`.
-    pub(super) fn put_near(
+    pub(super) fn keep_near(
         &self,
         key: &[u8],
         value: Option<V>,

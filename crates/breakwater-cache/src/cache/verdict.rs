@@ -164,7 +164,7 @@ impl<V: Value> Cache<V> {
     /// version's at `now_ms` (store clock): a value, inside its stale
     /// window and this call's `max_stale` (a call that opted out of stale
     /// values gets none from the previous version either).
-    pub(super) fn stands_in(&self, entry: &Entry, now_ms: u64, options: &Options) -> bool {
+    pub(super) fn previous_stands_in(&self, entry: &Entry, now_ms: u64, options: &Options) -> bool {
         !entry.negative && options.freshness().servable_stale(reading(entry, now_ms))
     }
 

@@ -60,7 +60,7 @@ impl<V: Value> Cache<V> {
         let local: Vec<Led<K, V>> = local.into_iter().map(|(led, _)| led).collect();
         let fleet: Vec<Led<K, V>> = fleet.into_iter().map(|(led, _)| led).collect();
         tokio::join!(
-            self.load_local_many(local, &batch, &options, priority, ticket),
+            self.load_direct_many(local, &batch, &options, priority, ticket),
             self.lease_many(fleet, &batch, &options, priority, ticket),
         );
     }
@@ -175,7 +175,7 @@ impl<V: Value> Cache<V> {
         // Filled just before: served, and the lease given back.
         let release = join_all(released.into_iter().map(
             |(i, led, lease, entry, value)| async move {
-                self.remember(&led.storage, &value, &entry, now, ticket, options);
+                self.keep_read(&led.storage, &value, &entry, now, ticket, options);
                 let message = notify::message(FILLED, inner.waiters.sender(), &led.storage);
                 let _ = inner
                     .store
@@ -225,7 +225,7 @@ impl<V: Value> Cache<V> {
                 done[i].store(true, Ordering::Release);
                 direct.push(led);
             }
-            self.load_local_many(direct, batch, options, priority, ticket)
+            self.load_direct_many(direct, batch, options, priority, ticket)
                 .await;
         };
         let loads =
@@ -851,13 +851,13 @@ impl<V: Value> Cache<V> {
                 }
             });
         }
-        self.load_local_many(direct, batch, options, priority, ticket)
+        self.load_direct_many(direct, batch, options, priority, ticket)
             .await;
     }
 
     /// Loads `led` in batches without touching the store; each value is
-    /// served and kept in L1 (`fill::keep_local`).
-    pub(super) async fn load_local_many<K, B>(
+    /// served and kept in L1 (`fill::keep_unwritten`).
+    pub(super) async fn load_direct_many<K, B>(
         &self,
         led: Vec<Led<K, V>>,
         batch: &Arc<B>,
@@ -874,7 +874,14 @@ impl<V: Value> Cache<V> {
                 Ok((mut found, load_time)) => {
                     for led in chunk {
                         let value = found.remove(&led.user);
-                        self.keep_local(&led.storage, &value, load_time, options, ticket, false);
+                        self.keep_unwritten(
+                            &led.storage,
+                            &value,
+                            load_time,
+                            options,
+                            ticket,
+                            false,
+                        );
                         led.lander.land(Ok((value, Served::Loaded, None)));
                     }
                 }

@@ -103,7 +103,7 @@ impl<V: Value> Cache<V> {
         let mut served = vec![false; wants.len()];
         for ((i, old), read) in candidates.iter().zip(read) {
             let Ok(Some(entry)) = read else { continue };
-            if !self.stands_in(&entry, now, options) {
+            if !self.previous_stands_in(&entry, now, options) {
                 continue;
             }
             let Some(value) = self.previous_value(old, &entry) else {

@@ -149,7 +149,7 @@ impl<V: Value> Cache<V> {
             };
             match self.judge_entry(&want.storage, &entry, now, options) {
                 Judged::Served(fetched, refresh) => {
-                    self.remember(&want.storage, &fetched.value, &entry, now, ticket, options);
+                    self.keep_read(&want.storage, &fetched.value, &entry, now, ticket, options);
                     want.outcome = Some(Ok(fetched));
                     if let Some(refresh) = refresh {
                         refreshes.push((i, refresh));
