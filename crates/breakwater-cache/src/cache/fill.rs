@@ -1,9 +1,7 @@
 //! The body of one flight: take the lease and load, or wait to be woken.
 //!
-//! # Order
-//!
-//! 1. Try the key's lease (`SET NX PX` with a fresh 128-bit token).
-//! 2. Got it: read once more (another process may have filled the key just
+//! - **Lease**: try the key's lease (`SET NX PX` with a fresh 128-bit token).
+//! - **Lead**: got it: read once more (another process may have filled the key just
 //!    before), else lead: read the call's tags' generations, if it named
 //!    tags (they are recorded in the entry; unreadable, the value is loaded,
 //!    served and not written), inside a version transition pin the previous
@@ -11,19 +9,19 @@
 //!    own task, extending the lease
 //!    every third of its TTL, bounded by `load_timeout`; write through the
 //!    fence.
-//! 3. Not got it (the attempt marked the lease as waited on and said how
+//! - **Wait**: not got it (the attempt marked the lease as waited on and said how
 //!    long the lease has left): watch the key, read once more (the fill may
-//!    have happened between 1 and the watch), then sleep until woken, a
+//!    have happened between the attempt and the watch), then sleep until woken, a
 //!    jittered poll, the lease's expiry, or the wait's deadline; on waking
 //!    take the entry the fill's message carried (unless it has tags: those
 //!    are read from the store, which checks them), or read again, then go back
-//!    to 1. A holder that died stops extending its lease: it runs out, and
+//!    to the lease. A holder that died stops extending its lease: it runs out, and
 //!    the first waiter to try again takes over (one, fleet-wide).
-//! 4. Deadline passed (`lock_wait`; by default `queue_wait + load_timeout + 2 × lease_ttl`,
+//! - **Deadline**: passed (`lock_wait`; by default `queue_wait + load_timeout + 2 × lease_ttl`,
 //!    long enough for a live holder's load and one takeover): the
 //!    [`OnLockTimeout`](super::OnLockTimeout) policy, for foreground calls
 //!    only. A background refresh never loads without the lease.
-//! 5. The store fails at 1: unless it cannot be used at all
+//! - **No store**: the lease attempt fails: unless it cannot be used at all
 //!    ([`Error::is_unreachable`]), the attempt is made once more with the
 //!    same token (a slow store: the first may have taken the lease, and the
 //!    script answers "acquired" to its holder; the retry's deadline grew
@@ -53,7 +51,7 @@ use super::options::Options;
 use super::tags::counter_ttl;
 use super::transition::Pinned;
 use super::value::{Load, Value};
-use super::verdict::reading;
+
 use crate::entry::{Entry, TagStamp};
 use crate::error::{Error, ErrorKind};
 use crate::flight::{Joined, Role};
@@ -134,7 +132,7 @@ impl<V: Value> Cache<V> {
         let mut stale: Option<Entry> = None;
 
         loop {
-            // 1. The lease.
+            // Lease.
             let token = inner.new_token();
             let lease = Lease {
                 key: &lease_key,
@@ -147,7 +145,7 @@ impl<V: Value> Cache<V> {
                 .store
                 .acquire_lease(lease.key, lease.token, inner.lease.lease_ttl)
                 .await;
-            // 5. A slow store: once more, with the same token.
+            // No store? A slow one: once more, with the same token.
             if let Err(err) = &attempt
                 && !err.is_unreachable()
             {
@@ -162,7 +160,7 @@ impl<V: Value> Cache<V> {
                 Ok(LeaseAttempt::Acquired) => {
                     inner.metrics.lease("acquired");
                     Span::current().record("lease", "acquired");
-                    // 2. Double-check, then lead.
+                    // Lead: double-check first.
                     if let Some(value) = self
                         .fresh_value(&key, &mut stale, &options, replacing, ticket)
                         .await
@@ -195,7 +193,7 @@ impl<V: Value> Cache<V> {
                         self.release(&key, lease).await;
                         return Err(err);
                     }
-                    // 5. No store: load directly, write nothing.
+                    // No store: load directly, write nothing.
                     warn_limited!(inner.logs, Warning::LeaseUnavailable, key = %show_key(&key), error = %err, "lease unavailable; loading directly");
                     let value = self
                         .load_direct(&key, lease, &loader, &options, priority, ticket)
@@ -207,7 +205,7 @@ impl<V: Value> Cache<V> {
             // is not extended, and its expiry is the takeover.
             let retry_at = deadline_after(lease_left.saturating_add(LEASE_RETRY_MARGIN));
 
-            // 3. Wait to be woken.
+            // Wait to be woken.
             let watch = inner
                 .waiters
                 .watch(&*inner.store, &key, SUBSCRIBE_WITHIN)
@@ -256,7 +254,7 @@ impl<V: Value> Cache<V> {
             }
         }
 
-        // 4. The lock-wait policy.
+        // Deadline: the lock-wait policy.
         let waited = inner.lock_wait_for(&options);
         if background {
             return Err(lock_timeout(waited));
@@ -637,35 +635,10 @@ impl<V: Value> Cache<V> {
         };
         self.fresh_entry(key, entry, stale, options, replacing, ticket)
     }
-
-    /// [`fresh_value`](Self::fresh_value) for an entry already in hand.
-    pub(super) fn fresh_entry(
-        &self,
-        key: &[u8],
-        entry: Entry,
-        stale: &mut Option<Entry>,
-        options: &Options,
-        replacing: Option<u64>,
-        ticket: Option<Ticket>,
-    ) -> Option<Option<V>> {
-        let now = self.inner.store.now_ms();
-        if entry.fresh_until > now {
-            if replacing == Some(entry.fresh_until) {
-                return None;
-            }
-            let value = self.entry_value(key, &entry)?;
-            self.keep_read(key, &value, &entry, now, ticket, options);
-            return Some(value);
-        }
-        if options.freshness().servable_stale(reading(&entry, now)) {
-            *stale = Some(entry);
-        }
-        None
-    }
 }
 
 impl<V: Value> Cache<V> {
-    /// Step 5 of the pipeline, past a store read that served nothing: one
+    /// The fill, for one caller, past a read that served nothing: one
     /// flight per key in this process; the flight takes the lease, loads
     /// and writes (see `fill`), or, in [`Mode::Local`] (the store cannot
     /// be used), loads directly. A soft timeout gives up waiting (not
@@ -716,7 +689,7 @@ impl<V: Value> Cache<V> {
         Ok((result, role, fallback))
     }
 
-    /// Step 6, a flight's outcome for one caller of user key `user_key`
+    /// Settle: a flight's outcome for one caller of user key `user_key`
     /// (storage key `key`). On failure: the stale entry if one may stand in
     /// (fail-safe), else this process's L1 copy (`local`) if it may (the
     /// store lost the entry, L1 did not), else the fallback, else the

@@ -1,37 +1,100 @@
-//! The [`Cache`] handle, its builder, and the `get_or_load` pipeline.
+//! The [`Cache`] handle's public calls, and the story of one request.
 //!
-//! # Order
+//! # The steps of one `get_or_load(key, loader)`
 //!
-//! One `get_or_load(key, loader)` reads top to bottom:
+//! Numbered here and nowhere else; everywhere else a step is called by its
+//! name.
 //!
-//! 1. **Key**: validated and namespaced (a bad key never reaches the store).
-//!    With an L1 ([`L1Config`](crate::L1Config)), a fresh local copy is
-//!    returned here, before anything else is built.
-//! 2. **Read**: one `GET` of the envelope, shared by the callers of the key
+//! 1. **Key**: validated and namespaced; a bad key never reaches L1 or the
+//!    store.
+//! 2. **Near cache**: with an L1 ([`L1Config`](crate::L1Config)), a fresh
+//!    local copy is returned here, before anything else is built (an early
+//!    refresh is judged on it as on a stored entry).
+//! 3. **Read**: one `GET` of the envelope, shared by the callers of the key
 //!    in this process. Corrupt or foreign bytes are a miss plus a warning; a
 //!    store failure is a miss plus a warning too: an L1 copy stands in if
 //!    there is one; else a store that cannot be used (its breaker open, no
 //!    connection) degrades to direct loads instead of failing requests,
 //!    while one that timed out (slow, not gone) still goes through the
-//!    lease (steps 4–6). An entry written with tags
-//!    is checked against its tags' generations (one more round trip; see
-//!    `tags`); one whose tag was invalidated is a miss. When nothing is stored, the
-//!    shared read goes straight on to steps 4–6 and its callers get the
-//!    load's outcome.
-//! 3. **Freshness**: judged on the store's clock. Fresh → return.
-//! 4. **One load per key**: callers in this process share one flight
-//!    ([`SingleFlight`](crate::flight::SingleFlight)); the flight takes the key's lease in the store so
-//!    one process in the fleet loads. Without the lease it waits to be woken
-//!    by the holder's "filled" message (with jittered polling as a fallback)
-//!    up to `lock_wait`, then follows [`OnLockTimeout`]. A waiter marks the
-//!    lease as waited on, and the holder's message then carries the stored
-//!    entry (up to 16 KiB), so woken waiters do not read it back.
-//! 5. **Load**: the loader runs in its own task, under `load_timeout`, the
-//!    lease extended while it runs; `Ok(None)` becomes a negative entry.
-//! 6. **Fenced write**: the entry is written with a jittered TTL only if the
-//!    lease is still ours (an invalidation revokes it), the lease released and
-//!    "filled" published, atomically. A failed write is logged; the callers
-//!    still get the loaded value.
+//!    lease (fill). An entry written with tags is checked against its tags'
+//!    generations (one more round trip; see `tags`); one whose tag was
+//!    invalidated is a miss. When nothing is stored, the shared read goes
+//!    straight on to the fill, and its callers get the load's outcome.
+//! 4. **Verdict**: the entry judged on the store's clock: fresh (served),
+//!    due for an early refresh (served, one refresh in the background),
+//!    stale within grace (served while one refresh runs), stale past grace
+//!    (the fail-safe stand-in of the load that follows), or nothing.
+//! 5. **Fill**: callers in this process share one flight
+//!    ([`SingleFlight`](crate::flight::SingleFlight)); the flight takes the
+//!    key's lease in the store so one process in the fleet loads. Without
+//!    the lease it waits to be woken by the holder's "filled" message (with
+//!    jittered polling as a fallback) up to `lock_wait`, then follows
+//!    [`OnLockTimeout`]. A waiter marks the lease as waited on, and the
+//!    holder's message then carries the stored entry (up to 16 KiB), so
+//!    woken waiters do not read it back.
+//! 6. **Load**: the loader runs in its own task under the origin's
+//!    breaker, bulkhead and retries, within `load_timeout`, the lease
+//!    extended while it runs; `Ok(None)` becomes a negative entry.
+//! 7. **Seal and fenced write**: the entry is sealed with a jittered TTL
+//!    (and the size cap) and written only if the lease is still ours (an
+//!    invalidation revokes it), the lease released and "filled" published,
+//!    atomically. A failed write is logged; the callers still get the
+//!    loaded value.
+//! 8. **Settle**: each caller's outcome: the value (loaded, or coalesced
+//!    for a follower), else a stand-in for a failed load (the stale entry,
+//!    the L1 copy, the fallback), else the error.
+//!
+//! `get` is steps 1 to 4 without a load; `get_many` takes the same steps
+//! for many keys at once (`batch`).
+//!
+//! # Rooms
+//!
+//! One file per step, and calls run one way: from the public calls down
+//! through the steps in their order, never back up (the layering is
+//! checked by `tests/layers.rs`).
+//!
+//! | file | holds | may use |
+//! |---|---|---|
+//! | `mod.rs` | the public calls and their docs | every room below |
+//! | `per_call.rs` | [`CacheEntry`]: one call with its own settings | `pipeline`, `invalidate` |
+//! | `pipeline.rs` | `fetch` (steps 1–2 and the count) and `pipeline` (steps 3–8, in passes) | `read`, `verdict`, `fill`, `seal`, `trace` |
+//! | `batch/` | `get_many`: the same steps for many keys | the rooms below it |
+//! | `warm.rs`, `inspect.rs` | warming and inspecting entries (public calls of their own) | the public calls, `pipeline`, `fill`, `lookup`, `verdict` |
+//! | `read.rs` | near cache (2) and shared store reads (3), which hand a miss to the fill | `lookup`, `verdict`, `fill` |
+//! | `invalidate.rs` | `set`, `set_many`, `invalidate`, `invalidate_tag`: the fence and its delivery | `seal`, `lookup`, `transition` |
+//! | `fill.rs` | the fill, the load's task, the fenced write and settle (5–8) | `lease`, `lookup`, `verdict`, `seal`, `transition` |
+//! | `verdict.rs` | the one judgment on a stored entry or an L1 copy (4): decode, fresh, early refresh, grace, stand-in | `seal`, `transition` |
+//! | `seal.rs` | sealing (7) and keeping values in L1 | the ground floor |
+//! | `lookup.rs` | one store read of a key: queued, beside the previous version, tags checked | `verdict`, `queue`, `tags` |
+//! | `transition.rs` | the previous version's entries during a version transition | the ground floor |
+//! | `trace.rs` | the calls' spans | the ground floor |
+//! | `handle.rs` | the [`Cache`] type (its docs: the coherence contract) and `CacheCore` | the ground floor |
+//! | ground floor | `value` (the `Value` and `Load` bounds), `keys`, `lease` ([`LeaseConfig`]), `options`, `tags` (what a tag is), `coherence` (flights, L1, epochs), `notify` (the bus), `guard` and `queue` (the store behind its breaker, batched reads), `origin`, `throttle`, `settings`, `builder` | the crate's policies (`breaker`, `limit`, `retry`, `flight`, `l1`, `freshness`, `entry`, `codec`), `store`, `metrics` |
+//!
+//! # Vocabulary
+//!
+//! - **fetch**: a whole call: near cache, then the pipeline (`fetch`,
+//!   `fetch_many`); a **pass** is one trip through the pipeline (a call
+//!   whose load turned out revoked takes another, at most three).
+//! - **read**: a store read (`lookup::read`), shared by the callers of a
+//!   key (`read_shared`, led by `read_led`).
+//! - **judge**: the verdict on an entry (`judge`, `judge_entry`).
+//! - **fill**: a key's flight: take the lease, load, write (`fill`,
+//!   `fill_many`); `join_fill` joins or starts one, `wait_for_fill` and
+//!   `await_fill` wait for its outcome.
+//! - **lead**: the lease holder's part of a fill (`lead`, `lead_many`,
+//!   `lead_taken`, `lead_chunk`).
+//! - **load**: a call of the loader through the origin: `load_batch` (one
+//!   batch loader call), `load_unwritten` (loaded, not written),
+//!   `load_direct` and `load_direct_many` (the store cannot be used),
+//!   `load_unleased` (many keys whose leases could not be tried).
+//! - **seal**: an entry encoded for the store, with its TTL (`seal`,
+//!   `seal_tagged`).
+//! - **keep**: a value put in L1 (`keep_read`, `keep_written`,
+//!   `keep_unwritten`, all through `keep_near`).
+//! - **settle**: a flight's outcome for one caller (`settle`).
+//! - **deliver**: an invalidation sent, retried within a second
+//!   (`deliver`).
 
 mod batch;
 mod builder;

@@ -230,7 +230,7 @@ impl<V: Value> Cache<V> {
     where
         L: Load<V>,
     {
-        // 3. Read the store (shared with concurrent reads of the key). A
+        // Read the store (shared with concurrent reads of the key). A
         // miss goes on to the load in the read itself, unless an L1 copy
         // would stand in for a load the fail-safe throttle holds back.
         let load_on_miss =
@@ -297,7 +297,7 @@ impl<V: Value> Cache<V> {
             }
         };
 
-        // 4. Freshness, on the store's clock.
+        // The verdict, on the store's clock.
         let mut fallback: Option<Arc<Entry>> = None;
         if let Some(entry) = entry {
             let now = self.inner.store.now_ms();
@@ -331,7 +331,7 @@ impl<V: Value> Cache<V> {
             }));
         }
 
-        // 5. Boxed: the load's part of the future is the large one, and
+        // The fill, boxed: the load's part of the future is the large one, and
         // a hit (which returned above) would otherwise build and carry it.
         let load = self.wait_for_fill(key.to_vec(), loader.clone(), options, fallback, mode);
         let (result, role, stale) = match Box::pin(load).await {

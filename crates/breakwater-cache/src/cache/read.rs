@@ -21,7 +21,7 @@ use crate::served::{Fetched, Served};
 use crate::store::Store;
 
 impl<V: Value> Cache<V> {
-    /// Steps 1 and 2: the key checked, and L1 asked (keyed by the user's
+    /// The key and the near cache: the key checked, and L1 asked (keyed by the user's
     /// key, so a hit builds nothing). With `options`, a fresh copy is also
     /// judged for early refresh, on the store's clock, as a store read is.
     ///
@@ -67,7 +67,7 @@ impl<V: Value> Cache<V> {
         })
     }
 
-    /// Step 3: reads the store, shared with the reads of the key already in
+    /// The read: reads the store, shared with the reads of the key already in
     /// the air. With none in the air, the read runs inline in the caller's
     /// task (no task, no shared loader: an uncontended hit is one `GET` and
     /// its decoding); later readers of the key join it. Finding nothing,

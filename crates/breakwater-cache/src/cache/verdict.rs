@@ -14,7 +14,7 @@ use crate::clock::millis;
 use crate::entry::Entry;
 use crate::error::Error;
 use crate::freshness::{Freshness, Reading};
-use crate::l1::NearCopy;
+use crate::l1::{NearCopy, Ticket};
 use crate::log_limit::{Once, Warning, show_key, warn_limited};
 use crate::served::{Fetched, Served, StaleReason};
 use crate::store::Store;
@@ -37,6 +37,31 @@ impl CacheCore {
 }
 
 impl<V: Value> Cache<V> {
+    /// the fill's `fresh_value` for an entry already in hand.
+    pub(super) fn fresh_entry(
+        &self,
+        key: &[u8],
+        entry: Entry,
+        stale: &mut Option<Entry>,
+        options: &Options,
+        replacing: Option<u64>,
+        ticket: Option<Ticket>,
+    ) -> Option<Option<V>> {
+        let now = self.inner.store.now_ms();
+        if entry.fresh_until > now {
+            if replacing == Some(entry.fresh_until) {
+                return None;
+            }
+            let value = self.entry_value(key, &entry)?;
+            self.keep_read(key, &value, &entry, now, ticket, options);
+            return Some(value);
+        }
+        if options.freshness().servable_stale(reading(&entry, now)) {
+            *stale = Some(entry);
+        }
+        None
+    }
+
     /// Whether a fresh L1 copy is due for an early refresh: `Some` with the
     /// `fresh_until` it would replace. Cheap unless the copy is close to its
     /// end: the random draw is only made where it could trigger.
@@ -83,7 +108,7 @@ impl<V: Value> Cache<V> {
         (verdict == Freshness::RefreshEarly).then_some(stamp.fresh_until)
     }
 
-    /// Step 4 for an entry read from the store at `now` (store clock): a
+    /// The verdict on an entry read from the store at `now` (store clock): a
     /// fresh value is served, with an early refresh if one is due; a stale
     /// one within grace is served while a refresh runs, or, while the key's
     /// loads are throttled after a failure, without one; past grace it is

@@ -36,7 +36,7 @@ use crate::served::{Served, StaleReason};
 use crate::store::{LeaseAttempt, LeaseRequest, Store};
 
 impl<V: Value> Cache<V> {
-    /// Steps 4–6 for the keys this call leads: lands each key's flight.
+    /// The fill, load, fenced write and settle for the keys this call leads: lands each key's flight.
     pub(super) async fn fill_many<K, B>(
         self,
         led: Vec<(Led<K, V>, Mode)>,
@@ -65,7 +65,7 @@ impl<V: Value> Cache<V> {
         );
     }
 
-    /// Step 4: the leases, in one step; then the keys taken are loaded,
+    /// The leases, in one step; then the keys taken are loaded,
     /// the ones held elsewhere awaited, and, if the store failed, loaded
     /// directly.
     pub(super) async fn lease_many<K, B>(
