@@ -1,4 +1,6 @@
-//! The envelope stored in Redis under a cache key.
+//! The envelope stored in Redis under a cache key, so that corrupt, foreign
+//! or future bytes are recognized as such and never decoded into a wrong
+//! value.
 //!
 //! An entry is a small, versioned binary header followed by the payload (the
 //! value serialized by its [`Codec`], possibly LZ4-compressed). Decoding never

@@ -1,5 +1,7 @@
-//! Freshness: is a stored value fresh, due for an early refresh, stale or
-//! expired?
+//! Freshness, so a hot key is refreshed before it expires (no stampede at
+//! the deadline) and a stale value is served only within the windows the
+//! settings allow: is a stored value fresh, due for an early refresh,
+//! stale or expired?
 //!
 //! # Soft and hard TTL
 //!

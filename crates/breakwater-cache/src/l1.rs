@@ -1,4 +1,6 @@
-//! The in-process near cache (L1): decoded values in front of the store.
+//! The in-process near cache (L1), so a hot key costs no round trip and no
+//! decoding, and a store that is slow or gone is shielded: decoded values
+//! in front of the store, never fresher than the store says.
 //!
 //! An L1 hit costs no round trip and no decoding. Each entry lives no longer
 //! in L1 than the value's remaining fresh time in the store (and at most

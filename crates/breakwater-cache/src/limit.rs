@@ -1,5 +1,7 @@
-//! A bulkhead for the loader: how many loads run at once, how fast new ones
-//! start, and how long a load may queue for its turn.
+//! A bulkhead for the loader, so a burst of misses cannot open more
+//! database connections or start loads faster than the database takes:
+//! how many loads run at once, how fast new ones start, and how long a load
+//! may queue for its turn.
 //!
 //! * **Concurrency**: at most `max_concurrent` loads hold a permit (a
 //!   [`tokio::sync::Semaphore`], first come first served).

@@ -1,5 +1,7 @@
-//! What one process holds about a key besides the store — the flights in
-//! the air and the L1 copy — and what an invalidation does to it.
+//! Coherence in one process, so that after an invalidation no caller of
+//! this process gets a value read or loaded before it: what the process
+//! holds about a key besides the store (the flights in the air and the L1
+//! copy) and what an invalidation does to it.
 //!
 //! # The rule
 //!

@@ -1,4 +1,7 @@
-//! The body of one flight: take the lease and load, or wait to be woken.
+//! The fill, so that a key is loaded once across the fleet however many
+//! callers miss it, and a value loaded before an invalidation is never
+//! written after it: the body of one flight, which takes the lease and
+//! loads, or waits to be woken.
 //!
 //! - **Lease**: try the key's lease (`SET NX PX` with a fresh 128-bit token).
 //! - **Lead**: got it: read once more (another process may have filled the key just

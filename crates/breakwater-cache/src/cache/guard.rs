@@ -1,4 +1,5 @@
-//! The store behind its own circuit breaker.
+//! The store behind its own circuit breaker, so a hung or failing Redis
+//! costs each request at most one deadline instead of one per call.
 //!
 //! Every store call a cache makes goes through [`GuardedStore`]. After
 //! consecutive store failures (errors or timeouts) the breaker opens: for a

@@ -1,5 +1,6 @@
-//! Reads of distinct keys that meet while the store is busy go out as one
-//! batch ([`Store::get_many`]: one `MGET`).
+//! Batched reads, so that under load many callers do not each pay a round
+//! trip and a parse: reads of distinct keys that meet while the store is
+//! busy go out as one batch ([`Store::get_many`]: one `MGET`).
 //!
 //! A read goes straight to the store, in the caller's task, while fewer
 //! than [`IN_FLIGHT`] of this cache's reads are in the air: an uncontended
