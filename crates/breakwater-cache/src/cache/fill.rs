@@ -5,36 +5,36 @@
 //!
 //! - **Lease**: try the key's lease (`SET NX PX` with a fresh 128-bit token).
 //! - **Lead**: got it: read once more (another process may have filled the key just
-//!    before), else lead: read the call's tags' generations, if it named
-//!    tags (they are recorded in the entry; unreadable, the value is loaded,
-//!    served and not written), inside a version transition pin the previous
-//!    version's entry (see `transition`; likewise), run the loader in its
-//!    own task, extending the lease
-//!    every third of its TTL, bounded by `load_timeout`; write through the
-//!    fence.
+//!   before), else lead: read the call's tags' generations, if it named
+//!   tags (they are recorded in the entry; unreadable, the value is loaded,
+//!   served and not written), inside a version transition pin the previous
+//!   version's entry (see `transition`; likewise), run the loader in its
+//!   own task, extending the lease
+//!   every third of its TTL, bounded by `load_timeout`; write through the
+//!   fence.
 //! - **Wait**: not got it (the attempt marked the lease as waited on and said how
-//!    long the lease has left): watch the key, read once more (the fill may
-//!    have happened between the attempt and the watch), then sleep until woken, a
-//!    jittered poll, the lease's expiry, or the wait's deadline; on waking
-//!    take the entry the fill's message carried (unless it has tags: those
-//!    are read from the store, which checks them), or read again, then go back
-//!    to the lease. A holder that died stops extending its lease: it runs out, and
-//!    the first waiter to try again takes over (one, fleet-wide).
+//!   long the lease has left): watch the key, read once more (the fill may
+//!   have happened between the attempt and the watch), then sleep until woken, a
+//!   jittered poll, the lease's expiry, or the wait's deadline; on waking
+//!   take the entry the fill's message carried (unless it has tags: those
+//!   are read from the store, which checks them), or read again, then go back
+//!   to the lease. A holder that died stops extending its lease: it runs out, and
+//!   the first waiter to try again takes over (one, fleet-wide).
 //! - **Deadline**: passed (`lock_wait`; by default `queue_wait + load_timeout + 2 × lease_ttl`,
-//!    long enough for a live holder's load and one takeover): the
-//!    [`OnLockTimeout`](super::OnLockTimeout) policy, for foreground calls
-//!    only. A background refresh never loads without the lease.
+//!   long enough for a live holder's load and one takeover): the
+//!   [`OnLockTimeout`](super::OnLockTimeout) policy, for foreground calls
+//!   only. A background refresh never loads without the lease.
 //! - **No store**: the lease attempt fails: unless it cannot be used at all
-//!    ([`Error::is_unreachable`]), the attempt is made once more with the
-//!    same token (a slow store: the first may have taken the lease, and the
-//!    script answers "acquired" to its holder; the retry's deadline grew
-//!    with the timeout). Failing still, load directly (in-process
-//!    single-flight still holds, and the origin's bulkhead caps it), so a
-//!    sick Redis degrades to direct loads, never to errors. The
-//!    result is served and kept in L1, not written (no fence can tell a
-//!    load from before an invalidation then), and the token just tried is
-//!    released in case the attempt ran after all. A background refresh does
-//!    not load at all then (it gives the token back too).
+//!   ([`Error::is_unreachable`]), the attempt is made once more with the
+//!   same token (a slow store: the first may have taken the lease, and the
+//!   script answers "acquired" to its holder; the retry's deadline grew
+//!   with the timeout). Failing still, load directly (in-process
+//!   single-flight still holds, and the origin's bulkhead caps it), so a
+//!   sick Redis degrades to direct loads, never to errors. The
+//!   result is served and kept in L1, not written (no fence can tell a
+//!   load from before an invalidation then), and the token just tried is
+//!   released in case the attempt ran after all. A background refresh does
+//!   not load at all then (it gives the token back too).
 
 use std::convert::Infallible;
 use std::pin::pin;

@@ -6,37 +6,37 @@
 //! The steps of `get_or_load` (see the parent module), for many keys:
 //!
 //! - **Keys**: each validated and namespaced; a key asked twice is fetched
-//!    once. L1 answers what it holds fresh.
+//!   once. L1 answers what it holds fresh.
 //! - **Read**: one [`Store::get_many`](crate::Store::get_many) for the rest
-//!    (one `MGET`; on a Cluster one per hash slot, side by side). Each entry
-//!    is judged as `get_or_load` judges it: fresh is served; stale within
-//!    grace is served while a background refresh runs; past grace it is
-//!    kept as the fail-safe stand-in.
+//!   (one `MGET`; on a Cluster one per hash slot, side by side). Each entry
+//!   is judged as `get_or_load` judges it: fresh is served; stale within
+//!   grace is served while a background refresh runs; past grace it is
+//!   kept as the fail-safe stand-in.
 //! - **Fill, one flight per key in this process**: a key another caller (a
-//!    `get_or_load` or another `get_many`) is already loading is joined;
-//!    the others are registered as this call's flights, so callers that
-//!    come later join them.
+//!   `get_or_load` or another `get_many`) is already loading is joined;
+//!   the others are registered as this call's flights, so callers that
+//!   come later join them.
 //! - **Leases in one step**: one [`Store::acquire_leases`](crate::Store::acquire_leases)
-//!    for all of them (one script; per hash slot on a Cluster). The keys
-//!    taken are read once more (another process may have filled them just
-//!    before), then loaded by **one batch loader call** per
-//!    [`MAX_BATCH`](loader::MAX_BATCH) keys, under one bulkhead slot and one `load_timeout`
-//!    per call, the leases extended while it runs, and written each
-//!    through its own fence. The loader may return fewer keys than asked:
-//!    a key it leaves out is cached as "not found" (a negative entry).
+//!   for all of them (one script; per hash slot on a Cluster). The keys
+//!   taken are read once more (another process may have filled them just
+//!   before), then loaded by **one batch loader call** per
+//!   [`MAX_BATCH`](loader::MAX_BATCH) keys, under one bulkhead slot and one `load_timeout`
+//!   per call, the leases extended while it runs, and written each
+//!   through its own fence. The loader may return fewer keys than asked:
+//!   a key it leaves out is cached as "not found" (a negative entry).
 //! - **Keys another process holds** are awaited together, as a single
-//!    key's are (woken by the holder's fill, a takeover when its lease
-//!    expires, `lock_wait` and [`OnLockTimeout`](crate::OnLockTimeout)),
-//!    and **taken over as a batch**: every waiting key of the call whose
-//!    lease is gone (a holder that died stops extending its leases, which
-//!    were taken together and so run out together) is tried in one lease
-//!    step, gathering the ones that run out within 50 ms, and loaded as the
-//!    leases taken in one step are (one loader call and one bulkhead slot per [`MAX_BATCH`](loader::MAX_BATCH)), so a
-//!    dead holder costs each waiting call the lease TTL plus one load,
-//!    not one load per key.
+//!   key's are (woken by the holder's fill, a takeover when its lease
+//!   expires, `lock_wait` and [`OnLockTimeout`](crate::OnLockTimeout)),
+//!   and **taken over as a batch**: every waiting key of the call whose
+//!   lease is gone (a holder that died stops extending its leases, which
+//!   were taken together and so run out together) is tried in one lease
+//!   step, gathering the ones that run out within 50 ms, and loaded as the
+//!   leases taken in one step are (one loader call and one bulkhead slot per [`MAX_BATCH`](loader::MAX_BATCH)), so a
+//!   dead holder costs each waiting call the lease TTL plus one load,
+//!   not one load per key.
 //! - **The store fails** (the read or the lease step): those keys are
-//!    loaded directly in one batch, served and kept in L1, not written, as
-//!    for `get_or_load`.
+//!   loaded directly in one batch, served and kept in L1, not written, as
+//!   for `get_or_load`.
 //!
 //! Each key's outcome is settled as `get_or_load` settles it (fail-safe
 //! stale value, fallback, error), and the whole call ends by a deadline:
