@@ -21,6 +21,7 @@ use clap::{Args, Subcommand};
 
 use crate::args;
 use crate::failure::{Failure, bad_url, shown, unreachable};
+use crate::report::{percentile, stats_line, us_as_ms};
 use crate::worker::Algo;
 
 /// `breakwater bench` subcommands.
@@ -226,7 +227,7 @@ pub(crate) async fn main(command: BenchCommand) -> ExitCode {
 /// (a runtime failure if not), before a bench prints anything.
 async fn check_redis(url: &str) -> Result<breakwater_cache::RedisStore, Failure> {
     redis::Client::open(url).map_err(|err| bad_url(url, err))?;
-    match crate::worker::bench_store(url).await {
+    match crate::connect::bench_store(url).await {
         Ok(store) => Ok(store),
         Err(err) if err.is_config() => Err(bad_url(url, err)),
         Err(err) => Err(unreachable(url, err).await),
@@ -332,11 +333,11 @@ async fn stampede_table(opts: &StampedeOpts) -> Result<(), Box<dyn std::error::E
                         processes,
                         concurrency,
                         format!("{:.1}", all.loads as f64 / opts.bench.runs as f64),
-                        ms(percentile(&all.latencies_us, 0.50)),
-                        ms(percentile(&all.latencies_us, 0.99)),
-                        ms(all.latencies_us.last().copied()),
-                        ms(percentile(&all.wakes_us, 0.50)),
-                        ms(percentile(&all.wakes_us, 0.99)),
+                        us_as_ms(percentile(&all.latencies_us, 0.50)),
+                        us_as_ms(percentile(&all.latencies_us, 0.99)),
+                        us_as_ms(all.latencies_us.last().copied()),
+                        us_as_ms(percentile(&all.wakes_us, 0.50)),
+                        us_as_ms(percentile(&all.wakes_us, 0.99)),
                         all.errors,
                     )
                 });
@@ -464,14 +465,11 @@ async fn grace_table(
                 concurrency,
                 format!("{waited} of {callers}"),
                 format!("{:.1}", loads as f64 / opts.bench.runs as f64),
-                ms(percentile(&latencies, 0.50)),
-                ms(percentile(&latencies, 0.99)),
-                ms(latencies.last().copied()),
+                us_as_ms(percentile(&latencies, 0.50)),
+                us_as_ms(percentile(&latencies, 0.99)),
+                us_as_ms(latencies.last().copied()),
             );
-            crate::outln!(
-                "        stats(): {}",
-                crate::traffic::stats_line(&cache.stats())
-            );
+            crate::outln!("        stats(): {}", stats_line(&cache.stats()));
         });
     }
     progress.finish_and_clear();
@@ -668,33 +666,4 @@ async fn read_counter(url: &str, counter: &str) -> Result<u64, redis::RedisError
         .query_async::<i64>(&mut conn)
         .await?;
     Ok(loads.unwrap_or(0))
-}
-
-/// Microseconds as milliseconds with two decimals; `-` for no sample.
-fn ms(us: Option<u64>) -> String {
-    us.map_or("-".to_owned(), |u| format!("{:.2}", u as f64 / 1000.0))
-}
-
-/// The `q` quantile of sorted samples (nearest rank).
-pub(crate) fn percentile(sorted: &[u64], q: f64) -> Option<u64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted.get(rank - 1).copied()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn percentile_is_nearest_rank() {
-        let v: Vec<u64> = (1..=100).collect();
-        assert_eq!(percentile(&v, 0.50), Some(50));
-        assert_eq!(percentile(&v, 0.99), Some(99));
-        assert_eq!(percentile(&v, 1.0), Some(100));
-        assert_eq!(percentile(&[7], 0.99), Some(7));
-        assert_eq!(percentile(&[], 0.5), None);
-    }
 }

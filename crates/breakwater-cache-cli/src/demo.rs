@@ -32,7 +32,7 @@ use tokio::time::Instant;
 use crate::chart::{self, Chart, Event, Line, Panel};
 use crate::db::{self, Database};
 use crate::failure::Failure;
-use crate::histogram::count;
+use crate::report::{ms, stats_line, thousands};
 use crate::traffic::{self, Client, Expiries, Tally, Workload};
 
 /// Options of `breakwater demo`.
@@ -196,20 +196,19 @@ pub(crate) fn render(story: &Story) -> String {
         "{:<18} {:>10} {:>8} {:>9} {:>9} {:>7} {:>7} {:>7}",
         "", "db peak/s", "queries", "p50 ms", "p99 ms", "errors", "stale", "waited"
     );
-    let ms = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"));
     for row in &story.rows {
         let t = &row.tally;
         let _ = writeln!(
             out,
             "{:<18} {:>10} {:>8} {:>9} {:>9} {:>7} {:>7} {:>7}",
             row.name,
-            count(row.peak()),
-            count(row.queries),
+            thousands(row.peak()),
+            thousands(row.queries),
             ms(t.quantile_ms(0.5)),
             ms(t.quantile_ms(0.99)),
-            count(t.errors),
-            count(t.stale),
-            count(t.waited())
+            thousands(t.errors),
+            thousands(t.stale),
+            thousands(t.waited())
         );
     }
     let _ = writeln!(
@@ -219,7 +218,7 @@ pub(crate) fn render(story: &Story) -> String {
     );
     for row in &story.rows {
         if let Some(stats) = &row.tally.stats {
-            let _ = writeln!(out, "{} stats(): {}", row.name, traffic::stats_line(stats));
+            let _ = writeln!(out, "{} stats(): {}", row.name, stats_line(stats));
         }
     }
     for note in &story.notes {
@@ -289,7 +288,7 @@ fn avalanche(seed: u64) -> Result<Story, Error> {
         };
         notes.push(format!(
             "{name} ({how}): {} keys expire {}",
-            count(expiries.count),
+            thousands(expiries.count),
             expiries.describe()
         ));
         rows.push(row);
@@ -300,16 +299,16 @@ fn avalanche(seed: u64) -> Result<Story, Error> {
     notes.push(format!(
         "check on the virtual clock: breakwater's busiest second of queries, {}, is {} \
          1.2 × the even spread ({} / {} s = {}/s) = {}",
-        count(bw_peak),
+        thousands(bw_peak),
         if bw_peak as f64 <= 1.2 * even {
             "within"
         } else {
             "ABOVE"
         },
-        count(KEYS),
+        thousands(KEYS),
         (high - low).as_secs(),
-        count(even.round() as usize),
-        count((1.2 * even).round() as usize)
+        thousands(even.round() as usize),
+        thousands((1.2 * even).round() as usize)
     ));
     Ok(Story {
         name: "avalanche",
@@ -383,8 +382,8 @@ fn stampede(seed: u64) -> Result<Story, Error> {
         notes.push(format!(
             "{name}: {refreshes} refreshes, {per_refresh:.1} queries each; {} requests waited \
              for the database, {} queries ran{per_waiter}",
-            count(waited),
-            count(row.queries),
+            thousands(waited),
+            thousands(row.queries),
         ));
         rows.push(row);
     }
@@ -523,15 +522,15 @@ fn outage(seed: u64) -> Result<Story, Error> {
                 "recovery (bulkhead: 16 loads at once): queries/s from {back} s: {}",
                 recovery
                     .iter()
-                    .map(|n| count(*n))
+                    .map(|n| thousands(*n))
                     .collect::<Vec<_>>()
                     .join(", ")
             ));
         }
         notes.push(format!(
             "{name}: {} queries sent to the database while it was down; {} requests failed",
-            count(failed),
-            count(row.tally.errors)
+            thousands(failed),
+            thousands(row.tally.errors)
         ));
         rows.push(row);
     }

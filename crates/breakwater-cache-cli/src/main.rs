@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 mod args;
 mod bench;
 mod chart;
+mod connect;
 mod db;
 mod demo;
 mod failure;
@@ -17,6 +18,7 @@ mod inspect;
 mod many;
 mod output;
 mod progress;
+mod report;
 mod simulate;
 mod spread;
 mod traffic;
@@ -79,16 +81,6 @@ enum Command {
     /// Test support: one process of `bench many`.
     #[command(hide = true)]
     ManyWorker(many::ManyWorkerOpts),
-}
-
-/// A store on `urls`: one Redis URL, or several (comma-separated) nodes of
-/// a Redis Cluster.
-fn redis_store(urls: &str) -> Result<breakwater_cache::RedisStore, breakwater_cache::Error> {
-    if urls.contains(',') {
-        breakwater_cache::RedisStore::connect_cluster(urls.split(',').map(str::trim))
-    } else {
-        breakwater_cache::RedisStore::connect(urls)
-    }
 }
 
 /// Parses the command line and runs the chosen subcommand.

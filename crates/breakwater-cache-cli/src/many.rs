@@ -16,13 +16,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
-use breakwater_cache::{Cache, RedisStore, RedisStoreConfig, Store};
+use breakwater_cache::{Cache, Store};
 use clap::Args;
 use clap::builder::RangedU64ValueParser;
 use tokio::time::Instant;
 
 use crate::args;
+use crate::connect::bench_cluster_store;
 use crate::failure::{Failure, bad_url, unreachable};
+use crate::report::percentile;
 use crate::worker::{read_line, say};
 
 /// Options of `breakwater bench many`.
@@ -85,21 +87,6 @@ fn value_of(id: u64) -> Option<String> {
     (!id.is_multiple_of(7)).then(|| format!("row {id}"))
 }
 
-/// A store on `urls` with the benches' patient deadlines (a benchmark
-/// measures the cache, not timeouts on a busy machine).
-async fn connect(urls: &str) -> Result<RedisStore, breakwater_cache::Error> {
-    let config = RedisStoreConfig::default()
-        .response_timeout(Duration::from_secs(2))
-        .write_timeout(Duration::from_secs(2));
-    let store = if urls.contains(',') {
-        RedisStore::connect_cluster_with(urls.split(',').map(str::trim), config)?
-    } else {
-        RedisStore::connect_with(urls, config)?
-    };
-    store.warm_up().await?;
-    Ok(store)
-}
-
 /// `ids` shuffled by `seed` (xorshift; a fixed order per caller).
 fn shuffled(mut ids: Vec<u64>, seed: u64) -> Vec<u64> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -125,7 +112,7 @@ pub(crate) async fn worker(opts: ManyWorkerOpts) -> ExitCode {
 }
 
 async fn run_worker(opts: ManyWorkerOpts) -> Result<usize, Box<dyn std::error::Error>> {
-    let store = connect(&opts.redis).await?;
+    let store = bench_cluster_store(&opts.redis).await?;
     let cache = Cache::<String>::builder()
         .namespace(opts.namespace.clone())
         .store(store)
@@ -237,7 +224,7 @@ pub(crate) async fn bench(opts: &ManyOpts) -> Result<(), Failure> {
     for url in opts.redis.split(',') {
         redis::Client::open(url.trim()).map_err(|err| bad_url(url, err))?;
     }
-    let store = match connect(&opts.redis).await {
+    let store = match bench_cluster_store(&opts.redis).await {
         Ok(store) => store,
         Err(err) => return Err(unreachable(&opts.redis, err).await),
     };
@@ -281,10 +268,7 @@ pub(crate) async fn bench(opts: &ManyOpts) -> Result<(), Failure> {
             .count();
         let mut lat = run.latencies_us.clone();
         lat.sort_unstable();
-        let pct = |p: f64| {
-            lat.get(((lat.len() as f64 * p).ceil() as usize).saturating_sub(1))
-                .map_or(0.0, |us| *us as f64 / 1_000.0)
-        };
+        let pct = |p: f64| percentile(&lat, p).map_or(0.0, |us| us as f64 / 1_000.0);
         crate::outln!(
             "{:>4} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>9.1} {:>9.1} {:>9.1}",
             r + 1,

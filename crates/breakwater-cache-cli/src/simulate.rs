@@ -31,8 +31,8 @@ use crate::args::{self, JitterArg};
 use crate::chart::{self, Chart, Event, Line};
 use crate::db::{self, Database};
 use crate::failure::{self, Failure};
-use crate::histogram::count;
 use crate::progress;
+use crate::report::{ms, stats_line, thousands};
 use crate::traffic::{self, Client, Expiries, Workload};
 
 /// Options of `breakwater simulate`.
@@ -212,9 +212,9 @@ fn report(opts: &SimulateOpts, outcomes: &[Outcome], warnings: &[String]) -> Res
     let chart = Chart::queries(
         format!(
             "{} keys written at once, TTL {}, {} requests/s",
-            count(opts.keys),
+            thousands(opts.keys),
             humantime::format_duration(opts.ttl),
-            count(opts.rps as usize)
+            thousands(opts.rps as usize)
         ),
         outcomes
             .iter()
@@ -358,7 +358,7 @@ async fn scenario(
         p99_ms: tally.quantile_ms(0.99),
         max_ms: tally.quantile_ms(1.0),
         per_second,
-        stats: tally.stats.as_ref().map(traffic::stats_line),
+        stats: tally.stats.as_ref().map(stats_line),
     })
 }
 
@@ -368,16 +368,16 @@ pub(crate) fn render(opts: &SimulateOpts, outcomes: &[Outcome]) -> String {
     let _ = writeln!(
         out,
         "simulate: {} keys written at once with TTL {}, then {} requests/s for {} (Zipf s={})",
-        count(opts.keys),
+        thousands(opts.keys),
         humantime::format_duration(opts.ttl),
-        count(opts.rps as usize),
+        thousands(opts.rps as usize),
         humantime::format_duration(opts.duration),
         opts.zipf
     );
     let capacity = if opts.db_capacity == 0 {
         "no capacity limit".to_owned()
     } else {
-        format!("slower past {} at once", count(opts.db_capacity))
+        format!("slower past {} at once", thousands(opts.db_capacity))
     };
     let _ = writeln!(
         out,
@@ -402,21 +402,20 @@ pub(crate) fn render(opts: &SimulateOpts, outcomes: &[Outcome]) -> String {
         "stale",
         "errors"
     );
-    let ms = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"));
     for o in outcomes {
         let _ = writeln!(
             out,
             "{:<11} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7}",
             o.strategy.name(),
-            count(o.queries),
-            count(o.peak_per_second),
-            count(o.peak_at_once),
-            count(o.waited),
+            thousands(o.queries),
+            thousands(o.peak_per_second),
+            thousands(o.peak_at_once),
+            thousands(o.waited),
             ms(o.p50_ms),
             ms(o.p99_ms),
             ms(o.max_ms),
-            count(o.stale),
-            count(o.errors)
+            thousands(o.stale),
+            thousands(o.errors)
         );
     }
     let _ = writeln!(
@@ -449,7 +448,7 @@ pub(crate) fn render(opts: &SimulateOpts, outcomes: &[Outcome]) -> String {
     let _ = writeln!(
         out,
         "database queries per {width} s, one scale for every row (█ = {}):",
-        count(peak)
+        thousands(peak)
     );
     for (o, line) in outcomes.iter().zip(sparklines(&rows)) {
         let own = rows_peak(&o.per_second, width);
@@ -457,7 +456,7 @@ pub(crate) fn render(opts: &SimulateOpts, outcomes: &[Outcome]) -> String {
             out,
             "{:<11} {line} (peak {})",
             o.strategy.name(),
-            count(own)
+            thousands(own)
         );
     }
     out

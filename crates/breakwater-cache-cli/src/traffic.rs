@@ -10,18 +10,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use breakwater_cache::{
-    BreakerState, Cache, Error, Jitter, MemoryStore, Served, Stats, Store, Stored,
-};
+use breakwater_cache::{Cache, Error, Jitter, MemoryStore, Served, Stats, Store, Stored};
 use indicatif::ProgressBar;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::bench::percentile;
 use crate::db::{Database, Down};
-use crate::histogram::{count, peak_1s};
+use crate::histogram::peak_1s;
+use crate::report::{percentile, thousands};
 
 /// How requests are served.
 #[derive(Clone)]
@@ -283,44 +281,6 @@ pub(crate) async fn run(
     tally
 }
 
-/// One line of what [`Cache::stats`] counted: calls and hit ratio, stale
-/// values by reason, loader calls, coalesced calls, errors, breakers.
-pub(crate) fn stats_line(stats: &Stats) -> String {
-    let stale = if stats.stale.is_empty() {
-        "none".to_owned()
-    } else {
-        stats
-            .stale
-            .iter()
-            .map(|(reason, n)| {
-                let word = Served::Stale { reason: *reason }.as_str();
-                format!(
-                    "{} {}",
-                    word.trim_start_matches("stale_"),
-                    count(*n as usize)
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let state = |s: BreakerState| match s {
-        BreakerState::Closed => "closed",
-        BreakerState::HalfOpen => "half-open",
-        BreakerState::Open => "open",
-    };
-    format!(
-        "{} calls, hit ratio {:.1}%; stale: {stale}; loader calls {}, coalesced {}, errors {}; \
-         breakers now: origin {}, store {}",
-        count(stats.requests as usize),
-        stats.hit_ratio() * 100.0,
-        count(stats.loads.total() as usize),
-        count(stats.coalesced as usize),
-        count(stats.errors_total() as usize),
-        state(stats.origin_breaker),
-        state(stats.store_breaker)
-    )
-}
-
 /// Zipf key choice: `cdf[i]` is the probability of a key `<= i`.
 pub(crate) fn zipf_cdf(keys: usize, s: f64) -> Vec<f64> {
     let weights: Vec<f64> = (1..=keys).map(|rank| 1.0 / (rank as f64).powf(s)).collect();
@@ -386,10 +346,10 @@ impl Expiries {
                 "between {:.1} and {:.1} s, {} a second on average",
                 self.first_s,
                 self.last_s,
-                count(self.mean_per_second.round() as usize)
+                thousands(self.mean_per_second.round() as usize)
             )
         };
-        format!("{when}; busiest second {}", count(self.busiest_second))
+        format!("{when}; busiest second {}", thousands(self.busiest_second))
     }
 }
 

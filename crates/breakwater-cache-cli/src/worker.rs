@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use breakwater_cache::{Cache, OnLockTimeout, RedisStore, RedisStoreConfig};
+use breakwater_cache::{Cache, OnLockTimeout};
 use clap::{Args, ValueEnum};
 use redis::IntoConnectionInfo;
 use redis::aio::MultiplexedConnection;
@@ -30,6 +30,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::args;
+use crate::connect::bench_store;
 
 /// Which stampede defence the worker runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -99,19 +100,6 @@ pub(crate) async fn main(opts: WorkerOpts) -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// The store every bench process uses, connected: a benchmark measures the
-/// cache, not timeouts on a busy machine, so responses may take 2 s.
-pub(crate) async fn bench_store(url: &str) -> Result<RedisStore, breakwater_cache::Error> {
-    let store = RedisStore::connect_with(
-        url,
-        RedisStoreConfig::default()
-            .response_timeout(Duration::from_secs(2))
-            .write_timeout(Duration::from_secs(2)),
-    )?;
-    store.warm_up().await?;
-    Ok(store)
 }
 
 /// Sets up, waits for the go line, runs the calls and prints the summary.
