@@ -13,6 +13,7 @@ mod connect;
 mod db;
 mod demo;
 mod failure;
+mod fleet;
 mod histogram;
 mod inspect;
 mod many;

@@ -12,10 +12,12 @@
 //! returned it prints `finished` and waits for one more line on stdin (or its
 //! end) before it prints one line `sample <latency µs> <wake-up µs>` per
 //! call: the bench lets no worker report while another is still measuring.
-//! It ends with one line `done ok=<n> err=<n> first_error=<message or none>`.
+//! It ends with one line `done ok=<n> err=<n> first_error=<message or none>`
+//! (the line protocol of [`fleet`](crate::fleet), whose parent side is
+//! `bench stampede`).
 
 use std::future::Future;
-use std::io::{self, BufRead, Write};
+use std::io::{self, Write};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -31,6 +33,7 @@ use tokio::time::Instant;
 
 use crate::args;
 use crate::connect::bench_store;
+use crate::fleet::{Done, read_line, say};
 
 /// Which stampede defence the worker runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -176,8 +179,7 @@ async fn run(opts: WorkerOpts) -> Result<usize, Box<dyn std::error::Error>> {
         say("finished")?;
         tokio::task::spawn_blocking(read_line).await??;
     }
-    let (mut ok, mut err) = (0usize, 0usize);
-    let mut first_error: Option<String> = None;
+    let mut done = Done::default();
     let mut stdout = io::BufWriter::new(io::stdout().lock());
     for outcome in outcomes {
         let outcome = match outcome {
@@ -194,30 +196,16 @@ async fn run(opts: WorkerOpts) -> Result<usize, Box<dyn std::error::Error>> {
             Err(e) => Err(format!("task failed: {e}")),
         };
         match outcome {
-            Ok(()) => ok += 1,
+            Ok(()) => done.ok += 1,
             Err(msg) => {
-                err += 1;
-                first_error.get_or_insert(msg);
+                done.err += 1;
+                done.first_error.get_or_insert(msg);
             }
         }
     }
-    let first_error = first_error.unwrap_or_else(|| "none".to_owned());
-    writeln!(stdout, "done ok={ok} err={err} first_error={first_error}")?;
+    writeln!(stdout, "{done}")?;
     stdout.flush()?;
-    Ok(err)
-}
-
-/// Writes one line to the parent at once.
-pub(crate) fn say(line: &str) -> io::Result<()> {
-    let mut stdout = io::stdout().lock();
-    writeln!(stdout, "{line}")?;
-    stdout.flush()
-}
-
-/// One line of stdin; empty at its end.
-pub(crate) fn read_line() -> io::Result<String> {
-    let mut line = String::new();
-    io::stdin().lock().read_line(&mut line).map(|_| line)
+    Ok(done.err)
 }
 
 /// The database stand-in: count the load (and record this process's id
