@@ -1,6 +1,17 @@
 //! `breakwater`: the command line of the breakwater cache layer.
 //!
 //! One module per subcommand; [`Command`] lists them and [`main`] dispatches.
+//! What several subcommands share has a module of its own, and no module
+//! uses anything of this file:
+//!
+//! - `args` (shared options), `failure` (exit codes, one-line errors),
+//!   `output` (`out!`, `outln!`), `progress` (bars), `report` (how figures
+//!   read), `connect` (stores on a `--redis`);
+//! - `fleet`: the worker processes of `bench stampede` (`worker`) and
+//!   `bench many`, and their line protocol;
+//! - `traffic` (requests against the simulated database, `db`), `scenario`
+//!   (what `demo` and `simulate` run, and the runner) and `outcome` (what
+//!   it measured, as tables and charts: `chart`, `histogram`).
 
 use std::process::ExitCode;
 
@@ -17,9 +28,11 @@ mod fleet;
 mod histogram;
 mod inspect;
 mod many;
+mod outcome;
 mod output;
 mod progress;
 mod report;
+mod scenario;
 mod simulate;
 mod spread;
 mod traffic;
