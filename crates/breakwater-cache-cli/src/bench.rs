@@ -72,9 +72,8 @@ pub(crate) struct HitOpts {
     pub(crate) workers: usize,
 }
 
-/// The comparison itself, shared with `cargo bench -p breakwater-cache --bench hit`
-/// (which includes this file by path: the published CLI carries it).
-#[allow(unreachable_pub, dead_code)]
+/// The comparison itself; `cargo bench -p breakwater-cache-cli --bench hit`
+/// runs it through this command, on a private `redis-server`.
 mod hit;
 
 /// `breakwater bench hit`: the three scenarios, one line each.
