@@ -11,9 +11,8 @@
 //! (keys named with this process's id, so another bench's keys are left
 //! alone).
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, ExitCode, Stdio};
-use std::sync::{Arc, Mutex, mpsc};
+use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::builder::RangedU64ValueParser;
@@ -21,6 +20,8 @@ use clap::{Args, Subcommand};
 
 use crate::args;
 use crate::failure::{Failure, bad_url, shown, unreachable};
+use crate::fleet::{BoxError, Fleet};
+use crate::report::{percentile, stats_line, us_as_ms};
 use crate::worker::Algo;
 
 /// `breakwater bench` subcommands.
@@ -71,9 +72,8 @@ pub(crate) struct HitOpts {
     pub(crate) workers: usize,
 }
 
-/// The comparison itself, shared with `cargo bench -p breakwater-cache --bench hit`
-/// (which includes this file by path: the published CLI carries it).
-#[allow(unreachable_pub, dead_code)]
+/// The comparison itself; `cargo bench -p breakwater-cache-cli --bench hit`
+/// runs it through this command, on a private `redis-server`.
 mod hit;
 
 /// `breakwater bench hit`: the three scenarios, one line each.
@@ -226,7 +226,7 @@ pub(crate) async fn main(command: BenchCommand) -> ExitCode {
 /// (a runtime failure if not), before a bench prints anything.
 async fn check_redis(url: &str) -> Result<breakwater_cache::RedisStore, Failure> {
     redis::Client::open(url).map_err(|err| bad_url(url, err))?;
-    match crate::worker::bench_store(url).await {
+    match crate::connect::bench_store(url).await {
         Ok(store) => Ok(store),
         Err(err) if err.is_config() => Err(bad_url(url, err)),
         Err(err) => Err(unreachable(url, err).await),
@@ -332,11 +332,11 @@ async fn stampede_table(opts: &StampedeOpts) -> Result<(), Box<dyn std::error::E
                         processes,
                         concurrency,
                         format!("{:.1}", all.loads as f64 / opts.bench.runs as f64),
-                        ms(percentile(&all.latencies_us, 0.50)),
-                        ms(percentile(&all.latencies_us, 0.99)),
-                        ms(all.latencies_us.last().copied()),
-                        ms(percentile(&all.wakes_us, 0.50)),
-                        ms(percentile(&all.wakes_us, 0.99)),
+                        us_as_ms(percentile(&all.latencies_us, 0.50)),
+                        us_as_ms(percentile(&all.latencies_us, 0.99)),
+                        us_as_ms(all.latencies_us.last().copied()),
+                        us_as_ms(percentile(&all.wakes_us, 0.50)),
+                        us_as_ms(percentile(&all.wakes_us, 0.99)),
                         all.errors,
                     )
                 });
@@ -464,14 +464,11 @@ async fn grace_table(
                 concurrency,
                 format!("{waited} of {callers}"),
                 format!("{:.1}", loads as f64 / opts.bench.runs as f64),
-                ms(percentile(&latencies, 0.50)),
-                ms(percentile(&latencies, 0.99)),
-                ms(latencies.last().copied()),
+                us_as_ms(percentile(&latencies, 0.50)),
+                us_as_ms(percentile(&latencies, 0.99)),
+                us_as_ms(latencies.last().copied()),
             );
-            crate::outln!(
-                "        stats(): {}",
-                crate::traffic::stats_line(&cache.stats())
-            );
+            crate::outln!("        stats(): {}", stats_line(&cache.stats()));
         });
     }
     progress.finish_and_clear();
@@ -494,165 +491,53 @@ async fn run_once(
     processes: usize,
     concurrency: usize,
     scenario: u64,
-) -> Result<Figures, Box<dyn std::error::Error>> {
+) -> Result<Figures, BoxError> {
     let pid = std::process::id();
     let key = format!("hot:{pid}:{scenario}");
     let counter = format!("bench:loads:{pid}:{scenario}");
-    let algo_arg = algo.name();
-    let mut workers = Vec::with_capacity(processes);
-    for _ in 0..processes {
-        let mut child = Command::new(exe)
-            .args([
-                "stampede-worker",
-                "--redis",
-                &opts.bench.redis,
-                "--namespace",
-                "bench",
-            ])
-            .args([
-                "--key",
-                &key,
-                "--counter",
-                &counter,
-                "--algo",
-                algo_arg,
-                "--samples",
-            ])
-            .args(["--concurrency", &concurrency.to_string()])
-            .args([
-                "--loader-latency",
-                &humantime::format_duration(opts.bench.loader_latency).to_string(),
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()?;
-        let stdout = child.stdout.take().ok_or("worker has no stdout")?;
-        let stderr = child.stderr.take().ok_or("worker has no stderr")?;
-        let last_error = Arc::new(Mutex::new(String::new()));
-        let keep = Arc::clone(&last_error);
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                *keep.lock().unwrap_or_else(|p| p.into_inner()) = line;
-            }
-        });
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        workers.push(Worker {
-            child,
-            lines: rx,
-            last_error,
-        });
-    }
-    for worker in &mut workers {
-        match worker.lines.recv_timeout(Duration::from_secs(30)) {
-            Ok(line) if line == "ready" => {}
-            other => return Err(worker.failed("get ready", other).into()),
-        }
-    }
-    for worker in &mut workers {
-        worker.send(b"go\n")?;
-    }
+    let loader_latency = humantime::format_duration(opts.bench.loader_latency).to_string();
+    let concurrency = concurrency.to_string();
+    let args: Vec<String> = [
+        "--redis",
+        &opts.bench.redis,
+        "--namespace",
+        "bench",
+        "--key",
+        &key,
+        "--counter",
+        &counter,
+        "--algo",
+        algo.name(),
+        "--samples",
+        "--concurrency",
+        &concurrency,
+        "--loader-latency",
+        &loader_latency,
+    ]
+    .map(str::to_owned)
+    .into();
+    let mut fleet = Fleet::spawn(exe, "stampede-worker", vec![args; processes])?;
+    fleet.ready(Duration::from_secs(30))?;
+    fleet.release()?;
     // No worker reports until every worker's calls have returned.
-    for worker in &mut workers {
-        match worker.lines.recv_timeout(Duration::from_secs(120)) {
-            Ok(line) if line == "finished" => {}
-            other => return Err(worker.failed("finish", other).into()),
-        }
-    }
-    for worker in &mut workers {
-        worker.send(b"report\n")?;
-    }
+    fleet.expect("finished", "finish", Duration::from_secs(120))?;
+    fleet.send("report")?;
     let mut figures = Figures::default();
-    for worker in &mut workers {
-        loop {
-            let line = worker
-                .lines
-                .recv_timeout(Duration::from_secs(120))
-                .map_err(|_| "worker did not finish within 120 s")?;
-            if let Some(rest) = line.strip_prefix("sample ") {
-                let mut parts = rest.split(' ');
-                let latency: u64 = parts.next().unwrap_or("0").parse()?;
-                let wake: i64 = parts.next().unwrap_or("-1").parse()?;
-                figures.latencies_us.push(latency);
-                if let Ok(wake) = u64::try_from(wake) {
-                    figures.wakes_us.push(wake);
-                }
-            } else if let Some(rest) = line.strip_prefix("done ") {
-                let errors = rest
-                    .split(' ')
-                    .find_map(|kv| kv.strip_prefix("err="))
-                    .and_then(|n| n.parse::<usize>().ok())
-                    .unwrap_or(0);
-                figures.errors += errors;
-                break;
+    let done = fleet.reports(Duration::from_secs(120), |line| {
+        if let Some(rest) = line.strip_prefix("sample ") {
+            let mut parts = rest.split(' ');
+            let latency: u64 = parts.next().unwrap_or("0").parse()?;
+            let wake: i64 = parts.next().unwrap_or("-1").parse()?;
+            figures.latencies_us.push(latency);
+            if let Ok(wake) = u64::try_from(wake) {
+                figures.wakes_us.push(wake);
             }
         }
-        worker.child.wait()?;
-    }
+        Ok(())
+    })?;
+    figures.errors = done.iter().map(|done| done.err).sum();
     figures.loads = read_counter(&opts.bench.redis, &counter).await?;
     Ok(figures)
-}
-
-struct Worker {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    /// The last line the worker wrote on stderr.
-    last_error: Arc<Mutex<String>>,
-}
-
-impl Worker {
-    /// Why the worker did not `step`, from what it said instead.
-    fn failed(&mut self, step: &str, got: Result<String, mpsc::RecvTimeoutError>) -> String {
-        let said = match got {
-            Ok(line) => format!("it said {line:?}"),
-            Err(mpsc::RecvTimeoutError::Timeout) => "it timed out".to_owned(),
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                // Its stderr ends with its exit; give the reader a moment.
-                let _ = self.child.wait();
-                std::thread::sleep(Duration::from_millis(50));
-                let last = self
-                    .last_error
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .clone();
-                if last.is_empty() {
-                    "it exited".to_owned()
-                } else {
-                    format!("it exited: {last}")
-                }
-            }
-        };
-        format!("a stampede-worker process did not {step} ({said})")
-    }
-
-    /// Writes one line to the worker's stdin.
-    fn send(&mut self, line: &[u8]) -> std::io::Result<()> {
-        let stdin = self
-            .child
-            .stdin
-            .as_mut()
-            .ok_or_else(|| std::io::Error::other("worker has no stdin"))?;
-        stdin.write_all(line)?;
-        stdin.flush()
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
 }
 
 /// Reads (and deletes) the load counter.
@@ -668,33 +553,4 @@ async fn read_counter(url: &str, counter: &str) -> Result<u64, redis::RedisError
         .query_async::<i64>(&mut conn)
         .await?;
     Ok(loads.unwrap_or(0))
-}
-
-/// Microseconds as milliseconds with two decimals; `-` for no sample.
-fn ms(us: Option<u64>) -> String {
-    us.map_or("-".to_owned(), |u| format!("{:.2}", u as f64 / 1000.0))
-}
-
-/// The `q` quantile of sorted samples (nearest rank).
-pub(crate) fn percentile(sorted: &[u64], q: f64) -> Option<u64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted.get(rank - 1).copied()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn percentile_is_nearest_rank() {
-        let v: Vec<u64> = (1..=100).collect();
-        assert_eq!(percentile(&v, 0.50), Some(50));
-        assert_eq!(percentile(&v, 0.99), Some(99));
-        assert_eq!(percentile(&v, 1.0), Some(100));
-        assert_eq!(percentile(&[7], 0.99), Some(7));
-        assert_eq!(percentile(&[], 0.5), None);
-    }
 }

@@ -18,7 +18,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use crate::failure::Failure;
-use crate::histogram::count;
+use crate::report::thousands;
 
 /// The font every chart's text is drawn in.
 static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
@@ -216,7 +216,7 @@ fn y_label(v: f64) -> String {
     if v < 0.9 {
         "0".to_owned()
     } else {
-        count(v.round() as usize)
+        thousands(v.round() as usize)
     }
 }
 
@@ -375,7 +375,7 @@ fn draw_legend<DB: DrawingBackend>(
     for (i, line) in panel.lines.iter().enumerate() {
         let look = look(i);
         let peak = line.per_second.iter().copied().max().unwrap_or(0);
-        let text = format!("{} (peak {}/s)", line.name, count(peak));
+        let text = format!("{} (peak {}/s)", line.name, thousands(peak));
         let style = look.color.stroke_width(look.width);
         let sample = [(x, 14), (x + 40, 14)];
         match look.dash {

@@ -140,6 +140,15 @@ pub(crate) fn per_second(started_ms: &[u64], seconds: usize) -> Vec<usize> {
     counts
 }
 
+/// `started_ms` grouped into bursts (a refresh each, for one key): runs of
+/// queries with no gap of more than a second between them.
+pub(crate) fn bursts(started_ms: &[u64]) -> usize {
+    let mut sorted = started_ms.to_vec();
+    sorted.sort_unstable();
+    let gaps = sorted.windows(2).filter(|w| w[1] - w[0] > 1_000).count();
+    if sorted.is_empty() { 0 } else { gaps + 1 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,6 +193,12 @@ mod tests {
     #[test]
     fn per_second_buckets() {
         assert_eq!(per_second(&[0, 999, 1000, 2500, 9000], 3), vec![2, 1, 1]);
+    }
+
+    #[test]
+    fn bursts_are_split_by_a_quiet_second() {
+        assert_eq!(bursts(&[]), 0);
+        assert_eq!(bursts(&[10_000, 0, 500, 1_400, 10_900]), 2);
     }
 
     /// Runs the futures concurrently on this task.

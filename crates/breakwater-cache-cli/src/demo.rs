@@ -10,30 +10,26 @@
 //! 2. **stampede**: one hot key, 2,000 requests/s, a 200 ms query.
 //! 3. **outage**: the database fails for 30 s under steady traffic.
 //!
-//! Each story prints a table and writes a chart (PNG and SVG) of the
-//! database's queries per second on a log scale; the outage's chart has a
-//! second panel of the errors and stale values the requests met each
+//! Each story is a named [`Scenario`] of the runner `simulate` uses, and
+//! what its outcomes say: a table and notes, and a chart (PNG and SVG) of
+//! the database's queries per second on a log scale; the outage's chart
+//! has a second panel of the errors and stale values the requests met each
 //! second.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use breakwater_cache::{
-    BreakerConfig, BreakerState, EarlyRefresh, Error, Jitter, LimitConfig, MemoryStore, Origin,
-};
+use breakwater_cache::{BreakerConfig, BreakerState, EarlyRefresh, Error, Jitter, LimitConfig};
 use clap::Args;
-use tokio::task::JoinSet;
-use tokio::time::Instant;
 
-use crate::chart::{self, Chart, Event, Line, Panel};
-use crate::db::{self, Database};
+use crate::chart::{self, Event};
 use crate::failure::Failure;
-use crate::histogram::count;
-use crate::traffic::{self, Client, Expiries, Tally, Workload};
+use crate::outcome::{self, Column, Outcome, Table};
+use crate::report::{ms, thousands};
+use crate::scenario::{self, CacheSpec, DatabaseSpec, Kind, OriginSpec, Scenario, Strategy};
+use crate::traffic::{self, Traffic, Workload};
 
 /// Options of `breakwater demo`.
 #[derive(Debug, Clone, Args)]
@@ -48,38 +44,8 @@ pub(crate) struct DemoOpts {
     pub(crate) out: PathBuf,
 }
 
-/// One strategy's figures in a story.
-#[derive(Debug, Clone)]
-pub(crate) struct Row {
-    /// `naive`, `breakwater`, ...
-    pub(crate) name: String,
-    /// Database queries started in each second.
-    pub(crate) per_second: Vec<usize>,
-    /// Database queries in all (failed ones included).
-    pub(crate) queries: usize,
-    /// What the requests met.
-    pub(crate) tally: Tally,
-}
-
-impl Row {
-    /// Measures `db` and `tally` over `seconds`.
-    fn new(name: &str, db: &Database, tally: Tally, seconds: usize) -> Self {
-        let started = db.started_ms();
-        Row {
-            name: name.to_owned(),
-            per_second: db::per_second(&started, seconds),
-            queries: started.len(),
-            tally,
-        }
-    }
-
-    /// The most queries started in one whole second.
-    pub(crate) fn peak(&self) -> usize {
-        self.per_second.iter().copied().max().unwrap_or(0)
-    }
-}
-
-/// One story: its rows, the events on its clock and what it measured.
+/// One story told: its outcomes, the events on its clock and what they
+/// say.
 #[derive(Debug, Clone)]
 pub(crate) struct Story {
     /// File name of its chart, e.g. `avalanche`.
@@ -88,8 +54,8 @@ pub(crate) struct Story {
     pub(crate) title: String,
     /// What was simulated, one line.
     pub(crate) setup: String,
-    /// One row per strategy.
-    pub(crate) rows: Vec<Row>,
+    /// One outcome per strategy.
+    pub(crate) outcomes: Vec<Outcome>,
     /// Marked on the chart.
     pub(crate) events: Vec<Event>,
     /// Lines printed under the table.
@@ -101,6 +67,50 @@ pub(crate) struct Story {
 
 /// A story, run with a seed.
 type StoryFn = fn(u64) -> Result<Story, Error>;
+
+/// The stories' table.
+const TABLE: Table = Table {
+    name_width: 18,
+    columns: &[
+        Column {
+            heading: "db peak/s",
+            width: 10,
+            figure: |o| thousands(o.peak_per_second),
+        },
+        Column {
+            heading: "queries",
+            width: 8,
+            figure: |o| thousands(o.queries),
+        },
+        Column {
+            heading: "p50 ms",
+            width: 9,
+            figure: |o| ms(o.p50_ms),
+        },
+        Column {
+            heading: "p99 ms",
+            width: 9,
+            figure: |o| ms(o.p99_ms),
+        },
+        Column {
+            heading: "errors",
+            width: 7,
+            figure: |o| thousands(o.errors),
+        },
+        Column {
+            heading: "stale",
+            width: 7,
+            figure: |o| thousands(o.stale),
+        },
+        Column {
+            heading: "waited",
+            width: 7,
+            figure: |o| thousands(o.waited),
+        },
+    ],
+    legend: "(db peak/s: most queries started in one second; latencies of the requests on the\n \
+             virtual clock; waited: requests not answered at once)",
+};
 
 /// Runs `breakwater demo`.
 pub(crate) async fn main(opts: DemoOpts) -> ExitCode {
@@ -133,7 +143,7 @@ pub(crate) async fn main(opts: DemoOpts) -> ExitCode {
 
 /// Prints `story` and writes its chart.
 fn show(number: usize, story: &Story, opts: &DemoOpts) -> Result<(), Failure> {
-    let panicked: usize = story.rows.iter().map(|row| row.tally.panicked).sum();
+    let panicked: usize = story.outcomes.iter().map(|o| o.panicked).sum();
     if panicked > 0 {
         return Err(Failure::runtime(format!(
             "{panicked} request(s) of the {} story panicked",
@@ -141,87 +151,22 @@ fn show(number: usize, story: &Story, opts: &DemoOpts) -> Result<(), Failure> {
         )));
     }
     crate::out!("\n{number}. {}", render(story));
-    let [png, svg] = chart::write(&chart_of(story), &opts.out, story.name)?;
+    let chart = outcome::chart(
+        story.title.clone(),
+        &story.outcomes,
+        story.events.clone(),
+        story.served,
+    );
+    let [png, svg] = chart::write(&chart, &opts.out, story.name)?;
     crate::outln!("chart: {} and {}", png.display(), svg.display());
     Ok(())
-}
-
-/// The story's chart: database queries per second, one series per
-/// strategy; for a story that shows what was served, a second panel of
-/// failed requests and stale values per second.
-pub(crate) fn chart_of(story: &Story) -> Chart {
-    let queries = story
-        .rows
-        .iter()
-        .map(|row| Line {
-            name: row.name.clone(),
-            per_second: row.per_second.clone(),
-        })
-        .collect();
-    let mut chart = Chart::queries(story.title.clone(), queries, story.events.clone());
-    if story.served {
-        let mut lines = Vec::new();
-        // Over the queries' seconds, zeros included.
-        let fit = |counts: &[usize], row: &Row| {
-            let mut counts = counts.to_vec();
-            counts.resize(row.per_second.len(), 0);
-            counts
-        };
-        for row in &story.rows {
-            lines.push(Line {
-                name: format!("{}: errors", row.name),
-                per_second: fit(&row.tally.errors_per_second, row),
-            });
-        }
-        for row in story.rows.iter().filter(|row| row.tally.stale > 0) {
-            lines.push(Line {
-                name: format!("{}: stale values", row.name),
-                per_second: fit(&row.tally.stale_per_second, row),
-            });
-        }
-        chart.panels.push(Panel {
-            y_desc: "requests per second: errors, stale values".to_owned(),
-            lines,
-        });
-    }
-    chart
 }
 
 /// The story as text: heading, table, notes.
 pub(crate) fn render(story: &Story) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "{}\n   {}\n", story.title, story.setup);
-    let _ = writeln!(
-        out,
-        "{:<18} {:>10} {:>8} {:>9} {:>9} {:>7} {:>7} {:>7}",
-        "", "db peak/s", "queries", "p50 ms", "p99 ms", "errors", "stale", "waited"
-    );
-    let ms = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"));
-    for row in &story.rows {
-        let t = &row.tally;
-        let _ = writeln!(
-            out,
-            "{:<18} {:>10} {:>8} {:>9} {:>9} {:>7} {:>7} {:>7}",
-            row.name,
-            count(row.peak()),
-            count(row.queries),
-            ms(t.quantile_ms(0.5)),
-            ms(t.quantile_ms(0.99)),
-            count(t.errors),
-            count(t.stale),
-            count(t.waited())
-        );
-    }
-    let _ = writeln!(
-        out,
-        "(db peak/s: most queries started in one second; latencies of the requests on the\n \
-         virtual clock; waited: requests not answered at once)"
-    );
-    for row in &story.rows {
-        if let Some(stats) = &row.tally.stats {
-            let _ = writeln!(out, "{} stats(): {}", row.name, traffic::stats_line(stats));
-        }
-    }
+    out.push_str(&TABLE.render(&story.outcomes));
     for note in &story.notes {
         let _ = writeln!(out, "{note}");
     }
@@ -229,87 +174,58 @@ pub(crate) fn render(story: &Story) -> String {
 }
 
 /// 1. Avalanche: 100,000 keys bulk-loaded with TTL 300 s, without jitter and
-///    with `Jitter::ratio(0.2)`.
+///    with `Jitter::ratio(0.2)`; every key is read again in the second
+///    after it expired.
 fn avalanche(seed: u64) -> Result<Story, Error> {
     const KEYS: usize = 100_000;
     const TTL: Duration = Duration::from_secs(300);
     const SECONDS: u64 = 400;
     let jitter = Jitter::ratio(0.2);
-    let mut rows = Vec::new();
+    let scenario = Scenario {
+        keys: KEYS,
+        db: DatabaseSpec::new(Duration::from_millis(5)).capacity(200),
+        traffic: Traffic::OnExpiry { seconds: SECONDS },
+        seconds: SECONDS as usize,
+        origin: None,
+        strategies: vec![
+            Strategy::naive("naive", TTL),
+            Strategy::breakwater(
+                "breakwater",
+                CacheSpec::new(TTL, jitter).early_refresh(EarlyRefresh::none()),
+            ),
+        ],
+        seed,
+    };
+    let outcomes = scenario::run(&scenario, None)?;
     let mut notes = Vec::new();
-    for (name, jitter) in [("naive", None), ("breakwater", Some(jitter))] {
-        let (row, expiries) = traffic::paused_runtime().block_on(async {
-            let store = MemoryStore::new();
-            let db = Arc::new(Database::new(Duration::from_millis(5)).with_capacity(200));
-            let client = match jitter {
-                None => Client::Naive { store, ttl: TTL },
-                Some(jitter) => Client::Breakwater(
-                    traffic::builder(&store, jitter, seed)
-                        .ttl(TTL)
-                        .early_refresh(EarlyRefresh::none())
-                        .build()?,
-                ),
-            };
-            client.preload(KEYS).await?;
-            let expiries = client.expiries_ms(KEYS).await?;
-            // Each key is read in the first whole second after it expired.
-            let mut due: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
-            for (key, at) in expiries.iter().enumerate() {
-                if let Some(at) = at {
-                    due.entry(at.div_ceil(1000)).or_default().push(key);
-                }
-            }
-            let began = Instant::now();
-            let mut tasks = JoinSet::new();
-            let mut tally = Tally::since(began);
-            for (second, keys) in due.range(..SECONDS) {
-                tokio::time::sleep_until(began + Duration::from_secs(*second)).await;
-                for key in keys.iter().copied() {
-                    let (client, db) = (client.clone(), Arc::clone(&db));
-                    tasks.spawn(async move { client.request(key, &db).await });
-                }
-                while let Some(done) = tasks.try_join_next() {
-                    tally.record(done);
-                }
-            }
-            while let Some(done) = tasks.join_next().await {
-                tally.record(done);
-            }
-            tally.latencies_us.sort_unstable();
-            if let Client::Breakwater(cache) = &client {
-                tally.stats = Some(cache.stats());
-            }
-            let expiries: Vec<u64> = expiries.into_iter().flatten().collect();
-            let row = Row::new(name, &db, tally, SECONDS as usize);
-            Ok::<_, Error>((row, Expiries::of(&expiries)))
-        })?;
-        let how = match jitter {
-            None => "no jitter".to_owned(),
-            Some(jitter) => format!("jitter {jitter}"),
+    for (strategy, o) in scenario.strategies.iter().zip(&outcomes) {
+        let how = match strategy.kind {
+            Kind::Naive { .. } => "no jitter".to_owned(),
+            Kind::Breakwater(spec) => format!("jitter {}", spec.jitter),
         };
         notes.push(format!(
-            "{name} ({how}): {} keys expire {}",
-            count(expiries.count),
-            expiries.describe()
+            "{} ({how}): {} keys expire {}",
+            o.name,
+            thousands(o.expiries.count),
+            o.expiries.describe()
         ));
-        rows.push(row);
     }
     let (low, high) = jitter.bounds(TTL);
     let even = KEYS as f64 / (high - low).as_secs_f64();
-    let bw_peak = rows[1].peak();
+    let bw_peak = outcomes[1].peak_per_second;
     notes.push(format!(
         "check on the virtual clock: breakwater's busiest second of queries, {}, is {} \
          1.2 × the even spread ({} / {} s = {}/s) = {}",
-        count(bw_peak),
+        thousands(bw_peak),
         if bw_peak as f64 <= 1.2 * even {
             "within"
         } else {
             "ABOVE"
         },
-        count(KEYS),
+        thousands(KEYS),
         (high - low).as_secs(),
-        count(even.round() as usize),
-        count((1.2 * even).round() as usize)
+        thousands(even.round() as usize),
+        thousands((1.2 * even).round() as usize)
     ));
     Ok(Story {
         name: "avalanche",
@@ -317,7 +233,7 @@ fn avalanche(seed: u64) -> Result<Story, Error> {
         setup: "every key is busy, so each expiry is one database query (5 ms; the database \
                 slows down past 200 at once)"
             .to_owned(),
-        rows,
+        outcomes,
         events: vec![Event {
             at_s: TTL.as_secs_f64(),
             label: "TTL 300 s".to_owned(),
@@ -337,81 +253,62 @@ fn stampede(seed: u64) -> Result<Story, Error> {
         zipf: 0.0,
         seed,
     };
-    let seconds = load.duration.as_secs() as usize + 1;
-    let strategies = [
-        ("naive", None),
-        ("breakwater", Some(Duration::ZERO)),
-        ("breakwater + grace", Some(Duration::from_secs(5))),
-    ];
-    let mut rows = Vec::new();
+    let cache = CacheSpec::new(TTL, Jitter::none());
+    let scenario = Scenario {
+        keys: 1,
+        db: DatabaseSpec::new(Duration::from_millis(200)),
+        traffic: Traffic::Steady(load),
+        seconds: load.duration.as_secs() as usize + 1,
+        origin: None,
+        strategies: vec![
+            Strategy::naive("naive", TTL),
+            // Without grace, no early refresh either: the plain
+            // single-flight case, where callers wait for the load.
+            Strategy::breakwater(
+                "breakwater",
+                cache
+                    .grace(Duration::ZERO)
+                    .early_refresh(EarlyRefresh::none()),
+            ),
+            Strategy::breakwater("breakwater + grace", cache.grace(Duration::from_secs(5))),
+        ],
+        seed,
+    };
+    let outcomes = scenario::run(&scenario, None)?;
     let mut notes = Vec::new();
-    for (name, grace) in strategies {
-        let (row, refreshes) = traffic::paused_runtime().block_on(async {
-            let store = MemoryStore::new();
-            let db = Arc::new(Database::new(Duration::from_millis(200)));
-            let client = match grace {
-                None => Client::Naive { store, ttl: TTL },
-                Some(grace) => {
-                    let builder = traffic::builder(&store, Jitter::none(), seed)
-                        .ttl(TTL)
-                        .grace(grace);
-                    // Without grace, no early refresh either: the plain
-                    // single-flight case, where callers wait for the load.
-                    let builder = if grace.is_zero() {
-                        builder.early_refresh(EarlyRefresh::none())
-                    } else {
-                        builder
-                    };
-                    Client::Breakwater(builder.build()?)
-                }
-            };
-            client.preload(1).await?;
-            let tally = traffic::run(&client, &db, &load, None).await;
-            let refreshes = bursts(&db.started_ms());
-            Ok::<_, Error>((Row::new(name, &db, tally, seconds), refreshes))
-        })?;
-        let per_refresh = row.queries as f64 / refreshes.max(1) as f64;
-        let waited = row.tally.waited();
-        let per_waiter = if waited == 0 {
+    for o in &outcomes {
+        let refreshes = o.bursts;
+        let per_refresh = o.queries as f64 / refreshes.max(1) as f64;
+        let per_waiter = if o.waited == 0 {
             String::new()
         } else {
             format!(
                 " (1 query per {:.1} waiting requests)",
-                waited as f64 / row.queries.max(1) as f64
+                o.waited as f64 / o.queries.max(1) as f64
             )
         };
         notes.push(format!(
-            "{name}: {refreshes} refreshes, {per_refresh:.1} queries each; {} requests waited \
+            "{}: {refreshes} refreshes, {per_refresh:.1} queries each; {} requests waited \
              for the database, {} queries ran{per_waiter}",
-            count(waited),
-            count(row.queries),
+            o.name,
+            thousands(o.waited),
+            thousands(o.queries),
         ));
-        rows.push(row);
     }
-    let events = vec![Event {
-        at_s: TTL.as_secs_f64(),
-        label: "first expiry (TTL 10 s)".to_owned(),
-    }];
     Ok(Story {
         name: "stampede",
         title: "stampede: one hot key, 2,000 requests/s, 200 ms query, TTL 10 s".to_owned(),
         setup: "naive: every request that misses queries; breakwater: one load per refresh; \
                 + grace: stale-while-revalidate and early refresh"
             .to_owned(),
-        rows,
-        events,
+        outcomes,
+        events: vec![Event {
+            at_s: TTL.as_secs_f64(),
+            label: "first expiry (TTL 10 s)".to_owned(),
+        }],
         notes,
         served: false,
     })
-}
-
-/// Groups query start times into refreshes: bursts separated by more than
-/// a second without a query.
-fn bursts(started_ms: &[u64]) -> usize {
-    let mut sorted = started_ms.to_vec();
-    sorted.sort_unstable();
-    let gaps = sorted.windows(2).filter(|w| w[1] - w[0] > 1_000).count();
-    if sorted.is_empty() { 0 } else { gaps + 1 }
 }
 
 /// 3. Outage: the database fails from 30 s to 60 s under 2,000 requests/s
@@ -428,7 +325,31 @@ fn outage(seed: u64) -> Result<Story, Error> {
         seed,
     };
     let seconds = load.duration.as_secs() as usize;
-    let mut rows = Vec::new();
+    let scenario = Scenario {
+        keys: KEYS,
+        db: DatabaseSpec::new(Duration::from_millis(50))
+            .capacity(40)
+            .outage(OUTAGE.0, OUTAGE.1),
+        traffic: Traffic::Steady(load),
+        seconds,
+        origin: Some(OriginSpec {
+            breaker: BreakerConfig::new()
+                .consecutive_failures(5)
+                .cool_down(Duration::from_secs(5)),
+            limit: LimitConfig::new().max_concurrent(16),
+        }),
+        strategies: vec![
+            Strategy::naive("naive", TTL),
+            Strategy::breakwater(
+                "breakwater",
+                CacheSpec::new(TTL, Jitter::ratio(0.2))
+                    .grace(Duration::from_secs(5))
+                    .max_stale(Duration::from_secs(120)),
+            ),
+        ],
+        seed,
+    };
+    let outcomes = scenario::run(&scenario, None)?;
     let mut events = vec![
         Event {
             at_s: OUTAGE.0.as_secs_f64(),
@@ -440,56 +361,20 @@ fn outage(seed: u64) -> Result<Story, Error> {
         },
     ];
     let mut notes = Vec::new();
-    for name in ["naive", "breakwater"] {
-        let (row, failed, transitions) = traffic::paused_runtime().block_on(async {
-            let store = MemoryStore::new();
-            let db = Arc::new(
-                Database::new(Duration::from_millis(50))
-                    .with_capacity(40)
-                    .with_outage(OUTAGE.0, OUTAGE.1),
-            );
-            let origin = Origin::builder("database")
-                .breaker(
-                    BreakerConfig::new()
-                        .consecutive_failures(5)
-                        .cool_down(Duration::from_secs(5)),
-                )
-                .limit(LimitConfig::new().max_concurrent(16))
-                .rng_seed(seed)
-                .build()?;
-            let client = if name == "naive" {
-                Client::Naive { store, ttl: TTL }
-            } else {
-                Client::Breakwater(
-                    traffic::builder(&store, Jitter::ratio(0.2), seed)
-                        .ttl(TTL)
-                        .grace(Duration::from_secs(5))
-                        .max_stale(Duration::from_secs(120))
-                        .origin(origin.clone())
-                        .build()?,
-                )
-            };
-            client.preload(KEYS).await?;
-            let transitions = Arc::default();
-            let watch = tokio::spawn(watch_breaker(origin, Arc::clone(&transitions)));
-            let tally = traffic::run(&client, &db, &load, None).await;
-            watch.abort();
-            let transitions = std::mem::take(&mut *lock(&transitions));
-            let row = Row::new(name, &db, tally, seconds);
-            Ok::<_, Error>((row, db.failed(), transitions))
-        })?;
-        if name == "breakwater" {
+    for (strategy, o) in scenario.strategies.iter().zip(&outcomes) {
+        if let Kind::Breakwater(_) = strategy.kind {
             // Counted by the breaker itself (polling would miss a probe
             // that failed at once); the times are polled, every 10 ms.
-            let opened = row
-                .tally
+            let opened = o
                 .stats
                 .as_ref()
                 .map_or(0, |stats| stats.origin_breaker_openings);
-            let first_open = transitions
+            let first_open = o
+                .breaker
                 .iter()
                 .find(|(_, state)| *state == BreakerState::Open);
-            let closed = transitions
+            let closed = o
+                .breaker
                 .iter()
                 .rev()
                 .find(|(_, state)| *state == BreakerState::Closed);
@@ -515,7 +400,7 @@ fn outage(seed: u64) -> Result<Story, Error> {
                 at(closed)
             ));
             let back = usize::try_from((OUTAGE.0 + OUTAGE.1).as_secs()).unwrap_or(usize::MAX);
-            let recovery = row
+            let recovery = o
                 .per_second
                 .get(back..seconds.min(back + 10))
                 .unwrap_or_default();
@@ -523,17 +408,17 @@ fn outage(seed: u64) -> Result<Story, Error> {
                 "recovery (bulkhead: 16 loads at once): queries/s from {back} s: {}",
                 recovery
                     .iter()
-                    .map(|n| count(*n))
+                    .map(|n| thousands(*n))
                     .collect::<Vec<_>>()
                     .join(", ")
             ));
         }
         notes.push(format!(
-            "{name}: {} queries sent to the database while it was down; {} requests failed",
-            count(failed),
-            count(row.tally.errors)
+            "{}: {} queries sent to the database while it was down; {} requests failed",
+            o.name,
+            thousands(o.failed),
+            thousands(o.errors)
         ));
-        rows.push(row);
     }
     Ok(Story {
         name: "outage",
@@ -541,31 +426,9 @@ fn outage(seed: u64) -> Result<Story, Error> {
         setup: "2,000 requests/s over 1,000 keys (Zipf), TTL 10 s; the database takes 50 ms \
                 and slows down past 40 queries at once"
             .to_owned(),
-        rows,
+        outcomes,
         events,
         notes,
         served: true,
     })
-}
-
-/// The breaker's state changes: seconds from the start, and the new state.
-type Transitions = Arc<Mutex<Vec<(f64, BreakerState)>>>;
-
-/// Records the breaker's state changes into `changes`, polled every 10 ms
-/// of tokio time, until aborted.
-async fn watch_breaker(origin: Origin, changes: Transitions) {
-    let began = Instant::now();
-    let mut last = origin.breaker_state();
-    loop {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        let now = origin.breaker_state();
-        if now != last {
-            lock(&changes).push((began.elapsed().as_secs_f64(), now));
-            last = now;
-        }
-    }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -4,6 +4,8 @@
 
 use std::fmt::Write as _;
 
+use crate::report::thousands;
+
 /// At most this many rows; buckets widen to fit.
 const MAX_ROWS: usize = 12;
 /// Cells of the longest bar.
@@ -32,19 +34,6 @@ fn nice_width(min_s: u64) -> u64 {
     NICE.into_iter()
         .find(|&w| w >= min_s)
         .unwrap_or_else(|| min_s.div_ceil(86_400) * 86_400)
-}
-
-/// `n` with thousands separators: `10,000`.
-pub(crate) fn count(n: usize) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// The histogram of `series` (a title and expiry times in ms, any order)
@@ -107,7 +96,7 @@ pub(crate) fn render(axis: &str, series: &[(&str, &[u64])]) -> String {
                 (n * BAR_CELLS).div_ceil(max).max(1)
             };
             let bar = "█".repeat(cells);
-            let _ = write!(out, "  {bar:<BAR_CELLS$} {:>8}", count(n));
+            let _ = write!(out, "  {bar:<BAR_CELLS$} {:>8}", thousands(n));
         }
         out.push('\n');
     }
@@ -124,13 +113,6 @@ mod tests {
         assert_eq!(peak_1s(&[0, 999, 1000, 1500, 1999, 2999]), 3);
         assert_eq!(peak_1s(&[0, 999, 1000]), 2);
         assert_eq!(peak_1s(&[5, 5, 5]), 3);
-    }
-
-    #[test]
-    fn counts_read_with_separators() {
-        assert_eq!(count(0), "0");
-        assert_eq!(count(100_000), "100,000");
-        assert_eq!(count(1_234_567), "1,234,567");
     }
 
     #[test]

@@ -50,7 +50,7 @@ pub(crate) async fn main(opts: InspectOpts) -> ExitCode {
 
 /// Inspects every key and renders the report.
 async fn run(opts: &InspectOpts) -> Result<String, Failure> {
-    let store = crate::redis_store(&opts.redis).map_err(|err| bad_url(&opts.redis, err))?;
+    let store = crate::connect::store(&opts.redis).map_err(|err| bad_url(&opts.redis, err))?;
     if let Err(err) = store.warm_up().await {
         return Err(unreachable(&opts.redis, err).await);
     }

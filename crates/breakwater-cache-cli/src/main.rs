@@ -1,6 +1,17 @@
 //! `breakwater`: the command line of the breakwater cache layer.
 //!
 //! One module per subcommand; [`Command`] lists them and [`main`] dispatches.
+//! What several subcommands share has a module of its own, and no module
+//! uses anything of this file:
+//!
+//! - `args` (shared options), `failure` (exit codes, one-line errors),
+//!   `output` (`out!`, `outln!`), `progress` (bars), `report` (how figures
+//!   read), `connect` (stores on a `--redis`);
+//! - `fleet`: the worker processes of `bench stampede` (`worker`) and
+//!   `bench many`, and their line protocol;
+//! - `traffic` (requests against the simulated database, `db`), `scenario`
+//!   (what `demo` and `simulate` run, and the runner) and `outcome` (what
+//!   it measured, as tables and charts: `chart`, `histogram`).
 
 use std::process::ExitCode;
 
@@ -9,14 +20,19 @@ use clap::{Parser, Subcommand};
 mod args;
 mod bench;
 mod chart;
+mod connect;
 mod db;
 mod demo;
 mod failure;
+mod fleet;
 mod histogram;
 mod inspect;
 mod many;
+mod outcome;
 mod output;
 mod progress;
+mod report;
+mod scenario;
 mod simulate;
 mod spread;
 mod traffic;
@@ -79,16 +95,6 @@ enum Command {
     /// Test support: one process of `bench many`.
     #[command(hide = true)]
     ManyWorker(many::ManyWorkerOpts),
-}
-
-/// A store on `urls`: one Redis URL, or several (comma-separated) nodes of
-/// a Redis Cluster.
-fn redis_store(urls: &str) -> Result<breakwater_cache::RedisStore, breakwater_cache::Error> {
-    if urls.contains(',') {
-        breakwater_cache::RedisStore::connect_cluster(urls.split(',').map(str::trim))
-    } else {
-        breakwater_cache::RedisStore::connect(urls)
-    }
 }
 
 /// Parses the command line and runs the chosen subcommand.

@@ -7,23 +7,26 @@
 //! `breakwater many-worker` (hidden) is one such process: it connects,
 //! prints `ready`, waits for one line on stdin, runs its `get_many` calls,
 //! and prints one `latency <µs>` line per call, one `loaded <id>` line per id
-//! its loader was asked for, `batches <n>`, and `done ok=<n> err=<n>
-//! first_error=<message or none>`.
+//! its loader was asked for, `batches <n>`, `stats <line>`, and `done ok=<n>
+//! err=<n> first_error=<message or none>` (the line protocol of
+//! [`fleet`](crate::fleet)).
 
-use std::io::{self, BufRead, BufReader, Write};
-use std::process::{Command, ExitCode, Stdio};
+use std::io::{self, Write};
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use breakwater_cache::{Cache, RedisStore, RedisStoreConfig, Store};
+use breakwater_cache::{Cache, Store};
 use clap::Args;
 use clap::builder::RangedU64ValueParser;
 use tokio::time::Instant;
 
 use crate::args;
+use crate::connect::bench_cluster_store;
 use crate::failure::{Failure, bad_url, unreachable};
-use crate::worker::{read_line, say};
+use crate::fleet::{BoxError, Done, Fleet, read_line, say};
+use crate::report::percentile;
 
 /// Options of `breakwater bench many`.
 #[derive(Debug, Clone, Args)]
@@ -85,21 +88,6 @@ fn value_of(id: u64) -> Option<String> {
     (!id.is_multiple_of(7)).then(|| format!("row {id}"))
 }
 
-/// A store on `urls` with the benches' patient deadlines (a benchmark
-/// measures the cache, not timeouts on a busy machine).
-async fn connect(urls: &str) -> Result<RedisStore, breakwater_cache::Error> {
-    let config = RedisStoreConfig::default()
-        .response_timeout(Duration::from_secs(2))
-        .write_timeout(Duration::from_secs(2));
-    let store = if urls.contains(',') {
-        RedisStore::connect_cluster_with(urls.split(',').map(str::trim), config)?
-    } else {
-        RedisStore::connect_with(urls, config)?
-    };
-    store.warm_up().await?;
-    Ok(store)
-}
-
 /// `ids` shuffled by `seed` (xorshift; a fixed order per caller).
 fn shuffled(mut ids: Vec<u64>, seed: u64) -> Vec<u64> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -124,8 +112,8 @@ pub(crate) async fn worker(opts: ManyWorkerOpts) -> ExitCode {
     }
 }
 
-async fn run_worker(opts: ManyWorkerOpts) -> Result<usize, Box<dyn std::error::Error>> {
-    let store = connect(&opts.redis).await?;
+async fn run_worker(opts: ManyWorkerOpts) -> Result<usize, BoxError> {
+    let store = bench_cluster_store(&opts.redis).await?;
     let cache = Cache::<String>::builder()
         .namespace(opts.namespace.clone())
         .store(store)
@@ -192,14 +180,14 @@ async fn run_worker(opts: ManyWorkerOpts) -> Result<usize, Box<dyn std::error::E
         outcomes.push(call.await?);
     }
     let mut out = io::BufWriter::new(io::stdout().lock());
-    let (mut ok, mut err, mut first_error) = (0usize, 0usize, None);
+    let mut done = Done::default();
     for (took, outcome) in outcomes {
         writeln!(out, "latency {}", took.as_micros())?;
         match outcome {
-            Ok(()) => ok += 1,
+            Ok(()) => done.ok += 1,
             Err(message) => {
-                err += 1;
-                first_error.get_or_insert(message.replace('\n', " "));
+                done.err += 1;
+                done.first_error.get_or_insert(message);
             }
         }
     }
@@ -212,10 +200,9 @@ async fn run_worker(opts: ManyWorkerOpts) -> Result<usize, Box<dyn std::error::E
         "stats {}",
         cache.stats().to_string().replace('\n', " | ")
     )?;
-    let first_error = first_error.unwrap_or_else(|| "none".to_owned());
-    writeln!(out, "done ok={ok} err={err} first_error={first_error}")?;
+    writeln!(out, "{done}")?;
     out.flush()?;
-    Ok(err)
+    Ok(done.err)
 }
 
 /// What one run measured.
@@ -237,7 +224,7 @@ pub(crate) async fn bench(opts: &ManyOpts) -> Result<(), Failure> {
     for url in opts.redis.split(',') {
         redis::Client::open(url.trim()).map_err(|err| bad_url(url, err))?;
     }
-    let store = match connect(&opts.redis).await {
+    let store = match bench_cluster_store(&opts.redis).await {
         Ok(store) => store,
         Err(err) => return Err(unreachable(&opts.redis, err).await),
     };
@@ -281,10 +268,7 @@ pub(crate) async fn bench(opts: &ManyOpts) -> Result<(), Failure> {
             .count();
         let mut lat = run.latencies_us.clone();
         lat.sort_unstable();
-        let pct = |p: f64| {
-            lat.get(((lat.len() as f64 * p).ceil() as usize).saturating_sub(1))
-                .map_or(0.0, |us| *us as f64 / 1_000.0)
-        };
+        let pct = |p: f64| percentile(&lat, p).map_or(0.0, |us| us as f64 / 1_000.0);
         crate::outln!(
             "{:>4} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>9.1} {:>9.1} {:>9.1}",
             r + 1,
@@ -341,105 +325,52 @@ async fn run_many(
     opts: &ManyOpts,
     namespace: &str,
     base: u64,
-) -> Result<Run, Box<dyn std::error::Error>> {
-    let mut workers = Vec::with_capacity(opts.processes);
-    for p in 0..opts.processes {
+) -> Result<Run, BoxError> {
+    let loader_latency = humantime::format_duration(opts.loader_latency).to_string();
+    let each = (0..opts.processes).map(|p| {
         let from = base + (p * opts.step) as u64;
-        let mut child = Command::new(exe)
-            .args([
-                "many-worker",
-                "--redis",
-                &opts.redis,
-                "--namespace",
-                namespace,
-            ])
-            .args([
-                "--from",
-                &from.to_string(),
-                "--count",
-                &opts.ids.to_string(),
-            ])
-            .args(["--concurrency", &opts.concurrency.to_string()])
-            .args([
-                "--loader-latency",
-                &humantime::format_duration(opts.loader_latency).to_string(),
-            ])
-            .args(["--seed", &(base + p as u64).to_string()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()?;
-        let stdout = child.stdout.take().ok_or("worker has no stdout")?;
-        let stderr = child.stderr.take().ok_or("worker has no stderr")?;
-        let (tx, rx) = mpsc::channel();
-        let tx_err = tx.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                let _ = tx_err.send(format!("stderr {line}"));
-            }
-        });
-        workers.push((child, rx));
-    }
-    let wait = |rx: &mpsc::Receiver<String>, what: &str| -> Result<String, String> {
-        rx.recv_timeout(Duration::from_secs(120))
-            .map_err(|_| format!("a worker did not {what} within 120 s"))
-    };
-    for (_, rx) in &workers {
-        let line = wait(rx, "get ready")?;
-        if line != "ready" {
-            return Err(format!("a worker failed to start: {line}").into());
-        }
-    }
-    for (child, _) in &mut workers {
-        child
-            .stdin
-            .as_mut()
-            .ok_or("worker has no stdin")?
-            .write_all(b"go\n")?;
-    }
+        [
+            "--redis",
+            &opts.redis,
+            "--namespace",
+            namespace,
+            "--from",
+            &from.to_string(),
+            "--count",
+            &opts.ids.to_string(),
+            "--concurrency",
+            &opts.concurrency.to_string(),
+            "--loader-latency",
+            &loader_latency,
+            "--seed",
+            &(base + p as u64).to_string(),
+        ]
+        .map(str::to_owned)
+        .into()
+    });
+    let mut fleet = Fleet::spawn(exe, "many-worker", each)?;
+    fleet.ready(Duration::from_secs(120))?;
+    fleet.release()?;
     let mut run = Run::default();
-    for (child, rx) in &mut workers {
-        loop {
-            let line = wait(rx, "finish")?;
-            let mut parts = line.splitn(2, ' ');
-            match (parts.next(), parts.next()) {
-                (Some("latency"), Some(us)) => {
-                    run.asked += 1;
-                    run.latencies_us.push(us.parse()?);
-                }
-                (Some("loaded"), Some(id)) => *run.loads.entry(id.parse()?).or_default() += 1,
-                (Some("batches"), Some(n)) => run.batches += n.parse::<u64>()?,
-                (Some("stats"), Some(stats)) => run.stats.push(stats.to_owned()),
-                (Some("done"), Some(rest)) => {
-                    let errors = rest
-                        .split(' ')
-                        .find_map(|kv| kv.strip_prefix("err="))
-                        .and_then(|n| n.parse::<usize>().ok())
-                        .unwrap_or(0);
-                    run.errors += errors;
-                    if errors > 0 && run.first_error.is_none() {
-                        run.first_error =
-                            rest.split_once("first_error=").map(|(_, e)| e.to_owned());
-                    }
-                    break;
-                }
-                (Some("stderr"), Some(message)) => {
-                    run.errors += 1;
-                    run.first_error.get_or_insert_with(|| message.to_owned());
-                }
-                _ => {}
+    let done = fleet.reports(Duration::from_secs(120), |line| {
+        let mut parts = line.splitn(2, ' ');
+        match (parts.next(), parts.next()) {
+            (Some("latency"), Some(us)) => {
+                run.asked += 1;
+                run.latencies_us.push(us.parse()?);
             }
+            (Some("loaded"), Some(id)) => *run.loads.entry(id.parse()?).or_default() += 1,
+            (Some("batches"), Some(n)) => run.batches += n.parse::<u64>()?,
+            (Some("stats"), Some(stats)) => run.stats.push(stats.to_owned()),
+            _ => {}
         }
-        child.wait()?;
+        Ok(())
+    })?;
+    for done in done {
+        run.errors += done.err;
+        if done.err > 0 && run.first_error.is_none() {
+            run.first_error = done.first_error;
+        }
     }
     Ok(run)
 }

@@ -7,7 +7,7 @@
 //! Every strategy runs on its own embedded memory store with paused tokio
 //! time (a run of minutes takes seconds, and the same seed gives the same
 //! figures). Requests arrive evenly at `--rps` and pick keys with a Zipf
-//! law (a few hot keys, a long tail); the database ([`Database`]) slows
+//! law (a few hot keys, a long tail); the database ([`Database`](crate::db::Database)) slows
 //! down past its capacity.
 //!
 //! - **naive**: `GET`; on a miss, query the database and `SET` with the one
@@ -18,22 +18,21 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
-use breakwater_cache::{Cache, Error, MemoryStore};
+use breakwater_cache::{Error, MemoryStore};
 use clap::builder::RangedU64ValueParser;
 use clap::{Args, ValueEnum};
 use indicatif::ProgressBar;
-use serde::Serialize;
 
 use crate::args::{self, JitterArg};
-use crate::chart::{self, Chart, Event, Line};
-use crate::db::{self, Database};
+use crate::chart::{self, Event};
 use crate::failure::{self, Failure};
-use crate::histogram::count;
+use crate::outcome::{self, Column, Outcome, Table};
 use crate::progress;
-use crate::traffic::{self, Client, Expiries, Workload};
+use crate::report::{ms, thousands};
+use crate::scenario::{self, CacheSpec, DatabaseSpec, Scenario, Strategy};
+use crate::traffic::{self, Traffic, Workload};
 
 /// Options of `breakwater simulate`.
 #[derive(Debug, Clone, Args)]
@@ -73,7 +72,7 @@ pub(crate) struct SimulateOpts {
     pub(crate) duration: Duration,
     /// The strategies to run, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "naive,breakwater")]
-    pub(crate) strategies: Vec<Strategy>,
+    pub(crate) strategies: Vec<StrategyArg>,
     /// Seed for key choice and jitter.
     #[arg(long, value_name = "SEED", default_value_t = 1)]
     pub(crate) seed: u64,
@@ -85,23 +84,13 @@ pub(crate) struct SimulateOpts {
     pub(crate) out: PathBuf,
 }
 
-/// A caching strategy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub(crate) enum Strategy {
+/// A caching strategy, as `--strategies` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum StrategyArg {
     /// GET, and on a miss query and SET: no jitter, no coalescing.
     Naive,
     /// breakwater's `get_or_load`.
     Breakwater,
-}
-
-impl Strategy {
-    fn name(self) -> &'static str {
-        match self {
-            Strategy::Naive => "naive",
-            Strategy::Breakwater => "breakwater",
-        }
-    }
 }
 
 /// A duration of 1 s to 1 day.
@@ -124,46 +113,65 @@ fn zipf(s: &str) -> Result<f64, String> {
     }
 }
 
-/// What one strategy measured.
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct Outcome {
-    /// The strategy.
-    pub(crate) strategy: Strategy,
-    /// How the bulk write's expiries spread.
-    pub(crate) expiries: Expiries,
-    /// Database queries in all (the bulk write not counted).
-    pub(crate) queries: usize,
-    /// The most queries started in one whole second.
-    pub(crate) peak_per_second: usize,
-    /// The most queries running at once.
-    pub(crate) peak_at_once: usize,
-    /// Requests made.
-    pub(crate) requests: usize,
-    /// Requests that waited at all (for a load or a bulkhead permit).
-    pub(crate) waited: usize,
-    /// Requests answered with a stale value.
-    pub(crate) stale: usize,
-    /// Requests that failed.
-    pub(crate) errors: usize,
-    /// Requests whose task panicked (the command fails).
-    pub(crate) panicked: usize,
-    /// Latency quantiles of the answered requests, in ms.
-    pub(crate) p50_ms: Option<f64>,
-    /// 99th percentile.
-    pub(crate) p99_ms: Option<f64>,
-    /// The slowest.
-    pub(crate) max_ms: Option<f64>,
-    /// Queries started in each second.
-    pub(crate) per_second: Vec<usize>,
-    /// [`Cache::stats`](breakwater_cache::Cache::stats) at the end, for
-    /// breakwater.
-    pub(crate) stats: Option<String>,
-}
-
 /// The most requests one strategy simulates (the latencies are kept).
 const MAX_REQUESTS: u64 = 20_000_000;
-/// Sparklines have at most this many cells.
-const SPARK_CELLS: usize = 60;
+
+/// Width of the strategies' names in the report.
+const NAME_WIDTH: usize = 11;
+
+/// The report's table.
+const TABLE: Table = Table {
+    name_width: NAME_WIDTH,
+    columns: &[
+        Column {
+            heading: "queries",
+            width: 9,
+            figure: |o| thousands(o.queries),
+        },
+        Column {
+            heading: "peak/s",
+            width: 8,
+            figure: |o| thousands(o.peak_per_second),
+        },
+        Column {
+            heading: "at once",
+            width: 8,
+            figure: |o| thousands(o.peak_at_once),
+        },
+        Column {
+            heading: "waited",
+            width: 8,
+            figure: |o| thousands(o.waited),
+        },
+        Column {
+            heading: "p50 ms",
+            width: 8,
+            figure: |o| ms(o.p50_ms),
+        },
+        Column {
+            heading: "p99 ms",
+            width: 8,
+            figure: |o| ms(o.p99_ms),
+        },
+        Column {
+            heading: "max ms",
+            width: 8,
+            figure: |o| ms(o.max_ms),
+        },
+        Column {
+            heading: "stale",
+            width: 7,
+            figure: |o| thousands(o.stale),
+        },
+        Column {
+            heading: "errors",
+            width: 7,
+            figure: |o| thousands(o.errors),
+        },
+    ],
+    legend: "(queries: database queries; peak/s: most started in one second; at once: most\n \
+             running together; waited: requests not answered at once)",
+};
 
 /// Runs `breakwater simulate`.
 pub(crate) async fn main(opts: SimulateOpts) -> ExitCode {
@@ -181,7 +189,7 @@ pub(crate) async fn main(opts: SimulateOpts) -> ExitCode {
     }
     // Checked before any strategy runs: a setting the library refuses, or an
     // --out that cannot be written, must not cost a whole run.
-    if let Err(err) = breakwater_cache(&opts, &MemoryStore::new()) {
+    if let Err(err) = cache_spec(&opts).build(&MemoryStore::new(), opts.seed, None) {
         return Failure::from(err).exit("simulate");
     }
     if let Err(err) = std::fs::create_dir_all(&opts.out) {
@@ -209,24 +217,19 @@ fn report(opts: &SimulateOpts, outcomes: &[Outcome], warnings: &[String]) -> Res
             "{panicked} simulated request(s) panicked"
         )));
     }
-    let chart = Chart::queries(
+    let chart = outcome::chart(
         format!(
             "{} keys written at once, TTL {}, {} requests/s",
-            count(opts.keys),
+            thousands(opts.keys),
             humantime::format_duration(opts.ttl),
-            count(opts.rps as usize)
+            thousands(opts.rps as usize)
         ),
-        outcomes
-            .iter()
-            .map(|o| Line {
-                name: o.strategy.name().to_owned(),
-                per_second: o.per_second.clone(),
-            })
-            .collect(),
+        outcomes,
         vec![Event {
             at_s: opts.ttl.as_secs_f64(),
             label: "TTL".to_owned(),
         }],
+        false,
     );
     let charts = chart::write(&chart, &opts.out, "simulate")?;
     if opts.json {
@@ -289,6 +292,36 @@ fn workload(opts: &SimulateOpts) -> Workload {
     }
 }
 
+/// The scenario `opts` describe: `--keys` written at once, then steady
+/// traffic, once per strategy.
+fn scenario_of(opts: &SimulateOpts) -> Scenario {
+    let mut db = DatabaseSpec::new(opts.loader_latency);
+    if opts.db_capacity > 0 {
+        db = db.capacity(opts.db_capacity);
+    }
+    Scenario {
+        keys: opts.keys,
+        db,
+        traffic: Traffic::Steady(workload(opts)),
+        seconds: usize::try_from(opts.duration.as_secs()).unwrap_or(usize::MAX),
+        origin: None,
+        strategies: opts
+            .strategies
+            .iter()
+            .map(|strategy| match strategy {
+                StrategyArg::Naive => Strategy::naive("naive", opts.ttl),
+                StrategyArg::Breakwater => Strategy::breakwater("breakwater", cache_spec(opts)),
+            })
+            .collect(),
+        seed: opts.seed,
+    }
+}
+
+/// breakwater's cache for `opts`.
+fn cache_spec(opts: &SimulateOpts) -> CacheSpec {
+    CacheSpec::new(opts.ttl, opts.jitter.jitter()).grace(grace(opts))
+}
+
 /// Runs every strategy, each on a fresh paused runtime.
 ///
 /// # Errors
@@ -299,67 +332,7 @@ pub(crate) fn simulate(
     opts: &SimulateOpts,
     progress: Option<&ProgressBar>,
 ) -> Result<Vec<Outcome>, Error> {
-    opts.strategies
-        .iter()
-        .map(|&strategy| traffic::paused_runtime().block_on(scenario(opts, strategy, progress)))
-        .collect()
-}
-
-/// breakwater's cache for `opts`, on `store`.
-fn breakwater_cache(opts: &SimulateOpts, store: &MemoryStore) -> Result<Cache<u64>, Error> {
-    Ok(traffic::builder(store, opts.jitter.jitter(), opts.seed)
-        .ttl(opts.ttl)
-        .grace(grace(opts))
-        .build()?)
-}
-
-/// One strategy on the current (paused) runtime.
-async fn scenario(
-    opts: &SimulateOpts,
-    strategy: Strategy,
-    progress: Option<&ProgressBar>,
-) -> Result<Outcome, Error> {
-    let store = MemoryStore::new();
-    let client = match strategy {
-        Strategy::Naive => Client::Naive {
-            store,
-            ttl: opts.ttl,
-        },
-        Strategy::Breakwater => Client::Breakwater(breakwater_cache(opts, &store)?),
-    };
-    let mut db = Database::new(opts.loader_latency);
-    if opts.db_capacity > 0 {
-        db = db.with_capacity(opts.db_capacity);
-    }
-    let db = Arc::new(db);
-    client.preload(opts.keys).await?;
-    let expiries: Vec<u64> = client
-        .expiries_ms(opts.keys)
-        .await?
-        .into_iter()
-        .flatten()
-        .collect();
-    let tally = traffic::run(&client, &db, &workload(opts), progress).await;
-    let started = db.started_ms();
-    let seconds = usize::try_from(opts.duration.as_secs()).unwrap_or(usize::MAX);
-    let per_second = db::per_second(&started, seconds);
-    Ok(Outcome {
-        strategy,
-        expiries: Expiries::of(&expiries),
-        queries: started.len(),
-        peak_per_second: per_second.iter().copied().max().unwrap_or(0),
-        peak_at_once: db.peak(),
-        requests: tally.requests(),
-        waited: tally.waited(),
-        stale: tally.stale,
-        errors: tally.errors,
-        panicked: tally.panicked,
-        p50_ms: tally.quantile_ms(0.5),
-        p99_ms: tally.quantile_ms(0.99),
-        max_ms: tally.quantile_ms(1.0),
-        per_second,
-        stats: tally.stats.as_ref().map(traffic::stats_line),
-    })
+    scenario::run(&scenario_of(opts), progress)
 }
 
 /// The report as text.
@@ -368,16 +341,16 @@ pub(crate) fn render(opts: &SimulateOpts, outcomes: &[Outcome]) -> String {
     let _ = writeln!(
         out,
         "simulate: {} keys written at once with TTL {}, then {} requests/s for {} (Zipf s={})",
-        count(opts.keys),
+        thousands(opts.keys),
         humantime::format_duration(opts.ttl),
-        count(opts.rps as usize),
+        thousands(opts.rps as usize),
         humantime::format_duration(opts.duration),
         opts.zipf
     );
     let capacity = if opts.db_capacity == 0 {
         "no capacity limit".to_owned()
     } else {
-        format!("slower past {} at once", count(opts.db_capacity))
+        format!("slower past {} at once", thousands(opts.db_capacity))
     };
     let _ = writeln!(
         out,
@@ -388,102 +361,15 @@ pub(crate) fn render(opts: &SimulateOpts, outcomes: &[Outcome]) -> String {
         opts.seed
     );
     let _ = writeln!(out);
-    let _ = writeln!(
-        out,
-        "{:<11} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7}",
-        "",
-        "queries",
-        "peak/s",
-        "at once",
-        "waited",
-        "p50 ms",
-        "p99 ms",
-        "max ms",
-        "stale",
-        "errors"
-    );
-    let ms = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"));
-    for o in outcomes {
-        let _ = writeln!(
-            out,
-            "{:<11} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>7}",
-            o.strategy.name(),
-            count(o.queries),
-            count(o.peak_per_second),
-            count(o.peak_at_once),
-            count(o.waited),
-            ms(o.p50_ms),
-            ms(o.p99_ms),
-            ms(o.max_ms),
-            count(o.stale),
-            count(o.errors)
-        );
-    }
-    let _ = writeln!(
-        out,
-        "(queries: database queries; peak/s: most started in one second; at once: most\n \
-         running together; waited: requests not answered at once)"
-    );
-    for o in outcomes {
-        if let Some(stats) = &o.stats {
-            let _ = writeln!(out, "{} stats(): {stats}", o.strategy.name());
-        }
-    }
+    out.push_str(&TABLE.render(outcomes));
     let _ = writeln!(out);
     let _ = writeln!(out, "expiries of the bulk write:");
     for o in outcomes {
-        let _ = writeln!(out, "{:<11} {}", o.strategy.name(), o.expiries.describe());
+        let _ = writeln!(out, "{:<NAME_WIDTH$} {}", o.name, o.expiries.describe());
     }
     let _ = writeln!(out);
-    let seconds = outcomes
-        .iter()
-        .map(|o| o.per_second.len())
-        .max()
-        .unwrap_or(0);
-    let width = seconds.div_ceil(SPARK_CELLS).max(1);
-    let rows: Vec<Vec<usize>> = outcomes
-        .iter()
-        .map(|o| o.per_second.chunks(width).map(|c| c.iter().sum()).collect())
-        .collect();
-    let peak = rows.iter().flatten().copied().max().unwrap_or(0);
-    let _ = writeln!(
-        out,
-        "database queries per {width} s, one scale for every row (█ = {}):",
-        count(peak)
-    );
-    for (o, line) in outcomes.iter().zip(sparklines(&rows)) {
-        let own = rows_peak(&o.per_second, width);
-        let _ = writeln!(
-            out,
-            "{:<11} {line} (peak {})",
-            o.strategy.name(),
-            count(own)
-        );
-    }
+    out.push_str(&outcome::sparkline_chart(outcomes, NAME_WIDTH));
     out
-}
-
-/// The most queries in one `width`-second bucket of `per_second`.
-fn rows_peak(per_second: &[usize], width: usize) -> usize {
-    per_second
-        .chunks(width)
-        .map(|c| c.iter().sum())
-        .max()
-        .unwrap_or(0)
-}
-
-/// One block character per value, every row on one scale: the largest
-/// value of all rows is a full block, so rows compare at a glance.
-fn sparklines(rows: &[Vec<usize>]) -> Vec<String> {
-    const BLOCKS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
-    let max = rows.iter().flatten().copied().max().unwrap_or(0).max(1);
-    rows.iter()
-        .map(|row| {
-            row.iter()
-                .map(|&v| BLOCKS[(v * (BLOCKS.len() - 1)).div_ceil(max).min(BLOCKS.len() - 1)])
-                .collect()
-        })
-        .collect()
 }
 
 #[cfg(test)]
@@ -501,7 +387,7 @@ mod tests {
             loader_latency: Duration::from_millis(50),
             db_capacity: 100,
             duration: Duration::from_secs(180),
-            strategies: vec![Strategy::Naive, Strategy::Breakwater],
+            strategies: vec![StrategyArg::Naive, StrategyArg::Breakwater],
             seed: 7,
             json: false,
             out: PathBuf::new(),
@@ -538,7 +424,7 @@ mod tests {
                 jitter: args::jitter(spec).unwrap(),
                 duration: Duration::from_secs(1),
                 rps: 1,
-                strategies: vec![Strategy::Breakwater],
+                strategies: vec![StrategyArg::Breakwater],
                 seed: 42,
                 ..opts()
             };
@@ -597,14 +483,5 @@ mod tests {
             };
             assert_eq!(warnings(&edge).len(), 1, "{secs} s");
         }
-    }
-
-    #[test]
-    fn sparklines_share_one_scale() {
-        // A peak of 1,862 and one of 510: only the first reaches the top.
-        let lines = sparklines(&[vec![0, 1_862, 0], vec![0, 510, 0]]);
-        assert_eq!(lines[0], "▁█▁");
-        assert_eq!(lines[1], "▁▃▁");
-        assert_eq!(sparklines(&[vec![0, 0]]), ["▁▁"]);
     }
 }

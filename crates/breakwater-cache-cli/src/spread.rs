@@ -36,7 +36,8 @@ use redis::aio::MultiplexedConnection;
 
 use crate::args::{self, JitterArg};
 use crate::failure::{Failure, bad_url, shown, unreachable};
-use crate::histogram::{self, count};
+use crate::histogram;
+use crate::report::thousands;
 
 /// The examples under `breakwater spread --help`.
 pub(crate) const AFTER_HELP: &str = "\
@@ -188,17 +189,17 @@ async fn run(opts: &SpreadOpts) -> Result<(), Failure> {
         shown(&opts.redis),
         jitter,
         (1.0 - jitter) * 100.0,
-        count(usize::try_from(opts.rate).unwrap_or(usize::MAX)),
+        thousands(usize::try_from(opts.rate).unwrap_or(usize::MAX)),
     );
     let scan = scan(&mut conn, opts, began_ms)
         .await
         .map_err(|e| Failure::runtime(format!("the scan failed ({e}); nothing was changed")))?;
     crate::outln!(
         "scanned {} keys: {} with a TTL, {} without (left alone), {} gone before they were read",
-        count(scan.with_ttl.len() + scan.without_ttl + scan.gone),
-        count(scan.with_ttl.len()),
-        count(scan.without_ttl),
-        count(scan.gone),
+        thousands(scan.with_ttl.len() + scan.without_ttl + scan.gone),
+        thousands(scan.with_ttl.len()),
+        thousands(scan.without_ttl),
+        thousands(scan.gone),
     );
     let mut before: Vec<u64> = scan.with_ttl.iter().map(|f| f.expires_ms).collect();
     before.sort_unstable();
@@ -233,22 +234,22 @@ async fn run(opts: &SpreadOpts) -> Result<(), Failure> {
     crate::outln!(
         "busiest second: {} before, {} after; uniform ideal {ideal:.0}/s (every key's new \
          expiry evenly over its own window)",
-        count(histogram::peak_1s(&before)),
-        count(histogram::peak_1s(&after)),
+        thousands(histogram::peak_1s(&before)),
+        thousands(histogram::peak_1s(&after)),
     );
     if opts.dry_run {
         crate::outln!(
             "dry run: nothing was changed; {} TTL(s) would be shortened (--seed {seed} draws the same)",
-            count(applied.changed)
+            thousands(applied.changed)
         );
     } else {
         crate::outln!(
             "changed {} TTL(s), kept {} (the draw was not shorter than the TTL by then); left alone \
              {} that lost their TTL and {} that vanished since the scan; {:.1} s",
-            count(applied.changed),
-            count(applied.kept),
-            count(applied.lost_ttl),
-            count(applied.gone),
+            thousands(applied.changed),
+            thousands(applied.kept),
+            thousands(applied.lost_ttl),
+            thousands(applied.gone),
             unix_ms().saturating_sub(began_ms) as f64 / 1000.0,
         );
     }
@@ -325,7 +326,7 @@ async fn scan(
                     _ => found.gone += 1,
                 }
             }
-            spinner.set_message(format!("scanning: {} keys", count(seen.len())));
+            spinner.set_message(format!("scanning: {} keys", thousands(seen.len())));
         }
         if next == 0 {
             break;
@@ -384,8 +385,8 @@ async fn apply(
             Failure::runtime(format!(
                 "Redis failed after {} of {} keys ({e}); those keep their new TTLs, run again to \
                  finish (a TTL is only ever shortened)",
-                count(done),
-                count(scan.with_ttl.len())
+                thousands(done),
+                thousands(scan.with_ttl.len())
             ))
         })?;
         let wrote_ms = unix_ms().saturating_sub(began_ms);

@@ -6,22 +6,25 @@
 //! Everything measured comes from what the requests met: a database query
 //! is one [`Database::query`], stale values are the library's
 //! [`Served::Stale`], latencies are tokio time.
+//!
+//! [`run`] is the one request loop: requests arrive as a [`Traffic`] says
+//! (steady, or each key again once it expired), each in its own task, and
+//! a [`Tally`] counts what they met.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use breakwater_cache::{
-    BreakerState, Cache, Error, Jitter, MemoryStore, Served, Stats, Store, Stored,
-};
+use breakwater_cache::{Cache, Error, Jitter, MemoryStore, Served, Stats, Store, Stored};
 use indicatif::ProgressBar;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::bench::percentile;
 use crate::db::{Database, Down};
-use crate::histogram::{count, peak_1s};
+use crate::histogram::peak_1s;
+use crate::report::{percentile, thousands};
 
 /// How requests are served.
 #[derive(Clone)]
@@ -245,32 +248,83 @@ impl Workload {
     }
 }
 
-/// Runs `load` through `client` from now, each request in its own task,
-/// and waits for the last one. `progress` advances by one per request.
+/// How requests arrive.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Traffic {
+    /// Steady traffic over Zipf-drawn keys.
+    Steady(Workload),
+    /// Each key once, in the first whole second after it expired, for
+    /// `seconds` (a keyspace where every key is busy: each expiry is one
+    /// database query).
+    OnExpiry {
+        /// How long, in whole seconds.
+        seconds: u64,
+    },
+}
+
+/// Runs `traffic` through `client` from now, each request in its own task,
+/// and waits for the last one; `expiries_ms` (from
+/// [`Client::expiries_ms`]) says when each key expires, for
+/// [`Traffic::OnExpiry`]. `progress` advances by one per request.
 pub(crate) async fn run(
     client: &Client,
     db: &Arc<Database>,
-    load: &Workload,
+    traffic: &Traffic,
+    expiries_ms: &[Option<u64>],
     progress: Option<&ProgressBar>,
 ) -> Tally {
-    let cdf = zipf_cdf(load.keys, load.zipf);
-    let mut rng = StdRng::seed_from_u64(load.seed);
-    let gap_ns = 1_000_000_000 / u64::from(load.rps.max(1));
+    match *traffic {
+        Traffic::Steady(load) => {
+            let cdf = zipf_cdf(load.keys, load.zipf);
+            let mut rng = StdRng::seed_from_u64(load.seed);
+            let gap_ns = 1_000_000_000 / u64::from(load.rps.max(1));
+            let arrivals = (0..load.total()).map(move |i| {
+                let key = pick(&cdf, rng.random::<f64>());
+                (Duration::from_nanos(gap_ns * i), [key])
+            });
+            drive(client, db, arrivals, progress).await
+        }
+        Traffic::OnExpiry { seconds } => {
+            let mut due: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
+            for (key, at) in expiries_ms.iter().enumerate() {
+                if let Some(at) = at {
+                    due.entry(at.div_ceil(1000)).or_default().push(key);
+                }
+            }
+            let arrivals = due
+                .into_iter()
+                .take_while(|(second, _)| *second < seconds)
+                .map(|(second, keys)| (Duration::from_secs(second), keys));
+            drive(client, db, arrivals, progress).await
+        }
+    }
+}
+
+/// The request loop: at each arrival's time (from now), one request per
+/// key it names; finished requests are reaped as the run goes, so memory
+/// follows the requests in flight, not all of them.
+async fn drive<K: IntoIterator<Item = usize>>(
+    client: &Client,
+    db: &Arc<Database>,
+    arrivals: impl Iterator<Item = (Duration, K)>,
+    progress: Option<&ProgressBar>,
+) -> Tally {
     let began = Instant::now();
-    // Finished requests are reaped as the run goes, so memory follows the
-    // requests in flight, not all of them.
     let mut tasks = JoinSet::new();
     let mut tally = Tally::since(began);
-    for i in 0..load.total() {
-        tokio::time::sleep_until(began + Duration::from_nanos(gap_ns * i)).await;
-        let key = pick(&cdf, rng.random::<f64>());
-        let (client, db) = (client.clone(), Arc::clone(db));
-        tasks.spawn(async move { client.request(key, &db).await });
+    for (at, keys) in arrivals {
+        tokio::time::sleep_until(began + at).await;
+        let mut sent = 0;
+        for key in keys {
+            let (client, db) = (client.clone(), Arc::clone(db));
+            tasks.spawn(async move { client.request(key, &db).await });
+            sent += 1;
+        }
         while let Some(done) = tasks.try_join_next() {
             tally.record(done);
         }
         if let Some(bar) = progress {
-            bar.inc(1);
+            bar.inc(sent);
         }
     }
     while let Some(done) = tasks.join_next().await {
@@ -281,44 +335,6 @@ pub(crate) async fn run(
         tally.stats = Some(cache.stats());
     }
     tally
-}
-
-/// One line of what [`Cache::stats`] counted: calls and hit ratio, stale
-/// values by reason, loader calls, coalesced calls, errors, breakers.
-pub(crate) fn stats_line(stats: &Stats) -> String {
-    let stale = if stats.stale.is_empty() {
-        "none".to_owned()
-    } else {
-        stats
-            .stale
-            .iter()
-            .map(|(reason, n)| {
-                let word = Served::Stale { reason: *reason }.as_str();
-                format!(
-                    "{} {}",
-                    word.trim_start_matches("stale_"),
-                    count(*n as usize)
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let state = |s: BreakerState| match s {
-        BreakerState::Closed => "closed",
-        BreakerState::HalfOpen => "half-open",
-        BreakerState::Open => "open",
-    };
-    format!(
-        "{} calls, hit ratio {:.1}%; stale: {stale}; loader calls {}, coalesced {}, errors {}; \
-         breakers now: origin {}, store {}",
-        count(stats.requests as usize),
-        stats.hit_ratio() * 100.0,
-        count(stats.loads.total() as usize),
-        count(stats.coalesced as usize),
-        count(stats.errors_total() as usize),
-        state(stats.origin_breaker),
-        state(stats.store_breaker)
-    )
 }
 
 /// Zipf key choice: `cdf[i]` is the probability of a key `<= i`.
@@ -386,10 +402,10 @@ impl Expiries {
                 "between {:.1} and {:.1} s, {} a second on average",
                 self.first_s,
                 self.last_s,
-                count(self.mean_per_second.round() as usize)
+                thousands(self.mean_per_second.round() as usize)
             )
         };
-        format!("{when}; busiest second {}", count(self.busiest_second))
+        format!("{when}; busiest second {}", thousands(self.busiest_second))
     }
 }
 
@@ -469,7 +485,7 @@ mod tests {
             zipf: 1.0,
             seed: 1,
         };
-        let tally = run(&naive, &db, &load, None).await;
+        let tally = run(&naive, &db, &Traffic::Steady(load), &[], None).await;
         assert_eq!(tally.requests(), 100);
         // 10 requests arrive during the first 100 ms load, each a miss.
         assert_eq!(db.started_ms().len(), 10);
@@ -478,7 +494,14 @@ mod tests {
         let db = Arc::new(Database::new(Duration::from_millis(100)));
         let store = MemoryStore::new();
         let cache = builder(&store, Jitter::none(), 1).build().unwrap();
-        let tally = run(&Client::Breakwater(cache), &db, &load, None).await;
+        let tally = run(
+            &Client::Breakwater(cache),
+            &db,
+            &Traffic::Steady(load),
+            &[],
+            None,
+        )
+        .await;
         assert_eq!(db.started_ms().len(), 1);
         assert_eq!(tally.waited(), 10);
         assert_eq!(tally.errors, 0);

@@ -20,6 +20,7 @@ use crate::args::{self, JitterArg};
 use crate::db::Database;
 use crate::failure::{Failure, bad_url, shown};
 use crate::histogram;
+use crate::report::thousands;
 
 /// Options of `breakwater warm`.
 #[derive(Debug, Clone, Args)]
@@ -95,7 +96,7 @@ pub(crate) async fn main(opts: WarmOpts) -> ExitCode {
 pub(crate) async fn run(opts: &WarmOpts) -> Result<WarmRun, Failure> {
     let store: Arc<dyn Store> = match &opts.redis {
         Some(url) => {
-            let store = crate::redis_store(url).map_err(|err| bad_url(url, err))?;
+            let store = crate::connect::store(url).map_err(|err| bad_url(url, err))?;
             if let Err(err) = store.warm_up().await {
                 return Err(crate::failure::unreachable(url, err).await);
             }
@@ -209,7 +210,7 @@ pub(crate) fn render(opts: &WarmOpts, run: &WarmRun) -> String {
         let _ = writeln!(
             out,
             "expiries: {} keys from {:.0} s to {:.0} s after the warm-up began (TTL {}, jitter {})",
-            histogram::count(e.len()),
+            thousands(e.len()),
             *first as f64 / 1000.0,
             *last as f64 / 1000.0,
             humantime::format_duration(opts.ttl),
@@ -232,7 +233,7 @@ pub(crate) fn render(opts: &WarmOpts, run: &WarmRun) -> String {
         let _ = writeln!(
             out,
             "busiest second: {}; {ideal}",
-            histogram::count(histogram::peak_1s(e))
+            thousands(histogram::peak_1s(e))
         );
     }
     out

@@ -12,16 +12,18 @@
 //! returned it prints `finished` and waits for one more line on stdin (or its
 //! end) before it prints one line `sample <latency µs> <wake-up µs>` per
 //! call: the bench lets no worker report while another is still measuring.
-//! It ends with one line `done ok=<n> err=<n> first_error=<message or none>`.
+//! It ends with one line `done ok=<n> err=<n> first_error=<message or none>`
+//! (the line protocol of [`fleet`](crate::fleet), whose parent side is
+//! `bench stampede`).
 
 use std::future::Future;
-use std::io::{self, BufRead, Write};
+use std::io::{self, Write};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use breakwater_cache::{Cache, OnLockTimeout, RedisStore, RedisStoreConfig};
+use breakwater_cache::{Cache, OnLockTimeout};
 use clap::{Args, ValueEnum};
 use redis::IntoConnectionInfo;
 use redis::aio::MultiplexedConnection;
@@ -30,6 +32,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::args;
+use crate::connect::bench_store;
+use crate::fleet::{Done, read_line, say};
 
 /// Which stampede defence the worker runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -99,19 +103,6 @@ pub(crate) async fn main(opts: WorkerOpts) -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// The store every bench process uses, connected: a benchmark measures the
-/// cache, not timeouts on a busy machine, so responses may take 2 s.
-pub(crate) async fn bench_store(url: &str) -> Result<RedisStore, breakwater_cache::Error> {
-    let store = RedisStore::connect_with(
-        url,
-        RedisStoreConfig::default()
-            .response_timeout(Duration::from_secs(2))
-            .write_timeout(Duration::from_secs(2)),
-    )?;
-    store.warm_up().await?;
-    Ok(store)
 }
 
 /// Sets up, waits for the go line, runs the calls and prints the summary.
@@ -188,8 +179,7 @@ async fn run(opts: WorkerOpts) -> Result<usize, Box<dyn std::error::Error>> {
         say("finished")?;
         tokio::task::spawn_blocking(read_line).await??;
     }
-    let (mut ok, mut err) = (0usize, 0usize);
-    let mut first_error: Option<String> = None;
+    let mut done = Done::default();
     let mut stdout = io::BufWriter::new(io::stdout().lock());
     for outcome in outcomes {
         let outcome = match outcome {
@@ -206,30 +196,16 @@ async fn run(opts: WorkerOpts) -> Result<usize, Box<dyn std::error::Error>> {
             Err(e) => Err(format!("task failed: {e}")),
         };
         match outcome {
-            Ok(()) => ok += 1,
+            Ok(()) => done.ok += 1,
             Err(msg) => {
-                err += 1;
-                first_error.get_or_insert(msg);
+                done.err += 1;
+                done.first_error.get_or_insert(msg);
             }
         }
     }
-    let first_error = first_error.unwrap_or_else(|| "none".to_owned());
-    writeln!(stdout, "done ok={ok} err={err} first_error={first_error}")?;
+    writeln!(stdout, "{done}")?;
     stdout.flush()?;
-    Ok(err)
-}
-
-/// Writes one line to the parent at once.
-pub(crate) fn say(line: &str) -> io::Result<()> {
-    let mut stdout = io::stdout().lock();
-    writeln!(stdout, "{line}")?;
-    stdout.flush()
-}
-
-/// One line of stdin; empty at its end.
-pub(crate) fn read_line() -> io::Result<String> {
-    let mut line = String::new();
-    io::stdin().lock().read_line(&mut line).map(|_| line)
+    Ok(done.err)
 }
 
 /// The database stand-in: count the load (and record this process's id

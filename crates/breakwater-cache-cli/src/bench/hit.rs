@@ -1,7 +1,6 @@
-//! The Redis-hit comparison shared by `cargo bench -p breakwater-cache
-//! --bench hit` and `breakwater bench hit --redis URL` (a module of the
-//! CLI, which the bench includes with `#[path]`): a hit through
-//! `get_or_load` (L1 off, so every hit reads
+//! The Redis-hit comparison of `breakwater bench hit --redis URL` (which
+//! `cargo bench -p breakwater-cache-cli --bench hit` runs on a private
+//! `redis-server`): a hit through `get_or_load` (L1 off, so every hit reads
 //! Redis: one `GET`, or its share of an `MGET` when reads meet while the
 //! store is busy) next to a raw `GET` on one multiplexed connection of the
 //! same server, interleaved trials, the ratio of the medians.
@@ -13,18 +12,18 @@ use std::time::{Duration, Instant};
 use breakwater_cache::{Cache, RedisStore};
 
 /// One scenario's figures: operations per second of each trial.
-pub struct Row {
+pub(super) struct Row {
     /// What ran: callers and keys.
-    pub name: &'static str,
+    name: &'static str,
     /// `get_or_load`, per trial.
-    pub ours: Vec<f64>,
+    ours: Vec<f64>,
     /// Raw `GET`, per trial.
-    pub raw: Vec<f64>,
+    raw: Vec<f64>,
 }
 
 impl Row {
     /// The median of `get_or_load`'s trials over the median of the raw ones.
-    pub fn ratio(&self) -> f64 {
+    fn ratio(&self) -> f64 {
         median(&self.ours) / median(&self.raw)
     }
 }
@@ -49,8 +48,9 @@ impl std::fmt::Display for Row {
 /// on one hot key) against the Redis at `url`, `trials` interleaved trials
 /// of `trial` each. Which side runs first alternates from trial to trial
 /// (raw `GET`s first in the first): the second of two back-to-back runs
-/// can measure faster, and an even count of trials balances that out. Writes keys under `bw:bench-hit:` and `raw:bench-hit:`.
-pub async fn compare(url: &str, trials: usize, trial: Duration) -> Result<Vec<Row>, String> {
+/// can measure faster, and an even count of trials balances that out.
+/// Writes keys under `bw:bench-hit:` and `raw:bench-hit:`.
+pub(super) async fn compare(url: &str, trials: usize, trial: Duration) -> Result<Vec<Row>, String> {
     let store = RedisStore::connect(url).map_err(|e| e.to_string())?;
     store.warm_up().await.map_err(|e| e.to_string())?;
     let cache = Cache::<String>::builder()
