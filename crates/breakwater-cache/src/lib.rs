@@ -44,6 +44,18 @@
 //! (rustls): see [`RedisStoreConfig`]'s `# TLS` for a private CA and client
 //! certificates.
 //!
+//! # Features
+//!
+//! Both off by default:
+//!
+//! - `tls`: `rediss://` URLs, through rustls (see above).
+//! - `test-util`: the [`testing`] module, store wrappers for your own
+//!   tests: `ChaosStore` runs the faults of breakwater's seeded simulation
+//!   (delayed, reordered, timed-out, refused and hung store calls, a lost
+//!   bus), `CountingStore` counts reads and fails one thing at a time.
+//!   For `[dev-dependencies]`:
+//!   `cargo add breakwater-cache --dev --features test-util`.
+//!
 //! # Configuration
 //!
 //! Every setting has a builder method, and the same settings can come from
@@ -68,6 +80,7 @@
 //! # Ok(()) }
 //! ```
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod background;
 pub mod breaker;
@@ -88,6 +101,9 @@ pub mod metrics;
 pub mod retry;
 mod served;
 pub mod store;
+#[cfg(feature = "test-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+pub mod testing;
 
 pub use breaker::{BreakerConfig, BreakerState};
 pub use cache::{

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use breakwater_cache::testing::CountingStore;
 use breakwater_cache::{Cache, RedisStore, Store, Warm};
-use support::{CountingStore, RedisServer, patient, slow_loader};
+use support::{RedisServer, patient, slow_loader};
 
 /// `ACL SETUSER user rules...` on `server`.
 fn set_user(server: &RedisServer, user: &str, rules: &[&str]) {

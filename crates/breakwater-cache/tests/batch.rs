@@ -9,6 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use breakwater_cache::testing::CountingStore;
 use breakwater_cache::{BreakerConfig, Cache, ErrorKind, MemoryStore, Served, StaleReason, Store};
 use support::ten_second_cache;
 
@@ -481,7 +482,7 @@ async fn four_processes_on_a_cluster_load_every_id_once() {
 
 #[tokio::test(start_paused = true)]
 async fn l1_answers_what_it_holds_without_a_store_read() {
-    let store = support::CountingStore::new(MemoryStore::new());
+    let store = CountingStore::new(MemoryStore::new());
     let cache = ten_second_cache("many")
         .store(store.clone())
         .l1(breakwater_cache::L1Config::new())
@@ -511,7 +512,7 @@ async fn l1_answers_what_it_holds_without_a_store_read() {
 #[tokio::test(start_paused = true)]
 async fn a_failed_store_read_loads_through_the_leases_unless_the_store_is_unusable() {
     for unusable in [false, true] {
-        let store = support::CountingStore::new(MemoryStore::new());
+        let store = CountingStore::new(MemoryStore::new());
         let mut builder = ten_second_cache("many").store(store.clone());
         if unusable {
             builder = builder.store_breaker(BreakerConfig::new().consecutive_failures(1));

@@ -16,9 +16,10 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use breakwater_cache::testing::CountingStore;
 use breakwater_cache::{Cache, MemoryStore, RedisStore, Served, Store};
 use breakwater_cache_testkit::{RedisServer, TiedChild, tied_command};
-use support::{CountingStore, ten_second_cache};
+use support::ten_second_cache;
 use tokio::time::{Instant, sleep};
 
 /// What the test loader's future returns.

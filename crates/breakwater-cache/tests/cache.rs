@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use breakwater_cache::testing::CountingStore;
 use breakwater_cache::{Cache, Codec, Compression, ErrorKind, Jitter, MemoryStore, Store};
 use serde::{Deserialize, Serialize};
-use support::{CountingStore, DbDown};
+use support::DbDown;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Product {

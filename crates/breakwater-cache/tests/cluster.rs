@@ -9,8 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use breakwater_cache::testing::CountingStore;
 use breakwater_cache::{BreakerConfig, BreakerState, Cache, RedisStore, RedisStoreConfig, Store};
-use support::{CountingStore, RedisCluster, cluster_store, connect_cluster, slow_loader};
+use support::{RedisCluster, cluster_store, connect_cluster, slow_loader};
 
 fn cache_on<S: Store + Clone>(store: &S) -> Cache<String> {
     Cache::builder()

@@ -18,8 +18,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use breakwater_cache::testing::CountingStore;
 use breakwater_cache::{BreakerConfig, Cache, L1Config, RedisStore, RedisStoreConfig, Store};
-use support::{CountingStore, RedisCluster, command_calls};
+use support::{RedisCluster, command_calls};
 use tokio::time::{Instant, sleep, timeout};
 
 /// Keys in the workload, spread over every slot range.

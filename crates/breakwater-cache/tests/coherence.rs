@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use breakwater_cache::testing::CountingStore;
 use breakwater_cache::{Cache, EarlyRefresh, Jitter, L1Config, MemoryStore, Served, Store};
 use serde::{Deserialize, Serialize};
-use support::CountingStore;
 use tokio::time::{advance, sleep};
 
 /// The database: one row whose version every write bumps.

@@ -12,8 +12,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use breakwater_cache::testing::CountingStore;
 use breakwater_cache::{Cache, L1Config, MemoryStore, RedisStore, RedisStoreConfig, Served, Store};
-use support::{CountingStore, RedisServer, ten_second_cache};
+use support::{RedisServer, ten_second_cache};
 use tokio::time::Instant;
 
 /// Polls `fut` once (it must not be ready yet) and hands it back, started

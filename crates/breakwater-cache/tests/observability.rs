@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 
+use breakwater_cache::testing::CountingStore;
 use breakwater_cache::{
     BreakerConfig, BreakerState, ErrorKind, L1Config, LimitConfig, MemoryStore, StaleReason,
 };
@@ -560,7 +561,7 @@ fn a_lease_held_past_lock_wait_counts_stale_lock_timeout_and_busy() {
 #[test]
 fn a_store_down_with_an_l1_copy_counts_stale_store_unavailable_and_a_store_error() {
     let moved = recorded(|| async {
-        let store = support::CountingStore::new(MemoryStore::new());
+        let store = CountingStore::new(MemoryStore::new());
         let cache = cache("storedown")
             .store(store.clone())
             .l1(L1Config::new()

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use breakwater_cache::testing::CountingStore;
 use breakwater_cache::{
     BreakerConfig, BreakerState, Cache, ErrorKind, Jitter, LimitConfig, MemoryStore, Origin,
     RetryConfig, Served, StaleReason,
@@ -222,7 +223,7 @@ async fn during_an_outage_stale_values_then_the_fallback_then_circuit_open() {
 /// through again (for a `Retry-After` header).
 #[tokio::test(start_paused = true)]
 async fn an_open_store_breaker_says_when_to_retry() {
-    let store = support::CountingStore::new(MemoryStore::new());
+    let store = CountingStore::new(MemoryStore::new());
     let cache: Cache<String> = Cache::builder()
         .shared_store(Arc::new(store.clone()))
         .store_breaker(

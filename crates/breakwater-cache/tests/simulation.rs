@@ -4,9 +4,11 @@
 //! # The world
 //!
 //! One [`MemoryStore`] plays the shared Redis. Each simulated process has its
-//! own [`ChaosStore`] in front of it and its own [`Cache`] (some with an L1
-//! near cache, some with grace), so the processes share entries, leases and
-//! the bus exactly as over Redis, while every store call of one process can be
+//! own [`ChaosStore`] in front of it (the library's, from
+//! `breakwater_cache::testing`, the `test-util` feature; this file draws its
+//! faults and traces what it reports) and its own [`Cache`] (some with an L1
+//! near cache, some with grace), so the processes share entries, leases and the
+//! bus exactly as over Redis, while every store call of one process can be
 //! delayed before it runs, delayed after it ran (replies are reordered),
 //! answered with a timeout after it ran, refused before it ran ("connection
 //! dropped"), or, during a stop window, hang for a response timeout and fail.
@@ -16,14 +18,14 @@
 //! (`key -> version`); every loader sleeps a seeded delay (mostly short,
 //! sometimes longer than `lock_wait`), then reads the current version. The
 //! workload bumps the version before every `invalidate` and `set` (writes to
-//! one key are serialised, as an application writing under a row lock
-//! would), so "newer" is simply "higher version".
+//! one key are serialised, as an application writing under a row lock would),
+//! so "newer" is simply "higher version".
 //!
 //! Everything runs on a current-thread tokio runtime with paused time, and
 //! every random choice (workload, faults, loader delays, the caches' own
 //! `rng_seed`) derives from one `u64` seed, so a seed replays exactly; see
-//! `one_seed_replays_exactly`. Run one seed with
-//! `BREAKWATER_SIM_SEED=<s> cargo test -p breakwater-cache --test simulation`, a
+//! `one_seed_replays_exactly`. Run one seed with `BREAKWATER_SIM_SEED=<s>
+//! cargo test -p breakwater-cache --features test-util --test simulation`, a
 //! soak with `BREAKWATER_SIM_SEEDS=<n>` (from `BREAKWATER_SIM_SEED`, or 1000);
 //! `BREAKWATER_SIM_DUMP=<dir>` writes each seed's violations and whole trace
 //! (every call, every store write, read and lease call with when it ran and
@@ -161,30 +163,29 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::future::Future;
-use std::pin::pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use breakwater_cache::testing::{BusChange, ChaosEvent, ChaosStore, Faults};
 use breakwater_cache::{
-    Cache, Delivery, Error, FencedWrite, Fetched, Jitter, L1Config, LeaseAttempt, MemoryStore,
-    Notice, Served, StaleReason, Store, StoreFuture, Subscription,
+    Cache, Error, Fetched, Jitter, L1Config, MemoryStore, Served, StaleReason, Store,
 };
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{broadcast, watch};
-use tokio::time::{Instant, sleep, sleep_until, timeout};
+use tokio::time::{Instant, sleep, timeout};
 
 // ---------------------------------------------------------------- settings
 
 /// How long a call to a stopped (or partitioned) store hangs before failing,
 /// and how long a "timed out after it ran" call takes.
-const RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
+const RESPONSE_TIMEOUT: Duration = Faults::RESPONSE_TIMEOUT;
 /// The longest chaos delay before or after one store call.
-const MAX_DELAY_MS: u64 = 300;
+const MAX_DELAY_MS: u64 = Faults::MAX_DELAY.as_millis() as u64;
 /// The longest one store reply can take under the faults: a delay before,
 /// then a response timeout.
-const MAX_REPLY: Duration = Duration::from_millis(MAX_DELAY_MS + 500);
+const MAX_REPLY: Duration =
+    Duration::from_millis(MAX_DELAY_MS + RESPONSE_TIMEOUT.as_millis() as u64);
 /// The entries' TTL in the chaos phase, and its jitter ratio.
 const TTL: Duration = Duration::from_secs(3);
 const JITTER: f64 = 0.1;
@@ -221,385 +222,98 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// An independent, reproducible stream for one purpose.
 fn stream(seed: u64, purpose: u64) -> StdRng {
-    StdRng::seed_from_u64(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ purpose)
+    StdRng::seed_from_u64(stream_seed(seed, purpose))
+}
+
+/// The seed of [`stream`]`(seed, purpose)`, for a [`ChaosStore`].
+fn stream_seed(seed: u64, purpose: u64) -> u64 {
+    seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ purpose
 }
 
 // ---------------------------------------------------------------- the store
 
-/// What can go wrong with one process's store calls, as probabilities.
-#[derive(Debug, Clone, Copy, Default)]
-struct Faults {
-    delay_before: f64,
-    delay_after: f64,
-    timeout_after: f64,
-    fail_before: f64,
-    message_loss: f64,
-    disconnect: f64,
+/// One process's faults in a chaotic phase, drawn from the scheduler's
+/// stream.
+fn chaotic_faults(rng: &mut StdRng) -> Faults {
+    Faults::HEALTHY
+        .delay_before(rng.random_range(0.0..0.5))
+        .delay_after(rng.random_range(0.0..0.5))
+        .timeout_after(rng.random_range(0.0..0.08))
+        .fail_before(rng.random_range(0.0..0.08))
+        .message_loss(rng.random_range(0.0..0.5))
+        .disconnect(rng.random_range(0.0..0.03))
 }
 
-impl Faults {
-    const HEALTHY: Faults = Faults {
-        delay_before: 0.0,
-        delay_after: 0.0,
-        timeout_after: 0.0,
-        fail_before: 0.0,
-        message_loss: 0.0,
-        disconnect: 0.0,
-    };
-
-    fn chaotic(rng: &mut StdRng) -> Faults {
-        Faults {
-            delay_before: rng.random_range(0.0..0.5),
-            delay_after: rng.random_range(0.0..0.5),
-            timeout_after: rng.random_range(0.0..0.08),
-            fail_before: rng.random_range(0.0..0.08),
-            message_loss: rng.random_range(0.0..0.5),
-            disconnect: rng.random_range(0.0..0.03),
+/// Process `proc`'s view of the shared store, with seeded faults
+/// (`breakwater_cache::testing::ChaosStore`), its store writes, lease
+/// calls and bus changes traced, and its revoking writes counted.
+fn chaos_store(inner: MemoryStore, seed: u64, world: &Arc<World>, proc: usize) -> ChaosStore {
+    let world = Arc::clone(world);
+    ChaosStore::new(inner, seed).observe(move |event| match event {
+        // A revoking write (`replace`, `invalidate`) of a key, counted once
+        // it ran in the store, whether or not its caller hears of it.
+        ChaosEvent::Ran {
+            method: "replace" | "invalidate",
+            key,
+            result: Ok(_),
+            ..
+        } => {
+            let mut h = lock(&world.history);
+            *h.revocations.entry(user_key(key)).or_default() += 1;
         }
-    }
-}
-
-struct ChaosState {
-    rng: StdRng,
-    faults: Faults,
-    /// Every call answered slowly (the slow-store round), if set.
-    slow: Option<Slow>,
-    /// `false` while the store is stopped for this process (or it is
-    /// partitioned): calls hang for the response timeout, then fail, and the
-    /// subscription is down.
-    link: watch::Sender<bool>,
-    /// The tasks that feed this process's subscriptions.
-    feeds: Vec<tokio::task::AbortHandle>,
-}
-
-/// A store that answers every call after a seeded latency, with
-/// deadlines that follow it as `RedisStore`'s do: a read starts with
-/// `response_timeout`'s 50 ms, a write with `write_timeout`'s 250 ms; a
-/// call slower than its deadline times out at the deadline (after it ran:
-/// its reply is what was late), and the deadline of its kind becomes 3 ×
-/// what it was, up to 2 s (`max_response_timeout`); a call whose deadline
-/// another call's timeout grew meanwhile waits on to the new one.
-#[derive(Debug, Clone, Copy)]
-struct Slow {
-    /// Each call's latency is drawn from `latency.0..=latency.1` ms.
-    latency: (u64, u64),
-    read_deadline: Duration,
-    write_deadline: Duration,
-}
-
-impl Slow {
-    const CEILING: Duration = Duration::from_secs(2);
-
-    fn new(latency: (u64, u64)) -> Slow {
-        Slow {
-            latency,
-            read_deadline: ms(50),
-            write_deadline: ms(250),
-        }
-    }
-
-    fn deadline(&mut self, read: bool) -> &mut Duration {
-        if read {
-            &mut self.read_deadline
-        } else {
-            &mut self.write_deadline
-        }
-    }
-}
-
-/// What one call will suffer, drawn when it is made.
-enum Plan {
-    Down,
-    Dropped,
-    /// Answered after `latency`, or timed out at `deadline` if that is
-    /// sooner (see [`Slow`]).
-    Slow {
-        latency: Duration,
-        deadline: Duration,
-        read: bool,
-    },
-    Run {
-        before: Duration,
-        timeout: bool,
-        after: Duration,
-    },
-}
-
-/// One process's view of the shared store, with seeded faults.
-#[derive(Clone)]
-struct ChaosStore {
-    inner: MemoryStore,
-    state: Arc<Mutex<ChaosState>>,
-    /// Where this process's store writes and lease calls are traced.
-    tracer: (Arc<World>, usize),
-}
-
-impl std::fmt::Debug for ChaosStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChaosStore").finish_non_exhaustive()
-    }
-}
-
-impl ChaosStore {
-    fn new(inner: MemoryStore, rng: StdRng, world: Arc<World>, proc: usize) -> Self {
-        ChaosStore {
-            inner,
-            tracer: (world, proc),
-            state: Arc::new(Mutex::new(ChaosState {
-                rng,
-                faults: Faults::HEALTHY,
-                slow: None,
-                link: watch::Sender::new(true),
-                feeds: Vec::new(),
-            })),
-        }
-    }
-
-    /// `write`, a revoking write of `key` (`replace`, `invalidate`),
-    /// counted for the key once it ran in the store.
-    fn ran<'a>(&'a self, key: &'a [u8], write: StoreFuture<'a, ()>) -> StoreFuture<'a, ()> {
-        Box::pin(async move {
-            let done = write.await;
-            if done.is_ok() {
-                let mut h = lock(&self.tracer.0.history);
-                *h.revocations.entry(user_key(key)).or_default() += 1;
-            }
-            done
-        })
-    }
-
-    fn set_faults(&self, faults: Faults) {
-        lock(&self.state).faults = faults;
-    }
-
-    /// Every call answered after a latency drawn from `latency` (ms), with
-    /// deadlines that follow it (see [`Slow`]).
-    fn set_slow(&self, latency: (u64, u64)) {
-        lock(&self.state).slow = Some(Slow::new(latency));
-    }
-
-    /// Stops (`false`) or restarts (`true`) the store for this process.
-    fn set_up(&self, up: bool) {
-        lock(&self.state).link.send_replace(up);
-    }
-
-    /// This process's subscriptions end, as they do when the runtime that
-    /// ran their tasks goes away: their feeds stop without a word (no
-    /// `Missed`), and the cache must notice by itself.
-    fn kill_feeds(&self) -> usize {
-        let feeds = std::mem::take(&mut lock(&self.state).feeds);
-        feeds.iter().for_each(tokio::task::AbortHandle::abort);
-        feeds.len()
-    }
-
-    fn is_up(&self) -> bool {
-        *lock(&self.state).link.borrow()
-    }
-
-    fn plan(&self, read: bool) -> Plan {
-        let mut s = lock(&self.state);
-        if !*s.link.borrow() {
-            return Plan::Down;
-        }
-        if let Some(mut slow) = s.slow {
-            let latency = ms(s.rng.random_range(slow.latency.0..=slow.latency.1));
-            let deadline = *slow.deadline(read);
-            return Plan::Slow {
-                latency,
-                deadline,
-                read,
+        ChaosEvent::Replied {
+            method,
+            key,
+            start,
+            ran,
+            reply,
+            ..
+        } => {
+            let Some(name) = traced(method) else { return };
+            let ran = match ran {
+                Some((at, outcome)) => format!("ran at {} ms: {}", world.ms(at), show(outcome)),
+                None => "not run".to_owned(),
             };
+            let outcome = format!("{ran}; replied {}", show(reply));
+            world.trace(proc, name, &user_key(key), start, outcome);
         }
-        let f = s.faults;
-        let rng = &mut s.rng;
-        if rng.random_bool(f.fail_before) {
-            return Plan::Dropped;
-        }
-        let mut delay = |p: f64| {
-            if rng.random_bool(p) {
-                ms(rng.random_range(1..=MAX_DELAY_MS))
-            } else {
-                Duration::ZERO
-            }
-        };
-        let before = delay(f.delay_before);
-        let after = delay(f.delay_after);
-        let timeout = rng.random_bool(f.timeout_after);
-        Plan::Run {
-            before,
-            timeout,
-            after,
-        }
-    }
-
-    /// Runs `op` (an inner store call, made only when it is to run) under
-    /// this call's faults; traces it under `name` unless that is `None`.
-    fn call<'a, T, F>(
-        &'a self,
-        name: Option<&'static str>,
-        key: &'a [u8],
-        op: F,
-    ) -> StoreFuture<'a, T>
-    where
-        T: Send + Brief + 'a,
-        F: FnOnce() -> StoreFuture<'a, T> + Send + 'a,
-    {
-        let plan = self.plan(matches!(name, Some("s.get" | "s.get_many")));
-        Box::pin(async move {
-            let start = Instant::now();
-            let (result, ran) = match plan {
-                Plan::Slow {
-                    latency,
-                    mut deadline,
-                    read,
-                } => {
-                    // The command runs half-way, its reply takes the rest.
-                    let (run_at, reply_at) = (start + latency / 2, start + latency);
-                    let mut op = Some(op);
-                    let mut done = None;
-                    loop {
-                        let give_up = start + deadline;
-                        if run_at < give_up.min(reply_at) + ms(1)
-                            && let Some(op) = op.take()
-                        {
-                            sleep_until(run_at).await;
-                            let result = op().await;
-                            done = Some((Instant::now(), result));
-                        }
-                        if reply_at <= give_up {
-                            sleep_until(reply_at).await;
-                            let (at, result) = done.expect("it ran");
-                            let ran = Some((at, show(&result)));
-                            break (result, ran);
-                        }
-                        sleep_until(give_up).await;
-                        let mut state = lock(&self.state);
-                        let current = state.slow.as_mut().expect("slow").deadline(read);
-                        // Another call's timeout grew it (they were sent
-                        // together): wait on, as `RedisStore` does.
-                        if *current > deadline {
-                            deadline = *current;
-                            continue;
-                        }
-                        *current = (*current * 3).min(Slow::CEILING).max(*current);
-                        let ran = done.map(|(at, result)| (at, show(&result)));
-                        break (Err(Error::store_msg("timed out")), ran);
-                    }
-                }
-                Plan::Down => {
-                    sleep(RESPONSE_TIMEOUT).await;
-                    (
-                        Err(Error::store_msg("no reply within the response timeout")),
-                        None,
-                    )
-                }
-                Plan::Dropped => (Err(Error::store_msg("connection dropped")), None),
-                Plan::Run {
-                    before,
-                    timeout,
-                    after,
-                } => {
-                    if !before.is_zero() {
-                        sleep(before).await;
-                    }
-                    let result = op().await;
-                    let ran = Some((Instant::now(), show(&result)));
-                    if timeout {
-                        sleep(RESPONSE_TIMEOUT).await;
-                        (Err(Error::store_msg("timed out")), ran)
-                    } else {
-                        if !after.is_zero() {
-                            sleep(after).await;
-                        }
-                        (result, ran)
-                    }
-                }
+        ChaosEvent::Bus(change) => {
+            let what = match change {
+                BusChange::StoreStopped => "down (store stopped)",
+                BusChange::ConnectionDropped => "down (connection dropped)",
+                BusChange::Up => "up",
+                _ => "changed",
             };
-            if let Some(name) = name {
-                let (world, proc) = &self.tracer;
-                let ran = match ran {
-                    Some((at, outcome)) => format!("ran at {} ms: {outcome}", world.ms(at)),
-                    None => "not run".to_owned(),
-                };
-                let outcome = format!("{ran}; replied {}", show(&result));
-                world.trace(*proc, name, &user_key(key), start, outcome);
-            }
-            result
-        })
-    }
+            world.trace(proc, "bus", "-", Instant::now(), what.to_owned());
+        }
+        _ => {}
+    })
 }
 
-fn show<T: Brief>(result: &Result<T, Error>) -> String {
+/// A store method's name in the trace; `None` for those not traced.
+fn traced(method: &str) -> Option<&'static str> {
+    Some(match method {
+        "get" => "s.get",
+        "get_many" => "s.get_many",
+        "set" => "s.set",
+        "delete" => "s.delete",
+        "acquire_lease" => "s.lease",
+        "extend_lease" => "s.extend",
+        "release_lease" => "s.release",
+        "fenced_set" => "s.fenced",
+        "pin" => "s.pin",
+        "replace" => "s.replace",
+        "invalidate" => "s.invalid",
+        "bump_generation" => "s.bump",
+        "tag_generations" => "s.tag_gens",
+        _ => return None,
+    })
+}
+
+fn show(result: Result<&str, &Error>) -> String {
     match result {
-        Ok(v) => v.brief(),
+        Ok(v) => v.to_owned(),
         Err(e) => format!("error ({e})"),
-    }
-}
-
-/// A store reply as the trace shows it (no stored bytes: they hold
-/// wall-clock timestamps).
-trait Brief {
-    fn brief(&self) -> String;
-}
-
-impl Brief for Option<Vec<u8>> {
-    fn brief(&self) -> String {
-        if self.is_some() { "found" } else { "none" }.to_owned()
-    }
-}
-
-impl Brief for Vec<Option<Vec<u8>>> {
-    fn brief(&self) -> String {
-        let each: Vec<String> = self.iter().map(Brief::brief).collect();
-        each.join(",")
-    }
-}
-
-impl Brief for Option<Duration> {
-    fn brief(&self) -> String {
-        format!("{self:?}")
-    }
-}
-
-impl Brief for bool {
-    fn brief(&self) -> String {
-        self.to_string()
-    }
-}
-
-/// A bumped generation: it may start again at a fresh value from the OS
-/// (not part of a seed's replay), so only that it moved.
-impl Brief for u64 {
-    fn brief(&self) -> String {
-        "bumped".to_owned()
-    }
-}
-
-/// Generations read for a write: they may be fresh values from the OS (not
-/// part of a seed's replay), so only how many.
-impl Brief for Vec<u64> {
-    fn brief(&self) -> String {
-        format!("{} generation(s)", self.len())
-    }
-}
-
-/// What a pin found: a placeholder made of OS randomness, or an entry; the
-/// bytes are not part of a seed's replay.
-impl Brief for Vec<u8> {
-    fn brief(&self) -> String {
-        "pinned".to_owned()
-    }
-}
-
-impl Brief for () {
-    fn brief(&self) -> String {
-        "ok".to_owned()
-    }
-}
-
-impl Brief for LeaseAttempt {
-    fn brief(&self) -> String {
-        format!("{self:?}")
     }
 }
 
@@ -609,258 +323,6 @@ fn user_key(key: &[u8]) -> String {
     match (text.find('{'), text.rfind('}')) {
         (Some(a), Some(b)) if a < b => text[a + 1..b].to_owned(),
         _ => "-".to_owned(),
-    }
-}
-
-/// Forwards `upstream` to `tx` until everyone is gone, losing messages and
-/// dropping the "connection" as the faults say.
-async fn forward(
-    mut upstream: Subscription,
-    tx: broadcast::Sender<Delivery>,
-    ready: watch::Sender<bool>,
-    state: Arc<Mutex<ChaosState>>,
-    (world, proc): (Arc<World>, usize),
-) {
-    let note = |what: &str| world.trace(proc, "bus", "-", Instant::now(), what.to_owned());
-    let mut link = lock(&state).link.subscribe();
-    loop {
-        let delivery = tokio::select! {
-            biased;
-            _ = async { link.wait_for(|up| !*up).await.is_ok() } => None,
-            delivery = upstream.recv() => Some(delivery),
-        };
-        let Some(delivery) = delivery else {
-            // The store stopped: the connection is gone until it is back.
-            note("down (store stopped)");
-            ready.send_replace(false);
-            let _ = tx.send(Delivery::Missed);
-            let mut back = link.clone();
-            let back = async move {
-                let _ = back.wait_for(|up| *up).await.is_ok();
-            };
-            if !lose_until(&mut upstream, back).await {
-                return;
-            }
-            note("up");
-            ready.send_replace(true);
-            let _ = tx.send(Delivery::Missed);
-            continue;
-        };
-        let Some(delivery) = delivery else { return };
-        let (lose, outage) = {
-            let mut s = lock(&state);
-            let f = s.faults;
-            let lose = s.rng.random_bool(f.message_loss);
-            let outage = s
-                .rng
-                .random_bool(f.disconnect)
-                .then(|| ms(s.rng.random_range(50..=2_000)));
-            (lose, outage)
-        };
-        if let Some(outage) = outage {
-            // This message and everything until the reconnection is lost.
-            note("down (connection dropped)");
-            ready.send_replace(false);
-            let _ = tx.send(Delivery::Missed);
-            if !lose_until(&mut upstream, sleep(outage)).await {
-                return;
-            }
-            note("up");
-            ready.send_replace(true);
-            let _ = tx.send(Delivery::Missed);
-        } else if !lose {
-            let _ = tx.send(delivery);
-        }
-    }
-}
-
-/// Discards what `upstream` delivers until `until`; `false` if it closed.
-async fn lose_until(upstream: &mut Subscription, until: impl Future<Output = ()>) -> bool {
-    let mut until = pin!(until);
-    loop {
-        tokio::select! {
-            biased;
-            () = &mut until => return true,
-            delivery = upstream.recv() => if delivery.is_none() { return false },
-        }
-    }
-}
-
-impl Store for ChaosStore {
-    /// The read deadline in force, as `RedisStore`'s: the slow round's
-    /// growing one, else the response timeout.
-    fn read_deadline(&self) -> Duration {
-        lock(&self.state)
-            .slow
-            .map_or(RESPONSE_TIMEOUT, |slow| slow.read_deadline)
-    }
-
-    fn get<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Vec<u8>>> {
-        self.call(Some("s.get"), key, move || self.inner.get(key))
-    }
-
-    /// One command for all the keys, as an `MGET` is: one chaos plan
-    /// (traced under the first key).
-    fn get_many<'a>(&'a self, keys: &'a [&'a [u8]]) -> StoreFuture<'a, Vec<Option<Vec<u8>>>> {
-        match keys.first() {
-            Some(first) => self.call(Some("s.get_many"), first, move || self.inner.get_many(keys)),
-            None => Box::pin(async { Ok(Vec::new()) }),
-        }
-    }
-
-    /// As a single Redis: reads that meet while it is busy go out as one
-    /// `get_many`, so the chaos rounds cover the cache's read queue.
-    fn batches_reads(&self) -> bool {
-        true
-    }
-
-    fn set<'a>(&'a self, key: &'a [u8], value: &'a [u8], ttl: Duration) -> StoreFuture<'a, ()> {
-        self.call(Some("s.set"), key, move || self.inner.set(key, value, ttl))
-    }
-
-    fn delete<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, bool> {
-        self.call(Some("s.delete"), key, move || self.inner.delete(key))
-    }
-
-    fn ttl<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Duration>> {
-        self.call(None, key, move || self.inner.ttl(key))
-    }
-
-    fn now_ms(&self) -> u64 {
-        self.inner.now_ms()
-    }
-
-    fn name(&self) -> &'static str {
-        "chaos"
-    }
-
-    fn acquire_lease<'a>(
-        &'a self,
-        lease_key: &'a [u8],
-        token: &'a [u8],
-        ttl: Duration,
-    ) -> StoreFuture<'a, LeaseAttempt> {
-        self.call(Some("s.lease"), lease_key, move || {
-            self.inner.acquire_lease(lease_key, token, ttl)
-        })
-    }
-
-    fn lease_held<'a>(&'a self, lease_key: &'a [u8]) -> StoreFuture<'a, bool> {
-        self.call(None, lease_key, move || self.inner.lease_held(lease_key))
-    }
-
-    fn extend_lease<'a>(
-        &'a self,
-        lease_key: &'a [u8],
-        token: &'a [u8],
-        ttl: Duration,
-    ) -> StoreFuture<'a, bool> {
-        self.call(Some("s.extend"), lease_key, move || {
-            self.inner.extend_lease(lease_key, token, ttl)
-        })
-    }
-
-    fn release_lease<'a>(
-        &'a self,
-        lease_key: &'a [u8],
-        token: &'a [u8],
-        notice: Notice<'a>,
-    ) -> StoreFuture<'a, bool> {
-        self.call(Some("s.release"), lease_key, move || {
-            self.inner.release_lease(lease_key, token, notice)
-        })
-    }
-
-    fn fenced_set<'a>(&'a self, write: FencedWrite<'a>) -> StoreFuture<'a, bool> {
-        self.call(Some("s.fenced"), write.key, move || {
-            self.inner.fenced_set(write)
-        })
-    }
-
-    fn pin<'a>(
-        &'a self,
-        key: &'a [u8],
-        placeholder: &'a [u8],
-        ttl: Duration,
-    ) -> StoreFuture<'a, Vec<u8>> {
-        self.call(Some("s.pin"), key, move || {
-            self.inner.pin(key, placeholder, ttl)
-        })
-    }
-
-    fn replace<'a>(
-        &'a self,
-        key: &'a [u8],
-        value: &'a [u8],
-        ttl: Duration,
-        lease_key: &'a [u8],
-        notice: Notice<'a>,
-    ) -> StoreFuture<'a, ()> {
-        self.call(Some("s.replace"), key, move || {
-            self.ran(key, self.inner.replace(key, value, ttl, lease_key, notice))
-        })
-    }
-
-    fn invalidate<'a>(
-        &'a self,
-        key: &'a [u8],
-        lease_key: &'a [u8],
-        notice: Notice<'a>,
-    ) -> StoreFuture<'a, ()> {
-        self.call(Some("s.invalid"), key, move || {
-            self.ran(key, self.inner.invalidate(key, lease_key, notice))
-        })
-    }
-
-    fn bump_generation<'a>(
-        &'a self,
-        key: &'a [u8],
-        fresh: u64,
-        ttl: Duration,
-        notice: Notice<'a>,
-    ) -> StoreFuture<'a, u64> {
-        self.call(Some("s.bump"), key, move || {
-            self.inner.bump_generation(key, fresh, ttl, notice)
-        })
-    }
-
-    /// One script for all the counters, as on a single Redis: one chaos
-    /// plan (traced under the first key).
-    fn tag_generations<'a>(
-        &'a self,
-        keys: &'a [&'a [u8]],
-        fresh: u64,
-        ttl: Duration,
-    ) -> StoreFuture<'a, Vec<u64>> {
-        match keys.first() {
-            Some(first) => self.call(Some("s.tag_gens"), first, move || {
-                self.inner.tag_generations(keys, fresh, ttl)
-            }),
-            None => Box::pin(async { Ok(Vec::new()) }),
-        }
-    }
-
-    fn publish<'a>(&'a self, channel: &'a [u8], message: &'a [u8]) -> StoreFuture<'a, ()> {
-        self.call(None, channel, move || self.inner.publish(channel, message))
-    }
-
-    fn subscribe(&self, channel: &[u8]) -> Subscription {
-        let upstream = self.inner.subscribe(channel);
-        let (tx, rx) = broadcast::channel(4096);
-        let ready = watch::Sender::new(self.is_up());
-        let ready_rx = ready.subscribe();
-        let (world, proc) = &self.tracer;
-        let feed = tokio::spawn(forward(
-            upstream,
-            tx,
-            ready,
-            Arc::clone(&self.state),
-            (Arc::clone(world), *proc),
-        ));
-        let mut state = lock(&self.state);
-        state.feeds.retain(|f| !f.is_finished());
-        state.feeds.push(feed.abort_handle());
-        Subscription::new(rx, ready_rx)
     }
 }
 
@@ -1372,12 +834,7 @@ fn fleet_of(
         .enumerate()
         .map(|(id, &(grace, l1))| {
             let salt = round * 100 + id as u64;
-            let store = ChaosStore::new(
-                shared.clone(),
-                stream(seed, 1_000 + salt),
-                Arc::clone(world),
-                id,
-            );
+            let store = chaos_store(shared.clone(), stream_seed(seed, 1_000 + salt), world, id);
             let mut builder = Cache::<Val>::builder()
                 .namespace("sim")
                 .shared_store(Arc::new(store.clone()))
@@ -1572,7 +1029,7 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                     phase_until = now + ms(rng.random_range(length));
                     for p in &procs {
                         let faults = if chaotic {
-                            Faults::chaotic(&mut rng)
+                            chaotic_faults(&mut rng)
                         } else {
                             Faults::HEALTHY
                         };
@@ -1617,7 +1074,7 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
     // is dropped from the shared store (evicted under `maxmemory`, or
     // deleted). A lost counter must validate nothing.
     let evictor = tagged.then(|| {
-        let store = procs[0].store.inner.clone();
+        let store = procs[0].store.inner().clone();
         let world = Arc::clone(world);
         tokio::spawn(async move {
             let mut rng = stream(seed, 50 + salt);
@@ -1636,7 +1093,7 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
     // value is a miss; a lost lease a free lease, never a licence to write
     // past the fence.
     let pressure = {
-        let store = procs[0].store.inner.clone();
+        let store = procs[0].store.inner().clone();
         let (world, keys) = (Arc::clone(world), keys.clone());
         let caches: Vec<Cache<Val>> = procs.iter().map(|p| p.cache.clone()).collect();
         tokio::spawn(async move {
@@ -1843,10 +1300,13 @@ async fn holder_death_round(world: &Arc<World>) {
 async fn slow_store_round(world: &Arc<World>) {
     let seed = world.seed;
     let mut rng = stream(seed, 8);
-    for (round, key, latency) in [(8, "lag-below", (40, 49)), (9, "lag-above", (51, 70))] {
+    for (round, key, latency) in [
+        (8, "lag-below", ms(40)..=ms(49)),
+        (9, "lag-above", ms(51)..=ms(70)),
+    ] {
         let procs = fleet(world, round, &CHAOS_FLEET, false);
         for p in &procs {
-            p.store.set_slow(latency);
+            p.store.set_slow(latency.clone());
         }
         let callers = spawn_callers(world, &procs, key, ms(200), &mut rng);
         let mut errors = 0;
@@ -1864,8 +1324,8 @@ async fn slow_store_round(world: &Arc<World>) {
                     "healthy fleet, every reply {}-{} ms late (read deadline 50 ms, growing), \
                      4x50 callers, 200 ms loader: {} loader calls (by processes {calls:?}), \
                      expected 1; {errors} callers got no value, expected 0",
-                    latency.0,
-                    latency.1,
+                    latency.start().as_millis(),
+                    latency.end().as_millis(),
                     calls.len()
                 ),
             );
@@ -2098,7 +1558,7 @@ async fn held_leader_round(world: &Arc<World>) {
         false,
     );
     for p in &procs {
-        p.store.set_slow((10, 20));
+        p.store.set_slow(ms(10)..=ms(20));
     }
     for p in &procs {
         for warm in [false, true] {
@@ -2199,7 +1659,7 @@ async fn empty_restart_round(world: &Arc<World>) {
         }
     }
     // Nobody changes the rows from here on.
-    let store = procs[0].store.inner.clone();
+    let store = procs[0].store.inner().clone();
     for key in &keys {
         let value = procs[0].cache.storage_key(key).expect("valid key");
         let lease = lease_of(&value);
@@ -2318,10 +1778,7 @@ async fn revoked_load_round(world: &Arc<World>) {
     let seed = world.seed;
     let procs = fleet(world, 5, &[(Duration::ZERO, false); 2], false);
     let (deaf, other) = (&procs[0], &procs[1]);
-    deaf.store.set_faults(Faults {
-        message_loss: 1.0,
-        ..Faults::HEALTHY
-    });
+    deaf.store.set_faults(Faults::HEALTHY.message_loss(1.0));
     let mut rng = stream(seed, 5);
     for round in 0..8 {
         let key = format!("r{round}");
@@ -2438,7 +1895,7 @@ impl Outcome {
         }
         let _ = writeln!(
             out,
-            "seed {} failed {} check(s); re-run with: BREAKWATER_SIM_SEED={} cargo test -p breakwater-cache --test simulation",
+            "seed {} failed {} check(s); re-run with: BREAKWATER_SIM_SEED={} cargo test -p breakwater-cache --features test-util --test simulation",
             self.seed,
             by_check.len(),
             self.seed

@@ -9,8 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use breakwater_cache::testing::CountingStore;
 use breakwater_cache::{Cache, ErrorKind, Jitter, MemoryStore, OnLockTimeout, RedisStore, Served};
-use support::{CountingStore, redis_store, slow_loader};
+use support::{redis_store, slow_loader};
 use tokio::sync::Notify;
 
 fn cache_on(store: &RedisStore) -> Cache<String> {

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use breakwater_cache::testing::CountingStore;
 use breakwater_cache::{
     Cache, ErrorKind, FencedWrite, Jitter, L1Config, LeaseAttempt, MemoryStore, Notice, RedisStore,
     Served, Store, StoreFuture, Subscription,
@@ -373,7 +374,7 @@ async fn this_process_l1_drops_tagged_values_at_once() {
 /// invalidation (untagged hits stay L1 hits); one that does is emptied.
 #[tokio::test(start_paused = true)]
 async fn untagged_l1_entries_survive_a_tag_invalidation_when_none_is_tagged() {
-    let store = support::CountingStore::new(MemoryStore::new());
+    let store = CountingStore::new(MemoryStore::new());
     let a = build(store.clone(), true);
     let db = Arc::new(Db::default());
     let v1 = db.update();

@@ -9,9 +9,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use breakwater_cache::testing::CountingStore;
 use breakwater_cache::{Cache, RedisStore, RedisStoreConfig, Store};
 use breakwater_cache_testkit::TestCerts;
-use support::{CountingStore, RedisCluster, RedisServer, patient, slow_loader};
+use support::{RedisCluster, RedisServer, patient, slow_loader};
 
 /// Patient timeouts, trusting `certs`' CA and presenting its client
 /// certificate.

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use breakwater_cache::testing::CountingStore;
 use breakwater_cache::{Cache, Jitter, MemoryStore, Store, Stored, Warm};
 use support::DbDown;
 use tokio::time::Instant;
@@ -365,7 +366,7 @@ async fn without_the_store_keys_fail_and_nothing_loads() {
 
 #[tokio::test(start_paused = true)]
 async fn a_missing_key_costs_two_reads() {
-    let store = support::CountingStore::new(MemoryStore::new());
+    let store = CountingStore::new(MemoryStore::new());
     let cache: Cache<String> = Cache::builder()
         .namespace("warm")
         .store(store.clone())

@@ -8,6 +8,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use breakwater_cache::testing::CountingStore;
 use breakwater_cache::{Cache, Codec, Jitter, MemoryStore, Store};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level};
@@ -173,7 +174,7 @@ fn an_outage_served_from_l1_is_logged_as_served_from_l1() {
     let loads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted = Arc::clone(&loads);
     let events = capture(|| async move {
-        let store = Arc::new(support::CountingStore::new(MemoryStore::new()));
+        let store = Arc::new(CountingStore::new(MemoryStore::new()));
         let cache: Cache<String> = Cache::builder()
             .namespace("outage")
             .shared_store(store.clone())
