@@ -241,11 +241,11 @@ struct Shared {
 
 /// What one call's task returns: the value, the latency from the release,
 /// and the wall-clock µs at which it returned.
-type Outcome = Result<(Option<String>, Duration, u128), String>;
+type CallOutcome = Result<(Option<String>, Duration, u128), String>;
 
 /// Spawns one call; only the clock is read when it returns (the wake-up is
 /// worked out after the fan-out).
-fn timed<F>(released: Instant, countdown: Countdown, call: F) -> JoinHandle<Outcome>
+fn timed<F>(released: Instant, countdown: Countdown, call: F) -> JoinHandle<CallOutcome>
 where
     F: Future<Output = Result<Option<String>, String>> + Send + 'static,
 {

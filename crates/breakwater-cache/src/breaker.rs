@@ -314,7 +314,7 @@ impl From<Rejected> for Error {
 }
 
 #[derive(Clone, Copy, Debug, Default)]
-struct Bucket {
+struct WindowBucket {
     epoch: u64,
     calls: u64,
     failures: u64,
@@ -325,7 +325,7 @@ struct Bucket {
 struct Window {
     origin: Instant,
     width_ns: u64,
-    buckets: [Bucket; BUCKETS as usize],
+    buckets: [WindowBucket; BUCKETS as usize],
 }
 
 impl Window {
@@ -334,7 +334,7 @@ impl Window {
         Window {
             origin,
             width_ns: width_ns.max(1),
-            buckets: [Bucket::default(); BUCKETS as usize],
+            buckets: [WindowBucket::default(); BUCKETS as usize],
         }
     }
 
@@ -351,9 +351,9 @@ impl Window {
             return;
         };
         if bucket.epoch != epoch {
-            *bucket = Bucket {
+            *bucket = WindowBucket {
                 epoch,
-                ..Bucket::default()
+                ..WindowBucket::default()
             };
         }
         bucket.calls = bucket.calls.saturating_add(1);
@@ -377,7 +377,7 @@ impl Window {
     }
 
     fn clear(&mut self) {
-        self.buckets = [Bucket::default(); BUCKETS as usize];
+        self.buckets = [WindowBucket::default(); BUCKETS as usize];
     }
 }
 

@@ -27,10 +27,10 @@ use crate::error::{Error, ErrorKind};
 /// bounded in length, and the map is per process (a flood of colliding
 /// keys costs that process a slower map, nothing else).
 type FlightMap<T> = HashMap<Arc<[u8]>, Flight<T>, foldhash::fast::RandomState>;
-type Flights<T> = Arc<Mutex<Registry<T>>>;
+type Flights<T> = Arc<Mutex<FlightRegistry<T>>>;
 
 /// The flights in the air, and the detached ones that have followers.
-struct Registry<T> {
+struct FlightRegistry<T> {
     by_key: FlightMap<T>,
     /// Flights detached ([`SingleFlight::detach`]), by id: their landing
     /// still reaches their callers.
@@ -105,7 +105,7 @@ pub(crate) struct SingleFlight<T> {
 impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
     pub(crate) fn new() -> Self {
         SingleFlight {
-            flights: Arc::new(Mutex::new(Registry {
+            flights: Arc::new(Mutex::new(FlightRegistry {
                 by_key: HashMap::default(),
                 detached: HashMap::default(),
                 next_id: 0,
@@ -219,7 +219,7 @@ impl<T: Clone + Send + Sync + 'static> SingleFlight<T> {
     }
 }
 
-fn lock<T>(flights: &Flights<T>) -> MutexGuard<'_, Registry<T>> {
+fn lock<T>(flights: &Flights<T>) -> MutexGuard<'_, FlightRegistry<T>> {
     // Every critical section is a few map operations that cannot panic
     // half-way (no user code runs under the lock): poisoning cannot leave
     // it half-done.

@@ -85,7 +85,7 @@ fn clamp_fraction(fraction: f64) -> f64 {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Kind {
+enum EarlyKind {
     None,
     XFetch(f64),
     Fraction(f64),
@@ -110,13 +110,15 @@ const MAX_BETA: f64 = 100.0;
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct EarlyRefresh {
-    kind: Kind,
+    kind: EarlyKind,
 }
 
 impl EarlyRefresh {
     /// No early refresh: a value is refreshed only once it is stale.
     pub fn none() -> Self {
-        EarlyRefresh { kind: Kind::None }
+        EarlyRefresh {
+            kind: EarlyKind::None,
+        }
     }
 
     /// XFetch (Vattani, Chierichetti, Lowenstein, VLDB 2015): refresh when
@@ -127,7 +129,7 @@ impl EarlyRefresh {
     /// be finite, greater than zero and at most 100.
     pub fn xfetch(beta: f64) -> Self {
         EarlyRefresh {
-            kind: Kind::XFetch(beta),
+            kind: EarlyKind::XFetch(beta),
         }
     }
 
@@ -138,7 +140,7 @@ impl EarlyRefresh {
     /// (exclusive at both ends).
     pub fn after_fraction(fraction: f64) -> Self {
         EarlyRefresh {
-            kind: Kind::Fraction(fraction),
+            kind: EarlyKind::Fraction(fraction),
         }
     }
 
@@ -158,8 +160,8 @@ impl EarlyRefresh {
     /// ```
     pub fn validate(&self) -> Result<(), ConfigError> {
         match self.kind {
-            Kind::None => Ok(()),
-            Kind::XFetch(beta) => {
+            EarlyKind::None => Ok(()),
+            EarlyKind::XFetch(beta) => {
                 if !(beta.is_finite() && beta > 0.0) {
                     Err(ConfigError::new(format!(
                         "xfetch beta must be a finite number greater than zero, got {beta}"
@@ -175,7 +177,7 @@ impl EarlyRefresh {
                     Ok(())
                 }
             }
-            Kind::Fraction(f) => {
+            EarlyKind::Fraction(f) => {
                 if f > 0.0 && f < 1.0 {
                     Ok(())
                 } else {
@@ -271,13 +273,13 @@ impl FreshnessPolicy {
     /// exact.
     pub(crate) fn could_refresh_early(&self, remaining_ms: u64, load_ms: u32) -> bool {
         match self.early.kind {
-            Kind::None => false,
+            EarlyKind::None => false,
             // In whole milliseconds, as `early_window_ms` says it: compared
             // as floats, a window past 2^53 ms took `w + 1` for `w`.
-            Kind::XFetch(_) => self
+            EarlyKind::XFetch(_) => self
                 .early_window_ms(load_ms)
                 .is_some_and(|window| remaining_ms <= window),
-            Kind::Fraction(fraction) => self.fraction_due(fraction, remaining_ms),
+            EarlyKind::Fraction(fraction) => self.fraction_due(fraction, remaining_ms),
         }
     }
 
@@ -289,13 +291,13 @@ impl FreshnessPolicy {
     /// instants.
     pub(crate) fn early_window_ms(&self, load_ms: u32) -> Option<u64> {
         match self.early.kind {
-            Kind::None => None,
-            Kind::XFetch(beta) => {
+            EarlyKind::None => None,
+            EarlyKind::XFetch(beta) => {
                 let span = f64::from(load_ms) * clamp_beta(beta);
                 // `as` saturates; the product is never negative or NaN.
                 Some((span * 37.0) as u64)
             }
-            Kind::Fraction(fraction) => {
+            EarlyKind::Fraction(fraction) => {
                 let left = ((1.0 - clamp_fraction(fraction)) * to_ms(self.ttl) as f64).round();
                 Some(left as u64)
             }
@@ -332,8 +334,8 @@ impl FreshnessPolicy {
     /// refresh. Draws from `rng` only for XFetch.
     fn refresh_early<R: Rng + ?Sized>(&self, remaining_ms: u64, load_ms: u32, rng: &mut R) -> bool {
         match self.early.kind {
-            Kind::None => false,
-            Kind::XFetch(beta) => {
+            EarlyKind::None => false,
+            EarlyKind::XFetch(beta) => {
                 let beta = clamp_beta(beta);
                 if load_ms == 0 || beta == 0.0 {
                     return remaining_ms == 0;
@@ -345,7 +347,7 @@ impl FreshnessPolicy {
                 let threshold = remaining_ms as f64 / (f64::from(load_ms) * beta);
                 -u.ln() >= threshold
             }
-            Kind::Fraction(fraction) => self.fraction_due(fraction, remaining_ms),
+            EarlyKind::Fraction(fraction) => self.fraction_due(fraction, remaining_ms),
         }
     }
 

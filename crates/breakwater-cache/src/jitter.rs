@@ -58,7 +58,7 @@ fn check_ratio(r: f64) -> Result<(), ConfigError> {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Kind {
+enum JitterKind {
     None,
     Ratio(f64),
     Down(f64),
@@ -94,7 +94,7 @@ enum Kind {
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Jitter {
-    kind: Kind,
+    kind: JitterKind,
     /// `None` means "the default": 1 s for TTLs, 1 ms for [`Interval`]s.
     floor: Option<Duration>,
 }
@@ -103,7 +103,7 @@ impl Jitter {
     /// The floor applied when none is set with [`Jitter::with_floor`]: 1 s.
     pub const DEFAULT_FLOOR: Duration = Duration::from_secs(1);
 
-    const fn of(kind: Kind) -> Jitter {
+    const fn of(kind: JitterKind) -> Jitter {
         Jitter { kind, floor: None }
     }
 
@@ -121,7 +121,7 @@ impl Jitter {
     /// assert_eq!(ttl, Duration::from_secs(60));
     /// ```
     pub fn none() -> Jitter {
-        Jitter::of(Kind::None)
+        Jitter::of(JitterKind::None)
     }
 
     /// A relative jitter: uniform in `[base·(1−r), base·(1+r)]`, so
@@ -138,7 +138,7 @@ impl Jitter {
     /// assert_eq!(high, Duration::from_secs(330));
     /// ```
     pub fn ratio(r: f64) -> Jitter {
-        Jitter::of(Kind::Ratio(r))
+        Jitter::of(JitterKind::Ratio(r))
     }
 
     /// A downward-only jitter: uniform in `[base·(1−r), base]`, never above
@@ -164,7 +164,7 @@ impl Jitter {
     /// assert_eq!(Jitter::down(0.2).bounds(short), (short, short));
     /// ```
     pub fn down(r: f64) -> Jitter {
-        Jitter::of(Kind::Down(r))
+        Jitter::of(JitterKind::Down(r))
     }
 
     /// An absolute jitter: uniform in `[base−d, base+d]`. Suits short TTLs,
@@ -182,7 +182,7 @@ impl Jitter {
     /// assert_eq!(jitter.to_string(), "±3s");
     /// ```
     pub fn fixed(d: Duration) -> Jitter {
-        Jitter::of(Kind::Fixed(d))
+        Jitter::of(JitterKind::Fixed(d))
     }
 
     /// An additive jitter: `base` plus uniform `[0, d]`.
@@ -199,7 +199,7 @@ impl Jitter {
     /// assert_eq!(jitter.to_string(), "+0..90s");
     /// ```
     pub fn up_to(d: Duration) -> Jitter {
-        Jitter::of(Kind::UpTo(d))
+        Jitter::of(JitterKind::UpTo(d))
     }
 
     /// Sets the smallest duration [`Jitter::apply`] returns (default 1 s).
@@ -242,20 +242,20 @@ impl Jitter {
     /// ```
     pub fn validate(&self) -> Result<(), ConfigError> {
         match self.kind {
-            Kind::Ratio(r) => check_ratio(r).for_key("ratio")?,
-            Kind::Down(r) => check_ratio(r).for_key("down")?,
-            Kind::Fixed(d) | Kind::UpTo(d) => ConfigError::at_most(
+            JitterKind::Ratio(r) => check_ratio(r).for_key("ratio")?,
+            JitterKind::Down(r) => check_ratio(r).for_key("down")?,
+            JitterKind::Fixed(d) | JitterKind::UpTo(d) => ConfigError::at_most(
                 "jitter spread",
                 d,
                 MAX_WINDOW,
                 "use a spread well below the TTL, or Jitter::ratio",
             )
-            .for_key(if matches!(self.kind, Kind::Fixed(_)) {
+            .for_key(if matches!(self.kind, JitterKind::Fixed(_)) {
                 "fixed"
             } else {
                 "up_to"
             })?,
-            Kind::None => {}
+            JitterKind::None => {}
         }
         let floor = self.floor();
         if to_ms(floor) == 0 {
@@ -305,22 +305,22 @@ impl Jitter {
             (d as u64).min(base_ms)
         };
         let (low, high) = match self.kind {
-            Kind::None => (base_ms, base_ms),
-            Kind::Ratio(r) => {
+            JitterKind::None => (base_ms, base_ms),
+            JitterKind::Ratio(r) => {
                 let d = delta(r);
                 (base_ms - d, base_ms.saturating_add(d))
             }
-            Kind::Down(r) => {
+            JitterKind::Down(r) => {
                 // Never above the base: the floor lifts the low end at most
                 // to the base, so a base below the floor is used as it is.
                 let low = (base_ms - delta(r)).max(floor_ms.min(base_ms));
                 return (low.max(1), base_ms.max(1));
             }
-            Kind::Fixed(d) => {
+            JitterKind::Fixed(d) => {
                 let d = to_ms(d);
                 (base_ms.saturating_sub(d), base_ms.saturating_add(d))
             }
-            Kind::UpTo(d) => (base_ms, base_ms.saturating_add(to_ms(d))),
+            JitterKind::UpTo(d) => (base_ms, base_ms.saturating_add(to_ms(d))),
         };
         (low.max(floor_ms), high.max(floor_ms))
     }
@@ -337,14 +337,14 @@ impl fmt::Display for Jitter {
         // Percent rounded to two decimals, so 0.07 prints as 7, not 7.000000000000001.
         let pct = |r: f64| (r * 10_000.0).round() / 100.0 + 0.0;
         match self.kind {
-            Kind::None => f.write_str("none"),
-            Kind::Ratio(r) => write!(f, "±{}%", pct(r)),
-            Kind::Down(r) => write!(f, "-{}%", pct(r)),
-            Kind::Fixed(d) => {
+            JitterKind::None => f.write_str("none"),
+            JitterKind::Ratio(r) => write!(f, "±{}%", pct(r)),
+            JitterKind::Down(r) => write!(f, "-{}%", pct(r)),
+            JitterKind::Fixed(d) => {
                 f.write_str("±")?;
                 fmt_ms(f, d)
             }
-            Kind::UpTo(d) => {
+            JitterKind::UpTo(d) => {
                 f.write_str("+0..")?;
                 fmt_ms(f, d)
             }
@@ -353,7 +353,7 @@ impl fmt::Display for Jitter {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Mode {
+enum BackoffMode {
     Full,
     Decorrelated,
 }
@@ -380,7 +380,7 @@ enum Mode {
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Backoff {
-    strategy: Mode,
+    strategy: BackoffMode,
     base: Duration,
     cap: Duration,
 }
@@ -401,7 +401,7 @@ impl Backoff {
     /// ```
     pub fn full_jitter(base: Duration, cap: Duration) -> Backoff {
         Backoff {
-            strategy: Mode::Full,
+            strategy: BackoffMode::Full,
             base,
             cap,
         }
@@ -431,7 +431,7 @@ impl Backoff {
     /// ```
     pub fn decorrelated(base: Duration, cap: Duration) -> Backoff {
         Backoff {
-            strategy: Mode::Decorrelated,
+            strategy: BackoffMode::Decorrelated,
             base,
             cap,
         }
@@ -439,7 +439,11 @@ impl Backoff {
 
     /// `(base, cap, decorrelated)`: what it was built from.
     pub(crate) fn parts(&self) -> (Duration, Duration, bool) {
-        (self.base, self.cap, self.strategy == Mode::Decorrelated)
+        (
+            self.base,
+            self.cap,
+            self.strategy == BackoffMode::Decorrelated,
+        )
     }
 
     /// Checks the parameters: the base must be at least 1 ms (arithmetic is
@@ -487,7 +491,7 @@ impl Backoff {
     fn ceiling_ms(&self, attempt: u32) -> u64 {
         let cap = to_ms(self.cap);
         match self.strategy {
-            Mode::Full => {
+            BackoffMode::Full => {
                 let grown = 1u64
                     .checked_shl(attempt)
                     .and_then(|factor| to_ms(self.base).checked_mul(factor))
@@ -496,7 +500,7 @@ impl Backoff {
                 let grown = if self.base.is_zero() { 0 } else { grown };
                 cap.min(grown)
             }
-            Mode::Decorrelated => cap,
+            BackoffMode::Decorrelated => cap,
         }
     }
 
@@ -510,8 +514,8 @@ impl Backoff {
         R: Rng + ?Sized,
     {
         let ms = match self.strategy {
-            Mode::Full => uniform(0, self.ceiling_ms(attempt), rng),
-            Mode::Decorrelated => {
+            BackoffMode::Full => uniform(0, self.ceiling_ms(attempt), rng),
+            BackoffMode::Decorrelated => {
                 let base = to_ms(self.base);
                 let previous = previous.map_or(base, to_ms);
                 let high = previous.saturating_mul(3).max(base);
@@ -684,7 +688,7 @@ mod tests {
             let base = ms(base);
             // `down` never goes above its base, floor or not.
             let floor = match jitter.kind {
-                Kind::Down(_) => jitter.floor().min(base).max(ms(1)),
+                JitterKind::Down(_) => jitter.floor().min(base).max(ms(1)),
                 _ => jitter.floor(),
             };
             let (low, high) = jitter.bounds(base);

@@ -219,18 +219,18 @@ impl From<Shed> for Error {
 /// which keeps the order fair and lets a request that could not start in
 /// time be shed at once instead of after its whole wait.
 #[derive(Debug)]
-struct Bucket {
+struct TokenBucket {
     interval: Duration,
     tolerance: Duration,
     tat: Instant,
 }
 
-impl Bucket {
+impl TokenBucket {
     fn new(rate: Rate, now: Instant) -> Self {
         let per_second = rate.per_second.max(1);
         let burst = rate.burst.max(1);
         let interval = Duration::from_secs(1) / per_second;
-        Bucket {
+        TokenBucket {
             interval,
             tolerance: interval.saturating_mul(burst - 1),
             tat: now,
@@ -266,7 +266,7 @@ pub(crate) struct LoadLimiter {
     background_share: u32,
     semaphore: Arc<Semaphore>,
     background: Arc<AtomicU32>,
-    bucket: Option<Mutex<Bucket>>,
+    bucket: Option<Mutex<TokenBucket>>,
 }
 
 impl LoadLimiter {
@@ -289,7 +289,7 @@ impl LoadLimiter {
             background: Arc::new(AtomicU32::new(0)),
             bucket: config
                 .rate
-                .map(|rate| Mutex::new(Bucket::new(rate, Instant::now()))),
+                .map(|rate| Mutex::new(TokenBucket::new(rate, Instant::now()))),
         }
     }
 
@@ -391,7 +391,7 @@ impl LoadLimiter {
     }
 }
 
-fn lock(bucket: &Mutex<Bucket>) -> MutexGuard<'_, Bucket> {
+fn lock(bucket: &Mutex<TokenBucket>) -> MutexGuard<'_, TokenBucket> {
     // The critical section is a few assignments with no panics: poisoning
     // cannot leave it half-done.
     bucket.lock().unwrap_or_else(|p| p.into_inner())
@@ -438,7 +438,7 @@ mod tests {
     }
 
     #[derive(Default)]
-    struct Counts {
+    struct Admissions {
         current: AtomicUsize,
         peak: AtomicUsize,
         granted: AtomicUsize,
@@ -447,9 +447,9 @@ mod tests {
 
     /// 10,000 concurrent foreground acquires, each holding its permit for a
     /// seeded random 1..=50 ms.
-    async fn stampede(config: LimitConfig, seed: u64) -> (Arc<Counts>, Vec<Duration>) {
+    async fn stampede(config: LimitConfig, seed: u64) -> (Arc<Admissions>, Vec<Duration>) {
         let limiter = Arc::new(LoadLimiter::new(config));
-        let counts = Arc::new(Counts::default());
+        let counts = Arc::new(Admissions::default());
         let mut rng = StdRng::seed_from_u64(seed);
         let mut tasks = Vec::new();
         for _ in 0..10_000 {

@@ -296,7 +296,7 @@ impl<T> Handles<T> {
 
 /// The running counts behind [`Stats`]: relaxed atomics, one add per event.
 #[derive(Default)]
-struct Counts {
+struct EventCounts {
     served: [AtomicU64; SERVED_LABELS.len()],
     errors: [AtomicU64; ERROR_KINDS.len()],
     loads: [AtomicU64; LOAD_OUTCOMES.len()],
@@ -332,7 +332,7 @@ pub(crate) struct Metrics {
     store: Arc<Handles<Vec<Histogram>>>,
     waiters: Arc<Handles<Gauge>>,
     l1_entries: Arc<Handles<Gauge>>,
-    counts: Arc<Counts>,
+    counts: Arc<EventCounts>,
 }
 
 impl fmt::Debug for Metrics {
@@ -492,9 +492,9 @@ impl Metrics {
 
     /// A caller waits for a load (or a read) another caller in this
     /// process runs, until the guard is dropped.
-    pub(crate) fn waiting(&self) -> Waiting<'_> {
+    pub(crate) fn waiting(&self) -> WaitingGuard<'_> {
         self.waiters(1);
-        Waiting(self)
+        WaitingGuard(self)
     }
 
     fn waiters(&self, delta: i64) {
@@ -655,9 +655,9 @@ impl Metrics {
 }
 
 /// One caller counted in `breakwater_waiters` while it lives.
-pub(crate) struct Waiting<'a>(&'a Metrics);
+pub(crate) struct WaitingGuard<'a>(&'a Metrics);
 
-impl Drop for Waiting<'_> {
+impl Drop for WaitingGuard<'_> {
     fn drop(&mut self) {
         self.0.waiters(-1);
     }

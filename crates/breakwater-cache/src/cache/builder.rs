@@ -668,7 +668,7 @@ impl<V: Value> CacheBuilder<V> {
             origin: origin.name().to_owned(),
             breaker,
             limit,
-            retry: super::settings::Retry(retry),
+            retry: super::settings::RetrySetting(retry),
             fallback: self.fallback.is_some(),
             l1: self.l1,
             store_breaker: self.store_breaker,

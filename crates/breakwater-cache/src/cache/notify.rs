@@ -159,14 +159,14 @@ impl KeyWaiters {
     }
 }
 
-type Registry = Mutex<HashMap<Vec<u8>, Arc<KeyWaiters>>>;
+type WaiterRegistry = Mutex<HashMap<Vec<u8>, Arc<KeyWaiters>>>;
 
 /// The keys this process is waiting on, and the listener that wakes them.
 pub(crate) struct Waiters {
     channel: Vec<u8>,
     /// This cache's id on the bus.
     sender: [u8; SENDER_LEN],
-    registry: Arc<Registry>,
+    registry: Arc<WaiterRegistry>,
     /// The near cache to keep in step, if any.
     hook: Option<Arc<dyn BusHook>>,
     /// Where notices heard (and possibly missed) are counted.
@@ -688,7 +688,7 @@ impl Drop for PreviousDuty {
 
 /// Wakes the waiters for `key`, handing them what the message carried, or
 /// every waiter (with nothing) when `key` is `None`.
-fn wake(registry: &Registry, key: Option<(&[u8], Option<Carried>)>) {
+fn wake(registry: &WaiterRegistry, key: Option<(&[u8], Option<Carried>)>) {
     let registry = lock(registry);
     match key {
         Some((key, filled)) => {
@@ -707,7 +707,7 @@ fn wake(registry: &Registry, key: Option<(&[u8], Option<Carried>)>) {
     }
 }
 
-fn lock(registry: &Registry) -> MutexGuard<'_, HashMap<Vec<u8>, Arc<KeyWaiters>>> {
+fn lock(registry: &WaiterRegistry) -> MutexGuard<'_, HashMap<Vec<u8>, Arc<KeyWaiters>>> {
     registry.lock().unwrap_or_else(|p| p.into_inner())
 }
 

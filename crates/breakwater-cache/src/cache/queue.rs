@@ -69,12 +69,12 @@ struct Queued {
 pub(crate) struct ReadQueue {
     /// Reads and batches in the air.
     in_flight: AtomicUsize,
-    queue: Mutex<Waiting>,
+    queue: Mutex<QueuedReads>,
 }
 
 /// What is queued, and the runtime whose task will send it.
 #[derive(Default)]
-struct Waiting {
+struct QueuedReads {
     reads: Vec<Queued>,
     runtime: Option<tokio::runtime::Id>,
     /// Counts batches: the task of an older one (whose reads another
@@ -303,6 +303,6 @@ impl Drop for Flush {
     }
 }
 
-fn lock(queue: &ReadQueue) -> std::sync::MutexGuard<'_, Waiting> {
+fn lock(queue: &ReadQueue) -> std::sync::MutexGuard<'_, QueuedReads> {
     queue.queue.lock().unwrap_or_else(|p| p.into_inner())
 }

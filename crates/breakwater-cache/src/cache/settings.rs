@@ -61,7 +61,7 @@ pub struct Settings {
     pub(super) origin: String,
     pub(super) breaker: BreakerConfig,
     pub(super) limit: LimitConfig,
-    pub(super) retry: Retry,
+    pub(super) retry: RetrySetting,
     pub(super) fallback: bool,
     pub(super) l1: Option<L1Config>,
     pub(super) store_breaker: BreakerConfig,
@@ -70,15 +70,15 @@ pub struct Settings {
 /// A [`RetryConfig`] compared by its attempts, backoff and whether it has
 /// a custom `retry_if` (closures cannot be compared).
 #[derive(Clone)]
-pub(super) struct Retry(pub(super) RetryConfig);
+pub(super) struct RetrySetting(pub(super) RetryConfig);
 
-impl fmt::Debug for Retry {
+impl fmt::Debug for RetrySetting {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.fmt(f)
     }
 }
 
-impl PartialEq for Retry {
+impl PartialEq for RetrySetting {
     fn eq(&self, other: &Self) -> bool {
         self.0.same_settings(&other.0)
     }

@@ -27,18 +27,18 @@ const SHARD_CAPACITY: usize = 4096;
 /// Keys throttled until a store-clock instant; see the module docs.
 #[derive(Debug, Default)]
 pub(super) struct Throttle {
-    shards: [Mutex<Shard>; SHARDS],
+    shards: [Mutex<ThrottleShard>; SHARDS],
 }
 
 #[derive(Debug, Default)]
-struct Shard {
+struct ThrottleShard {
     /// Key → store-clock ms until which it is throttled.
     until: HashMap<Vec<u8>, u64>,
     inserts_since_sweep: usize,
 }
 
 impl Throttle {
-    fn shard(&self, key: &[u8]) -> std::sync::MutexGuard<'_, Shard> {
+    fn shard(&self, key: &[u8]) -> std::sync::MutexGuard<'_, ThrottleShard> {
         // Truncation is fine: any bits pick a shard.
         let index = fnv1a(key) as usize & (SHARDS - 1);
         self.shards[index].lock().unwrap_or_else(|p| p.into_inner())

@@ -513,8 +513,8 @@ impl Setting for Human {
 
 impl<'de> Deserialize<'de> for Human {
     fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visit;
-        impl Visitor<'_> for Visit {
+        struct HumanVisitor;
+        impl Visitor<'_> for HumanVisitor {
             type Value = Human;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a duration such as \"250ms\", \"5s\" or \"10m\"")
@@ -525,7 +525,7 @@ impl<'de> Deserialize<'de> for Human {
                     .map_err(|e| E::custom(format!("invalid duration {text:?}: {e}")))
             }
         }
-        deserializer.deserialize_str(Visit)
+        deserializer.deserialize_str(HumanVisitor)
     }
 }
 
@@ -580,8 +580,8 @@ impl JitterTable {
 
 impl<'de> Deserialize<'de> for JitterSpec {
     fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visit;
-        impl<'de> Visitor<'de> for Visit {
+        struct JitterVisitor;
+        impl<'de> Visitor<'de> for JitterVisitor {
             type Value = JitterSpec;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("\"none\" or a table such as { ratio = 0.2 }")
@@ -597,7 +597,7 @@ impl<'de> Deserialize<'de> for JitterSpec {
                 table.jitter().map(JitterSpec).map_err(de::Error::custom)
             }
         }
-        deserializer.deserialize_any(Visit)
+        deserializer.deserialize_any(JitterVisitor)
     }
 }
 
@@ -623,8 +623,8 @@ struct EarlyRefreshTable {
 
 impl<'de> Deserialize<'de> for EarlyRefreshSpec {
     fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visit;
-        impl<'de> Visitor<'de> for Visit {
+        struct EarlyRefreshVisitor;
+        impl<'de> Visitor<'de> for EarlyRefreshVisitor {
             type Value = EarlyRefreshSpec;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("\"none\", { xfetch = 1.0 } or { after_fraction = 0.8 }")
@@ -647,7 +647,7 @@ impl<'de> Deserialize<'de> for EarlyRefreshSpec {
                 }
             }
         }
-        deserializer.deserialize_any(Visit)
+        deserializer.deserialize_any(EarlyRefreshVisitor)
     }
 }
 

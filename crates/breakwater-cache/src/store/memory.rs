@@ -48,7 +48,7 @@ pub struct MemoryStore {
 }
 
 struct MemoryCore {
-    shards: Vec<Mutex<Shard>>,
+    shards: Vec<Mutex<MemoryShard>>,
     /// Lease key → holder. Locked before a shard when both are needed.
     leases: Mutex<Leases>,
     channels: Mutex<HashMap<Vec<u8>, broadcast::Sender<Delivery>>>,
@@ -60,7 +60,7 @@ struct MemoryCore {
 }
 
 #[derive(Default)]
-struct Shard {
+struct MemoryShard {
     map: HashMap<Vec<u8>, MemoryEntry>,
     writes_since_sweep: usize,
 }
@@ -72,11 +72,11 @@ struct MemoryEntry {
 
 #[derive(Default)]
 struct Leases {
-    map: HashMap<Vec<u8>, Lease>,
+    map: HashMap<Vec<u8>, HeldLease>,
     takes_since_sweep: usize,
 }
 
-struct Lease {
+struct HeldLease {
     token: Vec<u8>,
     expires_at: Instant,
     /// Someone tried to take it while it was held.
@@ -134,12 +134,12 @@ impl MemoryCore {
         self.shard_for(key).live(key, now).map(|s| s.value.clone())
     }
 
-    fn shard_for(&self, key: &[u8]) -> MutexGuard<'_, Shard> {
+    fn shard_for(&self, key: &[u8]) -> MutexGuard<'_, MemoryShard> {
         // Cheap, and good enough to spread keys over 16 shards.
         self.shard_at((fnv1a(key) as usize) & (SHARDS - 1))
     }
 
-    fn shard_at(&self, i: usize) -> MutexGuard<'_, Shard> {
+    fn shard_at(&self, i: usize) -> MutexGuard<'_, MemoryShard> {
         // A panic while holding a shard lock cannot leave a slot half-written
         // (every mutation is a single map operation), so poisoning is ignored.
         self.shards[i]
@@ -158,7 +158,7 @@ impl MemoryCore {
         &self,
         lease_key: &[u8],
         token: &[u8],
-        f: impl FnOnce(&mut HashMap<Vec<u8>, Lease>, Instant) -> T,
+        f: impl FnOnce(&mut HashMap<Vec<u8>, HeldLease>, Instant) -> T,
     ) -> Option<T> {
         let now = Instant::now();
         let mut leases = self.leases();
@@ -178,7 +178,7 @@ impl MemoryCore {
     }
 }
 
-impl Shard {
+impl MemoryShard {
     fn live(&mut self, key: &[u8], now: Instant) -> Option<&MemoryEntry> {
         if self.map.get(key).is_some_and(|s| s.expires_at <= now) {
             self.map.remove(key);
@@ -386,7 +386,7 @@ impl Store for MemoryStore {
             sweep_amortised(map, takes_since_sweep, |l| l.expires_at > now);
             map.insert(
                 lease_key.to_vec(),
-                Lease {
+                HeldLease {
                     token: token.to_vec(),
                     expires_at: now + Duration::from_millis(ms),
                     waited: false,

@@ -17,7 +17,7 @@
 //!
 //! - [`command`]: one command under its deadline, a script, a revoking
 //!   write, one command per hash slot.
-//! - [`connection`]: where commands go (`Target`) and what the handles
+//! - [`connection`]: where commands go (`Topology`) and what the handles
 //!   share (`RedisCore`): the live connection, reconnecting, the probe, the
 //!   background tasks.
 //! - [`bus`]: the subscription feed of each channel.
@@ -53,8 +53,8 @@ use tokio::time::Instant;
 
 use self::bus::ChannelFeed;
 use self::command::wrong_count;
-use self::connection::{RedisCore, Target};
-use self::latency::Op;
+use self::connection::{RedisCore, Topology};
+use self::latency::DeadlineKind;
 use self::scripts::{
     ACQUIRE_LEASES, BUMP_GENERATION, EXTEND_LEASE, FENCED_SET, INVALIDATE, PIN, RELEASE_LEASE,
     REPLACE, TAG_GENERATIONS, run_script,
@@ -124,7 +124,7 @@ impl RedisStore {
     /// timeout is zero.
     pub fn connect_with(url: &str, config: RedisStoreConfig) -> Result<Self, Error> {
         config.validate()?;
-        let target = Target::node(url, &config)?;
+        let target = Topology::node(url, &config)?;
         Ok(Self::with_target(target, config))
     }
 
@@ -186,7 +186,7 @@ impl RedisStore {
         S: AsRef<str>,
     {
         config.validate()?;
-        let target = Target::cluster(nodes, &config)?;
+        let target = Topology::cluster(nodes, &config)?;
         Ok(Self::with_target(target, config))
     }
 
@@ -279,11 +279,11 @@ impl RedisStore {
         S: AsRef<str>,
     {
         config.validate()?;
-        let target = Target::sentinel_master(sentinels, master, &config)?;
+        let target = Topology::sentinel_master(sentinels, master, &config)?;
         Ok(Self::with_target(target, config))
     }
 
-    fn with_target(target: Target, config: RedisStoreConfig) -> Self {
+    fn with_target(target: Topology, config: RedisStoreConfig) -> Self {
         RedisStore {
             inner: Arc::new(RedisCore::new(target, config)),
         }
@@ -341,7 +341,7 @@ impl RedisStore {
         // Sized up front: the command's buffer is not grown for the key.
         let mut get = redis::Cmd::with_capacity(2, 3 + key.len());
         get.arg("GET").arg(key);
-        self.inner.query(Op::Read, key, &get).await
+        self.inner.query(DeadlineKind::Read, key, &get).await
     }
 }
 
@@ -355,7 +355,7 @@ impl Store for RedisStore {
             let ms = ttl_millis(ttl)?;
             self.inner
                 .query(
-                    Op::Write,
+                    DeadlineKind::Write,
                     key,
                     redis::cmd("SET").arg(key).arg(value).arg("PX").arg(ms),
                 )
@@ -367,7 +367,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             let removed: u64 = self
                 .inner
-                .query(Op::Write, key, redis::cmd("DEL").arg(key))
+                .query(DeadlineKind::Write, key, redis::cmd("DEL").arg(key))
                 .await?;
             Ok(removed > 0)
         })
@@ -377,7 +377,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             let ms: i64 = self
                 .inner
-                .query(Op::Read, key, redis::cmd("PTTL").arg(key))
+                .query(DeadlineKind::Read, key, redis::cmd("PTTL").arg(key))
                 .await?;
             // -2: no such key; -1: no expiry.
             Ok(u64::try_from(ms).ok().map(Duration::from_millis))
@@ -450,7 +450,7 @@ impl Store for RedisStore {
                 mget.arg(keys[i]);
             }
             let first = keys[group[0]];
-            async move { self.inner.query(Op::Read, first, &mget).await }
+            async move { self.inner.query(DeadlineKind::Read, first, &mget).await }
         }))
     }
 
@@ -483,7 +483,11 @@ impl Store for RedisStore {
         Box::pin(async move {
             let held: i64 = self
                 .inner
-                .query(Op::Read, lease_key, redis::cmd("EXISTS").arg(lease_key))
+                .query(
+                    DeadlineKind::Read,
+                    lease_key,
+                    redis::cmd("EXISTS").arg(lease_key),
+                )
                 .await?;
             Ok(held == 1)
         })
@@ -594,7 +598,7 @@ impl Store for RedisStore {
             if writes.is_empty() {
                 return Ok(());
             }
-            if matches!(self.inner.target, Target::Cluster { .. }) {
+            if matches!(self.inner.target, Topology::Cluster { .. }) {
                 // Keys of a batch live on many nodes: the writes run
                 // side by side (each routed to its key's node), a bounded
                 // number at a time.
@@ -636,7 +640,7 @@ impl Store for RedisStore {
             let pipeline = &pipeline;
             let master = self
                 .inner
-                .call(Op::Write, 0, |mut conn| async move {
+                .call(DeadlineKind::Write, 0, |mut conn| async move {
                     match by_sha.query_async::<()>(&mut conn).await {
                         Err(err)
                             if err.kind()
@@ -695,10 +699,14 @@ impl Store for RedisStore {
                 .arg(ms);
             let (digits, master) = self
                 .inner
-                .call(Op::Write, self.inner.domain(key), |mut conn| async move {
-                    let digits: String = run_script(&mut conn, script).await?;
-                    Ok((digits, conn.master().cloned()))
-                })
+                .call(
+                    DeadlineKind::Write,
+                    self.inner.domain(key),
+                    |mut conn| async move {
+                        let digits: String = run_script(&mut conn, script).await?;
+                        Ok((digits, conn.master().cloned()))
+                    },
+                )
                 .await?;
             self.inner
                 .acknowledged(master, &[Revocation::bump(key, notice, fresh, ms)])?;
@@ -737,7 +745,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             self.inner
                 .query::<i64>(
-                    Op::Write,
+                    DeadlineKind::Write,
                     channel,
                     redis::cmd("PUBLISH").arg(channel).arg(message),
                 )

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep, sleep_until};
 
 use super::loader::{
-    BatchLoad, Chunk, Job, Led, OwnedLease, TAKEOVER_GATHER, Taken, WAITER_POLLS, Waiting,
+    BatchLoad, Chunk, Job, Led, OwnedLease, TAKEOVER_GATHER, Taken, WAITER_POLLS, WaitingKeys,
     in_batches,
 };
 use crate::cache::fill::{Mode, SUBSCRIBE_WITHIN};
@@ -350,10 +350,10 @@ impl<V: Value> Cache<V> {
         let inner = &self.inner;
         let ticket = self.local.ticket();
         let deadline = deadline_after(inner.lock_wait_for(options));
-        let mut keys: Vec<Option<Waiting<K, V>>> = held
+        let mut keys: Vec<Option<WaitingKeys<K, V>>> = held
             .into_iter()
             .map(|(led, left)| {
-                Some(Waiting {
+                Some(WaitingKeys {
                     led,
                     retry_at: deadline_after(left.saturating_add(LEASE_RETRY_MARGIN)),
                     stale: None,
@@ -476,7 +476,7 @@ impl<V: Value> Cache<V> {
         }
         drop(wakes);
         // Past `lock_wait`: the policy, for the keys left.
-        let left: Vec<Waiting<K, V>> = keys.into_iter().flatten().collect();
+        let left: Vec<WaitingKeys<K, V>> = keys.into_iter().flatten().collect();
         if left.is_empty() {
             return;
         }
@@ -526,7 +526,7 @@ impl<V: Value> Cache<V> {
     /// policy.
     pub(super) async fn check_filled<K>(
         &self,
-        keys: &mut [Option<Waiting<K, V>>],
+        keys: &mut [Option<WaitingKeys<K, V>>],
         check: &[usize],
         options: &Options,
         ticket: Option<Ticket>,
@@ -580,7 +580,7 @@ impl<V: Value> Cache<V> {
     /// until their holder's new expiry.
     pub(super) async fn take_over<K>(
         &self,
-        keys: &mut [Option<Waiting<K, V>>],
+        keys: &mut [Option<WaitingKeys<K, V>>],
         due: &[usize],
         jobs: &mpsc::UnboundedSender<Job<K, V>>,
     ) where
@@ -623,7 +623,7 @@ impl<V: Value> Cache<V> {
     /// expiry. When the leases were asked for.
     pub(super) async fn try_leases<K>(
         &self,
-        keys: &mut [Option<Waiting<K, V>>],
+        keys: &mut [Option<WaitingKeys<K, V>>],
         try_now: &[usize],
         taken: &mut Vec<(Led<K, V>, OwnedLease)>,
         failed: &mut Vec<(Led<K, V>, OwnedLease, Error)>,

@@ -119,7 +119,7 @@ pub(super) type Taken<'a, K, V> = (usize, Led<K, V>, LeaseRequest<'a>, Option<Pi
 pub(super) type Wait<V> = (usize, Joined<Loaded<V>>, Role, Option<Arc<Entry>>);
 
 /// A key of a batch waiting for another process's load.
-pub(super) struct Waiting<K, V> {
+pub(super) struct WaitingKeys<K, V> {
     pub(super) led: Led<K, V>,
     /// When its holder's lease runs out, as last seen (plus a margin): the
     /// moment to try to take it over.

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::config::RedisStoreConfig;
 use super::conn::{MasterAddr, store_error};
-use super::latency::Op;
+use super::latency::DeadlineKind;
 use super::sentinel::{self, Sentinel};
 use crate::background::{Duty, Supervised};
 use crate::error::Error;
@@ -24,7 +24,7 @@ use crate::store::{Delivery, SUBSCRIPTION_BUFFER, Subscription};
 
 /// The store's deadline in force for an operation, `None` once the store
 /// is gone (see [`FeedDuty`]).
-type Deadlines = Box<dyn Fn(Op) -> Option<Duration> + Send + Sync>;
+type Deadlines = Box<dyn Fn(DeadlineKind) -> Option<Duration> + Send + Sync>;
 
 /// One subscribed channel: its deliveries, fanned out to every local
 /// [`Subscription`], whether it is subscribed at the store, and the task
@@ -69,7 +69,7 @@ impl ChannelFeed {
         source: Feed,
         config: &RedisStoreConfig,
         channel: &[u8],
-        deadlines: impl Fn(Op) -> Option<Duration> + Send + Sync + 'static,
+        deadlines: impl Fn(DeadlineKind) -> Option<Duration> + Send + Sync + 'static,
     ) -> Option<AbortHandle> {
         let (config, channel) = (config.clone(), channel.to_vec());
         let (messages, ready) = (self.messages.clone(), self.ready.clone());
@@ -160,7 +160,7 @@ async fn run_subscription(feed: Feed, config: RedisStoreConfig, channel: Vec<u8>
     for attempt in 0usize.. {
         let budget = config
             .connect_timeout
-            .max(duty.deadline(Op::Write).saturating_mul(2));
+            .max(duty.deadline(DeadlineKind::Write).saturating_mul(2));
         // Through sentinels, the lookup first (see `sentinel::lookup_time`).
         let within = match feed {
             Feed::Sentinel(_) => sentinel::lookup_time(budget) + budget,
@@ -183,8 +183,9 @@ async fn run_subscription(feed: Feed, config: RedisStoreConfig, channel: Vec<u8>
             Ok(Ok(None)) => return duty.done(),
             Ok(Ok(Some((pubsub, master)))) => {
                 failures = 0;
-                if !duty.due_by(Instant::now() + config.subscription_ping + duty.deadline(Op::Read))
-                {
+                if !duty.due_by(
+                    Instant::now() + config.subscription_ping + duty.deadline(DeadlineKind::Read),
+                ) {
                     return duty.done();
                 }
                 ready.send_replace(true);
@@ -202,12 +203,12 @@ async fn run_subscription(feed: Feed, config: RedisStoreConfig, channel: Vec<u8>
                             None => break,
                         },
                         _ = ping.tick() => {
-                            let back_by = Instant::now() + config.subscription_ping + duty.deadline(Op::Read);
+                            let back_by = Instant::now() + config.subscription_ping + duty.deadline(DeadlineKind::Read);
                             if !duty.due_by(back_by) {
                                 break;
                             }
                             let pong = tokio::time::timeout(
-                                duty.deadline(Op::Read),
+                                duty.deadline(DeadlineKind::Read),
                                 sink.ping::<redis::Value>(),
                             )
                             .await;
@@ -258,7 +259,7 @@ struct FeedDuty {
 impl FeedDuty {
     /// The store's deadline in force for `op` (its first failure
     /// domain's), or the configured floor once the store is gone.
-    fn deadline(&self, op: Op) -> Duration {
+    fn deadline(&self, op: DeadlineKind) -> Duration {
         (self.deadlines)(op).unwrap_or(Duration::from_millis(50))
     }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::conn::{Conn, store_error};
-use super::latency::{Latencies, Op};
+use super::latency::{DeadlineKind, Latencies};
 use crate::clock::millis;
 use crate::error::{Error, ErrorKind};
 
@@ -96,7 +96,7 @@ impl RedisClock {
             if best.is_some() && started.elapsed() >= latency.ceiling() {
                 break;
             }
-            let wait = latency.deadline(0, Op::Read);
+            let wait = latency.deadline(0, DeadlineKind::Read);
             let sent = Instant::now();
             let (secs, micros): (u64, u64) =
                 match tokio::time::timeout(wait, conn.time(any_node)).await {

@@ -15,8 +15,8 @@ use redis::FromRedisValue;
 use tokio::time::Instant;
 
 use super::conn::{Conn, MasterAddr, store_error};
-use super::connection::{RedisCore, Target, hash_slot};
-use super::latency::Op;
+use super::connection::{RedisCore, Topology, hash_slot};
+use super::latency::DeadlineKind;
 use super::scripts::{Invocation, run_script};
 use super::sentinel::{self, Revocation};
 use crate::error::{Error, ErrorKind};
@@ -38,7 +38,7 @@ impl RedisCore {
     /// is [unreachable](Error::is_unreachable).
     pub(super) async fn call<T, F, Fut>(
         self: &Arc<Self>,
-        op: Op,
+        op: DeadlineKind,
         domain: usize,
         command: F,
     ) -> Result<T, Error>
@@ -167,7 +167,7 @@ impl RedisCore {
     /// deadline of `op`.
     pub(super) async fn query<T: FromRedisValue>(
         self: &Arc<Self>,
-        op: Op,
+        op: DeadlineKind,
         key: &[u8],
         cmd: &redis::Cmd,
     ) -> Result<T, Error> {
@@ -185,7 +185,7 @@ impl RedisCore {
         script: Invocation<'_>,
     ) -> Result<T, Error> {
         let (script, domain) = (&script, self.script_domain(&script));
-        self.call(Op::Write, domain, |mut conn| async move {
+        self.call(DeadlineKind::Write, domain, |mut conn| async move {
             run_script(&mut conn, script).await
         })
         .await
@@ -203,7 +203,7 @@ impl RedisCore {
     ) -> Result<(), Error> {
         let (script, domain) = (&script, self.script_domain(&script));
         let master = self
-            .call(Op::Write, domain, |mut conn| async move {
+            .call(DeadlineKind::Write, domain, |mut conn| async move {
                 let _: i64 = run_script(&mut conn, script).await?;
                 Ok(conn.master().cloned())
             })
@@ -235,7 +235,7 @@ impl RedisCore {
     /// hash slot (a command's keys must share one), then in such runs.
     pub(super) fn by_slot(&self, keys: &[&[u8]]) -> Vec<Vec<usize>> {
         let mut groups: Vec<Vec<usize>> = Vec::new();
-        if matches!(self.target, Target::Cluster { .. }) {
+        if matches!(self.target, Topology::Cluster { .. }) {
             let mut slots: std::collections::HashMap<u16, usize> = std::collections::HashMap::new();
             for (i, key) in keys.iter().enumerate() {
                 let slot = hash_slot(key);

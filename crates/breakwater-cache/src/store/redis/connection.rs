@@ -1,4 +1,4 @@
-//! Where the store's commands go ([`Target`]) and the state its handles
+//! Where the store's commands go ([`Topology`]) and the state its handles
 //! share ([`RedisCore`]): the live connection, made and made again by one
 //! background task (with backoff, and the first connection waited for),
 //! probed when a command times out, and the background tasks (clock
@@ -22,7 +22,7 @@ use super::bus::{ChannelFeed, Feed};
 use super::clock::RedisClock;
 use super::config::RedisStoreConfig;
 use super::conn::{Conn, store_error};
-use super::latency::{Latencies, Op};
+use super::latency::{DeadlineKind, Latencies};
 use super::sentinel::{self, Sentinel};
 use super::tls;
 use crate::background::{Duty, Supervised};
@@ -32,7 +32,7 @@ use crate::jitter::Backoff;
 /// Where the store's commands go.
 // One per store: a client's size (larger with TLS settings) costs nothing.
 #[allow(clippy::large_enum_variant)]
-pub(super) enum Target {
+pub(super) enum Topology {
     /// One server.
     Node(redis::Client),
     /// A Redis Cluster: commands are routed by key slot; pub/sub uses one
@@ -45,15 +45,15 @@ pub(super) enum Target {
     Sentinel(Arc<Sentinel>),
 }
 
-impl Target {
+impl Topology {
     /// The one server at `url`.
-    pub(super) fn node(url: &str, config: &RedisStoreConfig) -> Result<Target, Error> {
-        Ok(Target::Node(tls::node_client(url, &config.tls)?))
+    pub(super) fn node(url: &str, config: &RedisStoreConfig) -> Result<Topology, Error> {
+        Ok(Topology::Node(tls::node_client(url, &config.tls)?))
     }
 
     /// The Redis Cluster that `nodes` (its nodes' URLs) belong to: all
     /// `rediss://` or all `redis://`, at least one.
-    pub(super) fn cluster<I, S>(nodes: I, config: &RedisStoreConfig) -> Result<Target, Error>
+    pub(super) fn cluster<I, S>(nodes: I, config: &RedisStoreConfig) -> Result<Topology, Error>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
@@ -103,7 +103,7 @@ impl Target {
                 format!("invalid redis cluster node list: {reason}"),
             )
         })?;
-        Ok(Target::Cluster {
+        Ok(Topology::Cluster {
             client: Box::new(client),
             nodes,
         })
@@ -114,21 +114,21 @@ impl Target {
         sentinels: I,
         master: &str,
         config: &RedisStoreConfig,
-    ) -> Result<Target, Error>
+    ) -> Result<Topology, Error>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
         let sentinel = Sentinel::new(sentinels, master, config)?;
-        Ok(Target::Sentinel(Arc::new(sentinel)))
+        Ok(Topology::Sentinel(Arc::new(sentinel)))
     }
 
     /// Its failure domains: one for a single server (or the sentinels'
     /// master); for a cluster, one per [`SLOTS_PER_DOMAIN`] hash slots.
     pub(super) fn failure_domains(&self) -> usize {
         match self {
-            Target::Node(_) | Target::Sentinel(_) => 1,
-            Target::Cluster { .. } => usize::from(SLOTS / SLOTS_PER_DOMAIN),
+            Topology::Node(_) | Topology::Sentinel(_) => 1,
+            Topology::Cluster { .. } => usize::from(SLOTS / SLOTS_PER_DOMAIN),
         }
     }
 
@@ -136,18 +136,18 @@ impl Target {
     /// nodes (which the subscription tries in turn).
     pub(super) fn nodes(&self) -> &[redis::Client] {
         match self {
-            Target::Node(client) => std::slice::from_ref(client),
-            Target::Cluster { nodes, .. } => nodes,
+            Topology::Node(client) => std::slice::from_ref(client),
+            Topology::Cluster { nodes, .. } => nodes,
             // The master is whichever server the sentinels name.
-            Target::Sentinel(_) => &[],
+            Topology::Sentinel(_) => &[],
         }
     }
 
     /// The Sentinel state, for a store on a Sentinel-managed master.
     pub(super) fn sentinel(&self) -> Option<&Arc<Sentinel>> {
         match self {
-            Target::Sentinel(sentinel) => Some(sentinel),
-            Target::Node(_) | Target::Cluster { .. } => None,
+            Topology::Sentinel(sentinel) => Some(sentinel),
+            Topology::Node(_) | Topology::Cluster { .. } => None,
         }
     }
 }
@@ -177,7 +177,7 @@ pub(super) fn hash_slot(key: &[u8]) -> u16 {
 /// commands go, its settings, its latency, its live connection and the
 /// background tasks that keep it (and the clock and the bus) going.
 pub(super) struct RedisCore {
-    pub(super) target: Target,
+    pub(super) target: Topology,
     pub(super) config: RedisStoreConfig,
     /// Round trips per failure domain, and the deadlines they call for.
     pub(super) latency: Latencies,
@@ -255,7 +255,7 @@ impl Drop for RedisCore {
 
 impl RedisCore {
     /// A store's shared state on `target`, not connected yet.
-    pub(super) fn new(target: Target, config: RedisStoreConfig) -> RedisCore {
+    pub(super) fn new(target: Topology, config: RedisStoreConfig) -> RedisCore {
         let latency = Latencies::new(
             target.failure_domains(),
             config.response_timeout,
@@ -323,7 +323,9 @@ impl RedisCore {
                     if patient { end.max(deadline) } else { end }
                 }
                 _ if patient => deadline,
-                Some(attempt) => (attempt.since + self.latency.deadline(0, Op::Read)).min(deadline),
+                Some(attempt) => {
+                    (attempt.since + self.latency.deadline(0, DeadlineKind::Read)).min(deadline)
+                }
                 // Backing off, or an attempt just ended (it may have made
                 // the connection since it was looked for above).
                 None => {
@@ -389,7 +391,7 @@ impl RedisCore {
     fn attempt_bound(&self, failures: u32) -> Duration {
         let handshake = self.handshake_budget(failures);
         let connect = match self.target {
-            Target::Sentinel(_) => sentinel::lookup_time(handshake) + handshake,
+            Topology::Sentinel(_) => sentinel::lookup_time(handshake) + handshake,
             _ => handshake * 2,
         };
         connect + self.latency.ceiling() * 2
@@ -403,7 +405,7 @@ impl RedisCore {
     fn handshake_budget(&self, failures: u32) -> Duration {
         self.config
             .connect_budget(failures)
-            .max(self.latency.deadline(0, Op::Write))
+            .max(self.latency.deadline(0, DeadlineKind::Write))
             .min(
                 self.config
                     .max_response_timeout
@@ -416,8 +418,8 @@ impl RedisCore {
     #[inline]
     pub(super) fn domain(&self, key: &[u8]) -> usize {
         match self.target {
-            Target::Node(_) | Target::Sentinel(_) => 0,
-            Target::Cluster { .. } => usize::from(hash_slot(key) / SLOTS_PER_DOMAIN),
+            Topology::Node(_) | Topology::Sentinel(_) => 0,
+            Topology::Cluster { .. } => usize::from(hash_slot(key) / SLOTS_PER_DOMAIN),
         }
     }
 
@@ -530,7 +532,7 @@ impl RedisCore {
                     // No response timeout of the connection's own: every
                     // command through `call` has its deadline, and a second
                     // timer per command cost a hit a fifth of a raw `GET`.
-                    Target::Node(client) => {
+                    Topology::Node(client) => {
                         let config = AsyncConnectionConfig::new()
                             .set_connection_timeout(Some(budget))
                             .set_response_timeout(None);
@@ -540,12 +542,12 @@ impl RedisCore {
                             .map(Conn::Node)
                             .map_err(store_error)
                     }
-                    Target::Cluster { client, .. } => client
+                    Topology::Cluster { client, .. } => client
                         .get_async_connection()
                         .await
                         .map(Conn::Cluster)
                         .map_err(store_error),
-                    Target::Sentinel(sentinel) => {
+                    Topology::Sentinel(sentinel) => {
                         let (conn, master) = sentinel.connect_master(&self.config, budget).await?;
                         Ok(Conn::Master(conn, master))
                     }
@@ -553,7 +555,7 @@ impl RedisCore {
             };
             // Through sentinels: two connections (see `sentinel::lookup_time`).
             let within = match self.target {
-                Target::Sentinel(_) => sentinel::lookup_time(budget),
+                Topology::Sentinel(_) => sentinel::lookup_time(budget),
                 _ => budget,
             };
             let mut conn = tokio::time::timeout(within, made)
@@ -631,7 +633,7 @@ impl RedisCore {
         let wait = self
             .config
             .connect_timeout
-            .max(self.latency.deadline(0, Op::Write));
+            .max(self.latency.deadline(0, DeadlineKind::Write));
         let home = self
             .conn_home
             .lock()

@@ -37,7 +37,7 @@ const DECAY_US: u64 = DECAY.as_micros() as u64;
 
 /// Which floor a deadline has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Op {
+pub(super) enum DeadlineKind {
     /// `response_timeout`.
     Read,
     /// `write_timeout` (never less than `response_timeout`).
@@ -114,15 +114,15 @@ impl Latencies {
 
     /// The deadline of an `op` in `domain` now.
     #[inline]
-    pub(super) fn deadline(&self, domain: usize, op: Op) -> Duration {
+    pub(super) fn deadline(&self, domain: usize, op: DeadlineKind) -> Duration {
         let peak = self.domain(domain).peak_us.load(Ordering::Relaxed);
         self.deadline_for(peak, op)
     }
 
-    fn deadline_for(&self, peak_us: u64, op: Op) -> Duration {
+    fn deadline_for(&self, peak_us: u64, op: DeadlineKind) -> Duration {
         let floor = match op {
-            Op::Read => self.read_floor,
-            Op::Write => self.write_floor,
+            DeadlineKind::Read => self.read_floor,
+            DeadlineKind::Write => self.write_floor,
         };
         let wanted = Duration::from_micros(peak_us.saturating_mul(u64::from(MULTIPLIER)));
         wanted.min(self.ceiling).max(floor)
@@ -176,8 +176,8 @@ impl Latencies {
         let peak = self.domain(domain).peak_us.load(Ordering::Relaxed);
         RedisLatency {
             round_trip: (peak > 0).then(|| Duration::from_micros(peak)),
-            read_deadline: self.deadline_for(peak, Op::Read),
-            write_deadline: self.deadline_for(peak, Op::Write),
+            read_deadline: self.deadline_for(peak, DeadlineKind::Read),
+            write_deadline: self.deadline_for(peak, DeadlineKind::Write),
         }
     }
 
@@ -270,7 +270,7 @@ mod tests {
         assert!(peak > ms(119) && peak <= ms(120), "{peak:?}");
         assert_eq!(report.read_deadline, peak * 3);
         assert_eq!(report.write_deadline, peak * 3);
-        assert!(latency.deadline(0, Op::Read) > ms(250));
+        assert!(latency.deadline(0, DeadlineKind::Read) > ms(250));
     }
 
     #[tokio::test(start_paused = true)]
@@ -279,13 +279,13 @@ mod tests {
         let mut deadlines = Vec::new();
         for _ in 0..6 {
             // A blackholed Redis: each read times out at its deadline.
-            let deadline = latency.deadline(0, Op::Read);
+            let deadline = latency.deadline(0, DeadlineKind::Read);
             deadlines.push(deadline.as_millis());
             tokio::time::advance(deadline).await;
             latency.record(0, deadline, Instant::now());
         }
         assert_eq!(deadlines, [50, 150, 450, 1350, 2000, 2000]);
-        assert_eq!(latency.deadline(0, Op::Write), ms(2000));
+        assert_eq!(latency.deadline(0, DeadlineKind::Write), ms(2000));
     }
 
     #[tokio::test(start_paused = true)]
@@ -298,17 +298,17 @@ mod tests {
         assert!(!latency.timed_out(0, ms(50), Instant::now()));
         assert!(!latency.timed_out(0, ms(50), Instant::now()));
         // The others wait on to the deadline that followed.
-        assert_eq!(latency.deadline(0, Op::Read), ms(150));
+        assert_eq!(latency.deadline(0, DeadlineKind::Read), ms(150));
         tokio::time::advance(ms(100)).await;
         assert!(latency.timed_out(0, ms(150), Instant::now()));
-        assert_eq!(latency.deadline(0, Op::Read), ms(450));
+        assert_eq!(latency.deadline(0, DeadlineKind::Read), ms(450));
     }
 
     #[tokio::test(start_paused = true)]
     async fn quick_replies_bring_the_deadline_back_down() {
         let latency = defaults();
         latency.record(0, ms(600), Instant::now());
-        assert_eq!(latency.deadline(0, Op::Read), ms(1800));
+        assert_eq!(latency.deadline(0, DeadlineKind::Read), ms(1800));
         // Quick replies every 100 ms: after one DECAY the peak has come
         // most of the way down (first order, compounded: to about e^-1 of
         // the excess), after three the floors are back.
@@ -322,8 +322,8 @@ mod tests {
             tokio::time::advance(ms(100)).await;
             latency.record(0, ms(1), Instant::now());
         }
-        assert_eq!(latency.deadline(0, Op::Read), ms(50));
-        assert_eq!(latency.deadline(0, Op::Write), ms(250));
+        assert_eq!(latency.deadline(0, DeadlineKind::Read), ms(50));
+        assert_eq!(latency.deadline(0, DeadlineKind::Write), ms(250));
     }
 
     #[tokio::test(start_paused = true)]
@@ -358,14 +358,14 @@ mod tests {
         assert_eq!(latency.report(0).round_trip, Some(ms(100)));
         assert_eq!(latency.report(1).round_trip, Some(ms(400)));
         assert_eq!(latency.slowest(), 1);
-        assert_eq!(latency.deadline(1, Op::Read), ms(1200));
-        assert_eq!(latency.deadline(2, Op::Read), ms(300));
+        assert_eq!(latency.deadline(1, DeadlineKind::Read), ms(1200));
+        assert_eq!(latency.deadline(2, DeadlineKind::Read), ms(300));
     }
 
     #[test]
     fn a_ceiling_below_the_floor_is_the_floor() {
         let latency = Latencies::new(1, ms(5000), ms(5000), ms(2000));
-        assert_eq!(latency.deadline(0, Op::Read), ms(5000));
+        assert_eq!(latency.deadline(0, DeadlineKind::Read), ms(5000));
         assert_eq!(latency.ceiling(), ms(5000));
     }
 }
