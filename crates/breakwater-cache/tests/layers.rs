@@ -538,14 +538,13 @@ impl Crate {
             }
         }
         for (f, file) in self.files.iter().enumerate() {
-            for (path, alias, line, public) in &self.uses[f] {
+            for (path, _, line, public) in &self.uses[f] {
                 // A re-export of a child's item is the parent's table of
                 // contents, not a dependency.
                 let child_of_f = path.len() > file.module.len() && path.starts_with(&file.module);
                 if *public && child_of_f {
                     continue;
                 }
-                let _ = alias;
                 add(
                     f,
                     self.resolve(path, 0),

@@ -497,7 +497,7 @@ impl<V: Value> Cache<V> {
     }
 
     /// Loads without touching the store.
-    pub(super) async fn load_unwritten<L>(
+    async fn load_unwritten<L>(
         &self,
         loader: &Arc<L>,
         options: &Options,
@@ -890,4 +890,4 @@ impl<V: Value> Cache<V> {
 /// Beyond its waits and its load, how long a load may take (its store
 /// calls) before a caller takes it for stranded (see
 /// [`Cache::await_fill`]).
-pub(super) const STRANDED_AFTER: Duration = Duration::from_secs(5);
+const STRANDED_AFTER: Duration = Duration::from_secs(5);

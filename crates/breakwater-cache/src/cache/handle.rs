@@ -3,8 +3,9 @@
 //! step.
 //!
 //! The type's documentation (the coherence contract) is here, with the
-//! type; its public methods are in the module root (`cache/mod.rs`), the
-//! steps' in their own files. Besides the type: the few accessors every
+//! type; its public methods are in the module root (`cache/mod.rs`),
+//! except those of a room of their own (`get_many` in `batch`, `warm`,
+//! `inspect`), the steps' in their own files. Besides the type: the few accessors every
 //! step uses (the key's records, lease tokens, the fail-safe throttle).
 
 use std::fmt;

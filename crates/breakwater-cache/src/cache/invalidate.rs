@@ -230,12 +230,12 @@ impl<V: Value> Cache<V> {
 }
 
 /// How long `invalidate` keeps trying to deliver one invalidation.
-pub(super) const INVALIDATE_WITHIN: Duration = Duration::from_secs(1);
+const INVALIDATE_WITHIN: Duration = Duration::from_secs(1);
 
 /// The error of an invalidation that did not get through; when the last
 /// attempt (failed at `at`) was refused by the store's open breaker, it says
 /// when that ends.
-pub(super) fn undelivered(key: &[u8], attempts: u32, last: Error, at: Instant) -> Error {
+fn undelivered(key: &[u8], attempts: u32, last: Error, at: Instant) -> Error {
     let retry_after = last
         .retry_after()
         .map(|after| after.saturating_sub(at.elapsed()));

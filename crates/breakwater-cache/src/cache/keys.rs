@@ -51,7 +51,7 @@ pub(super) fn lease_key(key: &[u8], prefix_len: usize) -> Vec<u8> {
 }
 
 /// `{#` + 16 hex digits + `}`.
-pub(super) const HASH_TAG_LEN: usize = 19;
+const HASH_TAG_LEN: usize = 19;
 
 #[cfg(test)]
 mod tests {

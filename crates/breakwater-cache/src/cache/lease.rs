@@ -222,7 +222,7 @@ impl LeaseConfig {
 
 /// The default `lock_wait`: a holder's whole `load` (`queue_wait +
 /// load_timeout`) `+ 2 × lease_ttl`.
-pub(super) fn default_lock_wait(load: Duration, lease_ttl: Duration) -> Duration {
+fn default_lock_wait(load: Duration, lease_ttl: Duration) -> Duration {
     load.saturating_add(lease_ttl).saturating_add(lease_ttl)
 }
 

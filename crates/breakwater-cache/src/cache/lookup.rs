@@ -38,11 +38,7 @@ impl<V: Value> Cache<V> {
 
     /// [`read`](Self::read), beside the previous version's key `previous`
     /// if one is given.
-    pub(super) async fn read_in(
-        &self,
-        key: &[u8],
-        previous: Option<&[u8]>,
-    ) -> Result<Option<Entry>, Error> {
+    async fn read_in(&self, key: &[u8], previous: Option<&[u8]>) -> Result<Option<Entry>, Error> {
         let span = if tracing::dispatcher::has_been_set() {
             tracing::debug_span!("breakwater.store.get")
         } else {
@@ -81,7 +77,7 @@ impl<V: Value> Cache<V> {
 
     /// One store read of storage key `key`, straight to the store unless
     /// it is busy and batches reads (see `queue`).
-    pub(super) async fn get_queued(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+    async fn get_queued(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
         let store = &self.inner.store;
         let Some(waiting) = &self.inner.read_queue else {
             return store.get_inline(key).await;
@@ -163,10 +159,7 @@ impl<V: Value> Cache<V> {
     /// missing counter (or one that holds no generation): one `GET` for
     /// one tag (the store's cheapest read), else one `MGET` (one per slot
     /// on a Cluster). Nothing is created: a read only checks.
-    pub(super) async fn read_generations(
-        &self,
-        tags: &[impl AsRef<[u8]>],
-    ) -> Result<Vec<Option<u64>>, Error> {
+    async fn read_generations(&self, tags: &[impl AsRef<[u8]>]) -> Result<Vec<Option<u64>>, Error> {
         let tag_prefix = &self.inner.tag_prefix;
         if let [tag] = tags {
             let key = tag_key(tag_prefix, tag.as_ref());
@@ -186,11 +179,7 @@ impl<V: Value> Cache<V> {
     /// counter exists and still holds the generation it recorded; `None`
     /// (a miss) if any moved on or is missing. One `MGET` of its tags'
     /// counters.
-    pub(super) async fn still_tagged(
-        &self,
-        key: &[u8],
-        entry: Entry,
-    ) -> Result<Option<Entry>, Error> {
+    async fn still_tagged(&self, key: &[u8], entry: Entry) -> Result<Option<Entry>, Error> {
         let tags: Vec<&[u8]> = entry.tags.iter().map(|t| t.tag.as_slice()).collect();
         let current = self.read_generations(&tags).await?;
         let current = entry

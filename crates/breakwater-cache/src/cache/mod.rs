@@ -57,19 +57,20 @@
 //! |---|---|---|
 //! | `mod.rs` | the public calls and their docs | every room below |
 //! | `per_call.rs` | [`CacheEntry`]: one call with its own settings | `pipeline`, `invalidate` |
-//! | `pipeline.rs` | `fetch` (steps 1–2 and the count) and `pipeline` (steps 3–8, in passes) | `read`, `verdict`, `fill`, `seal`, `trace` |
-//! | `batch/` | `get_many`: the same steps for many keys | the rooms below it |
+//! | `pipeline.rs` | `fetch` (steps 1–2 and the count) and `pipeline` (steps 3–8, in passes) | `read`, `lookup` (for `get`), `verdict`, `fill`, `seal`, `trace` |
+//! | `batch/` | `get_many`: the same steps for many keys | `pipeline`'s pass rules (`cooperate`, `revoked_before`, the count), `read`'s near cache, and the rooms below them |
 //! | `warm.rs`, `inspect.rs` | warming and inspecting entries (public calls of their own) | the public calls, `pipeline`, `fill`, `lookup`, `verdict` |
 //! | `read.rs` | near cache (2) and shared store reads (3), which hand a miss to the fill | `lookup`, `verdict`, `fill` |
-//! | `invalidate.rs` | `set`, `set_many`, `invalidate`, `invalidate_tag`: the fence and its delivery | `seal`, `lookup`, `transition` |
+//! | `invalidate.rs` | `set`, `set_many`, `invalidate`, `invalidate_tag`: the fence and its delivery | `seal`, `lookup`, `transition`, `trace` |
 //! | `fill.rs` | the fill, the load's task, the fenced write and settle (5–8) | `lease`, `lookup`, `verdict`, `seal`, `transition` |
-//! | `verdict.rs` | the one judgment on a stored entry or an L1 copy (4): decode, fresh, early refresh, grace, stand-in | `seal`, `transition` |
-//! | `seal.rs` | sealing (7) and keeping values in L1 | the ground floor |
+//! | `verdict.rs` | the one judgment on a stored entry or an L1 copy (4): decode, fresh, early refresh, grace, stand-in | `seal`, `transition`, `handle` and the ground floor |
+//! | `seal.rs` | sealing (7) and keeping values in L1 | `handle` and the ground floor |
 //! | `lookup.rs` | one store read of a key: queued, beside the previous version, tags checked | `verdict`, `queue`, `tags` |
-//! | `transition.rs` | the previous version's entries during a version transition | the ground floor |
-//! | `trace.rs` | the calls' spans | the ground floor |
+//! | `transition.rs` | the previous version's entries during a version transition | `handle` and the ground floor |
+//! | `trace.rs` | the calls' spans | `handle` and the ground floor |
+//! | `builder.rs` | [`CacheBuilder`]: settings checked once, the parts assembled | `handle` and the ground floor |
 //! | `handle.rs` | the [`Cache`] type (its docs: the coherence contract) and `CacheCore` | the ground floor |
-//! | ground floor | `value` (the `Value` and `Load` bounds), `keys`, `lease` ([`LeaseConfig`]), `options`, `tags` (what a tag is), `coherence` (flights, L1, epochs), `notify` (the bus), `guard` and `queue` (the store behind its breaker, batched reads), `origin`, `throttle`, `settings`, `builder` | the crate's policies (`breaker`, `limit`, `retry`, `flight`, `l1`, `freshness`, `entry`, `codec`), `store`, `metrics` |
+//! | ground floor | `value` (the `Value` and `Load` bounds), `keys`, `lease` ([`LeaseConfig`]), `options`, `tags` (what a tag is), `coherence` (flights, L1, epochs), `notify` (the bus), `guard` and `queue` (the store behind its breaker, batched reads), `origin`, `throttle`, `settings` | the crate's policies (`breaker`, `limit`, `retry`, `flight`, `l1`, `freshness`, `entry`, `codec`), `store`, `metrics`, and the crate's utilities (`error`, `served`, `clock`, `background`, `log_limit`) |
 //!
 //! # Vocabulary
 //!

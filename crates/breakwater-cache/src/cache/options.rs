@@ -1,4 +1,5 @@
-//! Per-call settings: [`CacheEntry`](crate::CacheEntry), and the [`Options`] one call runs with.
+//! The settings one call runs with ([`Options`]): the cache's defaults,
+//! overridden per call by [`CacheEntry`](crate::CacheEntry) (in `per_call`).
 
 use std::time::Duration;
 

@@ -131,7 +131,7 @@ impl<V: Value> Cache<V> {
     /// [`pipeline`](Self::pipeline) in the call's `span` (the parent of
     /// its child spans) when a subscriber listens; unwrapped otherwise, in
     /// place in the caller's future.
-    pub(super) async fn pipeline_in<L>(
+    async fn pipeline_in<L>(
         &self,
         span: &Span,
         user_key: &[u8],
@@ -379,7 +379,7 @@ pub(super) fn revoked_before<V>(
 /// budget. A unit costs about 50 instructions, a twenty-fifth of a whole
 /// hit (about 1,250); one per 8 hits still yields a task that only hits L1
 /// after 8 × 128 hits, well under a millisecond.
-pub(super) const HITS_PER_BUDGET_UNIT: u8 = 8;
+const HITS_PER_BUDGET_UNIT: u8 = 8;
 
 thread_local! {
     static HITS_SINCE_BUDGET: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };

@@ -152,7 +152,7 @@ impl<V: Value> Cache<V> {
     /// The read of [`read_shared`](Self::read_shared), led by this caller
     /// (`lead`: the read its followers share; `None`: read alone, for a
     /// follower whose leader is late).
-    pub(super) async fn read_led<L: Load<V>>(
+    async fn read_led<L: Load<V>>(
         &self,
         lead: Option<Lead<'_, SharedRead<V>>>,
         key: &[u8],

@@ -18,7 +18,7 @@ use crate::store::Store;
 impl<V: Value> Cache<V> {
     /// Counts and reports (rate-limited) a value above `max_value_size`,
     /// and builds the error for its caller.
-    pub(super) fn too_large(&self, key: &[u8], at_least: usize) -> Error {
+    fn too_large(&self, key: &[u8], at_least: usize) -> Error {
         let inner = &self.inner;
         inner.metrics.too_large();
         warn_limited!(
@@ -188,7 +188,7 @@ impl<V: Value> Cache<V> {
     /// what is left at `now_ms` (the store's clock) of its entry's fresh
     /// window and servable until `stale_until`, unless the key was
     /// invalidated since `ticket`.
-    pub(super) fn keep_near(
+    fn keep_near(
         &self,
         key: &[u8],
         value: Option<V>,

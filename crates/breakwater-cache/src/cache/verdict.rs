@@ -23,7 +23,7 @@ impl CacheCore {
     /// The verdict on a store read. The shared (seedable) generator is
     /// locked only when a draw could change the answer: a value far from
     /// its end is fresh without one, so a hit takes no process-wide lock.
-    pub(super) fn judge(&self, options: &Options, reading: Reading) -> Freshness {
+    fn judge(&self, options: &Options, reading: Reading) -> Freshness {
         let policy = options.freshness();
         let fresh_until = reading.fresh_until.min(reading.stale_until);
         if reading.now_ms < fresh_until
@@ -86,12 +86,7 @@ impl<V: Value> Cache<V> {
 
     /// [`refresh_due`](Self::refresh_due) near the end, or with per-call
     /// settings.
-    pub(super) fn refresh_due_slow(
-        &self,
-        slot: &NearCopy<V>,
-        options: &Options,
-        now: Instant,
-    ) -> Option<u64> {
+    fn refresh_due_slow(&self, slot: &NearCopy<V>, options: &Options, now: Instant) -> Option<u64> {
         let policy = options.freshness();
         let stamp = slot.stored;
         let remaining = millis(slot.refresh_by.saturating_duration_since(now));
@@ -259,7 +254,7 @@ impl<V: Value> Cache<V> {
     }
 
     /// The value an entry stands for, `None` for a negative entry.
-    pub(super) fn stored_value(&self, entry: &Entry) -> Result<Option<V>, Error> {
+    fn stored_value(&self, entry: &Entry) -> Result<Option<V>, Error> {
         if entry.negative {
             return Ok(None);
         }

@@ -68,7 +68,7 @@ impl<V: Value> Cache<V> {
     /// The leases, in one step; then the keys taken are loaded,
     /// the ones held elsewhere awaited, and, if the store failed, loaded
     /// directly.
-    pub(super) async fn lease_many<K, B>(
+    async fn lease_many<K, B>(
         &self,
         led: Vec<Led<K, V>>,
         batch: &Arc<B>,
@@ -106,7 +106,7 @@ impl<V: Value> Cache<V> {
     /// Holding the leases of `taken`: reads them once more (another process
     /// may have filled some just before), then loads the rest in batches
     /// of [`MAX_BATCH`](super::loader::MAX_BATCH), side by side.
-    pub(super) async fn lead_many<K, B>(
+    async fn lead_many<K, B>(
         &self,
         taken: Vec<(Led<K, V>, LeaseRequest<'_>)>,
         asked: Instant,
@@ -139,7 +139,7 @@ impl<V: Value> Cache<V> {
     /// [`lead_many`](Self::lead_many)'s work; `done[i]` is set once the
     /// `i`th key no longer needs its lease kept alive.
     #[allow(clippy::too_many_arguments)]
-    pub(super) async fn lead_taken<K, B>(
+    async fn lead_taken<K, B>(
         &self,
         taken: Vec<(Led<K, V>, LeaseRequest<'_>)>,
         done: &[AtomicBool],
@@ -242,7 +242,7 @@ impl<V: Value> Cache<V> {
     /// key fails. `asked`: when the leases were asked for (a value whose
     /// fence refused it lands marked so: see `Loaded`).
     #[allow(clippy::too_many_arguments)]
-    pub(super) async fn lead_chunk<K, B>(
+    async fn lead_chunk<K, B>(
         &self,
         chunk: Vec<Taken<'_, K, V>>,
         done: &[AtomicBool],
@@ -312,7 +312,7 @@ impl<V: Value> Cache<V> {
     /// waiting call one batch, within its lease TTL plus one load, however
     /// many keys it held. The wait ends by `lock_wait` (then the
     /// [`OnLockTimeout`](crate::OnLockTimeout) policy, for the keys left).
-    pub(super) async fn await_many<K, B>(
+    async fn await_many<K, B>(
         &self,
         held: Vec<(Led<K, V>, Duration)>,
         batch: &Arc<B>,
@@ -338,7 +338,7 @@ impl<V: Value> Cache<V> {
     /// [`await_many`](Self::await_many)'s waiting: hands every key it does
     /// not land itself (taken over, or past `lock_wait` and loaded anyway)
     /// to `jobs`.
-    pub(super) async fn wait_many<K>(
+    async fn wait_many<K>(
         &self,
         held: Vec<(Led<K, V>, Duration)>,
         jobs: mpsc::UnboundedSender<Job<K, V>>,
@@ -524,7 +524,7 @@ impl<V: Value> Cache<V> {
     /// Reads the keys `check` names among `keys` (one `get_many`) and lands
     /// the ones found fresh; a stale entry seen is kept for the lock-wait
     /// policy.
-    pub(super) async fn check_filled<K>(
+    async fn check_filled<K>(
         &self,
         keys: &mut [Option<WaitingKeys<K, V>>],
         check: &[usize],
@@ -578,7 +578,7 @@ impl<V: Value> Cache<V> {
     /// loaded in the same batch. The keys taken go to `jobs` as one batch;
     /// those whose attempt failed (the store) as another; the rest wait on,
     /// until their holder's new expiry.
-    pub(super) async fn take_over<K>(
+    async fn take_over<K>(
         &self,
         keys: &mut [Option<WaitingKeys<K, V>>],
         due: &[usize],
@@ -621,7 +621,7 @@ impl<V: Value> Cache<V> {
     /// taken moves to `taken`, one whose attempt failed to `failed` (the
     /// first error in `failure`), one still held gets its holder's new
     /// expiry. When the leases were asked for.
-    pub(super) async fn try_leases<K>(
+    async fn try_leases<K>(
         &self,
         keys: &mut [Option<WaitingKeys<K, V>>],
         try_now: &[usize],
@@ -670,7 +670,7 @@ impl<V: Value> Cache<V> {
     /// lease's TTL runs from when the store took it, which may be well
     /// before its reply arrives: keep-alive is timed from the request),
     /// and each key's lease and outcome, in order.
-    pub(super) async fn ask_leases<'s>(
+    async fn ask_leases<'s>(
         &self,
         storage: impl Iterator<Item = &'s [u8]>,
         failure: &mut Option<Error>,
@@ -704,7 +704,7 @@ impl<V: Value> Cache<V> {
 
     /// Runs the loads [`wait_many`](Self::wait_many) hands over, side by
     /// side, until it is done and they have all landed.
-    pub(super) async fn run_jobs<K, B>(
+    async fn run_jobs<K, B>(
         &self,
         mut queue: mpsc::UnboundedReceiver<Job<K, V>>,
         batch: &Arc<B>,
@@ -730,7 +730,7 @@ impl<V: Value> Cache<V> {
     }
 
     /// One of [`run_jobs`](Self::run_jobs)' loads.
-    pub(super) async fn run_job<K, B>(
+    async fn run_job<K, B>(
         &self,
         job: Job<K, V>,
         batch: &Arc<B>,
@@ -794,7 +794,7 @@ impl<V: Value> Cache<V> {
     /// first (in case the attempt ran); a caller's keys are loaded directly
     /// and not written (see `fill::load_direct`), and the tokens just
     /// tried are given back in the background in case the attempt ran.
-    pub(super) async fn load_unleased<K, B>(
+    async fn load_unleased<K, B>(
         &self,
         failed: Vec<(Led<K, V>, LeaseRequest<'_>, Error)>,
         batch: &Arc<B>,
@@ -857,7 +857,7 @@ impl<V: Value> Cache<V> {
 
     /// Loads `led` in batches without touching the store; each value is
     /// served and kept in L1 (`fill::keep_unwritten`).
-    pub(super) async fn load_direct_many<K, B>(
+    async fn load_direct_many<K, B>(
         &self,
         led: Vec<Led<K, V>>,
         batch: &Arc<B>,
@@ -898,7 +898,7 @@ impl<V: Value> Cache<V> {
     /// One call of the batch loader for `keys` under the origin's
     /// protection (breaker, one bulkhead slot, `load_timeout`, retries):
     /// the values found, by user key, and how long the call took.
-    pub(super) async fn load_batch<K, B>(
+    async fn load_batch<K, B>(
         &self,
         keys: Vec<K>,
         batch: &Arc<B>,

@@ -42,11 +42,10 @@ pub(super) const STORE_SLACK: Duration = Duration::from_secs(1);
 pub(super) type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
 /// What a batch load returns: each found value by its user key's bytes.
-pub(super) type Found<V> = Vec<(Vec<u8>, V)>;
+type Found<V> = Vec<(Vec<u8>, V)>;
 
 /// The future of one batch loader call.
-pub(super) type BatchFuture<V> =
-    Pin<Box<dyn Future<Output = Result<Option<Found<V>>, BoxError>> + Send>>;
+type BatchFuture<V> = Pin<Box<dyn Future<Output = Result<Option<Found<V>>, BoxError>> + Send>>;
 
 /// A batch loader as the internals take it: called with the keys to load.
 pub(super) trait BatchLoad<K, V>: Send + Sync + 'static {

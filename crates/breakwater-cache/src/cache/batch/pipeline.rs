@@ -303,7 +303,7 @@ impl<V: Value> Cache<V> {
     /// Background refreshes of the keys `refreshes` names, as one batch,
     /// for the keys no refresh is already in the air for. A refresh that
     /// fails throttles its key (fail-safe), as a single key's does.
-    pub(super) fn refresh_many<K, B>(
+    fn refresh_many<K, B>(
         &self,
         wants: &[Want<K, V>],
         refreshes: &[(usize, Refresh)],
