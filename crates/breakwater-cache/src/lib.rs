@@ -107,8 +107,8 @@ pub mod testing;
 
 pub use breaker::{BreakerConfig, BreakerState};
 pub use cache::{
-    Cache, CacheBuilder, CacheEntry, EntryView, Inspection, LeaseConfig, OnLockTimeout, Origin,
-    OriginBuilder, Settings, Stored, Value, Warm, WarmReport,
+    Cache, CacheBuilder, CacheEntry, EntryView, Inspection, LeaseConfig, LoadContext, Loaded,
+    OnLockTimeout, Origin, OriginBuilder, Settings, StaleValue, Stored, Value, Warm, WarmReport,
 };
 pub use codec::{Codec, Compression};
 pub use error::{ConfigError, Error, ErrorKind};

@@ -55,9 +55,9 @@ use tokio::time::Instant;
 /// The in-process state of one cache: flights and L1.
 pub(super) struct Local<V> {
     /// Loads in the air, by storage key.
-    pub(super) flights: SingleFlight<Loaded<V>>,
+    pub(super) flights: SingleFlight<Landed<V>>,
     /// Background refreshes in the air, by storage key.
-    pub(super) background: SingleFlight<Loaded<V>>,
+    pub(super) background: SingleFlight<Landed<V>>,
     /// Store reads in the air, by user key: concurrent local reads of one
     /// key share one `GET` (and build no storage key unless they lead).
     pub(super) reads: Reads<SharedRead<V>>,
@@ -234,7 +234,7 @@ impl<V: Value> BusHook for Local<V> {
 /// came after the lease was asked for, so the value is served only to
 /// callers that started by then; later ones read and load again (see
 /// `pipeline`).
-pub(super) type Loaded<V> = (Option<V>, Served, Option<Instant>);
+pub(super) type Landed<V> = (Option<V>, Served, Option<Instant>);
 
 /// What a shared store read gives every caller that shared it.
 #[derive(Clone)]
@@ -243,7 +243,7 @@ pub(super) struct SharedRead<V> {
     pub(super) entry: Option<Arc<Entry>>,
     /// Nothing was: the key's load (started by the read, or already in
     /// the air), which the read's followers wait on.
-    pub(super) loading: Option<Joined<Loaded<V>>>,
+    pub(super) loading: Option<Joined<Landed<V>>>,
     /// When the read began, for L1.
     pub(super) ticket: Option<Ticket>,
     /// `entry` is the previous version's (a version transition).

@@ -46,9 +46,10 @@ use futures_util::future::join_all;
 use tokio::time::{Instant, sleep, sleep_until};
 use tracing::{Instrument, Span};
 
-use super::coherence::Loaded;
+use super::coherence::Landed;
 use super::handle::Cache;
 use super::lease::{LEASE_RETRY_MARGIN, Lease, LockTimeoutKind, deadline_after, lock_timeout};
+use super::loaded::{LoadContext, StaleValue};
 use super::notify::{self, FILLED, RELEASED, VALUE_IN_MESSAGE_MAX};
 use super::options::Options;
 use super::tags::counter_ttl;
@@ -112,7 +113,7 @@ impl<V: Value> Cache<V> {
         replacing: Option<u64>,
         priority: Priority,
         mode: Mode,
-    ) -> Result<Loaded<V>, Error>
+    ) -> Result<Landed<V>, Error>
     where
         L: Load<V>,
     {
@@ -125,9 +126,13 @@ impl<V: Value> Cache<V> {
             // The store just failed this request: one deadline is enough.
             // Load directly, write nothing; single-flight still makes it one
             // load here.
-            let (value, load_time) = self.load_unwritten(&loader, &options, priority).await?;
-            let tagged = loader.tags().is_some();
-            self.keep_unwritten(&key, &value, load_time, &options, ticket, tagged);
+            let (value, load_time, keep) = self
+                .load_unwritten(&loader, LoadContext::empty(), &options, priority)
+                .await?;
+            if let Some(options) = keep {
+                let tagged = loader.tags().is_some();
+                self.keep_unwritten(&key, &value, load_time, &options, ticket, tagged);
+            }
             return Ok((value, Served::Loaded, None));
         }
         let lease_key = inner.lease_key(&key);
@@ -175,8 +180,11 @@ impl<V: Value> Cache<V> {
                             .await;
                         return Ok((value, Served::Coalesced, None));
                     }
+                    let context = self.context::<L>(&key, stale.as_ref());
                     let (value, revoked) = self
-                        .lead(&key, lease, asked, &loader, &options, priority, ticket)
+                        .lead(
+                            &key, lease, asked, &loader, context, &options, priority, ticket,
+                        )
                         .await?;
                     return Ok((value, Served::Loaded, revoked.then_some(asked)));
                 }
@@ -265,7 +273,10 @@ impl<V: Value> Cache<V> {
         match inner.lease.on_lock_timeout.0 {
             LockTimeoutKind::LoadAnyway => {
                 warn_limited!(inner.logs, Warning::LockWaitLoadAnyway, key = %show_key(&key), ?waited, "lease held past lock_wait; loading anyway (not written)");
-                let (value, _) = self.load_unwritten(&loader, &options, priority).await?;
+                let context = self.context::<L>(&key, stale.as_ref());
+                let (value, _, _) = self
+                    .load_unwritten(&loader, context, &options, priority)
+                    .await?;
                 Ok((value, Served::Loaded, None))
             }
             LockTimeoutKind::ServeStale => match stale.and_then(|e| self.entry_value(&key, &e)) {
@@ -285,7 +296,7 @@ impl<V: Value> Cache<V> {
     /// Holding the lease (requested at `asked`): load, keep the lease
     /// alive, write through the fence (or release the lease on failure).
     /// With the value, whether the fence refused it (the lease was revoked
-    /// during the load: see [`Loaded`]).
+    /// during the load: see [`Landed`]).
     #[allow(clippy::too_many_arguments)]
     async fn lead<L>(
         &self,
@@ -293,6 +304,7 @@ impl<V: Value> Cache<V> {
         lease: Lease<'_>,
         asked: Instant,
         loader: &Arc<L>,
+        context: LoadContext<V>,
         options: &Options,
         priority: Priority,
         ticket: Option<Ticket>,
@@ -322,14 +334,19 @@ impl<V: Value> Cache<V> {
                 warn_limited!(inner.logs, Warning::StoreRead, key = %show_key(key), op, error = %err, "what the entry records could not be read; loading without writing");
                 inner.metrics.store_failed(op, &err);
                 self.release(key, lease).await;
-                let (value, load_time) = self.load_unwritten(loader, options, priority).await?;
-                let tagged = loader.tags().is_some();
-                self.keep_unwritten(key, &value, load_time, options, ticket, tagged);
+                let (value, load_time, keep) = self
+                    .load_unwritten(loader, context, options, priority)
+                    .await?;
+                if let Some(options) = keep {
+                    let tagged = loader.tags().is_some();
+                    self.keep_unwritten(key, &value, load_time, &options, ticket, tagged);
+                }
                 return Ok((value, false));
             }
         };
         let mut load = pin!(inner.origin.load(
             loader,
+            context,
             options.load_timeout,
             priority,
             &inner.metrics
@@ -343,15 +360,28 @@ impl<V: Value> Cache<V> {
             result = &mut load => result,
             never = self.keep_alive(std::slice::from_ref(&lease), &done, asked) => match never {},
         };
+        // The loader's answer: its choices over the call's settings
+        // (checked: one out of bounds fails the load), or "do not cache".
+        let result = result.and_then(|(loaded, load_time)| {
+            loaded
+                .resolve(options)
+                .map(|(value, keep)| (value, keep, load_time))
+        });
         match result {
-            Ok((value, load_time)) => {
+            Ok((value, None, _)) => {
+                // Not to be cached: served, not written; waiters are told
+                // the lease is free.
+                self.release(key, lease).await;
+                Ok((value, false))
+            }
+            Ok((value, Some(options), load_time)) => {
                 let revoked = self
                     .write_fenced(
                         key,
                         lease,
                         value.as_ref(),
                         load_time,
-                        options,
+                        &options,
                         ticket,
                         tags,
                         pinned.as_ref(),
@@ -458,7 +488,9 @@ impl<V: Value> Cache<V> {
     where
         L: Load<V>,
     {
-        let (value, load_time) = self.load_unwritten(loader, options, priority).await?;
+        let (value, load_time, keep) = self
+            .load_unwritten(loader, LoadContext::empty(), options, priority)
+            .await?;
         let cache = self.clone();
         let (key_owned, lease_key, token) =
             (key.to_vec(), lease.key.to_vec(), lease.token.to_vec());
@@ -469,8 +501,10 @@ impl<V: Value> Cache<V> {
             };
             cache.release(&key_owned, lease).await;
         });
-        let tagged = loader.tags().is_some();
-        self.keep_unwritten(key, &value, load_time, options, ticket, tagged);
+        if let Some(options) = keep {
+            let tagged = loader.tags().is_some();
+            self.keep_unwritten(key, &value, load_time, &options, ticket, tagged);
+        }
         Ok(value)
     }
 
@@ -496,21 +530,50 @@ impl<V: Value> Cache<V> {
         }
     }
 
-    /// Loads without touching the store.
+    /// Loads without touching the store: the value, how long the load
+    /// took, and the settings it is kept with (`None`: the loader said
+    /// "do not cache").
     async fn load_unwritten<L>(
         &self,
         loader: &Arc<L>,
+        context: LoadContext<V>,
         options: &Options,
         priority: Priority,
-    ) -> Result<(Option<V>, Duration), Error>
+    ) -> Result<(Option<V>, Duration, Option<Options>), Error>
     where
         L: Load<V>,
     {
         let inner = &self.inner;
-        inner
+        let (loaded, load_time) = inner
             .origin
-            .load(loader, options.load_timeout, priority, &inner.metrics)
-            .await
+            .load(
+                loader,
+                context,
+                options.load_timeout,
+                priority,
+                &inner.metrics,
+            )
+            .await?;
+        let (value, keep) = loaded.resolve(options)?;
+        Ok((value, load_time, keep))
+    }
+
+    /// What a loader of type `L` sees: for a context loader, the entry its
+    /// load replaces (`replaces`: stale, or fresh for an early refresh),
+    /// decoded; nothing for a plain loader (no decode is paid for it).
+    fn context<L: Load<V>>(&self, key: &[u8], replaces: Option<&Entry>) -> LoadContext<V> {
+        if !L::READS_CONTEXT {
+            return LoadContext::empty();
+        }
+        let Some((entry, value)) =
+            replaces.and_then(|entry| Some((entry, self.entry_value(key, entry)?)))
+        else {
+            return LoadContext::empty();
+        };
+        let now = self.inner.store.now_ms();
+        let expired_for =
+            (now >= entry.fresh_until).then(|| Duration::from_millis(now - entry.fresh_until));
+        LoadContext::replacing(StaleValue::new(value, expired_for))
     }
 
     /// Seals a loaded value and writes it only while `lease` is held (the
@@ -656,7 +719,7 @@ impl<V: Value> Cache<V> {
         options: &Options,
         fallback: Option<Arc<Entry>>,
         mode: Mode,
-    ) -> Result<(Result<Loaded<V>, Error>, Role, Option<Arc<Entry>>), Result<Fetched<V>, Error>>
+    ) -> Result<(Result<Landed<V>, Error>, Role, Option<Arc<Entry>>), Result<Fetched<V>, Error>>
     where
         L: Load<V>,
     {
@@ -702,7 +765,7 @@ impl<V: Value> Cache<V> {
         &self,
         user_key: &[u8],
         key: &[u8],
-        result: Result<Loaded<V>, Error>,
+        result: Result<Landed<V>, Error>,
         role: Role,
         stale: Option<Arc<Entry>>,
         local: Option<&Arc<NearCopy<V>>>,
@@ -799,7 +862,7 @@ impl<V: Value> Cache<V> {
     pub(super) fn refreshed(
         &self,
         key: &[u8],
-        result: &Result<Loaded<V>, Error>,
+        result: &Result<Landed<V>, Error>,
         options: &Options,
     ) {
         match result {
@@ -826,7 +889,7 @@ impl<V: Value> Cache<V> {
         replacing: Option<u64>,
         priority: Priority,
         mode: Mode,
-    ) -> (Joined<Loaded<V>>, Role) {
+    ) -> (Joined<Landed<V>>, Role) {
         let flights = match priority {
             Priority::Foreground => &self.local.flights,
             Priority::Background => &self.local.background,
@@ -867,9 +930,9 @@ impl<V: Value> Cache<V> {
     pub(super) async fn await_fill(
         &self,
         key: &[u8],
-        load: Joined<Loaded<V>>,
+        load: Joined<Landed<V>>,
         options: &Options,
-    ) -> Result<Loaded<V>, Error> {
+    ) -> Result<Landed<V>, Error> {
         let bound = self
             .inner
             .lock_wait_for(options)

@@ -107,6 +107,7 @@ mod inspect;
 mod invalidate;
 mod keys;
 mod lease;
+mod loaded;
 mod lookup;
 mod notify;
 mod options;
@@ -130,6 +131,7 @@ pub(crate) use builder::default_store_breaker;
 pub use handle::Cache;
 pub use inspect::{EntryView, Inspection, Stored};
 pub use lease::{LeaseConfig, OnLockTimeout};
+pub use loaded::{LoadContext, Loaded, StaleValue};
 pub use origin::{Origin, OriginBuilder};
 pub use per_call::CacheEntry;
 pub use settings::Settings;
@@ -152,6 +154,7 @@ use crate::store::Store;
 use read::Near;
 use trace::{Op, record_error, record_failure};
 use transition::Pinned;
+use value::WithContext;
 
 impl<V: Value> Cache<V> {
     /// Starts a [`CacheBuilder`] with the documented defaults.
@@ -513,6 +516,92 @@ impl<V: Value> Cache<V> {
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {
         self.fetch(&key.key_bytes(), loader, &self.inner.defaults)
+            .await
+    }
+
+    /// [`get_or_load`](Self::get_or_load) with a loader that decides per
+    /// value: it is given a [`LoadContext`] (the value it replaces, if the
+    /// cache had one) and answers a [`Loaded`]: the value, or its absence,
+    /// with the TTL, jitter, grace or `max_stale` of its own write, or
+    /// "do not cache". Choices not made are the call's settings.
+    ///
+    /// The load is shared as every load is (one per key in this process,
+    /// one lease across the fleet), background refreshes and early
+    /// refreshes call the same loader, and the settings of the write are
+    /// the loader's answer for *this* value: an OAuth token lives as long
+    /// as its own `expires_in`, an empty search result 5 seconds, a row
+    /// that failed validation not at all.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use breakwater_cache::{Cache, Jitter, LoadContext, Loaded};
+    ///
+    /// # #[derive(Clone)] struct Token { secret: String, expires_in: Duration }
+    /// # async fn fetch_token() -> Result<Token, std::io::Error> {
+    /// #     Ok(Token { secret: "s3cr3t".into(), expires_in: Duration::from_secs(3600) })
+    /// # }
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), breakwater_cache::Error> {
+    /// let cache = Cache::<String>::builder()
+    ///     .ttl(Duration::from_secs(300))
+    ///     .build()?;
+    /// let token = cache
+    ///     .get_or_load_with_context("oauth:billing", |_ctx: LoadContext<String>| async {
+    ///         let token = fetch_token().await?;
+    ///         // As long as the token is valid, never longer.
+    ///         Ok::<_, std::io::Error>(
+    ///             Loaded::value(token.secret)
+    ///                 .ttl(token.expires_in)
+    ///                 .jitter(Jitter::down(0.1))
+    ///                 .grace(Duration::ZERO),
+    ///         )
+    ///     })
+    ///     .await?;
+    /// assert_eq!(token.as_deref(), Some("s3cr3t"));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`get_or_load`](Self::get_or_load), and
+    /// [`Config`](crate::ErrorKind::Config) if the loader chose a setting
+    /// out of the builder's bounds (a TTL of zero, a grace above
+    /// `max_stale`...): then the value is neither served nor written, for
+    /// every caller that shared the load.
+    pub async fn get_or_load_with_context<F, Fut, E>(
+        &self,
+        key: impl CacheKey,
+        loader: F,
+    ) -> Result<Option<V>, Error>
+    where
+        F: FnOnce(LoadContext<V>) -> Fut + Clone + Send + Sync + 'static,
+        Fut: Future<Output = Result<Loaded<V>, E>> + Send + 'static,
+        E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+    {
+        let fetched = self
+            .fetch(&key.key_bytes(), WithContext(loader), &self.inner.defaults)
+            .await?;
+        Ok(fetched.value)
+    }
+
+    /// [`get_or_load_with_context`](Self::get_or_load_with_context), also
+    /// saying how the value was served ([`Served`](crate::Served)).
+    ///
+    /// # Errors
+    ///
+    /// As [`get_or_load_with_context`](Self::get_or_load_with_context).
+    pub async fn get_or_load_with_context_meta<F, Fut, E>(
+        &self,
+        key: impl CacheKey,
+        loader: F,
+    ) -> Result<Fetched<V>, Error>
+    where
+        F: FnOnce(LoadContext<V>) -> Fut + Clone + Send + Sync + 'static,
+        Fut: Future<Output = Result<Loaded<V>, E>> + Send + 'static,
+        E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+    {
+        self.fetch(&key.key_bytes(), WithContext(loader), &self.inner.defaults)
             .await
     }
 

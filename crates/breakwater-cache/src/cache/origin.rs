@@ -24,6 +24,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 use tracing::field::Empty;
 
+use super::loaded::{LoadContext, Loaded};
 use super::value::Load;
 use crate::breaker::{BreakerConfig, BreakerLabel, BreakerState, CircuitBreaker};
 use crate::error::{ConfigError, Error, ErrorKind, KeyedResult};
@@ -143,17 +144,19 @@ impl Origin {
     }
 
     /// Runs `loader` under the origin's protection (see the module's
-    /// `# Order`), bounded by `deadline` in all. Returns the value and how
-    /// long the successful attempt took.
+    /// `# Order`), bounded by `deadline` in all; each attempt gets its own
+    /// copy of `context`. Returns the loader's answer and how long the
+    /// successful attempt took.
     pub(crate) async fn load<V, L>(
         &self,
         loader: &Arc<L>,
+        context: LoadContext<V>,
         deadline: Duration,
         priority: Priority,
         metrics: &Metrics,
-    ) -> Result<(Option<V>, Duration), Error>
+    ) -> Result<(Loaded<V>, Duration), Error>
     where
-        V: Send + 'static,
+        V: Send + Sync + 'static,
         L: Load<V>,
     {
         let span = tracing::info_span!(
@@ -163,15 +166,19 @@ impl Origin {
             load_ms = Empty,
         );
         let result = self
-            .load_in_span(loader, deadline, priority, metrics)
+            .load_in_span(loader, context, deadline, priority, metrics)
             .instrument(span.clone())
             .await;
         if !span.is_disabled() {
             match &result {
-                Ok((value, took)) => {
+                Ok((loaded, took)) => {
                     span.record(
                         "outcome",
-                        if value.is_some() { "value" } else { "negative" },
+                        if loaded.value.is_some() {
+                            "value"
+                        } else {
+                            "negative"
+                        },
                     );
                     span.record("load_ms", took.as_millis() as u64);
                 }
@@ -187,12 +194,13 @@ impl Origin {
     async fn load_in_span<V, L>(
         &self,
         loader: &Arc<L>,
+        context: LoadContext<V>,
         deadline: Duration,
         priority: Priority,
         metrics: &Metrics,
-    ) -> Result<(Option<V>, Duration), Error>
+    ) -> Result<(Loaded<V>, Duration), Error>
     where
-        V: Send + 'static,
+        V: Send + Sync + 'static,
         L: Load<V>,
     {
         let inner = &self.inner;
@@ -218,7 +226,7 @@ impl Origin {
         // 3. Retries, inside one deadline.
         let attempts = inner
             .retry
-            .run(|_| attempt(Arc::clone(loader), metrics.clone()));
+            .run(|_| attempt(Arc::clone(loader), context.clone(), metrics.clone()));
         let result = match tokio::time::timeout(deadline, attempts).await {
             Ok((result, _attempts)) => result,
             Err(_) => {
@@ -337,20 +345,28 @@ impl<T> Drop for AbortOnDrop<T> {
 
 /// One loader call in its own task: a panic becomes an error, and the task
 /// is aborted if the caller stops waiting (the deadline passed).
-async fn attempt<V, L>(loader: Arc<L>, metrics: Metrics) -> Result<(Option<V>, Duration), Error>
+async fn attempt<V, L>(
+    loader: Arc<L>,
+    context: LoadContext<V>,
+    metrics: Metrics,
+) -> Result<(Loaded<V>, Duration), Error>
 where
-    V: Send + 'static,
+    V: Send + Sync + 'static,
     L: Load<V>,
 {
     let started = Instant::now();
     let mut task = AbortOnDrop(tokio::spawn(async move {
-        loader.call().await.map_err(Error::loader)
+        loader
+            .call(context)
+            .await
+            .map(Into::into)
+            .map_err(Error::loader)
     }));
     let joined = (&mut task.0).await;
     let took = started.elapsed();
     let (outcome, result) = match joined {
-        Ok(Ok(Some(value))) => ("value", Ok((Some(value), took))),
-        Ok(Ok(None)) => ("negative", Ok((None, took))),
+        Ok(Ok(loaded)) if loaded.value.is_some() => ("value", Ok((loaded, took))),
+        Ok(Ok(loaded)) => ("negative", Ok((loaded, took))),
         Ok(Err(err)) => ("error", Err(err)),
         Err(join) if join.is_panic() => (
             "panic",

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::handle::Cache;
+use super::loaded::{LoadContext, Loaded};
 use super::options::Options;
 use super::tags::TagSet;
-use super::value::Tagged;
-use super::value::Value;
+use super::value::{Load, Tagged, Value, WithContext};
 use crate::error::Error;
 use crate::freshness::EarlyRefresh;
 use crate::jitter::Jitter;
@@ -171,6 +171,12 @@ impl<'a, V: Value> CacheEntry<'a, V> {
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {
+        self.fetch_with(loader).await
+    }
+
+    /// The call, with any loader: its settings checked, its tags given to
+    /// the loader's write.
+    async fn fetch_with<L: Load<V>>(self, loader: L) -> Result<Fetched<V>, Error> {
         self.options.validate()?;
         if self.tags.is_empty() {
             return self.cache.fetch(&self.key, loader, &self.options).await;
@@ -181,6 +187,42 @@ impl<'a, V: Value> CacheEntry<'a, V> {
             tags: Arc::new(tags),
         };
         self.cache.fetch(&self.key, loader, &self.options).await
+    }
+
+    /// [`Cache::get_or_load_with_context`] with this call's settings: the
+    /// loader's choices go over them.
+    ///
+    /// # Errors
+    ///
+    /// As [`Cache::get_or_load_with_context`], and
+    /// [`Config`](crate::ErrorKind::Config) if this call's settings are
+    /// invalid.
+    pub async fn get_or_load_with_context<F, Fut, E>(self, loader: F) -> Result<Option<V>, Error>
+    where
+        F: FnOnce(LoadContext<V>) -> Fut + Clone + Send + Sync + 'static,
+        Fut: Future<Output = Result<Loaded<V>, E>> + Send + 'static,
+        E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+    {
+        self.get_or_load_with_context_meta(loader)
+            .await
+            .map(|f| f.value)
+    }
+
+    /// [`Cache::get_or_load_with_context_meta`] with this call's settings.
+    ///
+    /// # Errors
+    ///
+    /// As [`get_or_load_with_context`](Self::get_or_load_with_context).
+    pub async fn get_or_load_with_context_meta<F, Fut, E>(
+        self,
+        loader: F,
+    ) -> Result<Fetched<V>, Error>
+    where
+        F: FnOnce(LoadContext<V>) -> Fut + Clone + Send + Sync + 'static,
+        Fut: Future<Output = Result<Loaded<V>, E>> + Send + 'static,
+        E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+    {
+        self.fetch_with(WithContext(loader)).await
     }
 
     /// [`Cache::set`] with this call's settings (TTL, jitter, `max_stale`)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tracing::{Instrument, Span};
 
-use super::coherence::{Loaded, SharedRead};
+use super::coherence::{Landed, SharedRead};
 use super::fill::Mode;
 use super::handle::Cache;
 use super::options::Options;
@@ -168,7 +168,7 @@ impl<V: Value> Cache<V> {
     /// `local_stale`: an L1 copy past its fresh time that may stand in
     /// while the store is unreachable, or for a failed load (fail-safe).
     ///
-    /// A load whose fenced write was refused (see [`Loaded`]) answers only the callers that started before its lease
+    /// A load whose fenced write was refused (see [`Landed`]) answers only the callers that started before its lease
     /// was asked for; a later caller goes through the pipeline again
     /// (reading what the store has now, or joining a newer load). A load it
     /// joins then began after it started (the one it joined first was in
@@ -355,10 +355,10 @@ pub(super) const MAX_PASSES: usize = 3;
 /// an error, never the revoked value. `None` too for a flight abandoned
 /// by its task (its runtime shut down) before the last pass.
 pub(super) fn revoked_before<V>(
-    result: Result<Loaded<V>, Error>,
+    result: Result<Landed<V>, Error>,
     started: Instant,
     last: bool,
-) -> Option<Result<Loaded<V>, Error>> {
+) -> Option<Result<Landed<V>, Error>> {
     match &result {
         // The flight's task went away with its runtime (another runtime's
         // caller led it): load again, on this caller's runtime.

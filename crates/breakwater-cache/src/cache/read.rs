@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::coherence::{Loaded, SharedRead};
+use super::coherence::{Landed, SharedRead};
 use super::fill::Mode;
 use super::handle::Cache;
 use super::options::Options;
@@ -224,7 +224,7 @@ impl<V: Value> Cache<V> {
 pub(super) enum ReadEnd<V> {
     /// Nothing was stored: the key's load, and this caller's part in it
     /// (the leader only if it led the read and the load).
-    Loaded(Result<Loaded<V>, Error>, Role),
+    Loaded(Result<Landed<V>, Error>, Role),
     /// The read's outcome.
     SharedRead(Result<SharedRead<V>, Error>),
 }

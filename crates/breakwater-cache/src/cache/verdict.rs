@@ -50,6 +50,9 @@ impl<V: Value> Cache<V> {
         let now = self.inner.store.now_ms();
         if entry.fresh_until > now {
             if replacing == Some(entry.fresh_until) {
+                // The entry an early refresh replaces: not done, but what
+                // a context loader sees.
+                *stale = Some(entry);
                 return None;
             }
             let value = self.entry_value(key, &entry)?;

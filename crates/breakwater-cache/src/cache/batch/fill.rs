@@ -22,6 +22,7 @@ use crate::cache::fill::{Mode, SUBSCRIBE_WITHIN};
 use crate::cache::handle::Cache;
 use crate::cache::lease::LockTimeoutKind;
 use crate::cache::lease::{LEASE_RETRY_MARGIN, Lease, deadline_after, lock_timeout};
+use crate::cache::loaded::LoadContext;
 use crate::cache::notify::{self, FILLED};
 use crate::cache::options::Options;
 use crate::cache::tags::counter_ttl;
@@ -240,7 +241,7 @@ impl<V: Value> Cache<V> {
     /// write or release has answered); each value written through its own fence (a key the loader
     /// left out as "not found"); on failure the leases given back and every
     /// key fails. `asked`: when the leases were asked for (a value whose
-    /// fence refused it lands marked so: see `Loaded`).
+    /// fence refused it lands marked so: see `Landed`).
     #[allow(clippy::too_many_arguments)]
     async fn lead_chunk<K, B>(
         &self,
@@ -916,8 +917,14 @@ impl<V: Value> Cache<V> {
         let inner = &self.inner;
         let (found, took) = inner
             .origin
-            .load(&load, options.load_timeout, priority, &inner.metrics)
+            .load(
+                &load,
+                LoadContext::empty(),
+                options.load_timeout,
+                priority,
+                &inner.metrics,
+            )
             .await?;
-        Ok((found.unwrap_or_default().into_iter().collect(), took))
+        Ok((found.value.unwrap_or_default().into_iter().collect(), took))
     }
 }

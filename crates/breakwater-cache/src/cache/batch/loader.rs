@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::cache::coherence::Loaded;
+use crate::cache::coherence::Landed;
+use crate::cache::loaded::LoadContext;
 use crate::cache::transition::Pinned;
 use crate::cache::value::Load;
 use crate::entry::Entry;
@@ -97,13 +98,14 @@ impl<K: Clone, B> Clone for Chunk<K, B> {
 impl<K, V, B> Load<Found<V>> for Chunk<K, B>
 where
     K: Clone + Send + Sync + 'static,
-    V: Send + 'static,
+    V: Send + Sync + 'static,
     B: BatchLoad<K, V>,
 {
+    type Out = Option<Found<V>>;
     type Fut = BatchFuture<V>;
     type Err = BoxError;
 
-    fn call(&self) -> Self::Fut {
+    fn call(&self, _context: LoadContext<Found<V>>) -> Self::Fut {
         self.batch.call(self.keys.clone())
     }
 }
@@ -115,7 +117,7 @@ pub(super) type Taken<'a, K, V> = (usize, Led<K, V>, LeaseRequest<'a>, Option<Pi
 
 /// A key's flight, awaited: the key, its flight, this call's part in
 /// it, and the stale entry that may stand in if it fails.
-pub(super) type Wait<V> = (usize, Joined<Loaded<V>>, Role, Option<Arc<Entry>>);
+pub(super) type Wait<V> = (usize, Joined<Landed<V>>, Role, Option<Arc<Entry>>);
 
 /// A key of a batch waiting for another process's load.
 pub(super) struct WaitingKeys<K, V> {
@@ -162,7 +164,7 @@ pub(super) struct Want<K, V> {
 impl<K: Clone, V> Want<K, V> {
     /// This key, led by this call: `lander` lands its flight; `replacing`
     /// for a refresh of an entry still stored.
-    pub(super) fn led(&self, lander: Lander<Loaded<V>>, replacing: Option<u64>) -> Led<K, V> {
+    pub(super) fn led(&self, lander: Lander<Landed<V>>, replacing: Option<u64>) -> Led<K, V> {
         Led {
             key: self.key.clone(),
             user: self.user.clone(),
@@ -181,7 +183,7 @@ pub(super) struct Led<K, V> {
     /// The `fresh_until` of the entry a refresh replaces (still fresh, so
     /// not a sign that someone else filled the key).
     pub(super) replacing: Option<u64>,
-    pub(super) lander: Lander<Loaded<V>>,
+    pub(super) lander: Lander<Landed<V>>,
 }
 
 /// `items` in runs of at most [`MAX_BATCH`], in order.

@@ -44,7 +44,7 @@
 //! for store calls; a key not done by then is a
 //! [`Timeout`](crate::ErrorKind::Timeout) (its load goes on for the others).
 //! A key whose load turns out revoked before the call started (its fenced
-//! write refused: see `Loaded`) goes through a second pass with the other
+//! write refused: see `Landed`) goes through a second pass with the other
 //! such keys, as one batch, under a deadline of its own.
 
 mod fill;

@@ -1,0 +1,361 @@
+//! A loader that decides per value, so that a value is cached as long as it
+//! is good for and no longer: what a context loader sees before it runs
+//! ([`LoadContext`]: the stale value it replaces) and what it answers
+//! ([`Loaded`]: the value, with this value's TTL, jitter, grace,
+//! `max_stale`, or "do not cache").
+//!
+//! A loader of [`Cache::get_or_load`](crate::Cache::get_or_load) takes
+//! nothing and returns `Option<V>`; one of
+//! [`Cache::get_or_load_with_context`](crate::Cache::get_or_load_with_context)
+//! takes a [`LoadContext`] and returns a [`Loaded`]. Its choices override
+//! the call's settings (the cache's, or a [`CacheEntry`](crate::CacheEntry)'s)
+//! for the write of this one value, and are checked by the same rules as
+//! the builder's: a choice out of bounds is an
+//! [`ErrorKind::Config`](crate::ErrorKind::Config) error for every caller
+//! of that load (the value is not served, nor written), never a panic or a
+//! silent default.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::options::Options;
+use crate::error::{ConfigError, Error};
+use crate::jitter::Jitter;
+
+/// What a context loader sees before it runs.
+///
+/// Passed by value to each call of the loader (each retry gets its own);
+/// cheap to clone.
+///
+/// # Examples
+///
+/// ```
+/// use breakwater_cache::{Cache, LoadContext, Loaded};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), breakwater_cache::Error> {
+/// let cache = Cache::<String>::builder().build()?;
+/// let page = cache
+///     .get_or_load_with_context("page:home", |ctx: LoadContext<String>| async move {
+///         // A refresh sees the value it replaces.
+///         let before = ctx.stale().and_then(|stale| stale.value().cloned());
+///         Ok::<_, std::io::Error>(Loaded::value(format!("home (was {before:?})")))
+///     })
+///     .await?;
+/// assert_eq!(page.as_deref(), Some("home (was None)"));
+/// # Ok(()) }
+/// ```
+pub struct LoadContext<V> {
+    stale: Option<Arc<StaleValue<V>>>,
+}
+
+impl<V> LoadContext<V> {
+    /// A context with nothing in it (a first load).
+    pub(crate) fn empty() -> Self {
+        LoadContext { stale: None }
+    }
+
+    /// A context holding the stored value this load replaces.
+    pub(crate) fn replacing(stale: StaleValue<V>) -> Self {
+        LoadContext {
+            stale: Some(Arc::new(stale)),
+        }
+    }
+
+    /// The value this load replaces, if the cache had one: a stale value
+    /// (a refresh in grace, or a load past it), or a fresh one (an early
+    /// refresh). `None` for a first load, and when the store could not be
+    /// read.
+    pub fn stale(&self) -> Option<&StaleValue<V>> {
+        self.stale.as_deref()
+    }
+}
+
+impl<V> Clone for LoadContext<V> {
+    fn clone(&self) -> Self {
+        LoadContext {
+            stale: self.stale.clone(),
+        }
+    }
+}
+
+impl<V: fmt::Debug> fmt::Debug for LoadContext<V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoadContext")
+            .field("stale", &self.stale)
+            .finish()
+    }
+}
+
+/// The stored value a load replaces, as the loader sees it
+/// ([`LoadContext::stale`]).
+#[derive(Debug, Clone)]
+pub struct StaleValue<V> {
+    value: Option<V>,
+    expired_for: Option<Duration>,
+}
+
+impl<V> StaleValue<V> {
+    pub(crate) fn new(value: Option<V>, expired_for: Option<Duration>) -> Self {
+        StaleValue { value, expired_for }
+    }
+
+    /// The value; `None` if what was cached is the absence of one (a
+    /// negative entry).
+    pub fn value(&self) -> Option<&V> {
+        self.value.as_ref()
+    }
+
+    /// How long ago the value stopped being fresh, on the store's clock;
+    /// `None` while it is still fresh (an early refresh).
+    pub fn expired_for(&self) -> Option<Duration> {
+        self.expired_for
+    }
+}
+
+/// What a context loader answers: the value (or its absence), with the
+/// settings of its own write.
+///
+/// Settings not chosen are the call's. `ttl` applies to a value,
+/// `negative_ttl` to [`Loaded::none`]; both before jitter.
+///
+/// # Examples
+///
+/// An OAuth token cached exactly as long as it is valid, a search result
+/// with no hits cached briefly, and a row that failed validation not
+/// cached at all:
+///
+/// ```
+/// use std::time::Duration;
+/// use breakwater_cache::{Jitter, Loaded};
+///
+/// let token: Loaded<String> = Loaded::value("t0k3n".to_string())
+///     .ttl(Duration::from_secs(3600))
+///     .jitter(Jitter::down(0.1)); // never past the token's own expiry
+/// let hits: Loaded<Vec<u64>> = Loaded::value(vec![]).ttl(Duration::from_secs(5));
+/// let invalid: Loaded<String> = Loaded::value("half-written row".into()).do_not_cache();
+/// # let _ = (token, hits, invalid);
+/// ```
+#[derive(Debug, Clone)]
+#[must_use = "a Loaded is the loader's answer: return it"]
+pub struct Loaded<V> {
+    pub(crate) value: Option<V>,
+    pub(crate) choices: Choices,
+}
+
+/// The settings a loader chose for its value's write.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Choices {
+    ttl: Option<Duration>,
+    negative_ttl: Option<Duration>,
+    jitter: Option<Jitter>,
+    grace: Option<Duration>,
+    max_stale: Option<Duration>,
+    /// "Do not cache": served to the load's callers, neither written nor
+    /// kept in L1.
+    pub(crate) skip: bool,
+}
+
+impl Choices {
+    /// Nothing chosen: the call's settings.
+    pub(crate) const NONE: Choices = Choices {
+        ttl: None,
+        negative_ttl: None,
+        jitter: None,
+        grace: None,
+        max_stale: None,
+        skip: false,
+    };
+
+    /// The call's `options` with these choices over them, checked by the
+    /// builder's rules; a choice out of bounds is a
+    /// [`Config`](crate::ErrorKind::Config) error naming it.
+    pub(crate) fn apply(&self, options: &Options) -> Result<Options, Error> {
+        if *self == Choices::NONE {
+            return Ok(*options);
+        }
+        let mut chosen = *options;
+        if let Some(ttl) = self.ttl {
+            chosen.ttl = ttl;
+        }
+        if let Some(ttl) = self.negative_ttl {
+            chosen.negative_ttl = ttl;
+        }
+        if let Some(jitter) = self.jitter {
+            chosen.jitter = jitter;
+        }
+        if let Some(grace) = self.grace {
+            chosen.grace = grace;
+            // A grace past the call's max_stale widens it: the loader
+            // asked for that much stale serving.
+            if self.max_stale.is_none() && chosen.max_stale.is_some_and(|m| m < grace) {
+                chosen.max_stale = Some(grace);
+            }
+        }
+        if let Some(max_stale) = self.max_stale {
+            chosen.max_stale = Some(max_stale);
+        }
+        chosen.validate().map_err(|err| {
+            Error::from(ConfigError::new(format!(
+                "the loader chose an invalid setting: {}",
+                err.message()
+            )))
+        })?;
+        Ok(chosen)
+    }
+}
+
+impl<V> Loaded<V> {
+    /// The answer as a write takes it: the value, and the settings of its
+    /// write (the call's `options` with the choices over them), `None` for
+    /// "do not cache". A choice out of bounds is a
+    /// [`Config`](crate::ErrorKind::Config) error.
+    pub(crate) fn resolve(self, options: &Options) -> Result<(Option<V>, Option<Options>), Error> {
+        let chosen = self.choices.apply(options)?;
+        Ok((self.value, (!self.choices.skip).then_some(chosen)))
+    }
+
+    /// A value, cached with the call's settings unless chosen here.
+    pub fn value(value: V) -> Self {
+        Loaded {
+            value: Some(value),
+            choices: Choices::NONE,
+        }
+    }
+
+    /// No value: cached as a negative entry for the negative TTL (as a
+    /// plain loader's `Ok(None)`).
+    pub fn none() -> Self {
+        Loaded {
+            value: None,
+            choices: Choices::NONE,
+        }
+    }
+
+    /// This value's fresh TTL, before jitter (1 ms to 365 days).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.choices.ttl = Some(ttl);
+        self
+    }
+
+    /// This absence's TTL, before jitter, for [`Loaded::none`] (1 ms to
+    /// 365 days).
+    pub fn negative_ttl(mut self, ttl: Duration) -> Self {
+        self.choices.negative_ttl = Some(ttl);
+        self
+    }
+
+    /// This value's TTL jitter. [`Jitter::down`] keeps the TTL an upper
+    /// bound (a token never outlives its own expiry).
+    pub fn jitter(mut self, jitter: Jitter) -> Self {
+        self.choices.jitter = Some(jitter);
+        self
+    }
+
+    /// This value's grace window (stale-while-revalidate);
+    /// `Duration::ZERO` opts out. A grace longer than the call's
+    /// `max_stale` widens `max_stale` to it.
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.choices.grace = Some(grace);
+        self
+    }
+
+    /// The most this value may be served past its fresh window
+    /// (fail-safe); at least its grace.
+    pub fn max_stale(mut self, max_stale: Duration) -> Self {
+        self.choices.max_stale = Some(max_stale);
+        self
+    }
+
+    /// Serve this value to the load's callers, but do not cache it: no
+    /// write to the store, no L1 copy. The next call loads again (its
+    /// callers still share one load, as every load's do).
+    pub fn do_not_cache(mut self) -> Self {
+        self.choices.skip = true;
+        self
+    }
+
+    /// Whether [`do_not_cache`](Self::do_not_cache) was chosen.
+    pub fn is_cached(&self) -> bool {
+        !self.choices.skip
+    }
+
+    /// The value, if any.
+    pub fn get(&self) -> Option<&V> {
+        self.value.as_ref()
+    }
+}
+
+impl<V> From<Option<V>> for Loaded<V> {
+    /// A plain loader's answer: a value or its absence, with the call's
+    /// settings.
+    fn from(value: Option<V>) -> Self {
+        Loaded {
+            value,
+            choices: Choices::NONE,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+
+    fn options() -> Options {
+        let cache = crate::Cache::<u64>::builder()
+            .store(crate::MemoryStore::new())
+            .build()
+            .expect("defaults build");
+        cache.inner.defaults
+    }
+
+    #[test]
+    fn nothing_chosen_is_the_call_s_settings() {
+        let options = options();
+        assert_eq!(Choices::NONE.apply(&options).unwrap(), options);
+    }
+
+    #[test]
+    fn choices_override_the_call_s_settings() {
+        let options = options();
+        let loaded = Loaded::value(1u64)
+            .ttl(Duration::from_secs(2))
+            .jitter(Jitter::none())
+            .grace(Duration::from_secs(7));
+        let chosen = loaded.choices.apply(&options).unwrap();
+        assert_eq!(chosen.ttl, Duration::from_secs(2));
+        assert_eq!(chosen.jitter, Jitter::none());
+        assert_eq!(chosen.grace, Duration::from_secs(7));
+        assert!(chosen.max_stale() >= Duration::from_secs(7));
+        assert_eq!(chosen.negative_ttl, options.negative_ttl);
+    }
+
+    #[test]
+    fn an_invalid_choice_is_a_config_error_naming_it() {
+        let options = options();
+        for (loaded, says) in [
+            (
+                Loaded::value(1u64).ttl(Duration::ZERO),
+                "ttl must be at least 1ms",
+            ),
+            (
+                Loaded::value(1u64).ttl(Duration::from_secs(400 * 86_400)),
+                "ttl",
+            ),
+            (
+                Loaded::value(1u64)
+                    .grace(Duration::from_secs(10))
+                    .max_stale(Duration::from_secs(1)),
+                "grace",
+            ),
+            (Loaded::value(1u64).jitter(Jitter::ratio(2.0)), "jitter"),
+        ] {
+            let err = loaded.choices.apply(&options).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+            let text = err.to_string();
+            assert!(text.contains("the loader chose"), "{text}");
+            assert!(text.contains(says), "{text} should say {says}");
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! A loader that decides per value (`get_or_load_with_context`): a token
+//! lives as long as its own `expires_in` whatever the namespace TTL, a
+//! result the loader says not to cache is loaded again by the next call
+//! (its concurrent callers still share one load), a choice out of bounds is
+//! a typed error, and a refresh sees the value it replaces. On the memory
+//! store with paused time, and on a private Redis.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use breakwater_cache::{
+    Cache, ErrorKind, Jitter, L1Config, LoadContext, Loaded, MemoryStore, Served, Store, Stored,
+};
+use breakwater_cache_testkit::RedisServer;
+use futures_util::future::join_all;
+use tokio::time::{advance, sleep};
+
+const NAMESPACE_TTL: Duration = Duration::from_secs(300);
+const TOKEN_TTL: Duration = Duration::from_secs(2);
+
+fn cache(store: impl Store, l1: bool) -> Cache<u64> {
+    let builder = Cache::builder()
+        .namespace("ctx")
+        .store(store)
+        .ttl(NAMESPACE_TTL)
+        .jitter(Jitter::ratio(0.1))
+        .grace(Duration::from_secs(30));
+    let builder = if l1 {
+        builder.l1(L1Config::new())
+    } else {
+        builder
+    };
+    builder.build().expect("valid settings")
+}
+
+/// A token service: every call issues the next token, valid for
+/// [`TOKEN_TTL`]; the loader caches it for exactly that long (no grace: an
+/// expired token must not be served).
+fn token_loader(
+    issued: &Arc<AtomicUsize>,
+) -> impl FnOnce(LoadContext<u64>) -> std::future::Ready<Result<Loaded<u64>, std::io::Error>>
++ Clone
++ Send
++ Sync
++ 'static {
+    let issued = Arc::clone(issued);
+    move |_ctx| {
+        let token = issued.fetch_add(1, Ordering::SeqCst) as u64 + 1;
+        std::future::ready(Ok(Loaded::value(token)
+            .ttl(TOKEN_TTL)
+            .jitter(Jitter::ratio(0.1))
+            .grace(Duration::ZERO)))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_token_lives_as_long_as_its_own_expiry_not_the_namespace_ttl() {
+    for l1 in [false, true] {
+        let issued = Arc::new(AtomicUsize::new(0));
+        let cache = cache(MemoryStore::new(), l1);
+        let (low, high) = Jitter::ratio(0.1).bounds(TOKEN_TTL);
+        let token = || cache.get_or_load_with_context("oauth", token_loader(&issued));
+        assert_eq!(token().await.unwrap(), Some(1));
+        // Fresh until its jittered expiry: 1.8 s at the earliest.
+        advance(low - Duration::from_millis(10)).await;
+        assert_eq!(token().await.unwrap(), Some(1));
+        assert_eq!(issued.load(Ordering::SeqCst), 1);
+        // Past 2.2 s at the latest: a new token, five minutes before the
+        // namespace TTL would have ended.
+        advance(high - low + Duration::from_millis(20)).await;
+        assert_eq!(token().await.unwrap(), Some(2), "l1: {l1}");
+        assert_eq!(issued.load(Ordering::SeqCst), 2);
+        // The new token's entry is fresh for about 2 s too, not 5 min.
+        let Stored::Entry(view) = cache.inspect("oauth").await.unwrap().stored else {
+            panic!("the token is stored");
+        };
+        let fresh = view.fresh_for.expect("fresh");
+        assert!(fresh >= low && fresh <= high, "{fresh:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_token_lives_as_long_as_its_own_expiry_on_redis() {
+    let server = RedisServer::start();
+    let store = support::connect(&server).await;
+    let issued = Arc::new(AtomicUsize::new(0));
+    let cache = cache(store, false);
+    let (low, high) = Jitter::ratio(0.1).bounds(TOKEN_TTL);
+    assert_eq!(
+        cache
+            .get_or_load_with_context("oauth", token_loader(&issued))
+            .await
+            .unwrap(),
+        Some(1)
+    );
+    let inspection = cache.inspect("oauth").await.unwrap();
+    let Stored::Entry(view) = inspection.stored else {
+        panic!("the token is stored: {inspection:?}");
+    };
+    let fresh = view.fresh_for.expect("fresh");
+    // Within the token's jittered window (less the round trips since).
+    assert!(
+        fresh <= high && fresh + Duration::from_millis(500) >= low,
+        "{fresh:?}"
+    );
+    // No grace chosen, so the store keeps it the cache's max_stale past
+    // that (30 s here), nowhere near the 300 s namespace TTL.
+    let kept = inspection.store_ttl.expect("an expiry");
+    assert!(kept < Duration::from_secs(40), "{kept:?}");
+}
+
+#[tokio::test]
+async fn do_not_cache_is_loaded_by_every_call_yet_shared_by_concurrent_callers() {
+    for l1 in [false, true] {
+        let cache = cache(MemoryStore::new(), l1);
+        let loads = Arc::new(AtomicUsize::new(0));
+        let loader = {
+            let loads = Arc::clone(&loads);
+            move |_ctx: LoadContext<u64>| {
+                let loads = Arc::clone(&loads);
+                async move {
+                    let n = loads.fetch_add(1, Ordering::SeqCst) as u64 + 1;
+                    sleep(Duration::from_millis(50)).await;
+                    Ok::<_, std::io::Error>(Loaded::value(n).do_not_cache())
+                }
+            }
+        };
+        let callers =
+            (0..100).map(|_| cache.get_or_load_with_context_meta("search", loader.clone()));
+        let results = join_all(callers).await;
+        assert_eq!(loads.load(Ordering::SeqCst), 1, "l1: {l1}");
+        for result in results {
+            assert_eq!(result.unwrap().value, Some(1));
+        }
+        // Not written, not kept in L1: the next call loads again.
+        assert_eq!(cache.get("search").await.unwrap(), None);
+        let next = cache
+            .get_or_load_with_context_meta("search", loader.clone())
+            .await
+            .unwrap();
+        assert_eq!((next.value, next.served), (Some(2), Served::Loaded));
+        assert_eq!(loads.load(Ordering::SeqCst), 2);
+    }
+}
+
+#[tokio::test]
+async fn a_setting_out_of_bounds_is_a_config_error_and_nothing_is_written() {
+    let cache = cache(MemoryStore::new(), true);
+    let callers = (0..10).map(|_| {
+        cache.get_or_load_with_context("bad", |_ctx: LoadContext<u64>| async {
+            Ok::<_, std::io::Error>(Loaded::value(7).ttl(Duration::ZERO))
+        })
+    });
+    for result in join_all(callers).await {
+        let err = result.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+        assert!(
+            err.to_string().contains("ttl must be at least 1ms"),
+            "{err}"
+        );
+    }
+    assert_eq!(cache.get("bad").await.unwrap(), None);
+    // A grace above the call's max_stale, chosen together: refused too.
+    let err = cache
+        .get_or_load_with_context("bad", |_ctx: LoadContext<u64>| async {
+            Ok::<_, std::io::Error>(
+                Loaded::value(7)
+                    .grace(Duration::from_secs(60))
+                    .max_stale(Duration::from_secs(1)),
+            )
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    // The lease was given back: a good loader is not kept waiting.
+    let good = cache
+        .get_or_load_with_context("bad", |_ctx: LoadContext<u64>| async {
+            Ok::<_, std::io::Error>(Loaded::value(8))
+        })
+        .await
+        .unwrap();
+    assert_eq!(good, Some(8));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refresh_sees_the_value_it_replaces() {
+    let cache = cache(MemoryStore::new(), false);
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let loader = {
+        let seen = Arc::clone(&seen);
+        move |ctx: LoadContext<u64>| {
+            let seen = Arc::clone(&seen);
+            async move {
+                let before = ctx.stale().map(|s| (s.value().copied(), s.expired_for()));
+                seen.lock().unwrap().push(before);
+                let next = before.and_then(|(v, _)| v).unwrap_or(0) + 1;
+                Ok::<_, std::io::Error>(Loaded::value(next).ttl(Duration::from_secs(10)))
+            }
+        }
+    };
+    assert_eq!(
+        cache
+            .get_or_load_with_context("counter", loader.clone())
+            .await
+            .unwrap(),
+        Some(1)
+    );
+    // 15 s later: stale within grace; served, refreshed in the background
+    // by a load that sees the old value and how long ago it expired.
+    advance(Duration::from_secs(15)).await;
+    let stale = cache
+        .get_or_load_with_context_meta("counter", loader.clone())
+        .await
+        .unwrap();
+    assert_eq!(stale.value, Some(1));
+    assert!(matches!(stale.served, Served::Stale { .. }), "{stale:?}");
+    for _ in 0..100 {
+        if seen.lock().unwrap().len() == 2 {
+            break;
+        }
+        sleep(Duration::from_millis(10)).await;
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen[0], None, "a first load replaces nothing");
+    let (value, expired_for) = seen[1].expect("the refresh saw the stale value");
+    assert_eq!(value, Some(1));
+    let expired_for = expired_for.expect("it had expired");
+    // 15 s after a write fresh for 10 s ± 10 %.
+    assert!(
+        expired_for >= Duration::from_secs(4) && expired_for <= Duration::from_secs(6),
+        "{expired_for:?}"
+    );
+    assert_eq!(cache.get("counter").await.unwrap(), Some(2));
+}
