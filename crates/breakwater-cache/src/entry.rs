@@ -58,6 +58,22 @@
 //! (an entry without tags is version 1), every tag is within its bounds and
 //! present in full, and no two tags are the same.
 //!
+//! # Extensions: flag bit 2
+//!
+//! An entry whose flags have bit 2 (`EXTENDED`) set carries an extension
+//! block after the header (and after the tags block, in version 2), before
+//! the body: `ext_count` (`u8`, at least 1), then per item `kind` (`u8`),
+//! `len` (`u8`) and `len` bytes. Kinds (each at most once):
+//!
+//! | kind | item          | bytes                                                                 |
+//! |------|---------------|-----------------------------------------------------------------------|
+//! | `1`  | validator     | 1 to 255 bytes the loader gave ([`MAX_VALIDATOR_LEN`]): an ETag, a version, an `updated_at` |
+//!
+//! An unknown kind is an error (an item this build cannot honour is never
+//! skipped). An entry without extensions never sets the flag and is
+//! written byte for byte as before; a build that predates the flag reads an
+//! extended entry as a miss plus a warning (unknown flags).
+//!
 //! A tag of 0 bytes is no application tag (those are 1 to [`MAX_TAG_LEN`]
 //! bytes) but the *transition stamp* of an entry written during a version
 //! transition: its `generation` is the FNV-1a hash of the previous
@@ -79,9 +95,15 @@ const VERSION_TAGGED: u8 = 2;
 pub(crate) const MAX_TAGS: usize = 16;
 /// The longest tag, in bytes.
 pub(crate) const MAX_TAG_LEN: usize = 256;
-const FLAG_NEGATIVE: u8 = 0b01;
-const FLAG_COMPRESSED: u8 = 0b10;
-const KNOWN_FLAGS: u8 = FLAG_NEGATIVE | FLAG_COMPRESSED;
+const FLAG_NEGATIVE: u8 = 0b001;
+const FLAG_COMPRESSED: u8 = 0b010;
+/// An extension block follows the header (and the tags).
+const FLAG_EXTENDED: u8 = 0b100;
+const KNOWN_FLAGS: u8 = FLAG_NEGATIVE | FLAG_COMPRESSED | FLAG_EXTENDED;
+/// The extension item holding a validator.
+const EXT_VALIDATOR: u8 = 1;
+/// The longest validator, in bytes.
+pub(crate) const MAX_VALIDATOR_LEN: usize = 255;
 /// No LZ4 block expands by more than this factor (a match-length extension
 /// byte yields at most 255 output bytes), so a body of `n` bytes declaring
 /// more than `n * 255` bytes is corrupt.
@@ -106,6 +128,48 @@ pub(crate) struct Entry {
     /// before its value was loaded; empty for an untagged entry (format
     /// version 1).
     pub(crate) tags: Tags,
+    /// What the extension block holds; nothing for most entries.
+    pub(crate) extra: Extra,
+}
+
+/// An entry's extension items: none (a null pointer, as for [`Tags`]), or
+/// a boxed set of them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Extra(Option<Box<Extras>>);
+
+/// The extension items of one entry.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Extras {
+    /// The loader's validator (1 to [`MAX_VALIDATOR_LEN`] bytes).
+    pub(crate) validator: Option<Box<[u8]>>,
+}
+
+impl Extra {
+    /// Extensions holding `validator`, if any.
+    pub(crate) fn with_validator(validator: Option<Box<[u8]>>) -> Extra {
+        Extra(validator.map(|v| Box::new(Extras { validator: Some(v) })))
+    }
+
+    /// The validator, if the entry has one.
+    pub(crate) fn validator(&self) -> Option<&[u8]> {
+        self.0.as_ref()?.validator.as_deref()
+    }
+
+    /// The encoded extension block: empty when there is nothing to say.
+    fn encode(&self, out: &mut Vec<u8>) {
+        let Some(validator) = self.validator() else {
+            return;
+        };
+        debug_assert!(!validator.is_empty() && validator.len() <= MAX_VALIDATOR_LEN);
+        out.push(1);
+        out.push(EXT_VALIDATOR);
+        out.push(validator.len() as u8);
+        out.extend_from_slice(validator);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.validator().is_none()
+    }
 }
 
 /// An entry's tags: none (a null pointer, so an untagged entry, and every
@@ -141,6 +205,32 @@ impl Entry {
     /// Length of the fixed header that precedes the body.
     pub(crate) const HEADER_LEN: usize = 33;
 
+    /// Where the windows (`fresh_until`, `stale_until`) begin in the
+    /// header.
+    pub(crate) const WINDOWS_AT: usize = 5;
+
+    /// The header's bytes from [`WINDOWS_AT`](Self::WINDOWS_AT) to its end
+    /// (the windows, `load_ms`, `payload_len`), as [`encode`](Self::encode)
+    /// writes them: what a renewal expects to find stored.
+    pub(crate) fn header_tail(&self) -> [u8; Self::HEADER_LEN - Self::WINDOWS_AT] {
+        let payload_len = if self.negative { 0 } else { self.payload.len() } as u64;
+        let mut out = [0; Self::HEADER_LEN - Self::WINDOWS_AT];
+        out[..8].copy_from_slice(&self.fresh_until.to_be_bytes());
+        out[8..16].copy_from_slice(&self.stale_until.max(self.fresh_until).to_be_bytes());
+        out[16..20].copy_from_slice(&self.load_ms.to_be_bytes());
+        out[20..].copy_from_slice(&payload_len.to_be_bytes());
+        out
+    }
+
+    /// The windows as the header holds them, written at
+    /// [`WINDOWS_AT`](Self::WINDOWS_AT) by a renewal.
+    pub(crate) fn windows_patch(fresh_until: u64, stale_until: u64) -> [u8; 16] {
+        let mut out = [0; 16];
+        out[..8].copy_from_slice(&fresh_until.to_be_bytes());
+        out[8..].copy_from_slice(&stale_until.max(fresh_until).to_be_bytes());
+        out
+    }
+
     /// Encodes the entry for storage.
     ///
     /// The payload is compressed if `compression` asks for it at this size,
@@ -168,6 +258,9 @@ impl Entry {
         }
         if compressed.is_some() {
             flags |= FLAG_COMPRESSED;
+        }
+        if !self.extra.is_empty() {
+            flags |= FLAG_EXTENDED;
         }
         let body = compressed.as_deref().unwrap_or(payload);
 
@@ -202,6 +295,7 @@ impl Entry {
                 out.extend_from_slice(&stamp.generation.to_be_bytes());
             }
         }
+        self.extra.encode(&mut out);
         out.extend_from_slice(body);
         out
     }
@@ -245,6 +339,11 @@ impl Entry {
         } else {
             Tags::default()
         };
+        let extra = if flags & FLAG_EXTENDED != 0 {
+            decode_extra(&mut rest)?
+        } else {
+            Extra::default()
+        };
         let body_start = len - rest.len();
         let body_len = rest.len();
 
@@ -282,6 +381,7 @@ impl Entry {
             load_ms,
             payload,
             tags,
+            extra,
         })
     }
 
@@ -328,6 +428,40 @@ fn decode_tags(rest: &mut &[u8]) -> Result<Vec<TagStamp>, EntryError> {
         )));
     }
     Ok(tags)
+}
+
+/// An extended entry's extension block, split off the front of `rest`.
+fn decode_extra(rest: &mut &[u8]) -> Result<Extra, EntryError> {
+    let cut = || EntryError::BadExtension("the extension block is cut short".to_owned());
+    let [count] = take(rest).ok_or_else(cut)?;
+    if count == 0 {
+        return Err(EntryError::BadExtension(
+            "the extension flag is set with no item".to_owned(),
+        ));
+    }
+    let mut extras = Extras::default();
+    for _ in 0..count {
+        let [kind, len] = take(rest).ok_or_else(cut)?;
+        let (item, after) = rest.split_at_checked(usize::from(len)).ok_or_else(cut)?;
+        *rest = after;
+        match kind {
+            EXT_VALIDATOR if extras.validator.is_some() => {
+                return Err(EntryError::BadExtension(
+                    "a validator appears twice".to_owned(),
+                ));
+            }
+            EXT_VALIDATOR if item.is_empty() => {
+                return Err(EntryError::BadExtension("an empty validator".to_owned()));
+            }
+            EXT_VALIDATOR => extras.validator = Some(item.into()),
+            other => {
+                return Err(EntryError::BadExtension(format!(
+                    "extension kind {other} is not known to this build"
+                )));
+            }
+        }
+    }
+    Ok(Extra(Some(Box::new(extras))))
 }
 
 /// Splits `N` bytes off the front of `input`.
@@ -404,6 +538,8 @@ pub(crate) enum EntryError {
     Decompress(String),
     /// A version 2 entry's tags block breaks a rule (the message says which).
     BadTags(String),
+    /// The extension block breaks a rule (the message says which).
+    BadExtension(String),
 }
 
 impl fmt::Display for EntryError {
@@ -446,6 +582,7 @@ impl fmt::Display for EntryError {
                 write!(f, "entry payload could not be decompressed: {msg}")
             }
             EntryError::BadTags(msg) => write!(f, "entry tags are invalid: {msg}"),
+            EntryError::BadExtension(msg) => write!(f, "entry extensions are invalid: {msg}"),
         }
     }
 }
@@ -474,6 +611,7 @@ mod tests {
             load_ms: 12,
             payload: payload.to_vec(),
             tags: Tags::default(),
+            extra: Extra::default(),
         }
     }
 
@@ -518,6 +656,7 @@ mod tests {
             load_ms: 7,
             payload: b"xyz".to_vec(),
             tags: Tags::default(),
+            extra: Extra::default(),
         };
         let bytes = e.encode(&Compression::lz4());
         assert_eq!(
@@ -664,7 +803,7 @@ mod tests {
             decode(&raw(1, 0, 0, 1, 2, 0, b"")),
             Err(EntryError::UnknownCodec(0))
         );
-        for flags in [0b100u8, 0b1000_0000, 0b111, 0xff] {
+        for flags in [0b1000u8, 0b1000_0000, 0b1011, 0xff] {
             assert_eq!(
                 decode(&raw(1, 1, flags, 1, 2, 0, b"")),
                 Err(EntryError::UnknownFlags(flags))
@@ -847,6 +986,104 @@ mod tests {
     }
 
     #[test]
+    fn extended_layout_is_as_documented() {
+        let plain = entry(b"xyz");
+        let e = Entry {
+            extra: Extra::with_validator(Some(b"W/\"7\"".to_vec().into_boxed_slice())),
+            ..plain.clone()
+        };
+        let bytes = e.encode(&Compression::none());
+        let before = plain.encode(&Compression::none());
+        // The flag, then the block between the header and the body.
+        assert_eq!(bytes[4], FLAG_EXTENDED);
+        assert_eq!(bytes[..4], before[..4]);
+        assert_eq!(bytes[5..Entry::HEADER_LEN], before[5..Entry::HEADER_LEN]);
+        let block = &bytes[Entry::HEADER_LEN..bytes.len() - 3];
+        assert_eq!(block, [&[1, EXT_VALIDATOR, 5][..], b"W/\"7\""].concat());
+        assert_eq!(&bytes[bytes.len() - 3..], b"xyz");
+        let back = decode(&bytes).unwrap();
+        assert_eq!(back.extra.validator(), Some(&b"W/\"7\""[..]));
+        assert_eq!(back, e);
+        // With tags: the tags block first, then the extensions.
+        let tagged = Entry {
+            tags: vec![stamp(b"t", 1)].into(),
+            ..e.clone()
+        };
+        assert_eq!(decode(&tagged.encode(&Compression::none())), Ok(tagged));
+    }
+
+    #[test]
+    fn a_renewal_patches_the_windows_in_place() {
+        for e in [
+            entry(b"xyz"),
+            Entry {
+                negative: true,
+                payload: Vec::new(),
+                tags: vec![stamp(b"t", 3)].into(),
+                ..entry(b"")
+            },
+            Entry {
+                extra: Extra::with_validator(Some(b"v".to_vec().into_boxed_slice())),
+                ..entry(&[7; 5000])
+            },
+        ] {
+            let mut bytes = e.encode(&Compression::lz4());
+            let at = Entry::WINDOWS_AT;
+            assert_eq!(bytes[at..Entry::HEADER_LEN], e.header_tail());
+            let patch = Entry::windows_patch(e.fresh_until + 500, e.stale_until + 700);
+            bytes[at..at + patch.len()].copy_from_slice(&patch);
+            let renewed = decode(&bytes).unwrap();
+            assert_eq!(renewed.fresh_until, e.fresh_until + 500);
+            assert_eq!(renewed.stale_until, e.stale_until + 700);
+            assert_eq!(
+                Entry {
+                    fresh_until: e.fresh_until,
+                    stale_until: e.stale_until,
+                    ..renewed
+                },
+                e
+            );
+        }
+    }
+
+    #[test]
+    fn a_bad_extension_block_is_rejected() {
+        let e = Entry {
+            extra: Extra::with_validator(Some(b"v1".to_vec().into_boxed_slice())),
+            ..entry(b"xyz")
+        };
+        let good = e.encode(&Compression::none());
+        let at = Entry::HEADER_LEN;
+        let mut cases = Vec::new();
+        // No item under the flag.
+        let mut none = good.clone();
+        none[at] = 0;
+        cases.push(none);
+        // An unknown kind.
+        let mut unknown = good.clone();
+        unknown[at + 1] = 9;
+        cases.push(unknown);
+        // An empty validator (and the body read as the next item).
+        let mut empty = good.clone();
+        empty[at + 2] = 0;
+        cases.push(empty);
+        // Twice.
+        let mut twice = good[..at].to_vec();
+        twice.extend_from_slice(&[2, EXT_VALIDATOR, 1, b'a', EXT_VALIDATOR, 1, b'b']);
+        twice.extend_from_slice(b"xyz");
+        cases.push(twice);
+        // Cut short.
+        cases.push(good[..at + 3].to_vec());
+        for bytes in cases {
+            let err = decode(&bytes).unwrap_err();
+            assert!(
+                matches!(err, EntryError::BadExtension(_)),
+                "{bytes:?}: {err}"
+            );
+        }
+    }
+
+    #[test]
     fn value_uses_the_entry_codec() {
         for codec in [Codec::msgpack(), Codec::json()] {
             let payload = codec.encode(&vec![1u32, 2, 3]).unwrap();
@@ -916,16 +1153,23 @@ mod tests {
             any::<u32>(),
             payload(max_payload),
             prop_oneof![Just(Vec::new()), arb_tags()],
+            prop::option::weighted(
+                0.3,
+                proptest::collection::vec(any::<u8>(), 1..=MAX_VALIDATOR_LEN),
+            ),
         )
-            .prop_map(|(codec, negative, a, b, load_ms, payload, tags)| Entry {
-                codec,
-                negative,
-                fresh_until: a.min(b),
-                stale_until: a.max(b),
-                load_ms,
-                payload: if negative { Vec::new() } else { payload },
-                tags: tags.into(),
-            })
+            .prop_map(
+                |(codec, negative, a, b, load_ms, payload, tags, validator)| Entry {
+                    codec,
+                    negative,
+                    fresh_until: a.min(b),
+                    stale_until: a.max(b),
+                    load_ms,
+                    payload: if negative { Vec::new() } else { payload },
+                    tags: tags.into(),
+                    extra: Extra::with_validator(validator.map(Vec::into_boxed_slice)),
+                },
+            )
     }
 
     /// 1 to `MAX_TAGS` distinct tags of 1 to `MAX_TAG_LEN` bytes.
@@ -957,7 +1201,10 @@ mod tests {
                 let bytes = e.encode(&c);
                 let tags_len: usize = e.tags.iter().map(|t| 2 + t.tag.len() + 8).sum::<usize>()
                     + usize::from(!e.tags.is_empty());
-                prop_assert!(bytes.len() <= Entry::HEADER_LEN + tags_len + e.payload.len());
+                let extra_len = e.extra.validator().map_or(0, |v| 3 + v.len());
+                prop_assert!(
+                    bytes.len() <= Entry::HEADER_LEN + tags_len + extra_len + e.payload.len()
+                );
                 prop_assert_eq!(decode(&bytes), Ok(e.clone()));
             }
         }

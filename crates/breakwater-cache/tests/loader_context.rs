@@ -235,3 +235,295 @@ async fn a_refresh_sees_the_value_it_replaces() {
     );
     assert_eq!(cache.get("counter").await.unwrap(), Some(2));
 }
+
+/// The future of [`Rows::loader`].
+type RowFuture = std::future::Ready<Result<Loaded<Vec<u8>>, std::io::Error>>;
+
+/// A loader of a big row whose version is `version`: answers "not
+/// modified" when the stale value's validator is that version, else the
+/// row with the version as its validator; counts its calls and full reads.
+#[derive(Clone)]
+struct Rows {
+    version: Arc<AtomicUsize>,
+    calls: Arc<AtomicUsize>,
+    reads: Arc<AtomicUsize>,
+    size: usize,
+}
+
+impl Rows {
+    fn new(size: usize) -> Rows {
+        Rows {
+            version: Arc::new(AtomicUsize::new(1)),
+            calls: Arc::new(AtomicUsize::new(0)),
+            reads: Arc::new(AtomicUsize::new(0)),
+            size,
+        }
+    }
+
+    /// The row at a version: bytes that do not compress.
+    fn row(&self, version: usize) -> Vec<u8> {
+        let mut x = version as u64 ^ 0x9e37_79b9_7f4a_7c15;
+        (0..self.size)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    fn loader(
+        &self,
+    ) -> impl FnOnce(LoadContext<Vec<u8>>) -> RowFuture + Clone + Send + Sync + 'static {
+        let rows = self.clone();
+        move |ctx| {
+            rows.calls.fetch_add(1, Ordering::SeqCst);
+            let version = rows.version.load(Ordering::SeqCst);
+            let etag = format!("v{version}").into_bytes();
+            if ctx.stale().and_then(|s| s.validator()) == Some(&etag[..]) {
+                return std::future::ready(Ok(Loaded::not_modified()));
+            }
+            rows.reads.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(Ok(Loaded::value(rows.row(version)).validator(etag)))
+        }
+    }
+}
+
+fn rows_cache(store: impl Store, l1: bool) -> Cache<Vec<u8>> {
+    let builder = Cache::builder()
+        .namespace("rows")
+        .store(store)
+        .ttl(Duration::from_millis(300))
+        .jitter(Jitter::none().with_floor(Duration::from_millis(1)))
+        .grace(Duration::from_secs(30))
+        .max_value_size(4 << 20);
+    let builder = if l1 {
+        builder.l1(L1Config::new())
+    } else {
+        builder
+    };
+    builder.build().expect("valid settings")
+}
+
+/// `total_net_input_bytes` of a private Redis.
+fn input_bytes(server: &RedisServer) -> u64 {
+    let info = server.command(&["INFO", "stats"]).expect("INFO");
+    info.lines()
+        .find_map(|line| line.strip_prefix("total_net_input_bytes:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("total_net_input_bytes")
+}
+
+/// Waits until the entry under `key` is fresh again (a refresh landed).
+async fn fresh_again(cache: &Cache<Vec<u8>>, key: &str) {
+    for _ in 0..3_000 {
+        if let Stored::Entry(view) = cache.inspect(key).await.unwrap().stored
+            && view.fresh_for.is_some()
+        {
+            return;
+        }
+        sleep(Duration::from_millis(1)).await;
+    }
+    panic!("{key} was not refreshed");
+}
+
+/// Waits until the entry under `key` is no longer fresh.
+async fn stale_now(cache: &Cache<Vec<u8>>, key: &str) {
+    for _ in 0..3_000 {
+        if let Stored::Entry(view) = cache.inspect(key).await.unwrap().stored
+            && view.fresh_for.is_none()
+        {
+            return;
+        }
+        sleep(Duration::from_millis(1)).await;
+    }
+    panic!("{key} did not go stale");
+}
+
+#[tokio::test]
+async fn not_modified_renews_a_megabyte_row_without_sending_it_again() {
+    const MB: usize = 1 << 20;
+    let server = RedisServer::start();
+    let (a, b) = (
+        rows_cache(support::connect(&server).await, false),
+        rows_cache(support::connect(&server).await, false),
+    );
+    let rows = Rows::new(MB);
+    let first = a
+        .get_or_load_with_context("row:1", rows.loader())
+        .await
+        .unwrap();
+    assert_eq!(first.as_deref(), Some(&rows.row(1)[..]));
+    assert_eq!(b.get("row:1").await.unwrap(), first);
+
+    // Stale, unchanged at the source: a refresh answers "not modified".
+    stale_now(&a, "row:1").await;
+    let before = input_bytes(&server);
+    let served = a
+        .get_or_load_with_context_meta("row:1", rows.loader())
+        .await
+        .unwrap();
+    assert!(matches!(served.served, Served::Stale { .. }), "{served:?}");
+    // Measured once the refresh is done, before anything else reads.
+    support::until("the refresh", || rows.calls.load(Ordering::SeqCst) == 2).await;
+    sleep(Duration::from_millis(100)).await;
+    let renewed = input_bytes(&server) - before;
+    fresh_again(&a, "row:1").await;
+    assert_eq!(rows.calls.load(Ordering::SeqCst), 2);
+    assert_eq!(rows.reads.load(Ordering::SeqCst), 1, "one full read");
+    // Every process's next read is a hit on the renewed entry.
+    for cache in [&a, &b] {
+        let next = cache
+            .get_or_load_with_context_meta("row:1", rows.loader())
+            .await
+            .unwrap();
+        assert_eq!((next.served, next.value), (Served::Hit, first.clone()));
+    }
+    // Once more: the first renewal on a node also sent the script's text
+    // (`EVAL`, once per script and node); from then on `EVALSHA`.
+    stale_now(&a, "row:1").await;
+    let before = input_bytes(&server);
+    b.get_or_load_with_context("row:1", rows.loader())
+        .await
+        .unwrap();
+    support::until("the refresh", || rows.calls.load(Ordering::SeqCst) == 3).await;
+    sleep(Duration::from_millis(100)).await;
+    let renewed_again = input_bytes(&server) - before;
+    fresh_again(&a, "row:1").await;
+    assert_eq!(rows.reads.load(Ordering::SeqCst), 1, "still one full read");
+
+    // The same refresh with a changed row writes it whole: the baseline.
+    stale_now(&a, "row:1").await;
+    rows.version.store(2, Ordering::SeqCst);
+    let before = input_bytes(&server);
+    a.get_or_load_with_context("row:1", rows.loader())
+        .await
+        .unwrap();
+    support::until("the refresh", || rows.calls.load(Ordering::SeqCst) == 4).await;
+    sleep(Duration::from_millis(100)).await;
+    let rewritten = input_bytes(&server) - before;
+    fresh_again(&a, "row:1").await;
+    assert_eq!(
+        b.get("row:1").await.unwrap().as_deref(),
+        Some(&rows.row(2)[..])
+    );
+    eprintln!(
+        "bytes sent to Redis by a refresh of a 1 MiB row: not modified {renewed} (the script's \
+         first run on the node) and {renewed_again}, changed {rewritten}"
+    );
+    assert!(renewed_again < 1024, "a renewal sent {renewed_again} bytes");
+    assert!(renewed < 2048, "the first renewal sent {renewed} bytes");
+    assert!(rewritten > MB as u64, "a rewrite sent {rewritten} bytes");
+}
+
+#[tokio::test(start_paused = true)]
+async fn not_modified_keeps_the_value_through_the_fence() {
+    for l1 in [false, true] {
+        let store = MemoryStore::new();
+        let cache = rows_cache(store.clone(), l1);
+        let rows = Rows::new(64);
+        cache
+            .get_or_load_with_context("row:1", rows.loader())
+            .await
+            .unwrap();
+        // Renewed: fresh again for the TTL, the value kept, one full read.
+        advance(Duration::from_millis(400)).await;
+        let stale = cache
+            .get_or_load_with_context_meta("row:1", rows.loader())
+            .await
+            .unwrap();
+        assert!(
+            matches!(stale.served, Served::Stale { .. }),
+            "l1: {l1} {stale:?}"
+        );
+        support::until("the renewal", || rows.calls.load(Ordering::SeqCst) == 2).await;
+        fresh_again(&cache, "row:1").await;
+        let Stored::Entry(view) = cache.inspect("row:1").await.unwrap().stored else {
+            panic!("stored");
+        };
+        assert!(view.fresh_for.unwrap() <= Duration::from_millis(300));
+        assert_eq!(rows.reads.load(Ordering::SeqCst), 1);
+        let hit = cache
+            .get_or_load_with_context_meta("row:1", rows.loader())
+            .await
+            .unwrap();
+        assert_eq!(hit.value.as_deref(), Some(&rows.row(1)[..]));
+        assert!(matches!(hit.served, Served::Hit | Served::L1Hit), "{hit:?}");
+
+        // The stored entry vanishes during the load (evicted, not
+        // invalidated: the lease is still ours): the value the loader saw
+        // is written whole.
+        advance(Duration::from_millis(400)).await;
+        let evicting = {
+            let (store, key) = (store.clone(), cache.storage_key("row:1").unwrap());
+            let loader = rows.loader();
+            move |ctx: LoadContext<Vec<u8>>| {
+                let store = store.clone();
+                let key = key.clone();
+                async move {
+                    store.delete(&key).await.unwrap();
+                    loader(ctx).await
+                }
+            }
+        };
+        cache
+            .get_or_load_with_context("row:1", evicting)
+            .await
+            .unwrap();
+        support::until("the write", || rows.calls.load(Ordering::SeqCst) == 3).await;
+        fresh_again(&cache, "row:1").await;
+        assert_eq!(
+            cache.get("row:1").await.unwrap().as_deref(),
+            Some(&rows.row(1)[..])
+        );
+        assert_eq!(rows.reads.load(Ordering::SeqCst), 1, "no second full read");
+
+        // Invalidated during the load: the renewal is refused, nothing
+        // comes back.
+        advance(Duration::from_millis(400)).await;
+        let invalidating = {
+            let cache = cache.clone();
+            let loader = rows.loader();
+            move |ctx: LoadContext<Vec<u8>>| {
+                let cache = cache.clone();
+                async move {
+                    cache.invalidate("row:1").await.unwrap();
+                    loader(ctx).await
+                }
+            }
+        };
+        let during = cache
+            .get_or_load_with_context_meta("row:1", invalidating)
+            .await
+            .unwrap();
+        assert!(matches!(during.served, Served::Stale { .. }), "{during:?}");
+        support::until("the refused renewal", || {
+            rows.calls.load(Ordering::SeqCst) == 4
+        })
+        .await;
+        sleep(Duration::from_millis(10)).await;
+        assert_eq!(cache.get("row:1").await.unwrap(), None, "l1: {l1}");
+    }
+}
+
+#[tokio::test]
+async fn not_modified_without_a_stored_value_is_a_loader_error() {
+    let cache = cache(MemoryStore::new(), false);
+    let err = cache
+        .get_or_load_with_context("first", |_ctx: LoadContext<u64>| async {
+            Ok::<_, std::io::Error>(Loaded::not_modified())
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Loader, "{err}");
+    assert!(err.to_string().contains("not_modified"), "{err}");
+    // A validator out of bounds is a Config error.
+    let err = cache
+        .get_or_load_with_context("first", |_ctx: LoadContext<u64>| async {
+            Ok::<_, std::io::Error>(Loaded::value(1).validator(vec![0; 256]))
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+}

@@ -8,8 +8,8 @@ mod support;
 use std::time::Duration;
 
 use breakwater_cache::{
-    Delivery, ErrorKind, FencedWrite, LeaseAttempt, LeaseRequest, Notice, Replace, Store,
-    Subscription, Unchanged,
+    Delivery, ErrorKind, FencedRenewal, FencedWrite, LeaseAttempt, LeaseRequest, Notice, Renewal,
+    Replace, Store, Subscription, Unchanged,
 };
 
 /// How a backend lets time pass: paused tokio time for the memory store, real
@@ -848,6 +848,90 @@ async fn a_pin_holds_a_key_and_a_fenced_write_can_need_it_unchanged(store: &dyn 
     }
 }
 
+fn renewal<'a>(token: &'a [u8], expected: &'a [u8], patch: &'a [u8]) -> FencedRenewal<'a> {
+    FencedRenewal {
+        key: VALUE_KEY,
+        offset: 2,
+        expected,
+        patch,
+        ttl: Duration::from_secs(30),
+        lease_key: LEASE,
+        token,
+        notice: notice(b"renewed"),
+    }
+}
+
+async fn a_renewal_patches_in_place_only_for_the_holder_of_an_unchanged_value(
+    store: &dyn Store,
+    _: Time,
+) {
+    let mut sub = subscribed(store).await;
+    store.set(VALUE_KEY, b"..abcdef..", TTL).await.unwrap();
+    assert!(
+        store
+            .acquire_lease(LEASE, b"token-a", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    // Not the holder: refused, nothing changed, the lease still held.
+    assert_eq!(
+        store
+            .fenced_renew(renewal(b"token-b", b"abcdef", b"XY"))
+            .await
+            .unwrap(),
+        Renewal::Refused
+    );
+    // Not the bytes expected: declined, nothing changed, the lease kept.
+    assert_eq!(
+        store
+            .fenced_renew(renewal(b"token-a", b"abcdeX", b"XY"))
+            .await
+            .unwrap(),
+        Renewal::Declined
+    );
+    assert_eq!(
+        store.get(VALUE_KEY).await.unwrap().as_deref(),
+        Some(&b"..abcdef.."[..])
+    );
+    assert!(store.lease_held(LEASE).await.unwrap());
+    // The holder, the bytes as expected: patched at the offset, the TTL
+    // reset, the lease released, the notice sent.
+    assert_eq!(
+        store
+            .fenced_renew(renewal(b"token-a", b"abcdef", b"XY"))
+            .await
+            .unwrap(),
+        Renewal::Renewed
+    );
+    assert_eq!(
+        store.get(VALUE_KEY).await.unwrap().as_deref(),
+        Some(&b"..XYcdef.."[..])
+    );
+    let left = store.ttl(VALUE_KEY).await.unwrap().unwrap();
+    assert!(left > TTL && left <= Duration::from_secs(30), "{left:?}");
+    assert!(!store.lease_held(LEASE).await.unwrap());
+    assert_eq!(next_message(&mut sub).await, b"renewed");
+    // A value that is gone: declined, nothing written.
+    store.delete(VALUE_KEY).await.unwrap();
+    assert!(
+        store
+            .acquire_lease(LEASE, b"token-c", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    assert_eq!(
+        store
+            .fenced_renew(renewal(b"token-c", b"XYcdef", b"ZZ"))
+            .await
+            .unwrap(),
+        Renewal::Declined
+    );
+    assert_eq!(store.get(VALUE_KEY).await.unwrap(), None);
+    assert!(store.lease_held(LEASE).await.unwrap());
+}
+
 macro_rules! contract {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -917,4 +1001,5 @@ contract!(
     bump_generation_counts_on_or_starts_fresh_and_publishes,
     tag_generations_read_or_create_each_counter,
     a_pin_holds_a_key_and_a_fenced_write_can_need_it_unchanged,
+    a_renewal_patches_in_place_only_for_the_holder_of_an_unchanged_value,
 );

@@ -49,14 +49,15 @@ use tracing::{Instrument, Span};
 use super::coherence::Landed;
 use super::handle::Cache;
 use super::lease::{LEASE_RETRY_MARGIN, Lease, LockTimeoutKind, deadline_after, lock_timeout};
-use super::loaded::{LoadContext, StaleValue};
+use super::loaded::{LoadContext, Resolved, StaleValue};
 use super::notify::{self, FILLED, RELEASED, VALUE_IN_MESSAGE_MAX};
 use super::options::Options;
+use super::seal::stamp;
 use super::tags::counter_ttl;
 use super::transition::Pinned;
 use super::value::{Load, Value};
 
-use crate::entry::{Entry, TagStamp};
+use crate::entry::{Entry, Extra, TagStamp};
 use crate::error::{Error, ErrorKind};
 use crate::flight::{Joined, Role};
 use crate::jitter::poll_delay;
@@ -67,7 +68,7 @@ use crate::log_limit::show_key;
 use crate::log_limit::{Warning, warn_limited};
 use crate::served::Fetched;
 use crate::served::{Served, StaleReason};
-use crate::store::{FencedWrite, LeaseAttempt, Store};
+use crate::store::{FencedRenewal, FencedWrite, LeaseAttempt, Renewal, Store};
 use tracing::field::Empty;
 
 /// Whether a flight may use the store.
@@ -127,7 +128,7 @@ impl<V: Value> Cache<V> {
             // Load directly, write nothing; single-flight still makes it one
             // load here.
             let (value, load_time, keep) = self
-                .load_unwritten(&loader, LoadContext::empty(), &options, priority)
+                .load_unwritten(&loader, &key, None, &options, priority)
                 .await?;
             if let Some(options) = keep {
                 let tagged = loader.tags().is_some();
@@ -180,10 +181,16 @@ impl<V: Value> Cache<V> {
                             .await;
                         return Ok((value, Served::Coalesced, None));
                     }
-                    let context = self.context::<L>(&key, stale.as_ref());
                     let (value, revoked) = self
                         .lead(
-                            &key, lease, asked, &loader, context, &options, priority, ticket,
+                            &key,
+                            lease,
+                            asked,
+                            &loader,
+                            stale.as_ref(),
+                            &options,
+                            priority,
+                            ticket,
                         )
                         .await?;
                     return Ok((value, Served::Loaded, revoked.then_some(asked)));
@@ -273,9 +280,8 @@ impl<V: Value> Cache<V> {
         match inner.lease.on_lock_timeout.0 {
             LockTimeoutKind::LoadAnyway => {
                 warn_limited!(inner.logs, Warning::LockWaitLoadAnyway, key = %show_key(&key), ?waited, "lease held past lock_wait; loading anyway (not written)");
-                let context = self.context::<L>(&key, stale.as_ref());
                 let (value, _, _) = self
-                    .load_unwritten(&loader, context, &options, priority)
+                    .load_unwritten(&loader, &key, stale.as_ref(), &options, priority)
                     .await?;
                 Ok((value, Served::Loaded, None))
             }
@@ -304,7 +310,7 @@ impl<V: Value> Cache<V> {
         lease: Lease<'_>,
         asked: Instant,
         loader: &Arc<L>,
-        context: LoadContext<V>,
+        replaces: Option<&Entry>,
         options: &Options,
         priority: Priority,
         ticket: Option<Ticket>,
@@ -335,7 +341,7 @@ impl<V: Value> Cache<V> {
                 inner.metrics.store_failed(op, &err);
                 self.release(key, lease).await;
                 let (value, load_time, keep) = self
-                    .load_unwritten(loader, context, options, priority)
+                    .load_unwritten(loader, key, replaces, options, priority)
                     .await?;
                 if let Some(options) = keep {
                     let tagged = loader.tags().is_some();
@@ -344,6 +350,7 @@ impl<V: Value> Cache<V> {
                 return Ok((value, false));
             }
         };
+        let context = self.context::<L>(key, replaces);
         let mut load = pin!(inner.origin.load(
             loader,
             context,
@@ -361,37 +368,150 @@ impl<V: Value> Cache<V> {
             never = self.keep_alive(std::slice::from_ref(&lease), &done, asked) => match never {},
         };
         // The loader's answer: its choices over the call's settings
-        // (checked: one out of bounds fails the load), or "do not cache".
+        // (checked: one out of bounds fails the load), "do not cache", or
+        // "not modified".
         let result = result.and_then(|(loaded, load_time)| {
             loaded
                 .resolve(options)
-                .map(|(value, keep)| (value, keep, load_time))
+                .map(|resolved| (resolved, load_time))
         });
-        match result {
-            Ok((value, None, _)) => {
-                // Not to be cached: served, not written; waiters are told
-                // the lease is free.
-                self.release(key, lease).await;
-                Ok((value, false))
-            }
-            Ok((value, Some(options), load_time)) => {
-                let revoked = self
-                    .write_fenced(
-                        key,
-                        lease,
-                        value.as_ref(),
-                        load_time,
-                        &options,
-                        ticket,
-                        tags,
-                        pinned.as_ref(),
-                    )
-                    .await?;
-                Ok((value, revoked))
-            }
+        let (resolved, load_time) = match result {
+            Ok(answer) => answer,
             Err(err) => {
                 self.release(key, lease).await;
-                Err(err)
+                return Err(err);
+            }
+        };
+        let (value, keep, validator) = match resolved {
+            Resolved::Write {
+                value,
+                keep,
+                validator,
+            } => (value, keep, validator),
+            Resolved::Unchanged { keep } => {
+                let Some((entry, value)) = self.unchanged_value(key, replaces) else {
+                    self.release(key, lease).await;
+                    return Err(unchanged_without_value());
+                };
+                let Some(options) = keep else {
+                    self.release(key, lease).await;
+                    return Ok((value, false));
+                };
+                // Inside a version transition the write must also find the
+                // previous version's entry unchanged: that takes a whole
+                // (conditional) write.
+                if pinned.is_none()
+                    && let Some(revoked) = self
+                        .renew(key, lease, entry, &value, &options, ticket)
+                        .await
+                {
+                    return Ok((value, revoked));
+                }
+                // Declined (the entry is gone or was rewritten; the lease
+                // is still ours): the value the loader saw, written whole.
+                let validator = entry.extra.validator().map(Box::from);
+                (value, Some(options), validator)
+            }
+        };
+        let Some(options) = keep else {
+            // Not to be cached: served, not written; waiters are told the
+            // lease is free.
+            self.release(key, lease).await;
+            return Ok((value, false));
+        };
+        let revoked = self
+            .write_fenced(
+                key,
+                lease,
+                value.as_ref(),
+                load_time,
+                &options,
+                ticket,
+                tags,
+                pinned.as_ref(),
+                Extra::with_validator(validator),
+            )
+            .await?;
+        Ok((value, revoked))
+    }
+
+    /// The value a "not modified" keeps: the entry the load replaced and
+    /// what it stands for; `None` if there was none (or it does not
+    /// decode).
+    fn unchanged_value<'e>(
+        &self,
+        key: &[u8],
+        replaces: Option<&'e Entry>,
+    ) -> Option<(&'e Entry, Option<V>)> {
+        let entry = replaces?;
+        Some((entry, self.entry_value(key, entry)?))
+    }
+
+    /// Holding the lease, renews `entry` (what the store held when the
+    /// load began) as a "not modified" answer asks: a new fresh window
+    /// from `options` written over the stored header's windows
+    /// ([`Store::fenced_renew`]), the lease released and "filled"
+    /// published, atomically; the value is not encoded or sent again.
+    /// `Some(revoked)` when that is settled (renewed, refused because the
+    /// lease was revoked, or a store failure: the callers get the value);
+    /// `None` when the store declined (the entry is gone or was rewritten,
+    /// or the backend cannot renew) and the lease is still held.
+    async fn renew(
+        &self,
+        key: &[u8],
+        lease: Lease<'_>,
+        entry: &Entry,
+        value: &Option<V>,
+        options: &Options,
+        ticket: Option<Ticket>,
+    ) -> Option<bool> {
+        let inner = &self.inner;
+        let now = inner.store.now_ms();
+        let (fresh_until, stale_until) = self.windows(entry.negative, options, now);
+        let patch = Entry::windows_patch(fresh_until, stale_until);
+        let expected = entry.header_tail();
+        let message = notify::message(FILLED, inner.waiters.sender(), key);
+        let renewal = FencedRenewal {
+            key,
+            offset: Entry::WINDOWS_AT,
+            expected: &expected,
+            patch: &patch,
+            ttl: Duration::from_millis(stale_until.saturating_sub(now).max(1)),
+            lease_key: lease.key,
+            token: lease.token,
+            notice: inner.notice(&message),
+        };
+        let renewed = inner
+            .store
+            .fenced_renew(renewal)
+            .instrument(tracing::debug_span!("breakwater.store.fenced_renew"))
+            .await;
+        match renewed {
+            Ok(Renewal::Renewed) => {
+                inner.clear_throttle(key);
+                inner.metrics.lease("renewed");
+                Span::current().record("written", true);
+                let mut renewed = stamp(entry);
+                renewed.fresh_until = fresh_until;
+                renewed.stale_until = stale_until;
+                self.keep_renewed(key, value.clone(), renewed, ticket);
+                Some(false)
+            }
+            Ok(Renewal::Refused) => {
+                tracing::debug!(
+                    key = %show_key(key),
+                    "lease revoked (invalidated or expired) during the load; not renewed"
+                );
+                inner.metrics.lease("revoked");
+                Some(true)
+            }
+            Ok(_) => None,
+            Err(err) => {
+                // As a failed write: the callers get the value; the lease
+                // runs out on its own if the renewal did not land.
+                warn_limited!(inner.logs, Warning::StoreWrite, key = %show_key(key), error = %err, "store renewal failed; returning the value");
+                inner.metrics.store_failed("fenced_renew", &err);
+                Some(false)
             }
         }
     }
@@ -489,7 +609,7 @@ impl<V: Value> Cache<V> {
         L: Load<V>,
     {
         let (value, load_time, keep) = self
-            .load_unwritten(loader, LoadContext::empty(), options, priority)
+            .load_unwritten(loader, key, None, options, priority)
             .await?;
         let cache = self.clone();
         let (key_owned, lease_key, token) =
@@ -536,7 +656,8 @@ impl<V: Value> Cache<V> {
     async fn load_unwritten<L>(
         &self,
         loader: &Arc<L>,
-        context: LoadContext<V>,
+        key: &[u8],
+        replaces: Option<&Entry>,
         options: &Options,
         priority: Priority,
     ) -> Result<(Option<V>, Duration, Option<Options>), Error>
@@ -544,6 +665,7 @@ impl<V: Value> Cache<V> {
         L: Load<V>,
     {
         let inner = &self.inner;
+        let context = self.context::<L>(key, replaces);
         let (loaded, load_time) = inner
             .origin
             .load(
@@ -554,8 +676,13 @@ impl<V: Value> Cache<V> {
                 &inner.metrics,
             )
             .await?;
-        let (value, keep) = loaded.resolve(options)?;
-        Ok((value, load_time, keep))
+        match loaded.resolve(options)? {
+            Resolved::Write { value, keep, .. } => Ok((value, load_time, keep)),
+            Resolved::Unchanged { keep } => match self.unchanged_value(key, replaces) {
+                Some((_, value)) => Ok((value, load_time, keep)),
+                None => Err(unchanged_without_value()),
+            },
+        }
     }
 
     /// What a loader of type `L` sees: for a context loader, the entry its
@@ -573,7 +700,8 @@ impl<V: Value> Cache<V> {
         let now = self.inner.store.now_ms();
         let expired_for =
             (now >= entry.fresh_until).then(|| Duration::from_millis(now - entry.fresh_until));
-        LoadContext::replacing(StaleValue::new(value, expired_for))
+        let validator = entry.extra.validator().map(Box::from);
+        LoadContext::replacing(StaleValue::new(value, expired_for, validator))
     }
 
     /// Seals a loaded value and writes it only while `lease` is held (the
@@ -598,13 +726,14 @@ impl<V: Value> Cache<V> {
         ticket: Option<Ticket>,
         mut tags: Vec<TagStamp>,
         pinned: Option<&Pinned>,
+        extra: Extra,
     ) -> Result<bool, Error> {
         let inner = &self.inner;
         let now = inner.store.now_ms();
         if let Some(pinned) = pinned {
             tags.insert(0, pinned.stamp());
         }
-        let sealed = match self.seal_tagged(key, value, load_time, options, tags, now) {
+        let sealed = match self.seal_tagged(key, value, load_time, options, tags, now, extra) {
             Ok(sealed) => sealed,
             Err(err) => {
                 self.release(key, lease).await;
@@ -954,3 +1083,11 @@ impl<V: Value> Cache<V> {
 /// calls) before a caller takes it for stranded (see
 /// [`Cache::await_fill`]).
 const STRANDED_AFTER: Duration = Duration::from_secs(5);
+
+/// A "not modified" answer with no stored value to keep.
+fn unchanged_without_value() -> Error {
+    Error::new(
+        ErrorKind::Loader,
+        "answered not_modified, but no stored value was found to keep (a first load, or one the store could not give)",
+    )
+}

@@ -34,8 +34,8 @@ use crate::error::{Error, ErrorKind};
 use crate::log_limit::{LogLimiter, Warning, warn_limited};
 use crate::metrics::Metrics;
 use crate::store::{
-    FencedWrite, LeaseAttempt, LeaseRequest, Notice, RedisStore, Replace, Store, StoreFuture,
-    Subscription,
+    FencedRenewal, FencedWrite, LeaseAttempt, LeaseRequest, Notice, RedisStore, Renewal, Replace,
+    Store, StoreFuture, Subscription,
 };
 use std::sync::{Arc, Mutex};
 
@@ -398,6 +398,15 @@ impl Store for GuardedStore {
             write.key,
             move || self.store.fenced_set(write),
             |written| u64::from(*written),
+        )
+    }
+
+    fn fenced_renew<'a>(&'a self, renewal: FencedRenewal<'a>) -> StoreFuture<'a, Renewal> {
+        self.guard_notifying(
+            "fenced_renew",
+            renewal.key,
+            move || self.store.fenced_renew(renewal),
+            |renewed| u64::from(*renewed == Renewal::Renewed),
         )
     }
 

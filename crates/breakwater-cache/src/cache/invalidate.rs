@@ -20,6 +20,7 @@ use super::seal::Sealed;
 use super::tags::{self, check_tag, counter_ttl, tag_key};
 use super::trace::{Op, record_error};
 use super::value::Value;
+use crate::entry::Extra;
 use crate::error::{Error, ErrorKind};
 use crate::log_limit::show_key;
 use crate::store::{Notice, Replace, Store};
@@ -56,8 +57,15 @@ impl<V: Value> Cache<V> {
             {
                 stamps.insert(0, pinned.stamp());
             }
-            let sealed =
-                self.seal_tagged(&key, Some(value), Duration::ZERO, options, stamps, now)?;
+            let sealed = self.seal_tagged(
+                &key,
+                Some(value),
+                Duration::ZERO,
+                options,
+                stamps,
+                now,
+                Extra::default(),
+            )?;
             self.replace_batch(vec![(key.clone(), sealed)]).await
         }
         .instrument(span.clone())

@@ -14,12 +14,26 @@
 //! [`ErrorKind::Config`](crate::ErrorKind::Config) error for every caller
 //! of that load (the value is not served, nor written), never a panic or a
 //! silent default.
+//!
+//! # Conditional refresh
+//!
+//! A value may carry a small validator ([`Loaded::validator`]: an ETag, a
+//! row version, an `updated_at`, up to 255 bytes), stored with it. A
+//! refresh sees it ([`StaleValue::validator`]) and may answer
+//! [`Loaded::not_modified`]: the stored entry's fresh window is renewed
+//! (a new jittered TTL, through the lease's fence, with the fleet told so
+//! other processes' L1 copies are dropped and read again) without the value
+//! being encoded or sent again: the store is sent a few dozen bytes
+//! whatever the value's size ([`Store::fenced_renew`](crate::Store::fenced_renew)).
+//! If the stored entry is gone or was rewritten meanwhile, the value the
+//! loader saw is written whole instead.
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::options::Options;
+use crate::entry::MAX_VALIDATOR_LEN;
 use crate::error::{ConfigError, Error};
 use crate::jitter::Jitter;
 
@@ -93,11 +107,27 @@ impl<V: fmt::Debug> fmt::Debug for LoadContext<V> {
 pub struct StaleValue<V> {
     value: Option<V>,
     expired_for: Option<Duration>,
+    validator: Option<Box<[u8]>>,
 }
 
 impl<V> StaleValue<V> {
-    pub(crate) fn new(value: Option<V>, expired_for: Option<Duration>) -> Self {
-        StaleValue { value, expired_for }
+    pub(crate) fn new(
+        value: Option<V>,
+        expired_for: Option<Duration>,
+        validator: Option<Box<[u8]>>,
+    ) -> Self {
+        StaleValue {
+            value,
+            expired_for,
+            validator,
+        }
+    }
+
+    /// The validator the value was written with ([`Loaded::validator`]),
+    /// if any: compare it with the source's and answer
+    /// [`Loaded::not_modified`] when they match.
+    pub fn validator(&self) -> Option<&[u8]> {
+        self.validator.as_deref()
     }
 
     /// The value; `None` if what was cached is the absence of one (a
@@ -141,6 +171,23 @@ impl<V> StaleValue<V> {
 pub struct Loaded<V> {
     pub(crate) value: Option<V>,
     pub(crate) choices: Choices,
+    validator: Option<Box<[u8]>>,
+    /// "Not modified": the stored value stands.
+    unchanged: bool,
+}
+
+/// A loader's answer as the fill takes it.
+pub(crate) enum Resolved<V> {
+    /// A value (or its absence), written with these settings and this
+    /// validator; `None` settings: not cached.
+    Write {
+        value: Option<V>,
+        keep: Option<Options>,
+        validator: Option<Box<[u8]>>,
+    },
+    /// "Not modified": the stored entry is renewed with these settings
+    /// (`None`: left as it is).
+    Unchanged { keep: Option<Options> },
 }
 
 /// The settings a loader chose for its value's write.
@@ -210,9 +257,25 @@ impl<V> Loaded<V> {
     /// write (the call's `options` with the choices over them), `None` for
     /// "do not cache". A choice out of bounds is a
     /// [`Config`](crate::ErrorKind::Config) error.
-    pub(crate) fn resolve(self, options: &Options) -> Result<(Option<V>, Option<Options>), Error> {
+    pub(crate) fn resolve(self, options: &Options) -> Result<Resolved<V>, Error> {
         let chosen = self.choices.apply(options)?;
-        Ok((self.value, (!self.choices.skip).then_some(chosen)))
+        let keep = (!self.choices.skip).then_some(chosen);
+        if self.unchanged {
+            return Ok(Resolved::Unchanged { keep });
+        }
+        if let Some(validator) = &self.validator
+            && (validator.is_empty() || validator.len() > MAX_VALIDATOR_LEN)
+        {
+            return Err(Error::from(ConfigError::new(format!(
+                "the loader chose an invalid setting: a validator is 1 to {MAX_VALIDATOR_LEN} bytes, got {}",
+                validator.len()
+            ))));
+        }
+        Ok(Resolved::Write {
+            value: self.value,
+            keep,
+            validator: self.validator,
+        })
     }
 
     /// A value, cached with the call's settings unless chosen here.
@@ -220,6 +283,8 @@ impl<V> Loaded<V> {
         Loaded {
             value: Some(value),
             choices: Choices::NONE,
+            validator: None,
+            unchanged: false,
         }
     }
 
@@ -229,7 +294,54 @@ impl<V> Loaded<V> {
         Loaded {
             value: None,
             choices: Choices::NONE,
+            validator: None,
+            unchanged: false,
         }
+    }
+
+    /// "Not modified": the value the loader was shown
+    /// ([`LoadContext::stale`]) is still right. Its stored entry is renewed
+    /// (a new fresh window, with the call's settings or those chosen here)
+    /// without being sent again, and its callers get that value. Without a
+    /// stored value to keep (a first load, or one the store could not
+    /// give), the load fails with a [`Loader`](crate::ErrorKind::Loader)
+    /// error.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use breakwater_cache::{Cache, LoadContext, Loaded};
+    ///
+    /// # async fn etag_of_row() -> Result<Vec<u8>, std::io::Error> { Ok(b"v7".to_vec()) }
+    /// # async fn read_row() -> Result<String, std::io::Error> { Ok("row".into()) }
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), breakwater_cache::Error> {
+    /// let cache = Cache::<String>::builder().build()?;
+    /// let loader = |ctx: LoadContext<String>| async move {
+    ///     let etag = etag_of_row().await?; // cheap: no row read
+    ///     if ctx.stale().and_then(|s| s.validator()) == Some(&etag[..]) {
+    ///         return Ok(Loaded::not_modified());
+    ///     }
+    ///     Ok::<_, std::io::Error>(Loaded::value(read_row().await?).validator(etag))
+    /// };
+    /// assert_eq!(cache.get_or_load_with_context("row:7", loader).await?.as_deref(), Some("row"));
+    /// # Ok(()) }
+    /// ```
+    pub fn not_modified() -> Self {
+        Loaded {
+            value: None,
+            choices: Choices::NONE,
+            validator: None,
+            unchanged: true,
+        }
+    }
+
+    /// Stores `validator` (1 to 255 bytes: an ETag, a version, an
+    /// `updated_at`) with this value, for the next refresh to compare
+    /// ([`StaleValue::validator`]). Longer or empty is a
+    /// [`Config`](crate::ErrorKind::Config) error.
+    pub fn validator(mut self, validator: impl Into<Vec<u8>>) -> Self {
+        self.validator = Some(validator.into().into_boxed_slice());
+        self
     }
 
     /// This value's fresh TTL, before jitter (1 ms to 365 days).
@@ -293,6 +405,8 @@ impl<V> From<Option<V>> for Loaded<V> {
         Loaded {
             value,
             choices: Choices::NONE,
+            validator: None,
+            unchanged: false,
         }
     }
 }

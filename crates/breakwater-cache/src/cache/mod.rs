@@ -146,6 +146,7 @@ use std::time::Duration;
 use tracing::Instrument;
 
 use crate::breaker::BreakerState;
+use crate::entry::Extra;
 use crate::error::Error;
 use crate::key::CacheKey;
 use crate::metrics::Stats;
@@ -247,8 +248,15 @@ impl<V: Value> Cache<V> {
             let pinned = self.revoke_previous(&key, longest).await?;
             let stamps = pinned.iter().map(Pinned::stamp).collect();
             let (now, options) = (self.inner.store.now_ms(), &self.inner.defaults);
-            let sealed =
-                self.seal_tagged(&key, Some(&value), Duration::ZERO, options, stamps, now)?;
+            let sealed = self.seal_tagged(
+                &key,
+                Some(&value),
+                Duration::ZERO,
+                options,
+                stamps,
+                now,
+                Extra::default(),
+            )?;
             batch.push((key, sealed));
             if batch.len() == SET_MANY_BATCH {
                 self.replace_batch(std::mem::take(&mut batch)).await?;

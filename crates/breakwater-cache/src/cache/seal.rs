@@ -9,7 +9,7 @@ use super::options::Options;
 use super::value::Value;
 use crate::clock::millis;
 use crate::codec::Encode;
-use crate::entry::{Entry, TagStamp};
+use crate::entry::{Entry, Extra, TagStamp};
 use crate::error::{Error, ErrorKind};
 use crate::l1::{Stamp, Ticket};
 use crate::log_limit::{Warning, show_key, warn_limited};
@@ -62,13 +62,23 @@ impl<V: Value> Cache<V> {
         options: &Options,
     ) -> Result<Sealed, Error> {
         let now = self.inner.store.now_ms();
-        self.seal_tagged(key, value, load_time, options, Vec::new(), now)
+        self.seal_tagged(
+            key,
+            value,
+            load_time,
+            options,
+            Vec::new(),
+            now,
+            Extra::default(),
+        )
     }
 
     /// [`seal`](Self::seal), recording `tags` (with their generations) in
     /// the entry (a format version 2 entry, unless `tags` is empty), its
     /// windows counted from `now` (store clock): when the value was had,
-    /// which for a `set` is before its tags' generations were read.
+    /// which for a `set` is before its tags' generations were read; `extra`:
+    /// the extension items it carries (a loader's validator).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn seal_tagged(
         &self,
         key: &[u8],
@@ -77,6 +87,7 @@ impl<V: Value> Cache<V> {
         options: &Options,
         tags: Vec<TagStamp>,
         now: u64,
+        extra: Extra,
     ) -> Result<Sealed, Error> {
         let inner = &self.inner;
         let (payload, negative) = match value {
@@ -91,13 +102,38 @@ impl<V: Value> Cache<V> {
             },
             None => (Vec::new(), true),
         };
+        let (fresh_until, stale_until) = self.windows(negative, options, now);
+        let load_ms = u32::try_from(load_time.as_millis()).unwrap_or(u32::MAX);
+        let entry = Entry {
+            codec: inner.settings.codec,
+            negative,
+            fresh_until,
+            stale_until,
+            load_ms,
+            payload,
+            tags: tags.into(),
+            extra,
+        };
+        let bytes = entry.encode(&inner.settings.compression);
+        Ok(Sealed {
+            bytes,
+            // What is left of the windows when it is written.
+            ttl: Duration::from_millis(stale_until.saturating_sub(inner.store.now_ms()).max(1)),
+            stamp: stamp(&entry),
+        })
+    }
+
+    /// An entry's windows from `now` (store clock) under `options`: fresh
+    /// for the jittered TTL (the negative TTL for a negative entry), then
+    /// servable stale for `max_stale` (never, for a negative entry).
+    pub(super) fn windows(&self, negative: bool, options: &Options, now: u64) -> (u64, u64) {
         let base = if negative {
             options.negative_ttl
         } else {
             options.ttl
         };
         let fresh = {
-            let mut rng = inner.rng.lock().unwrap_or_else(|p| p.into_inner());
+            let mut rng = self.inner.rng.lock().unwrap_or_else(|p| p.into_inner());
             options.jitter.apply(base, &mut *rng)
         };
         let fresh_ms = millis(fresh).max(1);
@@ -108,24 +144,21 @@ impl<V: Value> Cache<V> {
             millis(options.max_stale())
         };
         let fresh_until = now.saturating_add(fresh_ms);
-        let stale_until = fresh_until.saturating_add(stale_ms);
-        let load_ms = u32::try_from(load_time.as_millis()).unwrap_or(u32::MAX);
-        let entry = Entry {
-            codec: inner.settings.codec,
-            negative,
-            fresh_until,
-            stale_until,
-            load_ms,
-            payload,
-            tags: tags.into(),
-        };
-        let bytes = entry.encode(&inner.settings.compression);
-        Ok(Sealed {
-            bytes,
-            // What is left of the windows when it is written.
-            ttl: Duration::from_millis(stale_until.saturating_sub(inner.store.now_ms()).max(1)),
-            stamp: stamp(&entry),
-        })
+        (fresh_until, fresh_until.saturating_add(stale_ms))
+    }
+
+    /// Keeps a value whose stored entry this process just renewed in L1,
+    /// with the renewed windows (`stamp`), unless the key was invalidated
+    /// since the load began (`ticket`).
+    pub(super) fn keep_renewed(
+        &self,
+        key: &[u8],
+        value: Option<V>,
+        stamp: Stamp,
+        ticket: Option<Ticket>,
+    ) {
+        let now_ms = self.inner.store.now_ms();
+        self.keep_near(key, value, stamp, stamp.stale_until, now_ms, ticket);
     }
 
     /// Keeps a value read from the store in L1, for no longer than the

@@ -54,7 +54,7 @@ use super::handle::Cache;
 use super::keys::lease_key;
 use super::notify::{self};
 use super::value::Value;
-use crate::entry::{Entry, TagStamp};
+use crate::entry::{Entry, Extra, TagStamp};
 use crate::error::Error;
 use crate::store::{Notice, Store, Unchanged, fnv1a};
 
@@ -175,6 +175,7 @@ impl<V: Value> Cache<V> {
             load_ms,
             payload: Vec::new(),
             tags: Vec::new().into(),
+            extra: Extra::default(),
         }
         .encode(&self.inner.settings.compression)
     }

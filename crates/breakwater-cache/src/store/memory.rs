@@ -14,8 +14,8 @@ use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 
 use super::{
-    Delivery, FencedWrite, LeaseAttempt, Notice, SUBSCRIPTION_BUFFER, Store, StoreFuture,
-    Subscription, fnv1a, parse_generation, ttl_millis,
+    Delivery, FencedRenewal, FencedWrite, LeaseAttempt, Notice, Renewal, SUBSCRIPTION_BUFFER,
+    Store, StoreFuture, Subscription, fnv1a, parse_generation, ttl_millis,
 };
 use crate::clock::{SystemClock, WallClock, millis};
 
@@ -480,6 +480,46 @@ impl Store for MemoryStore {
                     .publish(write.notice.channel, write.notice.message),
             }
             true
+        });
+        Box::pin(async move { result })
+    }
+
+    fn fenced_renew<'a>(&'a self, renewal: FencedRenewal<'a>) -> StoreFuture<'a, Renewal> {
+        let result = ttl_millis(renewal.ttl).map(|ms| {
+            let FencedRenewal {
+                key,
+                offset,
+                expected,
+                patch,
+                ..
+            } = renewal;
+            let renewed =
+                self.inner
+                    .with_held_lease(renewal.lease_key, renewal.token, |leases, now| {
+                        let mut shard = self.inner.shard_for(key);
+                        let Some(held) = shard.live(key, now) else {
+                            return false;
+                        };
+                        let mut value = held.value.clone();
+                        let end = offset.saturating_add(expected.len());
+                        if value.get(offset..end) != Some(expected) || patch.len() > expected.len()
+                        {
+                            return false;
+                        }
+                        value[offset..offset + patch.len()].copy_from_slice(patch);
+                        shard.put(key, &value, now, ms);
+                        leases.remove(renewal.lease_key);
+                        true
+                    });
+            match renewed {
+                None => Renewal::Refused,
+                Some(false) => Renewal::Declined,
+                Some(true) => {
+                    self.inner
+                        .publish(renewal.notice.channel, renewal.notice.message);
+                    Renewal::Renewed
+                }
+            }
         });
         Box::pin(async move { result })
     }

@@ -105,7 +105,9 @@ pub(crate) const SUBSCRIPTION_BUFFER: usize = 4096;
 ///   `extend_lease`, `release_lease`, `fenced_set`, `replace`, `invalidate`,
 ///   `bump_generation`, `tag_generations`; with a default,
 ///   [`pin`](Store::pin) (a `get`, then a `set` of the placeholder if
-///   nothing was there: not atomic, see its docs).
+///   nothing was there: not atomic, see its docs) and
+///   [`fenced_renew`](Store::fenced_renew) (declines: the holder then
+///   writes the whole entry with `fenced_set`).
 /// - **Bus**: `publish`, `subscribe`; no defaults.
 /// - **Batch**, all with defaults: [`get_many`](Store::get_many) (one `get`
 ///   after another), [`acquire_leases`](Store::acquire_leases) (one
@@ -312,6 +314,25 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
         })
     }
 
+    /// The lease holder's renewal of an entry its load found unchanged (a
+    /// loader's "not modified"), without sending the entry again: only if
+    /// `renewal.token` still holds `renewal.lease_key` and the value under
+    /// `renewal.key` holds `renewal.expected` at `renewal.offset`, writes
+    /// `renewal.patch` at that offset, resets the key's TTL to
+    /// `renewal.ttl`, deletes the lease and publishes the notice, all
+    /// atomically ([`Renewal::Renewed`]). A lease no longer held changes
+    /// nothing ([`Renewal::Refused`], as a refused [`fenced_set`](Store::fenced_set)).
+    /// A value that does not hold `expected` there (gone, evicted,
+    /// rewritten) changes nothing and keeps the lease
+    /// ([`Renewal::Declined`]): the holder writes the whole entry instead.
+    ///
+    /// The default declines, so a backend without it writes whole entries
+    /// and stays correct.
+    fn fenced_renew<'a>(&'a self, renewal: FencedRenewal<'a>) -> StoreFuture<'a, Renewal> {
+        let _ = renewal;
+        Box::pin(async { Ok(Renewal::Declined) })
+    }
+
     // --- bus ---
 
     /// Publishes `message` on `channel` to every subscriber, in every process.
@@ -467,6 +488,44 @@ pub struct FencedWrite<'a> {
     /// lost lease: the lease is released, `notice` published, `false`
     /// returned. The key shares the value's hash slot.
     pub unchanged: Option<Unchanged<'a>>,
+}
+
+/// A lease holder's renewal of an unchanged entry; see
+/// [`Store::fenced_renew`].
+#[derive(Debug, Clone, Copy)]
+pub struct FencedRenewal<'a> {
+    /// The entry's key.
+    pub key: &'a [u8],
+    /// Where in the stored value `expected` is compared and `patch`
+    /// written.
+    pub offset: usize,
+    /// What the stored value must hold at `offset`: the entry as the holder
+    /// read it.
+    pub expected: &'a [u8],
+    /// What is written at `offset` (never longer than `expected`).
+    pub patch: &'a [u8],
+    /// The key's new TTL.
+    pub ttl: Duration,
+    /// The lease that must still be held.
+    pub lease_key: &'a [u8],
+    /// The holder's token.
+    pub token: &'a [u8],
+    /// Published after a renewal, or (the lease deleted) a refusal of the
+    /// entry's bytes; see [`Store::fenced_renew`].
+    pub notice: Notice<'a>,
+}
+
+/// What [`Store::fenced_renew`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Renewal {
+    /// Patched, its TTL reset, the lease released and the notice sent.
+    Renewed,
+    /// The lease was no longer held: nothing changed.
+    Refused,
+    /// The stored value did not hold what was expected (or the backend
+    /// cannot renew): nothing changed, and the lease is still held.
+    Declined,
 }
 
 /// The condition of a [`FencedWrite::unchanged`]: `key` holds `bytes`.

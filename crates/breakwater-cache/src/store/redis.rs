@@ -57,12 +57,12 @@ use self::connection::{RedisCore, Topology};
 use self::latency::DeadlineKind;
 use self::scripts::{
     ACQUIRE_LEASES, BUMP_GENERATION, EXTEND_LEASE, FENCED_SET, INVALIDATE, PIN, RELEASE_LEASE,
-    REPLACE, TAG_GENERATIONS, run_script,
+    RENEW, REPLACE, TAG_GENERATIONS, run_script,
 };
 use self::sentinel::Revocation;
 use super::{
-    FencedWrite, LeaseAttempt, LeaseRequest, Notice, Replace, Store, StoreFuture, Subscription,
-    parse_generation, ttl_millis,
+    FencedRenewal, FencedWrite, LeaseAttempt, LeaseRequest, Notice, Renewal, Replace, Store,
+    StoreFuture, Subscription, parse_generation, ttl_millis,
 };
 use crate::error::{Error, ErrorKind};
 
@@ -547,6 +547,32 @@ impl Store for RedisStore {
             }
             let written: i64 = self.inner.eval(script).await?;
             Ok(written == 1)
+        })
+    }
+
+    fn fenced_renew<'a>(&'a self, renewal: FencedRenewal<'a>) -> StoreFuture<'a, Renewal> {
+        Box::pin(async move {
+            let ms = ttl_millis(renewal.ttl)?;
+            let renewed: i64 = self
+                .inner
+                .eval(
+                    RENEW
+                        .key(renewal.key)
+                        .key(renewal.lease_key)
+                        .arg(renewal.token)
+                        .arg(renewal.offset)
+                        .arg(renewal.expected)
+                        .arg(renewal.patch)
+                        .arg(ms)
+                        .arg(renewal.notice.channel)
+                        .arg(renewal.notice.message),
+                )
+                .await?;
+            Ok(match renewed {
+                1 => Renewal::Renewed,
+                2 => Renewal::Declined,
+                _ => Renewal::Refused,
+            })
         })
     }
 

@@ -15,7 +15,8 @@ use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::error::Error;
 use crate::store::{
-    Delivery, FencedWrite, LeaseAttempt, MemoryStore, Notice, Store, StoreFuture, Subscription,
+    Delivery, FencedRenewal, FencedWrite, LeaseAttempt, MemoryStore, Notice, Renewal, Store,
+    StoreFuture, Subscription,
 };
 
 fn ms(n: u64) -> Duration {
@@ -657,6 +658,12 @@ impl Brief for Option<Duration> {
     }
 }
 
+impl Brief for Renewal {
+    fn brief(&self) -> String {
+        format!("{self:?}").to_lowercase()
+    }
+}
+
 impl Brief for bool {
     fn brief(&self) -> String {
         self.to_string()
@@ -882,6 +889,13 @@ impl<S: Store> Store for ChaosStore<S> {
     fn fenced_set<'a>(&'a self, write: FencedWrite<'a>) -> StoreFuture<'a, bool> {
         self.call("fenced_set", write.key, move || {
             self.inner.fenced_set(write)
+        })
+    }
+
+    /// The wrapped store's, as one call (one fault plan).
+    fn fenced_renew<'a>(&'a self, renewal: FencedRenewal<'a>) -> StoreFuture<'a, Renewal> {
+        self.call("fenced_renew", renewal.key, move || {
+            self.inner.fenced_renew(renewal)
         })
     }
 

@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::error::Error;
-use crate::store::{FencedWrite, LeaseAttempt, Notice, Store, StoreFuture, Subscription};
+use crate::store::{
+    FencedRenewal, FencedWrite, LeaseAttempt, Notice, Renewal, Store, StoreFuture, Subscription,
+};
 
 /// A [`Store`] that counts the [`get`](Store::get)s it is asked for and
 /// hands every operation to `inner`, with a few faults to switch on and
@@ -228,6 +230,10 @@ impl<S: Store> Store for CountingStore<S> {
     }
     fn fenced_set<'a>(&'a self, w: FencedWrite<'a>) -> StoreFuture<'a, bool> {
         self.inner.fenced_set(w)
+    }
+    /// The wrapped store's.
+    fn fenced_renew<'a>(&'a self, r: FencedRenewal<'a>) -> StoreFuture<'a, Renewal> {
+        self.inner.fenced_renew(r)
     }
     /// The wrapped store's.
     fn pin<'a>(&'a self, k: &'a [u8], p: &'a [u8], ttl: Duration) -> StoreFuture<'a, Vec<u8>> {

@@ -27,6 +27,7 @@ use crate::cache::notify::{self, FILLED};
 use crate::cache::options::Options;
 use crate::cache::tags::counter_ttl;
 use crate::cache::value::Value;
+use crate::entry::Extra;
 use crate::error::Error;
 use crate::jitter::poll_delay;
 use crate::key::CacheKey;
@@ -275,6 +276,7 @@ impl<V: Value> Cache<V> {
                                 ticket,
                                 Vec::new(),
                                 pinned.as_ref(),
+                                Extra::default(),
                             )
                             .await;
                         done[i].store(true, Ordering::Release);

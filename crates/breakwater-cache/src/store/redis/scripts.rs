@@ -119,6 +119,32 @@ pub(super) static FENCED_SET: LazyLock<Lua> = LazyLock::new(|| {
     )
 });
 
+/// The holder's renewal of an unchanged entry: KEYS = value, lease; ARGV
+/// = token, offset, expected bytes, patch, ttl ms, channel, message. Only
+/// while the token holds the lease: if the value holds the expected bytes
+/// at the offset, `SETRANGE` the patch there, `PEXPIRE` it, delete the
+/// lease, publish and return 1; if not (gone, rewritten, another Redis
+/// type), change nothing, keep the lease and return 2. A lease not held:
+/// 0.
+pub(super) static RENEW: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"local held = redis.call('GET', KEYS[2])
+          if not (held and string.sub(held, 1, -2) == ARGV[1]) then
+            return 0
+          end
+          local at = tonumber(ARGV[2])
+          local seen = redis.pcall('GETRANGE', KEYS[1], at, at + #ARGV[3] - 1)
+          if type(seen) ~= 'string' or seen ~= ARGV[3] then
+            return 2
+          end
+          redis.call('SETRANGE', KEYS[1], at, ARGV[4])
+          redis.call('PEXPIRE', KEYS[1], ARGV[5])
+          redis.call('DEL', KEYS[2])
+          redis.call('PUBLISH', ARGV[6], ARGV[7])
+          return 1",
+    )
+});
+
 /// What `KEYS[1]` holds, or `ARGV[1]` (the placeholder), written there with
 /// `PX` `ARGV[2]` if it holds nothing.
 pub(super) static PIN: LazyLock<Lua> = LazyLock::new(|| {
