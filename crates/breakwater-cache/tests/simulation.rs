@@ -151,6 +151,24 @@
 //! join the load still in the air, and no-resurrection holds them to the
 //! new version (a revoked load answers only callers that started before).
 //!
+//! **adaptive round**: a chaos round (keys `a00`..) whose reads use
+//! context loaders (`get_or_load_with_context`): each value's TTL chosen
+//! by its loader (1 to 3 s), the version stored as its validator and
+//! "not modified" answered when it matches, every fifth version not
+//! cached; a tenth of the calls `expire` (after a database write), which
+//! fences the key softly: every later call the fence binds may get an older
+//! version only as `Stale`.
+//!
+//! **renew-revoked**: a refresh that answers "not modified" after a
+//! slow, read-first load while another process changes the row and
+//! `expire`s the key: the renewal is refused, and no later call is served
+//! the old version as fresh.
+//!
+//! **expire-reaches-l1**: two healthy processes with L1 and grace; one
+//! changes and `expire`s keys the other holds in L1; the other's calls
+//! from one reply later are never served an older version as fresh (the
+//! expiry must reach its L1 over the bus).
+//!
 //! **fail-safe-l1** (the empty-restart round): two processes with L1 and a
 //! minute of `max_stale` hold six keys; the store then loses every entry
 //! and lease of them and the database goes down; for 20 s, every call on
@@ -168,7 +186,8 @@ use std::time::Duration;
 
 use breakwater_cache::testing::{BusChange, ChaosEvent, ChaosStore, Faults};
 use breakwater_cache::{
-    Cache, Error, Fetched, Jitter, L1Config, MemoryStore, Served, StaleReason, Store,
+    Cache, Error, Fetched, Jitter, L1Config, LoadContext, Loaded, MemoryStore, Served, StaleReason,
+    Store,
 };
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -253,7 +272,7 @@ fn chaos_store(inner: MemoryStore, seed: u64, world: &Arc<World>, proc: usize) -
         // A revoking write (`replace`, `invalidate`) of a key, counted once
         // it ran in the store, whether or not its caller hears of it.
         ChaosEvent::Ran {
-            method: "replace" | "invalidate",
+            method: "replace" | "invalidate" | "expire_entry",
             key,
             result: Ok(_),
             ..
@@ -306,6 +325,8 @@ fn traced(method: &str) -> Option<&'static str> {
         "invalidate" => "s.invalid",
         "bump_generation" => "s.bump",
         "tag_generations" => "s.tag_gens",
+        "expire_entry" => "s.expire",
+        "fenced_renew" => "s.renew",
         _ => return None,
     })
 }
@@ -366,7 +387,7 @@ struct Violation {
     at: usize,
 }
 
-/// An `invalidate` or `set` that returned `Ok`.
+/// An `invalidate`, `set` or `expire` that returned `Ok`.
 #[derive(Debug, Clone, Copy)]
 struct Fence {
     proc: usize,
@@ -374,6 +395,9 @@ struct Fence {
     seq: u64,
     at: Instant,
     version: u64,
+    /// An `expire`: binds what is served fresh; an older value may still
+    /// be served `Stale`.
+    soft: bool,
 }
 
 /// What a simulated process is, for the checker.
@@ -417,6 +441,10 @@ type LoadHook = Box<dyn FnMut(usize, &str) + Send>;
 /// What a simulated loader returns.
 type LoadFuture =
     std::pin::Pin<Box<dyn Future<Output = Result<Option<Val>, std::convert::Infallible>> + Send>>;
+
+/// What a simulated context loader returns.
+type ContextFuture =
+    std::pin::Pin<Box<dyn Future<Output = Result<Loaded<Val>, std::convert::Infallible>> + Send>>;
 
 type BatchLoadFuture = std::pin::Pin<
     Box<dyn Future<Output = Result<Vec<(String, Val)>, std::convert::Infallible>> + Send>,
@@ -562,6 +590,77 @@ impl World {
         }
     }
 
+    /// The context loader of one call in the adaptive round (see
+    /// [`get_adaptive`]): sleeps `delay`, then reads the database.
+    fn context_loader(
+        self: &Arc<Self>,
+        proc: usize,
+        key: &str,
+        delay: Duration,
+    ) -> impl FnOnce(LoadContext<Val>) -> ContextFuture + Clone + Send + Sync + 'static {
+        self.context_loader_of(proc, key, delay, false)
+    }
+
+    /// [`context_loader`](Self::context_loader), reading the database
+    /// before its delay if `read_first`.
+    fn context_loader_of(
+        self: &Arc<Self>,
+        proc: usize,
+        key: &str,
+        delay: Duration,
+        read_first: bool,
+    ) -> impl FnOnce(LoadContext<Val>) -> ContextFuture + Clone + Send + Sync + 'static {
+        let (world, key) = (Arc::clone(self), key.to_owned());
+        let n: u64 = key[1..].parse().expect("keys are a letter and a number");
+        let ttl = Duration::from_secs(1 + n % 3);
+        move |ctx| {
+            Box::pin(async move {
+                let start = Instant::now();
+                lock(&world.history)
+                    .load_calls
+                    .entry(key.clone())
+                    .or_default()
+                    .push(proc);
+                let read = || {
+                    let version = world.version(&key);
+                    world.produced(&key, version, Instant::now());
+                    version
+                };
+                let version = if read_first {
+                    let version = read();
+                    sleep(delay).await;
+                    version
+                } else {
+                    sleep(delay).await;
+                    read()
+                };
+                let validator = version.to_be_bytes();
+                let seen = ctx.stale().and_then(|s| s.validator());
+                let (answer, how) = if seen == Some(&validator[..]) {
+                    (Loaded::not_modified().ttl(ttl), "not modified")
+                } else if version % 5 == 4 {
+                    let val = Val {
+                        key: key.clone(),
+                        version,
+                    };
+                    (Loaded::value(val).do_not_cache(), "not cached")
+                } else {
+                    let val = Val {
+                        key: key.clone(),
+                        version,
+                    };
+                    let answer = Loaded::value(val)
+                        .ttl(ttl)
+                        .jitter(Jitter::ratio(JITTER))
+                        .validator(validator);
+                    (answer, "")
+                };
+                world.trace(proc, "load", &key, start, format!("v{version} {how}"));
+                Ok(answer)
+            })
+        }
+    }
+
     /// The batch loader of one `get_many` in process `proc`: records a load
     /// of every key, sleeps `delay`, then reads the database.
     fn batch_loader(
@@ -665,9 +764,11 @@ impl World {
             == Served::Stale {
                 reason: StaleReason::StoreUnavailable,
             };
+        let stale = matches!(served, Served::Stale { .. });
         let binding = fences
             .iter()
             .filter(|f| f.seq < seq)
+            .filter(|f| !(f.soft && stale))
             .filter(|f| {
                 f.proc == proc
                     || match profile.l1_ttl {
@@ -749,6 +850,11 @@ impl World {
     }
 
     fn fence(&self, proc: usize, key: &str, version: u64) {
+        self.fence_of(proc, key, version, false);
+    }
+
+    /// A fence; `soft` for an `expire`.
+    fn fence_of(&self, proc: usize, key: &str, version: u64, soft: bool) {
         let mut h = lock(&self.history);
         h.seq += 1;
         let fence = Fence {
@@ -756,6 +862,7 @@ impl World {
             seq: h.seq,
             at: Instant::now(),
             version,
+            soft,
         };
         h.fences.entry(key.to_owned()).or_default().push(fence);
     }
@@ -798,6 +905,9 @@ enum Round {
     /// Processes 0 and 1 at version 1 (no transition: the code deployed
     /// before), 2 and 3 at version 2 in its transition.
     Versions,
+    /// Context loaders (per-value TTLs, validators, "not modified", "do
+    /// not cache") and `expire` beside `invalidate` and `set`.
+    Adaptive,
 }
 
 /// The versions of the version round's processes.
@@ -891,6 +1001,21 @@ async fn get(
             p.cache.get_or_load_with_meta(key, loader).await
         }
     };
+    let result = timeout(BOUND, call).await;
+    world.check_get(p.id, p.profile, key, seq, start, result, BOUND)
+}
+
+/// One `get_or_load_with_context` through the checker (the adaptive
+/// round): the loader chooses its value's TTL (1 to 3 s by key, with the
+/// round's jitter: never longer than the others', so the time check
+/// holds), stores the version as its validator and answers "not modified"
+/// when the stale value's validator is the database's version; every
+/// fifth version is not cached.
+async fn get_adaptive(world: &Arc<World>, p: &Proc, key: &str, delay: Duration) -> Option<Val> {
+    let seq = world.next_seq();
+    let start = Instant::now();
+    let loader = world.context_loader(p.id, key, delay);
+    let call = p.cache.get_or_load_with_context_meta(key, loader);
     let result = timeout(BOUND, call).await;
     world.check_get(p.id, p.profile, key, seq, start, result, BOUND)
 }
@@ -1002,7 +1127,9 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
         Round::Plain => (0, "k", 0),
         Round::Tagged => (4, "t", 100),
         Round::Versions => (6, "v", 200),
+        Round::Adaptive => (13, "a", 300),
     };
+    let adaptive = kind == Round::Adaptive;
     let versions: &[u32] = match kind {
         Round::Versions => &VERSION_FLEET,
         _ => &[],
@@ -1125,6 +1252,10 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                     let p = &procs[rng.random_range(0..procs.len())];
                     let key = &keys[rng.random_range(0..keys.len())];
                     match rng.random_range(0..100) {
+                        0..70 if adaptive => {
+                            let delay = loader_delay(&mut rng);
+                            get_adaptive(&world, p, key, delay).await;
+                        }
                         0..70 => {
                             let delay = loader_delay(&mut rng);
                             get(&world, p, key, delay, tagged).await;
@@ -1151,7 +1282,10 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                                 .then(|| ms(rng.random_range(0..=700)));
                             let within = dropped.unwrap_or(BOUND);
                             let ran_before = world.revocations(key);
-                            let (op, result) = if roll < 90 {
+                            let soft = adaptive && roll < 87;
+                            let (op, result) = if soft {
+                                ("expire", timeout(within, p.cache.expire(key)).await)
+                            } else if roll < 90 {
                                 ("invalidate", timeout(within, p.cache.invalidate(key)).await)
                             } else {
                                 world.produced(key, version, start);
@@ -1170,7 +1304,7 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                             };
                             let outcome = match result {
                                 Ok(Ok(())) => {
-                                    world.fence(p.id, key, version);
+                                    world.fence_of(p.id, key, version, soft);
                                     format!("ok v{version}")
                                 }
                                 Ok(Err(err)) => format!("error {:?} v{version}", err.kind()),
@@ -1179,7 +1313,7 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                                 // drop; the others hear the bus).
                                 Err(_) if dropped.is_some() => {
                                     if world.revocations(key) > ran_before {
-                                        world.fence(p.id, key, version);
+                                        world.fence_of(p.id, key, version, soft);
                                         format!("dropped after the store ran it v{version}")
                                     } else {
                                         format!("dropped before the store ran it v{version}")
@@ -1767,6 +1901,121 @@ async fn bus_death_round(world: &Arc<World>) {
     }
 }
 
+/// **expire-reaches-l1**: two healthy processes with L1 (30 s TTL, no
+/// message loss) and 10 s of grace hold four keys; process 1 changes and
+/// expires every key. Process 0's calls that start more than one store
+/// reply later must not be served an older version as fresh (its L1 copy
+/// dropped by the bus, the store's entry stale): `Stale` within grace, or
+/// the new version.
+async fn expire_round(world: &Arc<World>) {
+    let grace = Duration::from_secs(10);
+    let procs = fleet(world, 14, &[(grace, true); 2], false);
+    let (reader, expirer) = (&procs[0], &procs[1]);
+    let keys: Vec<String> = (0..4).map(|k| format!("e{k}")).collect();
+    for p in &procs {
+        for key in &keys {
+            get(world, p, key, ms(5), false).await;
+        }
+    }
+    let mut rng = stream(world.seed, 95);
+    sleep(ms(rng.random_range(10..500))).await;
+    let mut fences = Vec::new();
+    for key in &keys {
+        let version = world.bump(key);
+        let start = Instant::now();
+        match timeout(BOUND, expirer.cache.expire(key)).await {
+            Ok(Ok(())) => {
+                world.fence_of(expirer.id, key, version, true);
+                fences.push((key.clone(), version, Instant::now()));
+            }
+            outcome => world.violate(
+                "errors-in-healthy-round",
+                key,
+                format!("P1 expire({key}) in the expire round: {outcome:?}"),
+            ),
+        }
+        world.trace(expirer.id, "expire", key, start, format!("v{version}"));
+    }
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        let (key, version, at) = &fences[rng.random_range(0..fences.len())];
+        let (seq, start) = (world.next_seq(), Instant::now());
+        let loader = world.loader(reader.id, key, ms(5));
+        let result = timeout(BOUND, reader.cache.get_or_load_with_meta(key, loader)).await;
+        let served = match &result {
+            Ok(Ok(fetched)) => Some(fetched.served),
+            _ => None,
+        };
+        let got = world.check_get(reader.id, reader.profile, key, seq, start, result, BOUND);
+        let fresh = !matches!(served, Some(Served::Stale { .. }));
+        if start >= *at + MAX_REPLY
+            && fresh
+            && let Some(val) = got.filter(|val| val.version < *version)
+        {
+            world.violate(
+                "expire-reaches-l1",
+                key,
+                format!(
+                    "P0 get_or_load({key}) at {} ms was served v{} as {served:?} after P1 \
+                     expired it at v{version} ({} ms)",
+                    world.ms(start),
+                    val.version,
+                    world.ms(*at)
+                ),
+            );
+        }
+        sleep(ms(rng.random_range(10..100))).await;
+    }
+}
+
+/// **renew-revoked**: a process refreshes a stale key (grace) with a
+/// context loader that reads the database first and answers "not
+/// modified" 0.8 to 2.5 s later; meanwhile another process changes the row
+/// and `expire`s the key, and nobody reads it until the answer is in. The
+/// renewal must be refused (the lease was revoked; the header it expects
+/// changed too): the calls that follow, in either process, are never
+/// served the old version as fresh (the soft fence, checked on every
+/// result).
+async fn renew_revoked_round(world: &Arc<World>) {
+    let grace = Duration::from_secs(10);
+    let procs = fleet(world, 15, &[(grace, false); 2], false);
+    let (renewer, writer) = (&procs[0], &procs[1]);
+    let mut rng = stream(world.seed, 96);
+    for k in 0..3 {
+        // Keys `n0`, `n3`, `n6`: a loader-chosen TTL of 1 s.
+        let key = format!("n{}", 3 * k);
+        get_adaptive(world, renewer, &key, ms(5)).await;
+        sleep(ms(rng.random_range(1_200..1_600))).await;
+        let (seq, start) = (world.next_seq(), Instant::now());
+        let delay = ms(rng.random_range(800..2_500));
+        let loader = world.context_loader_of(renewer.id, &key, delay, true);
+        let call = renewer.cache.get_or_load_with_context_meta(&key, loader);
+        let result = timeout(BOUND, call).await;
+        world.check_get(renewer.id, renewer.profile, &key, seq, start, result, BOUND);
+        sleep(ms(rng.random_range(50..500))).await;
+        let version = world.bump(&key);
+        let start = Instant::now();
+        match timeout(BOUND, writer.cache.expire(&key)).await {
+            Ok(Ok(())) => world.fence_of(writer.id, &key, version, true),
+            outcome => world.violate(
+                "errors-in-healthy-round",
+                &key,
+                format!("P1 expire({key}) in the renew-revoked round: {outcome:?}"),
+            ),
+        }
+        world.trace(writer.id, "expire", &key, start, format!("v{version}"));
+        // Nobody reads until the renewal would have landed (a read would
+        // refresh the key first).
+        sleep(ms(2_600)).await;
+        let until = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < until {
+            let p = &procs[rng.random_range(0..procs.len())];
+            get_adaptive(world, p, &key, ms(5)).await;
+            sleep(ms(rng.random_range(10..200))).await;
+        }
+    }
+}
+
 /// A process that hears nothing (every bus message to it lost, the
 /// connection up, so nothing tells it so) loads a key slowly; another
 /// process invalidates the key during the load; calls in the deaf process
@@ -1849,6 +2098,7 @@ fn run_seed(seed: u64) -> Outcome {
         chaos_round(&world, Round::Plain).await;
         chaos_round(&world, Round::Tagged).await;
         chaos_round(&world, Round::Versions).await;
+        chaos_round(&world, Round::Adaptive).await;
         slow_loader_round(&world).await;
         holder_death_round(&world).await;
         batch_holder_death_round(&world).await;
@@ -1857,6 +2107,8 @@ fn run_seed(seed: u64) -> Outcome {
         empty_restart_round(&world).await;
         slow_store_round(&world).await;
         bus_death_round(&world).await;
+        expire_round(&world).await;
+        renew_revoked_round(&world).await;
         held_leader_round(&world).await;
         world
     });

@@ -932,6 +932,113 @@ async fn a_renewal_patches_in_place_only_for_the_holder_of_an_unchanged_value(
     assert!(store.lease_held(LEASE).await.unwrap());
 }
 
+/// An entry's header (format version 1, msgpack, no flags) with these
+/// windows, and `body`.
+fn entry_bytes(fresh_until: u64, stale_until: u64, body: &[u8]) -> Vec<u8> {
+    let mut out = b"BW\x01\x01\x00".to_vec();
+    out.extend_from_slice(&fresh_until.to_be_bytes());
+    out.extend_from_slice(&stale_until.to_be_bytes());
+    out.extend_from_slice(&7u32.to_be_bytes());
+    out.extend_from_slice(&(body.len() as u64).to_be_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+async fn expire_entry_ends_the_fresh_window_revokes_the_lease_and_publishes(
+    store: &dyn Store,
+    _: Time,
+) {
+    let mut sub = subscribed(store).await;
+    store
+        .set(VALUE_KEY, &entry_bytes(5_000, 9_000, b"xyz"), TTL)
+        .await
+        .unwrap();
+    assert!(
+        store
+            .acquire_lease(LEASE, b"token-a", TTL)
+            .await
+            .unwrap()
+            .is_acquired()
+    );
+    assert!(
+        store
+            .expire_entry(VALUE_KEY, LEASE, 4_000, notice(b"expired"))
+            .await
+            .unwrap()
+    );
+    assert_eq!(next_message(&mut sub).await, b"expired");
+    assert_eq!(
+        store.get(VALUE_KEY).await.unwrap(),
+        Some(entry_bytes(4_000, 9_000, b"xyz"))
+    );
+    // The TTL is the entry's own still, and the lease is gone: a load that
+    // began before cannot write.
+    assert!(store.ttl(VALUE_KEY).await.unwrap().unwrap() > Duration::from_secs(5));
+    assert!(
+        !store
+            .fenced_set(fenced(b"token-a", b"late", None))
+            .await
+            .unwrap()
+    );
+    // Never later than it was, never past its stale window.
+    store
+        .expire_entry(VALUE_KEY, LEASE, 4_500, notice(b"again"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get(VALUE_KEY).await.unwrap(),
+        Some(entry_bytes(4_000, 9_000, b"xyz"))
+    );
+    store
+        .set(VALUE_KEY, &entry_bytes(5_000, 6_000, b""), TTL)
+        .await
+        .unwrap();
+    store
+        .expire_entry(VALUE_KEY, LEASE, 7_000, notice(b"past"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get(VALUE_KEY).await.unwrap(),
+        Some(entry_bytes(5_000, 6_000, b""))
+    );
+    // Byte order, not a string's collation: 0x80.. is above 0x7f...
+    store
+        .set(VALUE_KEY, &entry_bytes(0x80 << 8, u64::MAX, b""), TTL)
+        .await
+        .unwrap();
+    store
+        .expire_entry(VALUE_KEY, LEASE, 0x7f << 8, notice(b"order"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get(VALUE_KEY).await.unwrap(),
+        Some(entry_bytes(0x7f << 8, u64::MAX, b""))
+    );
+    // No entry, or bytes that are none: nothing changes.
+    store
+        .set(VALUE_KEY, b"foreign bytes here!!!!", TTL)
+        .await
+        .unwrap();
+    assert!(
+        !store
+            .expire_entry(VALUE_KEY, LEASE, 1, notice(b"foreign"))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store.get(VALUE_KEY).await.unwrap().as_deref(),
+        Some(&b"foreign bytes here!!!!"[..])
+    );
+    store.delete(VALUE_KEY).await.unwrap();
+    assert!(
+        !store
+            .expire_entry(VALUE_KEY, LEASE, 1, notice(b"missing"))
+            .await
+            .unwrap()
+    );
+    assert_eq!(store.get(VALUE_KEY).await.unwrap(), None);
+}
+
 macro_rules! contract {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -1002,4 +1109,5 @@ contract!(
     tag_generations_read_or_create_each_counter,
     a_pin_holds_a_key_and_a_fenced_write_can_need_it_unchanged,
     a_renewal_patches_in_place_only_for_the_holder_of_an_unchanged_value,
+    expire_entry_ends_the_fresh_window_revokes_the_lease_and_publishes,
 );

@@ -401,6 +401,21 @@ impl Store for GuardedStore {
         )
     }
 
+    fn expire_entry<'a>(
+        &'a self,
+        key: &'a [u8],
+        lease_key: &'a [u8],
+        at_ms: u64,
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, bool> {
+        self.guard_notifying(
+            "expire_entry",
+            key,
+            move || self.store.expire_entry(key, lease_key, at_ms, notice),
+            |_| 1,
+        )
+    }
+
     fn fenced_renew<'a>(&'a self, renewal: FencedRenewal<'a>) -> StoreFuture<'a, Renewal> {
         self.guard_notifying(
             "fenced_renew",

@@ -20,6 +20,7 @@ use super::seal::Sealed;
 use super::tags::{self, check_tag, counter_ttl, tag_key};
 use super::trace::{Op, record_error};
 use super::value::Value;
+use crate::clock::millis;
 use crate::entry::Extra;
 use crate::error::{Error, ErrorKind};
 use crate::log_limit::show_key;
@@ -165,6 +166,52 @@ impl<V: Value> Cache<V> {
         .await
     }
 
+    /// [`expire`](Self::expire), in its span: as an invalidation (the
+    /// previous version's entry first, inside a version transition; this
+    /// process's local step; the store's, delivered with retries), but the
+    /// store keeps the entry, stale from [`EXPIRE_SKEW`] before now.
+    pub(super) async fn expire_bytes(&self, key: &[u8]) -> Result<(), Error> {
+        let key = self.key_in_store(key)?;
+        let lease = self.inner.lease_key(&key);
+        let sender = self.inner.waiters.sender();
+        let message = notify::message(notify::INVALIDATED, sender, &key);
+        let listening = self.inner.waiters.is_listening();
+        let (key, lease, message) = (&key, &lease, &message);
+        let previous = self.inner.previous_key(key).and_then(|old| {
+            let p = self.inner.previous.as_ref()?;
+            let old_lease = lease_key(&old, p.prefix.len());
+            let message = notify::message(notify::INVALIDATED, sender, &old);
+            Some((old, old_lease, message, &p.channel))
+        });
+        let previous = &previous;
+        let _local = self.local.invalidation([key]);
+        self.deliver(key, || async move {
+            let at = self
+                .inner
+                .store
+                .now_ms()
+                .saturating_sub(millis(EXPIRE_SKEW));
+            if let Some((old, old_lease, message, channel)) = previous {
+                let notice = Notice { channel, message };
+                self.inner
+                    .store
+                    .expire_entry(old, old_lease, at, notice)
+                    .await?;
+            }
+            self.local.expect_own_notice(key, listening);
+            let done = self
+                .inner
+                .store
+                .expire_entry(key, lease, at, self.inner.notice(message))
+                .await;
+            if done.is_err() {
+                self.local.own_notice_heard(key);
+            }
+            done.map(drop)
+        })
+        .await
+    }
+
     /// Runs `attempt`, an invalidation (idempotent: a delete or a bump, with
     /// its notice), with the store retries, all within
     /// `INVALIDATE_WITHIN`; if none gets through, the error says the
@@ -239,6 +286,11 @@ impl<V: Value> Cache<V> {
 
 /// How long `invalidate` keeps trying to deliver one invalidation.
 const INVALIDATE_WITHIN: Duration = Duration::from_secs(1);
+
+/// How long before now an expired entry's fresh window ends: more than the
+/// error of any process's view of the store's clock (half a round trip),
+/// so none judges it fresh once `expire` has returned.
+const EXPIRE_SKEW: Duration = Duration::from_millis(100);
 
 /// The error of an invalidation that did not get through; when the last
 /// attempt (failed at `at`) was refused by the store's open breaker, it says

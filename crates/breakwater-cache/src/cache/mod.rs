@@ -296,6 +296,65 @@ impl<V: Value> Cache<V> {
         done
     }
 
+    /// Makes the entry for `key` stale, everywhere at once, without
+    /// removing it (a soft invalidation): the next caller is served the old
+    /// value as [`Stale`](crate::Served::Stale) within grace while one load
+    /// refreshes it (nobody waits for the database), and the old value
+    /// still stands in for a failed load within `max_stale` (fail-safe). A
+    /// negative entry is never served stale: the next caller loads.
+    ///
+    /// In the store the entry's fresh window is ended (one script: its
+    /// `fresh_until` set to 100 ms before now, so that no process
+    /// whose view of the store's clock lags a little sees it fresh), its
+    /// lease revoked and the bus told, so every process's L1 drops its
+    /// copy and reads the stale entry again. Like
+    /// [`invalidate`](Self::invalidate), it is tried again on a transient
+    /// failure (within 1 s), and once it has returned `Ok`:
+    ///
+    /// - **No load that began before it becomes fresh after it**: its
+    ///   fenced write is refused (the lease was revoked), in the store, in
+    ///   L1, and for callers of this process that start later.
+    /// - **Read your expiry**: in this process, calls that start later get
+    ///   the stale value (within grace, with a refresh) or a value loaded
+    ///   after it.
+    /// - **Elsewhere**: other processes read the store, whose entry is
+    ///   stale; their L1 copies are dropped when the bus reaches them (see
+    ///   the coherence contract on [`Cache`]).
+    ///
+    /// What each way of making a value go costs the database: see the
+    /// crate docs' "I want to…" table.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use breakwater_cache::{Cache, Served};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), breakwater_cache::Error> {
+    /// let cache = Cache::<u64>::builder().grace(Duration::from_secs(10)).build()?;
+    /// cache.get_or_load("price:7", || async { Ok::<_, std::io::Error>(Some(100)) }).await?;
+    /// cache.expire("price:7").await?;
+    /// let next = cache
+    ///     .get_or_load_with_meta("price:7", || async { Ok::<_, std::io::Error>(Some(120)) })
+    ///     .await?;
+    /// // The old price at once, while the new one loads in the background.
+    /// assert_eq!(next.value, Some(100));
+    /// assert!(matches!(next.served, Served::Stale { .. }));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidKey`](crate::ErrorKind::InvalidKey), or
+    /// [`Store`](crate::ErrorKind::Store) if the store could not be told
+    /// (other processes may serve the value as fresh until its TTL ends).
+    pub async fn expire(&self, key: impl CacheKey) -> Result<(), Error> {
+        let key = key.key_bytes();
+        let span = self.span(Op::Expire, &key);
+        let done = self.expire_bytes(&key).instrument(span.clone()).await;
+        record_error(&span, &done);
+        done
+    }
+
     /// Makes every entry written with `tag` (through
     /// [`CacheEntry::tags`](super::CacheEntry::tags)) unreachable, in every
     /// process, at once: one store operation (a generation counter moved

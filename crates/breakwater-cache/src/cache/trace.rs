@@ -44,6 +44,7 @@ impl<V: Value> Cache<V> {
             Op::GetNear => call_span!(Level::DEBUG, "breakwater.get", found),
             Op::Set => call_span!(Level::INFO, "breakwater.set"),
             Op::Invalidate => call_span!(Level::INFO, "breakwater.invalidate"),
+            Op::Expire => call_span!(Level::INFO, "breakwater.expire"),
             Op::InvalidateTag => call_span!(Level::INFO, "breakwater.invalidate_tag"),
         };
         if !span.is_disabled() {
@@ -71,6 +72,7 @@ pub(super) enum Op {
     GetNear,
     Set,
     Invalidate,
+    Expire,
     InvalidateTag,
 }
 

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::{
     Delivery, FencedRenewal, FencedWrite, LeaseAttempt, Notice, Renewal, SUBSCRIPTION_BUFFER,
-    Store, StoreFuture, Subscription, fnv1a, parse_generation, ttl_millis,
+    Store, StoreFuture, Subscription, expire_in_place, fnv1a, parse_generation, ttl_millis,
 };
 use crate::clock::{SystemClock, WallClock, millis};
 
@@ -576,6 +576,30 @@ impl Store for MemoryStore {
         }
         self.inner.publish(notice.channel, notice.message);
         Box::pin(async move { Ok(()) })
+    }
+
+    fn expire_entry<'a>(
+        &'a self,
+        key: &'a [u8],
+        lease_key: &'a [u8],
+        at_ms: u64,
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, bool> {
+        let found = {
+            // The lease first, under its lock: no holder's write lands
+            // between the revocation and the change.
+            let mut leases = self.inner.leases();
+            leases.map.remove(lease_key);
+            let now = Instant::now();
+            let mut shard = self.inner.shard_for(key);
+            shard.live(key, now).is_some()
+                && shard
+                    .map
+                    .get_mut(key)
+                    .is_some_and(|slot| expire_in_place(&mut slot.value, at_ms))
+        };
+        self.inner.publish(notice.channel, notice.message);
+        Box::pin(async move { Ok(found) })
     }
 
     fn publish<'a>(&'a self, channel: &'a [u8], message: &'a [u8]) -> StoreFuture<'a, ()> {

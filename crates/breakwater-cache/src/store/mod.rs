@@ -103,7 +103,8 @@ pub(crate) const SUBSCRIPTION_BUFFER: usize = 4096;
 ///   whole) and [`failure_domain`](Store::failure_domain) (0).
 /// - **Leases and fenced writes**: `acquire_lease`, `lease_held`,
 ///   `extend_lease`, `release_lease`, `fenced_set`, `replace`, `invalidate`,
-///   `bump_generation`, `tag_generations`; with a default,
+///   `bump_generation`, `tag_generations`; with defaults,
+///   [`expire_entry`](Store::expire_entry) (invalidates instead),
 ///   [`pin`](Store::pin) (a `get`, then a `set` of the placeholder if
 ///   nothing was there: not atomic, see its docs) and
 ///   [`fenced_renew`](Store::fenced_renew) (declines: the holder then
@@ -234,6 +235,32 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
         lease_key: &'a [u8],
         notice: Notice<'a>,
     ) -> StoreFuture<'a, ()>;
+
+    /// Makes the entry under `key` stale without removing it (a soft
+    /// invalidation, `Cache::expire`): revokes the lease `lease_key` (a load
+    /// that started before cannot write over it), then, if `key` holds an
+    /// entry (the envelope's magic `BW`, format version 1 or 2), lowers its
+    /// `fresh_until` (header bytes 5..13, big-endian store-clock ms) to
+    /// `at_ms` (but not past its `stale_until`, bytes 13..21),
+    /// its TTL and the rest of the bytes unchanged; then publishes
+    /// `notice`. All atomically where the backend can (Redis: one script).
+    /// `true` if an entry was there.
+    ///
+    /// The default invalidates instead (deletes the entry: correct, but
+    /// nothing is left to serve stale or to stand in for a failed load).
+    fn expire_entry<'a>(
+        &'a self,
+        key: &'a [u8],
+        lease_key: &'a [u8],
+        at_ms: u64,
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, bool> {
+        let _ = at_ms;
+        Box::pin(async move {
+            self.invalidate(key, lease_key, notice).await?;
+            Ok(false)
+        })
+    }
 
     /// Moves the generation counter under `key` on, atomically with
     /// publishing `notice`: a counter that holds a generation (decimal
@@ -645,6 +672,26 @@ pub(crate) const FRESH_GENERATIONS: std::ops::Range<u64> = (1 << 40)..(1 << 52);
 
 /// Generations are below 2^53, where Lua numbers stop being exact.
 pub(crate) const MAX_GENERATION: u64 = 1 << 53;
+
+/// Lowers the `fresh_until` of the entry `bytes` to `at_ms` (but not
+/// past its `stale_until`), in place, as [`Store::expire_entry`] describes;
+/// `false` if `bytes` is no entry of format version 1 or 2.
+pub(crate) fn expire_in_place(bytes: &mut [u8], at_ms: u64) -> bool {
+    if bytes.len() < 21 || bytes[..2] != *b"BW" || !matches!(bytes[2], 1 | 2) {
+        return false;
+    }
+    let read = |at: usize| {
+        let mut word = [0; 8];
+        word.copy_from_slice(&bytes[at..at + 8]);
+        u64::from_be_bytes(word)
+    };
+    let (fresh_until, stale_until) = (read(5), read(13));
+    let at = at_ms.min(stale_until);
+    if fresh_until > at {
+        bytes[5..13].copy_from_slice(&at.to_be_bytes());
+    }
+    true
+}
 
 /// A tag counter's generation as stored: 1 to 16 decimal digits, below
 /// [`MAX_GENERATION`]; `None` for anything else (the counter is then

@@ -56,8 +56,8 @@ use self::command::wrong_count;
 use self::connection::{RedisCore, Topology};
 use self::latency::DeadlineKind;
 use self::scripts::{
-    ACQUIRE_LEASES, BUMP_GENERATION, EXTEND_LEASE, FENCED_SET, INVALIDATE, PIN, RELEASE_LEASE,
-    RENEW, REPLACE, TAG_GENERATIONS, run_script,
+    ACQUIRE_LEASES, BUMP_GENERATION, EXPIRE_ENTRY, EXTEND_LEASE, FENCED_SET, INVALIDATE, PIN,
+    RELEASE_LEASE, RENEW, REPLACE, TAG_GENERATIONS, run_script,
 };
 use self::sentinel::Revocation;
 use super::{
@@ -547,6 +547,29 @@ impl Store for RedisStore {
             }
             let written: i64 = self.inner.eval(script).await?;
             Ok(written == 1)
+        })
+    }
+
+    fn expire_entry<'a>(
+        &'a self,
+        key: &'a [u8],
+        lease_key: &'a [u8],
+        at_ms: u64,
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            let found: i64 = self
+                .inner
+                .eval(
+                    EXPIRE_ENTRY
+                        .key(key)
+                        .key(lease_key)
+                        .arg(&at_ms.to_be_bytes()[..])
+                        .arg(notice.channel)
+                        .arg(notice.message),
+                )
+                .await?;
+            Ok(found == 1)
         })
     }
 

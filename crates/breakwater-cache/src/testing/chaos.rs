@@ -893,6 +893,19 @@ impl<S: Store> Store for ChaosStore<S> {
     }
 
     /// The wrapped store's, as one call (one fault plan).
+    fn expire_entry<'a>(
+        &'a self,
+        key: &'a [u8],
+        lease_key: &'a [u8],
+        at_ms: u64,
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, bool> {
+        self.call("expire_entry", key, move || {
+            self.inner.expire_entry(key, lease_key, at_ms, notice)
+        })
+    }
+
+    /// The wrapped store's, as one call (one fault plan).
     fn fenced_renew<'a>(&'a self, renewal: FencedRenewal<'a>) -> StoreFuture<'a, Renewal> {
         self.call("fenced_renew", renewal.key, move || {
             self.inner.fenced_renew(renewal)

@@ -232,6 +232,16 @@ impl<S: Store> Store for CountingStore<S> {
         self.inner.fenced_set(w)
     }
     /// The wrapped store's.
+    fn expire_entry<'a>(
+        &'a self,
+        k: &'a [u8],
+        l: &'a [u8],
+        at: u64,
+        n: Notice<'a>,
+    ) -> StoreFuture<'a, bool> {
+        self.inner.expire_entry(k, l, at, n)
+    }
+    /// The wrapped store's.
     fn fenced_renew<'a>(&'a self, r: FencedRenewal<'a>) -> StoreFuture<'a, Renewal> {
         self.inner.fenced_renew(r)
     }

@@ -119,6 +119,44 @@ pub(super) static FENCED_SET: LazyLock<Lua> = LazyLock::new(|| {
     )
 });
 
+/// A soft invalidation: KEYS = value, lease; ARGV = the time it is stale
+/// from (8 bytes, big-endian store-clock ms), channel, message. Deletes the
+/// lease; if the value is an entry (magic `BW`, format version 1 or 2)
+/// lowers its `fresh_until` (bytes 5..13) to that time, but not past its
+/// `stale_until` (bytes 13..21), byte by byte (`<` on Lua strings follows
+/// the locale); publishes; 1 if there was an entry.
+pub(super) static EXPIRE_ENTRY: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"local function below(a, b)
+            for i = 1, 8 do
+              local x, y = string.byte(a, i), string.byte(b, i)
+              if x ~= y then
+                return x < y
+              end
+            end
+            return false
+          end
+          redis.call('DEL', KEYS[2])
+          local head = redis.pcall('GETRANGE', KEYS[1], 0, 20)
+          local found = 0
+          if type(head) == 'string' and #head == 21 and string.sub(head, 1, 2) == 'BW'
+              and (string.byte(head, 3) == 1 or string.byte(head, 3) == 2) then
+            found = 1
+            local fresh = string.sub(head, 6, 13)
+            local stale = string.sub(head, 14, 21)
+            local at = ARGV[1]
+            if below(stale, at) then
+              at = stale
+            end
+            if below(at, fresh) then
+              redis.call('SETRANGE', KEYS[1], 5, at)
+            end
+          end
+          redis.call('PUBLISH', ARGV[2], ARGV[3])
+          return found",
+    )
+});
+
 /// The holder's renewal of an unchanged entry: KEYS = value, lease; ARGV
 /// = token, offset, expected bytes, patch, ttl ms, channel, message. Only
 /// while the token holds the lease: if the value holds the expected bytes
