@@ -155,7 +155,8 @@
 //! context loaders (`get_or_load_with_context`): each value's TTL chosen
 //! by its loader (1 to 3 s), the version stored as its validator and
 //! "not modified" answered when it matches, every fifth version not
-//! cached; a tenth of the calls `expire` (after a database write), which
+//! cached; 8% of the calls are forced refreshes (`refresh_with_context`),
+//! checked as reads; a tenth of the calls `expire` (after a database write), which
 //! fences the key softly: every later call the fence binds may get an older
 //! version only as `Stale`.
 //!
@@ -1020,6 +1021,17 @@ async fn get_adaptive(world: &Arc<World>, p: &Proc, key: &str, delay: Duration) 
     world.check_get(p.id, p.profile, key, seq, start, result, BOUND)
 }
 
+/// One `refresh_with_context` through the checker (the adaptive round),
+/// with [`get_adaptive`]'s loader: a forced refresh is checked as a read.
+async fn refresh_adaptive(world: &Arc<World>, p: &Proc, key: &str, delay: Duration) -> Option<Val> {
+    let seq = world.next_seq();
+    let start = Instant::now();
+    let loader = world.context_loader(p.id, key, delay);
+    let call = p.cache.refresh_with_context(key, loader);
+    let result = timeout(BOUND, call).await;
+    world.check_get(p.id, p.profile, key, seq, start, result, BOUND)
+}
+
 /// A key's tag in the tag round: its group (of three).
 fn group(key: &str) -> String {
     let n: usize = key[1..].parse().expect("keys are a letter and a number");
@@ -1252,7 +1264,11 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                     let p = &procs[rng.random_range(0..procs.len())];
                     let key = &keys[rng.random_range(0..keys.len())];
                     match rng.random_range(0..100) {
-                        0..70 if adaptive => {
+                        0..8 if adaptive => {
+                            let delay = loader_delay(&mut rng);
+                            refresh_adaptive(&world, p, key, delay).await;
+                        }
+                        8..70 if adaptive => {
                             let delay = loader_delay(&mut rng);
                             get_adaptive(&world, p, key, delay).await;
                         }

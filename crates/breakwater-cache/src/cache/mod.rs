@@ -672,6 +672,87 @@ impl<V: Value> Cache<V> {
             .await
     }
 
+    /// Loads `key` now, whatever is cached (a forced refresh), and writes
+    /// the result: under the key's lease, so the fleet still loads it
+    /// once (a refresh in another process, or a load of the key already in
+    /// the air in this one, is joined, and its value returned as
+    /// [`Coalesced`](crate::Served::Coalesced)). Until it lands, every other
+    /// caller is still served the value cached before; if the load fails,
+    /// that value stays, cached and served, and the error is returned.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use breakwater_cache::{Cache, Served};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), breakwater_cache::Error> {
+    /// let cache = Cache::<u64>::builder().build()?;
+    /// cache.get_or_load("rate:eur", || async { Ok::<_, std::io::Error>(Some(108)) }).await?;
+    /// // The feed says the rate moved: load it now.
+    /// let fresh = cache
+    ///     .refresh("rate:eur", || async { Ok::<_, std::io::Error>(Some(109)) })
+    ///     .await?;
+    /// assert_eq!((fresh.value, fresh.served), (Some(109), Served::Loaded));
+    /// assert_eq!(cache.get("rate:eur").await?, Some(109));
+    /// // A failed refresh keeps the value.
+    /// let failed = cache
+    ///     .refresh("rate:eur", || async { Err::<Option<u64>, _>(std::io::Error::other("feed down")) })
+    ///     .await;
+    /// assert!(failed.is_err());
+    /// assert_eq!(cache.get("rate:eur").await?, Some(109));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`get_or_load`](Self::get_or_load).
+    pub async fn refresh<F, Fut, E>(
+        &self,
+        key: impl CacheKey,
+        loader: F,
+    ) -> Result<Fetched<V>, Error>
+    where
+        F: FnOnce() -> Fut + Clone + Send + Sync + 'static,
+        Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
+        E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+    {
+        let key = key.key_bytes();
+        let span = self.span(Op::Refresh, &key);
+        let done = self
+            .refresh_bytes(&key, loader, &self.inner.defaults)
+            .instrument(span.clone())
+            .await;
+        record_error(&span, &done);
+        done
+    }
+
+    /// [`refresh`](Self::refresh) with a context loader (see
+    /// [`get_or_load_with_context`](Self::get_or_load_with_context)): it
+    /// sees the value it replaces, and may answer
+    /// [`Loaded::not_modified`] to renew it without rewriting it.
+    ///
+    /// # Errors
+    ///
+    /// As [`get_or_load_with_context`](Self::get_or_load_with_context).
+    pub async fn refresh_with_context<F, Fut, E>(
+        &self,
+        key: impl CacheKey,
+        loader: F,
+    ) -> Result<Fetched<V>, Error>
+    where
+        F: FnOnce(LoadContext<V>) -> Fut + Clone + Send + Sync + 'static,
+        Fut: Future<Output = Result<Loaded<V>, E>> + Send + 'static,
+        E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+    {
+        let key = key.key_bytes();
+        let span = self.span(Op::Refresh, &key);
+        let done = self
+            .refresh_bytes(&key, WithContext(loader), &self.inner.defaults)
+            .instrument(span.clone())
+            .await;
+        record_error(&span, &done);
+        done
+    }
+
     /// One call with its own settings (TTL, jitter, grace, timeouts...).
     pub fn entry(&self, key: impl CacheKey) -> CacheEntry<'_, V> {
         CacheEntry::new(self, &key.key_bytes(), self.inner.defaults)

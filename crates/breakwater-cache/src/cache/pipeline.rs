@@ -16,7 +16,9 @@ use super::value::{Load, Value};
 use super::verdict::{Judged, Refresh};
 use crate::entry::Entry;
 use crate::error::{Error, ErrorKind};
+use crate::flight::Role;
 use crate::l1::NearCopy;
+use crate::limit::Priority;
 use crate::log_limit::{Warning, show_key, warn_limited};
 use crate::served::{Fetched, Served, StaleReason};
 use crate::store::Store;
@@ -53,6 +55,41 @@ impl<V: Value> Cache<V> {
             &self.inner.defaults,
         );
         Ok(value)
+    }
+
+    /// [`refresh`](Self::refresh), in its span: the stored entry read (so
+    /// the fill does not take it for done), then the key's fill joined or
+    /// started, in the foreground: under the lease, coalesced with a load
+    /// of the key in the air here, or with another process's fill.
+    pub(super) async fn refresh_bytes<L: Load<V>>(
+        &self,
+        key: &[u8],
+        loader: L,
+        options: &Options,
+    ) -> Result<Fetched<V>, Error> {
+        let key = self.key_in_store(key)?;
+        let (replacing, mode) = match self.read(&key).await {
+            Ok(entry) => (entry.map(|e| e.fresh_until), Mode::Fleet),
+            Err(err) => {
+                tracing::debug!(key = %show_key(&key), error = %err, "store read failed before a refresh");
+                (None, Mode::after(&err))
+            }
+        };
+        let (load, role) = self.join_fill(
+            &key,
+            loader,
+            *options,
+            replacing,
+            Priority::Foreground,
+            mode,
+        );
+        let (value, served, _) = self.await_fill(&key, load, options).await?;
+        // A caller that joined a load already in the air shares its value.
+        let served = match (role, served) {
+            (Role::Follower, _) => Served::Coalesced,
+            (_, served) => served,
+        };
+        Ok(Fetched { value, served })
     }
 
     /// The pipeline, counted in `breakwater_requests_total`.

@@ -45,6 +45,7 @@ impl<V: Value> Cache<V> {
             Op::Set => call_span!(Level::INFO, "breakwater.set"),
             Op::Invalidate => call_span!(Level::INFO, "breakwater.invalidate"),
             Op::Expire => call_span!(Level::INFO, "breakwater.expire"),
+            Op::Refresh => call_span!(Level::INFO, "breakwater.refresh"),
             Op::InvalidateTag => call_span!(Level::INFO, "breakwater.invalidate_tag"),
         };
         if !span.is_disabled() {
@@ -74,6 +75,7 @@ pub(super) enum Op {
     Invalidate,
     Expire,
     InvalidateTag,
+    Refresh,
 }
 
 /// Records a call's error on its span.
