@@ -53,7 +53,7 @@ use super::loaded::{LoadContext, Resolved, StaleValue};
 use super::notify::{self, FILLED, RELEASED, VALUE_IN_MESSAGE_MAX};
 use super::options::Options;
 use super::seal::stamp;
-use super::tags::counter_ttl;
+use super::tags::{TagSet, counter_ttl};
 use super::transition::Pinned;
 use super::value::{Load, Value};
 
@@ -171,7 +171,7 @@ impl<V: Value> Cache<V> {
                     Span::current().record("lease", "acquired");
                     // Lead: double-check first.
                     if let Some(value) = self
-                        .fresh_value(&key, &mut stale, &options, replacing, ticket)
+                        .fresh_value(&key, &mut stale, &options, replacing, ticket, loader.tags())
                         .await
                     {
                         let message = notify::message(FILLED, inner.waiters.sender(), &key);
@@ -231,7 +231,7 @@ impl<V: Value> Cache<V> {
             let mut woken = pin!(watch.notify().notified());
             woken.as_mut().enable();
             if let Some(value) = self
-                .fresh_value(&key, &mut stale, &options, replacing, ticket)
+                .fresh_value(&key, &mut stale, &options, replacing, ticket, loader.tags())
                 .await
             {
                 return Ok((value, Served::Coalesced, None));
@@ -259,8 +259,8 @@ impl<V: Value> Cache<V> {
                         .and_then(|bytes| self.decode(&key, bytes))
                         .filter(|entry| entry.tags.is_empty());
                     let value = match carried {
-                        Some(entry) => self.fresh_entry(&key, entry, &mut stale, &options, replacing, ticket),
-                        None => self.fresh_value(&key, &mut stale, &options, replacing, ticket).await,
+                        Some(entry) => self.fresh_entry(&key, entry, &mut stale, &options, replacing, ticket, loader.tags()),
+                        None => self.fresh_value(&key, &mut stale, &options, replacing, ticket, loader.tags()).await,
                     };
                     if let Some(value) = value {
                         return Ok((value, Served::Coalesced, None));
@@ -819,6 +819,7 @@ impl<V: Value> Cache<V> {
         options: &Options,
         replacing: Option<u64>,
         ticket: Option<Ticket>,
+        tags: Option<&TagSet>,
     ) -> Option<Option<V>> {
         let entry = match self.read(key).await {
             Ok(Some(entry)) => entry,
@@ -828,7 +829,7 @@ impl<V: Value> Cache<V> {
                 return None;
             }
         };
-        self.fresh_entry(key, entry, stale, options, replacing, ticket)
+        self.fresh_entry(key, entry, stale, options, replacing, ticket, tags)
     }
 }
 

@@ -112,7 +112,7 @@ impl<V: Value> Cache<V> {
     where
         L: Load<V>,
     {
-        let near = self.near(key, Some(options));
+        let near = self.near(key, Some(options), loader.tags().is_some());
         let near_hit = matches!(near, Ok(Near::Fresh(..)));
         if near_hit {
             // A fresh L1 copy waited on nothing: it takes the cooperative
@@ -336,6 +336,9 @@ impl<V: Value> Cache<V> {
 
         // The verdict, on the store's clock.
         let mut fallback: Option<Arc<Entry>> = None;
+        // An entry without the call's tags (written by an untagged call)
+        // would escape their invalidation: loaded again, under the lease.
+        let entry = entry.filter(|entry| loader.tags().is_none_or(|tags| tags.carried_by(entry)));
         if let Some(entry) = entry {
             let now = self.inner.store.now_ms();
             match self.judge_entry(key, &entry, now, options) {

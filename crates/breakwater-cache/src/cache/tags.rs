@@ -84,7 +84,7 @@ use std::time::Duration;
 
 use super::keys::hash_tagged;
 use super::options::Options;
-use crate::entry::{MAX_TAG_LEN, MAX_TAGS};
+use crate::entry::{Entry, MAX_TAG_LEN, MAX_TAGS};
 use crate::error::{Error, ErrorKind};
 use crate::store::parse_generation;
 
@@ -150,6 +150,16 @@ impl TagSet {
             tags,
             counter_ttl: counter_ttl(options),
         })
+    }
+}
+
+impl TagSet {
+    /// Whether `entry` was written with every one of these tags (an entry
+    /// written without them would escape their invalidation).
+    pub(super) fn carried_by(&self, entry: &Entry) -> bool {
+        self.tags
+            .iter()
+            .all(|tag| entry.tags.iter().any(|stamp| stamp.tag == *tag))
     }
 }
 

@@ -8,6 +8,7 @@ use tokio::time::Instant;
 
 use super::handle::{Cache, CacheCore};
 use super::options::Options;
+use super::tags::TagSet;
 use super::transition::{self};
 use super::value::Value;
 use crate::clock::millis;
@@ -38,6 +39,7 @@ impl CacheCore {
 
 impl<V: Value> Cache<V> {
     /// the fill's `fresh_value` for an entry already in hand.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn fresh_entry(
         &self,
         key: &[u8],
@@ -46,7 +48,13 @@ impl<V: Value> Cache<V> {
         options: &Options,
         replacing: Option<u64>,
         ticket: Option<Ticket>,
+        tags: Option<&TagSet>,
     ) -> Option<Option<V>> {
+        // An entry without the call's tags is loaded again (under the
+        // lease), never served to it, nor kept to stand in.
+        if tags.is_some_and(|tags| !tags.carried_by(&entry)) {
+            return None;
+        }
         let now = self.inner.store.now_ms();
         if entry.fresh_until > now {
             if replacing == Some(entry.fresh_until) {

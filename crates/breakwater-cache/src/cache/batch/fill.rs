@@ -452,7 +452,7 @@ impl<V: Value> Cache<V> {
                             .filter(|entry| entry.tags.is_empty());
                         let value = carried.and_then(|entry| {
                             let replacing = waiting.led.replacing;
-                            self.fresh_entry(storage, entry, &mut waiting.stale, options, replacing, ticket)
+                            self.fresh_entry(storage, entry, &mut waiting.stale, options, replacing, ticket, None)
                         });
                         match value {
                             Some(value) => {
@@ -561,6 +561,7 @@ impl<V: Value> Cache<V> {
                 options,
                 replacing,
                 ticket,
+                None,
             );
             if let Some(value) = value
                 && let Some(waiting) = keys[i].take()
