@@ -178,7 +178,7 @@ impl<V: Value> Cache<V> {
     /// [`Store`](crate::ErrorKind::Store) if the store fails.
     pub async fn get(&self, key: impl CacheKey) -> Result<Option<V>, Error> {
         let key = key.key_bytes();
-        let near = self.near(&key, None, false);
+        let near = self.near(&key, None);
         let op = match near {
             Ok(Near::Fresh(..)) => Op::GetNear,
             _ => Op::Get,

@@ -112,7 +112,11 @@ impl<V: Value> Cache<V> {
     where
         L: Load<V>,
     {
-        let near = self.near(key, Some(options), loader.tags().is_some());
+        let near = if loader.tags().is_some() {
+            self.near_tagged(key, options)
+        } else {
+            self.near(key, Some(options))
+        };
         let near_hit = matches!(near, Ok(Near::Fresh(..)));
         if near_hit {
             // A fresh L1 copy waited on nothing: it takes the cooperative

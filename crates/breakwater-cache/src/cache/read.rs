@@ -25,9 +25,6 @@ impl<V: Value> Cache<V> {
     /// key, so a hit builds nothing). With `options`, a fresh copy is also
     /// judged for early refresh, on the store's clock, as a store read is.
     ///
-    /// `tagged`: the call names tags; a copy of an entry written without
-    /// tags is then no hit (it would escape their invalidation).
-    ///
     /// A fresh copy completes without waiting on anything: the caller must
     /// then take tokio's cooperative budget ([`cooperate`](super::pipeline::cooperate)), or a loop of
     /// hits would never let the runtime run its timers and other tasks.
@@ -35,7 +32,6 @@ impl<V: Value> Cache<V> {
         &self,
         user_key: &[u8],
         options: Option<&Options>,
-        tagged: bool,
     ) -> Result<Near<V>, Error> {
         self.check_key(user_key)?;
         let Some(l1) = &self.local.l1 else {
@@ -46,9 +42,6 @@ impl<V: Value> Cache<V> {
         let Some(slot) = l1.get(user_key) else {
             return Ok(Near::Miss);
         };
-        if tagged && !slot.stored.tagged {
-            return Ok(Near::Miss);
-        }
         let now = Instant::now();
         // A listener that missed its heartbeat (its runtime idle) hears
         // nothing: L1 is unverified and a listener starts here.
@@ -72,6 +65,20 @@ impl<V: Value> Cache<V> {
         } else {
             Near::Miss
         })
+    }
+
+    /// [`near`](Self::near) for a call that names tags: a copy of an entry
+    /// written without tags is no hit for it (it would escape their
+    /// invalidation). Apart, so untagged calls (the hit path) pay nothing.
+    pub(super) fn near_tagged(&self, user_key: &[u8], options: &Options) -> Result<Near<V>, Error> {
+        if let Some(l1) = &self.local.l1
+            && let Some(slot) = l1.get(user_key)
+            && !slot.stored.tagged
+        {
+            self.check_key(user_key)?;
+            return Ok(Near::Miss);
+        }
+        self.near(user_key, Some(options))
     }
 
     /// The read: reads the store, shared with the reads of the key already in

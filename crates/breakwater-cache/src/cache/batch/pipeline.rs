@@ -80,7 +80,7 @@ impl<V: Value> Cache<V> {
         }
         let mut refreshes: Vec<(usize, Refresh)> = Vec::new();
         for (i, want) in wants.iter_mut().enumerate() {
-            match self.near(&want.user, Some(options), false) {
+            match self.near(&want.user, Some(options)) {
                 Ok(Near::Fresh(fetched, replacing)) => {
                     cooperate().await;
                     want.outcome = Some(Ok(fetched));
