@@ -26,6 +26,22 @@
 //! or `cargo add breakwater-cache`; from a checkout of the repository,
 //! `cargo add breakwater-cache --path path/to/crates/breakwater-cache`.
 //!
+//! # I want to…
+//!
+//! What each call does to a cached value, and what it costs the database
+//! (the store's work is O(1) in every row).
+//!
+//! | I want to… | call | what the database sees |
+//! |---|---|---|
+//! | drop one key now: its next reader must get new data | [`Cache::invalidate`] | one load, by the next caller, who waits for it (fail-safe has nothing to serve) |
+//! | mark one key stale, keep serving it while it reloads | [`Cache::expire`] | one load, in the background; callers within grace get the old value at once, and it stands in (within `max_stale`) if the database is down |
+//! | reload one key now, keep the old value if that fails | [`Cache::refresh`] | one load now (joined fleet-wide), whatever is cached |
+//! | put a value I already have | [`Cache::set`] | nothing |
+//! | drop every key of a group (a shop, a user) | [`CacheEntry::tags`] at write, [`Cache::invalidate_tag`] | one load per key of the group, as each is next read |
+//! | start over for a whole namespace (a new schema) | a version bump ([`CacheBuilder::version`], with a transition) | one load per key, spread as the old version's entries are read |
+//! | cache a value as long as it is valid (a token's `expires_in`), or not at all | [`Cache::get_or_load_with_context`] with [`Loaded::ttl`], [`Loaded::do_not_cache`] | as the loader decides |
+//! | skip rewriting a big value that has not changed | [`Loaded::validator`] and [`Loaded::not_modified`] | the loader's cheap check (an ETag, a version); the store is sent a header, not the value |
+//!
 //! # Choosing a jitter
 //!
 //! | data | jitter |
