@@ -715,14 +715,7 @@ impl<V: Value> Cache<V> {
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {
-        let key = key.key_bytes();
-        let span = self.span(Op::Refresh, &key);
-        let done = self
-            .refresh_bytes(&key, loader, &self.inner.defaults)
-            .instrument(span.clone())
-            .await;
-        record_error(&span, &done);
-        done
+        self.refresh_in_span(&key.key_bytes(), loader).await
     }
 
     /// [`refresh`](Self::refresh) with a context loader (see
@@ -743,14 +736,8 @@ impl<V: Value> Cache<V> {
         Fut: Future<Output = Result<Loaded<V>, E>> + Send + 'static,
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {
-        let key = key.key_bytes();
-        let span = self.span(Op::Refresh, &key);
-        let done = self
-            .refresh_bytes(&key, WithContext(loader), &self.inner.defaults)
-            .instrument(span.clone())
-            .await;
-        record_error(&span, &done);
-        done
+        self.refresh_in_span(&key.key_bytes(), WithContext(loader))
+            .await
     }
 
     /// One call with its own settings (TTL, jitter, grace, timeouts...).

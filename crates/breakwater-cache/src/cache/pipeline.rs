@@ -57,11 +57,30 @@ impl<V: Value> Cache<V> {
         Ok(value)
     }
 
-    /// [`refresh`](Self::refresh), in its span: the stored entry read (so
+    /// [`refresh`](Self::refresh) with any loader, in its span.
+    pub(super) async fn refresh_in_span<L: Load<V>>(
+        &self,
+        key: &[u8],
+        loader: L,
+    ) -> Result<Fetched<V>, Error> {
+        let span = self.span(Op::Refresh, key);
+        let done = self
+            .refresh_bytes(key, loader, &self.inner.defaults)
+            .instrument(span.clone())
+            .await;
+        if let Err(err) = &done
+            && !span.is_disabled()
+        {
+            record_failure(&span, err);
+        }
+        done
+    }
+
+    /// [`refresh`](Self::refresh): the stored entry read (so
     /// the fill does not take it for done), then the key's fill joined or
     /// started, in the foreground: under the lease, coalesced with a load
     /// of the key in the air here, or with another process's fill.
-    pub(super) async fn refresh_bytes<L: Load<V>>(
+    async fn refresh_bytes<L: Load<V>>(
         &self,
         key: &[u8],
         loader: L,
