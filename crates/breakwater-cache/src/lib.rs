@@ -37,7 +37,7 @@
 //! | mark one key stale, keep serving it while it reloads | [`Cache::expire`] | one load, in the background; callers within grace get the old value at once, and it stands in (within `max_stale`) if the database is down |
 //! | reload one key now, keep the old value if that fails | [`Cache::refresh`] | one load now (joined fleet-wide), whatever is cached |
 //! | put a value I already have | [`Cache::set`] | nothing |
-//! | drop every key of a group (a shop, a user) | [`CacheEntry::tags`] at write, [`Cache::invalidate_tag`] | one load per key of the group, as each is next read |
+//! | drop every key of a group (a shop, a user) | [`CacheEntry::tags`] or [`CacheEntries::tags`] at write, [`Cache::invalidate_tag`] | one load per key of the group, as each is next read |
 //! | start over for a whole namespace (a new schema) | a version bump ([`CacheBuilder::version`], with a transition) | one load per key, spread as the old version's entries are read |
 //! | cache a value as long as it is valid (a token's `expires_in`), or not at all | [`Cache::get_or_load_with_context`] with [`Loaded::ttl`], [`Loaded::do_not_cache`] | as the loader decides |
 //! | skip rewriting a big value that has not changed | [`Loaded::validator`] and [`Loaded::not_modified`] | the loader's cheap check (an ETag, a version); the store is sent a header, not the value |
@@ -123,8 +123,9 @@ pub mod testing;
 
 pub use breaker::{BreakerConfig, BreakerState};
 pub use cache::{
-    Cache, CacheBuilder, CacheEntry, EntryView, Inspection, LeaseConfig, LoadContext, Loaded,
-    OnLockTimeout, Origin, OriginBuilder, Settings, StaleValue, Stored, Value, Warm, WarmReport,
+    Cache, CacheBuilder, CacheEntries, CacheEntry, EntryView, Inspection, LeaseConfig, LoadContext,
+    Loaded, OnLockTimeout, Origin, OriginBuilder, Settings, StaleValue, Stored, Value, Warm,
+    WarmReport,
 };
 pub use codec::{Codec, Compression};
 pub use error::{ConfigError, Error, ErrorKind};

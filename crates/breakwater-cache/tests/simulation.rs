@@ -112,7 +112,8 @@
 //!
 //! Tags get a chaos round of their own (a new fleet, keys `t00`..): every
 //! key carries its group's tag (`g0`..`g2`); reads are tagged
-//! `get_or_load`s, `set`s are tagged, and a tenth of the calls are
+//! `get_or_load`s (a tenth of them tagged `get_many`s of keys of one
+//! group), `set`s are tagged, and a tenth of the calls are
 //! `invalidate_tag` of a group, which bumps every key of the group in the
 //! database (rows locked in order) before it; once it returned `Ok`, each of
 //! those keys is fenced at its new version, so no-resurrection, liveness
@@ -1088,10 +1089,34 @@ async fn get_many(
     keys: &[String],
     delay: Duration,
 ) -> Vec<Option<Val>> {
+    get_many_tagged(world, p, keys, delay, None).await
+}
+
+/// [`get_many`], with `tag` on every key (the tag round: keys of one
+/// group).
+async fn get_many_tagged(
+    world: &Arc<World>,
+    p: &Proc,
+    keys: &[String],
+    delay: Duration,
+    tag: Option<&str>,
+) -> Vec<Option<Val>> {
     let seq = world.next_seq();
     let start = Instant::now();
     let loader = world.batch_loader(p.id, delay);
-    match timeout(BOUND, p.cache.get_many_with_meta(keys.to_vec(), loader)).await {
+    let call = async {
+        match tag {
+            Some(tag) => p
+                .cache
+                .entries()
+                .tags([tag])
+                .get_many_with_meta(keys.to_vec(), loader)
+                .await
+                .expect("valid settings and tags"),
+            None => p.cache.get_many_with_meta(keys.to_vec(), loader).await,
+        }
+    };
+    match timeout(BOUND, call).await {
         Ok(results) => keys
             .iter()
             .zip(results)
@@ -1271,6 +1296,18 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                         8..70 if adaptive => {
                             let delay = loader_delay(&mut rng);
                             get_adaptive(&world, p, key, delay).await;
+                        }
+                        60..70 if tagged => {
+                            // A tagged `get_many` of keys of one group.
+                            let delay = loader_delay(&mut rng);
+                            let tag = group(key);
+                            let n = rng.random_range(2..=4);
+                            let batch: Vec<String> = (0..n)
+                                .map(|_| keys[rng.random_range(0..keys.len())].clone())
+                                .filter(|k| group(k) == tag)
+                                .chain([key.clone()])
+                                .collect();
+                            get_many_tagged(&world, p, &batch, delay, Some(&tag)).await;
                         }
                         0..70 => {
                             let delay = loader_delay(&mut rng);

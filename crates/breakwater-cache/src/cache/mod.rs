@@ -126,6 +126,7 @@ mod value;
 mod verdict;
 mod warm;
 
+pub use batch::CacheEntries;
 pub use builder::CacheBuilder;
 pub(crate) use builder::default_store_breaker;
 pub use handle::Cache;

@@ -16,6 +16,61 @@ use crate::jitter::Jitter;
 use crate::key::CacheKey;
 use crate::served::Fetched;
 
+/// The settings one call may override, as builder methods on `self.options`
+/// (shared by [`CacheEntry`] and `CacheEntries`, `get_many`'s).
+macro_rules! call_settings {
+    () => {
+        /// The fresh TTL for this call's write, before jitter.
+        pub fn ttl(mut self, ttl: Duration) -> Self {
+            self.options.ttl = ttl;
+            self
+        }
+
+        /// The negative TTL for this call's write, before jitter.
+        pub fn negative_ttl(mut self, ttl: Duration) -> Self {
+            self.options.negative_ttl = ttl;
+            self
+        }
+
+        /// The jitter for this call's write.
+        pub fn jitter(mut self, jitter: Jitter) -> Self {
+            self.options.jitter = jitter;
+            self
+        }
+
+        /// The grace window (stale-while-revalidate); `Duration::ZERO` opts out.
+        pub fn grace(mut self, grace: Duration) -> Self {
+            self.options.grace = grace;
+            self
+        }
+
+        /// The most a value may be served past its fresh window (fail-safe).
+        pub fn max_stale(mut self, max_stale: Duration) -> Self {
+            self.options.max_stale = Some(max_stale);
+            self
+        }
+
+        /// Early refresh before the value goes stale.
+        pub fn early_refresh(mut self, early: EarlyRefresh) -> Self {
+            self.options.early_refresh = early;
+            self
+        }
+
+        /// Serve the stale value if the load takes longer than this.
+        pub fn soft_timeout(mut self, timeout: Duration) -> Self {
+            self.options.soft_timeout = Some(timeout);
+            self
+        }
+
+        /// The hard bound on this call's load.
+        pub fn load_timeout(mut self, timeout: Duration) -> Self {
+            self.options.load_timeout = timeout;
+            self
+        }
+    };
+}
+pub(super) use call_settings;
+
 /// One call with its own settings; see [`Cache::entry`].
 ///
 /// Settings not given here are the cache's. When callers with different
@@ -97,53 +152,7 @@ impl<'a, V: Value> CacheEntry<'a, V> {
         self
     }
 
-    /// The fresh TTL for this call's write, before jitter.
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.options.ttl = ttl;
-        self
-    }
-
-    /// The negative TTL for this call's write, before jitter.
-    pub fn negative_ttl(mut self, ttl: Duration) -> Self {
-        self.options.negative_ttl = ttl;
-        self
-    }
-
-    /// The jitter for this call's write.
-    pub fn jitter(mut self, jitter: Jitter) -> Self {
-        self.options.jitter = jitter;
-        self
-    }
-
-    /// The grace window (stale-while-revalidate); `Duration::ZERO` opts out.
-    pub fn grace(mut self, grace: Duration) -> Self {
-        self.options.grace = grace;
-        self
-    }
-
-    /// The most a value may be served past its fresh window (fail-safe).
-    pub fn max_stale(mut self, max_stale: Duration) -> Self {
-        self.options.max_stale = Some(max_stale);
-        self
-    }
-
-    /// Early refresh before the value goes stale.
-    pub fn early_refresh(mut self, early: EarlyRefresh) -> Self {
-        self.options.early_refresh = early;
-        self
-    }
-
-    /// Serve the stale value if the load takes longer than this.
-    pub fn soft_timeout(mut self, timeout: Duration) -> Self {
-        self.options.soft_timeout = Some(timeout);
-        self
-    }
-
-    /// The hard bound on this call's load.
-    pub fn load_timeout(mut self, timeout: Duration) -> Self {
-        self.options.load_timeout = timeout;
-        self
-    }
+    call_settings!();
 
     /// [`Cache::get_or_load`] with this call's settings.
     ///

@@ -25,9 +25,9 @@ use crate::cache::lease::{LEASE_RETRY_MARGIN, Lease, deadline_after, lock_timeou
 use crate::cache::loaded::LoadContext;
 use crate::cache::notify::{self, FILLED};
 use crate::cache::options::Options;
-use crate::cache::tags::counter_ttl;
+use crate::cache::tags::{TagSet, counter_ttl};
 use crate::cache::value::Value;
-use crate::entry::Extra;
+use crate::entry::{Extra, TagStamp};
 use crate::error::Error;
 use crate::jitter::poll_delay;
 use crate::key::CacheKey;
@@ -163,7 +163,10 @@ impl<V: Value> Cache<V> {
         for (i, ((led, lease), read)) in taken.into_iter().zip(again).enumerate() {
             let entry = read.ok().flatten();
             let fresh = entry.and_then(|entry| {
-                if entry.fresh_until <= now || led.replacing == Some(entry.fresh_until) {
+                if entry.fresh_until <= now
+                    || led.replacing == Some(entry.fresh_until)
+                    || batch.tags().is_some_and(|tags| !tags.carried_by(&entry))
+                {
                     return None;
                 }
                 let value = self.entry_value(&led.storage, &entry)?;
@@ -200,17 +203,36 @@ impl<V: Value> Cache<V> {
         } else {
             to_load.iter().map(|_| Ok(None)).collect()
         };
+        // The call's tags' generations, read once for the whole batch
+        // after its leases were taken and before its loader runs, recorded
+        // in every entry it writes (see `tags`). Unreadable: the keys are
+        // loaded, served and kept in L1, not written, as unpinned ones.
+        let stamps = match batch.tags() {
+            None => Ok(Vec::new()),
+            Some(_) if to_load.is_empty() => Ok(Vec::new()),
+            Some(tags) => self.tag_generations(tags).await,
+        };
+        let stamps = match stamps {
+            Ok(stamps) => Some(stamps),
+            Err(err) => {
+                inner.metrics.store_failed("tag_generations", &err);
+                None
+            }
+        };
         let mut pinned_loads = Vec::with_capacity(to_load.len());
         let mut unpinned = Vec::new();
         for ((i, led, lease), pin) in to_load.into_iter().zip(pins) {
             match pin {
-                Ok(pinned) => pinned_loads.push((i, led, lease, pinned)),
+                Ok(pinned) if stamps.is_some() => pinned_loads.push((i, led, lease, pinned)),
+                Ok(_) => unpinned.push((i, led, lease)),
                 Err(err) => {
                     inner.metrics.store_failed("pin", &err);
                     unpinned.push((i, led, lease));
                 }
             }
         }
+        let stamps = stamps.unwrap_or_default();
+        let stamps = &stamps;
         let unpinned = async {
             if unpinned.is_empty() {
                 return;
@@ -219,7 +241,7 @@ impl<V: Value> Cache<V> {
                 inner.logs,
                 Warning::StoreRead,
                 keys = unpinned.len(),
-                "the previous version's entries could not be pinned; loading without writing"
+                "the previous version's entries or the call's tags could not be read; loading without writing"
             );
             let mut direct = Vec::with_capacity(unpinned.len());
             for (i, led, lease) in unpinned {
@@ -230,10 +252,9 @@ impl<V: Value> Cache<V> {
             self.load_direct_many(direct, batch, options, priority, ticket)
                 .await;
         };
-        let loads =
-            join_all(in_batches(pinned_loads).into_iter().map(|chunk| {
-                self.lead_chunk(chunk, done, asked, batch, options, priority, ticket)
-            }));
+        let loads = join_all(in_batches(pinned_loads).into_iter().map(|chunk| {
+            self.lead_chunk(chunk, stamps, done, asked, batch, options, priority, ticket)
+        }));
         tokio::join!(release, loads, unpinned);
     }
 
@@ -247,6 +268,7 @@ impl<V: Value> Cache<V> {
     async fn lead_chunk<K, B>(
         &self,
         chunk: Vec<Taken<'_, K, V>>,
+        stamps: &[TagStamp],
         done: &[AtomicBool],
         asked: Instant,
         batch: &Arc<B>,
@@ -274,7 +296,7 @@ impl<V: Value> Cache<V> {
                                 load_time,
                                 options,
                                 ticket,
-                                Vec::new(),
+                                stamps.to_vec(),
                                 pinned.as_ref(),
                                 Extra::default(),
                             )
@@ -333,7 +355,7 @@ impl<V: Value> Cache<V> {
         // wait, so a wake-up is never held up by a load, nor a load by a read.
         let (jobs, queue) = mpsc::unbounded_channel();
         tokio::join!(
-            self.wait_many(held, jobs, options, priority),
+            self.wait_many(held, jobs, options, priority, batch.tags()),
             self.run_jobs(queue, batch, options, priority, ticket),
         );
     }
@@ -347,6 +369,7 @@ impl<V: Value> Cache<V> {
         jobs: mpsc::UnboundedSender<Job<K, V>>,
         options: &Options,
         priority: Priority,
+        tags: Option<&TagSet>,
     ) where
         K: CacheKey + Clone + Send + Sync + 'static,
     {
@@ -403,7 +426,8 @@ impl<V: Value> Cache<V> {
         let mut attempt: Vec<usize> = Vec::new();
         loop {
             // Filled meanwhile (or just before the watches): served.
-            self.check_filled(&mut keys, &check, options, ticket).await;
+            self.check_filled(&mut keys, &check, options, ticket, tags)
+                .await;
             check.clear();
             // Leases gone: taken over, together.
             let now = Instant::now();
@@ -452,7 +476,7 @@ impl<V: Value> Cache<V> {
                             .filter(|entry| entry.tags.is_empty());
                         let value = carried.and_then(|entry| {
                             let replacing = waiting.led.replacing;
-                            self.fresh_entry(storage, entry, &mut waiting.stale, options, replacing, ticket, None)
+                            self.fresh_entry(storage, entry, &mut waiting.stale, options, replacing, ticket, tags)
                         });
                         match value {
                             Some(value) => {
@@ -533,6 +557,7 @@ impl<V: Value> Cache<V> {
         check: &[usize],
         options: &Options,
         ticket: Option<Ticket>,
+        tags: Option<&TagSet>,
     ) {
         let mut check: Vec<usize> = check.to_vec();
         check.sort_unstable();
@@ -561,7 +586,7 @@ impl<V: Value> Cache<V> {
                 options,
                 replacing,
                 ticket,
-                None,
+                tags,
             );
             if let Some(value) = value
                 && let Some(waiting) = keys[i].take()
@@ -884,7 +909,7 @@ impl<V: Value> Cache<V> {
                             load_time,
                             options,
                             ticket,
-                            false,
+                            batch.tags().is_some(),
                         );
                         led.lander.land(Ok((value, Served::Loaded, None)));
                     }

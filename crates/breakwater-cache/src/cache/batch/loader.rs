@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use crate::cache::coherence::Landed;
 use crate::cache::loaded::LoadContext;
+use crate::cache::tags::TagSet;
 use crate::cache::transition::Pinned;
 use crate::cache::value::Load;
 use crate::entry::Entry;
@@ -51,6 +52,26 @@ type BatchFuture<V> = Pin<Box<dyn Future<Output = Result<Option<Found<V>>, BoxEr
 /// A batch loader as the internals take it: called with the keys to load.
 pub(super) trait BatchLoad<K, V>: Send + Sync + 'static {
     fn call(&self, keys: Vec<K>) -> BatchFuture<V>;
+    /// The tags the call named, recorded in every entry its loads write.
+    fn tags(&self) -> Option<&TagSet> {
+        None
+    }
+}
+
+/// A batch loader whose call named tags.
+pub(super) struct TaggedBatch<B> {
+    pub(super) batch: B,
+    pub(super) tags: TagSet,
+}
+
+impl<K, V, B: BatchLoad<K, V>> BatchLoad<K, V> for TaggedBatch<B> {
+    fn call(&self, keys: Vec<K>) -> BatchFuture<V> {
+        self.batch.call(keys)
+    }
+
+    fn tags(&self) -> Option<&TagSet> {
+        Some(&self.tags)
+    }
 }
 
 /// The user's batch loader.

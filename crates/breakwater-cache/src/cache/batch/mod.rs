@@ -55,17 +55,23 @@ mod pipeline;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::Instant;
 use tracing::field::Empty;
 use tracing::{Instrument, Span};
 
 use crate::cache::handle::Cache;
+use crate::cache::options::Options;
+use crate::cache::per_call::call_settings;
+use crate::cache::tags::TagSet;
 use crate::cache::value::Value;
 use crate::error::Error;
+use crate::freshness::EarlyRefresh;
+use crate::jitter::Jitter;
 use crate::key::CacheKey;
 use crate::served::Fetched;
-use loader::{BoxError, UserBatch};
+use loader::{BatchLoad, BoxError, TaggedBatch, UserBatch};
 
 impl<V: Value> Cache<V> {
     /// The values of many keys at once, loading the missing ones with one
@@ -192,6 +198,35 @@ impl<V: Value> Cache<V> {
         E: Into<BoxError> + 'static,
     {
         let keys: Vec<K> = keys.into_iter().collect();
+        let batch = UserBatch(loader, PhantomData);
+        self.fetch_many_in_span(keys, batch, &self.inner.defaults, None)
+            .await
+    }
+
+    /// One `get_many` call with its own settings and tags; see
+    /// [`CacheEntries`].
+    pub fn entries(&self) -> CacheEntries<'_, V> {
+        CacheEntries {
+            cache: self,
+            options: self.inner.defaults,
+            tags: Vec::new(),
+        }
+    }
+
+    /// `get_many_with_meta`'s work, in its span: `tags`, if the call named
+    /// them, recorded in every entry it writes, and required of every entry
+    /// it serves.
+    async fn fetch_many_in_span<K, B>(
+        &self,
+        keys: Vec<K>,
+        batch: B,
+        options: &Options,
+        tags: Option<TagSet>,
+    ) -> Vec<Result<Fetched<V>, Error>>
+    where
+        K: CacheKey + Clone + Send + Sync + 'static,
+        B: BatchLoad<K, V>,
+    {
         let span = if tracing::dispatcher::has_been_set() {
             tracing::info_span!(
                 "breakwater.get_many",
@@ -202,10 +237,135 @@ impl<V: Value> Cache<V> {
         } else {
             Span::none()
         };
-        let batch = Arc::new(UserBatch(loader, PhantomData));
-        let options = self.inner.defaults;
-        self.fetch_many(keys, batch, &options, Instant::now(), 1)
-            .instrument(span)
-            .await
+        let started = Instant::now();
+        match tags {
+            None => {
+                self.fetch_many(keys, Arc::new(batch), options, started, 1)
+                    .instrument(span)
+                    .await
+            }
+            Some(tags) => {
+                let batch = Arc::new(TaggedBatch { batch, tags });
+                self.fetch_many(keys, batch, options, started, 1)
+                    .instrument(span)
+                    .await
+            }
+        }
+    }
+}
+
+/// One `get_many` with its own settings and tags; see [`Cache::entries`].
+///
+/// Settings not given here are the cache's. Tags are recorded in every
+/// entry the call's loads write ([`Cache::invalidate_tag`] of any of them
+/// makes those entries unreachable, fleet-wide), and required of every
+/// entry it serves: an entry of one of its keys written without them (by
+/// an untagged call) is loaded again, under its lease, and written with
+/// them, so a tag invalidation reaches every value the call returns.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use breakwater_cache::Cache;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), breakwater_cache::Error> {
+/// let cache = Cache::<u64>::builder().build()?;
+/// let prices = cache
+///     .entries()
+///     .tags(["shop:3"])
+///     .ttl(Duration::from_secs(60))
+///     .get_many([5u64, 6], |ids: Vec<u64>| async move {
+///         Ok::<_, std::io::Error>(ids.into_iter().map(|id| (id, 100 + id)).collect::<Vec<_>>())
+///     })
+///     .await?;
+/// assert_eq!(prices, [Some(105), Some(106)]);
+/// cache.invalidate_tag("shop:3").await?;
+/// assert_eq!(cache.get(5u64).await?, None);
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+#[must_use = "CacheEntries does nothing until get_many is called"]
+pub struct CacheEntries<'a, V> {
+    cache: &'a Cache<V>,
+    options: Options,
+    tags: Vec<Vec<u8>>,
+}
+
+impl<V: Value> CacheEntries<'_, V> {
+    /// Tags every entry this call writes, and requires them of every entry
+    /// it serves (see [`CacheEntries`]); called again, it adds more. The
+    /// bounds are [`CacheEntry::tags`](crate::CacheEntry::tags)'.
+    pub fn tags<I>(mut self, tags: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: CacheKey,
+    {
+        self.tags
+            .extend(tags.into_iter().map(|tag| tag.key_bytes().to_vec()));
+        self
+    }
+
+    call_settings!();
+
+    /// [`Cache::get_many`] with this call's settings and tags.
+    ///
+    /// # Errors
+    ///
+    /// As [`Cache::get_many`]; [`Config`](crate::ErrorKind::Config) if
+    /// this call's settings are invalid, [`InvalidKey`](crate::ErrorKind::InvalidKey)
+    /// for an invalid tag.
+    pub async fn get_many<K, I, F, Fut, R, E>(
+        self,
+        keys: I,
+        loader: F,
+    ) -> Result<Vec<Option<V>>, Error>
+    where
+        I: IntoIterator<Item = K>,
+        K: CacheKey + Clone + Send + Sync + 'static,
+        F: Fn(Vec<K>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, E>> + Send + 'static,
+        R: IntoIterator<Item = (K, V)>,
+        E: Into<BoxError> + 'static,
+    {
+        self.get_many_with_meta(keys, loader)
+            .await?
+            .into_iter()
+            .map(|fetched| fetched.map(|f| f.value))
+            .collect()
+    }
+
+    /// [`Cache::get_many_with_meta`] with this call's settings and tags.
+    ///
+    /// # Errors
+    ///
+    /// [`Config`](crate::ErrorKind::Config) if this call's settings are
+    /// invalid, [`InvalidKey`](crate::ErrorKind::InvalidKey) for an
+    /// invalid tag (nothing is read then); each key's own outcome
+    /// otherwise.
+    pub async fn get_many_with_meta<K, I, F, Fut, R, E>(
+        self,
+        keys: I,
+        loader: F,
+    ) -> Result<Vec<Result<Fetched<V>, Error>>, Error>
+    where
+        I: IntoIterator<Item = K>,
+        K: CacheKey + Clone + Send + Sync + 'static,
+        F: Fn(Vec<K>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, E>> + Send + 'static,
+        R: IntoIterator<Item = (K, V)>,
+        E: Into<BoxError> + 'static,
+    {
+        self.options.validate()?;
+        let tags = if self.tags.is_empty() {
+            None
+        } else {
+            Some(TagSet::new(self.tags, &self.options)?)
+        };
+        let keys: Vec<K> = keys.into_iter().collect();
+        let batch = UserBatch(loader, PhantomData);
+        Ok(self
+            .cache
+            .fetch_many_in_span(keys, batch, &self.options, tags)
+            .await)
     }
 }

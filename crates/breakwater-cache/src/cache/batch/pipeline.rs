@@ -80,7 +80,11 @@ impl<V: Value> Cache<V> {
         }
         let mut refreshes: Vec<(usize, Refresh)> = Vec::new();
         for (i, want) in wants.iter_mut().enumerate() {
-            match self.near(&want.user, Some(options)) {
+            let near = match batch.tags() {
+                Some(_) => self.near_tagged(&want.user, options),
+                None => self.near(&want.user, Some(options)),
+            };
+            match near {
                 Ok(Near::Fresh(fetched, replacing)) => {
                     cooperate().await;
                     want.outcome = Some(Ok(fetched));
@@ -143,6 +147,10 @@ impl<V: Value> Cache<V> {
                     continue;
                 }
             };
+            // An entry without the call's tags would escape their
+            // invalidation: loaded again, under the lease.
+            let entry =
+                entry.filter(|entry| batch.tags().is_none_or(|tags| tags.carried_by(entry)));
             let Some(entry) = entry else {
                 load.push((i, Mode::Fleet, None));
                 continue;
