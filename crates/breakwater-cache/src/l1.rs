@@ -218,6 +218,9 @@ pub(crate) struct Stamp {
     pub(crate) load_ms: u32,
     /// The entry has tags (a tag invalidation drops it).
     pub(crate) tagged: bool,
+    /// Which tags (a hash of their names, 0 for none): a call naming tags
+    /// is served the copy only if it names exactly these.
+    pub(crate) tag_set: u64,
 }
 
 /// When a read or load began, in invalidation epochs; see the module docs.

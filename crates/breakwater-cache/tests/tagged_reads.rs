@@ -217,3 +217,32 @@ async fn entries_take_their_own_settings_and_check_them() {
         .unwrap_err();
     assert_eq!(err.kind(), breakwater_cache::ErrorKind::InvalidKey);
 }
+
+/// An L1 copy serves a tagged call only if its entry has exactly the
+/// call's tags: a copy of an entry tagged `B` is no hit for a call tagged
+/// `A` (the store read finds `A` missing and loads again).
+#[tokio::test(start_paused = true)]
+async fn an_l1_copy_with_other_tags_is_no_hit_for_a_tagged_call() {
+    let cache = cache(MemoryStore::new(), true);
+    let price = Arc::new(AtomicU64::new(100));
+    let read = |tag: &'static str| {
+        let (cache, price) = (cache.clone(), Arc::clone(&price));
+        async move {
+            cache
+                .entry("p:9")
+                .tags([tag])
+                .get_or_load_with_meta(move || async move {
+                    Ok::<_, std::io::Error>(Some(price.load(Ordering::SeqCst)))
+                })
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(read("B").await.value, Some(100));
+    assert_eq!(read("B").await.served, Served::L1Hit);
+    price.store(120, Ordering::SeqCst);
+    // Tagged A: the B copy is not served; the entry is loaded again with A.
+    let a = read("A").await;
+    assert_eq!((a.value, a.served), (Some(120), Served::Loaded));
+    assert_eq!(read("A").await.served, Served::L1Hit);
+}

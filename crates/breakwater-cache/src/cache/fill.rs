@@ -169,9 +169,14 @@ impl<V: Value> Cache<V> {
                 Ok(LeaseAttempt::Acquired) => {
                     inner.metrics.lease("acquired");
                     Span::current().record("lease", "acquired");
-                    // Lead: double-check first.
+                    // Lead: double-check first. What the load replaces
+                    // (shown to a context loader, kept by "not modified")
+                    // is only what this read, under the lease, found: an
+                    // entry seen while waiting may have been invalidated
+                    // since.
+                    let mut seen = None;
                     if let Some(value) = self
-                        .fresh_value(&key, &mut stale, &options, replacing, ticket, loader.tags())
+                        .fresh_value(&key, &mut seen, &options, replacing, ticket, loader.tags())
                         .await
                     {
                         let message = notify::message(FILLED, inner.waiters.sender(), &key);
@@ -187,7 +192,7 @@ impl<V: Value> Cache<V> {
                             lease,
                             asked,
                             &loader,
-                            stale.as_ref(),
+                            seen.as_ref(),
                             &options,
                             priority,
                             ticket,
@@ -280,8 +285,9 @@ impl<V: Value> Cache<V> {
         match inner.lease.on_lock_timeout.0 {
             LockTimeoutKind::LoadAnyway => {
                 warn_limited!(inner.logs, Warning::LockWaitLoadAnyway, key = %show_key(&key), ?waited, "lease held past lock_wait; loading anyway (not written)");
+                // No lease: nothing read under one to show the loader.
                 let (value, _, _) = self
-                    .load_unwritten(&loader, &key, stale.as_ref(), &options, priority)
+                    .load_unwritten(&loader, &key, None, &options, priority)
                     .await?;
                 Ok((value, Served::Loaded, None))
             }
@@ -646,6 +652,10 @@ impl<V: Value> Cache<V> {
             // No generations were recorded (nothing is written), but the
             // copy is of a tagged call: a tag invalidation must drop it.
             sealed.stamp.tagged = tagged;
+            // Which tags is not recorded: no tagged call takes it from L1.
+            if tagged {
+                sealed.stamp.tag_set = u64::MAX;
+            }
             self.keep_written(key, value.clone(), &sealed, ticket);
         }
     }

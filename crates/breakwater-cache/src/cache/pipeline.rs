@@ -131,10 +131,9 @@ impl<V: Value> Cache<V> {
     where
         L: Load<V>,
     {
-        let near = if loader.tags().is_some() {
-            self.near_tagged(key, options)
-        } else {
-            self.near(key, Some(options))
+        let near = match loader.tags() {
+            Some(tags) => self.near_tagged(key, options, tags),
+            None => self.near(key, Some(options)),
         };
         let near_hit = matches!(near, Ok(Near::Fresh(..)));
         if near_hit {

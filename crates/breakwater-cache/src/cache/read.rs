@@ -11,6 +11,7 @@ use super::coherence::{Landed, SharedRead};
 use super::fill::Mode;
 use super::handle::Cache;
 use super::options::Options;
+use super::tags::TagSet;
 use super::value::{Load, Value};
 use crate::error::Error;
 use crate::flight::{Lead, Role, Turn};
@@ -67,13 +68,19 @@ impl<V: Value> Cache<V> {
         })
     }
 
-    /// [`near`](Self::near) for a call that names tags: a copy of an entry
-    /// written without tags is no hit for it (it would escape their
-    /// invalidation). Apart, so untagged calls (the hit path) pay nothing.
-    pub(super) fn near_tagged(&self, user_key: &[u8], options: &Options) -> Result<Near<V>, Error> {
+    /// [`near`](Self::near) for a call that names `tags`: a copy of an
+    /// entry written with other tags (or none) is no hit for it (it might
+    /// escape their invalidation; the store read checks which tags the
+    /// entry has). Apart, so untagged calls (the hit path) pay nothing.
+    pub(super) fn near_tagged(
+        &self,
+        user_key: &[u8],
+        options: &Options,
+        tags: &TagSet,
+    ) -> Result<Near<V>, Error> {
         if let Some(l1) = &self.local.l1
             && let Some(slot) = l1.get(user_key)
-            && !slot.stored.tagged
+            && slot.stored.tag_set != tags.hash
         {
             self.check_key(user_key)?;
             return Ok(Near::Miss);

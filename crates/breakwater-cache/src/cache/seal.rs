@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::handle::Cache;
 use super::options::Options;
+use super::tags::set_hash;
 use super::value::Value;
 use crate::clock::millis;
 use crate::codec::Encode;
@@ -261,9 +262,11 @@ pub(super) struct Sealed {
 
 /// What L1 keeps of an entry: its deadlines and load time.
 pub(super) fn stamp(entry: &Entry) -> Stamp {
+    // A transition stamp is no tag.
+    let tags = entry.tags.iter().filter(|t| !t.tag.is_empty());
     Stamp {
-        // A transition stamp is no tag.
-        tagged: entry.tags.iter().any(|t| !t.tag.is_empty()),
+        tagged: tags.clone().next().is_some(),
+        tag_set: set_hash(tags.map(|t| &t.tag[..])),
         fresh_until: entry.fresh_until,
         stale_until: entry.stale_until,
         load_ms: entry.load_ms,

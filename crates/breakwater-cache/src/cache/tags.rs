@@ -86,7 +86,7 @@ use super::keys::hash_tagged;
 use super::options::Options;
 use crate::entry::{Entry, MAX_TAG_LEN, MAX_TAGS};
 use crate::error::{Error, ErrorKind};
-use crate::store::parse_generation;
+use crate::store::{fnv1a, parse_generation};
 
 /// The shortest TTL a tag counter is given (see the module docs).
 const COUNTER_TTL_FLOOR: Duration = Duration::from_secs(3600);
@@ -121,6 +121,9 @@ pub(super) fn counter_ttl(options: &Options) -> Duration {
 pub(crate) struct TagSet {
     pub(super) tags: Vec<Vec<u8>>,
     pub(super) counter_ttl: Duration,
+    /// [`set_hash`] of the tags: an L1 copy serves this call only if its
+    /// entry's tags hash the same.
+    pub(super) hash: u64,
 }
 
 impl TagSet {
@@ -147,6 +150,7 @@ impl TagSet {
             ));
         }
         Ok(TagSet {
+            hash: set_hash(tags.iter().map(Vec::as_slice)),
             tags,
             counter_ttl: counter_ttl(options),
         })
@@ -161,6 +165,19 @@ impl TagSet {
             .iter()
             .all(|tag| entry.tags.iter().any(|stamp| stamp.tag == *tag))
     }
+}
+
+/// A set of tags as one number, whatever their order: 0 for none, else
+/// one more than the sum of their FNV-1a hashes (a different set hashes
+/// the same with a chance of 2^-64).
+pub(super) fn set_hash<'t>(tags: impl Iterator<Item = &'t [u8]>) -> u64 {
+    let mut hash = 0u64;
+    let mut any = false;
+    for tag in tags {
+        hash = hash.wrapping_add(fnv1a(tag));
+        any = true;
+    }
+    if any { hash.wrapping_add(1).max(1) } else { 0 }
 }
 
 /// A tag is 1 to [`MAX_TAG_LEN`] bytes.

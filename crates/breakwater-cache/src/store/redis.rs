@@ -558,16 +558,17 @@ impl Store for RedisStore {
         notice: Notice<'a>,
     ) -> StoreFuture<'a, bool> {
         Box::pin(async move {
-            let found: i64 = self
+            // Remembered on a Sentinel store as an invalidation would be
+            // (applied again, as one, on a master that lost it).
+            let script = EXPIRE_ENTRY
+                .key(key)
+                .key(lease_key)
+                .arg(&at_ms.to_be_bytes()[..])
+                .arg(notice.channel)
+                .arg(notice.message);
+            let found = self
                 .inner
-                .eval(
-                    EXPIRE_ENTRY
-                        .key(key)
-                        .key(lease_key)
-                        .arg(&at_ms.to_be_bytes()[..])
-                        .arg(notice.channel)
-                        .arg(notice.message),
-                )
+                .revoke(script, Revocation::new(key, lease_key, notice))
                 .await?;
             Ok(found == 1)
         })
@@ -635,6 +636,7 @@ impl Store for RedisStore {
             self.inner
                 .revoke(script, Revocation::new(key, lease_key, notice))
                 .await
+                .map(drop)
         })
     }
 
@@ -725,6 +727,7 @@ impl Store for RedisStore {
             self.inner
                 .revoke(script, Revocation::new(key, lease_key, notice))
                 .await
+                .map(drop)
         })
     }
 

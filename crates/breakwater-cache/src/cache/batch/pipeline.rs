@@ -81,7 +81,7 @@ impl<V: Value> Cache<V> {
         let mut refreshes: Vec<(usize, Refresh)> = Vec::new();
         for (i, want) in wants.iter_mut().enumerate() {
             let near = match batch.tags() {
-                Some(_) => self.near_tagged(&want.user, options),
+                Some(tags) => self.near_tagged(&want.user, options, tags),
                 None => self.near(&want.user, Some(options)),
             };
             match near {

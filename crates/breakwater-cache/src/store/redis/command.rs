@@ -191,24 +191,26 @@ impl RedisCore {
         .await
     }
 
-    /// A write that revokes (`INVALIDATE`, `REPLACE`) through
-    /// [`eval`](Self::eval). On a Sentinel store it counts only if the
-    /// master that acknowledged it is still the one the sentinels name, and
-    /// it is remembered, to be applied again on the next master should the
-    /// failover have lost it (see `sentinel`).
+    /// A write that revokes (`INVALIDATE`, `REPLACE`, `EXPIRE_ENTRY`)
+    /// through [`eval`](Self::eval), with the script's reply. On a Sentinel
+    /// store it counts only if the master that acknowledged it is still the
+    /// one the sentinels name, and it is remembered, to be applied again on
+    /// the next master should the failover have lost it (see `sentinel`;
+    /// an expiry is applied again as an invalidation, which is stronger).
     pub(super) async fn revoke(
         self: &Arc<Self>,
         script: Invocation<'_>,
         revoked: Revocation<'_>,
-    ) -> Result<(), Error> {
+    ) -> Result<i64, Error> {
         let (script, domain) = (&script, self.script_domain(&script));
-        let master = self
+        let (reply, master) = self
             .call(DeadlineKind::Write, domain, |mut conn| async move {
-                let _: i64 = run_script(&mut conn, script).await?;
-                Ok(conn.master().cloned())
+                let reply: i64 = run_script(&mut conn, script).await?;
+                Ok((reply, conn.master().cloned()))
             })
             .await?;
-        self.acknowledged(master, std::slice::from_ref(&revoked))
+        self.acknowledged(master, std::slice::from_ref(&revoked))?;
+        Ok(reply)
     }
 
     /// Revocations that the master `master` acknowledged (`None`: not a
