@@ -57,11 +57,11 @@
 //! |---|---|---|
 //! | `mod.rs` | the public calls and their docs | every room below |
 //! | `per_call.rs` | [`CacheEntry`]: one call with its own settings | `pipeline`, `invalidate` |
-//! | `pipeline.rs` | `fetch` (steps 1–2 and the count) and `pipeline` (steps 3–8, in passes) | `read`, `lookup` (for `get`), `verdict`, `fill`, `seal`, `trace` |
+//! | `pipeline.rs` | `fetch` (steps 1–2 and the count), `pipeline` (steps 3–8, in passes) and `refresh` (a forced fill) | `read`, `lookup` (for `get`), `verdict`, `fill`, `seal`, `trace` |
 //! | `batch/` | `get_many`: the same steps for many keys | `pipeline`'s pass rules (`cooperate`, `revoked_before`, the count), `read`'s near cache, and the rooms below them |
 //! | `warm.rs`, `inspect.rs` | warming and inspecting entries (public calls of their own) | the public calls, `pipeline`, `fill`, `lookup`, `verdict` |
 //! | `read.rs` | near cache (2) and shared store reads (3), which hand a miss to the fill | `lookup`, `verdict`, `fill` |
-//! | `invalidate.rs` | `set`, `set_many`, `invalidate`, `invalidate_tag`: the fence and its delivery | `seal`, `lookup`, `transition`, `trace` |
+//! | `invalidate.rs` | `set`, `set_many`, `invalidate`, `expire`, `invalidate_tag`: the fence and its delivery | `seal`, `lookup`, `transition`, `trace` |
 //! | `fill.rs` | the fill, the load's task, the fenced write and settle (5–8) | `lease`, `lookup`, `verdict`, `seal`, `transition` |
 //! | `verdict.rs` | the one judgment on a stored entry or an L1 copy (4): decode, fresh, early refresh, grace, stand-in | `seal`, `transition`, `handle` and the ground floor |
 //! | `seal.rs` | sealing (7) and keeping values in L1 | `handle` and the ground floor |
@@ -70,7 +70,7 @@
 //! | `trace.rs` | the calls' spans | `handle` and the ground floor |
 //! | `builder.rs` | [`CacheBuilder`]: settings checked once, the parts assembled | `handle` and the ground floor |
 //! | `handle.rs` | the [`Cache`] type (its docs: the coherence contract) and `CacheCore` | the ground floor |
-//! | ground floor | `value` (the `Value` and `Load` bounds), `keys`, `lease` ([`LeaseConfig`]), `options`, `tags` (what a tag is), `coherence` (flights, L1, epochs), `notify` (the bus), `guard` and `queue` (the store behind its breaker, batched reads), `origin`, `throttle`, `settings` | the crate's policies (`breaker`, `limit`, `retry`, `flight`, `l1`, `freshness`, `entry`, `codec`), `store`, `metrics`, and the crate's utilities (`error`, `served`, `clock`, `background`, `log_limit`) |
+//! | ground floor | `value` (the `Value` and `Load` bounds), `loaded` (a context loader's [`LoadContext`] and [`Loaded`]), `keys`, `lease` ([`LeaseConfig`]), `options`, `tags` (what a tag is), `coherence` (flights, L1, epochs), `notify` (the bus), `guard` and `queue` (the store behind its breaker, batched reads), `origin`, `throttle`, `settings` | the crate's policies (`breaker`, `limit`, `retry`, `flight`, `l1`, `freshness`, `entry`, `codec`), `store`, `metrics`, and the crate's utilities (`error`, `served`, `clock`, `background`, `log_limit`) |
 //!
 //! # Vocabulary
 //!
@@ -93,6 +93,8 @@
 //!   `seal_tagged`).
 //! - **keep**: a value put in L1 (`keep_read`, `keep_written`,
 //!   `keep_unwritten`, all through `keep_near`).
+//! - **renew**: a "not modified" answer's write: the stored entry's
+//!   windows renewed in place through the fence (`renew`).
 //! - **settle**: a flight's outcome for one caller (`settle`).
 //! - **deliver**: an invalidation sent, retried within a second
 //!   (`deliver`).
