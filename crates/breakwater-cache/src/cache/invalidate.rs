@@ -128,36 +128,47 @@ impl<V: Value> Cache<V> {
 
     /// [`invalidate`](Self::invalidate), in its span.
     pub(super) async fn invalidate_bytes(&self, key: &[u8]) -> Result<(), Error> {
+        self.revoke_key(key, Revoke::Delete).await
+    }
+
+    /// [`expire`](Self::expire), in its span: as an invalidation, but the
+    /// store keeps the entry, stale from [`EXPIRE_SKEW`] before now.
+    pub(super) async fn expire_bytes(&self, key: &[u8]) -> Result<(), Error> {
+        self.revoke_key(key, Revoke::Expire).await
+    }
+
+    /// An invalidation or an expiry of `key`: the entry deleted or made
+    /// stale in the store, its lease revoked and the fleet told, with this
+    /// process's local step and the store's delivered with retries.
+    async fn revoke_key(&self, key: &[u8], how: Revoke) -> Result<(), Error> {
         let key = self.key_in_store(key)?;
         let lease = self.inner.lease_key(&key);
-        let message = notify::message(notify::INVALIDATED, self.inner.waiters.sender(), &key);
+        let sender = self.inner.waiters.sender();
+        let message = notify::message(notify::INVALIDATED, sender, &key);
         let listening = self.inner.waiters.is_listening();
         let (key, lease, message) = (&key, &lease, &message);
         // Inside a version transition the previous version's entry goes
-        // too (first): it must not stand in for the invalidated value. Its
+        // too (first): it must not stand in for the revoked value. Its
         // lease is revoked and its processes are told on their channel.
         let previous = self.inner.previous_key(key).and_then(|old| {
             let p = self.inner.previous.as_ref()?;
             let old_lease = lease_key(&old, p.prefix.len());
-            let message = notify::message(notify::INVALIDATED, self.inner.waiters.sender(), &old);
+            let message = notify::message(notify::INVALIDATED, sender, &old);
             Some((old, old_lease, message, &p.channel))
         });
         let previous = &previous;
         // After the store has answered (a read that starts later sees the
-        // deletion); also if it failed (the reply may be all that was
-        // lost), or if the caller goes away first.
+        // change); also if it failed (the reply may be all that was lost),
+        // or if the caller goes away first.
         let _local = self.local.invalidation([key]);
         self.deliver(key, || async move {
             if let Some((old, old_lease, message, channel)) = previous {
                 let notice = Notice { channel, message };
-                self.inner.store.invalidate(old, old_lease, notice).await?;
+                self.revoke_in_store(how, old, old_lease, notice).await?;
             }
             self.local.expect_own_notice(key, listening);
-            let done = self
-                .inner
-                .store
-                .invalidate(key, lease, self.inner.notice(message))
-                .await;
+            let notice = self.inner.notice(message);
+            let done = self.revoke_in_store(how, key, lease, notice).await;
             if done.is_err() {
                 self.local.own_notice_heard(key);
             }
@@ -166,50 +177,22 @@ impl<V: Value> Cache<V> {
         .await
     }
 
-    /// [`expire`](Self::expire), in its span: as an invalidation (the
-    /// previous version's entry first, inside a version transition; this
-    /// process's local step; the store's, delivered with retries), but the
-    /// store keeps the entry, stale from [`EXPIRE_SKEW`] before now.
-    pub(super) async fn expire_bytes(&self, key: &[u8]) -> Result<(), Error> {
-        let key = self.key_in_store(key)?;
-        let lease = self.inner.lease_key(&key);
-        let sender = self.inner.waiters.sender();
-        let message = notify::message(notify::INVALIDATED, sender, &key);
-        let listening = self.inner.waiters.is_listening();
-        let (key, lease, message) = (&key, &lease, &message);
-        let previous = self.inner.previous_key(key).and_then(|old| {
-            let p = self.inner.previous.as_ref()?;
-            let old_lease = lease_key(&old, p.prefix.len());
-            let message = notify::message(notify::INVALIDATED, sender, &old);
-            Some((old, old_lease, message, &p.channel))
-        });
-        let previous = &previous;
-        let _local = self.local.invalidation([key]);
-        self.deliver(key, || async move {
-            let at = self
-                .inner
-                .store
-                .now_ms()
-                .saturating_sub(millis(EXPIRE_SKEW));
-            if let Some((old, old_lease, message, channel)) = previous {
-                let notice = Notice { channel, message };
-                self.inner
-                    .store
-                    .expire_entry(old, old_lease, at, notice)
-                    .await?;
+    /// The store's part of [`revoke_key`](Self::revoke_key) for one key.
+    async fn revoke_in_store(
+        &self,
+        how: Revoke,
+        key: &[u8],
+        lease: &[u8],
+        notice: Notice<'_>,
+    ) -> Result<(), Error> {
+        let store = &self.inner.store;
+        match how {
+            Revoke::Delete => store.invalidate(key, lease, notice).await,
+            Revoke::Expire => {
+                let at = store.now_ms().saturating_sub(millis(EXPIRE_SKEW));
+                store.expire_entry(key, lease, at, notice).await.map(drop)
             }
-            self.local.expect_own_notice(key, listening);
-            let done = self
-                .inner
-                .store
-                .expire_entry(key, lease, at, self.inner.notice(message))
-                .await;
-            if done.is_err() {
-                self.local.own_notice_heard(key);
-            }
-            done.map(drop)
-        })
-        .await
+        }
     }
 
     /// Runs `attempt`, an invalidation (idempotent: a delete or a bump, with
@@ -286,6 +269,15 @@ impl<V: Value> Cache<V> {
 
 /// How long `invalidate` keeps trying to deliver one invalidation.
 const INVALIDATE_WITHIN: Duration = Duration::from_secs(1);
+
+/// What a revocation does to the stored entry.
+#[derive(Clone, Copy)]
+enum Revoke {
+    /// `invalidate`: deletes it.
+    Delete,
+    /// `expire`: keeps it, stale.
+    Expire,
+}
 
 /// How long before now an expired entry's fresh window ends: more than the
 /// error of any process's view of the store's clock (half a round trip),
