@@ -68,6 +68,7 @@
 //! | kind | item          | bytes                                                                 |
 //! |------|---------------|-----------------------------------------------------------------------|
 //! | `1`  | validator     | 1 to 255 bytes the loader gave ([`MAX_VALIDATOR_LEN`]): an ETag, a version, an `updated_at` |
+//! | `2`  | grace         | 8 bytes, `u64` BE: the grace window (ms) the loader chose for this value, which readers use instead of their own |
 //!
 //! An unknown kind is an error (an item this build cannot honour is never
 //! skipped). An entry without extensions never sets the flag and is
@@ -102,6 +103,8 @@ const FLAG_EXTENDED: u8 = 0b100;
 const KNOWN_FLAGS: u8 = FLAG_NEGATIVE | FLAG_COMPRESSED | FLAG_EXTENDED;
 /// The extension item holding a validator.
 const EXT_VALIDATOR: u8 = 1;
+/// The extension item holding the value's own grace window.
+const EXT_GRACE: u8 = 2;
 /// The longest validator, in bytes.
 pub(crate) const MAX_VALIDATOR_LEN: usize = 255;
 /// No LZ4 block expands by more than this factor (a match-length extension
@@ -142,12 +145,21 @@ pub(crate) struct Extra(Option<Box<Extras>>);
 pub(crate) struct Extras {
     /// The loader's validator (1 to [`MAX_VALIDATOR_LEN`] bytes).
     pub(crate) validator: Option<Box<[u8]>>,
+    /// The grace window the loader chose for this value, in milliseconds.
+    pub(crate) grace_ms: Option<u64>,
 }
 
 impl Extra {
-    /// Extensions holding `validator`, if any.
-    pub(crate) fn with_validator(validator: Option<Box<[u8]>>) -> Extra {
-        Extra(validator.map(|v| Box::new(Extras { validator: Some(v) })))
+    /// Extensions holding `validator` and the value's own grace window
+    /// (`grace_ms`), if any.
+    pub(crate) fn new(validator: Option<Box<[u8]>>, grace_ms: Option<u64>) -> Extra {
+        if validator.is_none() && grace_ms.is_none() {
+            return Extra(None);
+        }
+        Extra(Some(Box::new(Extras {
+            validator,
+            grace_ms,
+        })))
     }
 
     /// The validator, if the entry has one.
@@ -155,20 +167,39 @@ impl Extra {
         self.0.as_ref()?.validator.as_deref()
     }
 
+    /// The grace window the loader chose for the value, in milliseconds,
+    /// if it chose one.
+    pub(crate) fn grace_ms(&self) -> Option<u64> {
+        self.0.as_ref()?.grace_ms
+    }
+
     /// The encoded extension block: empty when there is nothing to say.
     fn encode(&self, out: &mut Vec<u8>) {
-        let Some(validator) = self.validator() else {
+        let Some(extras) = &self.0 else {
             return;
         };
-        debug_assert!(!validator.is_empty() && validator.len() <= MAX_VALIDATOR_LEN);
-        out.push(1);
-        out.push(EXT_VALIDATOR);
-        out.push(validator.len() as u8);
-        out.extend_from_slice(validator);
+        let count = u8::from(extras.validator.is_some()) + u8::from(extras.grace_ms.is_some());
+        if count == 0 {
+            return;
+        }
+        out.push(count);
+        if let Some(validator) = &extras.validator {
+            debug_assert!(!validator.is_empty() && validator.len() <= MAX_VALIDATOR_LEN);
+            out.push(EXT_VALIDATOR);
+            out.push(validator.len() as u8);
+            out.extend_from_slice(validator);
+        }
+        if let Some(grace) = extras.grace_ms {
+            out.push(EXT_GRACE);
+            out.push(8);
+            out.extend_from_slice(&grace.to_be_bytes());
+        }
     }
 
     fn is_empty(&self) -> bool {
-        self.validator().is_none()
+        self.0
+            .as_ref()
+            .is_none_or(|e| e.validator.is_none() && e.grace_ms.is_none())
     }
 }
 
@@ -454,6 +485,15 @@ fn decode_extra(rest: &mut &[u8]) -> Result<Extra, EntryError> {
                 return Err(EntryError::BadExtension("an empty validator".to_owned()));
             }
             EXT_VALIDATOR => extras.validator = Some(item.into()),
+            EXT_GRACE if extras.grace_ms.is_some() => {
+                return Err(EntryError::BadExtension("a grace appears twice".to_owned()));
+            }
+            EXT_GRACE => {
+                let grace: [u8; 8] = item.try_into().map_err(|_| {
+                    EntryError::BadExtension(format!("a grace of {} bytes, not 8", item.len()))
+                })?;
+                extras.grace_ms = Some(u64::from_be_bytes(grace));
+            }
             other => {
                 return Err(EntryError::BadExtension(format!(
                     "extension kind {other} is not known to this build"
@@ -989,7 +1029,7 @@ mod tests {
     fn extended_layout_is_as_documented() {
         let plain = entry(b"xyz");
         let e = Entry {
-            extra: Extra::with_validator(Some(b"W/\"7\"".to_vec().into_boxed_slice())),
+            extra: Extra::new(Some(b"W/\"7\"".to_vec().into_boxed_slice()), None),
             ..plain.clone()
         };
         let bytes = e.encode(&Compression::none());
@@ -1013,6 +1053,36 @@ mod tests {
     }
 
     #[test]
+    fn a_grace_is_an_eight_byte_item() {
+        let e = Entry {
+            extra: Extra::new(Some(b"v".to_vec().into_boxed_slice()), Some(1_500)),
+            ..entry(b"xyz")
+        };
+        let bytes = e.encode(&Compression::none());
+        let block = &bytes[Entry::HEADER_LEN..bytes.len() - 3];
+        let grace = 1_500u64.to_be_bytes();
+        assert_eq!(
+            block,
+            [&[2, EXT_VALIDATOR, 1, b'v', EXT_GRACE, 8][..], &grace].concat()
+        );
+        let back = decode(&bytes).unwrap();
+        assert_eq!(back.extra.grace_ms(), Some(1_500));
+        assert_eq!(back, e);
+        // Alone, and of the wrong size.
+        let alone = Entry {
+            extra: Extra::new(None, Some(0)),
+            ..entry(b"xyz")
+        };
+        assert_eq!(
+            decode(&alone.encode(&Compression::none())),
+            Ok(alone.clone())
+        );
+        let mut short = alone.encode(&Compression::none());
+        short[Entry::HEADER_LEN + 2] = 4;
+        assert!(matches!(decode(&short), Err(EntryError::BadExtension(_))));
+    }
+
+    #[test]
     fn a_renewal_patches_the_windows_in_place() {
         for e in [
             entry(b"xyz"),
@@ -1023,7 +1093,7 @@ mod tests {
                 ..entry(b"")
             },
             Entry {
-                extra: Extra::with_validator(Some(b"v".to_vec().into_boxed_slice())),
+                extra: Extra::new(Some(b"v".to_vec().into_boxed_slice()), None),
                 ..entry(&[7; 5000])
             },
         ] {
@@ -1049,7 +1119,7 @@ mod tests {
     #[test]
     fn a_bad_extension_block_is_rejected() {
         let e = Entry {
-            extra: Extra::with_validator(Some(b"v1".to_vec().into_boxed_slice())),
+            extra: Extra::new(Some(b"v1".to_vec().into_boxed_slice()), None),
             ..entry(b"xyz")
         };
         let good = e.encode(&Compression::none());
@@ -1153,13 +1223,16 @@ mod tests {
             any::<u32>(),
             payload(max_payload),
             prop_oneof![Just(Vec::new()), arb_tags()],
-            prop::option::weighted(
-                0.3,
-                proptest::collection::vec(any::<u8>(), 1..=MAX_VALIDATOR_LEN),
+            (
+                prop::option::weighted(
+                    0.3,
+                    proptest::collection::vec(any::<u8>(), 1..=MAX_VALIDATOR_LEN),
+                ),
+                prop::option::weighted(0.2, any::<u64>()),
             ),
         )
             .prop_map(
-                |(codec, negative, a, b, load_ms, payload, tags, validator)| Entry {
+                |(codec, negative, a, b, load_ms, payload, tags, (validator, grace))| Entry {
                     codec,
                     negative,
                     fresh_until: a.min(b),
@@ -1167,7 +1240,7 @@ mod tests {
                     load_ms,
                     payload: if negative { Vec::new() } else { payload },
                     tags: tags.into(),
-                    extra: Extra::with_validator(validator.map(Vec::into_boxed_slice)),
+                    extra: Extra::new(validator.map(Vec::into_boxed_slice), grace),
                 },
             )
     }
@@ -1201,7 +1274,11 @@ mod tests {
                 let bytes = e.encode(&c);
                 let tags_len: usize = e.tags.iter().map(|t| 2 + t.tag.len() + 8).sum::<usize>()
                     + usize::from(!e.tags.is_empty());
-                let extra_len = e.extra.validator().map_or(0, |v| 3 + v.len());
+                let items = usize::from(e.extra.validator().is_some())
+                    + usize::from(e.extra.grace_ms().is_some());
+                let extra_len = usize::from(items > 0)
+                    + e.extra.validator().map_or(0, |v| 2 + v.len())
+                    + e.extra.grace_ms().map_or(0, |_| 2 + 8);
                 prop_assert!(
                     bytes.len() <= Entry::HEADER_LEN + tags_len + extra_len + e.payload.len()
                 );

@@ -290,11 +290,15 @@ impl Rows {
     }
 }
 
+/// Rows are fresh this long: enough for a debug build to read a megabyte
+/// row back while it is still fresh, on a busy machine.
+const ROW_TTL: Duration = Duration::from_secs(1);
+
 fn rows_cache(store: impl Store, l1: bool) -> Cache<Vec<u8>> {
     let builder = Cache::builder()
         .namespace("rows")
         .store(store)
-        .ttl(Duration::from_millis(300))
+        .ttl(ROW_TTL)
         .jitter(Jitter::none().with_floor(Duration::from_millis(1)))
         .grace(Duration::from_secs(30))
         .max_value_size(4 << 20);
@@ -325,7 +329,10 @@ async fn fresh_again(cache: &Cache<Vec<u8>>, key: &str) {
         }
         sleep(Duration::from_millis(1)).await;
     }
-    panic!("{key} was not refreshed");
+    panic!(
+        "{key} was not refreshed: {:?}",
+        cache.inspect(key).await.unwrap().stored
+    );
 }
 
 /// Waits until the entry under `key` is no longer fresh.
@@ -428,7 +435,7 @@ async fn not_modified_keeps_the_value_through_the_fence() {
             .await
             .unwrap();
         // Renewed: fresh again for the TTL, the value kept, one full read.
-        advance(Duration::from_millis(400)).await;
+        advance(ROW_TTL + Duration::from_millis(100)).await;
         let stale = cache
             .get_or_load_with_context_meta("row:1", rows.loader())
             .await
@@ -442,7 +449,7 @@ async fn not_modified_keeps_the_value_through_the_fence() {
         let Stored::Entry(view) = cache.inspect("row:1").await.unwrap().stored else {
             panic!("stored");
         };
-        assert!(view.fresh_for.unwrap() <= Duration::from_millis(300));
+        assert!(view.fresh_for.unwrap() <= ROW_TTL);
         assert_eq!(rows.reads.load(Ordering::SeqCst), 1);
         let hit = cache
             .get_or_load_with_context_meta("row:1", rows.loader())
@@ -454,7 +461,7 @@ async fn not_modified_keeps_the_value_through_the_fence() {
         // The stored entry vanishes during the load (evicted, not
         // invalidated: the lease is still ours): the value the loader saw
         // is written whole.
-        advance(Duration::from_millis(400)).await;
+        advance(ROW_TTL + Duration::from_millis(100)).await;
         let evicting = {
             let (store, key) = (store.clone(), cache.storage_key("row:1").unwrap());
             let loader = rows.loader();
@@ -481,7 +488,7 @@ async fn not_modified_keeps_the_value_through_the_fence() {
 
         // Invalidated during the load: the renewal is refused, nothing
         // comes back.
-        advance(Duration::from_millis(400)).await;
+        advance(ROW_TTL + Duration::from_millis(100)).await;
         let invalidating = {
             let cache = cache.clone();
             let loader = rows.loader();
@@ -526,4 +533,143 @@ async fn not_modified_without_a_stored_value_is_a_loader_error() {
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+}
+
+/// A batch loader for `get_many_with_context`: each key `k` is worth `k`;
+/// key 0 is not cached, key 13 asks for a TTL out of bounds, odd keys
+/// live 2 s (then kept a minute for fail-safe, not served), even keys the
+/// namespace TTL. Records what each call saw.
+type Seen = Arc<std::sync::Mutex<Vec<Vec<(u64, Option<u64>)>>>>;
+
+/// The answer of [`batch_loader`].
+type BatchAnswer = std::future::Ready<Result<Vec<(u64, Loaded<u64>)>, std::io::Error>>;
+
+fn batch_loader(
+    seen: &Seen,
+) -> impl Fn(Vec<(u64, LoadContext<u64>)>) -> BatchAnswer + Send + Sync + 'static {
+    let seen = Arc::clone(seen);
+    move |keys| {
+        seen.lock().unwrap().push(
+            keys.iter()
+                .map(|(k, ctx)| (*k, ctx.stale().and_then(|s| s.value().copied())))
+                .collect(),
+        );
+        let answers = keys.into_iter().map(|(k, _)| {
+            let loaded = Loaded::value(k);
+            let loaded = match k {
+                0 => loaded.do_not_cache(),
+                13 => loaded.ttl(Duration::ZERO),
+                k if k % 2 == 1 => loaded
+                    .ttl(TOKEN_TTL)
+                    .jitter(Jitter::ratio(0.1))
+                    .grace(Duration::ZERO)
+                    .max_stale(Duration::from_secs(60)),
+                _ => loaded,
+            };
+            (k, loaded)
+        });
+        std::future::ready(Ok(answers.collect()))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_loader_decides_per_key() {
+    for l1 in [false, true] {
+        let cache = cache(MemoryStore::new(), l1);
+        let seen: Seen = Arc::default();
+        let got = cache
+            .get_many_with_context_meta([0u64, 1, 2, 13], batch_loader(&seen))
+            .await;
+        assert_eq!(got[0].as_ref().unwrap().value, Some(0));
+        assert_eq!(got[1].as_ref().unwrap().value, Some(1));
+        assert_eq!(got[2].as_ref().unwrap().value, Some(2));
+        // A choice out of bounds fails its own key, not the others.
+        let err = got[3].as_ref().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+        assert!(err.to_string().contains("the loader chose"), "{err}");
+        assert!(matches!(
+            cache.inspect(13u64).await.unwrap().stored,
+            Stored::Missing
+        ));
+        // "Do not cache": nothing stored, loaded again by the next call.
+        assert!(matches!(
+            cache.inspect(0u64).await.unwrap().stored,
+            Stored::Missing
+        ));
+        // Key 1 lives 2 s (± 10 %), key 2 the namespace's 5 minutes.
+        advance(Duration::from_millis(1_700)).await;
+        let again = cache
+            .get_many_with_context([0u64, 1, 2], batch_loader(&seen))
+            .await
+            .unwrap();
+        assert_eq!(again, [Some(0), Some(1), Some(2)]);
+        assert_eq!(seen.lock().unwrap()[1], [(0, None)], "l1: {l1}");
+        advance(Duration::from_millis(600)).await;
+        cache
+            .get_many_with_context([0u64, 1, 2], batch_loader(&seen))
+            .await
+            .unwrap();
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 3, "{seen:?}");
+        // Key 1 expired and, its own grace being 0 (the cache's is 30 s),
+        // is not served stale but loaded again, beside key 0, with the
+        // value it replaces in its context; key 2 is still fresh.
+        let mut third = seen[2].clone();
+        third.sort();
+        assert_eq!(third, [(0, None), (1, Some(1))], "l1: {l1}");
+    }
+}
+
+#[tokio::test]
+async fn a_batch_refresh_answers_not_modified_per_key_on_redis() {
+    let server = RedisServer::start();
+    let cache = rows_cache(support::connect(&server).await, false);
+    let rows = Rows::new(64 << 10);
+    let loader = {
+        let rows = rows.clone();
+        move |keys: Vec<(&'static str, LoadContext<Vec<u8>>)>| {
+            let rows = rows.clone();
+            async move {
+                let answers = keys.into_iter().map(|(key, ctx)| {
+                    let loaded = (rows.loader())(ctx).into_inner().expect("loads");
+                    (key, loaded)
+                });
+                Ok::<_, std::io::Error>(answers.collect::<Vec<_>>())
+            }
+        }
+    };
+    let keys = ["row:1", "row:2"];
+    cache
+        .get_many_with_context(keys, loader.clone())
+        .await
+        .unwrap();
+    assert_eq!(rows.reads.load(Ordering::SeqCst), 2);
+    for key in keys {
+        stale_now(&cache, key).await;
+    }
+    // Stale within grace: served, refreshed in the background by one
+    // batch whose loader answers "not modified" for both: the entries are
+    // renewed, not sent again.
+    let before = input_bytes(&server);
+    let stale = cache.get_many_with_context_meta(keys, loader.clone()).await;
+    for got in &stale {
+        let got = got.as_ref().unwrap();
+        assert!(matches!(got.served, Served::Stale { .. }), "{got:?}");
+    }
+    for key in keys {
+        fresh_again(&cache, key).await;
+    }
+    let sent = input_bytes(&server) - before;
+    assert_eq!(rows.calls.load(Ordering::SeqCst), 4);
+    assert_eq!(rows.reads.load(Ordering::SeqCst), 2, "no row read again");
+    assert!(
+        sent < 8 << 10,
+        "{sent} bytes sent for two renewals of 64 KiB rows"
+    );
+    let got = cache.get_many_with_context_meta(keys, loader).await;
+    for got in got {
+        let got = got.unwrap();
+        assert_eq!(got.served, Served::Hit);
+        assert_eq!(got.value.map(|v| v.len()), Some(64 << 10));
+    }
 }

@@ -448,6 +448,10 @@ type LoadFuture =
 type ContextFuture =
     std::pin::Pin<Box<dyn Future<Output = Result<Loaded<Val>, std::convert::Infallible>> + Send>>;
 
+type BatchContextFuture = std::pin::Pin<
+    Box<dyn Future<Output = Result<Vec<(String, Loaded<Val>)>, std::convert::Infallible>> + Send>,
+>;
+
 type BatchLoadFuture = std::pin::Pin<
     Box<dyn Future<Output = Result<Vec<(String, Val)>, std::convert::Infallible>> + Send>,
 >;
@@ -613,8 +617,6 @@ impl World {
         read_first: bool,
     ) -> impl FnOnce(LoadContext<Val>) -> ContextFuture + Clone + Send + Sync + 'static {
         let (world, key) = (Arc::clone(self), key.to_owned());
-        let n: u64 = key[1..].parse().expect("keys are a letter and a number");
-        let ttl = Duration::from_secs(1 + n % 3);
         move |ctx| {
             Box::pin(async move {
                 let start = Instant::now();
@@ -636,29 +638,48 @@ impl World {
                     sleep(delay).await;
                     read()
                 };
-                let validator = version.to_be_bytes();
-                let seen = ctx.stale().and_then(|s| s.validator());
-                let (answer, how) = if seen == Some(&validator[..]) {
-                    (Loaded::not_modified().ttl(ttl), "not modified")
-                } else if version % 5 == 4 {
-                    let val = Val {
-                        key: key.clone(),
-                        version,
-                    };
-                    (Loaded::value(val).do_not_cache(), "not cached")
-                } else {
-                    let val = Val {
-                        key: key.clone(),
-                        version,
-                    };
-                    let answer = Loaded::value(val)
-                        .ttl(ttl)
-                        .jitter(Jitter::ratio(JITTER))
-                        .validator(validator);
-                    (answer, "")
-                };
+                let (answer, how) = adaptive_answer(&key, version, &ctx);
                 world.trace(proc, "load", &key, start, format!("v{version} {how}"));
                 Ok(answer)
+            })
+        }
+    }
+
+    /// The batch context loader of one `get_many_with_context` in the
+    /// adaptive round: records a load of every key, sleeps `delay`, reads
+    /// the database, and answers each key as [`context_loader`](Self::context_loader)
+    /// would.
+    fn batch_context_loader(
+        self: &Arc<Self>,
+        proc: usize,
+        delay: Duration,
+    ) -> impl Fn(Vec<(String, LoadContext<Val>)>) -> BatchContextFuture + Send + Sync + 'static
+    {
+        let world = Arc::clone(self);
+        move |keys: Vec<(String, LoadContext<Val>)>| {
+            let world = Arc::clone(&world);
+            Box::pin(async move {
+                let start = Instant::now();
+                lock(&world.history)
+                    .batch_calls
+                    .push((proc, start, keys.len()));
+                for (key, _) in &keys {
+                    lock(&world.history)
+                        .load_calls
+                        .entry(key.clone())
+                        .or_default()
+                        .push(proc);
+                }
+                sleep(delay).await;
+                let mut answers = Vec::with_capacity(keys.len());
+                for (key, ctx) in keys {
+                    let version = world.version(&key);
+                    world.produced(&key, version, Instant::now());
+                    let (answer, how) = adaptive_answer(&key, version, &ctx);
+                    world.trace(proc, "load-many", &key, start, format!("v{version} {how}"));
+                    answers.push((key, answer));
+                }
+                Ok(answers)
             })
         }
     }
@@ -1007,6 +1028,40 @@ async fn get(
     world.check_get(p.id, p.profile, key, seq, start, result, BOUND)
 }
 
+/// A context loader's answer in the adaptive round, for `key` read at
+/// `version`: "not modified" when the stale value's validator is that
+/// version; every fifth version not cached; otherwise the value with a TTL
+/// of its own (1 to 3 s by key), jitter and its version as validator, and
+/// every third version with a grace of its own (shorter than the call's).
+fn adaptive_answer(key: &str, version: u64, ctx: &LoadContext<Val>) -> (Loaded<Val>, &'static str) {
+    let n: u64 = key[1..].parse().expect("keys are a letter and a number");
+    let ttl = Duration::from_secs(1 + n % 3);
+    let validator = version.to_be_bytes();
+    let seen = ctx.stale().and_then(|s| s.validator());
+    let val = || Val {
+        key: key.to_owned(),
+        version,
+    };
+    if seen == Some(&validator[..]) {
+        (Loaded::not_modified().ttl(ttl), "not modified")
+    } else if version % 5 == 4 {
+        (Loaded::value(val()).do_not_cache(), "not cached")
+    } else if version % 3 == 2 {
+        let answer = Loaded::value(val())
+            .ttl(ttl)
+            .jitter(Jitter::ratio(JITTER))
+            .grace(ms(300))
+            .validator(validator);
+        (answer, "own grace")
+    } else {
+        let answer = Loaded::value(val())
+            .ttl(ttl)
+            .jitter(Jitter::ratio(JITTER))
+            .validator(validator);
+        (answer, "")
+    }
+}
+
 /// One `get_or_load_with_context` through the checker (the adaptive
 /// round): the loader chooses its value's TTL (1 to 3 s by key, with the
 /// round's jitter: never longer than the others', so the time check
@@ -1090,6 +1145,32 @@ async fn get_many(
     delay: Duration,
 ) -> Vec<Option<Val>> {
     get_many_tagged(world, p, keys, delay, None).await
+}
+
+/// One `get_many_with_context` through the checker (the adaptive round):
+/// every key's result is checked as a `get_or_load` of it started when the
+/// batch did.
+async fn get_many_adaptive(world: &Arc<World>, p: &Proc, keys: &[String], delay: Duration) {
+    let seq = world.next_seq();
+    let start = Instant::now();
+    let loader = world.batch_context_loader(p.id, delay);
+    let call = p.cache.get_many_with_context_meta(keys.to_vec(), loader);
+    match timeout(BOUND, call).await {
+        Ok(results) => {
+            for (key, result) in keys.iter().zip(results) {
+                world.check_get(p.id, p.profile, key, seq, start, Ok(result), BOUND);
+            }
+        }
+        Err(_) => world.violate(
+            "liveness",
+            &keys[0],
+            format!(
+                "P{} get_many_with_context({keys:?}) started at {} ms did not return within {BOUND:?}",
+                p.id,
+                world.ms(start)
+            ),
+        ),
+    }
 }
 
 /// [`get_many`], with `tag` on every key (the tag round: keys of one
@@ -1293,9 +1374,19 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                             let delay = loader_delay(&mut rng);
                             refresh_adaptive(&world, p, key, delay).await;
                         }
-                        8..70 if adaptive => {
+                        8..60 if adaptive => {
                             let delay = loader_delay(&mut rng);
                             get_adaptive(&world, p, key, delay).await;
+                        }
+                        60..70 if adaptive => {
+                            // A `get_many` whose loader decides per key.
+                            let delay = loader_delay(&mut rng);
+                            let n = rng.random_range(2..=4);
+                            let batch: Vec<String> = (0..n)
+                                .map(|_| keys[rng.random_range(0..keys.len())].clone())
+                                .chain([key.clone()])
+                                .collect();
+                            get_many_adaptive(&world, p, &batch, delay).await;
                         }
                         60..70 if tagged => {
                             // A tagged `get_many` of keys of one group.

@@ -49,7 +49,7 @@ use tracing::{Instrument, Span};
 use super::coherence::Landed;
 use super::handle::Cache;
 use super::lease::{LEASE_RETRY_MARGIN, Lease, LockTimeoutKind, deadline_after, lock_timeout};
-use super::loaded::{LoadContext, Resolved, StaleValue};
+use super::loaded::{LoadContext, Loaded, Resolved, StaleValue};
 use super::notify::{self, FILLED, RELEASED, VALUE_IN_MESSAGE_MAX};
 use super::options::Options;
 use super::seal::stamp;
@@ -373,28 +373,50 @@ impl<V: Value> Cache<V> {
             result = &mut load => result,
             never = self.keep_alive(std::slice::from_ref(&lease), &done, asked) => match never {},
         };
-        // The loader's answer: its choices over the call's settings
-        // (checked: one out of bounds fails the load), "do not cache", or
-        // "not modified".
-        let result = result.and_then(|(loaded, load_time)| {
-            loaded
-                .resolve(options)
-                .map(|resolved| (resolved, load_time))
-        });
-        let (resolved, load_time) = match result {
-            Ok(answer) => answer,
+        match result {
+            Ok((loaded, load_time)) => {
+                let recorded = (tags, pinned.as_ref());
+                self.write_loaded(
+                    key, lease, loaded, load_time, replaces, options, ticket, recorded,
+                )
+                .await
+            }
+            Err(err) => {
+                self.release(key, lease).await;
+                Err(err)
+            }
+        }
+    }
+
+    /// Holding the lease, settles a loader's answer (`loaded`, after
+    /// `load_time`): its choices over the call's settings (checked: one out
+    /// of bounds releases the lease and fails the load), "do not cache"
+    /// (served, the lease released), "not modified" (the entry it replaces
+    /// renewed), or a value written through the fence, recording `tags`
+    /// and `pinned` (see [`write_fenced`](Self::write_fenced)). With the
+    /// value, whether the fence refused it.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn write_loaded(
+        &self,
+        key: &[u8],
+        lease: Lease<'_>,
+        loaded: Loaded<V>,
+        load_time: Duration,
+        replaces: Option<&Entry>,
+        options: &Options,
+        ticket: Option<Ticket>,
+        (tags, pinned): (Vec<TagStamp>, Option<&Pinned>),
+    ) -> Result<(Option<V>, bool), Error> {
+        let resolved = match loaded.resolve(options) {
+            Ok(resolved) => resolved,
             Err(err) => {
                 self.release(key, lease).await;
                 return Err(err);
             }
         };
-        let (value, keep, validator) = match resolved {
-            Resolved::Write {
-                value,
-                keep,
-                validator,
-            } => (value, keep, validator),
-            Resolved::Unchanged { keep } => {
+        let (value, keep, extra) = match resolved {
+            Resolved::Write { value, keep, extra } => (value, keep, extra),
+            Resolved::Unchanged { keep, grace_ms } => {
                 let Some((entry, value)) = self.unchanged_value(key, replaces) else {
                     self.release(key, lease).await;
                     return Err(unchanged_without_value());
@@ -403,10 +425,17 @@ impl<V: Value> Cache<V> {
                     self.release(key, lease).await;
                     return Ok((value, false));
                 };
-                // Inside a version transition the write must also find the
-                // previous version's entry unchanged: that takes a whole
+                // A renewal changes the windows alone: the entry must
+                // already record what this write would (the same tags'
+                // generations, the same grace), and, inside a version
+                // transition, the write must also find the previous
+                // version's entry unchanged; otherwise a whole
                 // (conditional) write.
-                if pinned.is_none()
+                let grace_ms = grace_ms.or(entry.extra.grace_ms());
+                let renewable = pinned.is_none()
+                    && entry.tags[..] == tags[..]
+                    && grace_ms == entry.extra.grace_ms();
+                if renewable
                     && let Some(revoked) = self
                         .renew(key, lease, entry, &value, &options, ticket)
                         .await
@@ -416,7 +445,7 @@ impl<V: Value> Cache<V> {
                 // Declined (the entry is gone or was rewritten; the lease
                 // is still ours): the value the loader saw, written whole.
                 let validator = entry.extra.validator().map(Box::from);
-                (value, Some(options), validator)
+                (value, Some(options), Extra::new(validator, grace_ms))
             }
         };
         let Some(options) = keep else {
@@ -434,8 +463,8 @@ impl<V: Value> Cache<V> {
                 &options,
                 ticket,
                 tags,
-                pinned.as_ref(),
-                Extra::with_validator(validator),
+                pinned,
+                extra,
             )
             .await?;
         Ok((value, revoked))
@@ -686,10 +715,24 @@ impl<V: Value> Cache<V> {
                 &inner.metrics,
             )
             .await?;
+        let (value, keep) = self.unwritten_answer(key, loaded, replaces, options)?;
+        Ok((value, load_time, keep))
+    }
+
+    /// A loader's answer (`loaded`) where nothing is written: the value
+    /// (for "not modified", the one `replaces` holds) and the settings it
+    /// is kept in L1 with (`None`: "do not cache").
+    pub(super) fn unwritten_answer(
+        &self,
+        key: &[u8],
+        loaded: Loaded<V>,
+        replaces: Option<&Entry>,
+        options: &Options,
+    ) -> Result<(Option<V>, Option<Options>), Error> {
         match loaded.resolve(options)? {
-            Resolved::Write { value, keep, .. } => Ok((value, load_time, keep)),
-            Resolved::Unchanged { keep } => match self.unchanged_value(key, replaces) {
-                Some((_, value)) => Ok((value, load_time, keep)),
+            Resolved::Write { value, keep, .. } => Ok((value, keep)),
+            Resolved::Unchanged { keep, .. } => match self.unchanged_value(key, replaces) {
+                Some((_, value)) => Ok((value, keep)),
                 None => Err(unchanged_without_value()),
             },
         }
@@ -699,7 +742,17 @@ impl<V: Value> Cache<V> {
     /// load replaces (`replaces`: stale, or fresh for an early refresh),
     /// decoded; nothing for a plain loader (no decode is paid for it).
     fn context<L: Load<V>>(&self, key: &[u8], replaces: Option<&Entry>) -> LoadContext<V> {
-        if !L::READS_CONTEXT {
+        self.context_if(L::READS_CONTEXT, key, replaces)
+    }
+
+    /// [`context`](Self::context), for a loader that `reads` it.
+    pub(super) fn context_if(
+        &self,
+        reads: bool,
+        key: &[u8],
+        replaces: Option<&Entry>,
+    ) -> LoadContext<V> {
+        if !reads {
             return LoadContext::empty();
         }
         let Some((entry, value)) =

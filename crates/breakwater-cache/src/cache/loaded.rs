@@ -33,7 +33,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::options::Options;
-use crate::entry::MAX_VALIDATOR_LEN;
+use crate::clock::millis;
+use crate::entry::{Extra, MAX_VALIDATOR_LEN};
 use crate::error::{ConfigError, Error};
 use crate::jitter::Jitter;
 
@@ -178,16 +179,21 @@ pub struct Loaded<V> {
 
 /// A loader's answer as the fill takes it.
 pub(crate) enum Resolved<V> {
-    /// A value (or its absence), written with these settings and this
-    /// validator; `None` settings: not cached.
+    /// A value (or its absence), written with these settings and these
+    /// extensions (its validator, its own grace); `None` settings: not
+    /// cached.
     Write {
         value: Option<V>,
         keep: Option<Options>,
-        validator: Option<Box<[u8]>>,
+        extra: Extra,
     },
     /// "Not modified": the stored entry is renewed with these settings
-    /// (`None`: left as it is).
-    Unchanged { keep: Option<Options> },
+    /// (`None`: left as it is); `grace_ms`: the grace the loader chose, if
+    /// it chose one.
+    Unchanged {
+        keep: Option<Options>,
+        grace_ms: Option<u64>,
+    },
 }
 
 /// The settings a loader chose for its value's write.
@@ -260,8 +266,9 @@ impl<V> Loaded<V> {
     pub(crate) fn resolve(self, options: &Options) -> Result<Resolved<V>, Error> {
         let chosen = self.choices.apply(options)?;
         let keep = (!self.choices.skip).then_some(chosen);
+        let grace_ms = self.choices.grace.map(millis);
         if self.unchanged {
-            return Ok(Resolved::Unchanged { keep });
+            return Ok(Resolved::Unchanged { keep, grace_ms });
         }
         if let Some(validator) = &self.validator
             && (validator.is_empty() || validator.len() > MAX_VALIDATOR_LEN)
@@ -274,7 +281,7 @@ impl<V> Loaded<V> {
         Ok(Resolved::Write {
             value: self.value,
             keep,
-            validator: self.validator,
+            extra: Extra::new(self.validator, grace_ms),
         })
     }
 
@@ -365,8 +372,10 @@ impl<V> Loaded<V> {
     }
 
     /// This value's grace window (stale-while-revalidate);
-    /// `Duration::ZERO` opts out. A grace longer than the call's
-    /// `max_stale` widens `max_stale` to it.
+    /// `Duration::ZERO` opts out. Stored with the value: every reader, in
+    /// any process, serves it stale for this long, whatever its own
+    /// grace. A grace longer than the call's `max_stale` widens
+    /// `max_stale` to it.
     pub fn grace(mut self, grace: Duration) -> Self {
         self.choices.grace = Some(grace);
         self

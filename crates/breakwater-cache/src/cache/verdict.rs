@@ -344,8 +344,13 @@ pub(super) fn reading(entry: &Entry, now_ms: u64) -> Reading {
     }
 }
 
-/// Whether a stale entry is still inside `options.grace`, where it is served
-/// while one refresh runs (past it, a read waits for the load).
+/// Whether a stale entry is still inside its grace window (the one its
+/// loader chose and stored with it, else `options.grace`), where it is
+/// served while one refresh runs (past it, a read waits for the load).
 pub(super) fn in_grace(entry: &Entry, now_ms: u64, options: &Options) -> bool {
-    now_ms < entry.fresh_until.saturating_add(millis(options.grace))
+    let grace = match entry.extra.grace_ms() {
+        Some(own) => own,
+        None => millis(options.grace),
+    };
+    now_ms < entry.fresh_until.saturating_add(grace)
 }

@@ -22,12 +22,12 @@ use crate::cache::fill::{Mode, SUBSCRIBE_WITHIN};
 use crate::cache::handle::Cache;
 use crate::cache::lease::LockTimeoutKind;
 use crate::cache::lease::{LEASE_RETRY_MARGIN, Lease, deadline_after, lock_timeout};
-use crate::cache::loaded::LoadContext;
+use crate::cache::loaded::{LoadContext, Loaded};
 use crate::cache::notify::{self, FILLED};
 use crate::cache::options::Options;
 use crate::cache::tags::{TagSet, counter_ttl};
 use crate::cache::value::Value;
-use crate::entry::{Extra, TagStamp};
+use crate::entry::TagStamp;
 use crate::error::Error;
 use crate::jitter::poll_delay;
 use crate::key::CacheKey;
@@ -160,21 +160,24 @@ impl<V: Value> Cache<V> {
         let now = inner.store.now_ms();
         let mut to_load = Vec::new();
         let mut released = Vec::new();
-        for (i, ((led, lease), read)) in taken.into_iter().zip(again).enumerate() {
+        for (i, ((mut led, lease), read)) in taken.into_iter().zip(again).enumerate() {
             let entry = read.ok().flatten();
-            let fresh = entry.and_then(|entry| {
+            let fresh = entry.as_ref().and_then(|entry| {
                 if entry.fresh_until <= now
                     || led.replacing == Some(entry.fresh_until)
-                    || batch.tags().is_some_and(|tags| !tags.carried_by(&entry))
+                    || batch.tags().is_some_and(|tags| !tags.carried_by(entry))
                 {
                     return None;
                 }
-                let value = self.entry_value(&led.storage, &entry)?;
-                Some((entry, value))
+                self.entry_value(&led.storage, entry)
             });
-            match fresh {
-                Some((entry, value)) => released.push((i, led, lease, entry, value)),
-                None => to_load.push((i, led, lease)),
+            match (fresh, entry) {
+                (Some(value), Some(entry)) => released.push((i, led, lease, entry, value)),
+                (_, entry) => {
+                    // What the load replaces, read under its lease.
+                    led.seen = entry;
+                    to_load.push((i, led, lease));
+                }
             }
         }
         // Filled just before: served, and the lease given back.
@@ -279,33 +282,33 @@ impl<V: Value> Cache<V> {
         K: CacheKey + Clone + Send + Sync + 'static,
         B: BatchLoad<K, V>,
     {
-        let keys = chunk.iter().map(|(_, l, _, _)| l.key.clone()).collect();
+        let keys = self.contexts(chunk.iter().map(|(_, led, _, _)| led), batch);
         let result = self.load_batch(keys, batch, options, priority).await;
         // Each lease is kept alive until its key's write or release has
         // answered: a thousand writes can queue on a busy store.
         match result {
             Ok((mut found, load_time)) => {
                 let writes = chunk.into_iter().map(|(i, led, lease, pinned)| {
-                    let value = found.remove(&led.user);
+                    // A key the loader left out does not exist.
+                    let loaded = found.remove(&led.user).unwrap_or_else(Loaded::none);
                     async move {
+                        let recorded = (stamps.to_vec(), pinned.as_ref());
                         let written = self
-                            .write_fenced(
+                            .write_loaded(
                                 &led.storage,
                                 lease,
-                                value.as_ref(),
+                                loaded,
                                 load_time,
+                                led.seen.as_ref(),
                                 options,
                                 ticket,
-                                stamps.to_vec(),
-                                pinned.as_ref(),
-                                Extra::default(),
+                                recorded,
                             )
                             .await;
                         done[i].store(true, Ordering::Release);
-                        led.lander.land(
-                            written
-                                .map(|revoked| (value, Served::Loaded, revoked.then_some(asked))),
-                        );
+                        led.lander.land(written.map(|(value, revoked)| {
+                            (value, Served::Loaded, revoked.then_some(asked))
+                        }));
                     }
                 });
                 join_all(writes).await;
@@ -322,6 +325,24 @@ impl<V: Value> Cache<V> {
                 .await;
             }
         }
+    }
+
+    /// The keys of `led` for the batch loader, each with what its load
+    /// replaces (for a loader that reads it: see `fill::context`).
+    fn contexts<'l, K, B>(
+        &self,
+        led: impl Iterator<Item = &'l Led<K, V>>,
+        _batch: &Arc<B>,
+    ) -> Vec<(K, LoadContext<V>)>
+    where
+        K: Clone + 'l,
+        B: BatchLoad<K, V>,
+    {
+        led.map(|led| {
+            let context = self.context_if(B::READS_CONTEXT, &led.storage, led.seen.as_ref());
+            (led.key.clone(), context)
+        })
+        .collect()
     }
 
     /// Keys whose lease another process holds, each with how long its
@@ -798,12 +819,19 @@ impl<V: Value> Cache<V> {
             }
             Job::Unwritten(leds) => {
                 join_all(in_batches(leds).into_iter().map(|chunk| async move {
-                    let keys = chunk.iter().map(|l| l.key.clone()).collect();
+                    let keys = self.contexts(chunk.iter(), batch);
                     match self.load_batch(keys, batch, options, priority).await {
                         Ok((mut found, _)) => {
                             for led in chunk {
-                                let value = found.remove(&led.user);
-                                led.lander.land(Ok((value, Served::Loaded, None)));
+                                let loaded = found.remove(&led.user).unwrap_or_else(Loaded::none);
+                                let answer = self.unwritten_answer(
+                                    &led.storage,
+                                    loaded,
+                                    led.seen.as_ref(),
+                                    options,
+                                );
+                                led.lander
+                                    .land(answer.map(|(value, _)| (value, Served::Loaded, None)));
                             }
                         }
                         Err(err) => {
@@ -898,20 +926,28 @@ impl<V: Value> Cache<V> {
         B: BatchLoad<K, V>,
     {
         join_all(in_batches(led).into_iter().map(|chunk| async move {
-            let keys = chunk.iter().map(|l| l.key.clone()).collect();
+            let keys = self.contexts(chunk.iter(), batch);
             match self.load_batch(keys, batch, options, priority).await {
                 Ok((mut found, load_time)) => {
                     for led in chunk {
-                        let value = found.remove(&led.user);
-                        self.keep_unwritten(
-                            &led.storage,
-                            &value,
-                            load_time,
-                            options,
-                            ticket,
-                            batch.tags().is_some(),
-                        );
-                        led.lander.land(Ok((value, Served::Loaded, None)));
+                        let loaded = found.remove(&led.user).unwrap_or_else(Loaded::none);
+                        let answer =
+                            self.unwritten_answer(&led.storage, loaded, led.seen.as_ref(), options);
+                        let answer = answer.map(|(value, keep)| {
+                            if let Some(options) = keep {
+                                let tagged = batch.tags().is_some();
+                                self.keep_unwritten(
+                                    &led.storage,
+                                    &value,
+                                    load_time,
+                                    &options,
+                                    ticket,
+                                    tagged,
+                                );
+                            }
+                            (value, Served::Loaded, None)
+                        });
+                        led.lander.land(answer);
                     }
                 }
                 Err(err) => {
@@ -929,11 +965,11 @@ impl<V: Value> Cache<V> {
     /// the values found, by user key, and how long the call took.
     async fn load_batch<K, B>(
         &self,
-        keys: Vec<K>,
+        keys: Vec<(K, LoadContext<V>)>,
         batch: &Arc<B>,
         options: &Options,
         priority: Priority,
-    ) -> Result<(HashMap<Vec<u8>, V>, Duration), Error>
+    ) -> Result<(HashMap<Vec<u8>, Loaded<V>>, Duration), Error>
     where
         K: CacheKey + Clone + Send + Sync + 'static,
         B: BatchLoad<K, V>,

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::cache::coherence::Landed;
-use crate::cache::loaded::LoadContext;
+use crate::cache::loaded::{LoadContext, Loaded};
 use crate::cache::tags::TagSet;
 use crate::cache::transition::Pinned;
 use crate::cache::value::Load;
@@ -43,15 +43,20 @@ pub(super) const STORE_SLACK: Duration = Duration::from_secs(1);
 
 pub(super) type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
-/// What a batch load returns: each found value by its user key's bytes.
-type Found<V> = Vec<(Vec<u8>, V)>;
+/// What a batch load returns: each found value, with its own settings, by
+/// its user key's bytes.
+type Found<V> = Vec<(Vec<u8>, Loaded<V>)>;
 
 /// The future of one batch loader call.
 type BatchFuture<V> = Pin<Box<dyn Future<Output = Result<Option<Found<V>>, BoxError>> + Send>>;
 
-/// A batch loader as the internals take it: called with the keys to load.
+/// A batch loader as the internals take it: called with the keys to load,
+/// each with what its load replaces.
 pub(super) trait BatchLoad<K, V>: Send + Sync + 'static {
-    fn call(&self, keys: Vec<K>) -> BatchFuture<V>;
+    /// Whether the loader reads its keys' contexts: the values they
+    /// replace are decoded for it only then.
+    const READS_CONTEXT: bool = false;
+    fn call(&self, keys: Vec<(K, LoadContext<V>)>) -> BatchFuture<V>;
     /// The tags the call named, recorded in every entry its loads write.
     fn tags(&self) -> Option<&TagSet> {
         None
@@ -65,7 +70,9 @@ pub(super) struct TaggedBatch<B> {
 }
 
 impl<K, V, B: BatchLoad<K, V>> BatchLoad<K, V> for TaggedBatch<B> {
-    fn call(&self, keys: Vec<K>) -> BatchFuture<V> {
+    const READS_CONTEXT: bool = B::READS_CONTEXT;
+
+    fn call(&self, keys: Vec<(K, LoadContext<V>)>) -> BatchFuture<V> {
         self.batch.call(keys)
     }
 
@@ -86,14 +93,43 @@ where
     R: IntoIterator<Item = (K, V)>,
     E: Into<BoxError> + 'static,
 {
-    fn call(&self, keys: Vec<K>) -> BatchFuture<V> {
+    fn call(&self, keys: Vec<(K, LoadContext<V>)>) -> BatchFuture<V> {
+        let load = (self.0)(keys.into_iter().map(|(key, _)| key).collect());
+        Box::pin(async move {
+            let found = load.await.map_err(Into::into)?;
+            Ok(Some(
+                found
+                    .into_iter()
+                    .map(|(key, value)| (key.key_bytes().to_vec(), Loaded::value(value)))
+                    .collect(),
+            ))
+        })
+    }
+}
+
+/// The user's batch loader that reads each key's context and answers a
+/// [`Loaded`] per key.
+pub(super) struct ContextBatch<F, K>(pub(super) F, pub(super) PhantomData<fn(K)>);
+
+impl<K, V, F, Fut, R, E> BatchLoad<K, V> for ContextBatch<F, K>
+where
+    K: CacheKey + Send + 'static,
+    V: Send + 'static,
+    F: Fn(Vec<(K, LoadContext<V>)>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<R, E>> + Send + 'static,
+    R: IntoIterator<Item = (K, Loaded<V>)>,
+    E: Into<BoxError> + 'static,
+{
+    const READS_CONTEXT: bool = true;
+
+    fn call(&self, keys: Vec<(K, LoadContext<V>)>) -> BatchFuture<V> {
         let load = (self.0)(keys);
         Box::pin(async move {
             let found = load.await.map_err(Into::into)?;
             Ok(Some(
                 found
                     .into_iter()
-                    .map(|(key, value)| (key.key_bytes().to_vec(), value))
+                    .map(|(key, loaded)| (key.key_bytes().to_vec(), loaded))
                     .collect(),
             ))
         })
@@ -102,12 +138,12 @@ where
 
 /// One call of the batch loader with its keys, as the origin runs a load
 /// (retries call it again with the same keys).
-pub(super) struct Chunk<K, B> {
-    pub(super) keys: Vec<K>,
+pub(super) struct Chunk<K, V, B> {
+    pub(super) keys: Vec<(K, LoadContext<V>)>,
     pub(super) batch: Arc<B>,
 }
 
-impl<K: Clone, B> Clone for Chunk<K, B> {
+impl<K: Clone, V, B> Clone for Chunk<K, V, B> {
     fn clone(&self) -> Self {
         Chunk {
             keys: self.keys.clone(),
@@ -116,7 +152,7 @@ impl<K: Clone, B> Clone for Chunk<K, B> {
     }
 }
 
-impl<K, V, B> Load<Found<V>> for Chunk<K, B>
+impl<K, V, B> Load<Found<V>> for Chunk<K, V, B>
 where
     K: Clone + Send + Sync + 'static,
     V: Send + Sync + 'static,
@@ -191,6 +227,7 @@ impl<K: Clone, V> Want<K, V> {
             user: self.user.clone(),
             storage: self.storage.clone(),
             replacing,
+            seen: None,
             lander,
         }
     }
@@ -204,6 +241,9 @@ pub(super) struct Led<K, V> {
     /// The `fresh_until` of the entry a refresh replaces (still fresh, so
     /// not a sign that someone else filled the key).
     pub(super) replacing: Option<u64>,
+    /// The entry read under this call's lease, which the load replaces
+    /// (shown to a context loader, kept by "not modified").
+    pub(super) seen: Option<Entry>,
     pub(super) lander: Lander<Landed<V>>,
 }
 

@@ -62,6 +62,7 @@ use tracing::field::Empty;
 use tracing::{Instrument, Span};
 
 use crate::cache::handle::Cache;
+use crate::cache::loaded::{LoadContext, Loaded};
 use crate::cache::options::Options;
 use crate::cache::per_call::call_settings;
 use crate::cache::tags::TagSet;
@@ -71,7 +72,7 @@ use crate::freshness::EarlyRefresh;
 use crate::jitter::Jitter;
 use crate::key::CacheKey;
 use crate::served::Fetched;
-use loader::{BatchLoad, BoxError, TaggedBatch, UserBatch};
+use loader::{BatchLoad, BoxError, ContextBatch, TaggedBatch, UserBatch};
 
 impl<V: Value> Cache<V> {
     /// The values of many keys at once, loading the missing ones with one
@@ -158,11 +159,7 @@ impl<V: Value> Cache<V> {
         R: IntoIterator<Item = (K, V)>,
         E: Into<BoxError> + 'static,
     {
-        self.get_many_with_meta(keys, loader)
-            .await
-            .into_iter()
-            .map(|fetched| fetched.map(|f| f.value))
-            .collect()
+        values(self.get_many_with_meta(keys, loader).await)
     }
 
     /// [`get_many`](Self::get_many), with each key's own outcome: its value
@@ -199,6 +196,81 @@ impl<V: Value> Cache<V> {
     {
         let keys: Vec<K> = keys.into_iter().collect();
         let batch = UserBatch(loader, PhantomData);
+        self.fetch_many_in_span(keys, batch, &self.inner.defaults, None)
+            .await
+    }
+
+    /// [`get_many`](Self::get_many) with a loader that decides per value:
+    /// it gets each key with its [`LoadContext`] (the value the load
+    /// replaces, if any: a background refresh of stale keys shows them
+    /// with their validators) and answers a [`Loaded`] per key, whose
+    /// settings (TTL, jitter, grace, `max_stale`, "do not cache",
+    /// "not modified", a validator) apply to that key's write alone, as a
+    /// single-key context loader's do
+    /// ([`get_or_load_with_context`](Self::get_or_load_with_context)). A
+    /// key left out is cached as "not found"; a key whose choice is out of
+    /// bounds fails alone, with a [`Config`](crate::ErrorKind::Config)
+    /// error.
+    ///
+    /// # Errors
+    ///
+    /// As [`get_many`](Self::get_many).
+    ///
+    /// # Examples
+    ///
+    /// Search results cached for 5 minutes, empty ones for 5 seconds:
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use breakwater_cache::{Cache, LoadContext, Loaded};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), breakwater_cache::Error> {
+    /// let cache = Cache::<Vec<u64>>::builder().ttl(Duration::from_secs(300)).build()?;
+    /// let hits = cache
+    ///     .get_many_with_context(["shoes", "xyzzy"], |queries: Vec<(&'static str, LoadContext<Vec<u64>>)>| async move {
+    ///         let answers = queries.into_iter().map(|(query, _ctx)| {
+    ///             let found: Vec<u64> = if query == "shoes" { vec![7, 9] } else { vec![] };
+    ///             let ttl = if found.is_empty() { 5 } else { 300 };
+    ///             (query, Loaded::value(found).ttl(Duration::from_secs(ttl)))
+    ///         });
+    ///         Ok::<_, std::io::Error>(answers.collect::<Vec<_>>())
+    ///     })
+    ///     .await?;
+    /// assert_eq!(hits, [Some(vec![7, 9]), Some(vec![])]);
+    /// # Ok(()) }
+    /// ```
+    pub async fn get_many_with_context<K, I, F, Fut, R, E>(
+        &self,
+        keys: I,
+        loader: F,
+    ) -> Result<Vec<Option<V>>, Error>
+    where
+        I: IntoIterator<Item = K>,
+        K: CacheKey + Clone + Send + Sync + 'static,
+        F: Fn(Vec<(K, LoadContext<V>)>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, E>> + Send + 'static,
+        R: IntoIterator<Item = (K, Loaded<V>)>,
+        E: Into<BoxError> + 'static,
+    {
+        values(self.get_many_with_context_meta(keys, loader).await)
+    }
+
+    /// [`get_many_with_context`](Self::get_many_with_context), with each
+    /// key's own outcome (as [`get_many_with_meta`](Self::get_many_with_meta)).
+    pub async fn get_many_with_context_meta<K, I, F, Fut, R, E>(
+        &self,
+        keys: I,
+        loader: F,
+    ) -> Vec<Result<Fetched<V>, Error>>
+    where
+        I: IntoIterator<Item = K>,
+        K: CacheKey + Clone + Send + Sync + 'static,
+        F: Fn(Vec<(K, LoadContext<V>)>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, E>> + Send + 'static,
+        R: IntoIterator<Item = (K, Loaded<V>)>,
+        E: Into<BoxError> + 'static,
+    {
+        let keys: Vec<K> = keys.into_iter().collect();
+        let batch = ContextBatch(loader, PhantomData);
         self.fetch_many_in_span(keys, batch, &self.inner.defaults, None)
             .await
     }
@@ -327,11 +399,7 @@ impl<V: Value> CacheEntries<'_, V> {
         R: IntoIterator<Item = (K, V)>,
         E: Into<BoxError> + 'static,
     {
-        self.get_many_with_meta(keys, loader)
-            .await?
-            .into_iter()
-            .map(|fetched| fetched.map(|f| f.value))
-            .collect()
+        values(self.get_many_with_meta(keys, loader).await?)
     }
 
     /// [`Cache::get_many_with_meta`] with this call's settings and tags.
@@ -355,17 +423,82 @@ impl<V: Value> CacheEntries<'_, V> {
         R: IntoIterator<Item = (K, V)>,
         E: Into<BoxError> + 'static,
     {
+        self.fetch(keys.into_iter().collect(), UserBatch(loader, PhantomData))
+            .await
+    }
+
+    /// [`Cache::get_many_with_context`] with this call's settings and tags
+    /// (the loader's choices override them per key).
+    ///
+    /// # Errors
+    ///
+    /// As [`CacheEntries::get_many`].
+    pub async fn get_many_with_context<K, I, F, Fut, R, E>(
+        self,
+        keys: I,
+        loader: F,
+    ) -> Result<Vec<Option<V>>, Error>
+    where
+        I: IntoIterator<Item = K>,
+        K: CacheKey + Clone + Send + Sync + 'static,
+        F: Fn(Vec<(K, LoadContext<V>)>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, E>> + Send + 'static,
+        R: IntoIterator<Item = (K, Loaded<V>)>,
+        E: Into<BoxError> + 'static,
+    {
+        values(self.get_many_with_context_meta(keys, loader).await?)
+    }
+
+    /// [`Cache::get_many_with_context_meta`] with this call's settings and
+    /// tags.
+    ///
+    /// # Errors
+    ///
+    /// As [`CacheEntries::get_many_with_meta`].
+    pub async fn get_many_with_context_meta<K, I, F, Fut, R, E>(
+        self,
+        keys: I,
+        loader: F,
+    ) -> Result<Vec<Result<Fetched<V>, Error>>, Error>
+    where
+        I: IntoIterator<Item = K>,
+        K: CacheKey + Clone + Send + Sync + 'static,
+        F: Fn(Vec<(K, LoadContext<V>)>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, E>> + Send + 'static,
+        R: IntoIterator<Item = (K, Loaded<V>)>,
+        E: Into<BoxError> + 'static,
+    {
+        self.fetch(
+            keys.into_iter().collect(),
+            ContextBatch(loader, PhantomData),
+        )
+        .await
+    }
+
+    /// The call, once its settings and tags are checked.
+    async fn fetch<K, B>(
+        self,
+        keys: Vec<K>,
+        batch: B,
+    ) -> Result<Vec<Result<Fetched<V>, Error>>, Error>
+    where
+        K: CacheKey + Clone + Send + Sync + 'static,
+        B: BatchLoad<K, V>,
+    {
         self.options.validate()?;
         let tags = if self.tags.is_empty() {
             None
         } else {
             Some(TagSet::new(self.tags, &self.options)?)
         };
-        let keys: Vec<K> = keys.into_iter().collect();
-        let batch = UserBatch(loader, PhantomData);
         Ok(self
             .cache
             .fetch_many_in_span(keys, batch, &self.options, tags)
             .await)
     }
+}
+
+/// Each key's value, or the first key's error.
+fn values<V>(fetched: Vec<Result<Fetched<V>, Error>>) -> Result<Vec<Option<V>>, Error> {
+    fetched.into_iter().map(|f| f.map(|f| f.value)).collect()
 }
