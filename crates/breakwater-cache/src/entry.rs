@@ -69,6 +69,7 @@
 //! |------|---------------|-----------------------------------------------------------------------|
 //! | `1`  | validator     | 1 to 255 bytes the loader gave ([`MAX_VALIDATOR_LEN`]): an ETag, a version, an `updated_at` |
 //! | `2`  | grace         | 8 bytes, `u64` BE: the grace window (ms) the loader chose for this value, which readers use instead of their own |
+//! | `3`  | namespace generation | 8 bytes, `u64` BE: the namespace's clear generation the value's load began under (see `store::namespace`); written only once the namespace has been cleared |
 //!
 //! An unknown kind is an error (an item this build cannot honour is never
 //! skipped). An entry without extensions never sets the flag and is
@@ -105,6 +106,9 @@ const KNOWN_FLAGS: u8 = FLAG_NEGATIVE | FLAG_COMPRESSED | FLAG_EXTENDED;
 const EXT_VALIDATOR: u8 = 1;
 /// The extension item holding the value's own grace window.
 const EXT_GRACE: u8 = 2;
+/// The extension item holding the namespace generation the value was
+/// loaded under.
+const EXT_NAMESPACE: u8 = 3;
 /// The longest validator, in bytes.
 pub(crate) const MAX_VALIDATOR_LEN: usize = 255;
 /// No LZ4 block expands by more than this factor (a match-length extension
@@ -147,6 +151,8 @@ pub(crate) struct Extras {
     pub(crate) validator: Option<Box<[u8]>>,
     /// The grace window the loader chose for this value, in milliseconds.
     pub(crate) grace_ms: Option<u64>,
+    /// The namespace's clear generation the value's load began under.
+    pub(crate) namespace: Option<u64>,
 }
 
 impl Extra {
@@ -159,7 +165,27 @@ impl Extra {
         Extra(Some(Box::new(Extras {
             validator,
             grace_ms,
+            namespace: None,
         })))
+    }
+
+    // The cache's read and write paths take these up with `Cache::clear`
+    // (issue 30, under way): until then only the format is in place.
+    #[allow(dead_code)]
+    /// These extensions, recording the namespace's clear generation
+    /// `generation` (`None`: no clear was made, nothing is recorded).
+    pub(crate) fn in_namespace(mut self, generation: Option<u64>) -> Extra {
+        if let Some(generation) = generation {
+            self.0.get_or_insert_with(Box::default).namespace = Some(generation);
+        }
+        self
+    }
+
+    #[allow(dead_code)]
+    /// The namespace's clear generation the value was loaded under, if
+    /// one was recorded.
+    pub(crate) fn namespace(&self) -> Option<u64> {
+        self.0.as_ref()?.namespace
     }
 
     /// The validator, if the entry has one.
@@ -178,7 +204,9 @@ impl Extra {
         let Some(extras) = &self.0 else {
             return;
         };
-        let count = u8::from(extras.validator.is_some()) + u8::from(extras.grace_ms.is_some());
+        let count = u8::from(extras.validator.is_some())
+            + u8::from(extras.grace_ms.is_some())
+            + u8::from(extras.namespace.is_some());
         if count == 0 {
             return;
         }
@@ -189,17 +217,22 @@ impl Extra {
             out.push(validator.len() as u8);
             out.extend_from_slice(validator);
         }
-        if let Some(grace) = extras.grace_ms {
-            out.push(EXT_GRACE);
-            out.push(8);
-            out.extend_from_slice(&grace.to_be_bytes());
+        for (kind, item) in [
+            (EXT_GRACE, extras.grace_ms),
+            (EXT_NAMESPACE, extras.namespace),
+        ] {
+            if let Some(item) = item {
+                out.push(kind);
+                out.push(8);
+                out.extend_from_slice(&item.to_be_bytes());
+            }
         }
     }
 
     fn is_empty(&self) -> bool {
         self.0
             .as_ref()
-            .is_none_or(|e| e.validator.is_none() && e.grace_ms.is_none())
+            .is_none_or(|e| e.validator.is_none() && e.grace_ms.is_none() && e.namespace.is_none())
     }
 }
 
@@ -485,14 +518,18 @@ fn decode_extra(rest: &mut &[u8]) -> Result<Extra, EntryError> {
                 return Err(EntryError::BadExtension("an empty validator".to_owned()));
             }
             EXT_VALIDATOR => extras.validator = Some(item.into()),
-            EXT_GRACE if extras.grace_ms.is_some() => {
-                return Err(EntryError::BadExtension("a grace appears twice".to_owned()));
-            }
-            EXT_GRACE => {
-                let grace: [u8; 8] = item.try_into().map_err(|_| {
-                    EntryError::BadExtension(format!("a grace of {} bytes, not 8", item.len()))
+            EXT_GRACE | EXT_NAMESPACE => {
+                let (name, slot) = match kind {
+                    EXT_GRACE => ("a grace", &mut extras.grace_ms),
+                    _ => ("a namespace generation", &mut extras.namespace),
+                };
+                if slot.is_some() {
+                    return Err(EntryError::BadExtension(format!("{name} appears twice")));
+                }
+                let bytes: [u8; 8] = item.try_into().map_err(|_| {
+                    EntryError::BadExtension(format!("{name} of {} bytes, not 8", item.len()))
                 })?;
-                extras.grace_ms = Some(u64::from_be_bytes(grace));
+                *slot = Some(u64::from_be_bytes(bytes));
             }
             other => {
                 return Err(EntryError::BadExtension(format!(
@@ -1068,6 +1105,25 @@ mod tests {
         let back = decode(&bytes).unwrap();
         assert_eq!(back.extra.grace_ms(), Some(1_500));
         assert_eq!(back, e);
+        // With a namespace generation after it.
+        let cleared = Entry {
+            extra: Extra::new(None, Some(1_500)).in_namespace(Some(1 << 41)),
+            ..entry(b"xyz")
+        };
+        let bytes = cleared.encode(&Compression::none());
+        let block = &bytes[Entry::HEADER_LEN..bytes.len() - 3];
+        let generation = (1u64 << 41).to_be_bytes();
+        assert_eq!(
+            block,
+            [
+                &[2, EXT_GRACE, 8][..],
+                &grace,
+                &[EXT_NAMESPACE, 8],
+                &generation
+            ]
+            .concat()
+        );
+        assert_eq!(decode(&bytes).unwrap().extra.namespace(), Some(1 << 41));
         // Alone, and of the wrong size.
         let alone = Entry {
             extra: Extra::new(None, Some(0)),
@@ -1229,18 +1285,22 @@ mod tests {
                     proptest::collection::vec(any::<u8>(), 1..=MAX_VALIDATOR_LEN),
                 ),
                 prop::option::weighted(0.2, any::<u64>()),
+                prop::option::weighted(0.2, any::<u64>()),
             ),
         )
             .prop_map(
-                |(codec, negative, a, b, load_ms, payload, tags, (validator, grace))| Entry {
-                    codec,
-                    negative,
-                    fresh_until: a.min(b),
-                    stale_until: a.max(b),
-                    load_ms,
-                    payload: if negative { Vec::new() } else { payload },
-                    tags: tags.into(),
-                    extra: Extra::new(validator.map(Vec::into_boxed_slice), grace),
+                |(codec, negative, a, b, load_ms, payload, tags, (validator, grace, namespace))| {
+                    Entry {
+                        codec,
+                        negative,
+                        fresh_until: a.min(b),
+                        stale_until: a.max(b),
+                        load_ms,
+                        payload: if negative { Vec::new() } else { payload },
+                        tags: tags.into(),
+                        extra: Extra::new(validator.map(Vec::into_boxed_slice), grace)
+                            .in_namespace(namespace),
+                    }
                 },
             )
     }
@@ -1275,10 +1335,12 @@ mod tests {
                 let tags_len: usize = e.tags.iter().map(|t| 2 + t.tag.len() + 8).sum::<usize>()
                     + usize::from(!e.tags.is_empty());
                 let items = usize::from(e.extra.validator().is_some())
-                    + usize::from(e.extra.grace_ms().is_some());
+                    + usize::from(e.extra.grace_ms().is_some())
+                    + usize::from(e.extra.namespace().is_some());
                 let extra_len = usize::from(items > 0)
                     + e.extra.validator().map_or(0, |v| 2 + v.len())
-                    + e.extra.grace_ms().map_or(0, |_| 2 + 8);
+                    + e.extra.grace_ms().map_or(0, |_| 2 + 8)
+                    + e.extra.namespace().map_or(0, |_| 2 + 8);
                 prop_assert!(
                     bytes.len() <= Entry::HEADER_LEN + tags_len + extra_len + e.payload.len()
                 );

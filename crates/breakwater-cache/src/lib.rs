@@ -138,9 +138,9 @@ pub use metrics::{LeaseStats, LoadStats, NoticeStats, Stats};
 pub use retry::RetryConfig;
 pub use served::{Fetched, Served, StaleReason};
 pub use store::{
-    Delivery, FencedRenewal, FencedWrite, LeaseAttempt, LeaseRequest, MemoryStore, Notice,
-    RedisLatency, RedisStore, RedisStoreConfig, Renewal, Replace, SentinelError, Store,
-    StoreFuture, Subscription, Unchanged,
+    ClearedNamespace, Delivery, FencedRenewal, FencedWrite, LeaseAttempt, LeaseRequest,
+    MemoryStore, NamespaceClear, Notice, RedisLatency, RedisStore, RedisStoreConfig, Renewal,
+    Replace, SentinelError, Store, StoreFuture, Subscription, Unchanged,
 };
 
 /// The README's examples, compiled and run as doctests.

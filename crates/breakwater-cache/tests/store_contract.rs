@@ -8,8 +8,8 @@ mod support;
 use std::time::Duration;
 
 use breakwater_cache::{
-    Delivery, ErrorKind, FencedRenewal, FencedWrite, LeaseAttempt, LeaseRequest, Notice, Renewal,
-    Replace, Store, Subscription, Unchanged,
+    Delivery, ErrorKind, FencedRenewal, FencedWrite, LeaseAttempt, LeaseRequest, NamespaceClear,
+    Notice, Renewal, Replace, Store, Subscription, Unchanged,
 };
 
 /// How a backend lets time pass: paused tokio time for the memory store, real
@@ -1039,6 +1039,93 @@ async fn expire_entry_ends_the_fresh_window_revokes_the_lease_and_publishes(
     assert_eq!(store.get(VALUE_KEY).await.unwrap(), None);
 }
 
+/// The five numbers of a clear record.
+fn record_of(stored: &[u8]) -> [u64; 5] {
+    let text = std::str::from_utf8(stored).expect("digits");
+    let parts: Vec<u64> = text
+        .split(':')
+        .map(|p| p.parse().expect("a number"))
+        .collect();
+    parts.try_into().expect("five numbers")
+}
+
+async fn clear_namespace_advances_the_record_and_publishes_it(store: &dyn Store, _: Time) {
+    const KEY: &[u8] = b"bw:test:c";
+    let mut sub = subscribed(store).await;
+    let clear = |hard: bool, window_ms: u64, fresh: u64| NamespaceClear {
+        key: KEY,
+        hard,
+        window_ms,
+        fresh,
+        notice: notice(b"c:"),
+    };
+    // A first clear, soft: generation fresh + 1, floor and legacy fresh,
+    // made at the store's clock; published appended to the message; one
+    // subscriber reached; stored without a TTL.
+    let before = store.now_ms();
+    let first = store
+        .clear_namespace(clear(false, 60_000, FRESH))
+        .await
+        .unwrap();
+    let [n, h, t, w, l] = record_of(&first.record);
+    assert_eq!((n, h, w, l), (FRESH + 1, FRESH, 60_000, FRESH));
+    assert!(t >= before && t <= store.now_ms() + 5, "{t} vs {before}");
+    // A Redis Cluster counts the subscribers of the node that ran the
+    // script only (the bus may listen on another).
+    if store.failure_domains() == 1 {
+        assert_eq!(first.receivers, 1);
+    } else {
+        assert!(first.receivers <= 1);
+    }
+    assert_eq!(
+        next_message(&mut sub).await,
+        [&b"c:"[..], &first.record].concat()
+    );
+    assert_eq!(store.get(KEY).await.unwrap(), Some(first.record.clone()));
+    let ttl = store.ttl(KEY).await.unwrap();
+    assert!(
+        ttl.is_none_or(|ttl| ttl > Duration::from_secs(365 * 24 * 3600)),
+        "{ttl:?}"
+    );
+    // A hard one: one more, the floor up to it; the soft clear's time
+    // and window kept, the legacy generation too.
+    let hard = store
+        .clear_namespace(clear(true, 0, FRESH + 500))
+        .await
+        .unwrap();
+    assert_eq!(
+        record_of(&hard.record),
+        [FRESH + 2, FRESH + 2, t, 60_000, FRESH]
+    );
+    assert_eq!(
+        next_message(&mut sub).await,
+        [&b"c:"[..], &hard.record].concat()
+    );
+    // A soft one after it: the floor stays.
+    let soft = store
+        .clear_namespace(clear(false, 5_000, FRESH + 500))
+        .await
+        .unwrap();
+    let [n, h, _, w, l] = record_of(&soft.record);
+    assert_eq!((n, h, w, l), (FRESH + 3, FRESH + 2, 5_000, FRESH));
+    // Foreign bytes count as no record: a fresh start.
+    for foreign in [&b"garbage"[..], b"1:2:0:0:0", b"5:1:0:0:9"] {
+        store
+            .set(KEY, foreign, Duration::from_secs(60))
+            .await
+            .unwrap();
+        let again = store
+            .clear_namespace(clear(true, 0, FRESH + 900))
+            .await
+            .unwrap();
+        assert_eq!(
+            record_of(&again.record),
+            [FRESH + 901, FRESH + 901, 0, 0, FRESH + 900],
+            "{foreign:?}"
+        );
+    }
+}
+
 macro_rules! contract {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -1110,4 +1197,5 @@ contract!(
     a_pin_holds_a_key_and_a_fenced_write_can_need_it_unchanged,
     a_renewal_patches_in_place_only_for_the_holder_of_an_unchanged_value,
     expire_entry_ends_the_fresh_window_revokes_the_lease_and_publishes,
+    clear_namespace_advances_the_record_and_publishes_it,
 );

@@ -34,8 +34,8 @@ use crate::error::{Error, ErrorKind};
 use crate::log_limit::{LogLimiter, Warning, warn_limited};
 use crate::metrics::Metrics;
 use crate::store::{
-    FencedRenewal, FencedWrite, LeaseAttempt, LeaseRequest, Notice, RedisStore, Renewal, Replace,
-    Store, StoreFuture, Subscription,
+    ClearedNamespace, FencedRenewal, FencedWrite, LeaseAttempt, LeaseRequest, NamespaceClear,
+    Notice, RedisStore, Renewal, Replace, Store, StoreFuture, Subscription,
 };
 use std::sync::{Arc, Mutex};
 
@@ -486,6 +486,18 @@ impl Store for GuardedStore {
             "bump_generation",
             key,
             move || self.store.bump_generation(key, fresh, ttl, notice),
+            |_| 1,
+        )
+    }
+
+    fn clear_namespace<'a>(
+        &'a self,
+        clear: NamespaceClear<'a>,
+    ) -> StoreFuture<'a, ClearedNamespace> {
+        self.guard_notifying(
+            "clear_namespace",
+            clear.key,
+            move || self.store.clear_namespace(clear),
             |_| 1,
         )
     }

@@ -13,9 +13,11 @@ use std::time::Duration;
 use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 
+use super::namespace::NamespaceState;
 use super::{
-    Delivery, FencedRenewal, FencedWrite, LeaseAttempt, Notice, Renewal, SUBSCRIPTION_BUFFER,
-    Store, StoreFuture, Subscription, expire_in_place, fnv1a, parse_generation, ttl_millis,
+    ClearedNamespace, Delivery, FencedRenewal, FencedWrite, LeaseAttempt, MAX_STORE_TTL_MS,
+    NamespaceClear, Notice, Renewal, SUBSCRIPTION_BUFFER, Store, StoreFuture, Subscription,
+    expire_in_place, fnv1a, parse_generation, ttl_millis,
 };
 use crate::clock::{SystemClock, WallClock, millis};
 
@@ -169,12 +171,14 @@ impl MemoryCore {
         held.then(|| f(&mut leases.map, now))
     }
 
-    fn publish(&self, channel: &[u8], message: &[u8]) {
+    /// Publishes `message` on `channel`; how many subscribers it reached.
+    fn publish(&self, channel: &[u8], message: &[u8]) -> u64 {
         let channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(tx) = channels.get(channel) {
-            // No receivers is not an error: nobody is waiting.
-            let _ = tx.send(Delivery::Message(Arc::from(message)));
-        }
+        // No receivers is not an error: nobody is waiting.
+        channels
+            .get(channel)
+            .and_then(|tx| tx.send(Delivery::Message(Arc::from(message))).ok())
+            .map_or(0, |n| n as u64)
     }
 }
 
@@ -355,6 +359,30 @@ impl Store for MemoryStore {
         Box::pin(async move { generations })
     }
 
+    fn clear_namespace<'a>(
+        &'a self,
+        clear: NamespaceClear<'a>,
+    ) -> StoreFuture<'a, ClearedNamespace> {
+        let now_ms = self.now_ms();
+        let cleared = {
+            let now = Instant::now();
+            let mut shard = self.inner.shard_for(clear.key);
+            let held = shard
+                .live(clear.key, now)
+                .and_then(|slot| NamespaceState::parse(&slot.value));
+            let state =
+                NamespaceState::cleared(held, clear.hard, clear.window_ms, now_ms, clear.fresh);
+            let record = state.encode();
+            shard.put(clear.key, &record, now, MAX_STORE_TTL_MS);
+            // Published under the shard's lock: no other clear of this
+            // namespace can publish in between.
+            let message = [clear.notice.message, &record].concat();
+            let receivers = self.inner.publish(clear.notice.channel, &message);
+            ClearedNamespace { record, receivers }
+        };
+        Box::pin(async move { Ok(cleared) })
+    }
+
     fn get_many<'a>(&'a self, keys: &'a [&'a [u8]]) -> StoreFuture<'a, Vec<Option<Vec<u8>>>> {
         let now = Instant::now();
         let values = keys.iter().map(|key| self.inner.read(key, now)).collect();
@@ -475,9 +503,10 @@ impl Store for MemoryStore {
                     let message = [prefix, write.value].concat();
                     self.inner.publish(write.notice.channel, &message);
                 }
-                (Some(_), _) => self
-                    .inner
-                    .publish(write.notice.channel, write.notice.message),
+                (Some(_), _) => {
+                    self.inner
+                        .publish(write.notice.channel, write.notice.message);
+                }
             }
             true
         });

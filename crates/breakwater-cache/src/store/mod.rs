@@ -26,9 +26,11 @@ use tokio::sync::{broadcast, watch};
 use crate::error::Error;
 
 mod memory;
+pub(crate) mod namespace;
 mod redis;
 
 pub use memory::MemoryStore;
+use namespace::NamespaceState;
 pub use redis::{RedisLatency, RedisStore, RedisStoreConfig, SentinelError};
 
 /// The future returned by [`Store`] operations.
@@ -93,7 +95,7 @@ pub(crate) const SUBSCRIPTION_BUFFER: usize = 4096;
 ///
 /// # Sections
 ///
-/// The methods come in four sections, in this order. Every default keeps
+/// The methods come in five sections, in this order. Every default keeps
 /// the contract on any backend; a backend overrides one to do better
 /// (fewer round trips, finer failure domains, a deadline of its own).
 ///
@@ -109,6 +111,9 @@ pub(crate) const SUBSCRIPTION_BUFFER: usize = 4096;
 ///   nothing was there: not atomic, see its docs) and
 ///   [`fenced_renew`](Store::fenced_renew) (declines: the holder then
 ///   writes the whole entry with `fenced_set`).
+/// - **Namespace clear**, with a default:
+///   [`clear_namespace`](Store::clear_namespace) (a `get`, a `set` and a
+///   `publish`: not atomic, see its docs).
 /// - **Bus**: `publish`, `subscribe`; no defaults.
 /// - **Batch**, all with defaults: [`get_many`](Store::get_many) (one `get`
 ///   after another), [`acquire_leases`](Store::acquire_leases) (one
@@ -360,6 +365,49 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
         Box::pin(async { Ok(Renewal::Declined) })
     }
 
+    // --- namespace clear ---
+
+    /// Records one clear of a namespace in its clear record under
+    /// `clear.key` and publishes it, atomically (Redis: one script): the
+    /// record is read (none, or foreign bytes, counts as none), advanced
+    /// by the rule every backend shares (hard or soft over
+    /// `clear.window_ms`, made at the store's clock; a first record starts
+    /// at `clear.fresh`; see the module `store::namespace`), written back
+    /// without a TTL, and `clear.notice.message` followed by the new record
+    /// published on `clear.notice.channel`. Returns the new record and how
+    /// many subscribers the message reached (Redis: `PUBLISH`'s count,
+    /// on a Cluster the receiving node's), so the caller can wait for
+    /// each to acknowledge it.
+    ///
+    /// The default reads, then writes, then publishes: two clears at once
+    /// may lose one (a backend that can should do it atomically). It
+    /// counts one subscriber.
+    fn clear_namespace<'a>(
+        &'a self,
+        clear: NamespaceClear<'a>,
+    ) -> StoreFuture<'a, ClearedNamespace> {
+        Box::pin(async move {
+            let held = self.get(clear.key).await?;
+            let held = held.as_deref().and_then(NamespaceState::parse);
+            let state = NamespaceState::cleared(
+                held,
+                clear.hard,
+                clear.window_ms,
+                self.now_ms(),
+                clear.fresh,
+            );
+            let record = state.encode();
+            self.set(clear.key, &record, Duration::from_millis(MAX_STORE_TTL_MS))
+                .await?;
+            let message = [clear.notice.message, &record].concat();
+            self.publish(clear.notice.channel, &message).await?;
+            Ok(ClearedNamespace {
+                record,
+                receivers: 1,
+            })
+        })
+    }
+
     // --- bus ---
 
     /// Publishes `message` on `channel` to every subscriber, in every process.
@@ -448,6 +496,31 @@ pub struct Replace<'a> {
     pub lease_key: &'a [u8],
     /// Published after the write.
     pub notice: Notice<'a>,
+}
+
+/// One clear of a namespace; see [`Store::clear_namespace`].
+#[derive(Debug, Clone, Copy)]
+pub struct NamespaceClear<'a> {
+    /// The namespace's clear record.
+    pub key: &'a [u8],
+    /// Hard (entries before it are a miss), or soft (stale once their
+    /// moment in the window has come).
+    pub hard: bool,
+    /// A soft clear's spread window, in milliseconds.
+    pub window_ms: u64,
+    /// Where a new record starts: drawn at random from `[2^40, 2^52)`.
+    pub fresh: u64,
+    /// Published with the new record appended to its message.
+    pub notice: Notice<'a>,
+}
+
+/// What [`Store::clear_namespace`] made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClearedNamespace {
+    /// The namespace's new clear record, as stored.
+    pub record: Vec<u8>,
+    /// How many subscribers the notice reached.
+    pub receivers: u64,
 }
 
 /// One lease of [`Store::acquire_leases`].

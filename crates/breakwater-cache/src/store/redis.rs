@@ -56,13 +56,14 @@ use self::command::wrong_count;
 use self::connection::{RedisCore, Topology};
 use self::latency::DeadlineKind;
 use self::scripts::{
-    ACQUIRE_LEASES, BUMP_GENERATION, EXPIRE_ENTRY, EXTEND_LEASE, FENCED_SET, INVALIDATE, PIN,
-    RELEASE_LEASE, RENEW, REPLACE, TAG_GENERATIONS, run_script,
+    ACQUIRE_LEASES, BUMP_GENERATION, CLEAR_NAMESPACE, EXPIRE_ENTRY, EXTEND_LEASE, FENCED_SET,
+    INVALIDATE, PIN, RELEASE_LEASE, RENEW, REPLACE, TAG_GENERATIONS, run_script,
 };
 use self::sentinel::Revocation;
+use super::namespace::NamespaceState;
 use super::{
-    FencedRenewal, FencedWrite, LeaseAttempt, LeaseRequest, Notice, Renewal, Replace, Store,
-    StoreFuture, Subscription, parse_generation, ttl_millis,
+    ClearedNamespace, FencedRenewal, FencedWrite, LeaseAttempt, LeaseRequest, NamespaceClear,
+    Notice, Renewal, Replace, Store, StoreFuture, Subscription, parse_generation, ttl_millis,
 };
 use crate::error::{Error, ErrorKind};
 
@@ -734,6 +735,39 @@ impl Store for RedisStore {
     /// One script on the counter's node. On a Sentinel store the bump is
     /// remembered like an invalidation and applied again (as a bump, with
     /// the same fresh value) on the next master should a failover lose it.
+    /// One script. Not remembered for a Sentinel failover yet: a clear
+    /// lost with a master is not made again.
+    fn clear_namespace<'a>(
+        &'a self,
+        clear: NamespaceClear<'a>,
+    ) -> StoreFuture<'a, ClearedNamespace> {
+        Box::pin(async move {
+            let script = &CLEAR_NAMESPACE
+                .key(clear.key)
+                .arg(clear.notice.channel)
+                .arg(clear.notice.message)
+                .arg(clear.fresh)
+                .arg(u8::from(clear.hard))
+                .arg(clear.window_ms)
+                .arg(self.now_ms());
+            let (record, receivers): (Vec<u8>, u64) = self
+                .inner
+                .call(
+                    DeadlineKind::Write,
+                    self.inner.domain(clear.key),
+                    |mut conn| async move { run_script(&mut conn, script).await },
+                )
+                .await?;
+            if NamespaceState::parse(&record).is_none() {
+                return Err(Error::new(
+                    ErrorKind::Store,
+                    "redis answered a namespace clear with something that is not a clear record",
+                ));
+            }
+            Ok(ClearedNamespace { record, receivers })
+        })
+    }
+
     fn bump_generation<'a>(
         &'a self,
         key: &'a [u8],

@@ -15,8 +15,8 @@ use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::error::Error;
 use crate::store::{
-    Delivery, FencedRenewal, FencedWrite, LeaseAttempt, MemoryStore, Notice, Renewal, Store,
-    StoreFuture, Subscription,
+    ClearedNamespace, Delivery, FencedRenewal, FencedWrite, LeaseAttempt, MemoryStore,
+    NamespaceClear, Notice, Renewal, Store, StoreFuture, Subscription,
 };
 
 fn ms(n: u64) -> Duration {
@@ -658,6 +658,16 @@ impl Brief for Option<Duration> {
     }
 }
 
+impl Brief for ClearedNamespace {
+    fn brief(&self) -> String {
+        format!(
+            "{} ({} receivers)",
+            String::from_utf8_lossy(&self.record),
+            self.receivers
+        )
+    }
+}
+
 impl Brief for Renewal {
     fn brief(&self) -> String {
         format!("{self:?}").to_lowercase()
@@ -955,6 +965,15 @@ impl<S: Store> Store for ChaosStore<S> {
     ) -> StoreFuture<'a, u64> {
         self.call("bump_generation", key, move || {
             self.inner.bump_generation(key, fresh, ttl, notice)
+        })
+    }
+
+    fn clear_namespace<'a>(
+        &'a self,
+        clear: NamespaceClear<'a>,
+    ) -> StoreFuture<'a, ClearedNamespace> {
+        self.call("clear_namespace", clear.key, move || {
+            self.inner.clear_namespace(clear)
         })
     }
 

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::store::{
-    FencedRenewal, FencedWrite, LeaseAttempt, Notice, Renewal, Store, StoreFuture, Subscription,
+    ClearedNamespace, FencedRenewal, FencedWrite, LeaseAttempt, NamespaceClear, Notice, Renewal,
+    Store, StoreFuture, Subscription,
 };
 
 /// A [`Store`] that counts the [`get`](Store::get)s it is asked for and
@@ -285,6 +286,9 @@ impl<S: Store> Store for CountingStore<S> {
         ttl: Duration,
     ) -> StoreFuture<'a, Vec<u64>> {
         self.inner.tag_generations(keys, fresh, ttl)
+    }
+    fn clear_namespace<'a>(&'a self, c: NamespaceClear<'a>) -> StoreFuture<'a, ClearedNamespace> {
+        self.inner.clear_namespace(c)
     }
     fn publish<'a>(&'a self, c: &'a [u8], m: &'a [u8]) -> StoreFuture<'a, ()> {
         self.inner.publish(c, m)

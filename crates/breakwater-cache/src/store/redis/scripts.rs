@@ -290,6 +290,48 @@ pub(super) static TAG_GENERATIONS: LazyLock<Lua> = LazyLock::new(|| {
     ))
 });
 
+/// One clear of a namespace (see `store::namespace`): KEYS = its clear
+/// record; ARGV = channel, message, fresh value, `1` for hard, window ms,
+/// the store clock's now in ms. The record (five numbers below 2^53 with
+/// `H <= N` and `L < N`; anything else counts as none) is advanced as
+/// `NamespaceState::cleared` advances it, written without a TTL, and
+/// published appended to the message. Returns the record and `PUBLISH`'s
+/// count.
+pub(super) static CLEAR_NAMESPACE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"local top = 9007199254740992
+          local fresh = tonumber(ARGV[3])
+          local held = redis.pcall('GET', KEYS[1])
+          local n, h, t, w, l
+          if type(held) == 'string' then
+            local parts = {string.match(held, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')}
+            local ok = #parts == 5
+            for i = 1, #parts do
+              if #parts[i] > 16 or tonumber(parts[i]) >= top then ok = false end
+            end
+            if ok then
+              n, h, t, w, l = tonumber(parts[1]), tonumber(parts[2]), tonumber(parts[3]),
+                tonumber(parts[4]), tonumber(parts[5])
+              if h > n or l >= n then n = nil end
+            end
+          end
+          if n then
+            n = math.min(n + 1, top - 1)
+          else
+            n, h, t, w, l = fresh + 1, fresh, 0, 0, fresh
+          end
+          if ARGV[4] == '1' then
+            h = n
+          else
+            t, w = tonumber(ARGV[6]), tonumber(ARGV[5])
+          end
+          local record = string.format('%.0f:%.0f:%.0f:%.0f:%.0f', n, h, t, w, l)
+          redis.call('SET', KEYS[1], record)
+          local receivers = redis.call('PUBLISH', ARGV[1], ARGV[2] .. record)
+          return {record, receivers}",
+    )
+});
+
 /// A Lua script, run with `EVALSHA`, and with `EVAL` (which also caches it
 /// on that node) when the node does not know it yet. Not with
 /// `SCRIPT LOAD`: redis-rs sends that to every node of a cluster, and one
