@@ -58,6 +58,7 @@ pub(crate) const SUBSCRIPTION_BUFFER: usize = 4096;
 ///   unguessable token; only that holder can extend, release or write
 ///   through it, and [`invalidate`](Store::invalidate) revokes it.
 /// - Tag counters ([`bump_generation`](Store::bump_generation),
+///   [`expire_generation`](Store::expire_generation),
 ///   [`tag_generations`](Store::tag_generations)) are atomic per counter,
 ///   start a missing or foreign counter at the caller's `fresh` value,
 ///   never validate anything once lost, and only ever lengthen a counter's
@@ -105,6 +106,7 @@ pub(crate) const SUBSCRIPTION_BUFFER: usize = 4096;
 ///   `extend_lease`, `release_lease`, `fenced_set`, `replace`, `invalidate`,
 ///   `bump_generation`, `tag_generations`; with defaults,
 ///   [`expire_entry`](Store::expire_entry) (invalidates instead),
+///   [`expire_generation`](Store::expire_generation) (bumps instead),
 ///   [`pin`](Store::pin) (a `get`, then a `set` of the placeholder if
 ///   nothing was there: not atomic, see its docs) and
 ///   [`fenced_renew`](Store::fenced_renew) (declines: the holder then
@@ -264,8 +266,11 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
 
     /// Moves the generation counter under `key` on, atomically with
     /// publishing `notice`: a counter that holds a generation (decimal
-    /// digits, below 2^53) goes up by one; a missing one, or one that holds
-    /// anything else, is set to `fresh`. Its TTL becomes at least `ttl`
+    /// digits, below 2^53, or the `G:H:T` a soft bump left, see
+    /// [`expire_generation`](Store::expire_generation)) goes up by one and
+    /// holds plain digits (`G+1`: every generation before it a miss); a
+    /// missing one, or one that holds anything else, is set to `fresh`.
+    /// Its TTL becomes at least `ttl`
     /// (never shortened; a counter without one gets it). Returns the new
     /// generation.
     ///
@@ -298,6 +303,39 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
         ttl: Duration,
         notice: Notice<'a>,
     ) -> StoreFuture<'a, u64>;
+
+    /// Moves the generation counter under `key` on softly
+    /// (`Cache::expire_tag`), atomically with publishing `notice`: a
+    /// counter holding `G` (or `G:H:T`, see below) comes to hold
+    /// `G+1:H:at_ms`, its floor `H` kept (`H` is `G` for a counter holding
+    /// plain digits); a missing one, or one that holds anything else, is
+    /// set to `fresh` (plain digits: nothing recorded it). Its TTL becomes
+    /// at least `ttl`, as for [`bump_generation`](Store::bump_generation).
+    /// Returns the new generation.
+    ///
+    /// An entry that recorded a generation from `H` up to (not including)
+    /// the counter's current one is then stale from `at_ms` (store-clock
+    /// ms) on, not a miss: served stale within grace while one load
+    /// refreshes it, and standing in for a failed load within
+    /// `max_stale`. One that recorded a generation below `H` (from before
+    /// the last [`bump_generation`](Store::bump_generation), which writes
+    /// plain digits: `H` becomes the new `G`) is a miss, as is any entry of
+    /// a lost counter. Every counter operation reads both forms
+    /// ([`tag_generations`](Store::tag_generations) replies `G`).
+    ///
+    /// The default bumps instead ([`bump_generation`](Store::bump_generation):
+    /// every entry of the tag a miss; stricter, never wrong).
+    fn expire_generation<'a>(
+        &'a self,
+        key: &'a [u8],
+        fresh: u64,
+        ttl: Duration,
+        at_ms: u64,
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, u64> {
+        let _ = at_ms;
+        self.bump_generation(key, fresh, ttl, notice)
+    }
 
     /// The generations of the counters under `keys`, in their order,
     /// creating each one that is missing (or holds anything but a
@@ -697,14 +735,123 @@ pub(crate) fn expire_in_place(bytes: &mut [u8], at_ms: u64) -> bool {
 /// [`MAX_GENERATION`]; `None` for anything else (the counter is then
 /// recreated with a fresh value by a write, and validates nothing).
 pub(crate) fn parse_generation(stored: &[u8]) -> Option<u64> {
-    if stored.is_empty() || stored.len() > 16 || !stored.iter().all(u8::is_ascii_digit) {
+    if stored.is_empty() || stored.len() > 16 {
         return None;
     }
-    std::str::from_utf8(stored)
-        .ok()?
-        .parse::<u64>()
-        .ok()
-        .filter(|&n| n < MAX_GENERATION)
+    let mut n = 0u64;
+    for &digit in stored {
+        if !digit.is_ascii_digit() {
+            return None;
+        }
+        n = n * 10 + u64::from(digit - b'0');
+    }
+    (n < MAX_GENERATION).then_some(n)
+}
+
+/// What a tag counter holds: its current generation, the oldest generation
+/// an entry may have recorded and still be served (stale), and when the
+/// last soft bump ([`Store::expire_generation`]) happened.
+///
+/// Stored as decimal digits: `G` alone (no soft bump since the last hard
+/// one: the floor is `G`), or `G:H:T` after a soft bump (`H` the floor,
+/// `T` the store-clock ms of the bump); each part 1 to 16 digits below
+/// [`MAX_GENERATION`], and `H <= G`. Anything else is foreign: no state,
+/// which validates nothing ([`parse_tag_state`]).
+///
+/// An entry that recorded generation `g` of the counter is, by
+/// [`judge`](TagState::judge): valid if `g == G`; stale as of `T` if
+/// `H <= g < G` (a soft bump came after its load); a miss otherwise (a hard
+/// bump came after it, or the counter was lost and started again).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TagState {
+    /// `G`: what a write records now.
+    pub(crate) generation: u64,
+    /// `H`: the generation of the last hard bump (or the counter's
+    /// start); entries that recorded one below it are misses.
+    pub(crate) floor: u64,
+    /// `T`: the store-clock ms of the last soft bump; 0 without one.
+    pub(crate) expired_at: u64,
+}
+
+/// What a tag counter's state says of an entry that recorded one of its
+/// generations; see [`TagState::judge`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TagJudgment {
+    /// Recorded the current generation.
+    Valid,
+    /// Recorded one from before a soft bump (and after the last hard one):
+    /// stale from the bump's store-clock ms on.
+    StaleFrom(u64),
+    /// Recorded one from before a hard bump, or one the counter never had.
+    Miss,
+}
+
+impl TagState {
+    /// A counter that starts (again) at `generation`, or was hard-bumped to
+    /// it: nothing below it is served.
+    pub(crate) fn plain(generation: u64) -> TagState {
+        TagState {
+            generation,
+            floor: generation,
+            expired_at: 0,
+        }
+    }
+
+    /// The state after a hard bump ([`Store::bump_generation`]) of this one.
+    pub(crate) fn bumped(self) -> TagState {
+        TagState::plain(self.generation + 1)
+    }
+
+    /// The state after a soft bump ([`Store::expire_generation`]) at
+    /// store-clock `at_ms`: one generation on, the floor kept.
+    pub(crate) fn expired(self, at_ms: u64) -> TagState {
+        TagState {
+            generation: self.generation + 1,
+            floor: self.floor,
+            expired_at: at_ms,
+        }
+    }
+
+    /// What this state says of an entry that recorded `recorded`.
+    pub(crate) fn judge(&self, recorded: u64) -> TagJudgment {
+        if recorded == self.generation {
+            TagJudgment::Valid
+        } else if self.floor <= recorded && recorded < self.generation {
+            TagJudgment::StaleFrom(self.expired_at)
+        } else {
+            TagJudgment::Miss
+        }
+    }
+
+    /// The state as stored: `G`, or `G:H:T` once a soft bump left a floor
+    /// below `G`.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        if self.floor == self.generation {
+            self.generation.to_string().into_bytes()
+        } else {
+            format!("{}:{}:{}", self.generation, self.floor, self.expired_at).into_bytes()
+        }
+    }
+}
+
+/// A tag counter's state as stored (see [`TagState`]): `G`, or `G:H:T`
+/// with `H <= G`, each part 1 to 16 decimal digits below
+/// [`MAX_GENERATION`]; `None` for anything else. No allocation: the read
+/// path parses a counter on every store read of a tagged entry.
+pub(crate) fn parse_tag_state(stored: &[u8]) -> Option<TagState> {
+    let Some(first) = stored.iter().position(|&b| b == b':') else {
+        return parse_generation(stored).map(TagState::plain);
+    };
+    let generation = parse_generation(&stored[..first])?;
+    let rest = &stored[first + 1..];
+    let second = rest.iter().position(|&b| b == b':')?;
+    let floor = parse_generation(&rest[..second])?;
+    let expired_at = parse_generation(&rest[second + 1..])?;
+    (floor <= generation).then_some(TagState {
+        generation,
+        floor,
+        expired_at,
+    })
 }
 
 /// The longest TTL a store is asked for, in ms: 10 years. Longer ones are
