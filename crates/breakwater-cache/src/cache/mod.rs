@@ -473,7 +473,7 @@ impl<V: Value> Cache<V> {
     ///   on [`Cache`]).
     ///
     /// A store backend without soft bumps
-    /// ([`Store::expire_generation`](crate::Store::expire_generation)'s
+    /// ([`Store::expire_generation`]'s
     /// default) invalidates the tag instead: its entries are misses.
     ///
     /// # Errors
