@@ -38,6 +38,7 @@
 //! | reload one key now, keep the old value if that fails | [`Cache::refresh`] | one load now (joined fleet-wide), whatever is cached |
 //! | put a value I already have | [`Cache::set`] | nothing |
 //! | drop every key of a group (a shop, a user) | [`CacheEntry::tags`] or [`CacheEntries::tags`] at write, [`Cache::invalidate_tag`] | one load per key of the group, as each is next read |
+//! | mark every key of a group stale, keep serving them while they reload | [`CacheEntry::tags`] or [`CacheEntries::tags`] at write, [`Cache::expire_tag`] | one load per key of the group, in the background, as each is next read; within grace callers get the old value at once, and it stands in (within `max_stale`) if the database is down |
 //! | start over for a whole namespace (a new schema) | a version bump ([`CacheBuilder::version`], with a transition) | one load per key, spread as the old version's entries are read |
 //! | cache a value as long as it is valid (a token's `expires_in`), or not at all | [`Cache::get_or_load_with_context`] with [`Loaded::ttl`], [`Loaded::do_not_cache`] | as the loader decides |
 //! | skip rewriting a big value that has not changed | [`Loaded::validator`] and [`Loaded::not_modified`] | the loader's cheap check (an ETag, a version); the store is sent a header, not the value |

@@ -114,10 +114,12 @@
 //! key carries its group's tag (`g0`..`g2`); reads are tagged
 //! `get_or_load`s (a tenth of them tagged `get_many`s of keys of one
 //! group), `set`s are tagged, and a tenth of the calls are
-//! `invalidate_tag` of a group, which bumps every key of the group in the
-//! database (rows locked in order) before it; once it returned `Ok`, each of
-//! those keys is fenced at its new version, so no-resurrection, liveness
-//! and time are checked for tag invalidation exactly as for `invalidate`.
+//! `invalidate_tag` of a group (half of them `expire_tag`), which bumps
+//! every key of the group in the database (rows locked in order) before it;
+//! once it returned `Ok`, each of those keys is fenced at its new version,
+//! so no-resurrection, liveness and time are checked for tag invalidation
+//! exactly as for `invalidate` (and for `expire_tag` as for `expire`: the
+//! fence is soft, binding what is served fresh).
 //! The store forgets tag counters in that round: every 0.3 to 3 s one
 //! group's counter is dropped (as `maxmemory` eviction or a `DEL` would),
 //! and no-resurrection must still hold (a lost counter validates nothing).
@@ -328,6 +330,7 @@ fn traced(method: &str) -> Option<&'static str> {
         "bump_generation" => "s.bump",
         "tag_generations" => "s.tag_gens",
         "expire_entry" => "s.expire",
+        "expire_generation" => "s.expire_tag",
         "fenced_renew" => "s.renew",
         _ => return None,
     })
@@ -1094,15 +1097,18 @@ fn group(key: &str) -> String {
     format!("g{}", n % 3)
 }
 
-/// `invalidate_tag(tag)`: a database write to every key of the tag's group
-/// (their rows locked, in order), then the invalidation; once it returned
-/// `Ok`, each of those keys is fenced at its new version.
+/// `invalidate_tag(tag)` (or, `soft`, `expire_tag(tag)`): a database
+/// write to every key of the tag's group (their rows locked, in order),
+/// then the invalidation; once it returned `Ok`, each of those keys is
+/// fenced at its new version (softly for `expire_tag`, as for `expire`:
+/// what is served fresh is bound, an older value may still be `Stale`).
 async fn invalidate_tag(
     world: &Arc<World>,
     p: &Proc,
     tag: &str,
     keys: &[String],
     writes: &BTreeMap<String, Arc<tokio::sync::Mutex<()>>>,
+    soft: bool,
 ) {
     let tagged: Vec<&String> = keys.iter().filter(|k| group(k) == tag).collect();
     let mut rows = Vec::with_capacity(tagged.len());
@@ -1111,10 +1117,18 @@ async fn invalidate_tag(
     }
     let versions: Vec<u64> = tagged.iter().map(|key| world.bump(key)).collect();
     let start = Instant::now();
-    let outcome = match timeout(BOUND, p.cache.invalidate_tag(tag)).await {
+    let op = if soft { "expire_tag" } else { "invalidate_tag" };
+    let call = async {
+        if soft {
+            p.cache.expire_tag(tag).await
+        } else {
+            p.cache.invalidate_tag(tag).await
+        }
+    };
+    let outcome = match timeout(BOUND, call).await {
         Ok(Ok(())) => {
             for (key, version) in tagged.iter().zip(&versions) {
-                world.fence(p.id, key, *version);
+                world.fence_of(p.id, key, *version, soft);
             }
             format!("ok {versions:?}")
         }
@@ -1124,7 +1138,7 @@ async fn invalidate_tag(
                 "liveness",
                 tag,
                 format!(
-                    "P{} invalidate_tag({tag}) started at {} ms did not return within {BOUND:?}",
+                    "P{} {op}({tag}) started at {} ms did not return within {BOUND:?}",
                     p.id,
                     world.ms(start)
                 ),
@@ -1132,7 +1146,7 @@ async fn invalidate_tag(
             "HUNG".into()
         }
     };
-    world.trace(p.id, "invalidate_tag", tag, start, outcome);
+    world.trace(p.id, op, tag, start, outcome);
     drop(rows);
 }
 
@@ -1404,8 +1418,10 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                             let delay = loader_delay(&mut rng);
                             get(&world, p, key, delay, tagged).await;
                         }
-                        70..80 if tagged => {
-                            invalidate_tag(&world, p, &group(key), &keys, &writes).await;
+                        // Half of them soft: `expire_tag`.
+                        roll @ 70..80 if tagged => {
+                            let soft = roll < 75;
+                            invalidate_tag(&world, p, &group(key), &keys, &writes, soft).await;
                         }
                         70..80 => {
                             let delay = loader_delay(&mut rng);

@@ -695,6 +695,150 @@ async fn bump_generation_counts_on_or_starts_fresh_and_publishes(store: &dyn Sto
     assert_eq!(zero.kind(), ErrorKind::Config, "{zero}");
 }
 
+/// A soft bump (`expire_tag`): `G` or `G:H:T` becomes `G+1:H:at` (the
+/// floor kept), a missing or foreign counter starts at the fresh value
+/// (plain digits), the notice is published, the TTL only lengthened; a
+/// hard bump and a read-or-create read both forms, and the hard bump
+/// writes plain digits again.
+async fn expire_generation_moves_on_softly_keeping_the_floor(store: &dyn Store, _: Time) {
+    const TAG: &[u8] = b"bw:test:t:{soft}";
+    let ttl = Duration::from_secs(600);
+    let stored = |g: u64, h: u64, t: u64| Some(format!("{g}:{h}:{t}").into_bytes());
+    let mut sub = subscribed(store).await;
+    // Missing: the fresh value, as plain digits (nothing recorded it).
+    let first = store
+        .expire_generation(TAG, FRESH, ttl, 5_000, notice(b"expired"))
+        .await
+        .unwrap();
+    assert_eq!(first, FRESH);
+    assert_eq!(next_message(&mut sub).await, b"expired");
+    assert_eq!(
+        store.get(TAG).await.unwrap(),
+        Some(FRESH.to_string().into_bytes())
+    );
+    let ttl_left = left(store, TAG).await;
+    assert!(ttl_left <= ttl && ttl_left > ttl - Duration::from_secs(5));
+    // Plain `G`: its floor is `G`.
+    let next = store
+        .expire_generation(TAG, FRESH + 1_000, ttl, 6_000, notice(b"x"))
+        .await
+        .unwrap();
+    assert_eq!(next, FRESH + 1);
+    assert_eq!(
+        store.get(TAG).await.unwrap(),
+        stored(FRESH + 1, FRESH, 6_000)
+    );
+    // Again: the floor kept, the time the later one.
+    let next = store
+        .expire_generation(TAG, FRESH + 1_000, ttl, 7_000, notice(b"x"))
+        .await
+        .unwrap();
+    assert_eq!(next, FRESH + 2);
+    assert_eq!(
+        store.get(TAG).await.unwrap(),
+        stored(FRESH + 2, FRESH, 7_000)
+    );
+    // A write's read-or-create reads `G` and changes nothing.
+    assert_eq!(
+        store.tag_generations(&[TAG], FRESH + 9, ttl).await.unwrap(),
+        vec![FRESH + 2]
+    );
+    assert_eq!(
+        store.get(TAG).await.unwrap(),
+        stored(FRESH + 2, FRESH, 7_000)
+    );
+    // A hard bump: one on, plain digits (the floor moves up to it).
+    let hard = store
+        .bump_generation(TAG, FRESH + 1_000, ttl, notice(b"x"))
+        .await
+        .unwrap();
+    assert_eq!(hard, FRESH + 3);
+    assert_eq!(
+        store.get(TAG).await.unwrap(),
+        Some((FRESH + 3).to_string().into_bytes())
+    );
+    let next = store
+        .expire_generation(TAG, FRESH + 1_000, ttl, 8_000, notice(b"x"))
+        .await
+        .unwrap();
+    assert_eq!(next, FRESH + 4);
+    assert_eq!(
+        store.get(TAG).await.unwrap(),
+        stored(FRESH + 4, FRESH + 3, 8_000)
+    );
+    // The TTL is lengthened, never shortened.
+    let hour = Duration::from_secs(3600);
+    store
+        .expire_generation(TAG, FRESH, hour, 9_000, notice(b"x"))
+        .await
+        .unwrap();
+    assert!(left(store, TAG).await > hour - Duration::from_secs(5));
+    store
+        .expire_generation(TAG, FRESH, Duration::from_secs(1), 9_500, notice(b"x"))
+        .await
+        .unwrap();
+    assert!(left(store, TAG).await > hour - Duration::from_secs(5));
+    assert_eq!(
+        store.get(TAG).await.unwrap(),
+        stored(FRESH + 6, FRESH + 3, 9_500)
+    );
+    // What is not a state starts again at the fresh value, by either bump
+    // and by a read-or-create.
+    for foreign in [
+        &b"not a number"[..],
+        b"",
+        b"1:1",
+        b"5:6:1",
+        b"5:4:1:1",
+        b"5:4:-1",
+        b"9007199254740992:4:1",
+    ] {
+        store.set(TAG, foreign, ttl).await.unwrap();
+        let fresh = store
+            .expire_generation(TAG, FRESH + 77, ttl, 1, notice(b"x"))
+            .await
+            .unwrap();
+        assert_eq!(fresh, FRESH + 77, "{foreign:?}");
+        assert_eq!(
+            store.get(TAG).await.unwrap(),
+            Some((FRESH + 77).to_string().into_bytes())
+        );
+        store.set(TAG, foreign, ttl).await.unwrap();
+        let fresh = store
+            .bump_generation(TAG, FRESH + 78, ttl, notice(b"x"))
+            .await
+            .unwrap();
+        assert_eq!(fresh, FRESH + 78, "{foreign:?}");
+        store.set(TAG, foreign, ttl).await.unwrap();
+        let fresh = store
+            .tag_generations(&[TAG], FRESH + 79, ttl)
+            .await
+            .unwrap();
+        assert_eq!(fresh, vec![FRESH + 79], "{foreign:?}");
+    }
+    // Up to 2^53 a counter goes on exactly, in either form.
+    store.set(TAG, b"9007199254740989:5:1", ttl).await.unwrap();
+    assert_eq!(
+        store
+            .expire_generation(TAG, FRESH, ttl, 2, notice(b"x"))
+            .await
+            .unwrap(),
+        9_007_199_254_740_990
+    );
+    assert_eq!(
+        store
+            .bump_generation(TAG, FRESH, ttl, notice(b"x"))
+            .await
+            .unwrap(),
+        9_007_199_254_740_991
+    );
+    let zero = store
+        .expire_generation(TAG, FRESH, Duration::ZERO, 1, notice(b"x"))
+        .await
+        .unwrap_err();
+    assert_eq!(zero.kind(), ErrorKind::Config, "{zero}");
+}
+
 async fn tag_generations_read_or_create_each_counter(store: &dyn Store, time: Time) {
     // On different slots of a cluster.
     let keys: [&[u8]; 3] = [b"bw:test:t:{a}", b"bw:test:t:{b}", b"bw:test:t:{c}"];
@@ -1193,6 +1337,7 @@ contract!(
     get_many_reads_in_order_across_slots,
     acquire_leases_takes_each_as_acquire_lease_would,
     bump_generation_counts_on_or_starts_fresh_and_publishes,
+    expire_generation_moves_on_softly_keeping_the_floor,
     tag_generations_read_or_create_each_counter,
     a_pin_holds_a_key_and_a_fenced_write_can_need_it_unchanged,
     a_renewal_patches_in_place_only_for_the_holder_of_an_unchanged_value,

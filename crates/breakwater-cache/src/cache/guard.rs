@@ -502,6 +502,22 @@ impl Store for GuardedStore {
         )
     }
 
+    fn expire_generation<'a>(
+        &'a self,
+        key: &'a [u8],
+        fresh: u64,
+        ttl: Duration,
+        at_ms: u64,
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, u64> {
+        self.guard_notifying(
+            "expire_generation",
+            key,
+            move || self.store.expire_generation(key, fresh, ttl, at_ms, notice),
+            |_| 1,
+        )
+    }
+
     /// One guarded call per failure domain, as [`get_many`](Store::get_many).
     fn tag_generations<'a>(
         &'a self,

@@ -148,6 +148,10 @@ use crate::store::{Notice, Store};
 /// entry's generations on every read (one more round trip, for tagged
 /// entries only); (5) `invalidate_tag` is retried within 1 s, as
 /// `invalidate`; (6) a generation is at least the store's clock in ms.
+/// [`expire_tag`](Self::expire_tag) is the same with "invalid" read as
+/// "stale": a load that started before lands stale, never fresh, and the
+/// tag's entries are served stale within grace (fail-safe within
+/// `max_stale`) instead of missing.
 ///
 /// **Redis forgets.** What the store loses never validates anything: an
 /// evicted or deleted value is a miss; a lost lease is a free lease (a
@@ -189,8 +193,8 @@ use crate::store::{Notice, Store};
 /// `breakwater.get_or_load` (fields `namespace`, `key.hash`, `served`,
 /// `role`, `error`; the raw `key` only with
 /// [`trace_keys`](crate::CacheBuilder::trace_keys)), `breakwater.get`,
-/// `breakwater.set`, `breakwater.invalidate`, `breakwater.invalidate_tag`
-/// and `breakwater.get_many`, with the store read, the fill, the load
+/// `breakwater.set`, `breakwater.invalidate`, `breakwater.invalidate_tag`,
+/// `breakwater.expire_tag` and `breakwater.get_many`, with the store read, the fill, the load
 /// (`origin`, `outcome`, `load_ms`) and the fenced write as children.
 ///
 /// Levels: a `get_or_load` or `get` that a fresh L1 copy answers alone

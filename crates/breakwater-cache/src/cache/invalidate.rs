@@ -1,5 +1,6 @@
 //! Writes and invalidations, so that no load that began before a `set`,
-//! `invalidate` or `invalidate_tag` becomes visible after it returned:
+//! `invalidate` or `invalidate_tag` becomes visible after it returned (nor
+//! fresh after an `expire` or `expire_tag`):
 //! each revokes the key's lease (or bumps the tag's generation) with its
 //! notice in one store operation, retried within a second, or reported as
 //! undelivered.
@@ -17,7 +18,7 @@ use super::keys::lease_key;
 use super::notify::{self, TAG_INVALIDATED};
 use super::options::Options;
 use super::seal::Sealed;
-use super::tags::{self, check_tag, counter_ttl, tag_key};
+use super::tags::{self, EXPIRE_SKEW, check_tag, counter_ttl, tag_key};
 use super::trace::{Op, record_error};
 use super::value::Value;
 use crate::clock::millis;
@@ -230,6 +231,22 @@ impl<V: Value> Cache<V> {
 
     /// [`invalidate_tag`](Self::invalidate_tag), in its span.
     pub(super) async fn invalidate_tag_bytes(&self, tag: &[u8]) -> Result<(), Error> {
+        self.revoke_tag(tag, Revoke::Delete).await
+    }
+
+    /// [`expire_tag`](Self::expire_tag), in its span: as a tag
+    /// invalidation, but the counter's soft bump leaves the tag's entries
+    /// stale, not missing (see `tags`).
+    pub(super) async fn expire_tag_bytes(&self, tag: &[u8]) -> Result<(), Error> {
+        self.revoke_tag(tag, Revoke::Expire).await
+    }
+
+    /// An invalidation or an expiry of every entry carrying `tag`: its
+    /// counter bumped (hard or soft) with its notice, delivered with
+    /// retries, this process's local step (every L1 copy and flight, as
+    /// the entries' tags are known only once read), and inside a version
+    /// transition the previous version's processes told too.
+    async fn revoke_tag(&self, tag: &[u8], how: Revoke) -> Result<(), Error> {
         check_tag(tag)?;
         let inner = &self.inner;
         let key = tag_key(&inner.tag_prefix, tag);
@@ -246,11 +263,17 @@ impl<V: Value> Cache<V> {
         let done = self
             .deliver(key, || async move {
                 let notice = inner.notice(message);
-                inner
-                    .store
-                    .bump_generation(key, fresh, ttl, notice)
-                    .await
-                    .map(drop)
+                let store = &inner.store;
+                let bumped = match how {
+                    Revoke::Delete => store.bump_generation(key, fresh, ttl, notice).await,
+                    Revoke::Expire => {
+                        // Its entries' fresh windows end at this, less
+                        // `EXPIRE_SKEW`, when they are read.
+                        let at = store.now_ms();
+                        store.expire_generation(key, fresh, ttl, at, notice).await
+                    }
+                };
+                bumped.map(drop)
             })
             .await;
         // Inside a version transition the previous version's processes
@@ -270,19 +293,15 @@ impl<V: Value> Cache<V> {
 /// How long `invalidate` keeps trying to deliver one invalidation.
 const INVALIDATE_WITHIN: Duration = Duration::from_secs(1);
 
-/// What a revocation does to the stored entry.
+/// What a revocation does to the stored entry (or to every entry of a
+/// tag).
 #[derive(Clone, Copy)]
 enum Revoke {
-    /// `invalidate`: deletes it.
+    /// `invalidate`, `invalidate_tag`: deletes it (a hard bump: a miss).
     Delete,
-    /// `expire`: keeps it, stale.
+    /// `expire`, `expire_tag`: keeps it, stale.
     Expire,
 }
-
-/// How long before now an expired entry's fresh window ends: more than the
-/// error of any process's view of the store's clock (half a round trip),
-/// so none judges it fresh once `expire` has returned.
-const EXPIRE_SKEW: Duration = Duration::from_millis(100);
 
 /// The error of an invalidation that did not get through; when the last
 /// attempt (failed at `at`) was refused by the store's open breaker, it says

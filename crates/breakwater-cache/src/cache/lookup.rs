@@ -12,13 +12,13 @@ use tracing::{Instrument, Span};
 use super::handle::Cache;
 use super::options::Options;
 use super::queue::{self};
-use super::tags::{TagSet, generation, tag_key};
+use super::tags::{TagSet, judge_tagged, tag_key, tag_state};
 use super::value::Value;
 use crate::entry::{Entry, TagStamp};
 use crate::error::{Error, ErrorKind};
 use crate::log_limit::show_key;
 use crate::store::FRESH_GENERATIONS;
-use crate::store::Store;
+use crate::store::{Store, TagState};
 
 impl<V: Value> Cache<V> {
     /// Reads and decodes the envelope; unreadable bytes are a miss plus a
@@ -155,16 +155,20 @@ impl<V: Value> Cache<V> {
         rng.random_range(FRESH_GENERATIONS)
     }
 
-    /// The current generations of `tags`, in their order, `None` for a
-    /// missing counter (or one that holds no generation): one `GET` for
-    /// one tag (the store's cheapest read), else one `MGET` (one per slot
-    /// on a Cluster). Nothing is created: a read only checks.
-    async fn read_generations(&self, tags: &[impl AsRef<[u8]>]) -> Result<Vec<Option<u64>>, Error> {
+    /// The current states of the counters of `tags` (see [`TagState`]),
+    /// in their order, `None` for a missing counter (or one that holds no
+    /// state): one `GET` for one tag (the store's cheapest read), else one
+    /// `MGET` (one per slot on a Cluster). Nothing is created: a read only
+    /// checks.
+    async fn read_generations(
+        &self,
+        tags: &[impl AsRef<[u8]>],
+    ) -> Result<Vec<Option<TagState>>, Error> {
         let tag_prefix = &self.inner.tag_prefix;
         if let [tag] = tags {
             let key = tag_key(tag_prefix, tag.as_ref());
             let stored = self.inner.store.get_inline(&key).await?;
-            return Ok(vec![generation(stored.as_deref())]);
+            return Ok(vec![tag_state(stored.as_deref())]);
         }
         let keys: Vec<Vec<u8>> = tags
             .iter()
@@ -172,22 +176,18 @@ impl<V: Value> Cache<V> {
             .collect();
         let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
         let stored = self.inner.store.get_many(&keys).await?;
-        Ok(stored.iter().map(|s| generation(s.as_deref())).collect())
+        Ok(stored.iter().map(|s| tag_state(s.as_deref())).collect())
     }
 
-    /// A tagged entry read from storage key `key`, if every tag's
-    /// counter exists and still holds the generation it recorded; `None`
-    /// (a miss) if any moved on or is missing. One `MGET` of its tags'
-    /// counters.
-    async fn still_tagged(&self, key: &[u8], entry: Entry) -> Result<Option<Entry>, Error> {
+    /// A tagged entry read from storage key `key`, judged by its tags'
+    /// counters ([`judge_tagged`]): `None` (a miss) if any moved on past
+    /// it (a hard bump) or is missing; the entry, stale from a soft bump
+    /// that came after its load (`expire_tag`), if any; else as it is. One
+    /// `MGET` of its tags' counters.
+    async fn still_tagged(&self, key: &[u8], mut entry: Entry) -> Result<Option<Entry>, Error> {
         let tags: Vec<&[u8]> = entry.tags.iter().map(|t| t.tag.as_slice()).collect();
         let current = self.read_generations(&tags).await?;
-        let current = entry
-            .tags
-            .iter()
-            .zip(current)
-            .all(|(stamp, now)| now == Some(stamp.generation));
-        if !current {
+        if !judge_tagged(&mut entry, |i, _| current.get(i).copied().flatten()) {
             tracing::debug!(key = %show_key(key), "cached entry's tag was invalidated; treating it as a miss");
             return Ok(None);
         }
@@ -221,12 +221,13 @@ impl<V: Value> Cache<V> {
             if stamps.is_empty() {
                 continue;
             }
-            let valid = current.as_ref().is_some_and(|current| {
-                stamps.iter().all(|stamp| {
-                    tags.binary_search(&stamp.tag)
-                        .is_ok_and(|at| current[at] == Some(stamp.generation))
-                })
-            });
+            let valid = match (current.as_ref(), entry.as_mut()) {
+                (Some(current), Ok(Some(entry))) => judge_tagged(entry, |_, stamp| {
+                    let at = tags.binary_search(&stamp.tag).ok()?;
+                    current.get(at).copied().flatten()
+                }),
+                _ => false,
+            };
             if !valid {
                 *entry = Ok(None);
             }

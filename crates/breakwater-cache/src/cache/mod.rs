@@ -61,7 +61,7 @@
 //! | `batch/` | `get_many`: the same steps for many keys | `pipeline`'s pass rules (`cooperate`, `revoked_before`, the count), `read`'s near cache, and the rooms below them |
 //! | `warm.rs`, `inspect.rs` | warming and inspecting entries (public calls of their own) | the public calls, `pipeline`, `fill`, `lookup`, `verdict` |
 //! | `read.rs` | near cache (2) and shared store reads (3), which hand a miss to the fill | `lookup`, `verdict`, `fill` |
-//! | `invalidate.rs` | `set`, `set_many`, `invalidate`, `expire`, `invalidate_tag`: the fence and its delivery | `seal`, `lookup`, `transition`, `trace` |
+//! | `invalidate.rs` | `set`, `set_many`, `invalidate`, `expire`, `invalidate_tag`, `expire_tag`: the fence and its delivery | `seal`, `lookup`, `transition`, `trace` |
 //! | `fill.rs` | the fill, the load's task, the fenced write and settle (5–8) | `lease`, `lookup`, `verdict`, `seal`, `transition` |
 //! | `verdict.rs` | the one judgment on a stored entry or an L1 copy (4): decode, fresh, early refresh, grace, stand-in | `seal`, `transition`, `handle` and the ground floor |
 //! | `seal.rs` | sealing (7) and keeping values in L1 | `handle` and the ground floor |
@@ -429,6 +429,88 @@ impl<V: Value> Cache<V> {
             .invalidate_tag_bytes(&tag)
             .instrument(span.clone())
             .await;
+        record_error(&span, &done);
+        done
+    }
+
+    /// Makes every entry written with `tag` (through
+    /// [`CacheEntry::tags`](super::CacheEntry::tags)) stale, in every
+    /// process, at once, without removing it (a soft
+    /// [`invalidate_tag`](Self::invalidate_tag), as
+    /// [`expire`](Self::expire) is a soft [`invalidate`](Self::invalidate)):
+    /// the next caller of each such key is served the old value as
+    /// [`Stale`](crate::Served::Stale) within grace, counted from this call,
+    /// while one load refreshes it, and the old value still stands in for a
+    /// failed load within `max_stale` (fail-safe). A negative entry is
+    /// never served stale: the next caller loads. Entries without tags, or
+    /// with other tags only, are not touched.
+    ///
+    /// One store operation, however many entries carry the tag: the tag's
+    /// counter moves on softly (with its notice), keeping the mark of its
+    /// last hard invalidation, so an entry loaded before it reads as stale
+    /// from now (less 100 ms, so that no process whose view of the store's
+    /// clock lags a little sees it fresh), while one from before the last
+    /// `invalidate_tag` stays a miss (see the `tags` module docs). A lost
+    /// counter still validates nothing: if it is missing, it starts again
+    /// at a random value no entry can have recorded, and every entry of the
+    /// tag is a miss. Tried again on a transient failure as `invalidate_tag`
+    /// is (within 1 s; an extra soft bump only expires again).
+    ///
+    /// Once it has returned `Ok`:
+    ///
+    /// - **No load that began before it becomes fresh after it**: such a
+    ///   load recorded the tag's old generation, so its entry is stale
+    ///   when it lands (served within grace, refreshed by the next read).
+    /// - **Read your expiry**: in this process, calls that start later get
+    ///   the stale value (within grace, with a refresh) or a value loaded
+    ///   after it. Entries' tags are known only when they are read, so, as
+    ///   for `invalidate_tag`, this process's L1 is emptied (if it holds a
+    ///   tagged entry at all) and its loads and shared reads in the air are
+    ///   detached, for every key.
+    /// - **Elsewhere**: other processes read the store, which judges every
+    ///   tagged entry by its tags' counters on each read; their L1s are
+    ///   emptied when the message reaches them (see the coherence contract
+    ///   on [`Cache`]).
+    ///
+    /// A store backend without soft bumps
+    /// ([`Store::expire_generation`]'s
+    /// default) invalidates the tag instead: its entries are misses.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidKey`](crate::ErrorKind::InvalidKey) for an empty tag or one over
+    /// 256 bytes, or [`Store`](crate::ErrorKind::Store) if it was not delivered
+    /// (other processes may serve the tag's entries as fresh until their
+    /// TTLs end).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use breakwater_cache::{Cache, Served};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), breakwater_cache::Error> {
+    /// let cache = Cache::<u64>::builder().grace(Duration::from_secs(10)).build()?;
+    /// cache
+    ///     .entry("price:7")
+    ///     .tags(["shop:3"])
+    ///     .get_or_load(|| async { Ok::<_, std::io::Error>(Some(100)) })
+    ///     .await?;
+    ///
+    /// cache.expire_tag("shop:3").await?;
+    /// let next = cache
+    ///     .entry("price:7")
+    ///     .tags(["shop:3"])
+    ///     .get_or_load_with_meta(|| async { Ok::<_, std::io::Error>(Some(120)) })
+    ///     .await?;
+    /// // The old price at once, while the new one loads in the background.
+    /// assert_eq!(next.value, Some(100));
+    /// assert!(matches!(next.served, Served::Stale { .. }));
+    /// # Ok(()) }
+    /// ```
+    pub async fn expire_tag(&self, tag: impl CacheKey) -> Result<(), Error> {
+        let tag = tag.key_bytes();
+        let span = self.span(Op::ExpireTag, &tag);
+        let done = self.expire_tag_bytes(&tag).instrument(span.clone()).await;
         record_error(&span, &done);
         done
     }

@@ -1,6 +1,7 @@
 //! Tag invalidation: entries written with tags, and
 //! [`Cache::invalidate_tag`](crate::Cache::invalidate_tag), which makes every entry carrying a tag
-//! unreachable, fleet-wide, in one store operation.
+//! unreachable, fleet-wide, in one store operation (and
+//! [`Cache::expire_tag`](crate::Cache::expire_tag), which makes them stale).
 //!
 //! # Generations, checked on read
 //!
@@ -29,15 +30,51 @@
 //!   with its notice ([`Store::bump_generation`](crate::Store::bump_generation)): one more if it holds a
 //!   generation, else a fresh value. O(1) store work whatever the number
 //!   of entries carrying the tag.
-//! - **Read**: an entry with tags is valid only while every tag's counter
-//!   exists and *equals* what it recorded (`!=`, not `<`; a missing
-//!   counter, or one holding anything but a generation, equals nothing).
-//!   The read only looks, one `GET` (one tag) or `MGET` of its tags, and
-//!   creates nothing; one more round trip on every store read of a tagged
-//!   entry; an untagged entry is format version 1, read exactly as before,
-//!   at no extra cost. A tag-invalidated entry is a miss, never served
-//!   stale. A value carried in a fill's bus message is taken only if it
-//!   has no tags (a tagged one is read from the store, which checks it).
+//! - **Expire**: [`Cache::expire_tag`](crate::Cache::expire_tag) bumps it softly
+//!   ([`Store::expire_generation`](crate::Store::expire_generation)): one more, keeping the floor of the
+//!   last hard bump and recording the store-clock ms of this one (see the
+//!   counter's format below); a fresh value if it holds no generation.
+//! - **Read**: an entry with tags is judged by every tag's counter
+//!   (`TagState::judge`): it is valid while each one exists and *equals*
+//!   what it recorded (`!=`, not `<`); stale if some recorded a generation
+//!   a soft bump moved past but not a hard one (below); a miss if any
+//!   counter is missing, holds anything but a generation, or moved past
+//!   it with a hard bump. The read only looks, one `GET` (one tag) or
+//!   `MGET` of its tags, and creates nothing; one more round trip on
+//!   every store read of a tagged entry; an untagged entry is format
+//!   version 1, read exactly as before, at no extra cost. A
+//!   tag-invalidated entry is a miss, never served stale. A value carried
+//!   in a fill's bus message is taken only if it has no tags (a tagged one
+//!   is read from the store, which checks it).
+//!
+//! # The counter's state
+//!
+//! A counter holds decimal digits, in one of two forms (`TagState`; each
+//! part 1 to 16 digits, below 2^53; anything else is foreign, which
+//! validates nothing):
+//!
+//! - `G`: the current generation, what a write records now. No soft bump
+//!   since the last hard one (the form every counter had before
+//!   `expire_tag`, and every hard bump or fresh start writes).
+//! - `G:H:T` (with `H <= G`), after a soft bump: `G` the current
+//!   generation, `H` the floor (the generation of the last hard bump, or
+//!   of the counter's start), `T` the store-clock ms of the last soft
+//!   bump.
+//!
+//! An entry that recorded `g` for the tag is, by that counter: valid if
+//! `g == G`; stale if `H <= g < G` (plain `G` has `H = G`): its fresh
+//! window is treated as ending `EXPIRE_SKEW` (100 ms) before `T`, if it
+//! did not end earlier, so within grace from then it is served
+//! [`Stale`](crate::Served::Stale) while one load refreshes it, and it
+//! stands in for a failed load up to its `stale_until`; a miss otherwise
+//! (`g < H`: a hard bump came after its load; `g > G`: the counter was
+//! lost and started again). With several tags, a miss if any says so;
+//! else stale as of the earliest `T` among those that say stale. A hard
+//! bump writes `G+1` (so `H = G+1`: everything before a miss); a soft bump
+//! writes `G+1:H:now`. Every counter operation reads both forms
+//! ([`Store::tag_generations`](crate::Store::tag_generations) replies `G`). Only the last soft bump's
+//! time is kept: an entry two soft bumps old is judged stale as of the
+//! later one (its grace starts again then; it is never fresh).
 //!
 //! So an entry written while its tag had no counter recorded the counter
 //! its own write created, and when that counter is lost later, the entry
@@ -66,11 +103,13 @@
 //! A load that began before `invalidate_tag` recorded the generation from
 //! before the bump, so its entry is invalid the moment it lands (no
 //! resurrection, without revoking any lease: the fence is the generation).
+//! One that began before `expire_tag` lands stale, never fresh.
 //!
 //! # In this process, and elsewhere
 //!
 //! An entry's tags are known only once it is read, so a tag invalidation
-//! treats every key as possibly affected (`Local::tags_invalidated`): L1
+//! (hard or soft: `expire_tag` does the same here) treats every key as
+//! possibly affected (`Local::tags_invalidated`): L1
 //! refuses every read or load that began before (its epoch floor moves)
 //! and is emptied, unless it has kept no tagged entry since the last tag
 //! invalidation; every load, background refresh and shared read in the
@@ -84,9 +123,10 @@ use std::time::Duration;
 
 use super::keys::hash_tagged;
 use super::options::Options;
-use crate::entry::{Entry, MAX_TAG_LEN, MAX_TAGS};
+use crate::clock::millis;
+use crate::entry::{Entry, MAX_TAG_LEN, MAX_TAGS, TagStamp};
 use crate::error::{Error, ErrorKind};
-use crate::store::{fnv1a, parse_generation};
+use crate::store::{TagJudgment, TagState, fnv1a, parse_tag_state};
 
 /// The shortest TTL a tag counter is given (see the module docs).
 const COUNTER_TTL_FLOOR: Duration = Duration::from_secs(3600);
@@ -199,10 +239,47 @@ pub(super) fn tag_key(tag_prefix: &[u8], tag: &[u8]) -> Vec<u8> {
     hash_tagged(tag_prefix, tag)
 }
 
-/// A generation as stored (decimal digits); `None` for a missing counter
-/// or one that holds anything else, which equals no recorded generation.
-pub(super) fn generation(stored: Option<&[u8]>) -> Option<u64> {
-    stored.and_then(parse_generation)
+/// A counter's state as stored (`G` or `G:H:T`, see [`TagState`]);
+/// `None` for a missing counter or one that holds anything else, which
+/// validates nothing.
+pub(super) fn tag_state(stored: Option<&[u8]>) -> Option<TagState> {
+    stored.and_then(parse_tag_state)
+}
+
+/// How long before a soft bump's store-clock ms (an `expire`, an
+/// `expire_tag`) the entries it concerns stop being fresh: more than the
+/// error of any process's view of the store's clock (half a round trip),
+/// so none judges them fresh once the call has returned.
+pub(super) const EXPIRE_SKEW: Duration = Duration::from_millis(100);
+
+/// Judges a tagged `entry` by its tags' counters (`state_of(i, stamp)`: the
+/// state of the counter of its `i`th stamp, `None` if missing or foreign;
+/// see [`TagState::judge`]): `false` (a miss) if any tag says so; else
+/// `true`, and if some tags were soft-bumped since the entry recorded them
+/// (`expire_tag`), its fresh window ends [`EXPIRE_SKEW`] before the
+/// earliest such bump (never later than it did), so it is served stale
+/// within grace from then, and stands in for a failed load up to its
+/// `stale_until`.
+pub(super) fn judge_tagged(
+    entry: &mut Entry,
+    mut state_of: impl FnMut(usize, &TagStamp) -> Option<TagState>,
+) -> bool {
+    let mut stale_from: Option<u64> = None;
+    for (i, stamp) in entry.tags.iter().enumerate() {
+        let judgment = state_of(i, stamp).map_or(TagJudgment::Miss, |s| s.judge(stamp.generation));
+        match judgment {
+            TagJudgment::Valid => {}
+            TagJudgment::StaleFrom(at) => {
+                stale_from = Some(stale_from.map_or(at, |earliest| earliest.min(at)));
+            }
+            TagJudgment::Miss => return false,
+        }
+    }
+    if let Some(at) = stale_from {
+        let until = at.saturating_sub(millis(EXPIRE_SKEW));
+        entry.fresh_until = entry.fresh_until.min(until);
+    }
+    true
 }
 
 #[cfg(test)]
@@ -268,6 +345,7 @@ mod tests {
     /// for a missing counter).
     #[test]
     fn missing_and_foreign_counters_are_no_generation() {
+        let generation = |stored: Option<&[u8]>| tag_state(stored).map(|s| s.generation);
         assert_eq!(generation(None), None);
         assert_eq!(generation(Some(b"1700000000000")), Some(1_700_000_000_000));
         assert_eq!(generation(Some(b"0")), Some(0));
@@ -287,6 +365,146 @@ mod tests {
             generation(Some(b"9007199254740991")),
             Some(9_007_199_254_740_991)
         );
+    }
+
+    /// Both forms of a counter's state parse (`G`, `G:H:T` with `H <= G`,
+    /// each part 1 to 16 digits below 2^53) and encode back to themselves;
+    /// everything else is foreign: no state, which validates nothing.
+    #[test]
+    fn counter_states_parse_in_both_forms_and_nothing_else() {
+        let plain = tag_state(Some(b"1700000000000")).unwrap();
+        assert_eq!(plain, TagState::plain(1_700_000_000_000));
+        assert_eq!(plain.floor, plain.generation);
+        assert_eq!(plain.encode(), b"1700000000000");
+
+        let soft = tag_state(Some(b"12:10:1700000000123")).unwrap();
+        assert_eq!(
+            soft,
+            TagState {
+                generation: 12,
+                floor: 10,
+                expired_at: 1_700_000_000_123
+            }
+        );
+        assert_eq!(soft.encode(), b"12:10:1700000000123");
+        // The floor may equal the generation (nothing stale), encoded plain.
+        let level = tag_state(Some(b"7:7:5")).unwrap();
+        assert_eq!(level.judge(6), TagJudgment::Miss);
+        assert_eq!(level.encode(), b"7");
+        // Bounds: 16 digits below 2^53 in each part.
+        let top = tag_state(Some(b"9007199254740991:9007199254740991:9007199254740991"));
+        assert_eq!(top.map(|s| s.generation), Some(9_007_199_254_740_991));
+        assert!(tag_state(Some(b"0:0:0")).is_some());
+        for foreign in [
+            &b""[..],
+            b":",
+            b"::",
+            b"1:",
+            b"1:1",
+            b"1:1:",
+            b":1:1",
+            b"1::1",
+            b"1:1:1:1",
+            b"2:3:1",
+            b"3:2:-1",
+            b"3:+2:1",
+            b"3: 2:1",
+            b"3:2:1 ",
+            b"3:2:1.5",
+            b"9007199254740992:2:1",
+            b"3:9007199254740992:1",
+            b"3:2:9007199254740992",
+            b"3:2:12345678901234567",
+            b"00000000000000003:2:1",
+            b"not a number",
+        ] {
+            assert_eq!(tag_state(Some(foreign)), None, "{foreign:?}");
+        }
+        assert_eq!(tag_state(None), None);
+    }
+
+    /// Hard and soft bumps move the state on as the store's scripts do,
+    /// and an entry's recorded generation is judged by it.
+    #[test]
+    fn bumps_and_judgments_follow_the_read_rule() {
+        let start = TagState::plain(100);
+        assert_eq!(start.judge(100), TagJudgment::Valid);
+        assert_eq!(start.judge(99), TagJudgment::Miss);
+        assert_eq!(start.judge(101), TagJudgment::Miss);
+
+        let soft = start.expired(5_000);
+        assert_eq!(soft.encode(), b"101:100:5000");
+        assert_eq!(soft.judge(101), TagJudgment::Valid);
+        assert_eq!(soft.judge(100), TagJudgment::StaleFrom(5_000));
+        assert_eq!(soft.judge(99), TagJudgment::Miss);
+        assert_eq!(soft.judge(102), TagJudgment::Miss);
+        // A second soft bump keeps the floor; the time is the later one.
+        let twice = soft.expired(7_000);
+        assert_eq!(twice.encode(), b"102:100:7000");
+        assert_eq!(twice.judge(100), TagJudgment::StaleFrom(7_000));
+        assert_eq!(twice.judge(101), TagJudgment::StaleFrom(7_000));
+        // A hard bump after it: plain digits, everything before a miss.
+        let hard = twice.bumped();
+        assert_eq!(hard.encode(), b"103");
+        assert_eq!(hard.judge(102), TagJudgment::Miss);
+        assert_eq!(hard.judge(100), TagJudgment::Miss);
+        assert_eq!(hard.judge(103), TagJudgment::Valid);
+    }
+
+    fn tagged_entry(stamps: &[(&[u8], u64)], fresh_until: u64) -> Entry {
+        Entry {
+            codec: crate::codec::Codec::json(),
+            negative: false,
+            fresh_until,
+            stale_until: fresh_until + 60_000,
+            load_ms: 0,
+            payload: b"1".to_vec(),
+            tags: stamps
+                .iter()
+                .map(|(tag, generation)| TagStamp {
+                    tag: tag.to_vec(),
+                    generation: *generation,
+                })
+                .collect::<Vec<_>>()
+                .into(),
+            extra: crate::entry::Extra::default(),
+        }
+    }
+
+    /// With several tags: a miss if any says so; else stale from the
+    /// earliest soft bump among those that say stale (less the skew),
+    /// never later than the entry's own fresh window.
+    #[test]
+    fn an_entry_is_judged_by_all_its_tags() {
+        let states = [
+            TagState::plain(5),
+            TagState::plain(8).expired(20_000),
+            TagState::plain(3).expired(10_000),
+        ];
+        let judge = |stamps: &[(&[u8], u64)], fresh_until: u64| {
+            let mut entry = tagged_entry(stamps, fresh_until);
+            judge_tagged(&mut entry, |i, _| Some(states[i])).then_some(entry.fresh_until)
+        };
+        // All current: untouched.
+        assert_eq!(
+            judge(&[(b"a", 5), (b"b", 9), (b"c", 4)], 50_000),
+            Some(50_000)
+        );
+        // Two stale: the earliest bump wins.
+        assert_eq!(
+            judge(&[(b"a", 5), (b"b", 8), (b"c", 3)], 50_000),
+            Some(9_900)
+        );
+        // Already stale before: kept.
+        assert_eq!(
+            judge(&[(b"a", 5), (b"b", 8), (b"c", 4)], 1_000),
+            Some(1_000)
+        );
+        // One miss: a miss, whatever the others say.
+        assert_eq!(judge(&[(b"a", 4), (b"b", 8), (b"c", 3)], 50_000), None);
+        // A missing counter is a miss.
+        let mut entry = tagged_entry(&[(b"a", 5)], 50_000);
+        assert!(!judge_tagged(&mut entry, |_, _| None));
     }
 
     /// A counter outlives every entry a write with those settings can

@@ -47,6 +47,7 @@ impl<V: Value> Cache<V> {
             Op::Expire => call_span!(Level::INFO, "breakwater.expire"),
             Op::Refresh => call_span!(Level::INFO, "breakwater.refresh"),
             Op::InvalidateTag => call_span!(Level::INFO, "breakwater.invalidate_tag"),
+            Op::ExpireTag => call_span!(Level::INFO, "breakwater.expire_tag"),
         };
         if !span.is_disabled() {
             span.record(
@@ -75,6 +76,7 @@ pub(super) enum Op {
     Invalidate,
     Expire,
     InvalidateTag,
+    ExpireTag,
     Refresh,
 }
 

@@ -17,7 +17,7 @@ use super::namespace::NamespaceState;
 use super::{
     ClearedNamespace, Delivery, FencedRenewal, FencedWrite, LeaseAttempt, MAX_STORE_TTL_MS,
     NamespaceClear, Notice, Renewal, SUBSCRIPTION_BUFFER, Store, StoreFuture, Subscription,
-    expire_in_place, fnv1a, parse_generation, ttl_millis,
+    TagState, expire_in_place, fnv1a, parse_tag_state, ttl_millis,
 };
 use crate::clock::{SystemClock, WallClock, millis};
 
@@ -118,6 +118,26 @@ impl MemoryStore {
     }
 }
 
+impl MemoryStore {
+    /// A tag counter moved on to `next` of its state (a hard or a soft
+    /// bump), its TTL at least `ttl`, then `notice` published.
+    fn move_on(
+        &self,
+        key: &[u8],
+        ttl: Duration,
+        notice: Notice<'_>,
+        next: impl FnOnce(Option<TagState>) -> TagState,
+    ) -> Result<u64, crate::error::Error> {
+        let ms = ttl_millis(ttl)?;
+        let new = self
+            .inner
+            .shard_for(key)
+            .generation(key, Instant::now(), ms, next);
+        self.inner.publish(notice.channel, notice.message);
+        Ok(new)
+    }
+}
+
 impl Default for MemoryStore {
     fn default() -> Self {
         Self::new()
@@ -202,38 +222,38 @@ impl MemoryShard {
         );
     }
 
-    /// Sets the tag counter under `key` to `next` of the generation it
-    /// holds (`None`: missing or not a generation), its TTL at least
-    /// `ttl_ms` from `now` (never shortened); returns the new generation.
-    /// One shard lock: atomic for the key.
+    /// Sets the tag counter under `key` to `next` of the state it holds
+    /// (`None`: missing or foreign, see [`parse_tag_state`]), its TTL at
+    /// least `ttl_ms` from `now` (never shortened); returns the new
+    /// generation. One shard lock: atomic for the key.
     fn generation(
         &mut self,
         key: &[u8],
         now: Instant,
         ttl_ms: u64,
-        next: impl FnOnce(Option<u64>) -> u64,
+        next: impl FnOnce(Option<TagState>) -> TagState,
     ) -> u64 {
         let at_least = now + Duration::from_millis(ttl_ms);
         let held = self
             .live(key, now)
-            .and_then(|slot| parse_generation(&slot.value));
+            .and_then(|slot| parse_tag_state(&slot.value));
         let new = next(held);
         match self.map.get_mut(key) {
             Some(slot) => {
                 if held != Some(new) {
-                    slot.value = new.to_string().into_bytes();
+                    slot.value = new.encode();
                 }
                 slot.expires_at = slot.expires_at.max(at_least);
             }
             None => {
                 self.maybe_sweep(now);
-                let value = new.to_string().into_bytes();
+                let value = new.encode();
                 let expires_at = at_least;
                 self.map
                     .insert(key.to_vec(), MemoryEntry { value, expires_at });
             }
         }
-        new
+        new.generation
     }
 
     /// Drops expired entries once writes since the last sweep exceed half the
@@ -327,15 +347,22 @@ impl Store for MemoryStore {
         ttl: Duration,
         notice: Notice<'a>,
     ) -> StoreFuture<'a, u64> {
-        let bumped = ttl_millis(ttl).map(|ms| {
-            let new = self
-                .inner
-                .shard_for(key)
-                .generation(key, Instant::now(), ms, |held| {
-                    held.map_or(fresh, |g| g + 1)
-                });
-            self.inner.publish(notice.channel, notice.message);
-            new
+        let bumped = self.move_on(key, ttl, notice, |held| {
+            held.map_or(TagState::plain(fresh), TagState::bumped)
+        });
+        Box::pin(async move { bumped })
+    }
+
+    fn expire_generation<'a>(
+        &'a self,
+        key: &'a [u8],
+        fresh: u64,
+        ttl: Duration,
+        at_ms: u64,
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, u64> {
+        let bumped = self.move_on(key, ttl, notice, |held| {
+            held.map_or(TagState::plain(fresh), |state| state.expired(at_ms))
         });
         Box::pin(async move { bumped })
     }
@@ -352,7 +379,7 @@ impl Store for MemoryStore {
                 .map(|key| {
                     self.inner
                         .shard_for(key)
-                        .generation(key, now, ms, |held| held.unwrap_or(fresh))
+                        .generation(key, now, ms, |held| held.unwrap_or(TagState::plain(fresh)))
                 })
                 .collect()
         });

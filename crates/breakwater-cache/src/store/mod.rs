@@ -25,10 +25,14 @@ use tokio::sync::{broadcast, watch};
 
 use crate::error::Error;
 
+mod generation;
 mod memory;
 pub(crate) mod namespace;
 mod redis;
 
+pub(crate) use generation::{
+    FRESH_GENERATIONS, TagJudgment, TagState, parse_generation, parse_tag_state,
+};
 pub use memory::MemoryStore;
 use namespace::NamespaceState;
 pub use redis::{RedisLatency, RedisStore, RedisStoreConfig, SentinelError};
@@ -60,6 +64,7 @@ pub(crate) const SUBSCRIPTION_BUFFER: usize = 4096;
 ///   unguessable token; only that holder can extend, release or write
 ///   through it, and [`invalidate`](Store::invalidate) revokes it.
 /// - Tag counters ([`bump_generation`](Store::bump_generation),
+///   [`expire_generation`](Store::expire_generation),
 ///   [`tag_generations`](Store::tag_generations)) are atomic per counter,
 ///   start a missing or foreign counter at the caller's `fresh` value,
 ///   never validate anything once lost, and only ever lengthen a counter's
@@ -107,6 +112,7 @@ pub(crate) const SUBSCRIPTION_BUFFER: usize = 4096;
 ///   `extend_lease`, `release_lease`, `fenced_set`, `replace`, `invalidate`,
 ///   `bump_generation`, `tag_generations`; with defaults,
 ///   [`expire_entry`](Store::expire_entry) (invalidates instead),
+///   [`expire_generation`](Store::expire_generation) (bumps instead),
 ///   [`pin`](Store::pin) (a `get`, then a `set` of the placeholder if
 ///   nothing was there: not atomic, see its docs) and
 ///   [`fenced_renew`](Store::fenced_renew) (declines: the holder then
@@ -269,8 +275,11 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
 
     /// Moves the generation counter under `key` on, atomically with
     /// publishing `notice`: a counter that holds a generation (decimal
-    /// digits, below 2^53) goes up by one; a missing one, or one that holds
-    /// anything else, is set to `fresh`. Its TTL becomes at least `ttl`
+    /// digits, below 2^53, or the `G:H:T` a soft bump left, see
+    /// [`expire_generation`](Store::expire_generation)) goes up by one and
+    /// holds plain digits (`G+1`: every generation before it a miss); a
+    /// missing one, or one that holds anything else, is set to `fresh`.
+    /// Its TTL becomes at least `ttl`
     /// (never shortened; a counter without one gets it). Returns the new
     /// generation.
     ///
@@ -303,6 +312,39 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
         ttl: Duration,
         notice: Notice<'a>,
     ) -> StoreFuture<'a, u64>;
+
+    /// Moves the generation counter under `key` on softly
+    /// (`Cache::expire_tag`), atomically with publishing `notice`: a
+    /// counter holding `G` (or `G:H:T`, see below) comes to hold
+    /// `G+1:H:at_ms`, its floor `H` kept (`H` is `G` for a counter holding
+    /// plain digits); a missing one, or one that holds anything else, is
+    /// set to `fresh` (plain digits: nothing recorded it). Its TTL becomes
+    /// at least `ttl`, as for [`bump_generation`](Store::bump_generation).
+    /// Returns the new generation.
+    ///
+    /// An entry that recorded a generation from `H` up to (not including)
+    /// the counter's current one is then stale from `at_ms` (store-clock
+    /// ms) on, not a miss: served stale within grace while one load
+    /// refreshes it, and standing in for a failed load within
+    /// `max_stale`. One that recorded a generation below `H` (from before
+    /// the last [`bump_generation`](Store::bump_generation), which writes
+    /// plain digits: `H` becomes the new `G`) is a miss, as is any entry of
+    /// a lost counter. Every counter operation reads both forms
+    /// ([`tag_generations`](Store::tag_generations) replies `G`).
+    ///
+    /// The default bumps instead ([`bump_generation`](Store::bump_generation):
+    /// every entry of the tag a miss; stricter, never wrong).
+    fn expire_generation<'a>(
+        &'a self,
+        key: &'a [u8],
+        fresh: u64,
+        ttl: Duration,
+        at_ms: u64,
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, u64> {
+        let _ = at_ms;
+        self.bump_generation(key, fresh, ttl, notice)
+    }
 
     /// The generations of the counters under `keys`, in their order,
     /// creating each one that is missing (or holds anything but a
@@ -737,15 +779,6 @@ pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-/// Where the cache draws a [`Store::bump_generation`] or
-/// [`Store::tag_generations`] `fresh` value: `[2^40, 2^52)`, far from any
-/// small count and exact in a Lua number (a double), with room to be
-/// bumped below [`MAX_GENERATION`].
-pub(crate) const FRESH_GENERATIONS: std::ops::Range<u64> = (1 << 40)..(1 << 52);
-
-/// Generations are below 2^53, where Lua numbers stop being exact.
-pub(crate) const MAX_GENERATION: u64 = 1 << 53;
-
 /// Lowers the `fresh_until` of the entry `bytes` to `at_ms` (but not
 /// past its `stale_until`), in place, as [`Store::expire_entry`] describes;
 /// `false` if `bytes` is no entry of format version 1 or 2.
@@ -764,20 +797,6 @@ pub(crate) fn expire_in_place(bytes: &mut [u8], at_ms: u64) -> bool {
         bytes[5..13].copy_from_slice(&at.to_be_bytes());
     }
     true
-}
-
-/// A tag counter's generation as stored: 1 to 16 decimal digits, below
-/// [`MAX_GENERATION`]; `None` for anything else (the counter is then
-/// recreated with a fresh value by a write, and validates nothing).
-pub(crate) fn parse_generation(stored: &[u8]) -> Option<u64> {
-    if stored.is_empty() || stored.len() > 16 || !stored.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    std::str::from_utf8(stored)
-        .ok()?
-        .parse::<u64>()
-        .ok()
-        .filter(|&n| n < MAX_GENERATION)
 }
 
 /// The longest TTL a store is asked for, in ms: 10 years. Longer ones are

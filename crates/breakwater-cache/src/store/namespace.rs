@@ -29,7 +29,7 @@
 //! else under the key (foreign bytes) counts as no record. The record has
 //! no TTL (`SET` without `PX`), so no `volatile-*` eviction policy drops it.
 
-use super::{MAX_GENERATION, parse_generation};
+use super::generation::{MAX_GENERATION, parse_generation};
 
 /// A namespace's clear record; see the module docs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

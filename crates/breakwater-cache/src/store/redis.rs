@@ -56,8 +56,9 @@ use self::command::wrong_count;
 use self::connection::{RedisCore, Topology};
 use self::latency::DeadlineKind;
 use self::scripts::{
-    ACQUIRE_LEASES, BUMP_GENERATION, CLEAR_NAMESPACE, EXPIRE_ENTRY, EXTEND_LEASE, FENCED_SET,
-    INVALIDATE, PIN, RELEASE_LEASE, RENEW, REPLACE, TAG_GENERATIONS, run_script,
+    ACQUIRE_LEASES, BUMP_GENERATION, CLEAR_NAMESPACE, EXPIRE_ENTRY, EXPIRE_GENERATION,
+    EXTEND_LEASE, FENCED_SET, INVALIDATE, PIN, RELEASE_LEASE, RENEW, REPLACE, TAG_GENERATIONS,
+    run_script,
 };
 use self::sentinel::Revocation;
 use super::namespace::NamespaceState;
@@ -299,6 +300,37 @@ fn lease_attempt(left: i64) -> LeaseAttempt {
             ttl: Duration::from_millis(ms),
         },
         Err(_) => LeaseAttempt::Acquired,
+    }
+}
+
+impl RedisStore {
+    /// Runs `script`, a hard or soft bump of the tag counter `key` (sent
+    /// with `fresh` and a TTL of `ttl_ms`), on the counter's node; on a
+    /// Sentinel store the master's acknowledgement is remembered as a bump.
+    /// The new generation.
+    async fn move_on(
+        &self,
+        script: scripts::Invocation<'_>,
+        key: &[u8],
+        fresh: u64,
+        ttl_ms: u64,
+        notice: Notice<'_>,
+    ) -> Result<u64, Error> {
+        let script = &script;
+        let (digits, master) = self
+            .inner
+            .call(
+                DeadlineKind::Write,
+                self.inner.domain(key),
+                |mut conn| async move {
+                    let digits: String = run_script(&mut conn, script).await?;
+                    Ok((digits, conn.master().cloned()))
+                },
+            )
+            .await?;
+        self.inner
+            .acknowledged(master, &[Revocation::bump(key, notice, fresh, ttl_ms)])?;
+        generation_reply(&digits)
     }
 }
 
@@ -777,26 +809,39 @@ impl Store for RedisStore {
     ) -> StoreFuture<'a, u64> {
         Box::pin(async move {
             let ms = ttl_millis(ttl)?;
-            let script = &BUMP_GENERATION
+            let script = BUMP_GENERATION
                 .key(key)
                 .arg(notice.channel)
                 .arg(notice.message)
                 .arg(fresh)
                 .arg(ms);
-            let (digits, master) = self
-                .inner
-                .call(
-                    DeadlineKind::Write,
-                    self.inner.domain(key),
-                    |mut conn| async move {
-                        let digits: String = run_script(&mut conn, script).await?;
-                        Ok((digits, conn.master().cloned()))
-                    },
-                )
-                .await?;
-            self.inner
-                .acknowledged(master, &[Revocation::bump(key, notice, fresh, ms)])?;
-            generation_reply(&digits)
+            self.move_on(script, key, fresh, ms, notice).await
+        })
+    }
+
+    /// One script on the counter's node, publishing atomically as
+    /// [`bump_generation`](Store::bump_generation) does. On a Sentinel
+    /// store it is remembered as a bump and applied again as one (a hard
+    /// bump: stricter, never wrong) should a failover lose it, as `expire`
+    /// is applied again as an invalidation.
+    fn expire_generation<'a>(
+        &'a self,
+        key: &'a [u8],
+        fresh: u64,
+        ttl: Duration,
+        at_ms: u64,
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, u64> {
+        Box::pin(async move {
+            let ms = ttl_millis(ttl)?;
+            let script = EXPIRE_GENERATION
+                .key(key)
+                .arg(notice.channel)
+                .arg(notice.message)
+                .arg(fresh)
+                .arg(ms)
+                .arg(at_ms);
+            self.move_on(script, key, fresh, ms, notice).await
         })
     }
 

@@ -977,6 +977,19 @@ impl<S: Store> Store for ChaosStore<S> {
         })
     }
 
+    fn expire_generation<'a>(
+        &'a self,
+        key: &'a [u8],
+        fresh: u64,
+        ttl: Duration,
+        at_ms: u64,
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, u64> {
+        self.call("expire_generation", key, move || {
+            self.inner.expire_generation(key, fresh, ttl, at_ms, notice)
+        })
+    }
+
     /// One script for all the counters, as on a single Redis: one fault
     /// plan (observed under the first key).
     fn tag_generations<'a>(

@@ -279,6 +279,16 @@ impl<S: Store> Store for CountingStore<S> {
     ) -> StoreFuture<'a, u64> {
         self.inner.bump_generation(k, fresh, ttl, n)
     }
+    fn expire_generation<'a>(
+        &'a self,
+        k: &'a [u8],
+        fresh: u64,
+        ttl: Duration,
+        at_ms: u64,
+        n: Notice<'a>,
+    ) -> StoreFuture<'a, u64> {
+        self.inner.expire_generation(k, fresh, ttl, at_ms, n)
+    }
     fn tag_generations<'a>(
         &'a self,
         keys: &'a [&'a [u8]],

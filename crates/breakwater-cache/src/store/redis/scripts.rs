@@ -216,30 +216,57 @@ pub(super) static INVALIDATE: LazyLock<Lua> = LazyLock::new(|| {
     )
 });
 
-/// What a tag counter holds, in Lua: `generation(key)` is its number if
-/// it holds 1 to 16 decimal digits below 2^53 (Lua numbers are doubles,
-/// exact up to there), else `nil` (missing, not a number, or a value of
-/// another Redis type: `GET` fails, which `pcall` catches).
-/// `at_least(key, ttl)` makes its TTL at least `ttl` ms (`PTTL` is -1 for
-/// a key without one, so it gets one); never shortens it.
+/// What a tag counter holds, in Lua (the format of `TagState`):
+/// `state(key)` is its generation, floor and last soft bump's ms (`G, G,
+/// 0` for plain digits `G`; `G, H, T` for `G:H:T` with `H <= G`), each part
+/// 1 to 16 decimal digits below 2^53 (Lua numbers are doubles, exact up
+/// to there), else `nil` (missing, foreign, or a value of another Redis
+/// type: `GET` fails, which `pcall` catches). `generation(key)` is its
+/// `G` alone. `at_least(key, ttl)` makes its TTL at least `ttl` ms
+/// (`PTTL` is -1 for a key without one, so it gets one); never shortens
+/// it. `moved_on(key, new, ttl)` writes `new` there with its TTL kept if
+/// longer than `ttl` (`SET` drops it, so it is read first).
 macro_rules! generation_lua {
     ($body:literal) => {
         concat!(
-            r"local function generation(key)
-                local held = redis.pcall('GET', key)
-                if type(held) == 'string' and #held >= 1 and #held <= 16
-                    and string.match(held, '^%d+$') then
-                  local n = tonumber(held)
+            r"local function digits(s)
+                if s and #s >= 1 and #s <= 16 and string.match(s, '^%d+$') then
+                  local n = tonumber(s)
                   if n < 9007199254740992 then
                     return n
                   end
                 end
                 return nil
               end
+              local function state(key)
+                local held = redis.pcall('GET', key)
+                if type(held) ~= 'string' then
+                  return nil
+                end
+                local g = digits(held)
+                if g then
+                  return g, g, 0
+                end
+                local a, b, c = string.match(held, '^(%d+):(%d+):(%d+)$')
+                local h, t
+                g, h, t = digits(a), digits(b), digits(c)
+                if g and h and t and h <= g then
+                  return g, h, t
+                end
+                return nil
+              end
+              local function generation(key)
+                local g = state(key)
+                return g
+              end
               local function at_least(key, ttl)
                 if redis.call('PTTL', key) < ttl then
                   redis.call('PEXPIRE', key, ttl)
                 end
+              end
+              local function moved_on(key, new, ttl)
+                local left = redis.call('PTTL', key)
+                redis.call('SET', key, new, 'PX', string.format('%.0f', math.max(left, ttl)))
               end
               ",
             $body
@@ -248,22 +275,41 @@ macro_rules! generation_lua {
 }
 
 /// A tag's generation bump: KEYS = the counter; ARGV = channel, message,
-/// fresh value, TTL in ms. A counter holding a generation goes up by one;
-/// a missing or foreign one is set to the fresh value (`SET` replaces any
-/// Redis type). Its TTL is kept if longer than `ARGV[4]` (`SET` drops it, so
-/// it is read first). Then publishes; returns the new value as digits.
+/// fresh value, TTL in ms. A counter holding a generation (either form)
+/// goes up by one, as plain digits (the floor moves up with it); a missing
+/// or foreign one is set to the fresh value (`SET` replaces any Redis
+/// type). Its TTL is kept if longer than `ARGV[4]`. Then publishes;
+/// returns the new generation as digits.
 pub(super) static BUMP_GENERATION: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(generation_lua!(
-        r"local ttl = tonumber(ARGV[4])
-          local old = generation(KEYS[1])
+        r"local old = generation(KEYS[1])
           local new = ARGV[3]
           if old then
             new = string.format('%.0f', old + 1)
           end
-          local left = redis.call('PTTL', KEYS[1])
-          redis.call('SET', KEYS[1], new, 'PX', string.format('%.0f', math.max(left, ttl)))
+          moved_on(KEYS[1], new, tonumber(ARGV[4]))
           redis.call('PUBLISH', ARGV[1], ARGV[2])
           return new"
+    ))
+});
+
+/// A tag's soft bump: KEYS = the counter; ARGV = channel, message, fresh
+/// value, TTL in ms, the bump's store-clock ms (digits). A counter holding
+/// `G` or `G:H:T` comes to hold `G+1:H:<ms>` (plain `G` has the floor
+/// `G`); a missing or foreign one is set to the fresh value. Its TTL is
+/// kept if longer than `ARGV[4]`. Then publishes; returns the new
+/// generation as digits.
+pub(super) static EXPIRE_GENERATION: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(generation_lua!(
+        r"local g, h = state(KEYS[1])
+          local new, out = ARGV[3], ARGV[3]
+          if g then
+            out = string.format('%.0f', g + 1)
+            new = out .. ':' .. string.format('%.0f', h) .. ':' .. ARGV[5]
+          end
+          moved_on(KEYS[1], new, tonumber(ARGV[4]))
+          redis.call('PUBLISH', ARGV[1], ARGV[2])
+          return out"
     ))
 });
 
