@@ -104,7 +104,9 @@ pub(crate) fn render(key: &str, inspection: &Inspection) -> String {
                 (None, Some(stale)) => format!("stale, {} left", human(stale)),
                 (None, None) => "expired".to_owned(),
             };
-            let servable = if entry.servable {
+            let servable = if entry.cleared {
+                "cleared: a read loads"
+            } else if entry.servable {
                 "served now"
             } else {
                 "not served: a read loads"
@@ -123,6 +125,9 @@ pub(crate) fn render(key: &str, inspection: &Inspection) -> String {
                 entry.codec.name()
             );
             let _ = writeln!(out, "  loaded in  {}", human(entry.load_time));
+            if let Some(generation) = entry.generation {
+                let _ = writeln!(out, "  written    under namespace generation {generation}");
+            }
         }
         other => {
             let _ = writeln!(out, "  entry      {other:?}");
@@ -137,6 +142,11 @@ pub(crate) fn render(key: &str, inspection: &Inspection) -> String {
         "free"
     };
     let _ = writeln!(out, "  lease      {lease}");
+    let namespace = match inspection.namespace_generation {
+        Some(generation) => format!("generation {generation} (cleared)"),
+        None => "never cleared".to_owned(),
+    };
+    let _ = writeln!(out, "  namespace  {namespace}");
     out
 }
 

@@ -169,9 +169,6 @@ impl Extra {
         })))
     }
 
-    // The cache's read and write paths take these up with `Cache::clear`
-    // (issue 30, under way): until then only the format is in place.
-    #[allow(dead_code)]
     /// These extensions, recording the namespace's clear generation
     /// `generation` (`None`: no clear was made, nothing is recorded).
     pub(crate) fn in_namespace(mut self, generation: Option<u64>) -> Extra {
@@ -181,7 +178,6 @@ impl Extra {
         self
     }
 
-    #[allow(dead_code)]
     /// The namespace's clear generation the value was loaded under, if
     /// one was recorded.
     pub(crate) fn namespace(&self) -> Option<u64> {

@@ -473,7 +473,6 @@ impl<V: Clone + Send + Sync + 'static> NearCache<V> {
     }
 
     /// Drops everything, and refuses every read or load that began before.
-    #[cfg(test)]
     pub(crate) fn clear(&self) {
         self.epochs.invalidate_all();
         self.cache.invalidate_all();

@@ -39,6 +39,8 @@
 //! | put a value I already have | [`Cache::set`] | nothing |
 //! | drop every key of a group (a shop, a user) | [`CacheEntry::tags`] or [`CacheEntries::tags`] at write, [`Cache::invalidate_tag`] | one load per key of the group, as each is next read |
 //! | mark every key of a group stale, keep serving them while they reload | [`CacheEntry::tags`] or [`CacheEntries::tags`] at write, [`Cache::expire_tag`] | one load per key of the group, in the background, as each is next read; within grace callers get the old value at once, and it stands in (within `max_stale`) if the database is down |
+//! | drop every key of the namespace, now | [`Cache::clear`] with [`ClearMode::Hard`] | one load per key, as each is next read: on a busy namespace, all at once (the avalanche) |
+//! | refresh every key of the namespace without an avalanche | [`Cache::clear`] with [`ClearMode::Soft`] | one load per key, spread over the window in the order the entries would have expired; within grace callers get the old value at once |
 //! | start over for a whole namespace (a new schema) | a version bump ([`CacheBuilder::version`], with a transition) | one load per key, spread as the old version's entries are read |
 //! | cache a value as long as it is valid (a token's `expires_in`), or not at all | [`Cache::get_or_load_with_context`] with [`Loaded::ttl`], [`Loaded::do_not_cache`] | as the loader decides |
 //! | skip rewriting a big value that has not changed | [`Loaded::validator`] and [`Loaded::not_modified`] | the loader's cheap check (an ETag, a version); the store is sent a header, not the value |
@@ -124,9 +126,9 @@ pub mod testing;
 
 pub use breaker::{BreakerConfig, BreakerState};
 pub use cache::{
-    Cache, CacheBuilder, CacheEntries, CacheEntry, EntryView, Inspection, LeaseConfig, LoadContext,
-    Loaded, OnLockTimeout, Origin, OriginBuilder, Settings, StaleValue, Stored, Value, Warm,
-    WarmReport,
+    CLEAR_ACKED_WITHIN, Cache, CacheBuilder, CacheEntries, CacheEntry, ClearMode, EntryView,
+    Inspection, LeaseConfig, LoadContext, Loaded, OnLockTimeout, Origin, OriginBuilder, Settings,
+    StaleValue, Stored, Value, Warm, WarmReport,
 };
 pub use codec::{Codec, Compression};
 pub use error::{ConfigError, Error, ErrorKind};

@@ -190,8 +190,8 @@ use std::time::Duration;
 
 use breakwater_cache::testing::{BusChange, ChaosEvent, ChaosStore, Faults};
 use breakwater_cache::{
-    Cache, Error, Fetched, Jitter, L1Config, LoadContext, Loaded, MemoryStore, Served, StaleReason,
-    Store,
+    Cache, ClearMode, Error, Fetched, Jitter, L1Config, LoadContext, Loaded, MemoryStore, Served,
+    StaleReason, Store,
 };
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -403,6 +403,10 @@ struct Fence {
     /// An `expire`: binds what is served fresh; an older value may still
     /// be served `Stale`.
     soft: bool,
+    /// A hard `clear` that every process acknowledged: binds every
+    /// process at once (L1 copies included), but an L1 copy standing in
+    /// for an unreachable store, which cannot have heard.
+    fleet: bool,
 }
 
 /// What a simulated process is, for the checker.
@@ -797,6 +801,7 @@ impl World {
             .filter(|f| !(f.soft && stale))
             .filter(|f| {
                 f.proc == proc
+                    || (f.fleet && !shield)
                     || match profile.l1_ttl {
                         None => start >= f.at + MAX_REPLY,
                         Some(_) if shield => false,
@@ -881,6 +886,12 @@ impl World {
 
     /// A fence; `soft` for an `expire`.
     fn fence_of(&self, proc: usize, key: &str, version: u64, soft: bool) {
+        self.fence_with(proc, key, version, soft, false);
+    }
+
+    /// A fence; `soft` for an `expire`, `fleet` for a hard `clear` (see
+    /// [`Fence::fleet`]).
+    fn fence_with(&self, proc: usize, key: &str, version: u64, soft: bool, fleet: bool) {
         let mut h = lock(&self.history);
         h.seq += 1;
         let fence = Fence {
@@ -889,6 +900,7 @@ impl World {
             at: Instant::now(),
             version,
             soft,
+            fleet,
         };
         h.fences.entry(key.to_owned()).or_default().push(fence);
     }
@@ -1097,6 +1109,63 @@ fn group(key: &str) -> String {
     format!("g{}", n % 3)
 }
 
+/// `clear`: a database write to every key (their rows locked, in order),
+/// then a clear of the namespace, hard or soft with a window of 0 (every
+/// entry stale at once). Once it returned `Ok` (every process
+/// acknowledged it), each key is fenced at its new version: for every
+/// process at once after a hard clear, softly (as `expire`) after a soft
+/// one.
+async fn clear(
+    world: &Arc<World>,
+    p: &Proc,
+    hard: bool,
+    keys: &[String],
+    writes: &BTreeMap<String, Arc<tokio::sync::Mutex<()>>>,
+) {
+    let mut rows = Vec::with_capacity(keys.len());
+    for key in keys {
+        rows.push(writes[key].lock().await);
+    }
+    let versions: Vec<u64> = keys.iter().map(|key| world.bump(key)).collect();
+    let start = Instant::now();
+    let mode = if hard {
+        ClearMode::Hard
+    } else {
+        ClearMode::Soft {
+            window: Duration::ZERO,
+        }
+    };
+    let outcome = match timeout(BOUND, p.cache.clear(mode)).await {
+        Ok(Ok(())) => {
+            for (key, version) in keys.iter().zip(&versions) {
+                world.fence_with(p.id, key, *version, !hard, hard);
+            }
+            "ok".to_owned()
+        }
+        Ok(Err(err)) => format!("error {:?}", err.kind()),
+        Err(_) => {
+            world.violate(
+                "liveness",
+                "-",
+                format!(
+                    "P{} clear({mode:?}) started at {} ms did not return within {BOUND:?}",
+                    p.id,
+                    world.ms(start)
+                ),
+            );
+            "HUNG".into()
+        }
+    };
+    world.trace(
+        p.id,
+        if hard { "clear-hard" } else { "clear-soft" },
+        "-",
+        start,
+        outcome,
+    );
+    drop(rows);
+}
+
 /// `invalidate_tag(tag)` (or, `soft`, `expire_tag(tag)`): a database
 /// write to every key of the tag's group (their rows locked, in order),
 /// then the invalidation; once it returned `Ok`, each of those keys is
@@ -1262,6 +1331,7 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
         Round::Adaptive => (13, "a", 300),
     };
     let adaptive = kind == Round::Adaptive;
+    let plain = kind == Round::Plain;
     let versions: &[u32] = match kind {
         Round::Versions => &VERSION_FLEET,
         _ => &[],
@@ -1422,6 +1492,10 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                         roll @ 70..80 if tagged => {
                             let soft = roll < 75;
                             invalidate_tag(&world, p, &group(key), &keys, &writes, soft).await;
+                        }
+                        80 if plain && rng.random_bool(0.3) => {
+                            let hard = rng.random_bool(0.5);
+                            clear(&world, p, hard, &keys, &writes).await;
                         }
                         70..80 => {
                             let delay = loader_delay(&mut rng);

@@ -718,6 +718,7 @@ impl<V: Value> CacheBuilder<V> {
         };
         let value_prefix = format!("{}:v:", versioned(self.version)).into_bytes();
         let tag_prefix = format!("{}{}:t:", self.key_prefix, self.namespace).into_bytes();
+        let clear_key = format!("{}:c", versioned(self.version)).into_bytes();
         let previous = (!self.version_transition.is_zero()).then(|| Previous {
             prefix: format!("{}:v:", versioned(self.version - 1)).into_bytes(),
             until: tokio::time::Instant::now() + self.version_transition,
@@ -753,10 +754,17 @@ impl<V: Value> CacheBuilder<V> {
             metrics.clone(),
             Arc::clone(&logs),
         ));
+        local.clears.link(
+            Arc::clone(&store) as Arc<dyn Store>,
+            clear_key.clone(),
+            waiters.channel().to_vec(),
+            *waiters.sender(),
+        );
         Ok(Cache {
             inner: Arc::new(CacheCore {
                 value_prefix,
                 tag_prefix,
+                clear_key,
                 read_queue: raw_store
                     .batches_reads()
                     .then(|| Arc::new(ReadQueue::default())),

@@ -43,6 +43,7 @@ use std::sync::Mutex;
 
 use super::keys::user_key;
 use super::notify::BusHook;
+use super::record::Clears;
 use super::value::Value;
 use crate::entry::Entry;
 use crate::flight::Joined;
@@ -65,6 +66,8 @@ pub(super) struct Local<V> {
     pub(super) l1: Option<NearCache<V>>,
     /// Own invalidations published but not yet heard back on the bus.
     unheard: Mutex<Unheard>,
+    /// The namespace's clear record as known here (see `clear`).
+    pub(super) clears: Clears,
     /// The length of the storage keys' namespace prefix.
     prefix_len: usize,
 }
@@ -76,6 +79,7 @@ impl<V: Value> Local<V> {
             background: SingleFlight::new(),
             reads: Reads::new(),
             unheard: Mutex::default(),
+            clears: Clears::default(),
             l1,
             prefix_len,
         }
@@ -215,7 +219,29 @@ impl<V: Value> BusHook for Local<V> {
         }
     }
 
+    fn cleared(&self, record: &[u8]) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        let heard = self.clears.heard(record);
+        Box::pin(async move {
+            let Some(state) = heard else { return };
+            // Whoever cleared (this process too) waits for this.
+            Local::cleared(self, state.floor == state.generation);
+            self.clears.acknowledge(state.generation).await;
+        })
+    }
+
+    fn clear_acked(&self, generation: &[u8]) {
+        self.clears.acked(generation);
+    }
+
+    fn subscribed(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            // A failed read is read again by the next caller that needs it.
+            let _ = self.clears.current().await;
+        })
+    }
+
     fn missed(&self, up: bool) {
+        self.clears.bus_changed(up);
         // A new subscription: nothing from before it can arrive any more.
         *self.unheard.lock().unwrap_or_else(|p| p.into_inner()) = Unheard::default();
         if let Some(l1) = &self.l1 {
@@ -257,6 +283,21 @@ impl<V: Value> Local<V> {
     /// before (its epoch floor moves) and is emptied if it may hold a
     /// tagged entry, and every flight and shared read in the air is
     /// detached.
+    /// The namespace was cleared: L1 is emptied (every read or load that
+    /// began before is refused a place in it); after a hard clear every
+    /// load, background refresh and shared read in the air is detached
+    /// too (its own callers still get its result).
+    pub(super) fn cleared(&self, hard: bool) {
+        if let Some(l1) = &self.l1 {
+            l1.clear();
+        }
+        if hard {
+            self.reads.detach_all();
+            self.flights.detach_all();
+            self.background.detach_all();
+        }
+    }
+
     pub(super) fn tags_invalidated(&self) {
         if let Some(l1) = &self.l1 {
             l1.drop_tagged();

@@ -259,10 +259,7 @@ impl<V: Value> Cache<V> {
                     // The fill's message may carry the entry: no read then.
                     // A tagged one is read from the store instead, which
                     // checks its tags' generations.
-                    let carried = watch
-                        .filled()
-                        .and_then(|bytes| self.decode(&key, bytes))
-                        .filter(|entry| entry.tags.is_empty());
+                    let carried = watch.filled().and_then(|bytes| self.carried(&key, bytes));
                     let value = match carried {
                         Some(entry) => self.fresh_entry(&key, entry, &mut stale, &options, replacing, ticket, loader.tags()),
                         None => self.fresh_value(&key, &mut stale, &options, replacing, ticket, loader.tags()).await,
@@ -340,7 +337,7 @@ impl<V: Value> Cache<V> {
             }
             other => other,
         };
-        let (tags, pinned) = match recorded {
+        let (tags, pinned, namespace) = match recorded {
             Ok(recorded) => recorded,
             Err((op, err)) => {
                 warn_limited!(inner.logs, Warning::StoreRead, key = %show_key(key), op, error = %err, "what the entry records could not be read; loading without writing");
@@ -375,7 +372,7 @@ impl<V: Value> Cache<V> {
         };
         match result {
             Ok((loaded, load_time)) => {
-                let recorded = (tags, pinned.as_ref());
+                let recorded = (tags, pinned.as_ref(), namespace);
                 self.write_loaded(
                     key, lease, loaded, load_time, replaces, options, ticket, recorded,
                 )
@@ -405,7 +402,7 @@ impl<V: Value> Cache<V> {
         replaces: Option<&Entry>,
         options: &Options,
         ticket: Option<Ticket>,
-        (tags, pinned): (Vec<TagStamp>, Option<&Pinned>),
+        (tags, pinned, namespace): (Vec<TagStamp>, Option<&Pinned>, Option<u64>),
     ) -> Result<(Option<V>, bool), Error> {
         let resolved = match loaded.resolve(options) {
             Ok(resolved) => resolved,
@@ -434,7 +431,8 @@ impl<V: Value> Cache<V> {
                 let grace_ms = grace_ms.or(entry.extra.grace_ms());
                 let renewable = pinned.is_none()
                     && entry.tags[..] == tags[..]
-                    && grace_ms == entry.extra.grace_ms();
+                    && grace_ms == entry.extra.grace_ms()
+                    && namespace == entry.extra.namespace();
                 if renewable
                     && let Some(revoked) = self
                         .renew(key, lease, entry, &value, &options, ticket)
@@ -464,7 +462,7 @@ impl<V: Value> Cache<V> {
                 ticket,
                 tags,
                 pinned,
-                extra,
+                extra.in_namespace(namespace),
             )
             .await?;
         Ok((value, revoked))
@@ -559,7 +557,11 @@ impl<V: Value> Cache<V> {
         key: &[u8],
         loader: &Arc<L>,
         options: &Options,
-    ) -> Result<(Vec<TagStamp>, Option<Pinned>), (&'static str, Error)> {
+    ) -> Result<(Vec<TagStamp>, Option<Pinned>, Option<u64>), (&'static str, Error)> {
+        let namespace = self
+            .clear_generation()
+            .await
+            .map_err(|err| ("clear_record", err))?;
         let tags = match loader.tags() {
             None => Vec::new(),
             Some(tags) => self
@@ -571,7 +573,7 @@ impl<V: Value> Cache<V> {
             .pin_previous(key, counter_ttl(options))
             .await
             .map_err(|err| ("pin", err))?;
-        Ok((tags, pinned))
+        Ok((tags, pinned, namespace))
     }
 
     /// Keeps `leases` (requested at `asked`) alive while the work they

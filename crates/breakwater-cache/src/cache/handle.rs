@@ -32,7 +32,7 @@ use crate::clock::millis;
 use crate::error::{Error, ErrorKind};
 use crate::log_limit::LogLimiter;
 use crate::metrics::Metrics;
-use crate::store::{Notice, Store};
+use crate::store::{FRESH_GENERATIONS, Notice, Store};
 
 /// A typed cache of `V` values in one namespace of a [`Store`].
 ///
@@ -265,6 +265,9 @@ pub(super) struct CacheCore {
     /// `<key_prefix><namespace>:t:`, without the version: tags'
     /// generation counters (see `tags`).
     pub(super) tag_prefix: Vec<u8>,
+    /// `<key_prefix><namespace>:c` (with the version, as the value
+    /// prefix): the namespace's clear record (see `clear`).
+    pub(super) clear_key: Vec<u8>,
     /// The store as the user gave it.
     pub(super) raw_store: Arc<dyn Store>,
     /// The same store behind its circuit breaker; every call goes here.
@@ -351,6 +354,15 @@ impl CacheCore {
     pub(super) fn new_token(&self) -> [u8; 16] {
         let mut rng = self.token_rng.lock().unwrap_or_else(|p| p.into_inner());
         rng.random()
+    }
+
+    /// A value a tag counter or a clear record starts again at: drawn
+    /// from the OS-seeded generator (a seeded one would repeat across
+    /// processes with the same seed), uniform over [`FRESH_GENERATIONS`],
+    /// so no entry can have recorded it.
+    pub(super) fn fresh_generation(&self) -> u64 {
+        let mut rng = self.token_rng.lock().unwrap_or_else(|p| p.into_inner());
+        rng.random_range(FRESH_GENERATIONS)
     }
 
     pub(super) fn notice<'a>(&'a self, message: &'a [u8]) -> Notice<'a> {

@@ -11,6 +11,7 @@ use crate::codec::Codec;
 use crate::entry::Entry;
 use crate::error::Error;
 use crate::store::Store;
+use crate::store::namespace::NamespaceState;
 
 /// What the store holds for one key; see [`Cache::inspect`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,6 +25,9 @@ pub struct Inspection {
     pub store_ttl: Option<Duration>,
     /// `true` while some process holds the key's lease (a load is running).
     pub lease_held: bool,
+    /// The namespace's clear generation (see [`Cache::clear`]); `None`
+    /// before its first clear.
+    pub namespace_generation: Option<u64>,
 }
 
 /// What is stored under a key; see [`Inspection`].
@@ -67,17 +71,35 @@ pub struct EntryView {
     /// fresh, or stale within grace (while one refresh runs). Past grace but
     /// inside the stale window it only stands in if a load fails.
     pub servable: bool,
+    /// The namespace clear generation its load began under (`None`: it was
+    /// written before the namespace's first clear).
+    pub generation: Option<u64>,
+    /// `true` if a hard clear came after it: never served again. (A soft
+    /// clear shows in `fresh_for`, cut to its moment in the window.)
+    pub cleared: bool,
 }
 
 impl EntryView {
-    fn new<V: Value>(cache: &Cache<V>, entry: &Entry, stored_bytes: usize) -> Self {
+    fn new<V: Value>(
+        cache: &Cache<V>,
+        key: &[u8],
+        entry: Entry,
+        stored_bytes: usize,
+        record: Option<&NamespaceState>,
+    ) -> Self {
+        let generation = entry.extra.namespace();
+        let (entry, cleared) = match cache.after_clears(key, entry.clone(), record) {
+            Some(judged) => (judged, false),
+            None => (entry, true),
+        };
         let now = cache.inner.store.now_ms();
         let left = |until: u64| (until > now).then(|| Duration::from_millis(until - now));
         let fresh_for = left(entry.fresh_until);
         let defaults = &cache.inner.defaults;
-        let servable = fresh_for.is_some()
-            || (in_grace(entry, now, defaults)
-                && defaults.freshness().servable_stale(reading(entry, now)));
+        let servable = !cleared
+            && (fresh_for.is_some()
+                || (in_grace(&entry, now, defaults)
+                    && defaults.freshness().servable_stale(reading(&entry, now))));
         EntryView {
             negative: entry.negative,
             codec: entry.codec,
@@ -87,6 +109,8 @@ impl EntryView {
             fresh_for,
             stale_for: left(entry.stale_until),
             servable,
+            generation,
+            cleared,
         }
     }
 }
@@ -94,8 +118,9 @@ impl EntryView {
 impl<V: Value> Cache<V> {
     /// What the store holds for `key`: the entry and its windows on the
     /// store's clock, unreadable bytes, or nothing; the record's TTL in the
-    /// store; and whether a load holds the key's lease. Reads only: three
-    /// store reads, no L1, no load, no metrics.
+    /// store; whether a load holds the key's lease; and the namespace's
+    /// clear generation. Reads only: four store reads, no L1, no load, no
+    /// metrics.
     ///
     /// # Examples
     ///
@@ -124,6 +149,8 @@ impl<V: Value> Cache<V> {
         let lease_held = store
             .lease_held(&self.inner.lease_key(&storage_key))
             .await?;
+        let record = store.get(&self.inner.clear_key).await?;
+        let record = record.as_deref().and_then(NamespaceState::parse);
         let stored = match bytes {
             None => Stored::Missing,
             Some(bytes) => {
@@ -132,9 +159,9 @@ impl<V: Value> Cache<V> {
                     bytes,
                     self.inner.settings.compression.max_decompressed_len(),
                 ) {
-                    Ok(entry) if entry.codec == self.inner.settings.codec => {
-                        Stored::Entry(EntryView::new(self, &entry, len))
-                    }
+                    Ok(entry) if entry.codec == self.inner.settings.codec => Stored::Entry(
+                        EntryView::new(self, &storage_key, entry, len, record.as_ref()),
+                    ),
                     Ok(entry) => Stored::Unreadable {
                         bytes: len,
                         reason: format!(
@@ -155,6 +182,7 @@ impl<V: Value> Cache<V> {
             stored,
             store_ttl,
             lease_held,
+            namespace_generation: record.map(|state| state.generation),
         })
     }
 }

@@ -51,6 +51,8 @@ impl<V: Value> Cache<V> {
                 Some(tags) => self.tag_generations(tags).await?,
                 None => Vec::new(),
             };
+            // The namespace's clear generation, as a load records it.
+            let namespace = self.clear_generation().await?;
             // Inside a version transition the previous version's entry is
             // revoked and this one written beside a fresh pin of it.
             if let Some(pinned) = self
@@ -66,7 +68,7 @@ impl<V: Value> Cache<V> {
                 options,
                 stamps,
                 now,
-                Extra::default(),
+                Extra::default().in_namespace(namespace),
             )?;
             self.replace_batch(vec![(key.clone(), sealed)]).await
         }
@@ -254,7 +256,7 @@ impl<V: Value> Cache<V> {
         let (key, message) = (&key, &message);
         // Should the counter be missing, it starts again at a value no
         // entry can have recorded; retries send the same one.
-        let fresh = self.fresh_generation();
+        let fresh = self.inner.fresh_generation();
         let ttl = counter_ttl(&inner.defaults);
         // After the store has answered (a read that starts later sees the
         // new generation); also if it failed (the reply may be all that was

@@ -6,7 +6,6 @@
 
 use std::sync::Arc;
 
-use rand::RngExt;
 use tracing::{Instrument, Span};
 
 use super::handle::Cache;
@@ -17,8 +16,15 @@ use super::value::Value;
 use crate::entry::{Entry, TagStamp};
 use crate::error::{Error, ErrorKind};
 use crate::log_limit::show_key;
-use crate::store::FRESH_GENERATIONS;
 use crate::store::{Store, TagState};
+
+/// The tag stamps of a read entry; none for a miss or a failed read.
+fn stamps(entry: &Result<Option<Entry>, Error>) -> &[TagStamp] {
+    match entry {
+        Ok(Some(entry)) => &entry.tags,
+        _ => &[],
+    }
+}
 
 impl<V: Value> Cache<V> {
     /// Reads and decodes the envelope; unreadable bytes are a miss plus a
@@ -66,13 +72,24 @@ impl<V: Value> Cache<V> {
             Err(err) if err.is_key_fault() => return Ok(None),
             Err(err) => return Err(err),
         };
-        match self.decode_beside(key, bytes, beside.as_ref().map(|b| b.as_deref())) {
+        let entry = match self.decode_beside(key, bytes, beside.as_ref().map(|b| b.as_deref())) {
             // A tagged entry (never an untagged one) is checked against its
             // tags' generations: one more round trip, boxed so that its
             // state does not grow every read's future.
-            Some(entry) if !entry.tags.is_empty() => Box::pin(self.still_tagged(key, entry)).await,
-            entry => Ok(entry),
-        }
+            Some(entry) if !entry.tags.is_empty() => {
+                Box::pin(self.still_tagged(key, entry)).await?
+            }
+            entry => entry,
+        };
+        let Some(entry) = entry else { return Ok(None) };
+        // Judged by the namespace's clear record (see `clear`): the one
+        // known here while the bus has stayed up, else read (boxed, as
+        // above).
+        let record = match self.clear_record_now() {
+            Some(record) => record,
+            None => Box::pin(self.clear_record()).await?,
+        };
+        Ok(self.after_clears(key, entry, record.as_ref()))
     }
 
     /// One store read of storage key `key`, straight to the store unless
@@ -119,7 +136,7 @@ impl<V: Value> Cache<V> {
             .map(|tag| tag_key(tag_prefix, tag))
             .collect();
         let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-        let fresh = self.fresh_generation();
+        let fresh = self.inner.fresh_generation();
         let stored = self
             .inner
             .store
@@ -140,19 +157,6 @@ impl<V: Value> Cache<V> {
                 generation,
             })
             .collect())
-    }
-
-    /// A value a tag counter starts again at: drawn from the OS-seeded
-    /// generator (a seeded one would repeat across processes with the same
-    /// seed), uniform over [`FRESH_GENERATIONS`], so no entry can have
-    /// recorded it.
-    pub(super) fn fresh_generation(&self) -> u64 {
-        let mut rng = self
-            .inner
-            .token_rng
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        rng.random_range(FRESH_GENERATIONS)
     }
 
     /// The current states of the counters of `tags` (see [`TagState`]),
@@ -199,20 +203,43 @@ impl<V: Value> Cache<V> {
     /// missing) becomes a miss, all
     /// checked with one read of their tags' generations. Entries that
     /// cannot be checked (the read failed) are misses too, never served.
-    pub(super) async fn keep_current(&self, entries: &mut [Result<Option<Entry>, Error>]) {
-        fn stamps(entry: &Result<Option<Entry>, Error>) -> &[TagStamp] {
-            match entry {
-                Ok(Some(entry)) => &entry.tags,
-                _ => &[],
-            }
-        }
-        let mut tags: Vec<Vec<u8>> = entries
+    /// Then each is judged by the namespace's clear record (see `clear`).
+    /// `keys`: their storage keys.
+    pub(super) async fn keep_current(
+        &self,
+        keys: &[&[u8]],
+        entries: &mut [Result<Option<Entry>, Error>],
+    ) {
+        let tags: Vec<Vec<u8>> = entries
             .iter()
             .flat_map(|entry| stamps(entry).iter().map(|stamp| stamp.tag.clone()))
             .collect();
-        if tags.is_empty() {
-            return;
+        if !tags.is_empty() {
+            self.still_tagged_many(entries, tags).await;
         }
+        // Judged by the namespace's clear record (see `clear`); entries
+        // that cannot be judged (the record could not be read) are misses.
+        let record = match self.clear_record_now() {
+            Some(record) => Ok(record),
+            None => self.clear_record().await,
+        };
+        for (key, entry) in keys.iter().zip(entries.iter_mut()) {
+            if let Ok(slot) = entry
+                && let Some(read) = slot.take()
+                && let Ok(record) = &record
+            {
+                *slot = self.after_clears(key, read, record.as_ref());
+            }
+        }
+    }
+
+    /// [`keep_current`](Self::keep_current)'s tag check: `tags`, the tags
+    /// `entries` carry.
+    async fn still_tagged_many(
+        &self,
+        entries: &mut [Result<Option<Entry>, Error>],
+        mut tags: Vec<Vec<u8>>,
+    ) {
         tags.sort_unstable();
         tags.dedup();
         let current = self.read_generations(&tags).await.ok();

@@ -65,12 +65,13 @@
 //! | `fill.rs` | the fill, the load's task, the fenced write and settle (5–8) | `lease`, `lookup`, `verdict`, `seal`, `transition` |
 //! | `verdict.rs` | the one judgment on a stored entry or an L1 copy (4): decode, fresh, early refresh, grace, stand-in | `seal`, `transition`, `handle` and the ground floor |
 //! | `seal.rs` | sealing (7) and keeping values in L1 | `handle` and the ground floor |
-//! | `lookup.rs` | one store read of a key: queued, beside the previous version, tags checked | `verdict`, `queue`, `tags` |
+//! | `lookup.rs` | one store read of a key: queued, beside the previous version, tags checked, judged by the clear record | `verdict`, `queue`, `tags`, `clear` |
+//! | `clear.rs` | [`Cache::clear`], the clear record each read is judged by, and the generation each write records | `record`, `handle` and the ground floor |
 //! | `transition.rs` | the previous version's entries during a version transition | `handle` and the ground floor |
 //! | `trace.rs` | the calls' spans | `handle` and the ground floor |
 //! | `builder.rs` | [`CacheBuilder`]: settings checked once, the parts assembled | `handle` and the ground floor |
 //! | `handle.rs` | the [`Cache`] type (its docs: the coherence contract) and `CacheCore` | the ground floor |
-//! | ground floor | `value` (the `Value` and `Load` bounds), `loaded` (a context loader's [`LoadContext`] and [`Loaded`]), `keys`, `lease` ([`LeaseConfig`]), `options`, `tags` (what a tag is), `coherence` (flights, L1, epochs), `notify` (the bus), `guard` and `queue` (the store behind its breaker, batched reads), `origin`, `throttle`, `settings` | the crate's policies (`breaker`, `limit`, `retry`, `flight`, `l1`, `freshness`, `entry`, `codec`), `store`, `metrics`, and the crate's utilities (`error`, `served`, `clock`, `background`, `log_limit`) |
+//! | ground floor | `value` (the `Value` and `Load` bounds), `loaded` (a context loader's [`LoadContext`] and [`Loaded`]), `keys`, `lease` ([`LeaseConfig`]), `options`, `tags` (what a tag is), `coherence` (flights, L1, epochs), `record` (the clear record as a process knows it), `notify` (the bus), `guard` and `queue` (the store behind its breaker, batched reads), `origin`, `throttle`, `settings` | the crate's policies (`breaker`, `limit`, `retry`, `flight`, `l1`, `freshness`, `entry`, `codec`), `store`, `metrics`, and the crate's utilities (`error`, `served`, `clock`, `background`, `log_limit`) |
 //!
 //! # Vocabulary
 //!
@@ -101,6 +102,7 @@
 
 mod batch;
 mod builder;
+mod clear;
 mod coherence;
 mod fill;
 mod guard;
@@ -118,6 +120,7 @@ mod per_call;
 mod pipeline;
 mod queue;
 mod read;
+mod record;
 mod seal;
 mod settings;
 mod tags;
@@ -131,6 +134,7 @@ mod warm;
 pub use batch::CacheEntries;
 pub use builder::CacheBuilder;
 pub(crate) use builder::default_store_breaker;
+pub use clear::{CLEAR_ACKED_WITHIN, ClearMode};
 pub use handle::Cache;
 pub use inspect::{EntryView, Inspection, Stored};
 pub use lease::{LeaseConfig, OnLockTimeout};
@@ -245,6 +249,8 @@ impl<V: Value> Cache<V> {
     {
         let mut batch = Vec::with_capacity(SET_MANY_BATCH);
         let longest = tags::counter_ttl(&self.inner.defaults);
+        // The namespace's clear generation, as a load records it.
+        let namespace = self.clear_generation().await?;
         for (key, value) in items {
             let key = self.key_in_store(&key.key_bytes())?;
             // Inside a version transition, as for `set` (one key at a time).
@@ -258,7 +264,7 @@ impl<V: Value> Cache<V> {
                 options,
                 stamps,
                 now,
-                Extra::default(),
+                Extra::default().in_namespace(namespace),
             )?;
             batch.push((key, sealed));
             if batch.len() == SET_MANY_BATCH {

@@ -60,6 +60,14 @@ pub(crate) trait BusHook: Send + Sync + 'static {
     fn previous_missed(&self, up: bool);
     /// Another process invalidated a tag: any key may carry it.
     fn tags_invalidated(&self);
+    /// A process (this one included) cleared the namespace; `record` is
+    /// the new clear record. Taken, then acknowledged.
+    fn cleared(&self, record: &[u8]) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+    /// A process acknowledged the clear of `generation` (decimal digits).
+    fn clear_acked(&self, generation: &[u8]);
+    /// The listener is subscribed (again): what it may have missed is read
+    /// now, off the callers' paths (the namespace's clear record).
+    fn subscribed(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
 }
 
 /// Message kinds on the namespace channel.
@@ -72,6 +80,10 @@ pub(crate) const RELEASED: u8 = b'r';
 pub(crate) const INVALIDATED: u8 = b'i';
 /// A tag was invalidated; the message's key is the tag's counter.
 pub(crate) const TAG_INVALIDATED: u8 = b't';
+/// The namespace was cleared; the message's key is the new clear record.
+pub(crate) const CLEARED: u8 = b'c';
+/// A process took a clear; the message's key is the clear's generation.
+pub(crate) const CLEAR_ACKED: u8 = b'a';
 
 /// The length of a sender id.
 pub(crate) const SENDER_LEN: usize = 8;
@@ -412,6 +424,9 @@ impl Waiters {
         async move {
             let mut beat = tokio::time::interval(LISTENER_BEAT);
             beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            if let (Some(hook), true) = (&hook, subscription.is_ready()) {
+                subscribed(hook);
+            }
             loop {
                 // In order (no random pick): a seeded simulation replays.
                 let delivery = tokio::select! {
@@ -450,7 +465,11 @@ impl Waiters {
                             if let Some(hook) = &hook {
                                 let invalidated = parsed.kind == INVALIDATED;
                                 let own = parsed.sender == own;
-                                if parsed.kind == TAG_INVALIDATED {
+                                if parsed.kind == CLEARED {
+                                    hook.cleared(parsed.key).await;
+                                } else if parsed.kind == CLEAR_ACKED {
+                                    hook.clear_acked(parsed.key);
+                                } else if parsed.kind == TAG_INVALIDATED {
                                     // This process dealt with its own
                                     // before publishing it.
                                     if !own {
@@ -475,7 +494,11 @@ impl Waiters {
                         }
                         wake(&registry, None);
                         if let Some(hook) = &hook {
-                            hook.missed(subscription.is_ready());
+                            let up = subscription.is_ready();
+                            hook.missed(up);
+                            if up {
+                                subscribed(hook);
+                            }
                         }
                     }
                 }
@@ -684,6 +707,13 @@ impl Drop for PreviousDuty {
         }
         drop(duty);
     }
+}
+
+/// Tells `hook` the listener is subscribed, in a task of its own (what it
+/// reads must not hold up the messages).
+fn subscribed(hook: &Arc<dyn BusHook>) {
+    let hook = Arc::clone(hook);
+    tokio::spawn(async move { hook.subscribed().await });
 }
 
 /// Wakes the waiters for `key`, handing them what the message carried, or

@@ -216,6 +216,18 @@ impl<V: Value> Cache<V> {
         Some(entry)
     }
 
+    /// The entry a fill's message carried for storage key `key`, if it may
+    /// be taken as a read would: untagged (a tagged one is read from the
+    /// store, which checks its tags) and current by the clear record known
+    /// here (with none trusted, or cleared, it is read from the store).
+    pub(super) fn carried(&self, key: &[u8], bytes: Vec<u8>) -> Option<Entry> {
+        let entry = self
+            .decode(key, bytes)
+            .filter(|entry| entry.tags.is_empty())?;
+        let record = self.clear_record_now()?;
+        self.after_clears(key, entry, record.as_ref())
+    }
+
     /// Decodes stored bytes (read, or carried by a fill's message) the way
     /// [`read`](Self::read) does.
     pub(super) fn decode(&self, key: &[u8], bytes: Vec<u8>) -> Option<Entry> {

@@ -114,9 +114,6 @@ impl NamespaceState {
         state
     }
 
-    // The cache's read path applies this rule with `Cache::clear` (issue
-    // 30, under way).
-    #[allow(dead_code)]
     /// How an entry that recorded `recorded` (`None`: it records none)
     /// stands: [`Standing::Current`], cleared soft, or cleared hard.
     pub(crate) fn standing(state: Option<&NamespaceState>, recorded: Option<u64>) -> Standing {
@@ -141,7 +138,6 @@ impl NamespaceState {
 }
 
 /// How an entry stands against its namespace's clear record.
-#[allow(dead_code)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Standing {
     /// Written under the current generation (or no clear was made).

@@ -210,15 +210,24 @@ impl<V: Value> Cache<V> {
         // after its leases were taken and before its loader runs, recorded
         // in every entry it writes (see `tags`). Unreadable: the keys are
         // loaded, served and kept in L1, not written, as unpinned ones.
+        // So is the namespace's clear generation (see `clear`).
         let stamps = match batch.tags() {
             None => Ok(Vec::new()),
             Some(_) if to_load.is_empty() => Ok(Vec::new()),
             Some(tags) => self.tag_generations(tags).await,
         };
-        let stamps = match stamps {
-            Ok(stamps) => Some(stamps),
-            Err(err) => {
+        let namespace = match to_load.is_empty() {
+            true => Ok(None),
+            false => self.clear_generation().await,
+        };
+        let stamps = match (stamps, namespace) {
+            (Ok(stamps), Ok(namespace)) => Some((stamps, namespace)),
+            (Err(err), _) => {
                 inner.metrics.store_failed("tag_generations", &err);
+                None
+            }
+            (_, Err(err)) => {
+                inner.metrics.store_failed("clear_record", &err);
                 None
             }
         };
@@ -234,7 +243,7 @@ impl<V: Value> Cache<V> {
                 }
             }
         }
-        let stamps = stamps.unwrap_or_default();
+        let (stamps, namespace) = stamps.unwrap_or_default();
         let stamps = &stamps;
         let unpinned = async {
             if unpinned.is_empty() {
@@ -256,7 +265,10 @@ impl<V: Value> Cache<V> {
                 .await;
         };
         let loads = join_all(in_batches(pinned_loads).into_iter().map(|chunk| {
-            self.lead_chunk(chunk, stamps, done, asked, batch, options, priority, ticket)
+            let recorded = (stamps.as_slice(), namespace);
+            self.lead_chunk(
+                chunk, recorded, done, asked, batch, options, priority, ticket,
+            )
         }));
         tokio::join!(release, loads, unpinned);
     }
@@ -271,7 +283,7 @@ impl<V: Value> Cache<V> {
     async fn lead_chunk<K, B>(
         &self,
         chunk: Vec<Taken<'_, K, V>>,
-        stamps: &[TagStamp],
+        (stamps, namespace): (&[TagStamp], Option<u64>),
         done: &[AtomicBool],
         asked: Instant,
         batch: &Arc<B>,
@@ -292,7 +304,7 @@ impl<V: Value> Cache<V> {
                     // A key the loader left out does not exist.
                     let loaded = found.remove(&led.user).unwrap_or_else(Loaded::none);
                     async move {
-                        let recorded = (stamps.to_vec(), pinned.as_ref());
+                        let recorded = (stamps.to_vec(), pinned.as_ref(), namespace);
                         let written = self
                             .write_loaded(
                                 &led.storage,
@@ -491,10 +503,8 @@ impl<V: Value> Cache<V> {
                         // The fill's message may carry the entry: no read
                         // then (a tagged one is read: the store checks it).
                         let storage = &waiting.led.storage;
-                        let carried = watches[i]
-                            .filled()
-                            .and_then(|bytes| self.decode(storage, bytes))
-                            .filter(|entry| entry.tags.is_empty());
+                        let carried =
+                            watches[i].filled().and_then(|bytes| self.carried(storage, bytes));
                         let value = carried.and_then(|entry| {
                             let replacing = waiting.led.replacing;
                             self.fresh_entry(storage, entry, &mut waiting.stale, options, replacing, ticket, tags)

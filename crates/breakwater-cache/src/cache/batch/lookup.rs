@@ -73,7 +73,7 @@ impl<V: Value> Cache<V> {
                 Err(err) => Err(err),
             })
             .collect();
-        Box::pin(self.keep_current(&mut entries)).await;
+        Box::pin(self.keep_current(keys, &mut entries)).await;
         entries
     }
 

@@ -1,0 +1,262 @@
+//! Clearing a namespace at runtime without an avalanche: [`Cache::clear`]
+//! makes every entry of the namespace a miss (hard) or spreads their
+//! refreshes over a window (soft), fleet-wide, in one store write whatever
+//! the number of keys.
+//!
+//! # The record, and what entries carry
+//!
+//! A clear advances the namespace's clear record
+//! (`<key_prefix><namespace>:c`, see `store::namespace`) and publishes it,
+//! in one store operation ([`Store::clear_namespace`]). From the first
+//! clear on, every entry records the namespace generation its load began
+//! under (like a tag's generation: read after the lease, before the
+//! loader; a `set` records the one it began under). A read judges an entry
+//! by the record:
+//!
+//! - written under the current generation (or no clear was ever made, and
+//!   it records none): as it is;
+//! - cleared hard, or recorded under a record that was since lost: a miss,
+//!   never served, not even stale;
+//! - cleared soft at store-clock `T` over window `W`: fresh until a moment
+//!   of its own in `[T, T + W)`, then stale as any entry (grace, fail-safe,
+//!   one refresh). The moment keeps the order in which entries would have
+//!   expired anyway: an entry with `r` of its fresh time left at `T` turns
+//!   stale at `T + W × r / longest` (`longest`: the namespace's `ttl` at
+//!   the top of its jitter), one with more than that left (a longer TTL a
+//!   loader chose) at a moment its key's hash picks. Entries were written
+//!   at all times before the clear, so their moments are spread evenly
+//!   over the window: the database sees each key once over `W`, as it
+//!   would over a TTL, instead of all of them at once. Each refresh goes
+//!   through the origin's bulkhead like any load.
+//!
+//! # Every process at once
+//!
+//! Each process keeps the record it last read, and reads it again only
+//! when it may have missed a clear: before its bus listener is subscribed,
+//! while it is down, and once after every drop (then every store read
+//! also reads the record, one more `GET`). A clear's message carries the
+//! new record: each process takes it, drops its whole L1 (the next reads
+//! judge the store's entries), and, for a hard clear, detaches the loads,
+//! refreshes and shared reads in the air (their callers still get their
+//! result; callers from then on start anew). Then it acknowledges on the
+//! bus. `clear` returns once every subscriber the message reached
+//! (`PUBLISH`'s count) has acknowledged, so no process serves a value from
+//! before a hard clear afterwards; if some have not within
+//! [`CLEAR_ACKED_WITHIN`], it says so in its error (those processes take
+//! the record at the latest when their bus is seen down, and read it with
+//! every read until it is back).
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::handle::Cache;
+use super::notify::{self, CLEARED};
+use super::record::RECHECK;
+use super::value::Value;
+use crate::clock::millis;
+use crate::entry::Entry;
+use crate::error::{ConfigError, Error, ErrorKind, MAX_WINDOW};
+use crate::log_limit::{Warning, show_key, warn_limited};
+use crate::store::namespace::{NamespaceState, Standing};
+use crate::store::{NamespaceClear, Store, fnv1a};
+
+/// How long [`Cache::clear`] waits for every process to acknowledge.
+pub const CLEAR_ACKED_WITHIN: Duration = Duration::from_secs(2);
+
+/// How [`Cache::clear`] clears a namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClearMode {
+    /// Every entry written before is a miss from now on, in every
+    /// process: the next read of each key loads it. Clearing a busy
+    /// namespace this way sends every key's next read to the database at
+    /// once (the avalanche a soft clear avoids).
+    Hard,
+    /// Every entry written before turns stale at a moment of its own
+    /// within `window` (in the order it would have expired anyway), then
+    /// is served stale within grace while one load refreshes it: the
+    /// database sees a ramp, not a cliff. A `window` of the namespace's
+    /// TTL keeps the load at about its steady rate.
+    Soft {
+        /// Over how long the refreshes are spread (at most 365 days;
+        /// zero: every entry is stale at once, still served within grace).
+        window: Duration,
+    },
+}
+
+impl<V: Value> Cache<V> {
+    /// Clears this namespace, fleet-wide, in one store write whatever the
+    /// number of keys: [`ClearMode::Hard`] makes every entry written before
+    /// a miss; [`ClearMode::Soft`] spreads their refreshes over a window,
+    /// so the database sees a ramp, not the cliff a hard clear of a busy
+    /// namespace is.
+    ///
+    /// Returns once every process listening on the namespace's bus has
+    /// taken the clear: after a hard clear, no process serves a value from
+    /// before it (L1 copies included); after a soft one, each entry turns
+    /// stale at its moment in the window, and L1 copies are read again.
+    /// See the module docs of `cache::clear` for how.
+    ///
+    /// # Errors
+    ///
+    /// [`Config`](ErrorKind::Config) for a window over 365 days;
+    /// [`Store`](ErrorKind::Store) if the store could not record the clear
+    /// (it may or may not have: clearing again is safe), or if some
+    /// processes did not acknowledge it within [`CLEAR_ACKED_WITHIN`] (it
+    /// was recorded; they take it at the latest once their bus is seen
+    /// down).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use breakwater_cache::{Cache, ClearMode};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), breakwater_cache::Error> {
+    /// let cache = Cache::<String>::builder().ttl(Duration::from_secs(600)).build()?;
+    /// cache.set("page:home", &"old".to_string()).await?;
+    ///
+    /// // Every page refreshed within the next 10 minutes, spread out.
+    /// cache.clear(ClearMode::Soft { window: Duration::from_secs(600) }).await?;
+    /// assert_eq!(cache.get("page:home").await?.as_deref(), Some("old"));
+    ///
+    /// // Gone, everywhere, now.
+    /// cache.clear(ClearMode::Hard).await?;
+    /// assert_eq!(cache.get("page:home").await?, None);
+    /// # Ok(()) }
+    /// ```
+    pub async fn clear(&self, mode: ClearMode) -> Result<(), Error> {
+        let (hard, window) = match mode {
+            ClearMode::Hard => (true, Duration::ZERO),
+            ClearMode::Soft { window } => (false, window),
+        };
+        if window > MAX_WINDOW {
+            return Err(ConfigError::new(format!(
+                "a soft clear's window is at most 365 days, got {window:?}"
+            ))
+            .into());
+        }
+        let inner = &self.inner;
+        // Listening first, so this process hears the acknowledgements.
+        inner.waiters.ensure_listening(&*inner.store);
+        let message = notify::message(CLEARED, inner.waiters.sender(), b"");
+        let cleared = inner
+            .store
+            .clear_namespace(NamespaceClear {
+                key: &inner.clear_key,
+                hard,
+                window_ms: millis(window),
+                fresh: inner.fresh_generation(),
+                notice: inner.notice(&message),
+            })
+            .await?;
+        let Some(state) = NamespaceState::parse(&cleared.record) else {
+            return Err(Error::new(
+                ErrorKind::Store,
+                "the store answered a clear with something that is not a clear record",
+            ));
+        };
+        // This process, at once (its own listener acknowledges too).
+        let clears = &self.local.clears;
+        clears.take(Some(state), clears.bus_state(), None);
+        self.local.cleared(hard);
+        // Processes that cannot trust their bus read the record again
+        // within RECHECK: by the time this returns, they have.
+        let rechecked = tokio::time::sleep(RECHECK);
+        let deadline = Instant::now() + CLEAR_ACKED_WITHIN;
+        let acked = self
+            .local
+            .clears
+            .acks_of(state.generation, cleared.receivers, deadline)
+            .await;
+        self.local.clears.forget(state.generation);
+        rechecked.await;
+        if acked < cleared.receivers {
+            return Err(Error::new(
+                ErrorKind::Store,
+                format!(
+                    "the clear of {} was recorded, but only {acked} of the {} processes listening \
+                     acknowledged it within {CLEAR_ACKED_WITHIN:?}: the others take it once their \
+                     bus is seen down or the message arrives",
+                    show_key(&inner.clear_key),
+                    cleared.receivers
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The namespace's clear record as this process must judge entries
+    /// by: the one it knows while its bus has stayed up since (or read
+    /// less than [`RECHECK`] ago), else read from the store (one `GET`).
+    /// A record that cannot be read is judged by the last one known here
+    /// (none, if none ever was): the record's node being down does not take
+    /// every other key's reads down with it, at the risk (two faults at
+    /// once) that a process which missed a clear serves entries from before
+    /// it until it can read the record again.
+    pub(super) async fn clear_record(&self) -> Result<Option<NamespaceState>, Error> {
+        // Listening first: a record read before the listener is subscribed
+        // is trusted only for RECHECK.
+        self.inner.waiters.ensure_listening(&*self.inner.store);
+        let clears = &self.local.clears;
+        match clears.current().await {
+            Ok(record) => Ok(record),
+            Err(err) => {
+                warn_limited!(self.inner.logs, Warning::StoreRead, key = %show_key(&self.inner.clear_key), error = %err, "the namespace's clear record could not be read; judging entries by the last one known");
+                Ok(clears.last())
+            }
+        }
+    }
+
+    /// [`clear_record`](Self::clear_record), if it needs no store read;
+    /// `None` otherwise.
+    pub(super) fn clear_record_now(&self) -> Option<Option<NamespaceState>> {
+        self.local.clears.trusted()
+    }
+
+    /// `entry` of storage key `key` as the clear `record` leaves it: as it
+    /// is, a miss (cleared hard), or fresh no longer than its moment in a
+    /// soft clear's window.
+    pub(super) fn after_clears(
+        &self,
+        key: &[u8],
+        mut entry: Entry,
+        record: Option<&NamespaceState>,
+    ) -> Option<Entry> {
+        match NamespaceState::standing(record, entry.extra.namespace()) {
+            Standing::Current => Some(entry),
+            Standing::Cleared => {
+                tracing::debug!(key = %show_key(key), "cached entry is from before a clear; treating it as a miss");
+                None
+            }
+            Standing::Soft { at, window } => {
+                let moment = at.saturating_add(self.moment_in(key, &entry, at, window));
+                entry.fresh_until = entry.fresh_until.min(moment);
+                Some(entry)
+            }
+        }
+    }
+
+    /// When in a soft clear's `window` (made at `at`) `entry` turns stale,
+    /// counted from `at`: in proportion to the fresh time it had left then,
+    /// or, for one with more left than the namespace's longest TTL, at a
+    /// moment its key's hash picks.
+    fn moment_in(&self, key: &[u8], entry: &Entry, at: u64, window: u64) -> u64 {
+        if window == 0 {
+            return 0;
+        }
+        let defaults = &self.inner.defaults;
+        let longest = millis(defaults.jitter.bounds(defaults.ttl).1).max(1);
+        let left = entry.fresh_until.saturating_sub(at);
+        if left <= longest {
+            ((u128::from(left) * u128::from(window)) / u128::from(longest)) as u64
+        } else {
+            fnv1a(key) % window
+        }
+    }
+
+    /// The clear generation a load or `set` beginning now records (`None`
+    /// before any clear).
+    pub(super) async fn clear_generation(&self) -> Result<Option<u64>, Error> {
+        Ok(self.clear_record().await?.map(|state| state.generation))
+    }
+}

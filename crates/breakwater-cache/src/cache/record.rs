@@ -1,0 +1,231 @@
+//! What a process knows of its namespace's clear record (see `clear`), so
+//! that it judges entries by the latest clear without reading the record
+//! on every read: the record as last read or heard, whether the bus has
+//! stayed up since, and the acknowledgements of clears heard on the bus.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::notify::{self, CLEAR_ACKED, SENDER_LEN};
+use crate::error::Error;
+use crate::store::Store;
+use crate::store::namespace::NamespaceState;
+
+/// How long a process that cannot trust its bus uses a clear record it
+/// read (counted from when the read was sent); `Cache::clear` returns no
+/// sooner than this after the store recorded it, so such a process has
+/// read it again by then.
+pub(super) const RECHECK: Duration = Duration::from_millis(100);
+
+/// What this process knows of its namespace's clear record.
+#[derive(Default)]
+pub(super) struct Clears {
+    known: Mutex<Known>,
+    /// The bus's state, as `Local::missed` reports it: a count of changes,
+    /// times two, plus one while it is up.
+    bus: AtomicU64,
+    /// Acknowledgements heard, by the generation acknowledged.
+    acks: Mutex<HashMap<u64, u64>>,
+    acked: Notify,
+    /// Where the record is read and acknowledgements go (set at build).
+    link: OnceLock<Link>,
+    /// One read of the record at a time: callers that find it untrusted
+    /// while a read is in the air wait for that one.
+    reading: tokio::sync::Mutex<()>,
+}
+
+/// The record as last read or heard, and the bus state it holds for.
+#[derive(Default, Clone, Copy)]
+struct Known {
+    /// `None`: not read yet; `Some(None)`: no record.
+    record: Option<Option<NamespaceState>>,
+    bus: u64,
+    /// When the read that gave it was sent (`None`: heard on the bus).
+    read_at: Option<Instant>,
+}
+
+/// Where a process reads its namespace's clear record and acknowledges a
+/// clear: the record's key, its namespace channel, as its cache.
+struct Link {
+    store: Arc<dyn Store>,
+    key: Vec<u8>,
+    channel: Vec<u8>,
+    sender: [u8; SENDER_LEN],
+}
+
+impl Clears {
+    /// The bus's state now (see [`Clears::bus_changed`]).
+    pub(super) fn bus_state(&self) -> u64 {
+        self.bus.load(Ordering::SeqCst)
+    }
+
+    /// Sets where the record is read (`key`) and acknowledgements go
+    /// (once, at build).
+    pub(super) fn link(
+        &self,
+        store: Arc<dyn Store>,
+        key: Vec<u8>,
+        channel: Vec<u8>,
+        sender: [u8; SENDER_LEN],
+    ) {
+        let _ = self.link.set(Link {
+            store,
+            key,
+            channel,
+            sender,
+        });
+    }
+
+    /// The record as it must be judged by now: the trusted one, else read
+    /// from the store (one `GET`, shared by every caller that needs it
+    /// meanwhile, the bus listener's included). `Err` if it could not be
+    /// read.
+    pub(super) async fn current(&self) -> Result<Option<NamespaceState>, Error> {
+        if let Some(record) = self.trusted() {
+            return Ok(record);
+        }
+        let _reading = self.reading.lock().await;
+        if let Some(record) = self.trusted() {
+            return Ok(record);
+        }
+        let Some(link) = self.link.get() else {
+            return Ok(None);
+        };
+        let (bus, sent) = (self.bus_state(), Instant::now());
+        let stored = link.store.get(&link.key).await?;
+        let record = stored.as_deref().and_then(NamespaceState::parse);
+        Ok(self.take(record, bus, Some(sent)))
+    }
+
+    /// The bus dropped (`up` false) or came back (`true`): a clear may
+    /// have been missed, so the record is read again.
+    pub(super) fn bus_changed(&self, up: bool) {
+        let next = (self.bus.load(Ordering::SeqCst) | 1) + 1 + u64::from(up);
+        self.bus.store(next, Ordering::SeqCst);
+    }
+
+    /// The record, if known and still trusted: the bus has stayed up since
+    /// it was read or heard, or it was read less than [`RECHECK`] ago.
+    pub(super) fn trusted(&self) -> Option<Option<NamespaceState>> {
+        let bus = self.bus.load(Ordering::SeqCst);
+        let known = *self.known.lock().unwrap_or_else(|p| p.into_inner());
+        let recent = || known.read_at.is_some_and(|at| at.elapsed() < RECHECK);
+        ((bus % 2 == 1 && known.bus == bus) || recent())
+            .then_some(known.record)
+            .flatten()
+    }
+
+    /// The record last known, trusted or not (`None` if none was ever
+    /// known).
+    pub(super) fn last(&self) -> Option<NamespaceState> {
+        self.known
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .record
+            .flatten()
+    }
+
+    /// Takes `record`, read with a read sent at `read_at` at bus state
+    /// `bus` (`read_at` `None`: heard on the bus, or made here); the record
+    /// now known. What is heard replaces what is known (messages come in
+    /// order); so does what is read, unless a newer record was heard since
+    /// the bus was last seen to change (the read was sent before it).
+    pub(super) fn take(
+        &self,
+        record: Option<NamespaceState>,
+        bus: u64,
+        read_at: Option<Instant>,
+    ) -> Option<NamespaceState> {
+        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        let newer = match (known.record.flatten(), record) {
+            (Some(held), Some(new))
+                if read_at.is_some()
+                    && known.read_at.is_none()
+                    && known.bus == bus
+                    && held.generation > new.generation =>
+            {
+                Some(held)
+            }
+            (_, new) => new,
+        };
+        if bus == self.bus.load(Ordering::SeqCst) {
+            *known = Known {
+                record: Some(newer),
+                bus,
+                read_at,
+            };
+        }
+        newer
+    }
+
+    /// A clear heard on the bus: its record taken, and returned (`None`
+    /// for a message that holds no record).
+    pub(super) fn heard(&self, record: &[u8]) -> Option<NamespaceState> {
+        let state = NamespaceState::parse(record)?;
+        let bus = self.bus.load(Ordering::SeqCst);
+        self.take(Some(state), bus, None);
+        Some(state)
+    }
+
+    /// Acknowledges the clear of `generation` on the bus.
+    pub(super) async fn acknowledge(&self, generation: u64) {
+        let Some(link) = self.link.get() else {
+            return;
+        };
+        let message = notify::message(CLEAR_ACKED, &link.sender, generation.to_string().as_bytes());
+        if let Err(err) = link.store.publish(&link.channel, &message).await {
+            tracing::debug!(error = %err, "a clear's acknowledgement was not published");
+        }
+    }
+
+    /// An acknowledgement of the clear of `generation` heard on the bus.
+    pub(super) fn acked(&self, generation: &[u8]) {
+        let Some(generation) = std::str::from_utf8(generation)
+            .ok()
+            .and_then(|g| g.parse::<u64>().ok())
+        else {
+            return;
+        };
+        *self
+            .acks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(generation)
+            .or_default() += 1;
+        self.acked.notify_waiters();
+    }
+
+    /// Waits until `receivers` acknowledgements of `generation` were
+    /// heard, or `deadline`; how many were.
+    pub(super) async fn acks_of(&self, generation: u64, receivers: u64, deadline: Instant) -> u64 {
+        loop {
+            let heard = self.acked.notified();
+            let count = self
+                .acks
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&generation)
+                .copied()
+                .unwrap_or(0);
+            if count >= receivers {
+                return count;
+            }
+            if tokio::time::timeout_at(deadline, heard).await.is_err() {
+                return count;
+            }
+        }
+    }
+
+    /// Forgets the acknowledgements of `generation`.
+    pub(super) fn forget(&self, generation: u64) {
+        self.acks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&generation);
+    }
+}
