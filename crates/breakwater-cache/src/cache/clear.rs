@@ -77,6 +77,13 @@ pub enum ClearMode {
     /// is served stale within grace while one load refreshes it: the
     /// database sees a ramp, not a cliff. A `window` of the namespace's
     /// TTL keeps the load at about its steady rate.
+    ///
+    /// Only the latest soft clear's moment and window are kept: a soft
+    /// clear spreads every entry not reloaded since the last hard clear
+    /// over its own window, so one made while an earlier soft clear's
+    /// entries are still waiting for their reload can move their moments
+    /// later (an entry an earlier `window: 0` clear made stale can turn
+    /// fresh again). A hard clear never brings anything back.
     Soft {
         /// Over how long the refreshes are spread (at most 365 days;
         /// zero: every entry is stale at once, still served within grace).
@@ -96,6 +103,13 @@ impl<V: Value> Cache<V> {
     /// before it (L1 copies included); after a soft one, each entry turns
     /// stale at its moment in the window, and L1 copies are read again.
     /// See the module docs of `cache::clear` for how.
+    ///
+    /// "Every process" is counted as the store counts the clear's message's
+    /// subscribers: on one Redis (or Sentinel) every subscribed
+    /// connection, which caches sharing one [`RedisStore`](crate::RedisStore)
+    /// share; on a Redis Cluster only the subscribers on the node that ran
+    /// the clear, so there it returns once that many processes have
+    /// acknowledged, and the others take it as their message arrives.
     ///
     /// # Errors
     ///
@@ -136,8 +150,11 @@ impl<V: Value> Cache<V> {
             .into());
         }
         let inner = &self.inner;
-        // Listening first, so this process hears the acknowledgements.
-        inner.waiters.ensure_listening(&*inner.store);
+        // Subscribed first, so this process hears the acknowledgements.
+        inner
+            .waiters
+            .subscribed_within(&*inner.store, CLEAR_ACKED_WITHIN)
+            .await;
         let message = notify::message(CLEARED, inner.waiters.sender(), b"");
         let cleared = inner
             .store
@@ -155,9 +172,8 @@ impl<V: Value> Cache<V> {
                 "the store answered a clear with something that is not a clear record",
             ));
         };
-        // This process, at once (its own listener acknowledges too).
-        let clears = &self.local.clears;
-        clears.take(Some(state), clears.bus_state(), None);
+        // This process, at once (its own listener takes the record, in bus
+        // order, and acknowledges it too).
         self.local.cleared(hard);
         // Processes that cannot trust their bus read the record again
         // within RECHECK: by the time this returns, they have.
@@ -198,8 +214,19 @@ impl<V: Value> Cache<V> {
         // is trusted only for RECHECK.
         self.inner.waiters.ensure_listening(&*self.inner.store);
         let clears = &self.local.clears;
+        let before = clears.last();
         match clears.current().await {
-            Ok(record) => Ok(record),
+            Ok(record) => {
+                // A clear this process had not heard of (its bus was down):
+                // taken as if heard, L1 copies and loads in the air from
+                // before it included.
+                if let (Some(before), Some(now)) = (before, record)
+                    && now.generation != before.generation
+                {
+                    self.local.cleared(now.floor == now.generation);
+                }
+                Ok(record)
+            }
             Err(err) => {
                 warn_limited!(self.inner.logs, Warning::StoreRead, key = %show_key(&self.inner.clear_key), error = %err, "the namespace's clear record could not be read; judging entries by the last one known");
                 Ok(clears.last())

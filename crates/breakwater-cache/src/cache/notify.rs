@@ -339,6 +339,15 @@ impl Waiters {
         }
     }
 
+    /// Starts the listener if it does not run and waits (at most
+    /// `within`) until it is subscribed.
+    pub(crate) async fn subscribed_within(&self, store: &dyn Store, within: Duration) {
+        let ready = self.listen(store);
+        if !ready.up.load(Ordering::SeqCst) {
+            let _ = tokio::time::timeout(within, ready.wait()).await;
+        }
+    }
+
     /// Whether the listener runs.
     pub(crate) fn is_listening(&self) -> bool {
         !self.lost.load(Ordering::Acquire)

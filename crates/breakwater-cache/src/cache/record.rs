@@ -22,6 +22,9 @@ use crate::store::namespace::NamespaceState;
 /// read it again by then.
 pub(super) const RECHECK: Duration = Duration::from_millis(100);
 
+/// How many clears' acknowledgements a process keeps count of.
+const ACKS_KEPT: usize = 64;
+
 /// What this process knows of its namespace's clear record.
 #[derive(Default)]
 pub(super) struct Clears {
@@ -105,19 +108,27 @@ impl Clears {
     /// The bus dropped (`up` false) or came back (`true`): a clear may
     /// have been missed, so the record is read again.
     pub(super) fn bus_changed(&self, up: bool) {
-        let next = (self.bus.load(Ordering::SeqCst) | 1) + 1 + u64::from(up);
-        self.bus.store(next, Ordering::SeqCst);
+        let _ = self
+            .bus
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |bus| {
+                Some((bus | 1) + 1 + u64::from(up))
+            });
     }
 
-    /// The record, if known and still trusted: the bus has stayed up since
-    /// it was read or heard, or it was read less than [`RECHECK`] ago.
+    /// The record, if known and still trusted: the bus is up and has
+    /// stayed up since it was read or heard; or, while the bus is down, it
+    /// was read less than [`RECHECK`] ago. (One read while the bus was
+    /// down is not trusted once it is up: a clear may have come before the
+    /// subscription, unheard.)
     pub(super) fn trusted(&self) -> Option<Option<NamespaceState>> {
         let bus = self.bus.load(Ordering::SeqCst);
         let known = *self.known.lock().unwrap_or_else(|p| p.into_inner());
-        let recent = || known.read_at.is_some_and(|at| at.elapsed() < RECHECK);
-        ((bus % 2 == 1 && known.bus == bus) || recent())
-            .then_some(known.record)
-            .flatten()
+        let trusted = if bus % 2 == 1 {
+            known.bus == bus
+        } else {
+            known.read_at.is_some_and(|at| at.elapsed() < RECHECK)
+        };
+        trusted.then_some(known.record).flatten()
     }
 
     /// The record last known, trusted or not (`None` if none was ever
@@ -191,12 +202,17 @@ impl Clears {
         else {
             return;
         };
-        *self
-            .acks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(generation)
-            .or_default() += 1;
+        let mut acks = self.acks.lock().unwrap_or_else(|p| p.into_inner());
+        *acks.entry(generation).or_default() += 1;
+        // Every process hears every clear's acknowledgements; only the
+        // clearing one forgets its own: the oldest go past a few dozen.
+        while acks.len() > ACKS_KEPT {
+            let Some(&oldest) = acks.keys().min() else {
+                break;
+            };
+            acks.remove(&oldest);
+        }
+        drop(acks);
         self.acked.notify_waiters();
     }
 
@@ -227,5 +243,50 @@ impl Clears {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&generation);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(generation: u64) -> NamespaceState {
+        NamespaceState {
+            generation,
+            floor: generation,
+            soft_at: 0,
+            window: 0,
+            legacy: generation - 1,
+        }
+    }
+
+    /// A record read while the bus is down is trusted for RECHECK, and
+    /// not once the bus is up (a clear may have come before the
+    /// subscription); one read or heard while it is up, until it changes.
+    #[tokio::test(start_paused = true)]
+    async fn a_record_is_trusted_only_while_nothing_can_have_been_missed() {
+        let clears = Clears::default();
+        assert_eq!(clears.trusted(), None, "never read");
+        clears.take(Some(state(5)), clears.bus_state(), Some(Instant::now()));
+        assert_eq!(clears.trusted(), Some(Some(state(5))), "read while down");
+        tokio::time::advance(RECHECK).await;
+        assert_eq!(clears.trusted(), None, "down, read too long ago");
+        clears.take(Some(state(5)), clears.bus_state(), Some(Instant::now()));
+        clears.bus_changed(true);
+        assert_eq!(clears.trusted(), None, "read before the subscription");
+        clears.take(Some(state(5)), clears.bus_state(), Some(Instant::now()));
+        tokio::time::advance(RECHECK * 10).await;
+        assert_eq!(clears.trusted(), Some(Some(state(5))), "read while up");
+        // Heard: newer; a read sent before it does not take it back.
+        let sent = Instant::now();
+        clears.heard(&state(6).encode());
+        clears.take(Some(state(5)), clears.bus_state(), Some(sent));
+        assert_eq!(clears.trusted(), Some(Some(state(6))));
+        // (Still trusted for RECHECK from that read if the bus drops: no
+        // clear made since can have returned.)
+        tokio::time::advance(RECHECK).await;
+        clears.bus_changed(false);
+        assert_eq!(clears.trusted(), None, "the bus dropped");
+        assert_eq!(clears.last(), Some(state(6)));
     }
 }
