@@ -62,7 +62,7 @@ impl<V: Value> Cache<V> {
         let local: Vec<Led<K, V>> = local.into_iter().map(|(led, _)| led).collect();
         let fleet: Vec<Led<K, V>> = fleet.into_iter().map(|(led, _)| led).collect();
         tokio::join!(
-            self.load_direct_many(local, &batch, &options, priority, ticket),
+            self.load_direct_many(local, &batch, &options, priority, Some(ticket)),
             self.lease_many(fleet, &batch, &options, priority, ticket),
         );
     }
@@ -261,7 +261,7 @@ impl<V: Value> Cache<V> {
                 done[i].store(true, Ordering::Release);
                 direct.push(led);
             }
-            self.load_direct_many(direct, batch, options, priority, ticket)
+            self.load_direct_many(direct, batch, options, priority, Some(ticket))
                 .await;
         };
         let loads = join_all(in_batches(pinned_loads).into_iter().map(|chunk| {
@@ -828,30 +828,8 @@ impl<V: Value> Cache<V> {
                     .await;
             }
             Job::Unwritten(leds) => {
-                join_all(in_batches(leds).into_iter().map(|chunk| async move {
-                    let keys = self.contexts(chunk.iter(), batch);
-                    match self.load_batch(keys, batch, options, priority).await {
-                        Ok((mut found, _)) => {
-                            for led in chunk {
-                                let loaded = found.remove(&led.user).unwrap_or_else(Loaded::none);
-                                let answer = self.unwritten_answer(
-                                    &led.storage,
-                                    loaded,
-                                    led.seen.as_ref(),
-                                    options,
-                                );
-                                led.lander
-                                    .land(answer.map(|(value, _)| (value, Served::Loaded, None)));
-                            }
-                        }
-                        Err(err) => {
-                            for led in chunk {
-                                led.lander.land(Err(err.clone()));
-                            }
-                        }
-                    }
-                }))
-                .await;
+                self.load_direct_many(leds, batch, options, priority, None)
+                    .await;
             }
         }
     }
@@ -918,19 +896,21 @@ impl<V: Value> Cache<V> {
                 }
             });
         }
-        self.load_direct_many(direct, batch, options, priority, ticket)
+        self.load_direct_many(direct, batch, options, priority, Some(ticket))
             .await;
     }
 
     /// Loads `led` in batches without touching the store; each value is
-    /// served and kept in L1 (`fill::keep_unwritten`).
+    /// served and, given the call's `keep` ticket, kept in L1
+    /// (`fill::keep_unwritten`); `None` for a load past `lock_wait`
+    /// (another process's lease still holds the key: kept nowhere).
     async fn load_direct_many<K, B>(
         &self,
         led: Vec<Led<K, V>>,
         batch: &Arc<B>,
         options: &Options,
         priority: Priority,
-        ticket: Option<Ticket>,
+        keep: Option<Option<Ticket>>,
     ) where
         K: CacheKey + Clone + Send + Sync + 'static,
         B: BatchLoad<K, V>,
@@ -943,8 +923,8 @@ impl<V: Value> Cache<V> {
                         let loaded = found.remove(&led.user).unwrap_or_else(Loaded::none);
                         let answer =
                             self.unwritten_answer(&led.storage, loaded, led.seen.as_ref(), options);
-                        let answer = answer.map(|(value, keep)| {
-                            if let Some(options) = keep {
+                        let answer = answer.map(|(value, chosen)| {
+                            if let (Some(options), Some(ticket)) = (chosen, keep) {
                                 let tagged = batch.tags().is_some();
                                 self.keep_unwritten(
                                     &led.storage,
