@@ -6,10 +6,16 @@
 //! connections and CPU are shared by too many queries. During an outage
 //! every query fails at once. It records when each query started, how many
 //! failed and the most that ran at once.
+//!
+//! Its data has an epoch: [`change`](Database::change) moves it on (the
+//! data changed, say a migration), and a query answers the epoch it began
+//! in. [`settle`](Database::settle) marks an epoch every answer must be at
+//! least from then on (the cache was cleared), so a request can tell it
+//! was served a value from before.
 
 use std::fmt;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -29,6 +35,10 @@ pub(crate) struct Database {
     peak: AtomicUsize,
     failed: AtomicUsize,
     started_ms: Mutex<Vec<u64>>,
+    /// The data's epoch.
+    epoch: AtomicU64,
+    /// Answers older than this are outdated.
+    floor: AtomicU64,
 }
 
 /// A query made while the database was down.
@@ -56,6 +66,8 @@ impl Database {
             peak: AtomicUsize::new(0),
             failed: AtomicUsize::new(0),
             started_ms: Mutex::default(),
+            epoch: AtomicU64::new(0),
+            floor: AtomicU64::new(0),
         }
     }
 
@@ -74,9 +86,10 @@ impl Database {
         self
     }
 
-    /// One query: takes the latency (longer over capacity), or fails at
-    /// once during an outage.
-    pub(crate) async fn query(&self) -> Result<(), Down> {
+    /// One query: takes the latency (longer over capacity) and answers the
+    /// data's epoch when it began, or fails at once during an outage.
+    pub(crate) async fn query(&self) -> Result<u64, Down> {
+        let epoch = self.epoch.load(Ordering::SeqCst);
         let elapsed = self.began.elapsed();
         let at = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
         self.started().push(at);
@@ -91,7 +104,23 @@ impl Database {
         self.peak.fetch_max(running, Ordering::SeqCst);
         tokio::time::sleep(self.latency_at(running)).await;
         self.running.fetch_sub(1, Ordering::SeqCst);
-        Ok(())
+        Ok(epoch)
+    }
+
+    /// The data changes: queries from now on answer the next epoch, which
+    /// this returns.
+    pub(crate) fn change(&self) -> u64 {
+        self.epoch.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// From now on, a value from an epoch before `epoch` is outdated.
+    pub(crate) fn settle(&self, epoch: u64) {
+        self.floor.fetch_max(epoch, Ordering::SeqCst);
+    }
+
+    /// The oldest epoch a value served now may be from.
+    pub(crate) fn floor(&self) -> u64 {
+        self.floor.load(Ordering::SeqCst)
     }
 
     /// How long a query started with `running` queries running takes.
@@ -162,6 +191,18 @@ mod tests {
         db.query().await.unwrap();
         assert_eq!(db.peak(), 3);
         assert_eq!(db.started_ms(), vec![0, 0, 0, 15]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_query_answers_the_epoch_it_began_in() {
+        let db = Database::new(Duration::from_millis(10));
+        let (before, changed) = tokio::join!(db.query(), async { db.change() });
+        assert_eq!((before.unwrap(), changed), (0, 1));
+        assert_eq!(db.query().await.unwrap(), 1);
+        assert_eq!(db.floor(), 0);
+        db.settle(1);
+        db.settle(0);
+        assert_eq!(db.floor(), 1);
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,4 +1,4 @@
-//! `breakwater demo`: three stories, a naive cache next to breakwater, each
+//! `breakwater demo`: four stories, a naive cache next to breakwater, each
 //! run through the library on the embedded memory store against a
 //! simulated database, on a paused (virtual) clock: minutes of traffic take
 //! a moment, and every figure is measured from the run, the same on any
@@ -9,6 +9,8 @@
 //!    expired: one database query per expiry.
 //! 2. **stampede**: one hot key, 2,000 requests/s, a 200 ms query.
 //! 3. **outage**: the database fails for 30 s under steady traffic.
+//! 4. **clear**: a busy namespace of 100,000 keys cleared at runtime, hard
+//!    (the cliff) and soft, over a window (the ramp).
 //!
 //! Each story is a named [`Scenario`] of the runner `simulate` uses, and
 //! what its outcomes say: a table and notes, and a chart (PNG and SVG) of
@@ -21,7 +23,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use breakwater_cache::{BreakerConfig, BreakerState, EarlyRefresh, Error, Jitter, LimitConfig};
+use breakwater_cache::{
+    BreakerConfig, BreakerState, ClearMode, EarlyRefresh, Error, Jitter, LimitConfig,
+};
 use clap::Args;
 
 use crate::chart::{self, Event};
@@ -119,14 +123,21 @@ pub(crate) async fn main(opts: DemoOpts) -> ExitCode {
         "breakwater demo — seed {seed} (replay with --seed {seed}); embedded memory store, \
          virtual clock"
     );
-    let stories: [(&str, StoryFn); 3] = [
+    let stories: [(&str, StoryFn); 4] = [
         ("avalanche", avalanche),
         ("stampede", stampede),
         ("outage", outage),
+        ("clear", clear),
     ];
-    for (i, (name, story)) in stories.into_iter().enumerate() {
+    // Every story on its own thread at once (each a paused clock: the
+    // figures do not depend on what else runs), told in order.
+    let runs: Vec<_> = stories
+        .into_iter()
+        .map(|(name, story)| (name, tokio::spawn(traffic::off_thread(move || story(seed)))))
+        .collect();
+    for (i, (name, run)) in runs.into_iter().enumerate() {
         let spinner = crate::progress::spinner(&format!("{name} story"));
-        let ran = traffic::off_thread(move || story(seed)).await;
+        let ran = run.await.ok().flatten();
         spinner.finish_and_clear();
         let Some(result) = ran else {
             return Failure::runtime(format!("the {name} story panicked")).exit("demo");
@@ -183,6 +194,8 @@ fn avalanche(seed: u64) -> Result<Story, Error> {
     let jitter = Jitter::ratio(0.2);
     let scenario = Scenario {
         keys: KEYS,
+        warm_up: None,
+        clear_at: None,
         db: DatabaseSpec::new(Duration::from_millis(5)).capacity(200),
         traffic: Traffic::OnExpiry { seconds: SECONDS },
         seconds: SECONDS as usize,
@@ -256,6 +269,8 @@ fn stampede(seed: u64) -> Result<Story, Error> {
     let cache = CacheSpec::new(TTL, Jitter::none());
     let scenario = Scenario {
         keys: 1,
+        warm_up: None,
+        clear_at: None,
         db: DatabaseSpec::new(Duration::from_millis(200)),
         traffic: Traffic::Steady(load),
         seconds: load.duration.as_secs() as usize + 1,
@@ -327,6 +342,8 @@ fn outage(seed: u64) -> Result<Story, Error> {
     let seconds = load.duration.as_secs() as usize;
     let scenario = Scenario {
         keys: KEYS,
+        warm_up: None,
+        clear_at: None,
         db: DatabaseSpec::new(Duration::from_millis(50))
             .capacity(40)
             .outage(OUTAGE.0, OUTAGE.1),
@@ -430,5 +447,110 @@ fn outage(seed: u64) -> Result<Story, Error> {
         events,
         notes,
         served: true,
+    })
+}
+
+/// 4. Clear: 100,000 keys in use (written over the TTL before the
+///    traffic, as a running service's are), TTL 60 s, 2,000 requests/s
+///    over Zipf-drawn keys; at 120 s the data changes and the namespace is
+///    cleared, hard or soft over the TTL.
+fn clear(seed: u64) -> Result<Story, Error> {
+    const KEYS: usize = 100_000;
+    const TTL: Duration = Duration::from_secs(60);
+    const CLEAR_AT: Duration = Duration::from_secs(120);
+    const SECONDS: u64 = 240;
+    /// The steady state is measured from here to the clear: the first TTL
+    /// of traffic still finds the tail's keys from the warm-up.
+    const SETTLED: usize = 60;
+    /// The soft clear over the TTL keeps the busiest second within this
+    /// many times the steady rate.
+    const BOUND: f64 = 1.5;
+    let load = Workload {
+        keys: KEYS,
+        rps: 2_000,
+        duration: Duration::from_secs(SECONDS),
+        zipf: 1.0,
+        seed,
+    };
+    let cache = CacheSpec::new(TTL, Jitter::ratio(0.2)).grace(Duration::from_secs(10));
+    let scenario = Scenario {
+        keys: KEYS,
+        warm_up: Some(TTL),
+        clear_at: Some(CLEAR_AT),
+        db: DatabaseSpec::new(Duration::from_millis(5)).capacity(100),
+        traffic: Traffic::Steady(load),
+        seconds: SECONDS as usize,
+        origin: None,
+        strategies: vec![
+            Strategy::breakwater("hard", cache.clear(ClearMode::Hard)),
+            Strategy::breakwater(
+                "soft, window TTL",
+                cache.clear(ClearMode::Soft { window: TTL }),
+            ),
+        ],
+        seed,
+    };
+    let outcomes = scenario::run(&scenario, None)?;
+    let at = usize::try_from(CLEAR_AT.as_secs()).unwrap_or(usize::MAX);
+    let mut notes = Vec::new();
+    let mut events = vec![Event {
+        at_s: CLEAR_AT.as_secs_f64(),
+        label: "data changes, clear".to_owned(),
+    }];
+    for o in &outcomes {
+        let before = o.per_second.get(SETTLED..at).unwrap_or_default();
+        let steady = before.iter().sum::<usize>() as f64 / before.len().max(1) as f64;
+        let busiest_before = before.iter().copied().max().unwrap_or(0);
+        let after = o.per_second.get(at..).unwrap_or_default();
+        let (peak_s, peak) = after
+            .iter()
+            .copied()
+            .enumerate()
+            .max_by_key(|(i, n)| (*n, std::cmp::Reverse(*i)))
+            .unwrap_or((0, 0));
+        let ratio = peak as f64 / steady.max(1.0);
+        let took = o.cleared.map_or_else(
+            || "no clear".to_owned(),
+            |c| format!("returned in {} ms", ms(Some(c.took_s * 1000.0))),
+        );
+        let last = o
+            .outdated_per_second
+            .iter()
+            .rposition(|&n| n > 0)
+            .map_or_else(String::new, |s| format!(", the last at {s} s"));
+        notes.push(format!(
+            "{}: steady {steady:.0} queries/s before (busiest second {}); the clear {took}; \
+             after it the busiest second is {} at {} s, {ratio:.2} × steady; {} answers from \
+             before the clear once it had returned{last}",
+            o.name,
+            thousands(busiest_before),
+            thousands(peak),
+            at + peak_s,
+            thousands(o.outdated),
+        ));
+        if o.name == "soft, window TTL" {
+            notes.push(format!(
+                "check on the virtual clock: the soft clear over the TTL keeps the busiest \
+                 second {} {BOUND} × steady ({ratio:.2} ×), with {} errors",
+                if ratio <= BOUND { "within" } else { "ABOVE" },
+                thousands(o.errors),
+            ));
+        }
+    }
+    events.push(Event {
+        at_s: (CLEAR_AT + TTL).as_secs_f64(),
+        label: "end of the soft window".to_owned(),
+    });
+    Ok(Story {
+        name: "clear",
+        title: "clear: a busy namespace of 100,000 keys cleared at 120 s".to_owned(),
+        setup: "2,000 requests/s over 100,000 keys (Zipf), TTL 60 s ± 20 %, grace 10 s; \
+                hard: every entry a miss at once; soft: each stale at a moment of its own \
+                over a window of the TTL"
+            .to_owned(),
+        outcomes,
+        events,
+        notes,
+        served: false,
     })
 }

@@ -35,6 +35,11 @@ pub(crate) struct Outcome {
     pub(crate) waited: usize,
     /// Requests answered with a stale value.
     pub(crate) stale: usize,
+    /// Requests answered with a value from before a clear that had
+    /// returned when they arrived.
+    pub(crate) outdated: usize,
+    /// The scenario's clear, if this strategy made one.
+    pub(crate) cleared: Option<Cleared>,
     /// Requests that failed.
     pub(crate) errors: usize,
     /// Requests whose task panicked (the command fails).
@@ -64,6 +69,9 @@ pub(crate) struct Outcome {
     /// Requests answered with a stale value in each second.
     #[serde(skip)]
     pub(crate) stale_per_second: Vec<usize>,
+    /// Outdated answers in each second.
+    #[serde(skip)]
+    pub(crate) outdated_per_second: Vec<usize>,
     /// The origin's breaker state changes: seconds from the start, and the
     /// new state (polled every 10 ms).
     #[serde(skip)]
@@ -91,6 +99,8 @@ impl Outcome {
             requests: tally.requests(),
             waited: tally.waited(),
             stale: tally.stale,
+            outdated: tally.outdated,
+            cleared: None,
             errors: tally.errors,
             panicked: tally.panicked,
             p50_ms: tally.quantile_ms(0.5),
@@ -102,9 +112,20 @@ impl Outcome {
             bursts,
             errors_per_second: tally.errors_per_second,
             stale_per_second: tally.stale_per_second,
+            outdated_per_second: tally.outdated_per_second,
             breaker,
         }
     }
+}
+
+/// A clear a strategy made during its run.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub(crate) struct Cleared {
+    /// When it began, in seconds from the traffic's start.
+    pub(crate) at_s: f64,
+    /// How long it took to return (every process acknowledged), in
+    /// seconds.
+    pub(crate) took_s: f64,
 }
 
 /// `stats` as [`stats_line`] writes it.

@@ -3,8 +3,8 @@
 //! runner that plays it once per strategy and measures an [`Outcome`]
 //! each.
 //!
-//! `simulate` builds its scenario from the command line; `demo`'s three
-//! stories (avalanche, stampede, outage) are named scenarios. Every
+//! `simulate` builds its scenario from the command line; `demo`'s four
+//! stories (avalanche, stampede, outage, clear) are named scenarios. Every
 //! strategy runs on a fresh paused runtime with its own memory store and
 //! database, so strategies cannot disturb each other and a seed gives the
 //! same figures every time.
@@ -13,22 +13,29 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use breakwater_cache::{
-    BreakerConfig, BreakerState, Cache, EarlyRefresh, Error, Jitter, LimitConfig, MemoryStore,
-    Origin,
+    BreakerConfig, BreakerState, Cache, ClearMode, EarlyRefresh, Error, Jitter, LimitConfig,
+    MemoryStore, Origin,
 };
 use indicatif::ProgressBar;
 use tokio::time::Instant;
 
 use crate::db::{self, Database};
-use crate::outcome::Outcome;
+use crate::outcome::{Cleared, Outcome};
 use crate::traffic::{self, Client, Expiries, Traffic};
 
 /// One comparison: every strategy meets the same keys, database and
 /// traffic.
 #[derive(Debug, Clone)]
 pub(crate) struct Scenario {
-    /// Keys `0..keys`, written at once before the traffic starts.
+    /// Keys `0..keys`, written before the traffic starts.
     pub(crate) keys: usize,
+    /// `None`: the keys are written at once; else in even slices over
+    /// this long before the traffic (every age, as in a running service).
+    pub(crate) warm_up: Option<Duration>,
+    /// When, from the traffic's start, the data changes and each
+    /// breakwater strategy with a [`CacheSpec::clear`] clears its
+    /// namespace.
+    pub(crate) clear_at: Option<Duration>,
     /// The database behind the cache.
     pub(crate) db: DatabaseSpec,
     /// How requests arrive.
@@ -167,6 +174,8 @@ pub(crate) struct CacheSpec {
     pub(crate) early_refresh: Option<EarlyRefresh>,
     /// How long a stale value may stand in for a failing load.
     pub(crate) max_stale: Option<Duration>,
+    /// How it clears its namespace at the scenario's `clear_at`.
+    pub(crate) clear: Option<ClearMode>,
 }
 
 impl CacheSpec {
@@ -178,6 +187,15 @@ impl CacheSpec {
             grace: None,
             early_refresh: None,
             max_stale: None,
+            clear: None,
+        }
+    }
+
+    /// Clearing its namespace with `mode` at the scenario's `clear_at`.
+    pub(crate) fn clear(self, mode: ClearMode) -> Self {
+        CacheSpec {
+            clear: Some(mode),
+            ..self
         }
     }
 
@@ -260,7 +278,6 @@ async fn play(
     progress: Option<&ProgressBar>,
 ) -> Result<Outcome, Error> {
     let store = MemoryStore::new();
-    let db = Arc::new(scenario.db.start());
     let origin = match scenario.origin {
         Some(spec) => Some(spec.build(scenario.seed)?),
         None => None,
@@ -271,18 +288,38 @@ async fn play(
             Client::Breakwater(spec.build(&store, scenario.seed, origin.as_ref())?)
         }
     };
-    client.preload(scenario.keys).await?;
+    match scenario.warm_up {
+        None => client.preload(0..scenario.keys).await?,
+        Some(span) => client.preload_over(scenario.keys, span).await?,
+    }
+    // Counting from the traffic's start.
+    let db = Arc::new(scenario.db.start());
     let expiries_ms = client.expiries_ms(scenario.keys).await?;
     let breaker: Transitions = Arc::default();
     let watch = origin.map(|origin| tokio::spawn(watch_breaker(origin, Arc::clone(&breaker))));
+    let clear = match (&client, strategy.kind, scenario.clear_at) {
+        (Client::Breakwater(cache), Kind::Breakwater(spec), Some(at)) => spec
+            .clear
+            .map(|mode| tokio::spawn(clear_later(cache.clone(), Arc::clone(&db), at, mode))),
+        _ => None,
+    };
     let tally = traffic::run(&client, &db, &scenario.traffic, &expiries_ms, progress).await;
     if let Some(watch) = watch {
         watch.abort();
     }
+    let cleared = match clear {
+        // A panic is a bug: the run fails as any panicking story does.
+        Some(clear) => Some(
+            clear
+                .await
+                .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))?,
+        ),
+        None => None,
+    };
     let started = db.started_ms();
     let expiries: Vec<u64> = expiries_ms.into_iter().flatten().collect();
     let breaker = std::mem::take(&mut *lock(&breaker));
-    Ok(Outcome::new(
+    let mut outcome = Outcome::new(
         strategy.name,
         Expiries::of(&expiries),
         db::per_second(&started, scenario.seconds),
@@ -290,7 +327,34 @@ async fn play(
         db::bursts(&started),
         tally,
         breaker,
-    ))
+    );
+    outcome.cleared = cleared;
+    Ok(outcome)
+}
+
+/// At `at` from now the data changes, and `cache` clears its namespace
+/// with `mode`; once it returned, values from before are outdated. Answers
+/// when it began and how long it took, in seconds.
+///
+/// # Errors
+///
+/// The clear's.
+async fn clear_later(
+    cache: Cache<u64>,
+    db: Arc<Database>,
+    at: Duration,
+    mode: ClearMode,
+) -> Result<Cleared, Error> {
+    let began = Instant::now();
+    tokio::time::sleep(at).await;
+    let epoch = db.change();
+    let start = Instant::now();
+    cache.clear(mode).await?;
+    db.settle(epoch);
+    Ok(Cleared {
+        at_s: (start - began).as_secs_f64(),
+        took_s: start.elapsed().as_secs_f64(),
+    })
 }
 
 /// The breaker's state changes: seconds from the start, and the new state.

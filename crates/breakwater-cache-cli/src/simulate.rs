@@ -301,6 +301,8 @@ fn scenario_of(opts: &SimulateOpts) -> Scenario {
     }
     Scenario {
         keys: opts.keys,
+        warm_up: None,
+        clear_at: None,
         db,
         traffic: Traffic::Steady(workload(opts)),
         seconds: usize::try_from(opts.duration.as_secs()).unwrap_or(usize::MAX),

@@ -48,6 +48,21 @@ pub(crate) struct Answer {
     pub(crate) latency: Duration,
     /// A stale value was served ([`Served::Stale`]).
     pub(crate) stale: bool,
+    /// The value served was from an epoch of the data older than
+    /// [`Database::floor`] when the request arrived: from before a clear
+    /// that had returned.
+    pub(crate) outdated: bool,
+}
+
+/// The value of `key` in the data's `epoch`: the epoch in the high half,
+/// the key in the low one (a bulk write's values are epoch 0).
+fn value_of(key: usize, epoch: u64) -> u64 {
+    (epoch << 32) | (key as u64 & u64::from(u32::MAX))
+}
+
+/// The epoch of a value [`value_of`] made.
+fn epoch_of(value: u64) -> u64 {
+    value >> 32
 }
 
 impl Client {
@@ -56,28 +71,48 @@ impl Client {
         format!("naive:{key}").into_bytes()
     }
 
-    /// Writes keys `0..keys` at once, each with its value, as the strategy
-    /// writes (breakwater: [`Cache::set_many`], jittered).
+    /// Writes `keys` at once, each with its value, as the strategy writes
+    /// (breakwater: [`Cache::set_many`], jittered).
     ///
     /// # Errors
     ///
     /// A store error.
-    pub(crate) async fn preload(&self, keys: usize) -> Result<(), Error> {
+    pub(crate) async fn preload(&self, keys: std::ops::Range<usize>) -> Result<(), Error> {
         match self {
             Client::Naive { store, ttl } => {
-                for key in 0..keys {
+                for key in keys {
                     store
-                        .set(&Self::naive_key(key), &(key as u64).to_be_bytes(), *ttl)
+                        .set(&Self::naive_key(key), &value_of(key, 0).to_be_bytes(), *ttl)
                         .await?;
                 }
                 Ok(())
             }
             Client::Breakwater(cache) => {
                 cache
-                    .set_many((0..keys).map(|key| (key.to_string(), key as u64)))
+                    .set_many(keys.map(|key| (key.to_string(), value_of(key, 0))))
                     .await
             }
         }
+    }
+
+    /// Writes keys `0..keys` as [`preload`](Self::preload) does, in even
+    /// slices once a second over `span` (from now, on tokio's clock): a
+    /// keyspace whose entries have all ages, as a running service's do, so
+    /// their expiries are spread as evenly as they will stay.
+    ///
+    /// # Errors
+    ///
+    /// A store error.
+    pub(crate) async fn preload_over(&self, keys: usize, span: Duration) -> Result<(), Error> {
+        let seconds = usize::try_from(span.as_secs()).unwrap_or(usize::MAX).max(1);
+        let start = Instant::now();
+        for second in 0..seconds {
+            tokio::time::sleep_until(start + Duration::from_secs(second as u64)).await;
+            self.preload(keys * second / seconds..keys * (second + 1) / seconds)
+                .await?;
+        }
+        tokio::time::sleep_until(start + span).await;
+        Ok(())
     }
 
     /// When each key `0..keys` expires, in ms from now: when it stops being
@@ -112,29 +147,42 @@ impl Client {
     /// value stood in.
     pub(crate) async fn request(&self, key: usize, db: &Arc<Database>) -> Result<Answer, Error> {
         let start = Instant::now();
-        let stale = match self {
+        let floor = db.floor();
+        let (value, stale) = match self {
             Client::Naive { store, ttl } => {
                 let raw = Self::naive_key(key);
-                if store.get(&raw).await?.is_none() {
-                    db.query().await.map_err(Error::loader)?;
-                    store.set(&raw, &(key as u64).to_be_bytes(), *ttl).await?;
-                }
-                false
+                let cached = store
+                    .get(&raw)
+                    .await?
+                    .and_then(|bytes| <[u8; 8]>::try_from(bytes.as_slice()).ok())
+                    .map(u64::from_be_bytes);
+                let value = match cached {
+                    Some(value) => value,
+                    None => {
+                        let epoch = db.query().await.map_err(Error::loader)?;
+                        let value = value_of(key, epoch);
+                        store.set(&raw, &value.to_be_bytes(), *ttl).await?;
+                        value
+                    }
+                };
+                (value, false)
             }
             Client::Breakwater(cache) => {
                 let db = Arc::clone(db);
                 let fetched = cache
                     .get_or_load_with_meta(key.to_string(), move || async move {
-                        db.query().await?;
-                        Ok::<_, Down>(Some(key as u64))
+                        let epoch = db.query().await?;
+                        Ok::<_, Down>(Some(value_of(key, epoch)))
                     })
                     .await?;
-                matches!(fetched.served, Served::Stale { .. })
+                let value = fetched.value.unwrap_or(0);
+                (value, matches!(fetched.served, Served::Stale { .. }))
             }
         };
         Ok(Answer {
             latency: start.elapsed(),
             stale,
+            outdated: epoch_of(value) < floor,
         })
     }
 }
@@ -151,6 +199,9 @@ pub(crate) struct Tally {
     pub(crate) panicked: usize,
     /// Requests answered with a stale value.
     pub(crate) stale: usize,
+    /// Requests answered with a value from before a clear that had
+    /// returned when they arrived ([`Answer::outdated`]).
+    pub(crate) outdated: usize,
     /// The cache's own counts at the end ([`Cache::stats`]), for a
     /// breakwater client.
     pub(crate) stats: Option<Stats>,
@@ -161,6 +212,8 @@ pub(crate) struct Tally {
     pub(crate) errors_per_second: Vec<usize>,
     /// Requests answered with a stale value in each second after `began`.
     pub(crate) stale_per_second: Vec<usize>,
+    /// Outdated answers in each second after `began`.
+    pub(crate) outdated_per_second: Vec<usize>,
 }
 
 impl Tally {
@@ -183,6 +236,10 @@ impl Tally {
                 self.latencies_us
                     .push(u64::try_from(answer.latency.as_micros()).unwrap_or(u64::MAX));
                 self.stale += usize::from(answer.stale);
+                self.outdated += usize::from(answer.outdated);
+                if answer.outdated {
+                    bump(&mut self.outdated_per_second, second);
+                }
                 if answer.stale {
                     bump(&mut self.stale_per_second, second);
                 }

@@ -662,20 +662,21 @@ fn a_closed_stdout_ends_the_command_quietly() {
 }
 
 #[test]
-fn demo_tells_three_stories_and_writes_their_charts() {
+fn demo_tells_four_stories_and_writes_their_charts() {
     let out = temp_dir("demo");
     let out_arg = out.to_str().unwrap();
+    // A deadline, not a speed check: a debug build on a busy machine.
     let (code, stdout, err) = breakwater_within(
         &["demo", "--seed", "3", "--out", out_arg],
-        Duration::from_secs(300),
+        Duration::from_secs(900),
     );
     assert_eq!(code, 0, "stdout:\n{stdout}\nstderr:\n{err}");
     assert!(stdout.contains("seed 3 (replay with --seed 3)"), "{stdout}");
-    for story in ["1. avalanche", "2. stampede", "3. outage"] {
+    for story in ["1. avalanche", "2. stampede", "3. outage", "4. clear"] {
         assert!(stdout.contains(story), "{story}: {stdout}");
     }
-    assert_eq!(stdout.matches("db peak/s  queries").count(), 3, "{stdout}");
-    for chart in ["avalanche", "stampede", "outage"] {
+    assert_eq!(stdout.matches("db peak/s  queries").count(), 4, "{stdout}");
+    for chart in ["avalanche", "stampede", "outage", "clear"] {
         for ext in ["png", "svg"] {
             let path = out.join(format!("{chart}.{ext}"));
             assert!(path.is_file(), "{} missing: {stdout}", path.display());
@@ -732,6 +733,35 @@ fn demo_tells_three_stories_and_writes_their_charts() {
     assert_eq!(row("3. outage", "breakwater")[4], "0");
     assert_ne!(row("3. outage", "naive")[4], "0");
     assert!(stdout.contains("breaker: opened at"), "{stdout}");
+    // The clear: no error either way; the hard clear serves nothing from
+    // before once it returned, and the soft one over the TTL keeps the
+    // database's busiest second within 1.5 × its steady rate.
+    assert_eq!(row("4. clear", "hard")[4], "0");
+    assert_eq!(row("4. clear", "soft, window TTL")[4], "0");
+    let note = |name: &str| -> &str {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}: steady ")))
+            .unwrap_or_else(|| panic!("no {name} clear note: {stdout}"))
+    };
+    assert!(
+        note("hard").contains(" 0 answers from before the clear once it had returned"),
+        "{stdout}"
+    );
+    let ratio = |name: &str| -> f64 {
+        let after = note(name).split(" s, ").nth(1).unwrap();
+        after.split(' ').next().unwrap().parse().unwrap()
+    };
+    assert!(ratio("hard") > 2.0, "{stdout}");
+    assert!(ratio("soft, window TTL") <= 1.5, "{stdout}");
+    // Every entry from before the soft clear was refreshed within its
+    // window (ending at 180 s) and grace (10 s).
+    let last = note("soft, window TTL")
+        .rsplit("the last at ")
+        .next()
+        .unwrap();
+    let last: u64 = last.trim_end_matches(" s").parse().unwrap();
+    assert!(last < 190, "{stdout}");
     let _ = std::fs::remove_dir_all(out);
 }
 

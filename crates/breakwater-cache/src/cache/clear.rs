@@ -21,12 +21,15 @@
 //!   of its own in `[T, T + W)`, then stale as any entry (grace, fail-safe,
 //!   one refresh). The moment keeps the order in which entries would have
 //!   expired anyway: an entry with `r` of its fresh time left at `T` turns
-//!   stale at `T + W × r / longest` (`longest`: the namespace's `ttl` at
-//!   the top of its jitter), one with more than that left (a longer TTL a
-//!   loader chose) at a moment its key's hash picks. Entries were written
-//!   at all times before the clear, so their moments are spread evenly
-//!   over the window: the database sees each key once over `W`, as it
-//!   would over a TTL, instead of all of them at once. Each refresh goes
+//!   stale at `T + W × r / ttl` (`ttl`: the namespace's). One with more
+//!   than `ttl` left (jitter drew a longer TTL, or a loader chose one)
+//!   turns stale when it expires if that is within the window, else at a
+//!   moment in the window its key's hash picks. Entries were written at
+//!   all times before the clear, so their moments are spread evenly over
+//!   the window: the database sees each key once over `W`, as it would
+//!   over a TTL, instead of all of them at once. With `W` = `ttl` almost
+//!   every entry keeps its own expiry, and the load stays at its steady
+//!   rate (`breakwater demo`'s clear story measures it). Each refresh goes
 //!   through the origin's bulkhead like any load.
 //!
 //! # Every process at once
@@ -264,20 +267,21 @@ impl<V: Value> Cache<V> {
     }
 
     /// When in a soft clear's `window` (made at `at`) `entry` turns stale,
-    /// counted from `at`: in proportion to the fresh time it had left then,
-    /// or, for one with more left than the namespace's longest TTL, at a
-    /// moment its key's hash picks.
+    /// counted from `at`: its fresh time left then scaled by `window` over
+    /// the namespace's `ttl`; past the window (fresh for longer than the
+    /// `ttl`, by jitter or a loader's choice), its own expiry if that comes
+    /// within the window, else a moment its key's hash picks.
     fn moment_in(&self, key: &[u8], entry: &Entry, at: u64, window: u64) -> u64 {
         if window == 0 {
             return 0;
         }
-        let defaults = &self.inner.defaults;
-        let longest = millis(defaults.jitter.bounds(defaults.ttl).1).max(1);
+        let ttl = millis(self.inner.defaults.ttl).max(1);
         let left = entry.fresh_until.saturating_sub(at);
-        if left <= longest {
-            ((u128::from(left) * u128::from(window)) / u128::from(longest)) as u64
-        } else {
-            fnv1a(key) % window
+        let scaled = (u128::from(left) * u128::from(window)) / u128::from(ttl);
+        match u64::try_from(scaled) {
+            Ok(scaled) if scaled < window => scaled,
+            _ if left < window => left,
+            _ => fnv1a(key) % window,
         }
     }
 
