@@ -385,3 +385,83 @@ async fn a_missing_key_costs_two_reads() {
     // (and the namespace's clear record, read once by the process).
     assert_eq!(store.gets(), 21);
 }
+
+/// `warm_with_context`: each key's loader decides its own TTL or not to be
+/// cached, and a stale entry's reload sees it and may answer "not
+/// modified", which renews it without a new value.
+#[tokio::test(start_paused = true)]
+async fn a_context_loader_decides_per_key() {
+    use breakwater_cache::{ErrorKind, Loaded};
+    let store = MemoryStore::new();
+    // Stale entries stay a minute, for the reloads to see.
+    let cache: Cache<String> = Cache::builder()
+        .namespace("warm")
+        .store(store.clone())
+        .ttl(Duration::from_secs(600))
+        .jitter(Jitter::none())
+        .max_stale(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let warm = |cache: Cache<String>, seen: Arc<Mutex<Vec<(String, Option<String>)>>>| async move {
+        let keys = ["short", "skip", "tagged", "bad"];
+        cache
+            .warm_with_context(
+                keys,
+                move |key: &str, context| {
+                    let seen = Arc::clone(&seen);
+                    async move {
+                        let stale = context.stale().and_then(|s| s.value().cloned());
+                        seen.lock().unwrap().push((key.to_owned(), stale.clone()));
+                        Ok::<_, std::io::Error>(match key {
+                            "short" => Loaded::value("s".to_owned()).ttl(Duration::from_secs(2)),
+                            "skip" => Loaded::value("x".to_owned()).do_not_cache(),
+                            "bad" => Loaded::value("b".to_owned()).ttl(Duration::ZERO),
+                            // Unchanged once loaded: "not modified".
+                            _ if stale.is_some() => Loaded::not_modified(),
+                            _ => Loaded::value("t".to_owned())
+                                .validator("v1")
+                                .ttl(Duration::from_secs(5)),
+                        })
+                    }
+                },
+                Warm::new().rate(1_000),
+            )
+            .await
+            .unwrap()
+    };
+    let report = warm(cache.clone(), Arc::clone(&seen)).await;
+    assert_eq!((report.loaded, report.failed), (3, 1), "{report:?}");
+    let (key, err) = report.first_error.unwrap();
+    assert_eq!((key.as_str(), err.kind()), ("bad", ErrorKind::Config));
+    for (key, expected) in [("short", Some("s")), ("skip", None), ("tagged", Some("t"))] {
+        let stored = store.get(&cache.storage_key(key).unwrap()).await.unwrap();
+        assert_eq!(stored.is_some(), expected.is_some(), "{key}");
+    }
+    // At 3 s "short" (TTL 2 s) is stale, "tagged" (5 s) fresh.
+    tokio::time::advance(Duration::from_secs(3)).await;
+    seen.lock().unwrap().clear();
+    let report = warm(cache.clone(), Arc::clone(&seen)).await;
+    assert_eq!((report.loaded, report.cached), (2, 1), "{report:?}");
+    // Past 5 s, "tagged" is reloaded with its stale value in the context,
+    // and "not modified" renews it.
+    tokio::time::advance(Duration::from_secs(3)).await;
+    seen.lock().unwrap().clear();
+    let report = warm(cache.clone(), Arc::clone(&seen)).await;
+    assert_eq!(report.failed, 1, "{report:?}");
+    let tagged: Vec<_> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(key, _)| key == "tagged")
+        .cloned()
+        .collect();
+    assert_eq!(tagged, vec![("tagged".to_owned(), Some("t".to_owned()))]);
+    let got = cache.get("tagged").await.unwrap();
+    assert_eq!(got.as_deref(), Some("t"));
+    let view = cache.inspect("tagged").await.unwrap();
+    match view.stored {
+        Stored::Entry(entry) => assert!(entry.fresh_for.is_some(), "{entry:?}"),
+        other => panic!("{other:?}"),
+    }
+}

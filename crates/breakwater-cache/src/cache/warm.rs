@@ -27,7 +27,8 @@ use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 use super::fill::Mode;
 use super::handle::Cache;
-use super::value::Value;
+use super::loaded::{LoadContext, Loaded};
+use super::value::{Load, Value, WithContext};
 use super::verdict::reading;
 use crate::error::{ConfigError, Error, ErrorKind};
 use crate::jitter::Jitter;
@@ -192,12 +193,85 @@ impl<V: Value> Cache<V> {
         Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {
+        let loader = Arc::new(loader);
+        let load = move |key: K| {
+            let loader = Arc::clone(&loader);
+            move || loader(key)
+        };
+        self.warm_with(keys, load, warm).await
+    }
+
+    /// [`warm`](Self::warm) with a loader that decides per value, as
+    /// [`get_or_load_with_context`](Self::get_or_load_with_context)'s: it
+    /// gets the key and a [`LoadContext`] (the stale entry a warm-up
+    /// reloads, with its validator, so it may answer
+    /// [`Loaded::not_modified`]) and answers a [`Loaded`] whose TTL,
+    /// jitter, grace, `max_stale`, validator or "do not cache" apply to
+    /// that key's write. A choice out of bounds fails that key alone, with
+    /// a [`Config`](ErrorKind::Config) error in the report.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use breakwater_cache::{Cache, Loaded, Warm};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let cache = Cache::<String>::builder().namespace("tokens").build()?;
+    /// let report = cache
+    ///     .warm_with_context(["svc:a", "svc:b"], |key: &str, _context| async move {
+    ///         // Each token lives as long as its issuer says.
+    ///         let (token, expires_in) = (format!("token for {key}"), Duration::from_secs(120));
+    ///         Ok::<_, std::io::Error>(Loaded::value(token).ttl(expires_in))
+    ///     }, Warm::new())
+    ///     .await?;
+    /// assert_eq!(report.loaded, 2);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`warm`](Self::warm).
+    pub async fn warm_with_context<K, I, F, Fut, E>(
+        &self,
+        keys: I,
+        loader: F,
+        warm: Warm,
+    ) -> Result<WarmReport, ConfigError>
+    where
+        I: IntoIterator<Item = K>,
+        K: CacheKey + Clone + Send + Sync + 'static,
+        F: Fn(K, LoadContext<V>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Loaded<V>, E>> + Send + 'static,
+        E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
+    {
+        let loader = Arc::new(loader);
+        let load = move |key: K| {
+            let loader = Arc::clone(&loader);
+            WithContext(move |context| loader(key, context))
+        };
+        self.warm_with(keys, load, warm).await
+    }
+
+    /// The warm-up of [`warm`](Self::warm) and
+    /// [`warm_with_context`](Self::warm_with_context): `load` makes each
+    /// key's loader.
+    async fn warm_with<K, I, L, M>(
+        &self,
+        keys: I,
+        load: M,
+        warm: Warm,
+    ) -> Result<WarmReport, ConfigError>
+    where
+        I: IntoIterator<Item = K>,
+        K: CacheKey + Clone + Send + Sync + 'static,
+        L: Load<V>,
+        M: Fn(K) -> L,
+    {
         warm.validate()?;
         if let Some(jitter) = &warm.jitter {
             jitter.validate()?;
         }
         let started = Instant::now();
-        let loader = Arc::new(loader);
         let mut pace = tokio::time::interval(Duration::from_secs(1) / warm.rate);
         pace.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let pace = Mutex::new(pace);
@@ -206,8 +280,13 @@ impl<V: Value> Cache<V> {
         let mut report = WarmReport::default();
         let mut outcomes = futures_util::stream::iter(keys)
             .map(|key| {
-                let loader = Arc::clone(&loader);
-                let outcome = self.warm_one(key.clone(), loader, &pace, warm.jitter, store_down);
+                let outcome = self.warm_one(
+                    key.clone(),
+                    load(key.clone()),
+                    &pace,
+                    warm.jitter,
+                    store_down,
+                );
                 async move { (key, outcome.await) }
             })
             .buffer_unordered(warm.concurrency);
@@ -235,20 +314,14 @@ impl<V: Value> Cache<V> {
         Ok(report)
     }
 
-    async fn warm_one<K, F, Fut, E>(
+    async fn warm_one<K: CacheKey, L: Load<V>>(
         &self,
         key: K,
-        loader: Arc<F>,
+        load: L,
         pace: &Mutex<Interval>,
         jitter: Option<Jitter>,
         store_down: &AtomicBool,
-    ) -> Outcome
-    where
-        K: CacheKey + Clone + Send + Sync + 'static,
-        F: Fn(K) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Option<V>, E>> + Send + 'static,
-        E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
-    {
+    ) -> Outcome {
         // The store is what is warmed: L1 is neither asked nor trusted (a
         // flushed Redis sends no message to clear it).
         let storage_key = match self.storage_key(&key) {
@@ -303,10 +376,9 @@ impl<V: Value> Cache<V> {
         pace.lock().await.tick().await;
         // Straight to the key's load flight (shared with live traffic), as
         // the pipeline would go after that read.
-        let owned = key.clone();
         let (load, role) = self.join_fill(
             &storage_key,
-            move || loader(owned.clone()),
+            load,
             options,
             None,
             Priority::Foreground,
