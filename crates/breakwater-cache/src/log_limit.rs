@@ -57,10 +57,13 @@ pub(crate) enum Warning {
     /// The lease expired (or was taken over) while loading: the load is
     /// not written.
     LeaseLost,
+    /// The namespace's clear record was lost (evicted, deleted); a hard
+    /// clear makes a new one.
+    ClearRecordLost,
 }
 
 impl Warning {
-    const COUNT: usize = 13;
+    const COUNT: usize = 14;
 
     fn index(self) -> usize {
         self as usize

@@ -212,7 +212,7 @@ async fn a_hard_clear_on_redis_is_taken_by_every_process_before_it_returns() {
         assert_eq!(a.get(key).await.unwrap(), None, "key {key}");
     }
     let record = server.command(&["GET", "bw:clear:c"]).expect("GET");
-    assert_eq!(record.split(':').count(), 5, "{record}");
+    assert_eq!(record.split(':').count(), 7, "{record}");
     // Loaded again once each, and served from then on.
     for key in 0..50u64 {
         assert_eq!(b.get_or_load(key, db.loader()).await.unwrap(), Some(1));
@@ -250,4 +250,104 @@ async fn a_window_over_a_year_is_a_config_error() {
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+}
+
+/// A later soft clear never makes an entry fresher than an earlier one
+/// left it: one with no window makes every entry stale, and one over a
+/// minute after it (its window over, or still open) leaves them stale.
+#[tokio::test(start_paused = true)]
+async fn a_later_soft_clear_does_not_make_entries_fresh_again() {
+    let store = MemoryStore::new();
+    let a = cache(store.clone(), false);
+    let db = Arc::new(Db::default());
+    let written = |key: u64| {
+        let a = a.clone();
+        let db = Arc::clone(&db);
+        async move {
+            let got = a.get_or_load_with_meta(key, db.loader()).await.unwrap();
+            !matches!(got.served, Served::Stale { .. })
+        }
+    };
+    for key in 0..2u64 {
+        assert!(written(key).await);
+    }
+    advance(Duration::from_secs(1)).await;
+    let soft = |window: u64| ClearMode::Soft {
+        window: Duration::from_secs(window),
+    };
+    // Every entry stale at once; then one spread over 60 s: key 0 stays
+    // stale (served stale, while it refreshes).
+    a.clear(soft(0)).await.unwrap();
+    advance(Duration::from_secs(1)).await;
+    a.clear(soft(60)).await.unwrap();
+    assert!(
+        !written(0).await,
+        "key 0 fresh again after the second clear"
+    );
+    // A first clear over 60 s, another over 100 s 10 s later: the first
+    // window's end stands, by 60 s everything from before is stale.
+    let b = cache(store.clone(), false);
+    b.clear(ClearMode::Hard).await.unwrap();
+    for key in 10..40u64 {
+        b.get_or_load(key, db.loader()).await.unwrap();
+    }
+    b.clear(soft(60)).await.unwrap();
+    advance(Duration::from_secs(10)).await;
+    b.clear(soft(100)).await.unwrap();
+    advance(Duration::from_secs(51)).await;
+    for key in 10..40u64 {
+        let got = b.get_or_load_with_meta(key, db.loader()).await.unwrap();
+        assert!(
+            matches!(got.served, Served::Stale { .. } | Served::Loaded),
+            "key {key}: {got:?}"
+        );
+    }
+}
+
+/// A clear record lost from the store (evicted under `maxmemory`,
+/// deleted) validates nothing: a process that reads an entry recorded
+/// under it takes it as a miss and clears the namespace hard to make a new
+/// record, which every process takes; entries from before the first clear
+/// do not come back.
+#[tokio::test(start_paused = true)]
+async fn a_lost_clear_record_is_made_again_by_a_hard_clear() {
+    let store = MemoryStore::new();
+    let a = cache(store.clone(), true);
+    let db = Arc::new(Db::default());
+    for key in 0..5u64 {
+        a.get_or_load(key, db.loader()).await.unwrap();
+    }
+    db.version.store(1, Ordering::SeqCst);
+    a.clear(ClearMode::Hard).await.unwrap();
+    for key in 10..15u64 {
+        assert_eq!(a.get_or_load(key, db.loader()).await.unwrap(), Some(1));
+    }
+    assert!(store.delete(b"bw:clear:c").await.unwrap());
+    db.version.store(2, Ordering::SeqCst);
+    // A process started since reads an entry recorded under the lost
+    // record: a miss, and a new record is made.
+    let c = cache(store.clone(), false);
+    assert_eq!(c.get_or_load(10u64, db.loader()).await.unwrap(), Some(2));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while store.get(b"bw:clear:c").await.unwrap().is_none() {
+        assert!(tokio::time::Instant::now() < deadline, "no new record");
+        sleep(Duration::from_millis(10)).await;
+    }
+    // Every process has taken it once the clear returned.
+    sleep(Duration::from_secs(3)).await;
+    // Nothing from before: not the entries from before the first clear,
+    // not those recorded under the lost record, in either process (a's L1
+    // included).
+    for key in [0u64, 3, 11, 14] {
+        assert_eq!(
+            c.get_or_load(key, db.loader()).await.unwrap(),
+            Some(2),
+            "key {key}"
+        );
+        assert_eq!(
+            a.get_or_load(key, db.loader()).await.unwrap(),
+            Some(2),
+            "key {key}"
+        );
+    }
 }

@@ -140,6 +140,15 @@
 //! key's value or lease is dropped (memory pressure): a lost value is a
 //! miss, a lost lease a free lease, and every check must still hold.
 //!
+//! **clears** (the plain round): now and then a process writes every row
+//! and clears the namespace: hard (every process fenced at once), soft
+//! with no window (fenced softly at once) or soft over up to 3 s (fenced
+//! softly from the window's end: a later soft clear must never make an
+//! entry fresher than an earlier one left it). Every 1 to 6 s the
+//! namespace's clear record is lost (evicted, deleted): a lost record
+//! validates nothing, and the hard clear that makes it again must bring
+//! nothing back.
+//!
 //! A rolling version bump gets a chaos round of its own (keys `v00`..):
 //! processes 0 and 1 run version 1 without a transition (the code deployed
 //! before), 2 and 3 version 2 inside its transition, over one database;
@@ -1110,15 +1119,16 @@ fn group(key: &str) -> String {
 }
 
 /// `clear`: a database write to every key (their rows locked, in order),
-/// then a clear of the namespace, hard or soft with a window of 0 (every
+/// then a clear of the namespace, hard or soft over `window` (zero: every
 /// entry stale at once). Once it returned `Ok` (every process
 /// acknowledged it), each key is fenced at its new version: for every
 /// process at once after a hard clear, softly (as `expire`) after a soft
-/// one.
+/// one, from the end of its window.
 async fn clear(
     world: &Arc<World>,
     p: &Proc,
     hard: bool,
+    window: Duration,
     keys: &[String],
     writes: &BTreeMap<String, Arc<tokio::sync::Mutex<()>>>,
 ) {
@@ -1131,11 +1141,21 @@ async fn clear(
     let mode = if hard {
         ClearMode::Hard
     } else {
-        ClearMode::Soft {
-            window: Duration::ZERO,
-        }
+        ClearMode::Soft { window }
     };
     let outcome = match timeout(BOUND, p.cache.clear(mode)).await {
+        // Every entry from before is stale by the window's end: the soft
+        // fences stand from then on.
+        Ok(Ok(())) if !window.is_zero() => {
+            let (world, keys, id) = (Arc::clone(world), keys.to_vec(), p.id);
+            tokio::spawn(async move {
+                sleep(window).await;
+                for (key, version) in keys.iter().zip(&versions) {
+                    world.fence_with(id, key, *version, true, false);
+                }
+            });
+            format!("ok, fenced in {} ms", window.as_millis())
+        }
         Ok(Ok(())) => {
             for (key, version) in keys.iter().zip(&versions) {
                 world.fence_with(p.id, key, *version, !hard, hard);
@@ -1332,6 +1352,7 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
     };
     let adaptive = kind == Round::Adaptive;
     let plain = kind == Round::Plain;
+    let versioned = kind == Round::Versions;
     let versions: &[u32] = match kind {
         Round::Versions => &VERSION_FLEET,
         _ => &[],
@@ -1417,6 +1438,23 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
             }
         })
     });
+    // The plain round's Redis loses the namespace's clear record now and
+    // then (evicted under an `allkeys-*` policy, or deleted): a lost record
+    // must validate nothing, and entries from before a clear must not come
+    // back once it is made again.
+    let record_evictor = plain.then(|| {
+        let store = procs[0].store.inner().clone();
+        let world = Arc::clone(world);
+        tokio::spawn(async move {
+            let mut rng = stream(seed, 70 + salt);
+            while Instant::now() < end {
+                sleep(ms(rng.random_range(1_000..6_000))).await;
+                let now = Instant::now();
+                let dropped = store.delete(b"bw:sim:c").await.unwrap_or(false);
+                world.trace(0, "evict-record", "-", now, dropped.to_string());
+            }
+        })
+    });
     // Every round's Redis evicts under memory pressure: now and then a
     // key's value or lease (of any process's version) is dropped. A lost
     // value is a miss; a lost lease a free lease, never a licence to write
@@ -1472,6 +1510,11 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                                 .collect();
                             get_many_adaptive(&world, p, &batch, delay).await;
                         }
+                        // Context loaders inside a version transition.
+                        30..50 if versioned => {
+                            let delay = loader_delay(&mut rng);
+                            get_adaptive(&world, p, key, delay).await;
+                        }
                         60..70 if tagged => {
                             // A tagged `get_many` of keys of one group.
                             let delay = loader_delay(&mut rng);
@@ -1495,7 +1538,13 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                         }
                         80 if plain && rng.random_bool(0.3) => {
                             let hard = rng.random_bool(0.5);
-                            clear(&world, p, hard, &keys, &writes).await;
+                            // Half of the soft ones spread over a window.
+                            let window = if !hard && rng.random_bool(0.5) {
+                                ms(rng.random_range(1..3_000))
+                            } else {
+                                Duration::ZERO
+                            };
+                            clear(&world, p, hard, window, &keys, &writes).await;
                         }
                         70..80 => {
                             let delay = loader_delay(&mut rng);
@@ -1516,7 +1565,7 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                                 .then(|| ms(rng.random_range(0..=700)));
                             let within = dropped.unwrap_or(BOUND);
                             let ran_before = world.revocations(key);
-                            let soft = adaptive && roll < 87;
+                            let soft = (adaptive || versioned) && roll < 87;
                             let (op, result) = if soft {
                                 ("expire", timeout(within, p.cache.expire(key)).await)
                             } else if roll < 90 {
@@ -1577,6 +1626,9 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
     }
     scheduler.await.expect("scheduler panicked");
     pressure.await.expect("the eviction task panicked");
+    if let Some(evictor) = record_evictor {
+        evictor.await.expect("the record evictor panicked");
+    }
     if let Some(evictor) = evictor {
         evictor.await.expect("evictor panicked");
     }

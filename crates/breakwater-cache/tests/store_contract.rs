@@ -1124,14 +1124,16 @@ async fn expire_entry_ends_the_fresh_window_revokes_the_lease_and_publishes(
             .await
             .unwrap()
     );
-    // Never later than it was, never past its stale window.
+    // Never later than it was, never past its stale window; stale
+    // already, a millisecond earlier: the bytes always change (a version
+    // transition pinned beside them must hear it).
     store
         .expire_entry(VALUE_KEY, LEASE, 4_500, notice(b"again"))
         .await
         .unwrap();
     assert_eq!(
         store.get(VALUE_KEY).await.unwrap(),
-        Some(entry_bytes(4_000, 9_000, b"xyz"))
+        Some(entry_bytes(3_999, 9_000, b"xyz"))
     );
     store
         .set(VALUE_KEY, &entry_bytes(5_000, 6_000, b""), TTL)
@@ -1143,7 +1145,20 @@ async fn expire_entry_ends_the_fresh_window_revokes_the_lease_and_publishes(
         .unwrap();
     assert_eq!(
         store.get(VALUE_KEY).await.unwrap(),
-        Some(entry_bytes(5_000, 6_000, b""))
+        Some(entry_bytes(4_999, 6_000, b""))
+    );
+    // The millisecond borrows across bytes.
+    store
+        .set(VALUE_KEY, &entry_bytes(0x1_0000, 0x2_0000, b""), TTL)
+        .await
+        .unwrap();
+    store
+        .expire_entry(VALUE_KEY, LEASE, 0x3_0000, notice(b"borrow"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get(VALUE_KEY).await.unwrap(),
+        Some(entry_bytes(0xffff, 0x2_0000, b""))
     );
     // Byte order, not a string's collation: 0x80.. is above 0x7f...
     store
@@ -1183,14 +1198,14 @@ async fn expire_entry_ends_the_fresh_window_revokes_the_lease_and_publishes(
     assert_eq!(store.get(VALUE_KEY).await.unwrap(), None);
 }
 
-/// The five numbers of a clear record.
-fn record_of(stored: &[u8]) -> [u64; 5] {
+/// The seven numbers of a clear record.
+fn record_of(stored: &[u8]) -> [u64; 7] {
     let text = std::str::from_utf8(stored).expect("digits");
     let parts: Vec<u64> = text
         .split(':')
         .map(|p| p.parse().expect("a number"))
         .collect();
-    parts.try_into().expect("five numbers")
+    parts.try_into().expect("seven numbers")
 }
 
 async fn clear_namespace_advances_the_record_and_publishes_it(store: &dyn Store, _: Time) {
@@ -1211,8 +1226,11 @@ async fn clear_namespace_advances_the_record_and_publishes_it(store: &dyn Store,
         .clear_namespace(clear(false, 60_000, FRESH))
         .await
         .unwrap();
-    let [n, h, t, w, l] = record_of(&first.record);
-    assert_eq!((n, h, w, l), (FRESH + 1, FRESH, 60_000, FRESH));
+    let [n, h, t, w, l, below, by] = record_of(&first.record);
+    assert_eq!(
+        (n, h, w, l, below, by),
+        (FRESH + 1, FRESH, 60_000, FRESH, FRESH, 0)
+    );
     assert!(t >= before && t <= store.now_ms() + 5, "{t} vs {before}");
     // A Redis Cluster counts the subscribers of the node that ran the
     // script only (the bus may listen on another).
@@ -1239,7 +1257,7 @@ async fn clear_namespace_advances_the_record_and_publishes_it(store: &dyn Store,
         .unwrap();
     assert_eq!(
         record_of(&hard.record),
-        [FRESH + 2, FRESH + 2, t, 60_000, FRESH]
+        [FRESH + 2, FRESH + 2, t, 60_000, FRESH, FRESH + 2, 0]
     );
     assert_eq!(
         next_message(&mut sub).await,
@@ -1250,8 +1268,29 @@ async fn clear_namespace_advances_the_record_and_publishes_it(store: &dyn Store,
         .clear_namespace(clear(false, 5_000, FRESH + 500))
         .await
         .unwrap();
-    let [n, h, _, w, l] = record_of(&soft.record);
-    assert_eq!((n, h, w, l), (FRESH + 3, FRESH + 2, 5_000, FRESH));
+    let [n, h, t, w, l, below, by] = record_of(&soft.record);
+    assert_eq!(
+        (n, h, w, l, below, by),
+        (FRESH + 3, FRESH + 2, 5_000, FRESH, FRESH + 2, 0)
+    );
+    // Another inside its window: the start kept, the end the earlier.
+    let inside = store
+        .clear_namespace(clear(false, 1_000, FRESH + 500))
+        .await
+        .unwrap();
+    let [n, _, t2, w, ..] = record_of(&inside.record);
+    assert_eq!((n, t2), (FRESH + 4, t));
+    assert!((1_000..1_500).contains(&w), "{w}");
+    // A record of five numbers, its soft window long over: the entries it
+    // judged stale by its end, a new mark from now.
+    store.set(KEY, b"9:4:100:50:3", TTL).await.unwrap();
+    let later = store
+        .clear_namespace(clear(false, 10, FRESH + 500))
+        .await
+        .unwrap();
+    let [n, h, t, w, l, below, by] = record_of(&later.record);
+    assert_eq!((n, h, w, l, below, by), (10, 4, 10, 3, 9, 150));
+    assert!(t >= 150);
     // Foreign bytes count as no record: a fresh start.
     for foreign in [&b"garbage"[..], b"1:2:0:0:0", b"5:1:0:0:9"] {
         store
@@ -1264,7 +1303,7 @@ async fn clear_namespace_advances_the_record_and_publishes_it(store: &dyn Store,
             .unwrap();
         assert_eq!(
             record_of(&again.record),
-            [FRESH + 901, FRESH + 901, 0, 0, FRESH + 900],
+            [FRESH + 901, FRESH + 901, 0, 0, FRESH + 900, FRESH + 901, 0],
             "{foreign:?}"
         );
     }

@@ -470,3 +470,45 @@ async fn a_rolling_bump_on_redis_serves_nothing_stale_after_the_marker_with_l1()
     eprintln!("L1 on: {stale} of {reads} version-2 reads after the marker were stale");
     assert_eq!(stale, 0, "{stale} of {reads}");
 }
+
+/// The previous version's `expire` of a key whose entry there is a
+/// placeholder (this version's `set` left it) or stale already still
+/// changes its bytes, so this version's entry pinned beside them is
+/// revoked: the simulation's version round found this version serving
+/// the value from before the previous version's write as a fresh `Hit`.
+#[tokio::test(start_paused = true)]
+async fn an_expire_by_the_previous_version_revokes_this_versions_entry() {
+    let store = MemoryStore::new();
+    let v1 = builder(&store, 1).build().unwrap();
+    let v2 = builder(&store, 2)
+        .version_transition(Duration::from_secs(600))
+        .build()
+        .unwrap();
+    let load = |value: &'static str| {
+        move || async move { Ok::<_, std::io::Error>(Some(value.to_owned())) }
+    };
+    // This version's set leaves a placeholder in version 1's key.
+    v2.set("p1", &"old".to_owned()).await.unwrap();
+    v1.expire("p1").await.unwrap();
+    let got = v2.get_or_load_with_meta("p1", load("new")).await.unwrap();
+    assert_eq!(
+        (got.value.as_deref(), got.served),
+        (Some("new"), Served::Loaded)
+    );
+    // Version 1's entry stale already (past its TTL, in its stale window).
+    let v1 = builder(&store, 1)
+        .ttl(Duration::from_secs(10))
+        .max_stale(Duration::from_secs(600))
+        .build()
+        .unwrap();
+    v1.set("p2", &"v1".to_owned()).await.unwrap();
+    tokio::time::advance(Duration::from_secs(20)).await;
+    let got = v2.get_or_load_with_meta("p2", load("old")).await.unwrap();
+    assert_eq!(got.value.as_deref(), Some("old"));
+    v1.expire("p2").await.unwrap();
+    let got = v2.get_or_load_with_meta("p2", load("new")).await.unwrap();
+    assert_eq!(
+        (got.value.as_deref(), got.served),
+        (Some("new"), Served::Loaded)
+    );
+}

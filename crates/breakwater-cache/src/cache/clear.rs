@@ -32,6 +32,18 @@
 //!   rate (`breakwater demo`'s clear story measures it). Each refresh goes
 //!   through the origin's bulkhead like any load.
 //!
+//! # A lost record
+//!
+//! The record has no TTL, but an `allkeys-*` eviction policy, a `DEL` or
+//! a failover can still lose it. A lost record validates nothing: a
+//! process that knew one, or that reads an entry recorded under one,
+//! takes every entry as a miss and clears the namespace hard in the
+//! background (one such clear at a time) to make a new record; every
+//! process takes it from its message, so entries from before the first
+//! clear do not come back either. (A process that never knew a record and
+//! reads only entries from before the first clear cannot tell, and serves
+//! them until a new record is made.)
+//!
 //! # Every process at once
 //!
 //! Each process keeps the record it last read, and reads it again only
@@ -81,12 +93,11 @@ pub enum ClearMode {
     /// database sees a ramp, not a cliff. A `window` of the namespace's
     /// TTL keeps the load at about its steady rate.
     ///
-    /// Only the latest soft clear's moment and window are kept: a soft
-    /// clear spreads every entry not reloaded since the last hard clear
-    /// over its own window, so one made while an earlier soft clear's
-    /// entries are still waiting for their reload can move their moments
-    /// later (an entry an earlier `window: 0` clear made stale can turn
-    /// fresh again). A hard clear never brings anything back.
+    /// A soft clear never makes an entry fresher than an earlier one left
+    /// it: made while an earlier soft clear's window is still open, it
+    /// keeps that window's start and ends no later than either (the
+    /// entries written in between are spread over what is left of it);
+    /// made after it ended, the earlier one's entries stay stale.
     Soft {
         /// Over how long the refreshes are spread (at most 365 days;
         /// zero: every entry is stale at once, still served within grace).
@@ -252,14 +263,23 @@ impl<V: Value> Cache<V> {
         mut entry: Entry,
         record: Option<&NamespaceState>,
     ) -> Option<Entry> {
+        // No record, though one was known here or the entry recorded a
+        // generation of one: it was lost, and validates nothing (entries
+        // from before the first clear included) until a new one is made.
+        if record.is_none() && (entry.extra.namespace().is_some() || self.local.clears.ever_known())
+        {
+            self.record_lost();
+            return None;
+        }
         match NamespaceState::standing(record, entry.extra.namespace()) {
             Standing::Current => Some(entry),
             Standing::Cleared => {
                 tracing::debug!(key = %show_key(key), "cached entry is from before a clear; treating it as a miss");
                 None
             }
-            Standing::Soft { at, window } => {
+            Standing::Soft { at, window, by } => {
                 let moment = at.saturating_add(self.moment_in(key, &entry, at, window));
+                let moment = by.map_or(moment, |by| moment.min(by));
                 entry.fresh_until = entry.fresh_until.min(moment);
                 Some(entry)
             }
@@ -281,8 +301,42 @@ impl<V: Value> Cache<V> {
         match u64::try_from(scaled) {
             Ok(scaled) if scaled < window => scaled,
             _ if left < window => left,
-            _ => fnv1a(key) % window,
+            // The same fraction of any window: a shorter one (a later soft
+            // clear's) never moves the moment later.
+            _ => ((u128::from(fnv1a(key)) * u128::from(window)) >> 64) as u64,
         }
+    }
+
+    /// The namespace's clear record was lost (evicted under `maxmemory`,
+    /// deleted): a hard clear makes a new one, in the background, one at a
+    /// time; every process takes it from its message. Until then the
+    /// entries it judged are misses here; entries written meanwhile record
+    /// no generation and are cleared by it too.
+    fn record_lost(&self) {
+        let clears = &self.local.clears;
+        if !clears.begin_restore() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            clears.end_restore();
+            return;
+        };
+        warn_limited!(self.inner.logs, Warning::ClearRecordLost, key = %show_key(&self.inner.clear_key), "the namespace's clear record is gone from the store (evicted under maxmemory, or deleted); clearing the namespace hard to make a new one");
+        let cache = self.clone();
+        runtime.spawn(async move {
+            /// Ends the restore however the task ends (a dropped runtime
+            /// included).
+            struct Done<V: Value>(Cache<V>);
+            impl<V: Value> Drop for Done<V> {
+                fn drop(&mut self) {
+                    self.0.local.clears.end_restore();
+                }
+            }
+            let done = Done(cache);
+            if let Err(err) = done.0.clear(ClearMode::Hard).await {
+                tracing::debug!(error = %err, "the clear that makes a new clear record did not complete");
+            }
+        });
     }
 
     /// The clear generation a load or `set` beginning now records (`None`

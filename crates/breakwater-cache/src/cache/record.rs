@@ -4,7 +4,7 @@
 //! stayed up since, and the acknowledgements of clears heard on the bus.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -40,6 +40,12 @@ pub(super) struct Clears {
     /// One read of the record at a time: callers that find it untrusted
     /// while a read is in the air wait for that one.
     reading: tokio::sync::Mutex<()>,
+    /// A record was known here once: from then on, none in the store means
+    /// it was lost.
+    ever: AtomicBool,
+    /// A hard clear that makes a new record after one was lost is under
+    /// way.
+    restoring: AtomicBool,
 }
 
 /// The record as last read or heard, and the bus state it holds for.
@@ -164,6 +170,9 @@ impl Clears {
             }
             (_, new) => new,
         };
+        if newer.is_some() {
+            self.ever.store(true, Ordering::SeqCst);
+        }
         if bus == self.bus.load(Ordering::SeqCst) {
             *known = Known {
                 record: Some(newer),
@@ -172,6 +181,22 @@ impl Clears {
             };
         }
         newer
+    }
+
+    /// Whether a record was ever known here.
+    pub(super) fn ever_known(&self) -> bool {
+        self.ever.load(Ordering::SeqCst)
+    }
+
+    /// Starts making a new record after one was lost: `false` if that is
+    /// under way already.
+    pub(super) fn begin_restore(&self) -> bool {
+        !self.restoring.swap(true, Ordering::SeqCst)
+    }
+
+    /// The new record is made (or could not be).
+    pub(super) fn end_restore(&self) {
+        self.restoring.store(false, Ordering::SeqCst);
     }
 
     /// A clear heard on the bus: its record taken, and returned (`None`
@@ -257,6 +282,8 @@ mod tests {
             soft_at: 0,
             window: 0,
             legacy: generation - 1,
+            stale_below: generation,
+            stale_by: 0,
         }
     }
 

@@ -252,8 +252,10 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
     /// that started before cannot write over it), then, if `key` holds an
     /// entry (the envelope's magic `BW`, format version 1 or 2), lowers its
     /// `fresh_until` (header bytes 5..13, big-endian store-clock ms) to
-    /// `at_ms` (but not past its `stale_until`, bytes 13..21),
-    /// its TTL and the rest of the bytes unchanged; then publishes
+    /// `at_ms` (but not past its `stale_until`, bytes 13..21), or, if it is
+    /// not above that already, by 1 ms: the bytes always change, so a
+    /// version transition's entry pinned beside them is revoked too. Its TTL
+    /// and the rest of the bytes stay as they are; then publishes
     /// `notice`. All atomically where the backend can (Redis: one script).
     /// `true` if an entry was there.
     ///
@@ -793,9 +795,14 @@ pub(crate) fn expire_in_place(bytes: &mut [u8], at_ms: u64) -> bool {
     };
     let (fresh_until, stale_until) = (read(5), read(13));
     let at = at_ms.min(stale_until);
-    if fresh_until > at {
-        bytes[5..13].copy_from_slice(&at.to_be_bytes());
-    }
+    // Stale already: a millisecond earlier, so the bytes change all the
+    // same (a version transition pinned beside them hears it).
+    let moved = if fresh_until > at {
+        at
+    } else {
+        fresh_until.saturating_sub(1)
+    };
+    bytes[5..13].copy_from_slice(&moved.to_be_bytes());
     true
 }
 

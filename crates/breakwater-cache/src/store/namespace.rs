@@ -5,7 +5,8 @@
 //!
 //! # The record
 //!
-//! Five decimal numbers joined by `:`: `N:H:T:W:L`.
+//! Seven decimal numbers joined by `:`: `N:H:T:W:L:S:E` (a record of
+//! five, `N:H:T:W:L`, reads as one with `S = H` and `E = 0`).
 //!
 //! - `N`, the namespace generation: every entry written since the first
 //!   clear records the generation its load began under (`entry`, extension
@@ -22,6 +23,18 @@
 //! - `L`, the generation of entries that record none (written before the
 //!   first clear): the first clear's `N` minus one, fixed from then on
 //!   (and the first `H`, so a first soft clear leaves them soft).
+//! - `S` and `E`: an entry whose generation is at least `H` but below `S`
+//!   is stale from store-clock `E` at the latest, whatever `T` and `W`
+//!   say.
+//!
+//! One soft mark (`T`, `W`) is kept, and a later soft clear never makes an
+//! entry fresher than an earlier one left it. A soft clear made while the
+//! previous one's window is still open keeps `T` and ends the window no
+//! later than either would (`W = min(W, now + window − T)`: the moments
+//! only move earlier). One made after it ended moves that window's
+//! entries (`g < N`) under `S = N`, `E = T + W` (stale by then already),
+//! and starts its own mark. A hard clear leaves nothing below `H` to
+//! judge.
 //!
 //! No record (none was ever made, or it was lost) leaves entries that
 //! record no generation valid, and makes every entry that records one a
@@ -44,34 +57,55 @@ pub(crate) struct NamespaceState {
     pub(crate) window: u64,
     /// `L`: the generation of entries that record none.
     pub(crate) legacy: u64,
+    /// `S`: entries recorded at or above `H` but below it are stale from
+    /// `E` at the latest.
+    pub(crate) stale_below: u64,
+    /// `E`: see `S`.
+    pub(crate) stale_by: u64,
 }
 
 impl NamespaceState {
     /// The record as stored.
     pub(crate) fn encode(&self) -> Vec<u8> {
         format!(
-            "{}:{}:{}:{}:{}",
-            self.generation, self.floor, self.soft_at, self.window, self.legacy
+            "{}:{}:{}:{}:{}:{}:{}",
+            self.generation,
+            self.floor,
+            self.soft_at,
+            self.window,
+            self.legacy,
+            self.stale_below,
+            self.stale_by
         )
         .into_bytes()
     }
 
-    /// A record as stored; `None` for anything that is not one (five
-    /// numbers of 1 to 16 digits, below [`MAX_GENERATION`], with `H <= N`
-    /// and `L < N`).
+    /// A record as stored; `None` for anything that is not one (seven or
+    /// five numbers of 1 to 16 digits, below [`MAX_GENERATION`], with
+    /// `H <= N`, `L < N` and `S <= N`).
     pub(crate) fn parse(stored: &[u8]) -> Option<NamespaceState> {
         let mut parts = stored.split(|&b| b == b':');
-        let mut next = || parts.next().and_then(parse_generation);
-        let state = NamespaceState {
-            generation: next()?,
-            floor: next()?,
-            soft_at: next()?,
-            window: next()?,
-            legacy: next()?,
+        let mut next = || parts.next().map(parse_generation);
+        let mut state = NamespaceState {
+            generation: next()??,
+            floor: next()??,
+            soft_at: next()??,
+            window: next()??,
+            legacy: next()??,
+            stale_below: 0,
+            stale_by: 0,
         };
-        if parts.next().is_some()
-            || state.floor > state.generation
+        match (next(), next(), next()) {
+            (None, None, None) => state.stale_below = state.floor,
+            (Some(Some(below)), Some(Some(by)), None) => {
+                state.stale_below = below;
+                state.stale_by = by;
+            }
+            _ => return None,
+        }
+        if state.floor > state.generation
             || state.legacy >= state.generation
+            || state.stale_below > state.generation
         {
             return None;
         }
@@ -103,11 +137,29 @@ impl NamespaceState {
                 soft_at: 0,
                 window: 0,
                 legacy: fresh,
+                stale_below: fresh,
+                stale_by: 0,
             },
         };
+        // The soft mark judges the generations in [H, N) before this
+        // clear: none after a hard clear, or before any record.
+        let marked = held.is_some_and(|held| held.floor < held.generation);
+        let ends = state.soft_at.saturating_add(state.window);
         if hard {
             state.floor = state.generation;
+            state.stale_below = state.generation;
+            state.stale_by = 0;
+        } else if marked && ends > now_ms {
+            // The earlier window still open: its start kept, its end no
+            // later than either's.
+            let end = now_ms.saturating_add(window_ms);
+            state.window = state.window.min(end.saturating_sub(state.soft_at));
         } else {
+            if marked {
+                // Its window over: everything it judged is stale by its end.
+                state.stale_below = state.generation - 1;
+                state.stale_by = ends;
+            }
             state.soft_at = now_ms;
             state.window = window_ms;
         }
@@ -128,6 +180,7 @@ impl NamespaceState {
                     Standing::Soft {
                         at: state.soft_at,
                         window: state.window,
+                        by: (generation < state.stale_below).then_some(state.stale_by),
                     }
                 } else {
                     Standing::Cleared
@@ -142,8 +195,13 @@ impl NamespaceState {
 pub(crate) enum Standing {
     /// Written under the current generation (or no clear was made).
     Current,
-    /// Cleared soft, at store-clock `at`, spread over `window` ms.
-    Soft { at: u64, window: u64 },
+    /// Cleared soft, at store-clock `at`, spread over `window` ms; stale
+    /// from store-clock `by` at the latest, if given.
+    Soft {
+        at: u64,
+        window: u64,
+        by: Option<u64>,
+    },
     /// Cleared hard, or recorded under a record that was lost: a miss.
     Cleared,
 }
@@ -158,11 +216,16 @@ mod tests {
     fn records_round_trip_and_foreign_bytes_are_none() {
         let state = NamespaceState::cleared(None, true, 0, 5, FRESH);
         assert_eq!(NamespaceState::parse(&state.encode()), Some(state));
+        // A record of five numbers (before `S` and `E`).
+        let five = NamespaceState::parse(b"9:4:100:50:3").unwrap();
+        assert_eq!((five.stale_below, five.stale_by), (4, 0));
         for foreign in [
             &b""[..],
             b"1",
             b"1:1:0:0",
             b"2:1:0:0:1:9",
+            b"2:1:0:0:1:3:0",
+            b"2:1:0:0:1:1:0:0",
             b"2:3:0:0:1",
             b"2:1:0:0:2",
             b"a:1:0:0:0",
@@ -184,7 +247,8 @@ mod tests {
             NamespaceState::standing(Some(&soft), None),
             Standing::Soft {
                 at: 1_000,
-                window: 60_000
+                window: 60_000,
+                by: None
             }
         );
         assert_eq!(
@@ -207,7 +271,8 @@ mod tests {
             NamespaceState::standing(Some(&again), Some(hard.generation)),
             Standing::Soft {
                 at: 3_000,
-                window: 5_000
+                window: 5_000,
+                by: None
             }
         );
         assert_eq!(
@@ -223,6 +288,62 @@ mod tests {
         assert_eq!(
             NamespaceState::standing(Some(&again), Some(again.generation + 1)),
             Standing::Cleared
+        );
+    }
+
+    #[test]
+    fn a_later_soft_clear_never_makes_an_entry_fresher() {
+        let first = NamespaceState::cleared(None, false, 60_000, 1_000, FRESH);
+        let old = Some(first.generation - 1);
+        // Another soft clear inside the first's window: its start kept,
+        // its end the earlier of the two.
+        let second = NamespaceState::cleared(Some(first), false, 100_000, 11_000, FRESH);
+        assert_eq!((second.soft_at, second.window), (1_000, 60_000));
+        let third = NamespaceState::cleared(Some(second), false, 10_000, 21_000, FRESH);
+        assert_eq!((third.soft_at, third.window), (1_000, 30_000));
+        assert_eq!(
+            NamespaceState::standing(Some(&third), old),
+            Standing::Soft {
+                at: 1_000,
+                window: 30_000,
+                by: None
+            }
+        );
+        // One after the window ended: the entries it judged are stale by
+        // its end; those written since, over the new window.
+        let fourth = NamespaceState::cleared(Some(third), false, 50_000, 40_000, FRESH);
+        assert_eq!((fourth.soft_at, fourth.window), (40_000, 50_000));
+        assert_eq!(
+            NamespaceState::standing(Some(&fourth), old),
+            Standing::Soft {
+                at: 40_000,
+                window: 50_000,
+                by: Some(31_000)
+            }
+        );
+        assert_eq!(
+            NamespaceState::standing(Some(&fourth), Some(third.generation)),
+            Standing::Soft {
+                at: 40_000,
+                window: 50_000,
+                by: None
+            }
+        );
+        assert_eq!(NamespaceState::parse(&fourth.encode()), Some(fourth));
+        // After a hard clear, a soft one starts its own mark.
+        let hard = NamespaceState::cleared(Some(fourth), true, 0, 45_000, FRESH);
+        let soft = NamespaceState::cleared(Some(hard), false, 5_000, 46_000, FRESH);
+        assert_eq!(
+            (soft.soft_at, soft.window, soft.stale_below),
+            (46_000, 5_000, hard.generation)
+        );
+        assert_eq!(
+            NamespaceState::standing(Some(&soft), Some(hard.generation)),
+            Standing::Soft {
+                at: 46_000,
+                window: 5_000,
+                by: None
+            }
         );
     }
 }

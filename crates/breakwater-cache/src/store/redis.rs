@@ -767,8 +767,9 @@ impl Store for RedisStore {
     /// One script on the counter's node. On a Sentinel store the bump is
     /// remembered like an invalidation and applied again (as a bump, with
     /// the same fresh value) on the next master should a failover lose it.
-    /// One script. Not remembered for a Sentinel failover yet: a clear
-    /// lost with a master is not made again.
+    /// One script. On a Sentinel store the master's acknowledgement is
+    /// remembered, and the record put back on the next master should a
+    /// failover lose it (unless that master holds a later one).
     fn clear_namespace<'a>(
         &'a self,
         clear: NamespaceClear<'a>,
@@ -782,12 +783,15 @@ impl Store for RedisStore {
                 .arg(u8::from(clear.hard))
                 .arg(clear.window_ms)
                 .arg(self.now_ms());
-            let (record, receivers): (Vec<u8>, u64) = self
+            let ((record, receivers), master): ((Vec<u8>, u64), _) = self
                 .inner
                 .call(
                     DeadlineKind::Write,
                     self.inner.domain(clear.key),
-                    |mut conn| async move { run_script(&mut conn, script).await },
+                    |mut conn| async move {
+                        let reply = run_script(&mut conn, script).await?;
+                        Ok((reply, conn.master().cloned()))
+                    },
                 )
                 .await?;
             if NamespaceState::parse(&record).is_none() {
@@ -796,6 +800,10 @@ impl Store for RedisStore {
                     "redis answered a namespace clear with something that is not a clear record",
                 ));
             }
+            self.inner.acknowledged(
+                master,
+                &[Revocation::restore(clear.key, clear.notice, &record)],
+            )?;
             Ok(ClearedNamespace { record, receivers })
         })
     }

@@ -124,7 +124,9 @@ pub(super) static FENCED_SET: LazyLock<Lua> = LazyLock::new(|| {
 /// lease; if the value is an entry (magic `BW`, format version 1 or 2)
 /// lowers its `fresh_until` (bytes 5..13) to that time, but not past its
 /// `stale_until` (bytes 13..21), byte by byte (`<` on Lua strings follows
-/// the locale); publishes; 1 if there was an entry.
+/// the locale), or, not above it already, by 1 ms (the bytes always
+/// change: a version transition pinned beside them hears it); publishes;
+/// 1 if there was an entry.
 pub(super) static EXPIRE_ENTRY: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"local function below(a, b)
@@ -150,6 +152,17 @@ pub(super) static EXPIRE_ENTRY: LazyLock<Lua> = LazyLock::new(|| {
             end
             if below(at, fresh) then
               redis.call('SETRANGE', KEYS[1], 5, at)
+            else
+              local bytes = {string.byte(fresh, 1, 8)}
+              local i = 8
+              while i >= 1 and bytes[i] == 0 do
+                bytes[i] = 255
+                i = i - 1
+              end
+              if i >= 1 then
+                bytes[i] = bytes[i] - 1
+                redis.call('SETRANGE', KEYS[1], 5, string.char(unpack(bytes)))
+              end
             end
           end
           redis.call('PUBLISH', ARGV[2], ARGV[3])
@@ -338,8 +351,9 @@ pub(super) static TAG_GENERATIONS: LazyLock<Lua> = LazyLock::new(|| {
 
 /// One clear of a namespace (see `store::namespace`): KEYS = its clear
 /// record; ARGV = channel, message, fresh value, `1` for hard, window ms,
-/// the store clock's now in ms. The record (five numbers below 2^53 with
-/// `H <= N` and `L < N`; anything else counts as none) is advanced as
+/// the store clock's now in ms. The record (seven numbers below 2^53 with
+/// `H <= N`, `L < N` and `S <= N`, or five read with `S = H`, `E = 0`;
+/// anything else counts as none) is advanced as
 /// `NamespaceState::cleared` advances it, written without a TTL, and
 /// published appended to the message. Returns the record and `PUBLISH`'s
 /// count.
@@ -347,34 +361,71 @@ pub(super) static CLEAR_NAMESPACE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"local top = 9007199254740992
           local fresh = tonumber(ARGV[3])
+          local now = tonumber(ARGV[6])
           local held = redis.pcall('GET', KEYS[1])
-          local n, h, t, w, l
+          local n, h, t, w, l, s, e
           if type(held) == 'string' then
-            local parts = {string.match(held, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')}
-            local ok = #parts == 5
+            local parts = {string.match(held, '^(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')}
+            if #parts == 0 then
+              parts = {string.match(held, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')}
+              if #parts == 5 then
+                parts[6], parts[7] = parts[2], '0'
+              end
+            end
+            local ok = #parts == 7
             for i = 1, #parts do
               if #parts[i] > 16 or tonumber(parts[i]) >= top then ok = false end
             end
             if ok then
-              n, h, t, w, l = tonumber(parts[1]), tonumber(parts[2]), tonumber(parts[3]),
-                tonumber(parts[4]), tonumber(parts[5])
-              if h > n or l >= n then n = nil end
+              n, h, t, w, l, s, e = tonumber(parts[1]), tonumber(parts[2]), tonumber(parts[3]),
+                tonumber(parts[4]), tonumber(parts[5]), tonumber(parts[6]), tonumber(parts[7])
+              if h > n or l >= n or s > n then n = nil end
             end
           end
+          local marked = false
           if n then
+            marked = h < n
             n = math.min(n + 1, top - 1)
           else
-            n, h, t, w, l = fresh + 1, fresh, 0, 0, fresh
+            n, h, t, w, l, s, e = fresh + 1, fresh, 0, 0, fresh, fresh, 0
           end
+          local ends = t + w
           if ARGV[4] == '1' then
-            h = n
+            h, s, e = n, n, 0
+          elseif marked and ends > now then
+            w = math.min(w, math.max(now + tonumber(ARGV[5]) - t, 0))
           else
-            t, w = tonumber(ARGV[6]), tonumber(ARGV[5])
+            if marked then
+              s, e = n - 1, ends
+            end
+            t, w = now, tonumber(ARGV[5])
           end
-          local record = string.format('%.0f:%.0f:%.0f:%.0f:%.0f', n, h, t, w, l)
+          local record = string.format('%.0f:%.0f:%.0f:%.0f:%.0f:%.0f:%.0f', n, h, t, w, l, s, e)
           redis.call('SET', KEYS[1], record)
           local receivers = redis.call('PUBLISH', ARGV[1], ARGV[2] .. record)
           return {record, receivers}",
+    )
+});
+
+/// A namespace clear a failover may have lost, applied again on the new
+/// master: KEYS = the clear record; ARGV = channel, message, the record
+/// the clear wrote. The record is put back (without a TTL) unless the key
+/// holds a record whose generation (its first number) is at least as
+/// high; then published after the message, so every process takes it.
+/// Replays from several processes, in any order, end with the highest.
+pub(super) static RESTORE_RECORD: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"local held = redis.pcall('GET', KEYS[1])
+          local mine = tonumber(string.match(ARGV[3], '^(%d+):'))
+          if type(held) == 'string' then
+            local theirs = tonumber(string.match(held, '^(%d+):'))
+            if theirs and mine and theirs >= mine then
+              return 0
+            end
+          end
+          redis.call('SET', KEYS[1], ARGV[3])
+          redis.call('PUBLISH', ARGV[1], ARGV[2] .. ARGV[3])
+          return 1",
     )
 });
 

@@ -37,13 +37,15 @@
 //!
 //! Replication is asynchronous: the old master's last acknowledged writes,
 //! and all it acknowledged after the promotion, are lost. A lost
-//! revocation (an invalidation, `set`'s replace, or a tag's generation
-//! bump) would bring the old value back, fresh until its TTL. So each one is remembered in a ledger
+//! revocation (an invalidation, `set`'s replace, a tag's generation
+//! bump, or a namespace clear) would bring the old value back, fresh until
+//! its TTL. So each one is remembered in a ledger
 //! with the master that acknowledged it, for [`REPLAY_WINDOW`] plus twice
 //! `subscription_ping` (at most [`REPLAY_CAP`]; a former master's wait for
 //! the replay however old), and the first connection to a new master
-//! applies the former masters' again, as invalidations with their notices,
-//! before any call can use it. The ledger also records which master is
+//! applies the former masters' again, as invalidations with their notices
+//! (bumps as bumps; a clear by putting its record back unless the new
+//! master holds a later one), before any call can use it. The ledger also records which master is
 //! believed in: a revocation acknowledged by another one (the store has
 //! moved on since it was sent) is refused, under the same lock, so each
 //! revocation is either replayed or reported as failed. The resulting
@@ -64,7 +66,7 @@ use tokio::time::Instant;
 
 use super::config::RedisStoreConfig;
 use super::conn::{MasterAddr, store_error};
-use super::scripts::{BUMP_GENERATION, INVALIDATE};
+use super::scripts::{BUMP_GENERATION, INVALIDATE, RESTORE_RECORD};
 use super::tls;
 use super::url::{connection_info, mask_secrets, redact_url};
 use crate::background::Supervised;
@@ -183,18 +185,30 @@ impl fmt::Display for SentinelError {
 
 impl std::error::Error for SentinelError {}
 
-/// A revocation (invalidation or replace, or a tag's generation bump) to
-/// remember: its keys and notice.
+/// A revocation (invalidation or replace, a tag's generation bump, or a
+/// namespace clear) to remember: its keys and notice.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Revocation<'a> {
     key: &'a [u8],
     lease_key: &'a [u8],
     notice: Notice<'a>,
+    again: Again<'a>,
+}
+
+/// How a remembered revocation is applied again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Again<'a> {
+    /// As an invalidation: the value and its lease deleted.
+    Invalidate,
     /// A generation bump (`key` is the counter; no lease), with its fresh
     /// value and TTL in ms: applied again as a bump, never as a delete (a
     /// deleted counter would invalidate every entry of the tag, not only
     /// those from before the bump).
-    bump: Option<(u64, u64)>,
+    Bump(u64, u64),
+    /// A namespace clear (`key` is the clear record): the record written
+    /// is put back unless the new master holds a later one (see
+    /// `RESTORE_RECORD`), and published after the notice's message.
+    Restore(&'a [u8]),
 }
 
 impl<'a> Revocation<'a> {
@@ -203,7 +217,17 @@ impl<'a> Revocation<'a> {
             key,
             lease_key,
             notice,
-            bump: None,
+            again: Again::Invalidate,
+        }
+    }
+
+    /// A clear that wrote `record` under `key`.
+    pub(crate) fn restore(key: &'a [u8], notice: Notice<'a>, record: &'a [u8]) -> Self {
+        Revocation {
+            key,
+            lease_key: &[],
+            notice,
+            again: Again::Restore(record),
         }
     }
 
@@ -214,7 +238,7 @@ impl<'a> Revocation<'a> {
             key,
             lease_key: &[],
             notice,
-            bump: Some((fresh, ttl_ms)),
+            again: Again::Bump(fresh, ttl_ms),
         }
     }
 }
@@ -231,6 +255,8 @@ struct Revoked {
     message: Vec<u8>,
     /// Applied again as a generation bump (its fresh value, TTL in ms).
     bump: Option<(u64, u64)>,
+    /// Applied again by putting this clear record back.
+    record: Option<Vec<u8>>,
 }
 
 /// The master this store believes in, and the revocations to apply again
@@ -614,7 +640,14 @@ impl Sentinel {
                 lease_key: r.lease_key.to_vec(),
                 channel: r.notice.channel.to_vec(),
                 message: r.notice.message.to_vec(),
-                bump: r.bump,
+                bump: match r.again {
+                    Again::Bump(fresh, ttl_ms) => Some((fresh, ttl_ms)),
+                    _ => None,
+                },
+                record: match r.again {
+                    Again::Restore(record) => Some(record.to_vec()),
+                    _ => None,
+                },
             });
         }
         ledger.prune(now, self.retention);
@@ -641,7 +674,13 @@ impl Sentinel {
                     .filter(|r| &r.master != master)
                     .take(REPLAY_BATCH)
                 {
-                    let invalidate = if let Some((fresh, ttl_ms)) = r.bump {
+                    let invalidate = if let Some(record) = &r.record {
+                        RESTORE_RECORD
+                            .key(&r.key)
+                            .arg(&r.channel)
+                            .arg(&r.message)
+                            .arg(record)
+                    } else if let Some((fresh, ttl_ms)) = r.bump {
                         BUMP_GENERATION
                             .key(&r.key)
                             .arg(&r.channel)
@@ -958,6 +997,55 @@ mod tests {
             .unwrap();
         assert_eq!(value, None);
         assert!(sentinel.ledger.lock().unwrap().revoked.is_empty());
+    }
+
+    /// A failover lost a namespace clear: its record is put back, unless
+    /// the new master holds a later one (another clear since).
+    #[tokio::test]
+    async fn a_former_masters_clear_is_replayed_unless_a_later_one_stands() {
+        let server = breakwater_cache_testkit::RedisServer::start();
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let sentinel = sentinel("m");
+        let (old, new) = (addr("127.0.0.1:7000"), addr("127.0.0.1:7001"));
+        let reader = conn.clone();
+        let get = |key: &'static str| {
+            let mut conn = reader.clone();
+            async move {
+                let held: Option<String> = redis::cmd("GET")
+                    .arg(key)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                held
+            }
+        };
+        sentinel.believe(&old);
+        sentinel
+            .acknowledged(
+                &old,
+                &[
+                    Revocation::restore(b"bw:a:c", notice(), b"6:6:0:0:4:6:0"),
+                    Revocation::restore(b"bw:b:c", notice(), b"6:6:0:0:4:6:0"),
+                    Revocation::restore(b"bw:c:c", notice(), b"6:6:0:0:4:6:0"),
+                ],
+            )
+            .unwrap();
+        // The new master: a: the record from before the clear; b: a later
+        // clear made since; c: none.
+        for (key, record) in [("bw:a:c", "5:4:0:0:4:4:0"), ("bw:b:c", "7:7:0:0:4:7:0")] {
+            let _: () = redis::cmd("SET")
+                .arg(key)
+                .arg(record)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+        sentinel.believe(&new);
+        assert_eq!(sentinel.replay(&mut conn, &new).await.unwrap(), 3);
+        assert_eq!(get("bw:a:c").await.as_deref(), Some("6:6:0:0:4:6:0"));
+        assert_eq!(get("bw:b:c").await.as_deref(), Some("7:7:0:0:4:7:0"));
+        assert_eq!(get("bw:c:c").await.as_deref(), Some("6:6:0:0:4:6:0"));
     }
 
     #[tokio::test(start_paused = true)]
