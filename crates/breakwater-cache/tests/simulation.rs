@@ -2485,8 +2485,12 @@ fn seeds() -> Vec<u64> {
 /// put back (a direct load's plain `SET` landing after an invalidation; of
 /// seeds 1–60, 13, 14, 19, 20, 28, 37 and 50 catch it), and 1095, which
 /// catches an L1 copy kept for its whole fresh window after a slow fenced
-/// write (of seeds 1000–1299, 1095, 1096 and 1284 catch it).
-const FIXED_SEEDS: [u64; 11] = [1, 2, 3, 4, 5, 6, 7, 8, 13, 19, 1095];
+/// write (of seeds 1000–1299, 1095, 1096 and 1284 catch it); 1009, which
+/// catches a lost clear record taken as no clear ever made (of seeds
+/// 1000–1059, 1009, 1025, 1035, 1042 and 1050), and 1021, which catches a
+/// soft clear that moves an earlier soft clear's moments later (of seeds
+/// 1000–1059, 1021 alone).
+const FIXED_SEEDS: [u64; 13] = [1, 2, 3, 4, 5, 6, 7, 8, 13, 19, 1009, 1021, 1095];
 
 #[test]
 fn simulation_fixed_seeds() {
