@@ -512,3 +512,36 @@ async fn an_expire_by_the_previous_version_revokes_this_versions_entry() {
         (Some("new"), Served::Loaded)
     );
 }
+
+/// A clear by the previous version's processes changes none of its
+/// entries' bytes, so this version's entries pinned beside them would
+/// stand: this version hears it and clears its own namespace the same
+/// way, and acknowledges it (the previous version's `clear` counts this
+/// version's listener among its receivers).
+#[tokio::test(start_paused = true)]
+async fn a_clear_by_the_previous_version_clears_this_one_too() {
+    use breakwater_cache::ClearMode;
+    let store = MemoryStore::new();
+    let v1 = builder(&store, 1).build().unwrap();
+    let v2 = builder(&store, 2)
+        .version_transition(Duration::from_secs(600))
+        .build()
+        .unwrap();
+    let load = |value: &'static str| {
+        move || async move { Ok::<_, std::io::Error>(Some(value.to_owned())) }
+    };
+    for key in ["p1", "p2"] {
+        let got = v2.get_or_load(key, load("old")).await.unwrap();
+        assert_eq!(got.as_deref(), Some("old"));
+    }
+    // Returns once every listener, this version's included, took it.
+    v1.clear(ClearMode::Hard).await.unwrap();
+    for key in ["p1", "p2"] {
+        let got = v2.get_or_load_with_meta(key, load("new")).await.unwrap();
+        assert_eq!(
+            (got.value.as_deref(), got.served),
+            (Some("new"), Served::Loaded),
+            "{key}"
+        );
+    }
+}

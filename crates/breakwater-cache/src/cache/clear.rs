@@ -37,10 +37,13 @@
 //! The record has no TTL, but an `allkeys-*` eviction policy, a `DEL` or
 //! a failover can still lose it. A lost record validates nothing: a
 //! process that knew one, or that reads an entry recorded under one,
-//! takes every entry as a miss and clears the namespace hard in the
-//! background (one such clear at a time) to make a new record; every
-//! process takes it from its message, so entries from before the first
-//! clear do not come back either. (A process that never knew a record and
+//! takes every entry as a miss; one that read the store and found no
+//! record reads it again after a pause drawn at random (up to 500 ms, so
+//! the processes that noticed do not all clear) and, still missing,
+//! clears the namespace hard in the background to make a new record;
+//! every process takes it from its message, so entries from before the
+//! first clear do not come back either. A record that cannot be read is
+//! not a lost one: nothing is cleared for it. (A process that never knew a record and
 //! reads only entries from before the first clear cannot tell, and serves
 //! them until a new record is made.)
 //!
@@ -63,6 +66,8 @@
 
 use std::time::Duration;
 
+use rand::RngExt;
+
 use tokio::time::Instant;
 
 use super::handle::Cache;
@@ -78,6 +83,10 @@ use crate::store::{NamespaceClear, Store, fnv1a};
 
 /// How long [`Cache::clear`] waits for every process to acknowledge.
 pub const CLEAR_ACKED_WITHIN: Duration = Duration::from_secs(2);
+
+/// The longest pause before a process that found the clear record lost
+/// reads it again and, still missing, makes a new one.
+const RESTORE_SPREAD: Duration = Duration::from_millis(500);
 
 /// How [`Cache::clear`] clears a namespace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,9 +104,12 @@ pub enum ClearMode {
     ///
     /// A soft clear never makes an entry fresher than an earlier one left
     /// it: made while an earlier soft clear's window is still open, it
-    /// keeps that window's start and ends no later than either (the
-    /// entries written in between are spread over what is left of it);
-    /// made after it ended, the earlier one's entries stay stale.
+    /// keeps that window's start and ends no later than either; made
+    /// after it ended, the earlier one's entries stay stale. (Entries
+    /// written between two such clears are judged from the earlier start:
+    /// those with more fresh time left than the TTL get a moment anywhere
+    /// in the merged window, some of them already past, so part of them
+    /// turn stale at once.)
     Soft {
         /// Over how long the refreshes are spread (at most 365 days;
         /// zero: every entry is stale at once, still served within grace).
@@ -256,19 +268,35 @@ impl<V: Value> Cache<V> {
 
     /// `entry` of storage key `key` as the clear `record` leaves it: as it
     /// is, a miss (cleared hard), or fresh no longer than its moment in a
-    /// soft clear's window.
+    /// soft clear's window. A record known to be gone from the store that
+    /// the entry, or this process, knew of was lost: the entry is a miss,
+    /// and a new record is made ([`record_lost`](Self::record_lost)).
     pub(super) fn after_clears(
+        &self,
+        key: &[u8],
+        entry: Entry,
+        record: Option<&NamespaceState>,
+    ) -> Option<Entry> {
+        let judged = self.judge_clears(key, entry, record);
+        if record.is_none() && judged.is_none() && self.local.clears.known_absent() {
+            self.record_lost();
+        }
+        judged
+    }
+
+    /// [`after_clears`](Self::after_clears) without its side effect (for
+    /// `inspect`, which only reads).
+    pub(super) fn judge_clears(
         &self,
         key: &[u8],
         mut entry: Entry,
         record: Option<&NamespaceState>,
     ) -> Option<Entry> {
         // No record, though one was known here or the entry recorded a
-        // generation of one: it was lost, and validates nothing (entries
-        // from before the first clear included) until a new one is made.
+        // generation of one: it was lost (or cannot be read), and validates
+        // nothing, entries from before the first clear included.
         if record.is_none() && (entry.extra.namespace().is_some() || self.local.clears.ever_known())
         {
-            self.record_lost();
             return None;
         }
         match NamespaceState::standing(record, entry.extra.namespace()) {
@@ -308,10 +336,13 @@ impl<V: Value> Cache<V> {
     }
 
     /// The namespace's clear record was lost (evicted under `maxmemory`,
-    /// deleted): a hard clear makes a new one, in the background, one at a
-    /// time; every process takes it from its message. Until then the
-    /// entries it judged are misses here; entries written meanwhile record
-    /// no generation and are cleared by it too.
+    /// deleted): after a pause drawn at random (up to
+    /// [`RESTORE_SPREAD`], so the fleet's processes that noticed do not all
+    /// clear), the record is read again, and only if it is still missing
+    /// a hard clear makes a new one, in the background, one at a time in
+    /// this process; every process takes it from its message. Until then
+    /// the entries it judged are misses here; entries written meanwhile
+    /// record no generation and are cleared by it too.
     fn record_lost(&self) {
         let clears = &self.local.clears;
         if !clears.begin_restore() {
@@ -321,7 +352,6 @@ impl<V: Value> Cache<V> {
             clears.end_restore();
             return;
         };
-        warn_limited!(self.inner.logs, Warning::ClearRecordLost, key = %show_key(&self.inner.clear_key), "the namespace's clear record is gone from the store (evicted under maxmemory, or deleted); clearing the namespace hard to make a new one");
         let cache = self.clone();
         runtime.spawn(async move {
             /// Ends the restore however the task ends (a dropped runtime
@@ -333,7 +363,21 @@ impl<V: Value> Cache<V> {
                 }
             }
             let done = Done(cache);
-            if let Err(err) = done.0.clear(ClearMode::Hard).await {
+            let cache = &done.0;
+            // The cache's own generator: seeded, a run replays.
+            let pause = {
+                let mut rng = cache.inner.rng.lock().unwrap_or_else(|p| p.into_inner());
+                rng.random_range(Duration::ZERO..=RESTORE_SPREAD)
+            };
+            tokio::time::sleep(pause).await;
+            match cache.local.clears.read_again().await {
+                // Another process made it meanwhile (or the read failed:
+                // tried again by the next read that finds it missing).
+                Ok(Some(_)) | Err(_) => return,
+                Ok(None) => {}
+            }
+            warn_limited!(cache.inner.logs, Warning::ClearRecordLost, key = %show_key(&cache.inner.clear_key), "the namespace's clear record is gone from the store (evicted under maxmemory, or deleted); clearing the namespace hard to make a new one");
+            if let Err(err) = cache.clear(ClearMode::Hard).await {
                 tracing::debug!(error = %err, "the clear that makes a new clear record did not complete");
             }
         });

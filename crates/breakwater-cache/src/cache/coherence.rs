@@ -50,6 +50,7 @@ use crate::flight::Joined;
 use crate::flight::{Reads, SingleFlight};
 use crate::l1::{NearCache, Ticket};
 use crate::served::Served;
+use crate::store::namespace::NamespaceState;
 use std::sync::Arc;
 use tokio::time::Instant;
 
@@ -231,6 +232,24 @@ impl<V: Value> BusHook for Local<V> {
 
     fn clear_acked(&self, generation: &[u8]) {
         self.clears.acked(generation);
+    }
+
+    fn previous_cleared<'a>(
+        &'a self,
+        record: &'a [u8],
+        channel: &'a [u8],
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
+        let state = NamespaceState::parse(record);
+        Box::pin(async move {
+            let Some(state) = state else { return };
+            let hard = state.floor == state.generation;
+            // At once here; the others take this version's record from
+            // its message (every process that hears the previous version's
+            // clear makes one: hard ones repeat, soft ones merge).
+            Local::cleared(self, hard);
+            self.clears.mirror(hard, state.window).await;
+            self.clears.acknowledge_on(channel, state.generation).await;
+        })
     }
 
     fn subscribed(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {

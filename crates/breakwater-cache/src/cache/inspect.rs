@@ -88,7 +88,7 @@ impl EntryView {
         record: Option<&NamespaceState>,
     ) -> Self {
         let generation = entry.extra.namespace();
-        let (entry, cleared) = match cache.after_clears(key, entry.clone(), record) {
+        let (entry, cleared) = match cache.judge_clears(key, entry.clone(), record) {
             Some(judged) => (judged, false),
             None => (entry, true),
         };

@@ -65,6 +65,16 @@ pub(crate) trait BusHook: Send + Sync + 'static {
     fn cleared(&self, record: &[u8]) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
     /// A process acknowledged the clear of `generation` (decimal digits).
     fn clear_acked(&self, generation: &[u8]);
+    /// Inside a version transition, a process of the previous version
+    /// cleared its namespace (`record`, its new clear record): this
+    /// version's namespace is cleared the same way, then the clear is
+    /// acknowledged on the previous version's `channel` (its `PUBLISH`
+    /// counted this listener).
+    fn previous_cleared<'a>(
+        &'a self,
+        record: &'a [u8],
+        channel: &'a [u8],
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
     /// The listener is subscribed (again): what it may have missed is read
     /// now, off the callers' paths (the namespace's clear record).
     fn subscribed(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
@@ -577,7 +587,8 @@ impl Waiters {
     /// entry changed, so this version's entry of the key is no longer valid,
     /// see `transition`; a release changes nothing and is ignored) counts
     /// as an invalidation of this version's key,
-    /// and a tag invalidation there as one here. Messages this cache sent
+    /// a tag invalidation there as one here, and a clear there clears this
+    /// version's namespace the same way. Messages this cache sent
     /// there itself (its own `invalidate`) were dealt with when it sent them.
     fn listen_previous(&self, store: &dyn Store) {
         let (Some(previous), Some(hook)) = (&self.previous, &self.hook) else {
@@ -598,6 +609,7 @@ impl Waiters {
             let own = self.sender;
             let (old, new) = previous.prefixes.clone();
             let until = previous.until;
+            let channel = previous.channel.clone();
             let guard = PreviousDuty {
                 duty: Some(duty),
                 hook: Arc::clone(&hook),
@@ -625,7 +637,12 @@ impl Waiters {
                             }
                             if parsed.kind == TAG_INVALIDATED {
                                 hook.tags_invalidated();
-                            } else if parsed.kind == RELEASED {
+                            } else if parsed.kind == CLEARED {
+                                // Its entries' bytes did not change: this
+                                // version's entries pinned beside them
+                                // would stand. Cleared here too.
+                                hook.previous_cleared(parsed.key, &channel).await;
+                            } else if parsed.kind == RELEASED || parsed.kind == CLEAR_ACKED {
                                 // Its entry did not change.
                             } else if let Some(rest) = parsed.key.strip_prefix(old.as_slice()) {
                                 let key = [new.as_slice(), rest].concat();

@@ -11,10 +11,12 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::notify::{self, CLEAR_ACKED, SENDER_LEN};
+use rand::RngExt;
+
+use super::notify::{self, CLEAR_ACKED, CLEARED, SENDER_LEN};
 use crate::error::Error;
-use crate::store::Store;
 use crate::store::namespace::NamespaceState;
+use crate::store::{FRESH_GENERATIONS, NamespaceClear, Notice, Store};
 
 /// How long a process that cannot trust its bus uses a clear record it
 /// read (counted from when the read was sent); `Cache::clear` returns no
@@ -159,12 +161,14 @@ impl Clears {
         read_at: Option<Instant>,
     ) -> Option<NamespaceState> {
         let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        // A read sent before a clear heard since (the bus unchanged) is
+        // older than what was heard: it finds an older record, or none.
         let newer = match (known.record.flatten(), record) {
-            (Some(held), Some(new))
+            (Some(held), new)
                 if read_at.is_some()
                     && known.read_at.is_none()
                     && known.bus == bus
-                    && held.generation > new.generation =>
+                    && new.is_none_or(|new| held.generation > new.generation) =>
             {
                 Some(held)
             }
@@ -188,6 +192,26 @@ impl Clears {
         self.ever.load(Ordering::SeqCst)
     }
 
+    /// Whether the store was read (or heard) to hold no record: not only
+    /// that none is known (a read that failed, or none made yet).
+    pub(super) fn known_absent(&self) -> bool {
+        let known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        known.record == Some(None)
+    }
+
+    /// Reads the record from the store now, whatever is trusted, and takes
+    /// it.
+    pub(super) async fn read_again(&self) -> Result<Option<NamespaceState>, Error> {
+        let Some(link) = self.link.get() else {
+            return Ok(None);
+        };
+        let _reading = self.reading.lock().await;
+        let (bus, sent) = (self.bus_state(), Instant::now());
+        let stored = link.store.get(&link.key).await?;
+        let record = stored.as_deref().and_then(NamespaceState::parse);
+        Ok(self.take(record, bus, Some(sent)))
+    }
+
     /// Starts making a new record after one was lost: `false` if that is
     /// under way already.
     pub(super) fn begin_restore(&self) -> bool {
@@ -208,13 +232,44 @@ impl Clears {
         Some(state)
     }
 
+    /// Clears this namespace, `hard` or soft over `window_ms`, as the
+    /// previous version's processes cleared theirs (a version transition);
+    /// logged, not returned, if it fails.
+    pub(super) async fn mirror(&self, hard: bool, window_ms: u64) {
+        let Some(link) = self.link.get() else {
+            return;
+        };
+        let message = notify::message(CLEARED, &link.sender, b"");
+        let clear = NamespaceClear {
+            key: &link.key,
+            hard,
+            window_ms,
+            fresh: rand::rng().random_range(FRESH_GENERATIONS),
+            notice: Notice {
+                channel: &link.channel,
+                message: &message,
+            },
+        };
+        if let Err(err) = link.store.clear_namespace(clear).await {
+            tracing::warn!(error = %err, "the previous version's clear could not be made in this version's namespace");
+        }
+    }
+
     /// Acknowledges the clear of `generation` on the bus.
     pub(super) async fn acknowledge(&self, generation: u64) {
+        if let Some(link) = self.link.get() {
+            self.acknowledge_on(&link.channel, generation).await;
+        }
+    }
+
+    /// Acknowledges the clear of `generation` on `channel` (this
+    /// namespace's, or the previous version's).
+    pub(super) async fn acknowledge_on(&self, channel: &[u8], generation: u64) {
         let Some(link) = self.link.get() else {
             return;
         };
         let message = notify::message(CLEAR_ACKED, &link.sender, generation.to_string().as_bytes());
-        if let Err(err) = link.store.publish(&link.channel, &message).await {
+        if let Err(err) = link.store.publish(channel, &message).await {
             tracing::debug!(error = %err, "a clear's acknowledgement was not published");
         }
     }

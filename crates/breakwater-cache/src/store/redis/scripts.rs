@@ -409,22 +409,50 @@ pub(super) static CLEAR_NAMESPACE: LazyLock<Lua> = LazyLock::new(|| {
 
 /// A namespace clear a failover may have lost, applied again on the new
 /// master: KEYS = the clear record; ARGV = channel, message, the record
-/// the clear wrote. The record is put back (without a TTL) unless the key
-/// holds a record whose generation (its first number) is at least as
-/// high; then published after the message, so every process takes it.
-/// Replays from several processes, in any order, end with the highest.
+/// the clear wrote (`N:H:T:W:L:S:E`). If the key holds no record (or
+/// foreign bytes), that record is put back. If it holds one that contains
+/// it (the same history, `L` equal, with `N` and `H` at least as high),
+/// nothing changes. Otherwise the two histories cannot be merged exactly,
+/// and the stricter answer is taken: a hard clear over what is held (`N`
+/// one past the higher of the two, when they share a history). The record
+/// written is published after the message; 0 if nothing changed. Replays
+/// from several processes, in any order, end with every lost clear
+/// covered.
 pub(super) static RESTORE_RECORD: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
-        r"local held = redis.pcall('GET', KEYS[1])
-          local mine = tonumber(string.match(ARGV[3], '^(%d+):'))
-          if type(held) == 'string' then
-            local theirs = tonumber(string.match(held, '^(%d+):'))
-            if theirs and mine and theirs >= mine then
-              return 0
+        r"local top = 9007199254740992
+          local function parse(text)
+            if type(text) ~= 'string' then return nil end
+            local p = {string.match(text, '^(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')}
+            if #p == 0 then
+              p = {string.match(text, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')}
+              if #p == 5 then p[6], p[7] = p[2], '0' end
             end
+            if #p ~= 7 then return nil end
+            for i = 1, 7 do
+              if #p[i] > 16 or tonumber(p[i]) >= top then return nil end
+              p[i] = tonumber(p[i])
+            end
+            if p[2] > p[1] or p[5] >= p[1] or p[6] > p[1] then return nil end
+            return p
           end
-          redis.call('SET', KEYS[1], ARGV[3])
-          redis.call('PUBLISH', ARGV[1], ARGV[2] .. ARGV[3])
+          local mine = parse(ARGV[3])
+          if not mine then return 0 end
+          local held = parse(redis.pcall('GET', KEYS[1]))
+          local record
+          if not held then
+            record = ARGV[3]
+          elseif held[5] == mine[5] and held[1] >= mine[1] and held[2] >= mine[2] then
+            return 0
+          else
+            local n = held[1]
+            if held[5] == mine[5] then n = math.max(n, mine[1]) end
+            n = math.min(n + 1, top - 1)
+            record = string.format('%.0f:%.0f:%.0f:%.0f:%.0f:%.0f:%.0f',
+              n, n, held[3], held[4], held[5], n, 0)
+          end
+          redis.call('SET', KEYS[1], record)
+          redis.call('PUBLISH', ARGV[1], ARGV[2] .. record)
           return 1",
     )
 });
