@@ -403,7 +403,8 @@ async fn a_context_loader_decides_per_key() {
         .build()
         .unwrap();
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let warm = |cache: Cache<String>, seen: Arc<Mutex<Vec<(String, Option<String>)>>>| async move {
+    type Seen = Arc<Mutex<Vec<(String, Option<String>)>>>;
+    let warm = |cache: Cache<String>, seen: Seen| async move {
         let keys = ["short", "skip", "tagged", "bad"];
         cache
             .warm_with_context(
