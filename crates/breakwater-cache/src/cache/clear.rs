@@ -88,6 +88,10 @@ pub const CLEAR_ACKED_WITHIN: Duration = Duration::from_secs(2);
 /// reads it again and, still missing, makes a new one.
 const RESTORE_SPREAD: Duration = Duration::from_millis(500);
 
+/// How long a restore may hold its slot without being polled before
+/// another may start: its pause, a read and a clear take a few seconds.
+const RESTORE_STRANDED: Duration = Duration::from_secs(10);
+
 /// How [`Cache::clear`] clears a namespace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClearMode {
@@ -344,42 +348,25 @@ impl<V: Value> Cache<V> {
     /// the entries it judged are misses here; entries written meanwhile
     /// record no generation and are cleared by it too.
     fn record_lost(&self) {
-        let clears = &self.local.clears;
-        if !clears.begin_restore() {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            clears.end_restore();
-            return;
-        };
         let cache = self.clone();
-        runtime.spawn(async move {
-            /// Ends the restore however the task ends (a dropped runtime
-            /// included).
-            struct Done<V: Value>(Cache<V>);
-            impl<V: Value> Drop for Done<V> {
-                fn drop(&mut self) {
-                    self.0.local.clears.end_restore();
-                }
-            }
-            let done = Done(cache);
-            let cache = &done.0;
+        // One at a time (a restore stranded on a runtime that stopped
+        // polling it is started again after RESTORE_STRANDED).
+        self.local.clears.restoring.ensure(RESTORE_STRANDED, |duty| async move {
             // The cache's own generator: seeded, a run replays.
             let pause = {
                 let mut rng = cache.inner.rng.lock().unwrap_or_else(|p| p.into_inner());
                 rng.random_range(Duration::ZERO..=RESTORE_SPREAD)
             };
             tokio::time::sleep(pause).await;
-            match cache.local.clears.read_again().await {
-                // Another process made it meanwhile (or the read failed:
-                // tried again by the next read that finds it missing).
-                Ok(Some(_)) | Err(_) => return,
-                Ok(None) => {}
+            // Another process made it meanwhile (or the read failed: tried
+            // again by the next read that finds it missing).
+            if matches!(cache.local.clears.read_again().await, Ok(None)) {
+                warn_limited!(cache.inner.logs, Warning::ClearRecordLost, key = %show_key(&cache.inner.clear_key), "the namespace's clear record is gone from the store (evicted under maxmemory, or deleted); clearing the namespace hard to make a new one");
+                if let Err(err) = cache.clear(ClearMode::Hard).await {
+                    tracing::debug!(error = %err, "the clear that makes a new clear record did not complete");
+                }
             }
-            warn_limited!(cache.inner.logs, Warning::ClearRecordLost, key = %show_key(&cache.inner.clear_key), "the namespace's clear record is gone from the store (evicted under maxmemory, or deleted); clearing the namespace hard to make a new one");
-            if let Err(err) = cache.clear(ClearMode::Hard).await {
-                tracing::debug!(error = %err, "the clear that makes a new clear record did not complete");
-            }
+            duty.done();
         });
     }
 

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use rand::RngExt;
 
 use super::notify::{self, CLEAR_ACKED, CLEARED, SENDER_LEN};
+use crate::background::Supervised;
 use crate::error::Error;
 use crate::store::namespace::NamespaceState;
 use crate::store::{FRESH_GENERATIONS, NamespaceClear, Notice, Store};
@@ -45,9 +46,9 @@ pub(super) struct Clears {
     /// A record was known here once: from then on, none in the store means
     /// it was lost.
     ever: AtomicBool,
-    /// A hard clear that makes a new record after one was lost is under
-    /// way.
-    restoring: AtomicBool,
+    /// The task that makes a new record after one was lost (one at a
+    /// time; see `Cache::record_lost`).
+    pub(super) restoring: Supervised,
 }
 
 /// The record as last read or heard, and the bus state it holds for.
@@ -100,17 +101,11 @@ impl Clears {
         if let Some(record) = self.trusted() {
             return Ok(record);
         }
-        let _reading = self.reading.lock().await;
+        let reading = self.reading.lock().await;
         if let Some(record) = self.trusted() {
             return Ok(record);
         }
-        let Some(link) = self.link.get() else {
-            return Ok(None);
-        };
-        let (bus, sent) = (self.bus_state(), Instant::now());
-        let stored = link.store.get(&link.key).await?;
-        let record = stored.as_deref().and_then(NamespaceState::parse);
-        Ok(self.take(record, bus, Some(sent)))
+        self.read(reading).await
     }
 
     /// The bus dropped (`up` false) or came back (`true`): a clear may
@@ -202,25 +197,22 @@ impl Clears {
     /// Reads the record from the store now, whatever is trusted, and takes
     /// it.
     pub(super) async fn read_again(&self) -> Result<Option<NamespaceState>, Error> {
+        let reading = self.reading.lock().await;
+        self.read(reading).await
+    }
+
+    /// One read of the record (the caller holds `reading`), taken.
+    async fn read(
+        &self,
+        _reading: tokio::sync::MutexGuard<'_, ()>,
+    ) -> Result<Option<NamespaceState>, Error> {
         let Some(link) = self.link.get() else {
             return Ok(None);
         };
-        let _reading = self.reading.lock().await;
         let (bus, sent) = (self.bus_state(), Instant::now());
         let stored = link.store.get(&link.key).await?;
         let record = stored.as_deref().and_then(NamespaceState::parse);
         Ok(self.take(record, bus, Some(sent)))
-    }
-
-    /// Starts making a new record after one was lost: `false` if that is
-    /// under way already.
-    pub(super) fn begin_restore(&self) -> bool {
-        !self.restoring.swap(true, Ordering::SeqCst)
-    }
-
-    /// The new record is made (or could not be).
-    pub(super) fn end_restore(&self) {
-        self.restoring.store(false, Ordering::SeqCst);
     }
 
     /// A clear heard on the bus: its record taken, and returned (`None`
