@@ -191,7 +191,7 @@
 //! Besides: **wrong-key** (a value came back under another key) and
 //! **errors-in-healthy-round**.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -221,6 +221,10 @@ const MAX_REPLY: Duration =
 /// The entries' TTL in the chaos phase, and its jitter ratio.
 const TTL: Duration = Duration::from_secs(3);
 const JITTER: f64 = 0.1;
+/// The grace the adaptive round's loader gives every third version, and
+/// how its trace says so.
+const OWN_GRACE: Duration = Duration::from_millis(300);
+const OWN_GRACE_SAYS: &str = "own grace";
 /// The L1 TTL of the processes that have an L1.
 const L1_TTL: Duration = Duration::from_secs(2);
 /// Every call's bound: the one `Cache`'s docs state (coherence line 5),
@@ -432,6 +436,9 @@ struct History {
     fences: BTreeMap<String, Vec<Fence>>,
     /// When each (key, version) was produced (loader's read, or `set`).
     produced: BTreeMap<(String, u64), Vec<Instant>>,
+    /// The (key, version)s a loader gave a grace of its own
+    /// ([`OWN_GRACE`]), which widens the call's `max_stale` to it.
+    own_grace: BTreeSet<(String, u64)>,
     /// Loader calls started, per key.
     load_calls: BTreeMap<String, Vec<usize>>,
     /// Revoking writes (`replace`, `invalidate`) that ran in the store, per
@@ -481,6 +488,17 @@ impl World {
             history: Mutex::default(),
             on_load: Mutex::new(None),
         })
+    }
+
+    /// Notes a loader's answer `how` for `key` at `version`: one with a
+    /// grace of its own may be served stale that long whatever the call's
+    /// `max_stale` (a loader's grace widens it, as documented).
+    fn chose_grace(&self, key: &str, version: u64, how: &str) {
+        if how == OWN_GRACE_SAYS {
+            lock(&self.history)
+                .own_grace
+                .insert((key.to_owned(), version));
+        }
     }
 
     fn ms(&self, t: Instant) -> u64 {
@@ -655,6 +673,7 @@ impl World {
                     read()
                 };
                 let (answer, how) = adaptive_answer(&key, version, &ctx);
+                world.chose_grace(&key, version, how);
                 world.trace(proc, "load", &key, start, format!("v{version} {how}"));
                 Ok(answer)
             })
@@ -692,6 +711,7 @@ impl World {
                     let version = world.version(&key);
                     world.produced(&key, version, Instant::now());
                     let (answer, how) = adaptive_answer(&key, version, &ctx);
+                    world.chose_grace(&key, version, how);
                     world.trace(proc, "load-many", &key, start, format!("v{version} {how}"));
                     answers.push((key, answer));
                 }
@@ -842,7 +862,14 @@ impl World {
         // time: how old the value is, from when its version was produced.
         let limit = match served {
             Served::Hit => Some(fresh_max(TTL)),
-            Served::Stale { .. } => Some(fresh_max(TTL) + profile.max_stale),
+            Served::Stale { .. } => {
+                let own = h.own_grace.contains(&(key.to_owned(), val.version));
+                let max_stale = match own {
+                    true => profile.max_stale.max(OWN_GRACE),
+                    false => profile.max_stale,
+                };
+                Some(fresh_max(TTL) + max_stale)
+            }
             _ => None,
         };
         if let Some(limit) = limit {
@@ -1074,9 +1101,9 @@ fn adaptive_answer(key: &str, version: u64, ctx: &LoadContext<Val>) -> (Loaded<V
         let answer = Loaded::value(val())
             .ttl(ttl)
             .jitter(Jitter::ratio(JITTER))
-            .grace(ms(300))
+            .grace(OWN_GRACE)
             .validator(validator);
-        (answer, "own grace")
+        (answer, OWN_GRACE_SAYS)
     } else {
         let answer = Loaded::value(val())
             .ttl(ttl)
@@ -2496,7 +2523,7 @@ fn seeds() -> Vec<u64> {
 /// write (of seeds 1000–1299, 1095, 1096 and 1284 catch it); and 1005,
 /// which catches a soft clear that moves an earlier soft clear's moments
 /// later (of seeds 1000–1059, 1005, 1019, 1027 and 1051).
-const FIXED_SEEDS: [u64; 12] = [1, 2, 3, 4, 5, 6, 7, 8, 13, 19, 1005, 1095];
+const FIXED_SEEDS: [u64; 13] = [1, 2, 3, 4, 5, 6, 7, 8, 13, 19, 1005, 1095, 1160];
 
 #[test]
 fn simulation_fixed_seeds() {

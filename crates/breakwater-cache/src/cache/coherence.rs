@@ -291,6 +291,9 @@ pub(super) struct SharedRead<V> {
     pub(super) loading: Option<Joined<Landed<V>>>,
     /// When the read began, for L1.
     pub(super) ticket: Option<Ticket>,
+    /// When the read was sent: a follower that came to it more than one
+    /// store reply later does not take its entry (see `read_shared`).
+    pub(super) sent: Instant,
     /// `entry` is the previous version's (a version transition).
     pub(super) previous: bool,
 }

@@ -122,6 +122,7 @@ impl<V: Value> Cache<V> {
                 }
                 Turn::Follow(joined) => joined,
             };
+            let arrived = Instant::now();
             let _waiting = self.inner.metrics.waiting();
             let within = || self.inner.store.read_deadline();
             // One task keeps every shared read's deadline, not a timer
@@ -154,6 +155,19 @@ impl<V: Value> Cache<V> {
                     self.local.reads.detach(user_key);
                     return Box::pin(self.read_led(None, key, loader, options, load_on_miss)).await;
                 }
+                // A read sent more than one store reply before this caller
+                // came may have found an entry older than a write that
+                // returned before this call began (the read's later steps,
+                // its tags and the clear record, kept it in the air): this
+                // caller reads alone.
+                Ok(Some(Ok(read)))
+                    if arrived.saturating_duration_since(read.sent) >= within() =>
+                {
+                    tracing::debug!(key = %show_key(key), "a shared read was sent too long ago; reading alone");
+                    drop(_waiting);
+                    self.local.reads.detach(user_key);
+                    return Box::pin(self.read_led(None, key, loader, options, load_on_miss)).await;
+                }
                 Ok(Some(read)) => return ReadEnd::SharedRead(read),
                 // The leader went away: read again.
                 Ok(None) => {}
@@ -182,6 +196,7 @@ impl<V: Value> Cache<V> {
         load_on_miss: bool,
     ) -> ReadEnd<V> {
         let ticket = self.local.ticket();
+        let sent = Instant::now();
         let entry = match self.read(key).await {
             Ok(entry) => entry.map(Arc::new),
             Err(err) => {
@@ -208,6 +223,7 @@ impl<V: Value> Cache<V> {
                 entry,
                 loading: None,
                 ticket,
+                sent,
                 previous,
             };
             if let Some(lead) = lead {
@@ -231,6 +247,7 @@ impl<V: Value> Cache<V> {
                 entry: None,
                 loading: Some(load.clone()),
                 ticket,
+                sent,
             }));
             lead
         });
