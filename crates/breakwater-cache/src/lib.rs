@@ -39,6 +39,7 @@
 //! | put a value I already have | [`Cache::set`] | nothing |
 //! | drop every key of a group (a shop, a user) | [`CacheEntry::tags`] or [`CacheEntries::tags`] at write, [`Cache::invalidate_tag`] | one load per key of the group, as each is next read |
 //! | mark every key of a group stale, keep serving them while they reload | [`CacheEntry::tags`] or [`CacheEntries::tags`] at write, [`Cache::expire_tag`] | one load per key of the group, in the background, as each is next read; within grace callers get the old value at once, and it stands in (within `max_stale`) if the database is down |
+//! | drop every key of a group known only from the value (a product's shop) | [`Loaded::tags`] from a context loader, [`Cache::invalidate_tag`] | as above; plus one load per tag that is not written (the tag's first, and the first after each invalidation of it) |
 //! | drop every key of the namespace, now | [`Cache::clear`] with [`ClearMode::Hard`] | one load per key, as each is next read: on a busy namespace, all at once (the avalanche) |
 //! | refresh every key of the namespace without an avalanche | [`Cache::clear`] with [`ClearMode::Soft`] | one load per key, spread over the window in the order the entries would have expired; within grace callers get the old value at once |
 //! | start over for a whole namespace (a new schema) | a version bump ([`CacheBuilder::version`], with a transition) | one load per key, spread as the old version's entries are read |

@@ -839,6 +839,81 @@ async fn expire_generation_moves_on_softly_keeping_the_floor(store: &dyn Store, 
     assert_eq!(zero.kind(), ErrorKind::Config, "{zero}");
 }
 
+/// `tag_states` replies each counter's whole state, `G:H:T:F`: a missing
+/// or foreign counter created as `fresh:fresh:0:now`; one whose last hard
+/// change has no time (plain digits, or `G:H:T`) dated now, the rest
+/// kept; one with a time read as it is. A soft bump keeps the time, a
+/// hard bump drops it (plain digits again), and the other counter
+/// operations read the four-part form.
+async fn tag_states_date_each_counters_last_hard_change(store: &dyn Store, _: Time) {
+    let keys: [&[u8]; 4] = [
+        b"bw:test:t:{s1}",
+        b"bw:test:t:{s2}",
+        b"bw:test:t:{s3}",
+        b"bw:test:t:{s4}",
+    ];
+    let ttl = Duration::from_secs(600);
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    store
+        .set(keys[1], b"12345", Duration::from_secs(5))
+        .await
+        .unwrap();
+    store.set(keys[2], b"12:10:777", ttl).await.unwrap();
+    store.set(keys[3], b"junk", ttl).await.unwrap();
+    let got = store.tag_states(&keys, FRESH, ttl, 5_000).await.unwrap();
+    let got: Vec<String> = got.iter().map(|s| text(s)).collect();
+    assert_eq!(
+        got,
+        [
+            format!("{FRESH}:{FRESH}:0:5000"),
+            "12345:12345:0:5000".to_owned(),
+            "12:10:777:5000".to_owned(),
+            format!("{FRESH}:{FRESH}:0:5000"),
+        ]
+    );
+    for (key, state) in keys.iter().zip(&got) {
+        assert_eq!(text(&store.get(key).await.unwrap().unwrap()), *state);
+        assert!(left(store, key).await > ttl - Duration::from_secs(5));
+    }
+    // Read again later: each time kept.
+    let again = store
+        .tag_states(&keys, FRESH + 1, ttl, 9_000)
+        .await
+        .unwrap();
+    let again: Vec<String> = again.iter().map(|s| text(s)).collect();
+    assert_eq!(again, got);
+    // The other operations read the four-part form.
+    assert_eq!(
+        store
+            .tag_generations(&keys[1..3], FRESH + 2, ttl)
+            .await
+            .unwrap(),
+        [12_345, 12]
+    );
+    // A soft bump keeps the time of the last hard change.
+    let soft = store
+        .expire_generation(keys[1], FRESH + 3, ttl, 9_500, notice(b"x"))
+        .await
+        .unwrap();
+    assert_eq!(soft, 12_346);
+    assert_eq!(
+        text(&store.get(keys[1]).await.unwrap().unwrap()),
+        "12346:12345:9500:5000"
+    );
+    // A hard bump writes plain digits: no time, until the next read dates it.
+    let hard = store
+        .bump_generation(keys[2], FRESH + 4, ttl, notice(b"x"))
+        .await
+        .unwrap();
+    assert_eq!(hard, 13);
+    assert_eq!(text(&store.get(keys[2]).await.unwrap().unwrap()), "13");
+    let dated = store
+        .tag_states(&keys[2..3], FRESH + 5, ttl, 10_000)
+        .await
+        .unwrap();
+    assert_eq!(text(&dated[0]), "13:13:0:10000");
+}
+
 async fn tag_generations_read_or_create_each_counter(store: &dyn Store, time: Time) {
     // On different slots of a cluster.
     let keys: [&[u8]; 3] = [b"bw:test:t:{a}", b"bw:test:t:{b}", b"bw:test:t:{c}"];
@@ -1378,6 +1453,7 @@ contract!(
     bump_generation_counts_on_or_starts_fresh_and_publishes,
     expire_generation_moves_on_softly_keeping_the_floor,
     tag_generations_read_or_create_each_counter,
+    tag_states_date_each_counters_last_hard_change,
     a_pin_holds_a_key_and_a_fenced_write_can_need_it_unchanged,
     a_renewal_patches_in_place_only_for_the_holder_of_an_unchanged_value,
     expire_entry_ends_the_fresh_window_revokes_the_lease_and_publishes,

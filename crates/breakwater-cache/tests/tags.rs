@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use breakwater_cache::testing::CountingStore;
 use breakwater_cache::{
-    Cache, ErrorKind, FencedWrite, Jitter, L1Config, LeaseAttempt, MemoryStore, Notice, RedisStore,
-    Served, Store, StoreFuture, Subscription,
+    Cache, ErrorKind, FencedWrite, Jitter, L1Config, LeaseAttempt, LoadContext, Loaded,
+    MemoryStore, Notice, RedisStore, Served, Store, StoreFuture, Subscription,
 };
 use breakwater_cache_testkit::{RedisServer, TiedChild, tied_command};
 use support::VersionFuture;
@@ -1114,4 +1114,272 @@ async fn a_counter_without_a_ttl_gets_one() {
     cache.invalidate_tag("legacy").await.unwrap();
     assert!(pttl(&mut conn, legacy).await > 3_500_000);
     assert_eq!(cache.get("legacy").await.unwrap(), None);
+}
+
+// --- tags chosen by the loader ---
+
+/// A context loader that reads `db`'s version when it starts, answers
+/// `delay` later, and tags the value with `tags`.
+fn tagging_loader(
+    db: &Arc<Db>,
+    delay: Duration,
+    tags: &'static [&'static str],
+) -> impl FnOnce(LoadContext<u64>) -> ContextFuture + Clone + Send + Sync + 'static {
+    let db = Arc::clone(db);
+    move |_ctx| {
+        Box::pin(async move {
+            db.loads.fetch_add(1, Ordering::SeqCst);
+            let version = db.version.load(Ordering::SeqCst);
+            sleep(delay).await;
+            Ok(Loaded::value(version).tags(tags.iter().copied()))
+        })
+    }
+}
+
+type ContextFuture = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Loaded<u64>, std::io::Error>> + Send>,
+>;
+
+async fn load_tagged(
+    cache: &Cache<u64>,
+    db: &Arc<Db>,
+    key: &str,
+    tags: &'static [&'static str],
+) -> (Option<u64>, Served) {
+    let fetched = cache
+        .get_or_load_with_context_meta(key, tagging_loader(db, Duration::ZERO, tags))
+        .await
+        .unwrap();
+    (fetched.value, fetched.served)
+}
+
+/// Tags a loader chose after the load reach the entry as a call's do:
+/// `invalidate_tag` from another process makes it a miss there and here,
+/// `expire_tag` stale. A tag's first load (its counter is new: it may have
+/// been lost with an invalidation in it) is served, not written; the next
+/// one is. `a` has no L1 (each call reads the store), `b` has one.
+async fn loader_chosen_tags_are_invalidated_everywhere(a: Cache<u64>, b: Cache<u64>) {
+    let db = Arc::new(Db::default());
+    let v1 = db.update();
+    let key = "product:5";
+    assert_eq!(
+        load_tagged(&a, &db, key, &["shop:3"]).await,
+        (Some(v1), Served::Loaded)
+    );
+    assert_eq!(
+        b.get(key).await.unwrap(),
+        None,
+        "a new tag's first load is not written"
+    );
+    // Nor is one that starts right after the counter's start (within the
+    // clock skew allowed for): a moment later, the next one is.
+    sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        load_tagged(&a, &db, key, &["shop:3"]).await,
+        (Some(v1), Served::Loaded)
+    );
+    assert_eq!(b.get(key).await.unwrap(), Some(v1), "the second one is");
+    assert_eq!(
+        load_tagged(&a, &db, key, &["shop:3"]).await,
+        (Some(v1), Served::Hit)
+    );
+    assert_eq!(
+        load_tagged(&b, &db, key, &["shop:3"]).await,
+        (Some(v1), Served::L1Hit)
+    );
+    assert_eq!(db.loads.load(Ordering::SeqCst), 2);
+
+    let v2 = db.update();
+    b.invalidate_tag("shop:3").await.unwrap();
+    for cache in [&a, &b] {
+        assert_eq!(cache.get(key).await.unwrap(), None, "invalidated");
+    }
+    // The first load after the invalidation dates it (a hard bump leaves
+    // no time), so it is not written; the next one is.
+    for _ in 0..2 {
+        assert_eq!(
+            load_tagged(&a, &db, key, &["shop:3"]).await,
+            (Some(v2), Served::Loaded)
+        );
+        sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(b.get(key).await.unwrap(), Some(v2), "written again");
+
+    let v3 = db.update();
+    a.expire_tag("shop:3").await.unwrap();
+    // (A load that starts within the clock skew allowed for after it
+    // lands stale too.)
+    sleep(Duration::from_millis(200)).await;
+    let stale = load_tagged(&b, &db, key, &["shop:3"]).await;
+    assert!(
+        matches!(stale, (Some(v), Served::Stale { .. }) if v == v2),
+        "{stale:?}"
+    );
+    sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        load_tagged(&a, &db, key, &["shop:3"]).await,
+        (Some(v3), Served::Hit),
+        "refreshed in the background"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn loader_chosen_tags_are_invalidated_everywhere_on_the_memory_store() {
+    let store = MemoryStore::new();
+    loader_chosen_tags_are_invalidated_everywhere(build(store.clone(), false), build(store, true))
+        .await;
+}
+
+#[tokio::test]
+async fn loader_chosen_tags_are_invalidated_everywhere_on_redis() {
+    let server = RedisServer::start();
+    let (a, b) = (
+        support::connect(&server).await,
+        support::connect(&server).await,
+    );
+    loader_chosen_tags_are_invalidated_everywhere(build(a, false), build(b, true)).await;
+    // The counter records when it last changed hard.
+    let store = support::connect(&server).await;
+    let counter = store.get(b"bw:tags:t:{shop:3}").await.unwrap().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&counter).split(':').count(),
+        4,
+        "{}",
+        String::from_utf8_lossy(&counter)
+    );
+}
+
+/// A load that began before another process's `invalidate_tag` of a tag
+/// its loader chooses (the tags are known only after it) does not write
+/// its value: the tag's counter is read after the load, and it changed
+/// since the load began. Nobody is served it afterwards.
+#[tokio::test(start_paused = true)]
+async fn a_load_from_before_an_invalidation_of_a_tag_it_chose_is_not_written() {
+    let store = MemoryStore::new();
+    let (a, b) = (build(store.clone(), true), build(store.clone(), false));
+    let db = Arc::new(Db::default());
+    db.update();
+    // The tag's counter exists (a first load made it).
+    load_tagged(&a, &db, "warm-up", &["shop:3"]).await;
+    sleep(Duration::from_millis(200)).await;
+    let v1 = db.update();
+    let slow = {
+        let loader = tagging_loader(&db, Duration::from_millis(500), &["shop:3"]);
+        let a = a.clone();
+        tokio::spawn(async move { a.get_or_load_with_context("product:5", loader).await })
+    };
+    sleep(Duration::from_millis(100)).await;
+    let v2 = db.update();
+    b.invalidate_tag("shop:3").await.unwrap();
+    assert_eq!(
+        slow.await.unwrap().unwrap(),
+        Some(v1),
+        "its own callers get it"
+    );
+    assert_eq!(b.get("product:5").await.unwrap(), None, "not in the store");
+    assert_eq!(a.get("product:5").await.unwrap(), None, "nor in L1");
+    sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        load_tagged(&b, &db, "product:5", &["shop:3"]).await,
+        (Some(v2), Served::Loaded)
+    );
+    assert_eq!(a.get("product:5").await.unwrap(), Some(v2));
+}
+
+/// `get_many_with_context`: each key's loader-chosen tags (read once for
+/// the batch) are recorded in its entry; `invalidate_tag` of one shop
+/// makes its products misses and leaves the others'.
+#[tokio::test(start_paused = true)]
+async fn get_many_records_the_tags_each_key_chose() {
+    let store = MemoryStore::new();
+    let counting = CountingStore::new(store.clone());
+    let (a, b) = (build(counting.clone(), false), build(store, false));
+    let db = Arc::new(Db::default());
+    let load = {
+        let db = Arc::clone(&db);
+        move |keys: Vec<(u64, LoadContext<u64>)>| {
+            let version = db.version.load(Ordering::SeqCst);
+            async move {
+                Ok::<_, std::io::Error>(
+                    keys.into_iter()
+                        .map(|(id, _)| {
+                            let shop = format!("shop:{}", id % 2);
+                            (
+                                id,
+                                Loaded::value(version).tags([shop, "products".to_string()]),
+                            )
+                        })
+                        .collect::<Vec<_>>(),
+                )
+            }
+        }
+    };
+    let v1 = db.update();
+    let ids: Vec<u64> = (0..10).collect();
+    // The first batch makes the counters; the second is written.
+    for _ in 0..2 {
+        let got = a
+            .get_many_with_context(ids.clone(), load.clone())
+            .await
+            .unwrap();
+        assert!(got.iter().all(|v| *v == Some(v1)), "{got:?}");
+        sleep(Duration::from_millis(200)).await;
+    }
+    let states = counting.tag_state_reads();
+    assert_eq!(states, 2, "one read of the chosen tags per batch");
+    let got = b
+        .get_many(ids.clone(), |_| async {
+            Ok::<_, std::io::Error>(Vec::<(u64, u64)>::new())
+        })
+        .await
+        .unwrap();
+    assert!(got.iter().all(|v| *v == Some(v1)), "written: {got:?}");
+
+    let v2 = db.update();
+    b.invalidate_tag("shop:1").await.unwrap();
+    sleep(Duration::from_millis(200)).await;
+    let got = a
+        .get_many_with_context(ids.clone(), load.clone())
+        .await
+        .unwrap();
+    for (id, value) in ids.iter().zip(&got) {
+        let want = if id % 2 == 1 { v2 } else { v1 };
+        assert_eq!(*value, Some(want), "product {id}");
+    }
+}
+
+/// A loader's tags are checked like a call's: empty, too long or too many
+/// (its call's included) is a `Config` error for that load.
+#[tokio::test(start_paused = true)]
+async fn bad_tags_from_a_loader_are_config_errors() {
+    let cache = build(MemoryStore::new(), false);
+    let too_many: Vec<String> = (0..17).map(|i| format!("t{i}")).collect();
+    let long = "x".repeat(257);
+    for (tags, says) in [
+        (vec![String::new()], "a tag must not be empty"),
+        (vec![long], "the limit is 256"),
+        (too_many, "17 tags on one entry"),
+    ] {
+        let err = cache
+            .get_or_load_with_context("k", move |_ctx: LoadContext<u64>| async move {
+                Ok::<_, std::io::Error>(Loaded::value(1).tags(tags))
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+        assert!(err.to_string().contains(says), "{err}");
+    }
+    // Ten from the call and ten from the loader: 20 in all.
+    let call: Vec<String> = (0..10).map(|i| format!("c{i}")).collect();
+    let loader: Vec<String> = (0..10).map(|i| format!("l{i}")).collect();
+    let err = cache
+        .entry("k2")
+        .tags(call)
+        .get_or_load_with_context(move |_ctx: LoadContext<u64>| async move {
+            Ok::<_, std::io::Error>(Loaded::value(1).tags(loader))
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    assert!(err.to_string().contains("20 tags"), "{err}");
 }

@@ -53,7 +53,7 @@ use super::loaded::{LoadContext, Loaded, Resolved, StaleValue};
 use super::notify::{self, FILLED, RELEASED, VALUE_IN_MESSAGE_MAX};
 use super::options::Options;
 use super::seal::stamp;
-use super::tags::{TagSet, counter_ttl};
+use super::tags::{AfterLoad, TagSet, counter_ttl};
 use super::transition::Pinned;
 use super::value::{Load, Value};
 
@@ -127,11 +127,11 @@ impl<V: Value> Cache<V> {
             // The store just failed this request: one deadline is enough.
             // Load directly, write nothing; single-flight still makes it one
             // load here.
-            let (value, load_time, keep) = self
+            let (value, load_time, keep, chose_tags) = self
                 .load_unwritten(&loader, &key, None, &options, priority)
                 .await?;
             if let Some(options) = keep {
-                let tagged = loader.tags().is_some();
+                let tagged = loader.tags().is_some() || chose_tags;
                 self.keep_unwritten(&key, &value, load_time, &options, ticket, tagged);
             }
             return Ok((value, Served::Loaded, None));
@@ -283,7 +283,7 @@ impl<V: Value> Cache<V> {
             LockTimeoutKind::LoadAnyway => {
                 warn_limited!(inner.logs, Warning::LockWaitLoadAnyway, key = %show_key(&key), ?waited, "lease held past lock_wait; loading anyway (not written)");
                 // No lease: nothing read under one to show the loader.
-                let (value, _, _) = self
+                let (value, ..) = self
                     .load_unwritten(&loader, &key, None, &options, priority)
                     .await?;
                 Ok((value, Served::Loaded, None))
@@ -343,17 +343,18 @@ impl<V: Value> Cache<V> {
                 warn_limited!(inner.logs, Warning::StoreRead, key = %show_key(key), op, error = %err, "what the entry records could not be read; loading without writing");
                 inner.metrics.store_failed(op, &err);
                 self.release(key, lease).await;
-                let (value, load_time, keep) = self
+                let (value, load_time, keep, chose_tags) = self
                     .load_unwritten(loader, key, replaces, options, priority)
                     .await?;
                 if let Some(options) = keep {
-                    let tagged = loader.tags().is_some();
+                    let tagged = loader.tags().is_some() || chose_tags;
                     self.keep_unwritten(key, &value, load_time, &options, ticket, tagged);
                 }
                 return Ok((value, false));
             }
         };
         let context = self.context::<L>(key, replaces);
+        let after = AfterLoad::starting(inner.store.now_ms());
         let mut load = pin!(inner.origin.load(
             loader,
             context,
@@ -374,7 +375,7 @@ impl<V: Value> Cache<V> {
             Ok((loaded, load_time)) => {
                 let recorded = (tags, pinned.as_ref(), namespace);
                 self.write_loaded(
-                    key, lease, loaded, load_time, replaces, options, ticket, recorded,
+                    key, lease, loaded, load_time, replaces, options, ticket, recorded, &after,
                 )
                 .await
             }
@@ -390,8 +391,10 @@ impl<V: Value> Cache<V> {
     /// of bounds releases the lease and fails the load), "do not cache"
     /// (served, the lease released), "not modified" (the entry it replaces
     /// renewed), or a value written through the fence, recording `tags`
-    /// and `pinned` (see [`write_fenced`](Self::write_fenced)). With the
-    /// value, whether the fence refused it.
+    /// and `pinned` (see [`write_fenced`](Self::write_fenced)), and the
+    /// tags the loader chose, read after the load (`after`: when it began;
+    /// see [`stamp_chosen`](Self::stamp_chosen)). With the value, whether
+    /// the fence refused it.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn write_loaded(
         &self,
@@ -403,6 +406,7 @@ impl<V: Value> Cache<V> {
         options: &Options,
         ticket: Option<Ticket>,
         (tags, pinned, namespace): (Vec<TagStamp>, Option<&Pinned>, Option<u64>),
+        after: &AfterLoad,
     ) -> Result<(Option<V>, bool), Error> {
         let resolved = match loaded.resolve(options) {
             Ok(resolved) => resolved,
@@ -411,9 +415,40 @@ impl<V: Value> Cache<V> {
                 return Err(err);
             }
         };
-        let (value, keep, extra) = match resolved {
-            Resolved::Write { value, keep, extra } => (value, keep, extra),
-            Resolved::Unchanged { keep, grace_ms } => {
+        let (value, keep, extra, tags) = match resolved {
+            Resolved::Write {
+                value,
+                keep,
+                extra,
+                tags: chosen,
+            } => {
+                let Some(options) = keep else {
+                    // Not to be cached: served, not written; waiters are
+                    // told the lease is free.
+                    self.release(key, lease).await;
+                    return Ok((value, false));
+                };
+                let stamped = self
+                    .stamp_chosen(key, &tags, &chosen, after, &options)
+                    .await;
+                match stamped {
+                    Ok(Some(tags)) => (value, Some(options), extra, tags),
+                    Ok(None) => {
+                        self.release(key, lease).await;
+                        self.keep_unwritten(key, &value, load_time, &options, ticket, true);
+                        return Ok((value, false));
+                    }
+                    Err(err) => {
+                        self.release(key, lease).await;
+                        return Err(err);
+                    }
+                }
+            }
+            Resolved::Unchanged {
+                keep,
+                grace_ms,
+                tags: chosen,
+            } => {
                 let Some((entry, value)) = self.unchanged_value(key, replaces) else {
                     self.release(key, lease).await;
                     return Err(unchanged_without_value());
@@ -421,6 +456,32 @@ impl<V: Value> Cache<V> {
                 let Some(options) = keep else {
                     self.release(key, lease).await;
                     return Ok((value, false));
+                };
+                // The value stands, and so do the tags its loader chose
+                // for it before, unless it chose others now.
+                let chosen = match chosen.is_empty() {
+                    true => entry
+                        .tags
+                        .iter()
+                        .filter(|s| !s.tag.is_empty() && !tags.iter().any(|t| t.tag == s.tag))
+                        .map(|s| s.tag.clone())
+                        .collect(),
+                    false => chosen,
+                };
+                let tags = match self
+                    .stamp_chosen(key, &tags, &chosen, after, &options)
+                    .await
+                {
+                    Ok(Some(tags)) => tags,
+                    Ok(None) => {
+                        self.release(key, lease).await;
+                        self.keep_unwritten(key, &value, load_time, &options, ticket, true);
+                        return Ok((value, false));
+                    }
+                    Err(err) => {
+                        self.release(key, lease).await;
+                        return Err(err);
+                    }
                 };
                 // A renewal changes the windows alone: the entry must
                 // already record what this write would (the same tags'
@@ -443,12 +504,10 @@ impl<V: Value> Cache<V> {
                 // Declined (the entry is gone or was rewritten; the lease
                 // is still ours): the value the loader saw, written whole.
                 let validator = entry.extra.validator().map(Box::from);
-                (value, Some(options), Extra::new(validator, grace_ms))
+                (value, Some(options), Extra::new(validator, grace_ms), tags)
             }
         };
         let Some(options) = keep else {
-            // Not to be cached: served, not written; waiters are told the
-            // lease is free.
             self.release(key, lease).await;
             return Ok((value, false));
         };
@@ -645,7 +704,7 @@ impl<V: Value> Cache<V> {
     where
         L: Load<V>,
     {
-        let (value, load_time, keep) = self
+        let (value, load_time, keep, chose_tags) = self
             .load_unwritten(loader, key, None, options, priority)
             .await?;
         let cache = self.clone();
@@ -659,7 +718,7 @@ impl<V: Value> Cache<V> {
             cache.release(&key_owned, lease).await;
         });
         if let Some(options) = keep {
-            let tagged = loader.tags().is_some();
+            let tagged = loader.tags().is_some() || chose_tags;
             self.keep_unwritten(key, &value, load_time, &options, ticket, tagged);
         }
         Ok(value)
@@ -701,7 +760,7 @@ impl<V: Value> Cache<V> {
         replaces: Option<&Entry>,
         options: &Options,
         priority: Priority,
-    ) -> Result<(Option<V>, Duration, Option<Options>), Error>
+    ) -> Result<(Option<V>, Duration, Option<Options>, bool), Error>
     where
         L: Load<V>,
     {
@@ -717,24 +776,30 @@ impl<V: Value> Cache<V> {
                 &inner.metrics,
             )
             .await?;
-        let (value, keep) = self.unwritten_answer(key, loaded, replaces, options)?;
-        Ok((value, load_time, keep))
+        let (value, keep, chose_tags) = self.unwritten_answer(key, loaded, replaces, options)?;
+        Ok((value, load_time, keep, chose_tags))
     }
 
     /// A loader's answer (`loaded`) where nothing is written: the value
     /// (for "not modified", the one `replaces` holds) and the settings it
-    /// is kept in L1 with (`None`: "do not cache").
+    /// is kept in L1 with (`None`: "do not cache"), and whether the loader
+    /// chose tags (an L1 copy must then be dropped by tag invalidations).
     pub(super) fn unwritten_answer(
         &self,
         key: &[u8],
         loaded: Loaded<V>,
         replaces: Option<&Entry>,
         options: &Options,
-    ) -> Result<(Option<V>, Option<Options>), Error> {
-        match loaded.resolve(options)? {
-            Resolved::Write { value, keep, .. } => Ok((value, keep)),
+    ) -> Result<(Option<V>, Option<Options>, bool), Error> {
+        let resolved = loaded.resolve(options)?;
+        let chose_tags = !resolved.tags().is_empty();
+        match resolved {
+            Resolved::Write { value, keep, .. } => Ok((value, keep, chose_tags)),
             Resolved::Unchanged { keep, .. } => match self.unchanged_value(key, replaces) {
-                Some((_, value)) => Ok((value, keep)),
+                Some((entry, value)) => {
+                    let tagged = chose_tags || entry.tags.iter().any(|s| !s.tag.is_empty());
+                    Ok((value, keep, tagged))
+                }
                 None => Err(unchanged_without_value()),
             },
         }

@@ -519,6 +519,27 @@ impl Store for GuardedStore {
     }
 
     /// One guarded call per failure domain, as [`get_many`](Store::get_many).
+    fn tag_states<'a>(
+        &'a self,
+        keys: &'a [&'a [u8]],
+        fresh: u64,
+        ttl: Duration,
+        now_ms: u64,
+    ) -> StoreFuture<'a, Vec<Vec<u8>>> {
+        Box::pin(async move {
+            self.per_domain(
+                "tag_states",
+                keys,
+                |key| key,
+                |batch| self.store.tag_states(batch, fresh, ttl, now_ms),
+            )
+            .await
+            .into_iter()
+            .collect()
+        })
+    }
+
+    /// One guarded call per failure domain, as [`get_many`](Store::get_many).
     fn tag_generations<'a>(
         &'a self,
         keys: &'a [&'a [u8]],

@@ -2,7 +2,7 @@
 //! is good for and no longer: what a context loader sees before it runs
 //! ([`LoadContext`]: the stale value it replaces) and what it answers
 //! ([`Loaded`]: the value, with this value's TTL, jitter, grace,
-//! `max_stale`, or "do not cache").
+//! `max_stale`, tags, or "do not cache").
 //!
 //! A loader of [`Cache::get_or_load`](crate::Cache::get_or_load) takes
 //! nothing and returns `Option<V>`; one of
@@ -33,10 +33,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::options::Options;
+use super::tags::check_tag;
 use crate::clock::millis;
-use crate::entry::{Extra, MAX_VALIDATOR_LEN};
+use crate::entry::{Extra, MAX_TAGS, MAX_VALIDATOR_LEN};
 use crate::error::{ConfigError, Error};
 use crate::jitter::Jitter;
+use crate::key::CacheKey;
 
 /// What a context loader sees before it runs.
 ///
@@ -175,6 +177,8 @@ pub struct Loaded<V> {
     validator: Option<Box<[u8]>>,
     /// "Not modified": the stored value stands.
     unchanged: bool,
+    /// Tags chosen by the loader (see [`Loaded::tags`]).
+    tags: Vec<Vec<u8>>,
 }
 
 /// A loader's answer as the fill takes it.
@@ -186,6 +190,7 @@ pub(crate) enum Resolved<V> {
         value: Option<V>,
         keep: Option<Options>,
         extra: Extra,
+        tags: Vec<Vec<u8>>,
     },
     /// "Not modified": the stored entry is renewed with these settings
     /// (`None`: left as it is); `grace_ms`: the grace the loader chose, if
@@ -193,7 +198,43 @@ pub(crate) enum Resolved<V> {
     Unchanged {
         keep: Option<Options>,
         grace_ms: Option<u64>,
+        tags: Vec<Vec<u8>>,
     },
+}
+
+impl<V> Resolved<V> {
+    /// The tags the loader chose, checked, distinct and sorted.
+    pub(crate) fn tags(&self) -> &[Vec<u8>] {
+        match self {
+            Resolved::Write { tags, .. } | Resolved::Unchanged { tags, .. } => tags,
+        }
+    }
+}
+
+/// Tags a loader chose ([`Loaded::tags`]): each checked, distinct and
+/// sorted; one out of bounds (or too many) is a
+/// [`Config`](crate::ErrorKind::Config) error.
+fn chosen_tags(mut tags: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>, Error> {
+    if tags.is_empty() {
+        return Ok(tags);
+    }
+    let invalid = |message: String| {
+        Error::from(ConfigError::new(format!(
+            "the loader chose an invalid setting: {message}"
+        )))
+    };
+    for tag in &tags {
+        check_tag(tag).map_err(|err| invalid(err.to_string()))?;
+    }
+    tags.sort_unstable();
+    tags.dedup();
+    if tags.len() > MAX_TAGS {
+        return Err(invalid(format!(
+            "{} tags on one entry, the limit is {MAX_TAGS}",
+            tags.len()
+        )));
+    }
+    Ok(tags)
 }
 
 /// The settings a loader chose for its value's write.
@@ -267,8 +308,13 @@ impl<V> Loaded<V> {
         let chosen = self.choices.apply(options)?;
         let keep = (!self.choices.skip).then_some(chosen);
         let grace_ms = self.choices.grace.map(millis);
+        let tags = chosen_tags(self.tags)?;
         if self.unchanged {
-            return Ok(Resolved::Unchanged { keep, grace_ms });
+            return Ok(Resolved::Unchanged {
+                keep,
+                grace_ms,
+                tags,
+            });
         }
         if let Some(validator) = &self.validator
             && (validator.is_empty() || validator.len() > MAX_VALIDATOR_LEN)
@@ -282,6 +328,7 @@ impl<V> Loaded<V> {
             value: self.value,
             keep,
             extra: Extra::new(self.validator, grace_ms),
+            tags,
         })
     }
 
@@ -292,6 +339,7 @@ impl<V> Loaded<V> {
             choices: Choices::NONE,
             validator: None,
             unchanged: false,
+            tags: Vec::new(),
         }
     }
 
@@ -303,6 +351,7 @@ impl<V> Loaded<V> {
             choices: Choices::NONE,
             validator: None,
             unchanged: false,
+            tags: Vec::new(),
         }
     }
 
@@ -339,6 +388,7 @@ impl<V> Loaded<V> {
             choices: Choices::NONE,
             validator: None,
             unchanged: true,
+            tags: Vec::new(),
         }
     }
 
@@ -388,6 +438,60 @@ impl<V> Loaded<V> {
         self
     }
 
+    /// Tags this value is written with, beside the call's own
+    /// ([`CacheEntry::tags`](crate::CacheEntry::tags)): known only once
+    /// it is loaded (a product's shop, an order's customer), so
+    /// [`Cache::invalidate_tag`](crate::Cache::invalidate_tag) of any of
+    /// them reaches it as it reaches entries tagged by their call. May be
+    /// called more than once; duplicates count once. A tag is 1 to 256
+    /// bytes, an entry has at most 16 distinct tags (its call's
+    /// included); beyond that, a [`Config`](crate::ErrorKind::Config)
+    /// error.
+    ///
+    /// These tags' counters are read after the load (one more round trip
+    /// on the write, never on a read). If one of them changed hard since
+    /// the load began (an `invalidate_tag`, or a counter the store lost,
+    /// or one that did not exist yet: a tag's first load), the value may
+    /// be older than that change: it is served to the load's callers and
+    /// kept in L1 (which the invalidation's notice clears), but not
+    /// written to the store; the next load writes it. A soft change
+    /// ([`Cache::expire_tag`](crate::Cache::expire_tag)) since the load
+    /// began writes it stale. With [`not_modified`](Self::not_modified),
+    /// the stored entry's own tags stand unless tags are chosen here.
+    ///
+    /// A call that names tags itself and whose loader adds others is
+    /// served from the store, not from L1 (an L1 copy serves a tagged call
+    /// only if it has exactly the call's tags).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use breakwater_cache::{Cache, LoadContext, Loaded};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), breakwater_cache::Error> {
+    /// let cache = Cache::<String>::builder().build()?;
+    /// let load = |_: LoadContext<String>| async {
+    ///     // The product row says which shop it belongs to.
+    ///     let (name, shop) = ("kettle".to_string(), 3);
+    ///     Ok::<_, std::io::Error>(Loaded::value(name).tags([format!("shop:{shop}")]))
+    /// };
+    /// let name = cache.get_or_load_with_context("product:5", load).await?;
+    /// assert_eq!(name.as_deref(), Some("kettle"));
+    /// // Whenever the shop's prices change:
+    /// cache.invalidate_tag("shop:3").await?;
+    /// assert_eq!(cache.get("product:5").await?, None);
+    /// # Ok(()) }
+    /// ```
+    pub fn tags<I>(mut self, tags: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: CacheKey,
+    {
+        self.tags
+            .extend(tags.into_iter().map(|tag| tag.key_bytes().to_vec()));
+        self
+    }
+
     /// Serve this value to the load's callers, but do not cache it: no
     /// write to the store, no L1 copy. The next call loads again (its
     /// callers still share one load, as every load's do).
@@ -399,6 +503,11 @@ impl<V> Loaded<V> {
     /// Whether [`do_not_cache`](Self::do_not_cache) was chosen.
     pub fn is_cached(&self) -> bool {
         !self.choices.skip
+    }
+
+    /// The tags chosen ([`Loaded::tags`]), as given (unchecked).
+    pub(crate) fn chosen_tags(&self) -> &[Vec<u8>] {
+        &self.tags
     }
 
     /// The value, if any.
@@ -416,6 +525,7 @@ impl<V> From<Option<V>> for Loaded<V> {
             choices: Choices::NONE,
             validator: None,
             unchanged: false,
+            tags: Vec::new(),
         }
     }
 }

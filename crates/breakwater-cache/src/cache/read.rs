@@ -160,9 +160,7 @@ impl<V: Value> Cache<V> {
                 // returned before this call began (the read's later steps,
                 // its tags and the clear record, kept it in the air): this
                 // caller reads alone.
-                Ok(Some(Ok(read)))
-                    if arrived.saturating_duration_since(read.sent) >= within() =>
-                {
+                Ok(Some(Ok(read))) if arrived.saturating_duration_since(read.sent) >= within() => {
                     tracing::debug!(key = %show_key(key), "a shared read was sent too long ago; reading alone");
                     drop(_waiting);
                     self.local.reads.detach(user_key);

@@ -60,6 +60,9 @@
 //!   generation, `H` the floor (the generation of the last hard bump, or
 //!   of the counter's start), `T` the store-clock ms of the last soft
 //!   bump.
+//! - `G:H:T:F`, once a write of tags chosen by its loader read it (below):
+//!   `F` the store-clock ms of the counter's last hard change (`T` 0
+//!   without a soft bump).
 //!
 //! An entry that recorded `g` for the tag is, by that counter: valid if
 //! `g == G`; stale if `H <= g < G` (plain `G` has `H = G`): its fresh
@@ -82,6 +85,35 @@
 //! value. (Entries of builds before this rule recorded 0 for a missing
 //! counter; they read as misses now unless their counter exists, and are
 //! loaded again once.)
+//!
+//! # Tags chosen by the loader
+//!
+//! A loader may tag its value with what only the value tells
+//! ([`Loaded::tags`](crate::Loaded::tags): a product's shop). Those tags'
+//! generations cannot be read before the load, so they are read after it
+//! ([`Store::tag_states`](crate::Store::tag_states), one script for a
+//! write, one for a whole batch), and the question becomes whether the
+//! counter changed while the value was loaded. The counter answers it with
+//! `F`, the store-clock ms of its last hard change: the read creates a
+//! missing counter with `F` = now (it may have been lost with an
+//! invalidation in it), and dates one without `F` now (a hard bump writes
+//! plain digits, so builds that do not know `F` keep reading every counter;
+//! the first read after a bump dates it). With the load's start `S` (the
+//! store clock before its loader was called, queue and retries included)
+//! and the skew `EXPIRE_SKEW`:
+//!
+//! - `F >= S - skew`: the counter changed hard (or started) during the
+//!   load, or may have; the value may be older than that change. It is
+//!   served to the load's callers and kept in L1 (where the invalidation's
+//!   notice reaches it; see below), not written.
+//! - else, a soft bump since (`T >= S - skew`, with `H < G`): the entry
+//!   records `G - 1`, so it is stale from `T` on.
+//! - else it records `G`, as a write of the call's own tags does.
+//!
+//! So a tag's first load, and the first after each `invalidate_tag` of it,
+//! is not written (nor is one that starts within the skew after either):
+//! one more load, never a value from before an invalidation. Tags the
+//! call names too are recorded as read before the load.
 //!
 //! # Counter TTLs
 //!
@@ -119,13 +151,19 @@
 //! (kind `t`) reaches them on the namespace bus. Without L1, another
 //! process reads the store, whose generations have already moved on.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
+use super::handle::Cache;
 use super::keys::hash_tagged;
+use super::loaded::Loaded;
 use super::options::Options;
+use super::value::Value;
 use crate::clock::millis;
 use crate::entry::{Entry, MAX_TAG_LEN, MAX_TAGS, TagStamp};
 use crate::error::{Error, ErrorKind};
+use crate::log_limit::{Warning, show_key, warn_limited};
+use crate::store::Store;
 use crate::store::{TagJudgment, TagState, fnv1a, parse_tag_state};
 
 /// The shortest TTL a tag counter is given (see the module docs).
@@ -282,6 +320,177 @@ pub(super) fn judge_tagged(
     true
 }
 
+/// Tag counters' states, by tag (`None`: missing or foreign).
+pub(super) type States = HashMap<Vec<u8>, Option<TagState>>;
+
+/// What a write of tags its loader chose ([`Loaded::tags`](crate::Loaded::tags))
+/// needs to know of its load: when it began, and, for a batch, the states
+/// of every tag its loader chose, read once after the load.
+pub(super) struct AfterLoad {
+    /// The store-clock ms just before the load began (its bulkhead queue
+    /// and retries included).
+    pub(super) started_ms: u64,
+    /// The chosen tags' counters, read once for a whole batch, by tag
+    /// (`None` for a missing or foreign reply); `None`: read by each write.
+    pub(super) states: Option<Result<States, Error>>,
+}
+
+impl AfterLoad {
+    /// A load beginning now, its chosen tags read by its own write.
+    pub(super) fn starting(now_ms: u64) -> Self {
+        AfterLoad {
+            started_ms: now_ms,
+            states: None,
+        }
+    }
+}
+
+impl<V: Value> Cache<V> {
+    /// The states of the counters of `tags` after a load (see
+    /// [`Store::tag_states`](crate::Store::tag_states)): created if
+    /// missing, their last hard change's time made known, their TTL at
+    /// least `ttl`. By tag.
+    pub(super) async fn chosen_states(
+        &self,
+        tags: &[Vec<u8>],
+        ttl: Duration,
+    ) -> Result<States, Error> {
+        let tag_prefix = &self.inner.tag_prefix;
+        let keys: Vec<Vec<u8>> = tags.iter().map(|tag| tag_key(tag_prefix, tag)).collect();
+        let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        let fresh = self.inner.fresh_generation();
+        let now_ms = self.inner.store.now_ms().max(1);
+        let stored = self
+            .inner
+            .store
+            .tag_states(&keys, fresh, ttl, now_ms)
+            .await?;
+        if stored.len() != tags.len() {
+            return Err(Error::new(
+                ErrorKind::Store,
+                "the store answered a read of tag states with the wrong number of replies",
+            ));
+        }
+        Ok(tags
+            .iter()
+            .cloned()
+            .zip(stored.iter().map(|s| parse_tag_state(s)))
+            .collect())
+    }
+
+    /// What the writes of one batch load (begun at store-clock
+    /// `started_ms`, its answers `found`) need to know of the tags their
+    /// loader chose beyond the call's (`stamps`): every such tag's counter,
+    /// read once for the whole batch (with the longest counter TTL any of
+    /// its writes asks for).
+    pub(super) async fn after_batch<'l>(
+        &self,
+        started_ms: u64,
+        found: impl Iterator<Item = &'l Loaded<V>>,
+        stamps: &[TagStamp],
+        options: &Options,
+    ) -> AfterLoad {
+        let mut tags = Vec::new();
+        let mut ttl = counter_ttl(options);
+        for loaded in found {
+            let chosen = loaded.chosen_tags();
+            if chosen.is_empty() {
+                continue;
+            }
+            if let Ok(chosen) = loaded.choices.apply(options) {
+                ttl = ttl.max(counter_ttl(&chosen));
+            }
+            tags.extend(
+                chosen
+                    .iter()
+                    .filter(|tag| {
+                        check_tag(tag).is_ok() && !stamps.iter().any(|stamp| stamp.tag == **tag)
+                    })
+                    .cloned(),
+            );
+        }
+        let mut after = AfterLoad::starting(started_ms);
+        if tags.is_empty() {
+            return after;
+        }
+        tags.sort_unstable();
+        tags.dedup();
+        after.states = Some(self.chosen_states(&tags, ttl).await);
+        after
+    }
+
+    /// The stamps a write records when its loader chose the tags `chosen`
+    /// beside the call's own (`stamps`, read before the load): all of
+    /// them, sorted by tag. `Ok(None)` if the value must not be written:
+    /// a chosen tag's counter changed hard since the load began (or could
+    /// not be read); a soft change since records the generation before it
+    /// (the entry lands stale). `Err`: too many tags in all (a
+    /// [`Config`](ErrorKind::Config) error for the load).
+    pub(super) async fn stamp_chosen(
+        &self,
+        key: &[u8],
+        stamps: &[TagStamp],
+        chosen: &[Vec<u8>],
+        after: &AfterLoad,
+        options: &Options,
+    ) -> Result<Option<Vec<TagStamp>>, Error> {
+        let new: Vec<Vec<u8>> = chosen
+            .iter()
+            .filter(|tag| !stamps.iter().any(|stamp| stamp.tag == **tag))
+            .cloned()
+            .collect();
+        let named = stamps.iter().filter(|stamp| !stamp.tag.is_empty()).count();
+        if named + new.len() > MAX_TAGS {
+            return Err(Error::from(crate::error::ConfigError::new(format!(
+                "the loader chose an invalid setting: {} tags on one entry with the call's, the limit is {MAX_TAGS}",
+                named + new.len()
+            ))));
+        }
+        let mut all = stamps.to_vec();
+        if new.is_empty() {
+            return Ok(Some(all));
+        }
+        let read;
+        let states = match after.states.as_ref() {
+            Some(states)
+                if new
+                    .iter()
+                    .all(|tag| states.as_ref().is_ok_and(|s| s.contains_key(tag))) =>
+            {
+                states
+            }
+            _ => {
+                read = self.chosen_states(&new, counter_ttl(options)).await;
+                &read
+            }
+        };
+        let states = match states {
+            Ok(states) => states,
+            Err(err) => {
+                warn_limited!(self.inner.logs, Warning::StoreRead, key = %show_key(key), op = "tag_states", error = %err, "the tags the loader chose could not be read; returning the value without writing it");
+                self.inner.metrics.store_failed("tag_states", err);
+                return Ok(None);
+            }
+        };
+        let skew = millis(EXPIRE_SKEW);
+        for tag in new {
+            let stamped = states
+                .get(&tag)
+                .copied()
+                .flatten()
+                .and_then(|state| state.stamp_after(after.started_ms, skew));
+            let Some(generation) = stamped else {
+                tracing::debug!(key = %show_key(key), tag = %show_key(&tag), "a tag the loader chose changed since the load began (or is new); returning the value without writing it");
+                return Ok(None);
+            };
+            all.push(TagStamp { tag, generation });
+        }
+        // A transition's stamp (no tag) stays first; the tags sorted.
+        all.sort_by(|a, b| a.tag.cmp(&b.tag));
+        Ok(Some(all))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -383,7 +592,8 @@ mod tests {
             TagState {
                 generation: 12,
                 floor: 10,
-                expired_at: 1_700_000_000_123
+                expired_at: 1_700_000_000_123,
+                hard_at: 0,
             }
         );
         assert_eq!(soft.encode(), b"12:10:1700000000123");
@@ -404,7 +614,9 @@ mod tests {
             b"1:1:",
             b":1:1",
             b"1::1",
-            b"1:1:1:1",
+            b"1:1:1:1:1",
+            b"1:1:1:",
+            b"2:3:1:1",
             b"2:3:1",
             b"3:2:-1",
             b"3:+2:1",
@@ -421,6 +633,33 @@ mod tests {
             assert_eq!(tag_state(Some(foreign)), None, "{foreign:?}");
         }
         assert_eq!(tag_state(None), None);
+    }
+
+    /// The four-part form reads and encodes back; a write of tags chosen
+    /// after a load records a generation only if the counter's last hard
+    /// change came before the load began (less the skew), one below it if
+    /// a soft bump came since.
+    #[test]
+    fn a_counters_last_hard_change_decides_what_a_write_after_the_load_records() {
+        let dated = tag_state(Some(b"12:10:7000:5000")).unwrap();
+        assert_eq!(dated.hard_at, 5_000);
+        assert_eq!(dated.encode(), b"12:10:7000:5000");
+        assert_eq!(TagState::started(9, 4_000).encode(), b"9:9:0:4000");
+        assert_eq!(TagState::plain(9).dated(4_000), TagState::started(9, 4_000));
+        assert_eq!(dated.dated(8_000), dated, "a known time is kept");
+        assert_eq!(dated.expired(8_000).encode(), b"13:10:8000:5000");
+        assert_eq!(dated.bumped().encode(), b"13", "a hard bump drops it");
+        // Unknown: nothing recorded.
+        assert_eq!(TagState::plain(9).stamp_after(10_000, 100), None);
+        // Changed hard during the load (or within the skew before it).
+        let started = TagState::started(9, 4_000);
+        assert_eq!(started.stamp_after(4_000, 100), None);
+        assert_eq!(started.stamp_after(4_100, 100), None);
+        assert_eq!(started.stamp_after(4_101, 100), Some(9));
+        // A soft bump during the load: the generation before it (stale).
+        assert_eq!(dated.stamp_after(6_000, 100), Some(11));
+        assert_eq!(dated.judge(11), TagJudgment::StaleFrom(7_000));
+        assert_eq!(dated.stamp_after(7_101, 100), Some(12));
     }
 
     /// Hard and soft bumps move the state on as the store's scripts do,

@@ -34,9 +34,12 @@ pub(crate) fn parse_generation(stored: &[u8]) -> Option<u64> {
 ///
 /// Stored as decimal digits: `G` alone (no soft bump since the last hard
 /// one: the floor is `G`), or `G:H:T` after a soft bump (`H` the floor,
-/// `T` the store-clock ms of the bump); each part 1 to 16 digits below
-/// [`MAX_GENERATION`], and `H <= G`. Anything else is foreign: no state,
-/// which validates nothing ([`parse_tag_state`]).
+/// `T` the store-clock ms of the bump), or `G:H:T:F` once a write of tags
+/// chosen after a load has read it (`F` the store-clock ms of the
+/// counter's last hard change: see
+/// [`Store::tag_states`](super::Store::tag_states)); each part 1 to 16
+/// digits below [`MAX_GENERATION`], and `H <= G`. Anything else is
+/// foreign: no state, which validates nothing ([`parse_tag_state`]).
 ///
 /// An entry that recorded generation `g` of the counter is, by
 /// [`judge`](TagState::judge): valid if `g == G`; stale as of `T` if
@@ -51,6 +54,10 @@ pub(crate) struct TagState {
     pub(crate) floor: u64,
     /// `T`: the store-clock ms of the last soft bump; 0 without one.
     pub(crate) expired_at: u64,
+    /// `F`: the store-clock ms of the counter's last hard change (its
+    /// start, or the first [`Store::tag_states`](super::Store::tag_states)
+    /// read after a hard bump, which writes plain digits); 0 if unknown.
+    pub(crate) hard_at: u64,
 }
 
 /// What a tag counter's state says of an entry that recorded one of its
@@ -74,7 +81,49 @@ impl TagState {
             generation,
             floor: generation,
             expired_at: 0,
+            hard_at: 0,
         }
+    }
+
+    /// A counter started at `generation` at store-clock `now_ms` (by
+    /// [`Store::tag_states`](super::Store::tag_states)).
+    pub(crate) fn started(generation: u64, now_ms: u64) -> TagState {
+        TagState {
+            hard_at: now_ms.max(1),
+            ..TagState::plain(generation)
+        }
+    }
+
+    /// This state as [`Store::tag_states`](super::Store::tag_states)
+    /// leaves it at store-clock `now_ms`: a last hard change of unknown
+    /// time is taken to be now.
+    pub(crate) fn dated(self, now_ms: u64) -> TagState {
+        if self.hard_at != 0 {
+            return self;
+        }
+        TagState {
+            hard_at: now_ms.max(1),
+            ..self
+        }
+    }
+
+    /// The generation a write of a value whose load started at store-clock
+    /// `started_ms` records for this counter when its tag was chosen after
+    /// the load (read with [`Store::tag_states`](super::Store::tag_states)):
+    /// `None` if the counter may have changed hard since the load started
+    /// (`F` not before it, less `skew_ms`: the value may be older than
+    /// that change, so it is not written); one below the current
+    /// generation if a soft bump came since (the entry lands stale from
+    /// it); else the current one.
+    pub(crate) fn stamp_after(&self, started_ms: u64, skew_ms: u64) -> Option<u64> {
+        let since = started_ms.saturating_sub(skew_ms);
+        if self.hard_at == 0 || self.hard_at >= since {
+            return None;
+        }
+        if self.floor < self.generation && self.expired_at >= since {
+            return Some(self.generation - 1);
+        }
+        Some(self.generation)
     }
 
     /// The state after a hard bump ([`Store::bump_generation`](super::Store::bump_generation)) of this one.
@@ -89,6 +138,7 @@ impl TagState {
             generation: self.generation + 1,
             floor: self.floor,
             expired_at: at_ms,
+            hard_at: self.hard_at,
         }
     }
 
@@ -105,8 +155,15 @@ impl TagState {
 
     /// The state as stored: `G`, or `G:H:T` once a soft bump left a floor
     /// below `G`.
+    /// (`G:H:T:F` once the time of its last hard change is known.)
     pub(crate) fn encode(&self) -> Vec<u8> {
-        if self.floor == self.generation {
+        if self.hard_at != 0 {
+            format!(
+                "{}:{}:{}:{}",
+                self.generation, self.floor, self.expired_at, self.hard_at
+            )
+            .into_bytes()
+        } else if self.floor == self.generation {
             self.generation.to_string().into_bytes()
         } else {
             format!("{}:{}:{}", self.generation, self.floor, self.expired_at).into_bytes()
@@ -114,22 +171,26 @@ impl TagState {
     }
 }
 
-/// A tag counter's state as stored (see [`TagState`]): `G`, or `G:H:T`
-/// with `H <= G`, each part 1 to 16 decimal digits below
+/// A tag counter's state as stored (see [`TagState`]): `G`, `G:H:T` or
+/// `G:H:T:F` with `H <= G`, each part 1 to 16 decimal digits below
 /// [`MAX_GENERATION`]; `None` for anything else. No allocation: the read
 /// path parses a counter on every store read of a tagged entry.
 pub(crate) fn parse_tag_state(stored: &[u8]) -> Option<TagState> {
-    let Some(first) = stored.iter().position(|&b| b == b':') else {
-        return parse_generation(stored).map(TagState::plain);
+    let mut parts = stored.split(|&b| b == b':');
+    let generation = parse_generation(parts.next()?)?;
+    let Some(floor) = parts.next() else {
+        return Some(TagState::plain(generation));
     };
-    let generation = parse_generation(&stored[..first])?;
-    let rest = &stored[first + 1..];
-    let second = rest.iter().position(|&b| b == b':')?;
-    let floor = parse_generation(&rest[..second])?;
-    let expired_at = parse_generation(&rest[second + 1..])?;
-    (floor <= generation).then_some(TagState {
+    let floor = parse_generation(floor)?;
+    let expired_at = parse_generation(parts.next()?)?;
+    let hard_at = match parts.next() {
+        None => 0,
+        Some(hard_at) => parse_generation(hard_at)?,
+    };
+    (parts.next().is_none() && floor <= generation).then_some(TagState {
         generation,
         floor,
         expired_at,
+        hard_at,
     })
 }

@@ -233,6 +233,18 @@ impl MemoryShard {
         ttl_ms: u64,
         next: impl FnOnce(Option<TagState>) -> TagState,
     ) -> u64 {
+        self.state(key, now, ttl_ms, next).generation
+    }
+
+    /// The tag counter under `key` moved on by `next` (as
+    /// [`generation`](Self::generation)); its new state.
+    fn state(
+        &mut self,
+        key: &[u8],
+        now: Instant,
+        ttl_ms: u64,
+        next: impl FnOnce(Option<TagState>) -> TagState,
+    ) -> TagState {
         let at_least = now + Duration::from_millis(ttl_ms);
         let held = self
             .live(key, now)
@@ -253,7 +265,7 @@ impl MemoryShard {
                     .insert(key.to_vec(), MemoryEntry { value, expires_at });
             }
         }
-        new.generation
+        new
     }
 
     /// Drops expired entries once writes since the last sweep exceed half the
@@ -384,6 +396,29 @@ impl Store for MemoryStore {
                 .collect()
         });
         Box::pin(async move { generations })
+    }
+
+    fn tag_states<'a>(
+        &'a self,
+        keys: &'a [&'a [u8]],
+        fresh: u64,
+        ttl: Duration,
+        now_ms: u64,
+    ) -> StoreFuture<'a, Vec<Vec<u8>>> {
+        let states = ttl_millis(ttl).map(|ms| {
+            let now = Instant::now();
+            keys.iter()
+                .map(|key| {
+                    self.inner
+                        .shard_for(key)
+                        .state(key, now, ms, |held| {
+                            held.map_or(TagState::started(fresh, now_ms), |held| held.dated(now_ms))
+                        })
+                        .encode()
+                })
+                .collect()
+        });
+        Box::pin(async move { states })
     }
 
     fn clear_namespace<'a>(

@@ -365,6 +365,47 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
         ttl: Duration,
     ) -> StoreFuture<'a, Vec<u64>>;
 
+    /// The states of the counters under `keys`, in their order, as a write
+    /// of tags a loader chose after its load needs them (`Loaded::tags`):
+    /// each reply the counter's state as stored, `G:H:T:F` (generation,
+    /// floor, last soft bump's store-clock ms or 0, and `F`: the
+    /// store-clock ms of its last hard change), after the call made it so.
+    /// A missing counter (or one holding anything but a state) is created
+    /// as `fresh:fresh:0:now_ms`; one whose `F` is unknown (plain digits
+    /// `G`, or `G:H:T`: a hard bump writes plain digits) gets `F = now_ms`,
+    /// its generation kept. Each counter's TTL becomes at least `ttl`, as
+    /// for [`tag_generations`](Store::tag_generations). Atomic per counter
+    /// (Redis: one script; a Cluster: one per hash slot).
+    ///
+    /// The tags are known only once the value is loaded, so their counters
+    /// are read after the load; a counter whose `F` is not before the
+    /// load's start may have been invalidated (or lost and started again)
+    /// while the value was loaded, and the value is then served but not
+    /// written. The other parts of the counter are what
+    /// [`bump_generation`](Store::bump_generation) and
+    /// [`expire_generation`](Store::expire_generation) keep: a soft bump
+    /// keeps `F`.
+    ///
+    /// The default replies what [`tag_generations`](Store::tag_generations)
+    /// does, plain digits: `F` unknown, so values with tags chosen by their
+    /// loader are served and never written. (`now_ms` is `>= 1`.)
+    fn tag_states<'a>(
+        &'a self,
+        keys: &'a [&'a [u8]],
+        fresh: u64,
+        ttl: Duration,
+        now_ms: u64,
+    ) -> StoreFuture<'a, Vec<Vec<u8>>> {
+        let _ = now_ms;
+        Box::pin(async move {
+            let generations = self.tag_generations(keys, fresh, ttl).await?;
+            Ok(generations
+                .into_iter()
+                .map(|g| g.to_string().into_bytes())
+                .collect())
+        })
+    }
+
     /// What `key` holds, or, if it holds nothing, `placeholder`, which is
     /// then written there with `ttl`: atomically where the backend can
     /// (Redis: one script). A version transition pins the previous

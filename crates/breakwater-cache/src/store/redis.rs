@@ -58,7 +58,7 @@ use self::latency::DeadlineKind;
 use self::scripts::{
     ACQUIRE_LEASES, BUMP_GENERATION, CLEAR_NAMESPACE, EXPIRE_ENTRY, EXPIRE_GENERATION,
     EXTEND_LEASE, FENCED_SET, INVALIDATE, PIN, RELEASE_LEASE, RENEW, REPLACE, TAG_GENERATIONS,
-    run_script,
+    TAG_STATES, run_script,
 };
 use self::sentinel::Revocation;
 use super::namespace::NamespaceState;
@@ -877,6 +877,38 @@ impl Store for RedisStore {
                 })
                 .await?;
             digits.iter().map(|d| generation_reply(d)).collect()
+        })
+    }
+
+    /// As [`tag_generations`](Store::tag_generations): one script (per
+    /// 256 counters) on a single server; on a cluster one per hash slot.
+    fn tag_states<'a>(
+        &'a self,
+        keys: &'a [&'a [u8]],
+        fresh: u64,
+        ttl: Duration,
+        now_ms: u64,
+    ) -> StoreFuture<'a, Vec<Vec<u8>>> {
+        Box::pin(async move {
+            if keys.is_empty() {
+                return Ok(Vec::new());
+            }
+            let ms = ttl_millis(ttl)?;
+            let states: Vec<Vec<u8>> = self
+                .inner
+                .per_slot(keys, "a tag states script", |group| {
+                    let mut script = TAG_STATES
+                        .key(keys[group[0]])
+                        .arg(fresh)
+                        .arg(ms)
+                        .arg(now_ms.max(1));
+                    for &i in &group[1..] {
+                        script = script.key(keys[i]);
+                    }
+                    async move { self.inner.eval(script).await }
+                })
+                .await?;
+            Ok(states)
         })
     }
 

@@ -696,6 +696,15 @@ impl Brief for Vec<u64> {
     }
 }
 
+/// Tag states read for a write of tags a loader chose: fresh values from
+/// the OS and wall-clock times (not part of a seed's replay), so only how
+/// many.
+impl Brief for Vec<Vec<u8>> {
+    fn brief(&self) -> String {
+        format!("{} state(s)", self.len())
+    }
+}
+
 /// What a pin found: a placeholder made of OS randomness, or an entry; the
 /// bytes are not part of a seed's replay.
 impl Brief for Vec<u8> {
@@ -988,6 +997,23 @@ impl<S: Store> Store for ChaosStore<S> {
         self.call("expire_generation", key, move || {
             self.inner.expire_generation(key, fresh, ttl, at_ms, notice)
         })
+    }
+
+    /// One script for all the counters, as on a single Redis: one fault
+    /// plan (observed under the first key).
+    fn tag_states<'a>(
+        &'a self,
+        keys: &'a [&'a [u8]],
+        fresh: u64,
+        ttl: Duration,
+        now_ms: u64,
+    ) -> StoreFuture<'a, Vec<Vec<u8>>> {
+        match keys.first() {
+            Some(first) => self.call("tag_states", first, move || {
+                self.inner.tag_states(keys, fresh, ttl, now_ms)
+            }),
+            None => Box::pin(async { Ok(Vec::new()) }),
+        }
     }
 
     /// One script for all the counters, as on a single Redis: one fault

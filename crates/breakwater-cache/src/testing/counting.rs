@@ -61,6 +61,7 @@ use crate::store::{
 pub struct CountingStore<S> {
     inner: S,
     gets: Arc<AtomicUsize>,
+    tag_state_reads: Arc<AtomicUsize>,
     get_delay: Duration,
     late_replies: Arc<Mutex<Duration>>,
     lose_lease_replies: Arc<AtomicBool>,
@@ -83,6 +84,7 @@ impl<S: Store> CountingStore<S> {
         CountingStore {
             inner,
             gets: Arc::default(),
+            tag_state_reads: Arc::default(),
             get_delay,
             late_replies: Arc::default(),
             lose_lease_replies: Arc::default(),
@@ -150,6 +152,12 @@ impl<S: Store> CountingStore<S> {
     /// The `get`s so far (by this store and its clones).
     pub fn gets(&self) -> usize {
         self.gets.load(Ordering::SeqCst)
+    }
+
+    /// The [`tag_states`](Store::tag_states) calls so far (by this store
+    /// and its clones).
+    pub fn tag_state_reads(&self) -> usize {
+        self.tag_state_reads.load(Ordering::SeqCst)
     }
 
     fn late(&self) -> Duration {
@@ -297,6 +305,16 @@ impl<S: Store> Store for CountingStore<S> {
         ttl: Duration,
     ) -> StoreFuture<'a, Vec<u64>> {
         self.inner.tag_generations(keys, fresh, ttl)
+    }
+    fn tag_states<'a>(
+        &'a self,
+        keys: &'a [&'a [u8]],
+        fresh: u64,
+        ttl: Duration,
+        now_ms: u64,
+    ) -> StoreFuture<'a, Vec<Vec<u8>>> {
+        self.tag_state_reads.fetch_add(1, Ordering::SeqCst);
+        self.inner.tag_states(keys, fresh, ttl, now_ms)
     }
     fn clear_namespace<'a>(&'a self, c: NamespaceClear<'a>) -> StoreFuture<'a, ClearedNamespace> {
         self.inner.clear_namespace(c)

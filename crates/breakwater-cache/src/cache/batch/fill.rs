@@ -295,11 +295,17 @@ impl<V: Value> Cache<V> {
         B: BatchLoad<K, V>,
     {
         let keys = self.contexts(chunk.iter().map(|(_, led, _, _)| led), batch);
+        let started_ms = self.inner.store.now_ms();
         let result = self.load_batch(keys, batch, options, priority).await;
         // Each lease is kept alive until its key's write or release has
         // answered: a thousand writes can queue on a busy store.
         match result {
             Ok((mut found, load_time)) => {
+                // The tags the loader chose, read once for the chunk.
+                let after = self
+                    .after_batch(started_ms, found.values(), stamps, options)
+                    .await;
+                let after = &after;
                 let writes = chunk.into_iter().map(|(i, led, lease, pinned)| {
                     // A key the loader left out does not exist.
                     let loaded = found.remove(&led.user).unwrap_or_else(Loaded::none);
@@ -315,6 +321,7 @@ impl<V: Value> Cache<V> {
                                 options,
                                 ticket,
                                 recorded,
+                                after,
                             )
                             .await;
                         done[i].store(true, Ordering::Release);
@@ -923,9 +930,9 @@ impl<V: Value> Cache<V> {
                         let loaded = found.remove(&led.user).unwrap_or_else(Loaded::none);
                         let answer =
                             self.unwritten_answer(&led.storage, loaded, led.seen.as_ref(), options);
-                        let answer = answer.map(|(value, chosen)| {
+                        let answer = answer.map(|(value, chosen, chose_tags)| {
                             if let (Some(options), Some(ticket)) = (chosen, keep) {
-                                let tagged = batch.tags().is_some();
+                                let tagged = batch.tags().is_some() || chose_tags;
                                 self.keep_unwritten(
                                     &led.storage,
                                     &value,

@@ -230,8 +230,9 @@ pub(super) static INVALIDATE: LazyLock<Lua> = LazyLock::new(|| {
 });
 
 /// What a tag counter holds, in Lua (the format of `TagState`):
-/// `state(key)` is its generation, floor and last soft bump's ms (`G, G,
-/// 0` for plain digits `G`; `G, H, T` for `G:H:T` with `H <= G`), each part
+/// `state(key)` is its generation, floor, last soft bump's ms and last
+/// hard change's ms (`G, G, 0, 0` for plain digits `G`; `G, H, T, 0` for
+/// `G:H:T`; `G, H, T, F` for `G:H:T:F`; with `H <= G`), each part
 /// 1 to 16 decimal digits below 2^53 (Lua numbers are doubles, exact up
 /// to there), else `nil` (missing, foreign, or a value of another Redis
 /// type: `GET` fails, which `pcall` catches). `generation(key)` is its
@@ -258,13 +259,17 @@ macro_rules! generation_lua {
                 end
                 local g = digits(held)
                 if g then
-                  return g, g, 0
+                  return g, g, 0, 0
                 end
-                local a, b, c = string.match(held, '^(%d+):(%d+):(%d+)$')
-                local h, t
-                g, h, t = digits(a), digits(b), digits(c)
-                if g and h and t and h <= g then
-                  return g, h, t
+                local a, b, c, d = string.match(held, '^(%d+):(%d+):(%d+):(%d+)$')
+                if not a then
+                  a, b, c = string.match(held, '^(%d+):(%d+):(%d+)$')
+                  d = '0'
+                end
+                local h, t, f
+                g, h, t, f = digits(a), digits(b), digits(c), digits(d)
+                if g and h and t and f and h <= g then
+                  return g, h, t, f
                 end
                 return nil
               end
@@ -309,16 +314,20 @@ pub(super) static BUMP_GENERATION: LazyLock<Lua> = LazyLock::new(|| {
 /// A tag's soft bump: KEYS = the counter; ARGV = channel, message, fresh
 /// value, TTL in ms, the bump's store-clock ms (digits). A counter holding
 /// `G` or `G:H:T` comes to hold `G+1:H:<ms>` (plain `G` has the floor
-/// `G`); a missing or foreign one is set to the fresh value. Its TTL is
+/// `G`), one holding `G:H:T:F` `G+1:H:<ms>:F` (a soft bump is no hard
+/// change); a missing or foreign one is set to the fresh value. Its TTL is
 /// kept if longer than `ARGV[4]`. Then publishes; returns the new
 /// generation as digits.
 pub(super) static EXPIRE_GENERATION: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(generation_lua!(
-        r"local g, h = state(KEYS[1])
+        r"local g, h, _, f = state(KEYS[1])
           local new, out = ARGV[3], ARGV[3]
           if g then
             out = string.format('%.0f', g + 1)
             new = out .. ':' .. string.format('%.0f', h) .. ':' .. ARGV[5]
+            if f > 0 then
+              new = new .. ':' .. string.format('%.0f', f)
+            end
           end
           moved_on(KEYS[1], new, tonumber(ARGV[4]))
           redis.call('PUBLISH', ARGV[1], ARGV[2])
@@ -343,6 +352,36 @@ pub(super) static TAG_GENERATIONS: LazyLock<Lua> = LazyLock::new(|| {
             else
               redis.call('SET', key, fresh, 'PX', ARGV[2])
               out[i] = fresh
+            end
+          end
+          return out"
+    ))
+});
+
+/// Read-or-create of tag counters with the time of their last hard change
+/// (`Store::tag_states`): KEYS = the counters; ARGV = fresh value, TTL in
+/// ms, the store clock's now in ms (digits, at least 1). A counter holding
+/// a state keeps it, with `F` set to now if unknown (0); a missing or
+/// foreign one is set to `fresh:fresh:0:now`. Each one's TTL is made at
+/// least `ARGV[2]`. One reply per key, in order: its state, `G:H:T:F`.
+pub(super) static TAG_STATES: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(generation_lua!(
+        r"local fresh, ttl, now = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+          local out = {}
+          for i, key in ipairs(KEYS) do
+            local g, h, t, f = state(key)
+            if g then
+              local held = string.format('%.0f:%.0f:%.0f:', g, h, t)
+              if f > 0 then
+                out[i] = held .. string.format('%.0f', f)
+                at_least(key, ttl)
+              else
+                out[i] = held .. now
+                moved_on(key, out[i], ttl)
+              end
+            else
+              out[i] = fresh .. ':' .. fresh .. ':0:' .. now
+              redis.call('SET', key, out[i], 'PX', ARGV[2])
             end
           end
           return out"
