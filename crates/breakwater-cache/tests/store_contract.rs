@@ -789,7 +789,8 @@ async fn expire_generation_moves_on_softly_keeping_the_floor(store: &dyn Store, 
         b"",
         b"1:1",
         b"5:6:1",
-        b"5:4:1:1",
+        b"5:4:1:1:1",
+        b"5:4:1:",
         b"5:4:-1",
         b"9007199254740992:4:1",
     ] {
@@ -860,15 +861,17 @@ async fn tag_states_date_each_counters_last_hard_change(store: &dyn Store, _: Ti
         .unwrap();
     store.set(keys[2], b"12:10:777", ttl).await.unwrap();
     store.set(keys[3], b"junk", ttl).await.unwrap();
-    let got = store.tag_states(&keys, FRESH, ttl, 5_000).await.unwrap();
+    // A caller's view of the clock ahead of the store's is taken as it is.
+    let at = store.now_ms() + 600_000;
+    let got = store.tag_states(&keys, FRESH, ttl, at).await.unwrap();
     let got: Vec<String> = got.iter().map(|s| text(s)).collect();
     assert_eq!(
         got,
         [
-            format!("{FRESH}:{FRESH}:0:5000"),
-            "12345:12345:0:5000".to_owned(),
-            "12:10:777:5000".to_owned(),
-            format!("{FRESH}:{FRESH}:0:5000"),
+            format!("{FRESH}:{FRESH}:0:{at}"),
+            format!("12345:12345:0:{at}"),
+            format!("12:10:777:{at}"),
+            format!("{FRESH}:{FRESH}:0:{at}"),
         ]
     );
     for (key, state) in keys.iter().zip(&got) {
@@ -898,7 +901,7 @@ async fn tag_states_date_each_counters_last_hard_change(store: &dyn Store, _: Ti
     assert_eq!(soft, 12_346);
     assert_eq!(
         text(&store.get(keys[1]).await.unwrap().unwrap()),
-        "12346:12345:9500:5000"
+        format!("12346:12345:9500:{at}")
     );
     // A hard bump writes plain digits: no time, until the next read dates it.
     let hard = store
@@ -907,11 +910,16 @@ async fn tag_states_date_each_counters_last_hard_change(store: &dyn Store, _: Ti
         .unwrap();
     assert_eq!(hard, 13);
     assert_eq!(text(&store.get(keys[2]).await.unwrap().unwrap()), "13");
+    // Dated no earlier than the store's clock when it runs, whatever the
+    // caller's view (a call run late must not date a change before it).
+    let before = store.now_ms();
     let dated = store
-        .tag_states(&keys[2..3], FRESH + 5, ttl, 10_000)
+        .tag_states(&keys[2..3], FRESH + 5, ttl, 1)
         .await
         .unwrap();
-    assert_eq!(text(&dated[0]), "13:13:0:10000");
+    let dated = text(&dated[0]);
+    let f: u64 = dated.strip_prefix("13:13:0:").unwrap().parse().unwrap();
+    assert!(f + 50 >= before, "{dated} dated before {before}");
 }
 
 async fn tag_generations_read_or_create_each_counter(store: &dyn Store, time: Time) {

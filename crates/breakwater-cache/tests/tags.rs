@@ -1383,3 +1383,39 @@ async fn bad_tags_from_a_loader_are_config_errors() {
     assert_eq!(err.kind(), ErrorKind::Config, "{err}");
     assert!(err.to_string().contains("20 tags"), "{err}");
 }
+
+/// `warm_with_context` on a cold store: every value's loader-chosen tag is
+/// new, so the first pass does not write the first keys of each tag; the
+/// warm-up warms those once more, and every key is written.
+#[tokio::test(start_paused = true)]
+async fn a_warm_up_writes_values_whose_chosen_tags_were_new() {
+    let store = MemoryStore::new();
+    let (a, b) = (build(store.clone(), false), build(store, false));
+    let loads = Arc::new(AtomicUsize::new(0));
+    let report = {
+        let loads = Arc::clone(&loads);
+        a.warm_with_context(
+            (0..20u64).collect::<Vec<_>>(),
+            move |id: u64, _ctx: LoadContext<u64>| {
+                loads.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    Ok::<_, std::io::Error>(Loaded::value(id).tags([format!("shop:{}", id % 4)]))
+                }
+            },
+            breakwater_cache::Warm::new(),
+        )
+        .await
+        .unwrap()
+    };
+    assert_eq!((report.loaded, report.failed), (20, 0), "{report:?}");
+    // Keys whose shop's counter was made more than the skew before their
+    // load are written by the first pass; the others are loaded twice.
+    let loads = loads.load(Ordering::SeqCst);
+    assert!((24..=40).contains(&loads), "{loads} loads");
+    for id in 0..20u64 {
+        assert_eq!(b.get(id).await.unwrap(), Some(id), "product {id} written");
+    }
+    b.invalidate_tag("shop:1").await.unwrap();
+    assert_eq!(a.get(1u64).await.unwrap(), None);
+    assert_eq!(a.get(2u64).await.unwrap(), Some(2));
+}

@@ -415,7 +415,12 @@ impl<V: Value> Cache<V> {
         }
         tags.sort_unstable();
         tags.dedup();
-        after.states = Some(self.chosen_states(&tags, ttl).await);
+        let states = self.chosen_states(&tags, ttl).await;
+        if let Err(err) = &states {
+            warn_limited!(self.inner.logs, Warning::StoreRead, keys = tags.len(), op = "tag_states", error = %err, "the tags a batch loader chose could not be read; returning its values without writing them");
+            self.inner.metrics.store_failed("tag_states", err);
+        }
+        after.states = Some(states);
         after
     }
 
@@ -450,15 +455,13 @@ impl<V: Value> Cache<V> {
         if new.is_empty() {
             return Ok(Some(all));
         }
+        // Read once for a batch (a failed read fails every key of it, with
+        // no read again); else, or for a tag the batch did not read (a
+        // "not modified" keeping its entry's tags), read now.
         let read;
-        let states = match after.states.as_ref() {
-            Some(states)
-                if new
-                    .iter()
-                    .all(|tag| states.as_ref().is_ok_and(|s| s.contains_key(tag))) =>
-            {
-                states
-            }
+        let states = match &after.states {
+            Some(Err(_)) => return Ok(None),
+            Some(states @ Ok(read)) if new.iter().all(|tag| read.contains_key(tag)) => states,
             _ => {
                 read = self.chosen_states(&new, counter_ttl(options)).await;
                 &read

@@ -28,6 +28,7 @@ use tokio::time::{Instant, Interval, MissedTickBehavior};
 use super::fill::Mode;
 use super::handle::Cache;
 use super::loaded::{LoadContext, Loaded};
+use super::tags::EXPIRE_SKEW;
 use super::value::{Load, Value, WithContext};
 use super::verdict::reading;
 use crate::error::{ConfigError, Error, ErrorKind};
@@ -210,6 +211,12 @@ impl<V: Value> Cache<V> {
     /// that key's write. A choice out of bounds fails that key alone, with
     /// a [`Config`](ErrorKind::Config) error in the report.
     ///
+    /// A value tagged by its loader ([`Loaded::tags`]) is not written when
+    /// one of its tags is new (its counter is made by that load: a cold
+    /// store) or was invalidated during the load. Those keys are warmed
+    /// once more, a moment after the first pass (their counters exist
+    /// then): on a cold store, two loads each.
+    ///
     /// # Examples
     ///
     /// ```
@@ -244,12 +251,48 @@ impl<V: Value> Cache<V> {
         Fut: Future<Output = Result<Loaded<V>, E>> + Send + 'static,
         E: Into<Box<dyn StdError + Send + Sync + 'static>> + 'static,
     {
+        let started = Instant::now();
         let loader = Arc::new(loader);
-        let load = move |key: K| {
-            let loader = Arc::clone(&loader);
-            WithContext(move |context| loader(key, context))
+        // The keys whose loader chose tags for a value to cache.
+        let tagged: Arc<std::sync::Mutex<Vec<K>>> = Arc::default();
+        let load = {
+            let (loader, tagged) = (Arc::clone(&loader), Arc::clone(&tagged));
+            move |key: K| {
+                let (loader, tagged) = (Arc::clone(&loader), Arc::clone(&tagged));
+                WithContext(move |context| {
+                    let answer = loader(key.clone(), context);
+                    async move {
+                        let answer = answer.await;
+                        if let Ok(loaded) = &answer
+                            && loaded.is_cached()
+                            && !loaded.chosen_tags().is_empty()
+                        {
+                            tagged.lock().unwrap_or_else(|p| p.into_inner()).push(key);
+                        }
+                        answer
+                    }
+                })
+            }
         };
-        self.warm_with(keys, load, warm).await
+        let mut report = self.warm_with(keys, load, warm).await?;
+        let again = std::mem::take(&mut *tagged.lock().unwrap_or_else(|p| p.into_inner()));
+        if !again.is_empty() {
+            // Past the clock skew a write allows for after a counter's
+            // start: each key written by the first pass is `cached` now.
+            tokio::time::sleep(2 * EXPIRE_SKEW).await;
+            let load = move |key: K| {
+                let loader = Arc::clone(&loader);
+                WithContext(move |context| loader(key, context))
+            };
+            let second = self.warm_with(again, load, warm).await?;
+            // Each key is counted once, by the first pass, unless the second
+            // one failed it.
+            report.loaded -= second.failed.min(report.loaded);
+            report.failed += second.failed;
+            report.first_error = report.first_error.or(second.first_error);
+        }
+        report.elapsed = started.elapsed();
+        Ok(report)
     }
 
     /// The warm-up of [`warm`](Self::warm) and

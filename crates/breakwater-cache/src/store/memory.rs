@@ -405,6 +405,8 @@ impl Store for MemoryStore {
         ttl: Duration,
         now_ms: u64,
     ) -> StoreFuture<'a, Vec<Vec<u8>>> {
+        // Dated when it runs, never earlier (the caller's view may be old).
+        let now_ms = now_ms.max(self.now_ms());
         let states = ttl_millis(ttl).map(|ms| {
             let now = Instant::now();
             keys.iter()

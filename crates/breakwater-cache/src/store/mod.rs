@@ -373,7 +373,10 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
     /// A missing counter (or one holding anything but a state) is created
     /// as `fresh:fresh:0:now_ms`; one whose `F` is unknown (plain digits
     /// `G`, or `G:H:T`: a hard bump writes plain digits) gets `F = now_ms`,
-    /// its generation kept. Each counter's TTL becomes at least `ttl`, as
+    /// its generation kept. "Now" is never earlier than the store's own
+    /// clock when the call runs (Redis: `TIME` in the script): a call run
+    /// late, after a reconnect or a timeout, must not date a change before
+    /// it. Each counter's TTL becomes at least `ttl`, as
     /// for [`tag_generations`](Store::tag_generations). Atomic per counter
     /// (Redis: one script; a Cluster: one per hash slot).
     ///

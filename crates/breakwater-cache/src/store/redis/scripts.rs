@@ -360,13 +360,19 @@ pub(super) static TAG_GENERATIONS: LazyLock<Lua> = LazyLock::new(|| {
 
 /// Read-or-create of tag counters with the time of their last hard change
 /// (`Store::tag_states`): KEYS = the counters; ARGV = fresh value, TTL in
-/// ms, the store clock's now in ms (digits, at least 1). A counter holding
+/// ms, the caller's view of the store clock's now in ms (digits, at least
+/// 1). "Now" is the later of that and the server's `TIME` when the script
+/// runs (a script sent earlier and run late, after a reconnect or a
+/// timeout, must not date a change before it). A counter holding
 /// a state keeps it, with `F` set to now if unknown (0); a missing or
 /// foreign one is set to `fresh:fresh:0:now`. Each one's TTL is made at
 /// least `ARGV[2]`. One reply per key, in order: its state, `G:H:T:F`.
 pub(super) static TAG_STATES: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(generation_lua!(
-        r"local fresh, ttl, now = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+        r"local fresh, ttl = ARGV[1], tonumber(ARGV[2])
+          local clock = redis.call('TIME')
+          local ran = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+          local now = string.format('%.0f', math.max(tonumber(ARGV[3]), ran))
           local out = {}
           for i, key in ipairs(KEYS) do
             local g, h, t, f = state(key)
