@@ -415,35 +415,15 @@ impl<V: Value> Cache<V> {
                 return Err(err);
             }
         };
-        let (value, keep, extra, tags) = match resolved {
+        // The value, its settings, its extensions, the tags its loader
+        // chose and, for "not modified", the entry it keeps and the grace.
+        let (value, options, extra, chosen, unchanged) = match resolved {
             Resolved::Write {
                 value,
                 keep,
                 extra,
-                tags: chosen,
-            } => {
-                let Some(options) = keep else {
-                    // Not to be cached: served, not written; waiters are
-                    // told the lease is free.
-                    self.release(key, lease).await;
-                    return Ok((value, false));
-                };
-                let stamped = self
-                    .stamp_chosen(key, &tags, &chosen, after, &options)
-                    .await;
-                match stamped {
-                    Ok(Some(tags)) => (value, Some(options), extra, tags),
-                    Ok(None) => {
-                        self.release(key, lease).await;
-                        self.keep_unwritten(key, &value, load_time, &options, ticket, true);
-                        return Ok((value, false));
-                    }
-                    Err(err) => {
-                        self.release(key, lease).await;
-                        return Err(err);
-                    }
-                }
-            }
+                tags,
+            } => (value, keep, extra, tags, None),
             Resolved::Unchanged {
                 keep,
                 grace_ms,
@@ -452,10 +432,6 @@ impl<V: Value> Cache<V> {
                 let Some((entry, value)) = self.unchanged_value(key, replaces) else {
                     self.release(key, lease).await;
                     return Err(unchanged_without_value());
-                };
-                let Some(options) = keep else {
-                    self.release(key, lease).await;
-                    return Ok((value, false));
                 };
                 // The value stands, and so do the tags its loader chose
                 // for it before, unless it chose others now.
@@ -468,49 +444,54 @@ impl<V: Value> Cache<V> {
                         .collect(),
                     false => chosen,
                 };
-                let tags = match self
-                    .stamp_chosen(key, &tags, &chosen, after, &options)
-                    .await
-                {
-                    Ok(Some(tags)) => tags,
-                    Ok(None) => {
-                        self.release(key, lease).await;
-                        self.keep_unwritten(key, &value, load_time, &options, ticket, true);
-                        return Ok((value, false));
-                    }
-                    Err(err) => {
-                        self.release(key, lease).await;
-                        return Err(err);
-                    }
-                };
-                // A renewal changes the windows alone: the entry must
-                // already record what this write would (the same tags'
-                // generations, the same grace), and, inside a version
-                // transition, the write must also find the previous
-                // version's entry unchanged; otherwise a whole
-                // (conditional) write.
                 let grace_ms = grace_ms.or(entry.extra.grace_ms());
-                let renewable = pinned.is_none()
-                    && entry.tags[..] == tags[..]
-                    && grace_ms == entry.extra.grace_ms()
-                    && namespace == entry.extra.namespace();
-                if renewable
-                    && let Some(revoked) = self
-                        .renew(key, lease, entry, &value, &options, ticket)
-                        .await
-                {
-                    return Ok((value, revoked));
-                }
-                // Declined (the entry is gone or was rewritten; the lease
-                // is still ours): the value the loader saw, written whole.
                 let validator = entry.extra.validator().map(Box::from);
-                (value, Some(options), Extra::new(validator, grace_ms), tags)
+                let extra = Extra::new(validator, grace_ms);
+                (value, keep, extra, chosen, Some((entry, grace_ms)))
             }
         };
-        let Some(options) = keep else {
+        let Some(options) = options else {
+            // Not to be cached: served, not written; waiters are told the
+            // lease is free.
             self.release(key, lease).await;
             return Ok((value, false));
         };
+        let tags = match self
+            .stamp_chosen(key, &tags, &chosen, after, &options)
+            .await
+        {
+            Ok(Some(tags)) => tags,
+            // A chosen tag changed since the load began: served and kept
+            // in L1 (where its invalidation reaches it), not written.
+            Ok(None) => {
+                self.release(key, lease).await;
+                self.keep_unwritten(key, &value, load_time, &options, ticket, true);
+                return Ok((value, false));
+            }
+            Err(err) => {
+                self.release(key, lease).await;
+                return Err(err);
+            }
+        };
+        // "Not modified": a renewal changes the windows alone: the entry
+        // must already record what this write would (the same tags'
+        // generations, the same grace), and, inside a version transition,
+        // the write must also find the previous version's entry unchanged;
+        // otherwise (or declined: the entry is gone or was rewritten, the
+        // lease still ours) the value the loader saw, written whole.
+        if let Some((entry, grace_ms)) = unchanged {
+            let renewable = pinned.is_none()
+                && entry.tags[..] == tags[..]
+                && grace_ms == entry.extra.grace_ms()
+                && namespace == entry.extra.namespace();
+            if renewable
+                && let Some(revoked) = self
+                    .renew(key, lease, entry, &value, &options, ticket)
+                    .await
+            {
+                return Ok((value, revoked));
+            }
+        }
         let revoked = self
             .write_fenced(
                 key,
