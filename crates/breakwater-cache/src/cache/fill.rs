@@ -408,6 +408,10 @@ impl<V: Value> Cache<V> {
         (tags, pinned, namespace): (Vec<TagStamp>, Option<&Pinned>, Option<u64>),
         after: &AfterLoad,
     ) -> Result<(Option<V>, bool), Error> {
+        // The value's windows count from now, when its load ended, not from
+        // when it is written: the steps between (its chosen tags' read, a
+        // declined renewal) may take a store reply each.
+        let loaded_ms = self.inner.store.now_ms();
         let resolved = match loaded.resolve(options) {
             Ok(resolved) => resolved,
             Err(err) => {
@@ -486,7 +490,7 @@ impl<V: Value> Cache<V> {
                 && namespace == entry.extra.namespace();
             if renewable
                 && let Some(revoked) = self
-                    .renew(key, lease, entry, &value, &options, ticket)
+                    .renew(key, lease, entry, &value, &options, ticket, loaded_ms)
                     .await
             {
                 return Ok((value, revoked));
@@ -503,6 +507,7 @@ impl<V: Value> Cache<V> {
                 tags,
                 pinned,
                 extra.in_namespace(namespace),
+                loaded_ms,
             )
             .await?;
         Ok((value, revoked))
@@ -528,7 +533,9 @@ impl<V: Value> Cache<V> {
     /// `Some(revoked)` when that is settled (renewed, refused because the
     /// lease was revoked, or a store failure: the callers get the value);
     /// `None` when the store declined (the entry is gone or was rewritten,
-    /// or the backend cannot renew) and the lease is still held.
+    /// or the backend cannot renew) and the lease is still held. The new
+    /// windows count from `now` (store-clock ms, when the load ended).
+    #[allow(clippy::too_many_arguments)]
     async fn renew(
         &self,
         key: &[u8],
@@ -537,9 +544,9 @@ impl<V: Value> Cache<V> {
         value: &Option<V>,
         options: &Options,
         ticket: Option<Ticket>,
+        now: u64,
     ) -> Option<bool> {
         let inner = &self.inner;
-        let now = inner.store.now_ms();
         let (fresh_until, stale_until) = self.windows(entry.negative, options, now);
         let patch = Entry::windows_patch(fresh_until, stale_until);
         let expected = entry.header_tail();
@@ -824,8 +831,10 @@ impl<V: Value> Cache<V> {
     /// before the load, recorded in the entry; `pinned`: inside a version
     /// transition, the previous version's entry it was loaded beside (its
     /// stamp recorded, and the write made only while it is unchanged).
-    /// `Ok(true)` if the fence refused the write: the lease was revoked (an
-    /// invalidation or `set`) or had run out while the value was loaded.
+    /// `now`: the store-clock ms its windows count from (when its load
+    /// ended). `Ok(true)` if the fence refused the write: the lease was
+    /// revoked (an invalidation or `set`) or had run out while the value
+    /// was loaded.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn write_fenced(
         &self,
@@ -838,9 +847,9 @@ impl<V: Value> Cache<V> {
         mut tags: Vec<TagStamp>,
         pinned: Option<&Pinned>,
         extra: Extra,
+        now: u64,
     ) -> Result<bool, Error> {
         let inner = &self.inner;
-        let now = inner.store.now_ms();
         if let Some(pinned) = pinned {
             tags.insert(0, pinned.stamp());
         }
