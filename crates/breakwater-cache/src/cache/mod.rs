@@ -102,6 +102,7 @@
 
 mod batch;
 mod builder;
+mod chosen;
 mod clear;
 mod coherence;
 mod fill;
