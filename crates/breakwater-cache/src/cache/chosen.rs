@@ -83,6 +83,7 @@ impl<V: Value> Cache<V> {
             );
         }
         let mut after = AfterLoad::starting(started_ms);
+        after.ended_ms = Some(self.inner.store.now_ms());
         if tags.is_empty() {
             return after;
         }

@@ -411,7 +411,7 @@ impl<V: Value> Cache<V> {
         // The value's windows count from now, when its load ended, not from
         // when it is written: the steps between (its chosen tags' read, a
         // declined renewal) may take a store reply each.
-        let loaded_ms = self.inner.store.now_ms();
+        let loaded_ms = after.ended_ms.unwrap_or_else(|| self.inner.store.now_ms());
         let resolved = match loaded.resolve(options) {
             Ok(resolved) => resolved,
             Err(err) => {

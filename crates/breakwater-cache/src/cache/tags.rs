@@ -325,6 +325,10 @@ pub(super) struct AfterLoad {
     /// The store-clock ms just before the load began (its bulkhead queue
     /// and retries included).
     pub(super) started_ms: u64,
+    /// The store-clock ms the load ended, if it ended before the write's
+    /// own steps began (a batch: its chosen tags read in between); `None`:
+    /// when the write begins.
+    pub(super) ended_ms: Option<u64>,
     /// The chosen tags' counters, read once for a whole batch, by tag
     /// (`None` for a missing or foreign reply); `None`: read by each write.
     pub(super) states: Option<Result<States, Error>>,
@@ -335,6 +339,7 @@ impl AfterLoad {
     pub(super) fn starting(now_ms: u64) -> Self {
         AfterLoad {
             started_ms: now_ms,
+            ended_ms: None,
             states: None,
         }
     }
