@@ -54,8 +54,8 @@ pub(crate) enum BenchCommand {
 /// Options of `breakwater bench hit`.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct HitOpts {
-    /// Redis URL to run against (writes keys under `bw:bench-hit:` and
-    /// `raw:bench-hit:`, expiring after an hour).
+    /// Redis URL to run against (writes keys under `bw:bench-hit-<pid>:`
+    /// and `raw:bench-hit-<pid>:`, and deletes them when it ends).
     #[arg(long, value_name = "URL")]
     pub(crate) redis: String,
     /// Interleaved trials per scenario (1 to 100); the ratio is of the
@@ -186,22 +186,22 @@ pub(crate) async fn main(command: BenchCommand) -> ExitCode {
                 format!("naive:hot:{pid}:*"),
                 format!("lock:naive:hot:{pid}:*"),
                 format!("bench:loads:{pid}:*"),
-                format!("bw:bench:*{{hot:{pid}:*"),
+                format!("bw:bench-{pid}:*"),
             ],
         ),
         BenchCommand::Grace(opts) => (
             "bench grace",
             &opts.bench.redis,
             grace(opts).await,
-            vec![format!("bw:bench-grace:*{{hot:{pid}:*")],
+            vec![format!("bw:bench-grace-{pid}:*")],
         ),
         BenchCommand::Hit(opts) => (
             "bench hit",
             &opts.redis,
             hit(opts).await,
             vec![
-                "bw:bench-hit:*{product:*".to_owned(),
-                "raw:bench-hit:product:*".to_owned(),
+                format!("bw:bench-hit-{pid}:*"),
+                format!("raw:bench-hit-{pid}:product:*"),
             ],
         ),
     };
@@ -407,7 +407,7 @@ async fn grace_table(
         // One cache for this row's runs (each on its own key): its stats()
         // are the row's.
         let cache = Cache::<String>::builder()
-            .namespace("bench-grace")
+            .namespace(format!("bench-grace-{}", std::process::id()))
             .store(store.clone())
             .ttl(Duration::from_millis(200))
             .grace(Duration::from_secs(60))
@@ -497,11 +497,12 @@ async fn run_once(
     let counter = format!("bench:loads:{pid}:{scenario}");
     let loader_latency = humantime::format_duration(opts.bench.loader_latency).to_string();
     let concurrency = concurrency.to_string();
+    let namespace = format!("bench-{pid}");
     let args: Vec<String> = [
         "--redis",
         &opts.bench.redis,
         "--namespace",
-        "bench",
+        &namespace,
         "--key",
         &key,
         "--counter",

@@ -143,8 +143,11 @@ pub(crate) fn render(key: &str, inspection: &Inspection) -> String {
     };
     let _ = writeln!(out, "  lease      {lease}");
     let namespace = match inspection.namespace_generation {
-        Some(generation) => format!("generation {generation} (cleared)"),
-        None => "never cleared".to_owned(),
+        Some(generation) if inspection.namespace_cleared => {
+            format!("generation {generation} (cleared)")
+        }
+        Some(generation) => format!("generation {generation} (never cleared)"),
+        None => "no clear record (never written or cleared)".to_owned(),
     };
     let _ = writeln!(out, "  namespace  {namespace}");
     out

@@ -312,6 +312,11 @@ pub(crate) async fn bench(opts: &ManyOpts) -> Result<(), Failure> {
         let key = cache.storage_key(id).map_err(Failure::from)?;
         store.delete(&key).await.map_err(Failure::runtime)?;
     }
+    // And the namespace's clear record, made by its first write.
+    store
+        .delete(cache.clear_record_key())
+        .await
+        .map_err(Failure::runtime)?;
     if failed.is_empty() {
         Ok(())
     } else {

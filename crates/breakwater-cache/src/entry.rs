@@ -178,6 +178,14 @@ impl Extra {
         self
     }
 
+    /// Forgets the namespace's clear generation recorded (the entry is then
+    /// judged as one that records none).
+    pub(crate) fn forget_namespace(&mut self) {
+        if let Some(extras) = &mut self.0 {
+            extras.namespace = None;
+        }
+    }
+
     /// The namespace's clear generation the value was loaded under, if
     /// one was recorded.
     pub(crate) fn namespace(&self) -> Option<u64> {

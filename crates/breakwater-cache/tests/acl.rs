@@ -153,8 +153,8 @@ async fn a_user_limited_to_its_prefix_runs_every_operation() {
     assert_eq!(calls.load(Ordering::SeqCst), 50);
     assert_eq!(
         server.command(&["DBSIZE"]).unwrap(),
-        "51",
-        "k and the 50 warmed keys; leases released"
+        "52",
+        "k, the 50 warmed keys and the clear record the first write pinned; leases released"
     );
 
     // Tags: a tagged load creates its tag's counter (a script: `GET`,

@@ -351,3 +351,30 @@ async fn a_lost_clear_record_is_made_again_by_a_hard_clear() {
         );
     }
 }
+
+/// An entry written before any clear records the namespace's generation
+/// too (its write made the record): a record lost after a soft clear does
+/// not let a later clear, made over no record, judge that entry by a
+/// window of its own (it would be fresh past the first clear's end).
+#[tokio::test(start_paused = true)]
+async fn a_lost_record_does_not_move_an_earlier_soft_clears_end() {
+    let store = MemoryStore::new();
+    let a = cache(store.clone(), false);
+    let db = Arc::new(Db::default());
+    a.set(7u64, &0).await.unwrap();
+    db.version.store(1, Ordering::SeqCst);
+    a.clear(ClearMode::Soft {
+        window: Duration::from_millis(100),
+    })
+    .await
+    .unwrap();
+    assert!(store.delete(b"bw:clear:c").await.unwrap());
+    a.clear(ClearMode::Soft {
+        window: Duration::from_secs(600),
+    })
+    .await
+    .unwrap();
+    sleep(Duration::from_millis(300)).await;
+    let got = a.get_or_load_with_meta(7u64, db.loader()).await.unwrap();
+    assert_ne!(got.served, Served::Hit, "{got:?}");
+}

@@ -1299,6 +1299,7 @@ async fn clear_namespace_advances_the_record_and_publishes_it(store: &dyn Store,
         hard,
         window_ms,
         fresh,
+        pin: false,
         notice: notice(b"c:"),
     };
     // A first clear, soft: generation fresh + 1, floor and legacy fresh,
@@ -1392,6 +1393,64 @@ async fn clear_namespace_advances_the_record_and_publishes_it(store: &dyn Store,
     }
 }
 
+async fn a_pin_is_made_only_over_no_record(store: &dyn Store, _: Time) {
+    const KEY: &[u8] = b"bw:pin:c";
+    const PIN_WINDOW: u64 = (1 << 53) - 1;
+    let mut sub = subscribed(store).await;
+    let pin = |hard: bool, fresh: u64| NamespaceClear {
+        key: KEY,
+        hard,
+        window_ms: 0,
+        fresh,
+        pin: true,
+        notice: notice(b"p:"),
+    };
+    // Over none: a pin that clears nothing, at the store's clock, stored
+    // and published as a clear is.
+    let before = store.now_ms();
+    let made = store.clear_namespace(pin(false, FRESH)).await.unwrap();
+    let [n, h, t, w, l, below, by] = record_of(&made.record);
+    assert_eq!(
+        (n, h, w, l, below, by),
+        (FRESH + 1, FRESH, PIN_WINDOW, FRESH, FRESH, 0)
+    );
+    assert!(t >= before && t <= store.now_ms() + 5, "{t} vs {before}");
+    assert_eq!(
+        next_message(&mut sub).await,
+        [&b"p:"[..], &made.record].concat()
+    );
+    assert_eq!(store.get(KEY).await.unwrap(), Some(made.record.clone()));
+    // Over a record: that record, nothing written, nothing published.
+    let kept = store.clear_namespace(pin(true, FRESH + 50)).await.unwrap();
+    assert_eq!((&kept.record, kept.receivers), (&made.record, 0));
+    // A clear over the pin is a first clear: its own mark, from now.
+    let soft = store
+        .clear_namespace(NamespaceClear {
+            pin: false,
+            window_ms: 1_000,
+            ..pin(false, FRESH + 70)
+        })
+        .await
+        .unwrap();
+    let [n, h, t2, w, l, below, by] = record_of(&soft.record);
+    assert_eq!(
+        (n, h, w, l, below, by),
+        (FRESH + 2, FRESH, 1_000, FRESH, FRESH, 0)
+    );
+    assert!(t2 >= t);
+    assert_eq!(
+        next_message(&mut sub).await,
+        [&b"p:"[..], &soft.record].concat()
+    );
+    // A hard pin over none (or foreign bytes): a hard clear's record.
+    store.set(KEY, b"garbage", TTL).await.unwrap();
+    let hard = store.clear_namespace(pin(true, FRESH + 90)).await.unwrap();
+    assert_eq!(
+        record_of(&hard.record),
+        [FRESH + 91, FRESH + 91, 0, 0, FRESH + 90, FRESH + 91, 0]
+    );
+}
+
 macro_rules! contract {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -1466,4 +1525,5 @@ contract!(
     a_renewal_patches_in_place_only_for_the_holder_of_an_unchanged_value,
     expire_entry_ends_the_fresh_window_revokes_the_lease_and_publishes,
     clear_namespace_advances_the_record_and_publishes_it,
+    a_pin_is_made_only_over_no_record,
 );

@@ -49,12 +49,14 @@ impl std::fmt::Display for Row {
 /// of `trial` each. Which side runs first alternates from trial to trial
 /// (raw `GET`s first in the first): the second of two back-to-back runs
 /// can measure faster, and an even count of trials balances that out.
-/// Writes keys under `bw:bench-hit:` and `raw:bench-hit:`.
+/// Writes keys under `bw:bench-hit-<pid>:` and `raw:bench-hit-<pid>:`
+/// (the namespace of its own also holds the clear record its first write
+/// pins, deleted with the rest).
 pub(super) async fn compare(url: &str, trials: usize, trial: Duration) -> Result<Vec<Row>, String> {
     let store = RedisStore::connect(url).map_err(|e| e.to_string())?;
     store.warm_up().await.map_err(|e| e.to_string())?;
     let cache = Cache::<String>::builder()
-        .namespace("bench-hit")
+        .namespace(format!("bench-hit-{}", std::process::id()))
         .store(store)
         .ttl(Duration::from_secs(3_600))
         .build()
@@ -69,7 +71,7 @@ pub(super) async fn compare(url: &str, trials: usize, trial: Duration) -> Result
     for key in &keys {
         let value = format!("value of {key}, about the size of a small row");
         cache.set(key, &value).await.map_err(|e| e.to_string())?;
-        let raw_key = format!("raw:bench-hit:{key}");
+        let raw_key = format!("raw:bench-hit-{}:{key}", std::process::id());
         redis::cmd("SET")
             .arg(&raw_key)
             .arg(&value)

@@ -7,14 +7,18 @@
 //!
 //! A clear advances the namespace's clear record
 //! (`<key_prefix><namespace>:c`, see `store::namespace`) and publishes it,
-//! in one store operation ([`Store::clear_namespace`]). From the first
-//! clear on, every entry records the namespace generation its load began
-//! under (like a tag's generation: read after the lease, before the
-//! loader; a `set` records the one it began under). A read judges an entry
-//! by the record:
+//! in one store operation ([`Store::clear_namespace`]). Every entry
+//! records the namespace generation its load began under (like a tag's
+//! generation: read after the lease, before the loader; a `set` records
+//! the one it began under). Before the first clear there is a record too:
+//! the first write that finds none makes a pin, a record that clears
+//! nothing (one `EVALSHA`, once per namespace, see `store::namespace`), so
+//! a record lost later takes with it the validity of every entry written
+//! under it. A read judges an entry by the record:
 //!
-//! - written under the current generation (or no clear was ever made, and
-//!   it records none): as it is;
+//! - written under the current generation (or under the pin before the
+//!   first clear; or no record was ever made, and it records none): as it
+//!   is;
 //! - cleared hard, or recorded under a record that was since lost: a miss,
 //!   never served, not even stale;
 //! - cleared soft at store-clock `T` over window `W`: fresh until a moment
@@ -35,17 +39,28 @@
 //! # A lost record
 //!
 //! The record has no TTL, but an `allkeys-*` eviction policy, a `DEL` or
-//! a failover can still lose it. A lost record validates nothing: a
-//! process that knew one, or that reads an entry recorded under one,
-//! takes every entry as a miss; one that read the store and found no
-//! record reads it again after a pause drawn at random (up to 500 ms, so
-//! the processes that noticed do not all clear) and, still missing,
-//! clears the namespace hard in the background to make a new record;
-//! every process takes it from its message, so entries from before the
-//! first clear do not come back either. A record that cannot be read is
-//! not a lost one: nothing is cleared for it. (A process that never knew a record and
-//! reads only entries from before the first clear cannot tell, and serves
-//! them until a new record is made.)
+//! a failover can still lose it. A lost record validates nothing: an entry
+//! recorded under it is a miss from then on. A process that knew a record
+//! a clear made takes every entry as a miss; when it read the store and
+//! found none, it reads it again after a pause drawn at random (up to
+//! 500 ms, so the processes that noticed do not all clear) and, still
+//! missing, clears the namespace hard in the background to make a new
+//! record; every process takes it from its message, so entries from
+//! before the first clear do not come back either. A write that finds the
+//! record missing makes a pin first: a hard one if this process knew a
+//! record a clear made (it drops L1 here and, from its message, in every
+//! process that knew such a record), else a soft one. A lost pin lost no
+//! clear: L1 copies stay (Redis restarting empty leaves L1 serving), and
+//! the entries recorded under it are misses, as their generation is not
+//! the new pin's.
+//!
+//! A record that cannot be read is not a lost one: nothing is cleared for
+//! it, and entries are judged by the last record known here; a process
+//! that has not read it yet (its node is down) judges them as written.
+//! Both take the risk of two faults at once (the record's node down, a
+//! clear missed). (Entries that record no generation come only from a
+//! build before pins; a process that never knew a record and reads only
+//! those cannot tell, and serves them until a record is made.)
 //!
 //! # Every process at once
 //!
@@ -193,6 +208,7 @@ impl<V: Value> Cache<V> {
                 hard,
                 window_ms: millis(window),
                 fresh: inner.fresh_generation(),
+                pin: false,
                 notice: inner.notice(&message),
             })
             .await?;
@@ -250,10 +266,14 @@ impl<V: Value> Cache<V> {
                 // A clear this process had not heard of (its bus was down):
                 // taken as if heard, L1 copies and loads in the air from
                 // before it included.
+                // A pin made over a lost pin clears nothing; one made over
+                // a lost clear's record leaves nothing from before it.
                 if let (Some(before), Some(now)) = (before, record)
                     && now.generation != before.generation
+                    && !(now.is_pin() && before.is_pin())
                 {
-                    self.local.cleared(now.floor == now.generation);
+                    self.local
+                        .cleared(now.floor == now.generation || now.is_pin());
                 }
                 Ok(record)
             }
@@ -273,8 +293,10 @@ impl<V: Value> Cache<V> {
     /// `entry` of storage key `key` as the clear `record` leaves it: as it
     /// is, a miss (cleared hard), or fresh no longer than its moment in a
     /// soft clear's window. A record known to be gone from the store that
-    /// the entry, or this process, knew of was lost: the entry is a miss,
-    /// and a new record is made ([`record_lost`](Self::record_lost)).
+    /// the entry, or this process, knew of was lost: the entry is a miss;
+    /// if this process knew a record a clear made (not only a pin), a new
+    /// record is made by a hard clear ([`record_lost`](Self::record_lost)),
+    /// else the next write pins one.
     pub(super) fn after_clears(
         &self,
         key: &[u8],
@@ -282,7 +304,11 @@ impl<V: Value> Cache<V> {
         record: Option<&NamespaceState>,
     ) -> Option<Entry> {
         let judged = self.judge_clears(key, entry, record);
-        if record.is_none() && judged.is_none() && self.local.clears.known_absent() {
+        if record.is_none()
+            && judged.is_none()
+            && self.local.clears.known_absent()
+            && self.local.clears.ever_known()
+        {
             self.record_lost();
         }
         judged
@@ -296,12 +322,28 @@ impl<V: Value> Cache<V> {
         mut entry: Entry,
         record: Option<&NamespaceState>,
     ) -> Option<Entry> {
-        // No record, though one was known here or the entry recorded a
-        // generation of one: it was lost (or cannot be read), and validates
-        // nothing, entries from before the first clear included.
-        if record.is_none() && (entry.extra.namespace().is_some() || self.local.clears.ever_known())
+        // The previous version's entries record generations of its own
+        // record, which this version does not read: judged as recording
+        // none, by this version's record (which that version's clears
+        // reach, see `coherence`).
+        if let Some(previous) = &self.inner.previous
+            && key.starts_with(&previous.prefix)
         {
-            return None;
+            entry.extra.forget_namespace();
+        }
+        if record.is_none() {
+            let clears = &self.local.clears;
+            // Never read here, nor heard (the read failed): the entry is
+            // judged as written, the risk a record that cannot be read
+            // takes everywhere (see `clear_record`).
+            if !clears.ever_seen() {
+                return Some(entry);
+            }
+            // No record, though one was known here or the entry recorded a
+            // generation of one: it was lost, and validates nothing.
+            if entry.extra.namespace().is_some() || clears.ever_known() {
+                return None;
+            }
         }
         match NamespaceState::standing(record, entry.extra.namespace()) {
             Standing::Current => Some(entry),
@@ -370,9 +412,37 @@ impl<V: Value> Cache<V> {
         });
     }
 
-    /// The clear generation a load or `set` beginning now records (`None`
-    /// before any clear).
-    pub(super) async fn clear_generation(&self) -> Result<Option<u64>, Error> {
-        Ok(self.clear_record().await?.map(|state| state.generation))
+    /// The clear generation a load or `set` beginning now records: the
+    /// record's; if there is none, that of the pin made for it (see
+    /// `store::namespace`), hard if this process knew a record a clear
+    /// made (it was lost). `Err` if the store could not make one: the value is then not
+    /// written.
+    pub(super) async fn clear_generation(&self) -> Result<u64, Error> {
+        if let Some(state) = self.clear_record().await? {
+            return Ok(state.generation);
+        }
+        let known = self.local.clears.last();
+        let lost = self.local.clears.ever_known();
+        let inner = &self.inner;
+        let message = notify::message(CLEARED, inner.waiters.sender(), b"");
+        let state = self
+            .local
+            .clears
+            .pin(NamespaceClear {
+                key: &inner.clear_key,
+                hard: lost,
+                window_ms: 0,
+                fresh: inner.fresh_generation(),
+                pin: true,
+                notice: inner.notice(&message),
+            })
+            .await?;
+        // A record other than the one known here replaces a lost one: what
+        // was loaded under that is dropped here as a hard clear drops it
+        // (the others take it from the pin's message).
+        if lost && known != Some(state) {
+            self.local.cleared(true);
+        }
+        Ok(state.generation)
     }
 }

@@ -221,9 +221,19 @@ impl<V: Value> BusHook for Local<V> {
     }
 
     fn cleared(&self, record: &[u8]) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        let (known, ever) = (self.clears.last(), self.clears.ever_known());
         let heard = self.clears.heard(record);
         Box::pin(async move {
             let Some(state) = heard else { return };
+            // A pin clears nothing, and its maker waits for no one; but one
+            // that replaces a record known here (which was lost) leaves
+            // nothing loaded under that one standing.
+            if state.is_pin() {
+                if ever && known != Some(state) {
+                    Local::cleared(self, true);
+                }
+                return;
+            }
             // Whoever cleared (this process too) waits for this.
             Local::cleared(self, state.floor == state.generation);
             self.clears.acknowledge(state.generation).await;
@@ -241,7 +251,10 @@ impl<V: Value> BusHook for Local<V> {
     ) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
         let state = NamespaceState::parse(record);
         Box::pin(async move {
-            let Some(state) = state else { return };
+            // A pin there clears nothing here.
+            let Some(state) = state.filter(|state| !state.is_pin()) else {
+                return;
+            };
             let hard = state.floor == state.generation;
             // At once here; the others take this version's record from
             // its message (every process that hears the previous version's

@@ -609,6 +609,7 @@ impl<V: Value> Cache<V> {
             .clear_generation()
             .await
             .map_err(|err| ("clear_record", err))?;
+        let namespace = Some(namespace);
         let tags = match loader.tags() {
             None => Vec::new(),
             Some(tags) => self

@@ -26,8 +26,11 @@ pub struct Inspection {
     /// `true` while some process holds the key's lease (a load is running).
     pub lease_held: bool,
     /// The namespace's clear generation (see [`Cache::clear`]); `None`
-    /// before its first clear.
+    /// while it has no clear record (before its first write or clear).
     pub namespace_generation: Option<u64>,
+    /// `true` once a clear was made over the namespace's record (`false`
+    /// for the record its first write pins, which clears nothing).
+    pub namespace_cleared: bool,
 }
 
 /// What is stored under a key; see [`Inspection`].
@@ -72,7 +75,7 @@ pub struct EntryView {
     /// inside the stale window it only stands in if a load fails.
     pub servable: bool,
     /// The namespace clear generation its load began under (`None`: it was
-    /// written before the namespace's first clear).
+    /// written by a build that recorded none before a first clear).
     pub generation: Option<u64>,
     /// `true` if a hard clear came after it: never served again. (A soft
     /// clear shows in `fresh_for`, cut to its moment in the window.)
@@ -183,6 +186,7 @@ impl<V: Value> Cache<V> {
             store_ttl,
             lease_held,
             namespace_generation: record.map(|state| state.generation),
+            namespace_cleared: record.is_some_and(|state| !state.is_pin()),
         })
     }
 }

@@ -52,7 +52,7 @@ impl<V: Value> Cache<V> {
                 None => Vec::new(),
             };
             // The namespace's clear generation, as a load records it.
-            let namespace = self.clear_generation().await?;
+            let namespace = Some(self.clear_generation().await?);
             // Inside a version transition the previous version's entry is
             // revoked and this one written beside a fresh pin of it.
             if let Some(pinned) = self

@@ -251,7 +251,7 @@ impl<V: Value> Cache<V> {
         let mut batch = Vec::with_capacity(SET_MANY_BATCH);
         let longest = tags::counter_ttl(&self.inner.defaults);
         // The namespace's clear generation, as a load records it.
-        let namespace = self.clear_generation().await?;
+        let namespace = Some(self.clear_generation().await?);
         for (key, value) in items {
             let key = self.key_in_store(&key.key_bytes())?;
             // Inside a version transition, as for `set` (one key at a time).
@@ -849,6 +849,16 @@ impl<V: Value> Cache<V> {
     /// than `max_key_len`.
     pub fn storage_key(&self, key: impl CacheKey) -> Result<Vec<u8>, Error> {
         self.key_in_store(&key.key_bytes())
+    }
+
+    /// The exact key of the namespace's clear record:
+    /// `bw:<namespace>:c` (`bw:<namespace>@<version>:c` from version 1 on).
+    /// The first write of a namespace makes it (see [`Cache::clear`]), and
+    /// it has no TTL: a tool that removes a whole namespace deletes it
+    /// with the entries. Deleted while entries stay, it is a lost record:
+    /// they are misses from then on, never served.
+    pub fn clear_record_key(&self) -> &[u8] {
+        &self.inner.clear_key
     }
 
     /// The namespace this cache was built with.

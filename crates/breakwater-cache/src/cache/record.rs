@@ -15,7 +15,7 @@ use rand::RngExt;
 
 use super::notify::{self, CLEAR_ACKED, CLEARED, SENDER_LEN};
 use crate::background::Supervised;
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 use crate::store::namespace::NamespaceState;
 use crate::store::{FRESH_GENERATIONS, NamespaceClear, Notice, Store};
 
@@ -43,9 +43,12 @@ pub(super) struct Clears {
     /// One read of the record at a time: callers that find it untrusted
     /// while a read is in the air wait for that one.
     reading: tokio::sync::Mutex<()>,
-    /// A record was known here once: from then on, none in the store means
-    /// it was lost.
+    /// A record a clear made (not a pin) was known here once: from then on,
+    /// none in the store means a clear may have been lost.
     ever: AtomicBool,
+    /// The store was read (or a record heard) once: what it holds, record
+    /// or none, was seen here.
+    seen: AtomicBool,
     /// The task that makes a new record after one was lost (one at a
     /// time; see `Cache::record_lost`).
     pub(super) restoring: Supervised,
@@ -155,6 +158,7 @@ impl Clears {
         bus: u64,
         read_at: Option<Instant>,
     ) -> Option<NamespaceState> {
+        self.seen.store(true, Ordering::SeqCst);
         let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
         // A read sent before a clear heard since (the bus unchanged) is
         // older than what was heard: it finds an older record, or none.
@@ -169,7 +173,8 @@ impl Clears {
             }
             (_, new) => new,
         };
-        if newer.is_some() {
+        // A pin clears nothing: its loss loses no clear.
+        if newer.is_some_and(|state| !state.is_pin()) {
             self.ever.store(true, Ordering::SeqCst);
         }
         if bus == self.bus.load(Ordering::SeqCst) {
@@ -182,7 +187,13 @@ impl Clears {
         newer
     }
 
-    /// Whether a record was ever known here.
+    /// Whether the store's record (or its absence) was ever read or heard
+    /// here: `false` while every read of it failed.
+    pub(super) fn ever_seen(&self) -> bool {
+        self.seen.load(Ordering::SeqCst)
+    }
+
+    /// Whether a record a clear made (not a pin) was ever known here.
     pub(super) fn ever_known(&self) -> bool {
         self.ever.load(Ordering::SeqCst)
     }
@@ -215,6 +226,29 @@ impl Clears {
         Ok(self.take(record, bus, Some(sent)))
     }
 
+    /// Makes `pin` (see `store::namespace`): the record the store now
+    /// holds, made by it or found, taken as a read of it is.
+    pub(super) async fn pin(&self, pin: NamespaceClear<'_>) -> Result<NamespaceState, Error> {
+        let Some(link) = self.link.get() else {
+            return Err(Error::new(
+                ErrorKind::Store,
+                "the namespace's clear record is not linked",
+            ));
+        };
+        let _reading = self.reading.lock().await;
+        let (bus, sent) = (self.bus_state(), Instant::now());
+        let made = link.store.clear_namespace(pin).await?;
+        let Some(state) = NamespaceState::parse(&made.record) else {
+            return Err(Error::new(
+                ErrorKind::Store,
+                "the store answered a pin of the namespace's clear record with something that \
+                 is not a clear record",
+            ));
+        };
+        self.take(Some(state), bus, Some(sent));
+        Ok(state)
+    }
+
     /// A clear heard on the bus: its record taken, and returned (`None`
     /// for a message that holds no record).
     pub(super) fn heard(&self, record: &[u8]) -> Option<NamespaceState> {
@@ -237,6 +271,7 @@ impl Clears {
             hard,
             window_ms,
             fresh: rand::rng().random_range(FRESH_GENERATIONS),
+            pin: false,
             notice: Notice {
                 channel: &link.channel,
                 message: &message,

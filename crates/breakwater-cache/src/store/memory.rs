@@ -434,14 +434,24 @@ impl Store for MemoryStore {
             let held = shard
                 .live(clear.key, now)
                 .and_then(|slot| NamespaceState::parse(&slot.value));
-            let state =
-                NamespaceState::cleared(held, clear.hard, clear.window_ms, now_ms, clear.fresh);
+            let (state, write) = NamespaceState::applied(
+                held,
+                clear.pin,
+                clear.hard,
+                clear.window_ms,
+                now_ms,
+                clear.fresh,
+            );
             let record = state.encode();
-            shard.put(clear.key, &record, now, MAX_STORE_TTL_MS);
-            // Published under the shard's lock: no other clear of this
-            // namespace can publish in between.
-            let message = [clear.notice.message, &record].concat();
-            let receivers = self.inner.publish(clear.notice.channel, &message);
+            let receivers = if write {
+                shard.put(clear.key, &record, now, MAX_STORE_TTL_MS);
+                // Published under the shard's lock: no other clear of this
+                // namespace can publish in between.
+                let message = [clear.notice.message, &record].concat();
+                self.inner.publish(clear.notice.channel, &message)
+            } else {
+                0
+            };
             ClearedNamespace { record, receivers }
         };
         Box::pin(async move { Ok(cleared) })

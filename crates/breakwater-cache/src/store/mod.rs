@@ -465,7 +465,9 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
     /// published on `clear.notice.channel`. Returns the new record and how
     /// many subscribers the message reached (Redis: `PUBLISH`'s count,
     /// on a Cluster the receiving node's), so the caller can wait for
-    /// each to acknowledge it.
+    /// each to acknowledge it. A [pin](NamespaceClear::pin) is written
+    /// only over no record (or foreign bytes); a record held is returned
+    /// as it is, with nothing written or published.
     ///
     /// The default reads, then writes, then publishes: two clears at once
     /// may lose one (a backend that can should do it atomically). It
@@ -477,14 +479,21 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
         Box::pin(async move {
             let held = self.get(clear.key).await?;
             let held = held.as_deref().and_then(NamespaceState::parse);
-            let state = NamespaceState::cleared(
+            let (state, write) = NamespaceState::applied(
                 held,
+                clear.pin,
                 clear.hard,
                 clear.window_ms,
                 self.now_ms(),
                 clear.fresh,
             );
             let record = state.encode();
+            if !write {
+                return Ok(ClearedNamespace {
+                    record,
+                    receivers: 0,
+                });
+            }
             self.set(clear.key, &record, Duration::from_millis(MAX_STORE_TTL_MS))
                 .await?;
             let message = [clear.notice.message, &record].concat();
@@ -598,6 +607,11 @@ pub struct NamespaceClear<'a> {
     pub window_ms: u64,
     /// Where a new record starts: drawn at random from `[2^40, 2^52)`.
     pub fresh: u64,
+    /// Not a clear but a pin (see `store::namespace`): made only if the
+    /// key holds no record, soft (it clears nothing) or, with `hard`, the
+    /// record a hard clear over none makes; a record held is returned as
+    /// it is, and nothing is written or published (0 receivers).
+    pub pin: bool,
     /// Published with the new record appended to its message.
     pub notice: Notice<'a>,
 }

@@ -41,8 +41,32 @@
 //! miss: a lost record never validates a recorded generation. Anything
 //! else under the key (foreign bytes) counts as no record. The record has
 //! no TTL (`SET` without `PX`), so no `volatile-*` eviction policy drops it.
+//!
+//! # A pin: the record a write makes
+//!
+//! Every entry records a generation, also before the first clear: a write
+//! that finds no record makes one first (a pin, `NamespaceClear::pin`),
+//! which clears
+//! nothing: `N = fresh + 1`, `H = L = S = fresh`, `T` the store's now, and
+//! `W` = [`PIN_WINDOW`], a window no clear has. A lost record then takes
+//! with it the validity of every entry written under it, those written
+//! before the first clear included (were they to record none, a clear made
+//! over the lost record would judge them by a history of its own, and a
+//! soft one would make them fresh past an earlier clear's end). Read by a
+//! build that does not know pins, a pin is a soft clear whose window never
+//! ends: every entry keeps its own expiry, as under no record. A clear
+//! over a pin is a first clear. A pin made by a process that knew a record
+//! a clear made (so the one it finds missing may have been that, or a
+//! later clear's) is hard instead: the record a hard clear over none
+//! makes, so entries that record no generation (from a build before pins)
+//! do not come back either. A lost pin loses no clear: what was loaded
+//! under it stays in L1, only its entries in the store are misses.
 
 use super::generation::{MAX_GENERATION, parse_generation};
+
+/// A pin's `W`: a window no clear has (they are at most a year), which
+/// says no clear was made over the record's generation.
+pub(crate) const PIN_WINDOW: u64 = MAX_GENERATION - 1;
 
 /// A namespace's clear record; see the module docs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,7 +167,7 @@ impl NamespaceState {
         };
         // The soft mark judges the generations in [H, N) before this
         // clear: none after a hard clear, or before any record.
-        let marked = held.is_some_and(|held| held.floor < held.generation);
+        let marked = held.is_some_and(|held| held.floor < held.generation && !held.is_pin());
         let ends = state.soft_at.saturating_add(state.window);
         if hard {
             state.floor = state.generation;
@@ -166,6 +190,57 @@ impl NamespaceState {
         state
     }
 
+    /// The record a write that found none makes (`held`: what it found;
+    /// a record held is kept): a pin at store-clock `now_ms`, starting at
+    /// `fresh`, hard if the writer knew a record (so one was lost); see
+    /// the module docs. Also whether it is new.
+    pub(crate) fn pinned(
+        held: Option<NamespaceState>,
+        hard: bool,
+        now_ms: u64,
+        fresh: u64,
+    ) -> (NamespaceState, bool) {
+        match held {
+            Some(held) => (held, false),
+            None if hard => (NamespaceState::cleared(None, true, 0, now_ms, fresh), true),
+            None => (
+                NamespaceState {
+                    generation: fresh + 1,
+                    floor: fresh,
+                    soft_at: now_ms,
+                    window: PIN_WINDOW,
+                    legacy: fresh,
+                    stale_below: fresh,
+                    stale_by: 0,
+                },
+                true,
+            ),
+        }
+    }
+
+    /// The record after a clear (`pin`: a pin) over `held` at store-clock
+    /// `now_ms`, and whether it is to be written (and published): what
+    /// every backend does with a `NamespaceClear` of these fields.
+    pub(crate) fn applied(
+        held: Option<NamespaceState>,
+        pin: bool,
+        hard: bool,
+        window_ms: u64,
+        now_ms: u64,
+        fresh: u64,
+    ) -> (NamespaceState, bool) {
+        if pin {
+            return NamespaceState::pinned(held, hard, now_ms, fresh);
+        }
+        let state = NamespaceState::cleared(held, hard, window_ms, now_ms, fresh);
+        (state, true)
+    }
+
+    /// Whether this is a pin no clear was made over (see the module docs).
+    pub(crate) fn is_pin(&self) -> bool {
+        self.floor < self.generation && self.window == PIN_WINDOW
+    }
+
     /// How an entry that recorded `recorded` (`None`: it records none)
     /// stands: [`Standing::Current`], cleared soft, or cleared hard.
     pub(crate) fn standing(state: Option<&NamespaceState>, recorded: Option<u64>) -> Standing {
@@ -175,6 +250,12 @@ impl NamespaceState {
             (Some(state), recorded) => {
                 let generation = recorded.unwrap_or(state.legacy);
                 if generation == state.generation {
+                    Standing::Current
+                } else if state.is_pin()
+                    && generation >= state.floor
+                    && generation < state.generation
+                {
+                    // Nothing was cleared over a pin.
                     Standing::Current
                 } else if generation >= state.floor && generation < state.generation {
                     Standing::Soft {
@@ -287,6 +368,59 @@ mod tests {
         // nothing.
         assert_eq!(
             NamespaceState::standing(Some(&again), Some(again.generation + 1)),
+            Standing::Cleared
+        );
+    }
+
+    #[test]
+    fn a_pin_clears_nothing_and_a_clear_over_it_is_a_first_clear() {
+        let (pin, new) = NamespaceState::pinned(None, false, 1_000, FRESH);
+        assert!(new && pin.is_pin());
+        assert_eq!(NamespaceState::parse(&pin.encode()), Some(pin));
+        for recorded in [None, Some(pin.generation)] {
+            assert_eq!(
+                NamespaceState::standing(Some(&pin), recorded),
+                Standing::Current
+            );
+        }
+        // A record held is kept.
+        let soft = NamespaceState::cleared(Some(pin), false, 60_000, 5_000, FRESH + 9);
+        assert_eq!(
+            NamespaceState::pinned(Some(soft), false, 6_000, FRESH + 3),
+            (soft, false)
+        );
+        // A soft clear over it: its own window, from its own start, for
+        // what was written under the pin and before it.
+        assert!(!soft.is_pin());
+        for recorded in [None, Some(pin.generation)] {
+            assert_eq!(
+                NamespaceState::standing(Some(&soft), recorded),
+                Standing::Soft {
+                    at: 5_000,
+                    window: 60_000,
+                    by: None
+                }
+            );
+        }
+        let hard = NamespaceState::cleared(Some(pin), true, 0, 5_000, FRESH + 9);
+        assert_eq!(
+            NamespaceState::standing(Some(&hard), Some(pin.generation)),
+            Standing::Cleared
+        );
+        // Pinned over a lost record: what records none is a miss.
+        let (lost, _) = NamespaceState::pinned(None, true, 1_000, FRESH + 5);
+        assert!(!lost.is_pin());
+        assert_eq!(
+            NamespaceState::standing(Some(&lost), None),
+            Standing::Cleared
+        );
+        assert_eq!(
+            NamespaceState::standing(Some(&lost), Some(lost.generation)),
+            Standing::Current
+        );
+        // Another pin's generation (a lost one's) matches nothing.
+        assert_eq!(
+            NamespaceState::standing(Some(&pin), Some(lost.generation)),
             Standing::Cleared
         );
     }

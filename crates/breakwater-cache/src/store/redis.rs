@@ -764,12 +764,10 @@ impl Store for RedisStore {
         })
     }
 
-    /// One script on the counter's node. On a Sentinel store the bump is
-    /// remembered like an invalidation and applied again (as a bump, with
-    /// the same fresh value) on the next master should a failover lose it.
     /// One script. On a Sentinel store the master's acknowledgement is
     /// remembered, and the record put back on the next master should a
-    /// failover lose it (unless that master holds a later one).
+    /// failover lose it (unless that master holds a later one); a pin's
+    /// too.
     fn clear_namespace<'a>(
         &'a self,
         clear: NamespaceClear<'a>,
@@ -782,7 +780,8 @@ impl Store for RedisStore {
                 .arg(clear.fresh)
                 .arg(u8::from(clear.hard))
                 .arg(clear.window_ms)
-                .arg(self.now_ms());
+                .arg(self.now_ms())
+                .arg(u8::from(clear.pin));
             let ((record, receivers), master): ((Vec<u8>, u64), _) = self
                 .inner
                 .call(
@@ -808,6 +807,9 @@ impl Store for RedisStore {
         })
     }
 
+    /// One script on the counter's node. On a Sentinel store the bump is
+    /// remembered like an invalidation and applied again (as a bump, with
+    /// the same fresh value) on the next master should a failover lose it.
     fn bump_generation<'a>(
         &'a self,
         key: &'a [u8],

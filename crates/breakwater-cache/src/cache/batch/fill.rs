@@ -218,7 +218,7 @@ impl<V: Value> Cache<V> {
         };
         let namespace = match to_load.is_empty() {
             true => Ok(None),
-            false => self.clear_generation().await,
+            false => self.clear_generation().await.map(Some),
         };
         let stamps = match (stamps, namespace) {
             (Ok(stamps), Ok(namespace)) => Some((stamps, namespace)),

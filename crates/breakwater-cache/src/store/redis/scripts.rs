@@ -396,12 +396,13 @@ pub(super) static TAG_STATES: LazyLock<Lua> = LazyLock::new(|| {
 
 /// One clear of a namespace (see `store::namespace`): KEYS = its clear
 /// record; ARGV = channel, message, fresh value, `1` for hard, window ms,
-/// the store clock's now in ms. The record (seven numbers below 2^53 with
-/// `H <= N`, `L < N` and `S <= N`, or five read with `S = H`, `E = 0`;
-/// anything else counts as none) is advanced as
-/// `NamespaceState::cleared` advances it, written without a TTL, and
-/// published appended to the message. Returns the record and `PUBLISH`'s
-/// count.
+/// the store clock's now in ms, `1` for a pin. The record (seven numbers
+/// below 2^53 with `H <= N`, `L < N` and `S <= N`, or five read with
+/// `S = H`, `E = 0`; anything else counts as none) is advanced as
+/// `NamespaceState::applied` advances it (a pin: returned as held, or made
+/// over none), written without a TTL, and published appended to the
+/// message. Returns the record and `PUBLISH`'s count (0 for a record a pin
+/// kept).
 pub(super) static CLEAR_NAMESPACE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"local top = 9007199254740992
@@ -427,9 +428,22 @@ pub(super) static CLEAR_NAMESPACE: LazyLock<Lua> = LazyLock::new(|| {
               if h > n or l >= n or s > n then n = nil end
             end
           end
+          local pin = top - 1
           local marked = false
-          if n then
-            marked = h < n
+          if n and ARGV[7] == '1' then
+            return {held, 0}
+          elseif ARGV[7] == '1' then
+            if ARGV[4] == '1' then
+              n, h, t, w, l, s, e = fresh + 1, fresh + 1, 0, 0, fresh, fresh + 1, 0
+            else
+              n, h, t, w, l, s, e = fresh + 1, fresh, now, pin, fresh, fresh, 0
+            end
+            local record = string.format('%.0f:%.0f:%.0f:%.0f:%.0f:%.0f:%.0f', n, h, t, w, l, s, e)
+            redis.call('SET', KEYS[1], record)
+            local receivers = redis.call('PUBLISH', ARGV[1], ARGV[2] .. record)
+            return {record, receivers}
+          elseif n then
+            marked = h < n and w ~= pin
             n = math.min(n + 1, top - 1)
           else
             n, h, t, w, l, s, e = fresh + 1, fresh, 0, 0, fresh, fresh, 0
