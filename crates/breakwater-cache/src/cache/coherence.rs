@@ -282,8 +282,12 @@ impl<V: Value> BusHook for Local<V> {
     }
 }
 
-/// What a load flight lands with: the value, how it was served, and, if
-/// the load's fenced write was refused, when its lease was asked for.
+/// What a load flight lands with: the value, how it was served, and the
+/// latest start of a caller it answers, if it does not answer every one:
+/// when its lease was asked for, if the load's fenced write was refused;
+/// one store read deadline after the read, for a value another holder's
+/// fill left in the store (the read's later steps may have kept it in
+/// the air, see `Cache::read_answers`).
 ///
 /// A refused write means the lease was revoked while the value was loaded
 /// (an invalidation or `set`, possibly from another process that this one

@@ -130,10 +130,8 @@ impl<V: Value> Cache<V> {
             let (value, load_time, keep, chose_tags) = self
                 .load_unwritten(&loader, &key, None, &options, priority)
                 .await?;
-            if let Some(options) = keep {
-                let tagged = loader.tags().is_some() || chose_tags;
-                self.keep_unwritten(&key, &value, load_time, &options, ticket, tagged);
-            }
+            let tagged = loader.tags().is_some() || chose_tags;
+            self.keep_loaded(&key, &value, load_time, keep, ticket, tagged);
             return Ok((value, Served::Loaded, None));
         }
         let lease_key = inner.lease_key(&key);
@@ -175,6 +173,7 @@ impl<V: Value> Cache<V> {
                     // entry seen while waiting may have been invalidated
                     // since.
                     let mut seen = None;
+                    let sent = Instant::now();
                     if let Some(value) = self
                         .fresh_value(&key, &mut seen, &options, replacing, ticket, loader.tags())
                         .await
@@ -184,7 +183,7 @@ impl<V: Value> Cache<V> {
                             .store
                             .release_lease(lease.key, lease.token, inner.notice(&message))
                             .await;
-                        return Ok((value, Served::Coalesced, None));
+                        return Ok((value, Served::Coalesced, self.read_answers(sent)));
                     }
                     let (value, revoked) = self
                         .lead(
@@ -235,11 +234,12 @@ impl<V: Value> Cache<V> {
                 .await;
             let mut woken = pin!(watch.notify().notified());
             woken.as_mut().enable();
+            let sent = Instant::now();
             if let Some(value) = self
                 .fresh_value(&key, &mut stale, &options, replacing, ticket, loader.tags())
                 .await
             {
-                return Ok((value, Served::Coalesced, None));
+                return Ok((value, Served::Coalesced, self.read_answers(sent)));
             }
             if Instant::now() >= deadline {
                 break;
@@ -260,12 +260,13 @@ impl<V: Value> Cache<V> {
                     // A tagged one is read from the store instead, which
                     // checks its tags' generations.
                     let carried = watch.filled().and_then(|bytes| self.carried(&key, bytes));
+                    let sent = Instant::now();
                     let value = match carried {
                         Some(entry) => self.fresh_entry(&key, entry, &mut stale, &options, replacing, ticket, loader.tags()),
                         None => self.fresh_value(&key, &mut stale, &options, replacing, ticket, loader.tags()).await,
                     };
                     if let Some(value) = value {
-                        return Ok((value, Served::Coalesced, None));
+                        return Ok((value, Served::Coalesced, self.read_answers(sent)));
                     }
                 }
                 () = sleep_until(deadline) => {}
@@ -300,6 +301,16 @@ impl<V: Value> Cache<V> {
             },
             LockTimeoutKind::Error => Err(lock_timeout(waited)),
         }
+    }
+
+    /// Which callers a value read from the store at `sent` answers (see
+    /// [`Landed`]): those that started within one store read deadline of
+    /// the read. The read's later steps (its tags, the clear record) can
+    /// keep it in the air long after the store answered; a caller that
+    /// joined the flight later could get an entry older than a write that
+    /// returned before it began, and reads again instead (seed 1093).
+    pub(super) fn read_answers(&self, sent: Instant) -> Option<Instant> {
+        Some(sent + self.inner.store.read_deadline())
     }
 
     /// Holding the lease (requested at `asked`): load, keep the lease
@@ -346,10 +357,8 @@ impl<V: Value> Cache<V> {
                 let (value, load_time, keep, chose_tags) = self
                     .load_unwritten(loader, key, replaces, options, priority)
                     .await?;
-                if let Some(options) = keep {
-                    let tagged = loader.tags().is_some() || chose_tags;
-                    self.keep_unwritten(key, &value, load_time, &options, ticket, tagged);
-                }
+                let tagged = loader.tags().is_some() || chose_tags;
+                self.keep_loaded(key, &value, load_time, keep, ticket, tagged);
                 return Ok((value, false));
             }
         };
@@ -469,7 +478,7 @@ impl<V: Value> Cache<V> {
             // in L1 (where its invalidation reaches it), not written.
             Ok(None) => {
                 self.release(key, lease).await;
-                self.keep_unwritten(key, &value, load_time, &options, ticket, true);
+                self.keep_unwritten(key, &value, load_time, &options, ticket, true, loaded_ms);
                 return Ok((value, false));
             }
             Err(err) => {
@@ -706,17 +715,37 @@ impl<V: Value> Cache<V> {
             };
             cache.release(&key_owned, lease).await;
         });
-        if let Some(options) = keep {
-            let tagged = loader.tags().is_some() || chose_tags;
-            self.keep_unwritten(key, &value, load_time, &options, ticket, tagged);
-        }
+        let tagged = loader.tags().is_some() || chose_tags;
+        self.keep_loaded(key, &value, load_time, keep, ticket, tagged);
         Ok(value)
+    }
+
+    /// [`keep_unwritten`](Self::keep_unwritten) for a value loaded just
+    /// now (its windows count from now), if it is to be kept (`keep`: its
+    /// settings; `None` for "do not cache").
+    fn keep_loaded(
+        &self,
+        key: &[u8],
+        value: &Option<V>,
+        load_time: Duration,
+        keep: Option<Options>,
+        ticket: Option<Ticket>,
+        tagged: bool,
+    ) {
+        if let Some(options) = keep {
+            let now = self.inner.store.now_ms();
+            self.keep_unwritten(key, value, load_time, &options, ticket, tagged, now);
+        }
     }
 
     /// A value loaded while the store is unusable: the load succeeded, so
     /// the fail-safe throttle is lifted (as a written load lifts it); L1
     /// keeps it (a shield while the store is away, under the epoch rule);
     /// the store does not. `tagged`: the call named tags (see `drop_tagged`).
+    /// `now`: the store-clock ms its windows count from, when its load
+    /// ended (a store reply in between must not make it fresh for longer;
+    /// seed 1074).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn keep_unwritten(
         &self,
         key: &[u8],
@@ -725,9 +754,10 @@ impl<V: Value> Cache<V> {
         options: &Options,
         ticket: Option<Ticket>,
         tagged: bool,
+        now: u64,
     ) {
         self.inner.clear_throttle(key);
-        if let Ok(mut sealed) = self.seal(key, value.as_ref(), load_time, options) {
+        if let Ok(mut sealed) = self.seal(key, value.as_ref(), load_time, options, now) {
             // No generations were recorded (nothing is written), but the
             // copy is of a tagged call: a tag invalidation must drop it.
             sealed.stamp.tagged = tagged;

@@ -265,7 +265,7 @@ impl<V: Value> Cache<V> {
             match pass.await {
                 Some(result) => return result,
                 None => {
-                    tracing::debug!(key = %show_key(&key), "the load this call joined was revoked before it started; reading again");
+                    tracing::debug!(key = %show_key(&key), "the load this call joined was revoked (or its value read) before it started; reading again");
                     passes += 1;
                 }
             }

@@ -44,7 +44,8 @@ impl<V: Value> Cache<V> {
     /// Encodes `value` (`None`: a negative entry) into an entry with the
     /// jittered TTL (the negative TTL for negative entries), and returns it
     /// with its physical TTL, which ends at `stale_until` (the fresh window
-    /// plus `max_stale`).
+    /// plus `max_stale`), its windows counted from `now` (store-clock ms:
+    /// when the value was had).
     ///
     /// Every step saturates: the windows are validated (at most 365 days
     /// each), and even unvalidated ones give a TTL the store cuts to what
@@ -61,8 +62,8 @@ impl<V: Value> Cache<V> {
         value: Option<&V>,
         load_time: Duration,
         options: &Options,
+        now: u64,
     ) -> Result<Sealed, Error> {
-        let now = self.inner.store.now_ms();
         self.seal_tagged(
             key,
             value,

@@ -156,6 +156,7 @@ impl<V: Value> Cache<V> {
     {
         let inner = &self.inner;
         let keys: Vec<&[u8]> = taken.iter().map(|(l, _)| &l.storage[..]).collect();
+        let sent = Instant::now();
         let again = self.read_many(&keys, true).await;
         let now = inner.store.now_ms();
         let mut to_load = Vec::new();
@@ -172,7 +173,14 @@ impl<V: Value> Cache<V> {
                 self.entry_value(&led.storage, entry)
             });
             match (fresh, entry) {
-                (Some(value), Some(entry)) => released.push((i, led, lease, entry, value)),
+                (Some(value), Some(entry)) => {
+                    // Kept in L1 now, with what is left of the entry's
+                    // windows at this read: the steps below (pins, tags, the
+                    // clear record) may each take a store reply before the
+                    // release runs (seed 1131).
+                    self.keep_read(&led.storage, &value, &entry, now, ticket, options);
+                    released.push((i, led, lease, value));
+                }
                 (_, entry) => {
                     // What the load replaces, read under its lease.
                     led.seen = entry;
@@ -181,18 +189,21 @@ impl<V: Value> Cache<V> {
             }
         }
         // Filled just before: served, and the lease given back.
-        let release = join_all(released.into_iter().map(
-            |(i, led, lease, entry, value)| async move {
-                self.keep_read(&led.storage, &value, &entry, now, ticket, options);
-                let message = notify::message(FILLED, inner.waiters.sender(), &led.storage);
-                let _ = inner
-                    .store
-                    .release_lease(lease.key, lease.token, inner.notice(&message))
-                    .await;
-                done[i].store(true, Ordering::Release);
-                led.lander.land(Ok((value, Served::Coalesced, None)));
-            },
-        ));
+        let release = join_all(
+            released
+                .into_iter()
+                .map(|(i, led, lease, value)| async move {
+                    let message = notify::message(FILLED, inner.waiters.sender(), &led.storage);
+                    let _ = inner
+                        .store
+                        .release_lease(lease.key, lease.token, inner.notice(&message))
+                        .await;
+                    done[i].store(true, Ordering::Release);
+                    // Read at `sent`: not for callers that joined much later.
+                    led.lander
+                        .land(Ok((value, Served::Coalesced, self.read_answers(sent))));
+                }),
+        );
         // Inside a version transition, each key's previous-version entry is
         // pinned before the load (see `transition`); a key that cannot be
         // pinned gives its lease back and is loaded, served and kept in L1,
@@ -940,6 +951,7 @@ impl<V: Value> Cache<V> {
                                     &options,
                                     ticket,
                                     tagged,
+                                    self.inner.store.now_ms(),
                                 );
                             }
                             (value, Served::Loaded, None)
