@@ -69,7 +69,7 @@
 //! |------|---------------|-----------------------------------------------------------------------|
 //! | `1`  | validator     | 1 to 255 bytes the loader gave ([`MAX_VALIDATOR_LEN`]): an ETag, a version, an `updated_at` |
 //! | `2`  | grace         | 8 bytes, `u64` BE: the grace window (ms) the loader chose for this value, which readers use instead of their own |
-//! | `3`  | namespace generation | 8 bytes, `u64` BE: the namespace's clear generation the value's load began under (see `store::namespace`); written only once the namespace has been cleared |
+//! | `3`  | namespace generation | 8 bytes, `u64` BE: the namespace's clear generation the value's load began under (see `store::namespace`); written by every write that found or pinned the namespace's clear record |
 //!
 //! An unknown kind is an error (an item this build cannot honour is never
 //! skipped). An entry without extensions never sets the flag and is
@@ -83,6 +83,7 @@
 //! An entry has at most one, beside up to [`MAX_TAGS`] tags.
 
 use std::fmt;
+use std::num::NonZeroU64;
 
 use serde::de::DeserializeOwned;
 
@@ -139,41 +140,49 @@ pub(crate) struct Entry {
     pub(crate) extra: Extra,
 }
 
-/// An entry's extension items: none (a null pointer, as for [`Tags`]), or
-/// a boxed set of them.
+/// An entry's extension items: the namespace generation, inline (every
+/// entry written since pins records one, and a hit should not allocate for
+/// it), and the rest boxed: none (a null pointer, as for [`Tags`]), or a
+/// boxed set of them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Extra(Option<Box<Extras>>);
+pub(crate) struct Extra {
+    boxed: Option<Box<Extras>>,
+    /// The namespace's clear generation the value's load began under
+    /// (never 0: generations start at `2^40`).
+    namespace: Option<NonZeroU64>,
+}
 
-/// The extension items of one entry.
+/// The boxed extension items of one entry.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Extras {
     /// The loader's validator (1 to [`MAX_VALIDATOR_LEN`] bytes).
     pub(crate) validator: Option<Box<[u8]>>,
     /// The grace window the loader chose for this value, in milliseconds.
     pub(crate) grace_ms: Option<u64>,
-    /// The namespace's clear generation the value's load began under.
-    pub(crate) namespace: Option<u64>,
 }
 
 impl Extra {
     /// Extensions holding `validator` and the value's own grace window
     /// (`grace_ms`), if any.
     pub(crate) fn new(validator: Option<Box<[u8]>>, grace_ms: Option<u64>) -> Extra {
-        if validator.is_none() && grace_ms.is_none() {
-            return Extra(None);
-        }
-        Extra(Some(Box::new(Extras {
-            validator,
-            grace_ms,
+        let boxed = (validator.is_some() || grace_ms.is_some()).then(|| {
+            Box::new(Extras {
+                validator,
+                grace_ms,
+            })
+        });
+        Extra {
+            boxed,
             namespace: None,
-        })))
+        }
     }
 
     /// These extensions, recording the namespace's clear generation
-    /// `generation` (`None`: no clear was made, nothing is recorded).
+    /// `generation` (`None`, or 0, which no record has: nothing is
+    /// recorded).
     pub(crate) fn in_namespace(mut self, generation: Option<u64>) -> Extra {
-        if let Some(generation) = generation {
-            self.0.get_or_insert_with(Box::default).namespace = Some(generation);
+        if let Some(generation) = generation.and_then(NonZeroU64::new) {
+            self.namespace = Some(generation);
         }
         self
     }
@@ -181,50 +190,47 @@ impl Extra {
     /// Forgets the namespace's clear generation recorded (the entry is then
     /// judged as one that records none).
     pub(crate) fn forget_namespace(&mut self) {
-        if let Some(extras) = &mut self.0 {
-            extras.namespace = None;
-        }
+        self.namespace = None;
     }
 
     /// The namespace's clear generation the value was loaded under, if
     /// one was recorded.
     pub(crate) fn namespace(&self) -> Option<u64> {
-        self.0.as_ref()?.namespace
+        self.namespace.map(NonZeroU64::get)
     }
 
     /// The validator, if the entry has one.
     pub(crate) fn validator(&self) -> Option<&[u8]> {
-        self.0.as_ref()?.validator.as_deref()
+        self.boxed.as_ref()?.validator.as_deref()
     }
 
     /// The grace window the loader chose for the value, in milliseconds,
     /// if it chose one.
     pub(crate) fn grace_ms(&self) -> Option<u64> {
-        self.0.as_ref()?.grace_ms
+        self.boxed.as_ref()?.grace_ms
     }
 
     /// The encoded extension block: empty when there is nothing to say.
     fn encode(&self, out: &mut Vec<u8>) {
-        let Some(extras) = &self.0 else {
-            return;
+        let (validator, grace_ms) = match &self.boxed {
+            Some(extras) => (extras.validator.as_deref(), extras.grace_ms),
+            None => (None, None),
         };
-        let count = u8::from(extras.validator.is_some())
-            + u8::from(extras.grace_ms.is_some())
-            + u8::from(extras.namespace.is_some());
+        let namespace = self.namespace();
+        let count = u8::from(validator.is_some())
+            + u8::from(grace_ms.is_some())
+            + u8::from(namespace.is_some());
         if count == 0 {
             return;
         }
         out.push(count);
-        if let Some(validator) = &extras.validator {
+        if let Some(validator) = validator {
             debug_assert!(!validator.is_empty() && validator.len() <= MAX_VALIDATOR_LEN);
             out.push(EXT_VALIDATOR);
             out.push(validator.len() as u8);
             out.extend_from_slice(validator);
         }
-        for (kind, item) in [
-            (EXT_GRACE, extras.grace_ms),
-            (EXT_NAMESPACE, extras.namespace),
-        ] {
+        for (kind, item) in [(EXT_GRACE, grace_ms), (EXT_NAMESPACE, namespace)] {
             if let Some(item) = item {
                 out.push(kind);
                 out.push(8);
@@ -234,9 +240,11 @@ impl Extra {
     }
 
     fn is_empty(&self) -> bool {
-        self.0
-            .as_ref()
-            .is_none_or(|e| e.validator.is_none() && e.grace_ms.is_none() && e.namespace.is_none())
+        self.namespace.is_none()
+            && self
+                .boxed
+                .as_ref()
+                .is_none_or(|e| e.validator.is_none() && e.grace_ms.is_none())
     }
 }
 
@@ -508,6 +516,7 @@ fn decode_extra(rest: &mut &[u8]) -> Result<Extra, EntryError> {
         ));
     }
     let mut extras = Extras::default();
+    let mut namespace = None;
     for _ in 0..count {
         let [kind, len] = take(rest).ok_or_else(cut)?;
         let (item, after) = rest.split_at_checked(usize::from(len)).ok_or_else(cut)?;
@@ -525,7 +534,7 @@ fn decode_extra(rest: &mut &[u8]) -> Result<Extra, EntryError> {
             EXT_GRACE | EXT_NAMESPACE => {
                 let (name, slot) = match kind {
                     EXT_GRACE => ("a grace", &mut extras.grace_ms),
-                    _ => ("a namespace generation", &mut extras.namespace),
+                    _ => ("a namespace generation", &mut namespace),
                 };
                 if slot.is_some() {
                     return Err(EntryError::BadExtension(format!("{name} appears twice")));
@@ -542,7 +551,12 @@ fn decode_extra(rest: &mut &[u8]) -> Result<Extra, EntryError> {
             }
         }
     }
-    Ok(Extra(Some(Box::new(extras))))
+    if namespace == Some(0) {
+        return Err(EntryError::BadExtension(
+            "a namespace generation of 0, which no record has".to_owned(),
+        ));
+    }
+    Ok(Extra::new(extras.validator, extras.grace_ms).in_namespace(namespace))
 }
 
 /// Splits `N` bytes off the front of `input`.
