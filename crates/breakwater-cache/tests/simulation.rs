@@ -2614,16 +2614,18 @@ fn seeds() -> Vec<u64> {
 /// 1180, 1201 and 1227, which catch a value's fresh window counted from
 /// its write instead of its load's end (a store reply in between: the read
 /// of the tags its loader chose, for one key or a batch, a declined
-/// renewal); and 1250, which catches entries that recorded no clear
-/// generation turning fresh again under a record made over a lost one;
+/// renewal); and 1267 and 1284, which catch entries that recorded no clear
+/// generation turning fresh again, or coming back, under a record made
+/// over a lost one (no pin made by the first write);
 /// 1074 and 1131, which catch an L1 copy kept with windows counted from a
 /// store reply after its value was had (an unwritten load past its chosen
 /// tags' read; a batch's double-check kept past its pins and tags); and
 /// 1093, which catches a caller that joins a waiter's flight long after
 /// the waiter's read (kept in the air by clear-record reads that timed
 /// out) taking the value that read found.
-const FIXED_SEEDS: [u64; 20] = [
-    1, 2, 3, 4, 5, 6, 7, 8, 13, 19, 1005, 1074, 1093, 1095, 1131, 1160, 1180, 1201, 1227, 1250,
+const FIXED_SEEDS: [u64; 21] = [
+    1, 2, 3, 4, 5, 6, 7, 8, 13, 19, 1005, 1074, 1093, 1095, 1131, 1160, 1180, 1201, 1227, 1267,
+    1284,
 ];
 
 #[test]
