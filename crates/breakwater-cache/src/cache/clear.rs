@@ -421,22 +421,9 @@ impl<V: Value> Cache<V> {
         if let Some(state) = self.clear_record().await? {
             return Ok(state.generation);
         }
-        let known = self.local.clears.last();
-        let lost = self.local.clears.ever_known();
-        let inner = &self.inner;
-        let message = notify::message(CLEARED, inner.waiters.sender(), b"");
-        let state = self
-            .local
-            .clears
-            .pin(NamespaceClear {
-                key: &inner.clear_key,
-                hard: lost,
-                window_ms: 0,
-                fresh: inner.fresh_generation(),
-                pin: true,
-                notice: inner.notice(&message),
-            })
-            .await?;
+        let clears = &self.local.clears;
+        let (known, lost) = (clears.last(), clears.ever_known());
+        let state = clears.pin(lost).await?;
         // A record other than the one known here replaces a lost one: what
         // was loaded under that is dropped here as a hard clear drops it
         // (the others take it from the pin's message).

@@ -173,9 +173,8 @@ impl<V: Value> Cache<V> {
                     // entry seen while waiting may have been invalidated
                     // since.
                     let mut seen = None;
-                    let sent = Instant::now();
-                    if let Some(value) = self
-                        .fresh_value(&key, &mut seen, &options, replacing, ticket, loader.tags())
+                    if let Some(landed) = self
+                        .coalesced(&key, &mut seen, &options, replacing, ticket, loader.tags())
                         .await
                     {
                         let message = notify::message(FILLED, inner.waiters.sender(), &key);
@@ -183,7 +182,7 @@ impl<V: Value> Cache<V> {
                             .store
                             .release_lease(lease.key, lease.token, inner.notice(&message))
                             .await;
-                        return Ok((value, Served::Coalesced, self.read_answers(sent)));
+                        return Ok(landed);
                     }
                     let (value, revoked) = self
                         .lead(
@@ -234,12 +233,11 @@ impl<V: Value> Cache<V> {
                 .await;
             let mut woken = pin!(watch.notify().notified());
             woken.as_mut().enable();
-            let sent = Instant::now();
-            if let Some(value) = self
-                .fresh_value(&key, &mut stale, &options, replacing, ticket, loader.tags())
+            if let Some(landed) = self
+                .coalesced(&key, &mut stale, &options, replacing, ticket, loader.tags())
                 .await
             {
-                return Ok((value, Served::Coalesced, self.read_answers(sent)));
+                return Ok(landed);
             }
             if Instant::now() >= deadline {
                 break;
@@ -260,13 +258,14 @@ impl<V: Value> Cache<V> {
                     // A tagged one is read from the store instead, which
                     // checks its tags' generations.
                     let carried = watch.filled().and_then(|bytes| self.carried(&key, bytes));
-                    let sent = Instant::now();
-                    let value = match carried {
-                        Some(entry) => self.fresh_entry(&key, entry, &mut stale, &options, replacing, ticket, loader.tags()),
-                        None => self.fresh_value(&key, &mut stale, &options, replacing, ticket, loader.tags()).await,
+                    // A carried entry is judged at once: it answers every
+                    // caller of the flight.
+                    let landed = match carried {
+                        Some(entry) => self.fresh_entry(&key, entry, &mut stale, &options, replacing, ticket, loader.tags()).map(|value| (value, Served::Coalesced, None)),
+                        None => self.coalesced(&key, &mut stale, &options, replacing, ticket, loader.tags()).await,
                     };
-                    if let Some(value) = value {
-                        return Ok((value, Served::Coalesced, self.read_answers(sent)));
+                    if let Some(landed) = landed {
+                        return Ok(landed);
                     }
                 }
                 () = sleep_until(deadline) => {}
@@ -960,10 +959,12 @@ impl<V: Value> Cache<V> {
     }
 
     /// Reads `key`; the value if fresh and not the entry being replaced (an
-    /// early refresh replaces an entry that is still fresh). A readable entry
-    /// that is no longer fresh but may still be served is kept in `stale` for
-    /// the lock-wait policy.
-    async fn fresh_value(
+    /// early refresh replaces an entry that is still fresh), landed as a
+    /// value another holder's fill left: it answers only the callers that
+    /// started within one store read deadline of the read (see
+    /// `read_answers`). A readable entry that is no longer fresh but may
+    /// still be served is kept in `stale` for the lock-wait policy.
+    async fn coalesced(
         &self,
         key: &[u8],
         stale: &mut Option<Entry>,
@@ -971,7 +972,8 @@ impl<V: Value> Cache<V> {
         replacing: Option<u64>,
         ticket: Option<Ticket>,
         tags: Option<&TagSet>,
-    ) -> Option<Option<V>> {
+    ) -> Option<Landed<V>> {
+        let sent = Instant::now();
         let entry = match self.read(key).await {
             Ok(Some(entry)) => entry,
             Ok(None) => return None,
@@ -980,7 +982,8 @@ impl<V: Value> Cache<V> {
                 return None;
             }
         };
-        self.fresh_entry(key, entry, stale, options, replacing, ticket, tags)
+        let value = self.fresh_entry(key, entry, stale, options, replacing, ticket, tags)?;
+        Some((value, Served::Coalesced, self.read_answers(sent)))
     }
 }
 

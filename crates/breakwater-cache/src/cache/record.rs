@@ -73,6 +73,31 @@ struct Link {
     sender: [u8; SENDER_LEN],
 }
 
+impl Link {
+    /// A clear (`pin`: a pin) of this namespace's record, `hard` or soft
+    /// over `window_ms`, published with `message` on this namespace's
+    /// channel; a new record starts at a value drawn at random.
+    fn clear<'a>(
+        &'a self,
+        hard: bool,
+        window_ms: u64,
+        pin: bool,
+        message: &'a [u8],
+    ) -> NamespaceClear<'a> {
+        NamespaceClear {
+            key: &self.key,
+            hard,
+            window_ms,
+            fresh: rand::rng().random_range(FRESH_GENERATIONS),
+            pin,
+            notice: Notice {
+                channel: &self.channel,
+                message,
+            },
+        }
+    }
+}
+
 impl Clears {
     /// The bus's state now (see [`Clears::bus_changed`]).
     pub(super) fn bus_state(&self) -> u64 {
@@ -226,18 +251,23 @@ impl Clears {
         Ok(self.take(record, bus, Some(sent)))
     }
 
-    /// Makes `pin` (see `store::namespace`): the record the store now
-    /// holds, made by it or found, taken as a read of it is.
-    pub(super) async fn pin(&self, pin: NamespaceClear<'_>) -> Result<NamespaceState, Error> {
+    /// Pins the namespace's clear record (see `store::namespace`), `hard`
+    /// if a record a clear made was lost: the record the store now holds,
+    /// made by it or found, taken as a read of it is.
+    pub(super) async fn pin(&self, hard: bool) -> Result<NamespaceState, Error> {
         let Some(link) = self.link.get() else {
             return Err(Error::new(
                 ErrorKind::Store,
                 "the namespace's clear record is not linked",
             ));
         };
+        let message = notify::message(CLEARED, &link.sender, b"");
         let _reading = self.reading.lock().await;
         let (bus, sent) = (self.bus_state(), Instant::now());
-        let made = link.store.clear_namespace(pin).await?;
+        let made = link
+            .store
+            .clear_namespace(link.clear(hard, 0, true, &message))
+            .await?;
         let Some(state) = NamespaceState::parse(&made.record) else {
             return Err(Error::new(
                 ErrorKind::Store,
@@ -266,17 +296,7 @@ impl Clears {
             return;
         };
         let message = notify::message(CLEARED, &link.sender, b"");
-        let clear = NamespaceClear {
-            key: &link.key,
-            hard,
-            window_ms,
-            fresh: rand::rng().random_range(FRESH_GENERATIONS),
-            pin: false,
-            notice: Notice {
-                channel: &link.channel,
-                message: &message,
-            },
-        };
+        let clear = link.clear(hard, window_ms, false, &message);
         if let Err(err) = link.store.clear_namespace(clear).await {
             tracing::warn!(error = %err, "the previous version's clear could not be made in this version's namespace");
         }

@@ -38,7 +38,9 @@ impl CacheCore {
 }
 
 impl<V: Value> Cache<V> {
-    /// the fill's `fresh_value` for an entry already in hand.
+    /// What the fill's `coalesced` read judges, for an entry already in
+    /// hand (one a fill's message carried): its value if fresh and not the
+    /// entry being replaced; a servable stale one is kept in `stale`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn fresh_entry(
         &self,
