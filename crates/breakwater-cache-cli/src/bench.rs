@@ -49,6 +49,80 @@ pub(crate) enum BenchCommand {
         after_help = "Example:\n  breakwater bench many --redis redis://127.0.0.1:6379 --processes 4 --ids 1000\n  breakwater bench many --redis redis://10.0.0.1:7000,redis://10.0.0.2:7000"
     )]
     Many(crate::many::ManyOpts),
+    /// Writes: `set_many` and concurrent `set`s next to raw pipelined
+    /// `SET PX`s on the same server, with ratios.
+    #[command(
+        after_help = "Example:\n  breakwater bench write --redis redis://127.0.0.1:6379\n  breakwater bench write --redis redis://10.0.0.1:7000,redis://10.0.0.2:7000 --items 20000"
+    )]
+    Write(WriteOpts),
+}
+
+/// Options of `breakwater bench write`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct WriteOpts {
+    /// Redis URL to run against, or a cluster's nodes, comma-separated
+    /// (writes keys under `bw:bench-write-<pid>:` and
+    /// `raw:bench-write-<pid>:`, and deletes them when it ends).
+    #[arg(long, value_name = "URL[,URL…]")]
+    pub(crate) redis: String,
+    /// Interleaved trials per scenario (1 to 100); the ratio is of the
+    /// medians. Which side runs first alternates, raw first in the first
+    /// trial.
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = RangedU64ValueParser::<usize>::new().range(1..=100))]
+    pub(crate) trials: usize,
+    /// Writes per trial and side (1 to 10,000,000).
+    #[arg(long, value_name = "N", default_value_t = 100_000, value_parser = RangedU64ValueParser::<usize>::new().range(1..=10_000_000))]
+    pub(crate) items: usize,
+    /// The raw side's pipeline length next to `set_many` (1 to 10,000,000;
+    /// default: all the items in one pipeline, as `set_many` gets them in
+    /// one call).
+    #[arg(long, value_name = "N", value_parser = RangedU64ValueParser::<usize>::new().range(1..=10_000_000))]
+    pub(crate) batch: Option<usize>,
+    /// Concurrent `set` calls, next to raw pipelines of as many `SET`s (1
+    /// to 10,000).
+    #[arg(long, value_name = "N", default_value_t = 100, value_parser = RangedU64ValueParser::<usize>::new().range(1..=10_000))]
+    pub(crate) in_flight: usize,
+    /// Bytes of each value (1 to 1,000,000).
+    #[arg(long, value_name = "N", default_value_t = 100, value_parser = RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    pub(crate) value_bytes: usize,
+    /// Only the `set_many` scenario.
+    #[arg(long)]
+    pub(crate) set_many_only: bool,
+}
+
+/// The comparison itself; `cargo bench -p breakwater-cache-cli --bench
+/// write` runs it through this command, on a private `redis-server` and a
+/// private cluster.
+mod write;
+
+/// `breakwater bench write`: the two scenarios, one line each.
+async fn write(opts: &WriteOpts) -> Result<(), Failure> {
+    let first = opts.redis.split(',').next().unwrap_or_default().trim();
+    check_redis(first).await?;
+    crate::outln!(
+        "Writes on {}: {} writes of {}-byte values per trial and side, {} trial(s), interleaved \
+         (which side runs first alternates)",
+        shown(&opts.redis),
+        opts.items,
+        opts.value_bytes,
+        opts.trials,
+    );
+    let spinner = crate::progress::spinner("bench write");
+    let plan = write::Plan {
+        urls: opts.redis.clone(),
+        trials: opts.trials,
+        items: opts.items,
+        batch: opts.batch.unwrap_or(opts.items),
+        in_flight: opts.in_flight,
+        value_bytes: opts.value_bytes,
+        singles: !opts.set_many_only,
+    };
+    let rows = write::compare(&plan).await;
+    spinner.finish_and_clear();
+    for row in rows.map_err(Failure::runtime)? {
+        crate::outln!("{row}");
+    }
+    Ok(())
 }
 
 /// Options of `breakwater bench hit`.
@@ -177,6 +251,10 @@ pub(crate) async fn main(command: BenchCommand) -> ExitCode {
         // It deletes its own keys (they may be on a cluster's nodes).
         BenchCommand::Many(opts) => {
             return crate::failure::finish("bench many", crate::many::bench(opts).await);
+        }
+        // It deletes its own keys (they may be on a cluster's nodes).
+        BenchCommand::Write(opts) => {
+            return crate::failure::finish("bench write", write(opts).await);
         }
         BenchCommand::Stampede(opts) => (
             "bench stampede",

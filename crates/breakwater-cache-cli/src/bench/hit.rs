@@ -14,14 +14,26 @@ use breakwater_cache::{Cache, RedisStore};
 /// One scenario's figures: operations per second of each trial.
 pub(super) struct Row {
     /// What ran: callers and keys.
-    name: &'static str,
-    /// `get_or_load`, per trial.
-    ours: Vec<f64>,
-    /// Raw `GET`, per trial.
-    raw: Vec<f64>,
+    name: String,
+    /// What breakwater's side and the raw side call.
+    labels: (&'static str, &'static str),
+    /// breakwater's side, per trial.
+    pub(super) ours: Vec<f64>,
+    /// The raw side, per trial.
+    pub(super) raw: Vec<f64>,
 }
 
 impl Row {
+    /// A row of no trials yet.
+    pub(super) fn new(name: String, ours: &'static str, raw: &'static str) -> Row {
+        Row {
+            name,
+            labels: (ours, raw),
+            ours: Vec::new(),
+            raw: Vec::new(),
+        }
+    }
+
     /// The median of `get_or_load`'s trials over the median of the raw ones.
     fn ratio(&self) -> f64 {
         median(&self.ours) / median(&self.raw)
@@ -33,9 +45,11 @@ impl std::fmt::Display for Row {
         let whole = |xs: &[f64]| xs.iter().map(|x| *x as u64).collect::<Vec<_>>();
         write!(
             f,
-            "{:<22} get_or_load {:>8.0}/s   raw GET {:>8.0}/s   ratio {:.2}   (trials: ours {:?}, raw {:?})",
+            "{:<22} {} {:>8.0}/s   {} {:>8.0}/s   ratio {:.2}   (trials: ours {:?}, raw {:?})",
             self.name,
+            self.labels.0,
             median(&self.ours),
+            self.labels.1,
             median(&self.raw),
             self.ratio(),
             whole(&self.ours),
@@ -91,11 +105,7 @@ pub(super) async fn compare(url: &str, trials: usize, trial: Duration) -> Result
         ("50 callers, 1 hot key", 50, false),
     ] {
         let pick = move |i: usize| if distinct { i } else { 0 };
-        let mut row = Row {
-            name,
-            ours: Vec::new(),
-            raw: Vec::new(),
-        };
+        let mut row = Row::new(name.to_owned(), "get_or_load", "raw GET");
         for trial_no in 0..trials.max(1) {
             let (conn, raw_keys) = (raw.clone(), Arc::clone(&raw_keys));
             let raw_run = run(callers, trial, move |i| {
