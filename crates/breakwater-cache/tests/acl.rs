@@ -65,6 +65,8 @@ const APP_USER: &[&str] = &[
     "+eval",
     "+setrange",
     "+pexpire",
+    "+multi",
+    "+exec",
     "+ping",
     "+time",
     "+role",

@@ -151,6 +151,13 @@
 //! validates nothing, and the hard clear that makes it again must bring
 //! nothing back.
 //!
+//! **batch writes** (the plain round): half of its `set`s are `set_many`s
+//! of the key and one to three others (rows locked in order, each key
+//! fenced at its new version once the call returned, or once the store ran
+//! it before its caller went away), one store step under one fault plan
+//! and one bus message naming every key: no-resurrection, liveness and
+//! time are checked for each key exactly as for `set`.
+//!
 //! A rolling version bump gets a chaos round of its own (keys `v00`..):
 //! processes 0 and 1 run version 1 without a transition (the code deployed
 //! before), 2 and 3 version 2 inside its transition, over one database;
@@ -291,7 +298,7 @@ fn chaos_store(inner: MemoryStore, seed: u64, world: &Arc<World>, proc: usize) -
         // A revoking write (`replace`, `invalidate`) of a key, counted once
         // it ran in the store, whether or not its caller hears of it.
         ChaosEvent::Ran {
-            method: "replace" | "invalidate" | "expire_entry",
+            method: "replace" | "replace_many" | "invalidate" | "expire_entry",
             key,
             result: Ok(_),
             ..
@@ -341,6 +348,7 @@ fn traced(method: &str) -> Option<&'static str> {
         "fenced_set" => "s.fenced",
         "pin" => "s.pin",
         "replace" => "s.replace",
+        "replace_many" => "s.replace_many",
         "invalidate" => "s.invalid",
         "bump_generation" => "s.bump",
         "tag_generations" => "s.tag_gens",
@@ -1153,6 +1161,70 @@ fn group(key: &str) -> String {
 /// acknowledged it), each key is fenced at its new version: for every
 /// process at once after a hard clear, softly (as `expire`) after a soft
 /// one, from the end of its window.
+/// A `set_many` of `batch` (its keys made distinct): each key's row
+/// locked (in order), a version produced for each, and each fenced as a
+/// `set`'s once the call returned (or the store ran it before its caller
+/// went away, after `dropped`).
+async fn set_many(
+    world: &Arc<World>,
+    p: &Proc,
+    mut batch: Vec<String>,
+    writes: &BTreeMap<String, Arc<tokio::sync::Mutex<()>>>,
+    dropped: Option<Duration>,
+) {
+    batch.sort();
+    batch.dedup();
+    let mut rows = Vec::with_capacity(batch.len());
+    for key in &batch {
+        rows.push(writes[key].lock().await);
+    }
+    let versions: Vec<u64> = batch.iter().map(|key| world.bump(key)).collect();
+    let start = Instant::now();
+    for (key, &version) in batch.iter().zip(&versions) {
+        world.produced(key, version, start);
+    }
+    let ran_before: Vec<u64> = batch.iter().map(|key| world.revocations(key)).collect();
+    let items = batch.iter().zip(&versions).map(|(key, &version)| {
+        let val = Val {
+            key: key.clone(),
+            version,
+        };
+        (key.clone(), val)
+    });
+    let result = timeout(dropped.unwrap_or(BOUND), p.cache.set_many(items)).await;
+    for ((key, &version), ran_before) in batch.iter().zip(&versions).zip(ran_before) {
+        let outcome = match &result {
+            Ok(Ok(())) => {
+                world.fence_of(p.id, key, version, false);
+                format!("ok v{version}")
+            }
+            Ok(Err(err)) => format!("error {:?} v{version}", err.kind()),
+            // Dropped once the store ran it: as if it returned now.
+            Err(_) if dropped.is_some() => {
+                if world.revocations(key) > ran_before {
+                    world.fence_of(p.id, key, version, false);
+                    format!("dropped after the store ran it v{version}")
+                } else {
+                    format!("dropped before the store ran it v{version}")
+                }
+            }
+            Err(_) => {
+                world.violate(
+                    "liveness",
+                    key,
+                    format!(
+                        "P{} set_many({key}, ..) started at {} ms did not return within {BOUND:?}",
+                        p.id,
+                        world.ms(start)
+                    ),
+                );
+                "HUNG".into()
+            }
+        };
+        world.trace(p.id, "set_many", key, start, outcome);
+    }
+}
+
 async fn clear(
     world: &Arc<World>,
     p: &Proc,
@@ -1674,6 +1746,19 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                                 .map(|_| keys[rng.random_range(0..keys.len())].clone())
                                 .collect();
                             get_many(&world, p, &batch, delay).await;
+                        }
+                        // Half of a plain round's sets: a `set_many` of
+                        // the key and a few others.
+                        roll @ 90..100 if plain && roll % 2 == 1 => {
+                            let dropped = rng
+                                .random_bool(DROPPED_WRITES)
+                                .then(|| ms(rng.random_range(0..=700)));
+                            let n = rng.random_range(1..=3);
+                            let batch: Vec<String> = (0..n)
+                                .map(|_| keys[rng.random_range(0..keys.len())].clone())
+                                .chain([key.clone()])
+                                .collect();
+                            set_many(&world, p, batch, &writes, dropped).await;
                         }
                         roll => {
                             let _row = writes[key].lock().await;
@@ -2622,10 +2707,12 @@ fn seeds() -> Vec<u64> {
 /// tags' read; a batch's double-check kept past its pins and tags); and
 /// 1093, which catches a caller that joins a waiter's flight long after
 /// the waiter's read (kept in the air by clear-record reads that timed
-/// out) taking the value that read found.
-const FIXED_SEEDS: [u64; 21] = [
-    1, 2, 3, 4, 5, 6, 7, 8, 13, 19, 1005, 1074, 1093, 1095, 1131, 1160, 1180, 1201, 1227, 1267,
-    1284,
+/// out) taking the value that read found; and 1016 and 1017, which catch a
+/// `set_many` whose values' windows start after its clear-record read
+/// (of seeds 1000–1299, 1016, 1017 and 1065 catch it).
+const FIXED_SEEDS: [u64; 23] = [
+    1, 2, 3, 4, 5, 6, 7, 8, 13, 19, 1005, 1016, 1017, 1074, 1093, 1095, 1131, 1160, 1180, 1201,
+    1227, 1267, 1284,
 ];
 
 #[test]

@@ -493,13 +493,14 @@ async fn replace_writes_revokes_the_lease_and_publishes(store: &dyn Store, _: Ti
 
 async fn replace_many_writes_every_entry_and_revokes_every_lease(store: &dyn Store, _: Time) {
     let mut sub = subscribed(store).await;
-    let keys: Vec<Vec<u8>> = (0..3)
+    // 1,100 keys: more than one step's worth, spread over many slots.
+    let keys: Vec<Vec<u8>> = (0..1_100)
         .map(|i| format!("bw:test:v:{{m{i}}}").into_bytes())
         .collect();
-    let leases: Vec<Vec<u8>> = (0..3)
+    let leases: Vec<Vec<u8>> = (0..1_100)
         .map(|i| format!("bw:test:l:{{m{i}}}").into_bytes())
         .collect();
-    for lease in &leases {
+    for lease in leases.iter().step_by(100) {
         assert!(
             store
                 .acquire_lease(lease, b"holder", TTL)
@@ -511,21 +512,58 @@ async fn replace_many_writes_every_entry_and_revokes_every_lease(store: &dyn Sto
     let writes: Vec<Replace<'_>> = keys
         .iter()
         .zip(&leases)
-        .map(|(key, lease_key)| Replace {
+        .enumerate()
+        .map(|(i, (key, lease_key))| Replace {
             key,
-            value: BINARY_VALUE,
+            value: if i % 2 == 0 { BINARY_VALUE } else { b"odd" },
             ttl: TTL,
             lease_key,
-            notice: notice(b"replaced"),
         })
         .collect();
-    store.replace_many(&writes).await.unwrap();
-    for (key, lease) in keys.iter().zip(&leases) {
-        assert_eq!(next_message(&mut sub).await, b"replaced");
-        assert_eq!(store.get(key).await.unwrap().as_deref(), Some(BINARY_VALUE));
+    store.replace_many(&writes, notice(b"head")).await.unwrap();
+    // Every key is named in exactly one message, each `head` and then
+    // its keys (`Notice::for_keys`).
+    let mut named = std::collections::HashSet::new();
+    while named.len() < keys.len() {
+        let message = next_message(&mut sub).await;
+        let mut list = message.strip_prefix(b"head").expect("the head first");
+        assert!(!list.is_empty(), "a message names keys");
+        while let Some((len, rest)) = list.split_first_chunk::<4>() {
+            let len = u32::from_be_bytes(*len) as usize;
+            assert!(named.insert(rest[..len].to_vec()), "named twice");
+            list = &rest[len..];
+        }
+        assert!(list.is_empty(), "a whole list");
+    }
+    let expected: std::collections::HashSet<Vec<u8>> = keys.iter().cloned().collect();
+    assert_eq!(named, expected);
+    let values = store
+        .get_many(&keys.iter().map(Vec::as_slice).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    for (i, value) in values.iter().enumerate() {
+        let want: &[u8] = if i % 2 == 0 { BINARY_VALUE } else { b"odd" };
+        assert_eq!(value.as_deref(), Some(want), "key {i}");
+    }
+    for lease in leases.iter().step_by(100) {
         assert!(!store.lease_held(lease).await.unwrap());
     }
-    store.replace_many(&[]).await.unwrap();
+    let ttl = store.ttl(&keys[1_099]).await.unwrap().unwrap();
+    assert!(ttl <= TTL && ttl > TTL - Duration::from_secs(2), "{ttl:?}");
+    store.replace_many(&[], notice(b"head")).await.unwrap();
+    // A zero TTL is refused before anything is written.
+    let zero = [Replace {
+        key: b"bw:test:v:{zero}",
+        value: b"v",
+        ttl: Duration::ZERO,
+        lease_key: b"bw:test:l:{zero}",
+    }];
+    let refused = store
+        .replace_many(&zero, notice(b"head"))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::Config, "{refused}");
+    assert_eq!(store.get(b"bw:test:v:{zero}").await.unwrap(), None);
 }
 
 async fn get_many_reads_in_order_across_slots(store: &dyn Store, _: Time) {

@@ -444,12 +444,16 @@ impl Store for GuardedStore {
     /// One guarded batch per failure domain (one, on a single server), the
     /// batches side by side: each breaker sees its own keys, and a cluster's
     /// batch is not written one key at a time.
-    fn replace_many<'a>(&'a self, writes: &'a [Replace<'a>]) -> StoreFuture<'a, ()> {
+    fn replace_many<'a>(
+        &'a self,
+        writes: &'a [Replace<'a>],
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             let groups = self.by_domain(writes, |w| w.key);
             let written = futures_util::future::join_all(groups.iter().map(|(_, group)| {
                 self.guard("replace_many", group[0].key, move || {
-                    self.store.replace_many(group)
+                    self.store.replace_many(group, notice)
                 })
             }))
             .await;

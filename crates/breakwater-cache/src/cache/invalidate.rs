@@ -79,47 +79,50 @@ impl<V: Value> Cache<V> {
     }
 
     /// Writes sealed entries with [`Store::replace`] (one) or
-    /// [`Store::replace_many`]: each revokes any load in flight for its key
-    /// first, so an older result cannot land on top of it, then wakes
-    /// waiters. Nothing that began before answers in this process
-    /// afterwards; the values are not kept in L1 (another `set` may land
-    /// after this one while its reply is on the way: the next read takes
-    /// the store's value).
+    /// [`Store::replace_many`] (one notice per store step): each revokes
+    /// any load in flight for its key first, so an older result cannot
+    /// land on top of it, then wakes waiters. Nothing that began before
+    /// answers in this process afterwards; the values are not kept in L1
+    /// (another `set` may land after this one while its reply is on the
+    /// way: the next read takes the store's value).
     pub(super) async fn replace_batch(&self, batch: Vec<(Vec<u8>, Sealed)>) -> Result<(), Error> {
         let inner = &self.inner;
         let listening = inner.waiters.is_listening();
-        let prepared: Vec<_> = batch
-            .iter()
-            .map(|(key, _)| {
-                self.local.expect_own_notice(key, listening);
-                let message = notify::message(notify::INVALIDATED, inner.waiters.sender(), key);
-                (inner.lease_key(key), message)
-            })
-            .collect();
-        let writes: Vec<Replace<'_>> = batch
-            .iter()
-            .zip(&prepared)
-            .map(|((key, sealed), (lease_key, message))| Replace {
-                key,
-                value: &sealed.bytes,
-                ttl: sealed.ttl,
-                lease_key,
-                notice: inner.notice(message),
-            })
-            .collect();
+        for (key, _) in &batch {
+            self.local.expect_own_notice(key, listening);
+        }
         // Even if the reply is lost (the write may have happened), or the
         // caller goes away before it comes, nothing that began before may
         // answer from now on.
         let keys = batch.iter().map(|(key, _)| key);
         let _local = self.local.invalidation(keys);
-        let written = match writes.as_slice() {
-            [w] => {
+        let written = match batch.as_slice() {
+            [(key, sealed)] => {
+                let message = notify::message(notify::INVALIDATED, inner.waiters.sender(), key);
+                let lease_key = inner.lease_key(key);
+                let notice = inner.notice(&message);
+                let (value, ttl) = (&sealed.bytes, sealed.ttl);
                 inner
                     .store
-                    .replace(w.key, w.value, w.ttl, w.lease_key, w.notice)
+                    .replace(key, value, ttl, &lease_key, notice)
                     .await
             }
-            writes => inner.store.replace_many(writes).await,
+            batch => {
+                let head = notify::message(notify::INVALIDATED_MANY, inner.waiters.sender(), &[]);
+                let lease_keys: Vec<Vec<u8>> =
+                    batch.iter().map(|(key, _)| inner.lease_key(key)).collect();
+                let writes: Vec<Replace<'_>> = batch
+                    .iter()
+                    .zip(&lease_keys)
+                    .map(|((key, sealed), lease_key)| Replace {
+                        key,
+                        value: &sealed.bytes,
+                        ttl: sealed.ttl,
+                        lease_key,
+                    })
+                    .collect();
+                inner.store.replace_many(&writes, inner.notice(&head)).await
+            }
         };
         if written.is_err() {
             for (key, _) in &batch {

@@ -222,16 +222,22 @@ impl<V: Value> Cache<V> {
             .await
     }
 
-    /// [`set`](Self::set) for many keys, written in batches of 500 (on
-    /// Redis, one pipeline, one round trip, per batch; each write atomic on
-    /// its own). Each key gets its own jittered TTL. Inside a version
+    /// [`set`](Self::set) for many keys, with the same guarantees for each
+    /// (its lease revoked, so no load that began before lands over it; its
+    /// own jittered TTL; other processes told), in steps of up to 1,024
+    /// keys: on Redis each step is one transaction (`MULTI`, one `DEL` of
+    /// the leases, a `SET … PX` per key, one `PUBLISH` naming all its keys,
+    /// `EXEC`), a few of them in flight at once; on a Cluster one per hash
+    /// slot. The items are taken in at once and sealed in batches of
+    /// 32,768, each while the one before is written. Inside a version
     /// transition each key first revokes and pins the previous version's
     /// entry, one key at a time (two round trips per key).
     ///
     /// # Errors
     ///
     /// As [`set`](Self::set); the first batch that fails stops the call
-    /// (earlier batches are written; sending the same items again is safe).
+    /// (earlier batches are written, and a failed batch's steps may be;
+    /// sending the same items again is safe).
     ///
     /// # Examples
     ///
@@ -248,34 +254,70 @@ impl<V: Value> Cache<V> {
         K: CacheKey,
         I: IntoIterator<Item = (K, V)>,
     {
-        let mut batch = Vec::with_capacity(SET_MANY_BATCH);
-        let longest = tags::counter_ttl(&self.inner.defaults);
+        // Taken in at once: an iterator held across the awaits below would
+        // keep its closures' borrows in this future, which then no longer
+        // passes for `Send` in a spawned task.
+        let mut items = items.into_iter().collect::<Vec<_>>().into_iter();
+        // The values' windows start now, as a `set`'s do: not after the
+        // clear record's read (which may take a store deadline), nor when
+        // a later batch is sealed.
+        let now = self.inner.store.now_ms();
         // The namespace's clear generation, as a load records it.
         let namespace = Some(self.clear_generation().await?);
-        for (key, value) in items {
+        // Each batch is sealed while the one before is being written.
+        let mut writing = None;
+        loop {
+            let sealing = self.seal_many(&mut items, namespace, now);
+            let batch = match writing.take() {
+                None => sealing.await?,
+                Some(written) => {
+                    let (written, sealed) = futures_util::future::join(written, sealing).await;
+                    written?;
+                    sealed?
+                }
+            };
+            if batch.is_empty() {
+                return Ok(());
+            }
+            writing = Some(Box::pin(self.replace_batch(batch)));
+        }
+    }
+
+    /// The next [`SET_MANY_BATCH`] of `items`, sealed as `set_many` writes
+    /// them, their windows from `now`; letting other tasks run every
+    /// [`SET_MANY_STEP`] items (the batch before is written meanwhile).
+    async fn seal_many<K, I>(
+        &self,
+        items: &mut I,
+        namespace: Option<u64>,
+        now: u64,
+    ) -> Result<Vec<(Vec<u8>, seal::Sealed)>, Error>
+    where
+        K: CacheKey,
+        I: Iterator<Item = (K, V)>,
+    {
+        let longest = tags::counter_ttl(&self.inner.defaults);
+        let mut batch = Vec::with_capacity(SET_MANY_BATCH);
+        for (key, value) in items.by_ref().take(SET_MANY_BATCH) {
             let key = self.key_in_store(&key.key_bytes())?;
             // Inside a version transition, as for `set` (one key at a time).
             let pinned = self.revoke_previous(&key, longest).await?;
             let stamps = pinned.iter().map(Pinned::stamp).collect();
-            let (now, options) = (self.inner.store.now_ms(), &self.inner.defaults);
             let sealed = self.seal_tagged(
                 &key,
                 Some(&value),
                 Duration::ZERO,
-                options,
+                &self.inner.defaults,
                 stamps,
                 now,
                 Extra::default().in_namespace(namespace),
             )?;
             batch.push((key, sealed));
-            if batch.len() == SET_MANY_BATCH {
-                self.replace_batch(std::mem::take(&mut batch)).await?;
+            if batch.len() % SET_MANY_STEP == 0 {
+                queue::behind_the_woken().await;
             }
         }
-        if batch.is_empty() {
-            return Ok(());
-        }
-        self.replace_batch(batch).await
+        Ok(batch)
     }
 
     /// Removes `key` and revokes any load in flight for it, so the next read
@@ -913,5 +955,10 @@ impl<V: Value> Cache<V> {
     }
 }
 
-/// How many writes `set_many` sends as one batch.
-const SET_MANY_BATCH: usize = 500;
+/// How many writes `set_many` seals and sends as one batch (a Cluster's
+/// are grouped by slot within it: the larger, the fewer transactions).
+const SET_MANY_BATCH: usize = 32_768;
+
+/// How many items `set_many` seals before it lets the write of the batch
+/// before make progress.
+const SET_MANY_STEP: usize = 256;

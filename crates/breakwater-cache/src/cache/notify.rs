@@ -88,6 +88,10 @@ pub(crate) const FILLED_WITH_VALUE: u8 = b'v';
 pub(crate) const RELEASED: u8 = b'r';
 /// The key was invalidated.
 pub(crate) const INVALIDATED: u8 = b'i';
+/// Keys were invalidated or replaced together (a batch): the message's
+/// key is the list of storage keys, each its length (4 bytes, big-endian)
+/// and its bytes ([`Notice::for_keys`](crate::store::Notice::for_keys)).
+pub(crate) const INVALIDATED_MANY: u8 = b'I';
 /// A tag was invalidated; the message's key is the tag's counter.
 pub(crate) const TAG_INVALIDATED: u8 = b't';
 /// The namespace was cleared; the message's key is the new clear record.
@@ -158,6 +162,20 @@ fn parse(message: &[u8]) -> Option<Parsed<'_>> {
         key,
         value_at: Some(1 + SENDER_LEN + 4 + len),
     })
+}
+
+/// The storage keys of an [`INVALIDATED_MANY`] message's list; `None`
+/// if it is malformed (a length past its end, an empty key).
+fn batch_keys(mut list: &[u8]) -> Option<Vec<&[u8]>> {
+    let mut keys = Vec::new();
+    while !list.is_empty() {
+        let (len, rest) = list.split_first_chunk::<4>()?;
+        let len = usize::try_from(u32::from_be_bytes(*len)).ok()?;
+        let key = rest.get(..len).filter(|k| !k.is_empty())?;
+        keys.push(key);
+        list = &rest[len..];
+    }
+    Some(keys)
 }
 
 /// What the waiters for one key share: their wake-up, and the entry the
@@ -469,7 +487,18 @@ impl Waiters {
                         if let Some(metrics) = &metrics {
                             metrics.notices("received", 1);
                         }
-                        if let Some(parsed) = parse(&m) {
+                        let parsed = parse(&m);
+                        if let Some(parsed) = parsed.as_ref().filter(|p| p.kind == INVALIDATED_MANY)
+                        {
+                            // Each key as if its own `i` message came.
+                            let own = parsed.sender == own;
+                            for key in batch_keys(parsed.key).unwrap_or_default() {
+                                wake(&registry, Some((key, None)));
+                                if let Some(hook) = &hook {
+                                    hook.changed(key.to_vec(), true, own).await;
+                                }
+                            }
+                        } else if let Some(parsed) = parsed {
                             // Decided now, in bus order: a value published
                             // before an own invalidation not yet heard back
                             // is not handed over (the waiter reads instead).
@@ -644,6 +673,13 @@ impl Waiters {
                                 hook.previous_cleared(parsed.key, &channel).await;
                             } else if parsed.kind == RELEASED || parsed.kind == CLEAR_ACKED {
                                 // Its entry did not change.
+                            } else if parsed.kind == INVALIDATED_MANY {
+                                for key in batch_keys(parsed.key).unwrap_or_default() {
+                                    if let Some(rest) = key.strip_prefix(old.as_slice()) {
+                                        let key = [new.as_slice(), rest].concat();
+                                        hook.changed(key, true, false).await;
+                                    }
+                                }
                             } else if let Some(rest) = parsed.key.strip_prefix(old.as_slice()) {
                                 let key = [new.as_slice(), rest].concat();
                                 hook.changed(key, true, false).await;
@@ -841,6 +877,27 @@ mod tests {
         empty.extend_from_slice(&SENDER);
         empty.extend_from_slice(&0u32.to_be_bytes());
         assert_eq!(parse(&empty), None);
+    }
+
+    #[test]
+    fn batch_messages_list_their_keys() {
+        let head = message(INVALIDATED_MANY, &SENDER, b"");
+        let notice = crate::store::Notice {
+            channel: b"chan",
+            message: &head,
+        };
+        let m = notice.for_keys([&b"bw:ns:v:{a}"[..], b"bw:ns:v:{bb}"]);
+        let parsed = parse(&m).unwrap();
+        assert_eq!(parsed.kind, INVALIDATED_MANY);
+        assert_eq!(parsed.sender, &SENDER[..]);
+        assert_eq!(
+            batch_keys(parsed.key),
+            Some(vec![&b"bw:ns:v:{a}"[..], b"bw:ns:v:{bb}"])
+        );
+        // Cut inside the second key, inside its length, or an empty key.
+        assert_eq!(batch_keys(&parsed.key[..parsed.key.len() - 1]), None);
+        assert_eq!(batch_keys(&parsed.key[..4 + 11 + 2]), None);
+        assert_eq!(batch_keys(&0u32.to_be_bytes()), None);
     }
 
     #[tokio::test]

@@ -234,7 +234,7 @@ async fn from_elsewhere(
 /// against 11). On a current-thread runtime both run it after the tasks
 /// already queued (`yield_now` also after the next poll for I/O), and
 /// measure alike.
-async fn behind_the_woken() {
+pub(super) async fn behind_the_woken() {
     let mut yielded = false;
     std::future::poll_fn(|cx| {
         if yielded {

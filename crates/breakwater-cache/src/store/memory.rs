@@ -16,8 +16,8 @@ use tokio::time::Instant;
 use super::namespace::NamespaceState;
 use super::{
     ClearedNamespace, Delivery, FencedRenewal, FencedWrite, LeaseAttempt, MAX_STORE_TTL_MS,
-    NamespaceClear, Notice, Renewal, SUBSCRIPTION_BUFFER, Store, StoreFuture, Subscription,
-    TagState, expire_in_place, fnv1a, parse_tag_state, ttl_millis,
+    NamespaceClear, Notice, Renewal, Replace, SUBSCRIPTION_BUFFER, Store, StoreFuture,
+    Subscription, TagState, expire_in_place, fnv1a, parse_tag_state, ttl_millis,
 };
 use crate::clock::{SystemClock, WallClock, millis};
 
@@ -663,6 +663,36 @@ impl Store for MemoryStore {
             }
             self.inner.publish(notice.channel, notice.message);
         });
+        Box::pin(async move { result })
+    }
+
+    /// One atomic step: every lease revoked and every value written under
+    /// the leases' lock (no holder's fenced write lands in between), then
+    /// one message for all the keys.
+    fn replace_many<'a>(
+        &'a self,
+        writes: &'a [Replace<'a>],
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, ()> {
+        let result = writes
+            .iter()
+            .map(|w| ttl_millis(w.ttl))
+            .collect::<Result<Vec<u64>, crate::error::Error>>()
+            .map(|ttls| {
+                if writes.is_empty() {
+                    return;
+                }
+                {
+                    let mut leases = self.inner.leases();
+                    let now = Instant::now();
+                    for (w, ms) in writes.iter().zip(ttls) {
+                        leases.map.remove(w.lease_key);
+                        self.inner.shard_for(w.key).put(w.key, w.value, now, ms);
+                    }
+                }
+                let message = notice.for_keys(writes.iter().map(|w| w.key));
+                self.inner.publish(notice.channel, &message);
+            });
         Box::pin(async move { result })
     }
 

@@ -124,7 +124,7 @@ pub(crate) const SUBSCRIPTION_BUFFER: usize = 4096;
 /// - **Batch**, all with defaults: [`get_many`](Store::get_many) (one `get`
 ///   after another), [`acquire_leases`](Store::acquire_leases) (one
 ///   `acquire_lease` after another), [`replace_many`](Store::replace_many)
-///   (one `replace` after another) and
+///   (one `replace` after another, each with its own message) and
 ///   [`batches_reads`](Store::batches_reads) (`false`: reads are never
 ///   gathered into a `get_many`).
 pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
@@ -552,16 +552,30 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
         })
     }
 
-    /// Several [`replace`](Store::replace)s, as one batch where the backend
-    /// can (Redis: one pipeline, one round trip). Each write is atomic on its
-    /// own; the batch is not. `Err` if any write may have failed (a batch
-    /// is safe to send again: each write is idempotent).
+    /// Several [`replace`](Store::replace)s with one notice per batch, as
+    /// few atomic steps as the backend can (Redis: one script per 256
+    /// writes, per hash slot on a Cluster; the memory store: one). Each
+    /// step revokes its writes' leases, writes their values with their
+    /// TTLs, and publishes on `notice.channel` one message,
+    /// [`Notice::for_keys`] of its keys (`notice.message` is the head
+    /// every such message starts with). `Err` if any write may have failed
+    /// (a batch is safe to send again: each write is idempotent).
     ///
-    /// The default runs them one after another.
-    fn replace_many<'a>(&'a self, writes: &'a [Replace<'a>]) -> StoreFuture<'a, ()> {
+    /// The default runs them one after another, each a `replace` that
+    /// publishes the message of its key alone.
+    fn replace_many<'a>(
+        &'a self,
+        writes: &'a [Replace<'a>],
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             for w in writes {
-                self.replace(w.key, w.value, w.ttl, w.lease_key, w.notice)
+                let message = notice.for_keys([w.key]);
+                let single = Notice {
+                    channel: notice.channel,
+                    message: &message,
+                };
+                self.replace(w.key, w.value, w.ttl, w.lease_key, single)
                     .await?;
             }
             Ok(())
@@ -591,8 +605,6 @@ pub struct Replace<'a> {
     pub ttl: Duration,
     /// The lease revoked with the write.
     pub lease_key: &'a [u8],
-    /// Published after the write.
-    pub notice: Notice<'a>,
 }
 
 /// One clear of a namespace; see [`Store::clear_namespace`].
@@ -660,6 +672,25 @@ pub struct Notice<'a> {
     pub channel: &'a [u8],
     /// The message.
     pub message: &'a [u8],
+}
+
+impl Notice<'_> {
+    /// The message a batch operation ([`Store::replace_many`]) publishes
+    /// about `keys`: this notice's message, then each key as its length
+    /// (4 bytes, big-endian) and its bytes.
+    ///
+    /// # Panics
+    ///
+    /// If a key is 4 GiB or longer (no store takes such a key).
+    pub fn for_keys<'k>(&self, keys: impl IntoIterator<Item = &'k [u8]>) -> Vec<u8> {
+        let mut message = self.message.to_vec();
+        for key in keys {
+            let len = u32::try_from(key.len()).expect("a key under 4 GiB");
+            message.extend_from_slice(&len.to_be_bytes());
+            message.extend_from_slice(key);
+        }
+        message
+    }
 }
 
 /// The leader's fenced write; see [`Store::fenced_set`].

@@ -49,11 +49,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use tokio::time::Instant;
 
 use self::bus::ChannelFeed;
 use self::command::wrong_count;
-use self::connection::{RedisCore, Topology};
+use self::connection::{RedisCore, Topology, hash_slot};
 use self::latency::DeadlineKind;
 use self::scripts::{
     ACQUIRE_LEASES, BUMP_GENERATION, CLEAR_NAMESPACE, EXPIRE_ENTRY, EXPIRE_GENERATION,
@@ -72,8 +73,13 @@ pub use self::config::RedisStoreConfig;
 pub use self::latency::RedisLatency;
 pub use self::sentinel::SentinelError;
 
-/// How many writes of one `replace_many` run at a time on a cluster.
-const CLUSTER_WRITES_IN_FLIGHT: usize = 64;
+/// The most writes in one transaction of `replace_many`.
+const WRITE_STEP_KEYS: usize = 1_024;
+
+/// How many transactions of one `replace_many` run at a time: enough to
+/// keep a server busy (16 of 256 writes on one server), few enough that
+/// none waits a write deadline behind the others.
+const WRITE_SCRIPTS_IN_FLIGHT: usize = 4;
 
 /// A [`Store`] on one Redis server, or on a Redis Cluster
 /// ([`connect_cluster`](RedisStore::connect_cluster)).
@@ -368,6 +374,73 @@ impl fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
+    /// One step of [`replace_many`](Store::replace_many): the writes at
+    /// the positions `group` (one hash slot), their TTLs in ms `ttls` (by
+    /// position), as one transaction (`MULTI`, one `DEL` of the leases,
+    /// a `SET … PX` each, one `PUBLISH`, `EXEC`): atomic as a script is,
+    /// at the cost of the plain commands (a script's Lua turns every
+    /// argument into a Lua string and back: twice the server's time).
+    async fn replace_group(
+        &self,
+        writes: &[Replace<'_>],
+        ttls: &[u64],
+        group: &[usize],
+        notice: Notice<'_>,
+    ) -> Result<(), Error> {
+        let message = notice.for_keys(group.iter().map(|&i| writes[i].key));
+        let mut tx = redis::pipe();
+        tx.atomic();
+        let del = tx.cmd("DEL");
+        for &i in group {
+            del.arg(writes[i].lease_key);
+        }
+        del.ignore();
+        for &i in group {
+            let w = &writes[i];
+            tx.cmd("SET")
+                .arg(w.key)
+                .arg(w.value)
+                .arg("PX")
+                .arg(ttls[i])
+                .ignore();
+        }
+        tx.cmd("PUBLISH").arg(notice.channel).arg(&message).ignore();
+        let (tx, first) = (&tx, writes[group[0]].key);
+        let master = self
+            .inner
+            .call(
+                DeadlineKind::Write,
+                self.inner.domain(first),
+                |mut conn| async move {
+                    conn.transaction(tx, hash_slot(first)).await?;
+                    Ok(conn.master().cloned())
+                },
+            )
+            .await?;
+        // A Sentinel store remembers each write as an invalidation of its
+        // key alone, to apply again; no other store remembers any.
+        let singles: Vec<Vec<u8>> = if master.is_some() {
+            group
+                .iter()
+                .map(|&i| notice.for_keys([writes[i].key]))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let revoked: Vec<Revocation<'_>> = group
+            .iter()
+            .zip(&singles)
+            .map(|(&i, message)| {
+                let single = Notice {
+                    channel: notice.channel,
+                    message,
+                };
+                Revocation::new(writes[i].key, writes[i].lease_key, single)
+            })
+            .collect();
+        self.inner.acknowledged(master, &revoked)
+    }
+
     /// [`Store::get`], unboxed: the cache calls it directly on the hit
     /// path when its store is a `RedisStore`.
     pub(crate) async fn get_unboxed(&self, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
@@ -601,7 +674,7 @@ impl Store for RedisStore {
                 .arg(notice.message);
             let found = self
                 .inner
-                .revoke(script, Revocation::new(key, lease_key, notice))
+                .revoke(script, &[Revocation::new(key, lease_key, notice)])
                 .await?;
             Ok(found == 1)
         })
@@ -667,81 +740,38 @@ impl Store for RedisStore {
                 .arg(notice.channel)
                 .arg(notice.message);
             self.inner
-                .revoke(script, Revocation::new(key, lease_key, notice))
+                .revoke(script, &[Revocation::new(key, lease_key, notice)])
                 .await
                 .map(drop)
         })
     }
 
-    /// One pipeline of `EVAL`s on a single server (the script's code rides
-    /// along, so no write depends on the node already knowing it), bounded
-    /// by the write deadline; one after another on a cluster, whose writes
-    /// go to different nodes.
-    fn replace_many<'a>(&'a self, writes: &'a [Replace<'a>]) -> StoreFuture<'a, ()> {
+    /// One transaction per 256 writes (per hash slot on a cluster: a
+    /// cluster's batch of keys spread over every slot is one per slot), a
+    /// bounded number of them in flight; each revokes its writes' leases,
+    /// writes the values and publishes one message.
+    fn replace_many<'a>(
+        &'a self,
+        writes: &'a [Replace<'a>],
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, ()> {
         Box::pin(async move {
-            if writes.is_empty() {
-                return Ok(());
-            }
-            if matches!(self.inner.target, Topology::Cluster { .. }) {
-                // Keys of a batch live on many nodes: the writes run
-                // side by side (each routed to its key's node), a bounded
-                // number at a time.
-                for chunk in writes.chunks(CLUSTER_WRITES_IN_FLIGHT) {
-                    let written = futures_util::future::join_all(
-                        chunk
-                            .iter()
-                            .map(|w| self.replace(w.key, w.value, w.ttl, w.lease_key, w.notice)),
-                    )
-                    .await;
-                    written.into_iter().collect::<Result<(), Error>>()?;
-                }
-                return Ok(());
-            }
-            let mut invocations = Vec::with_capacity(writes.len());
-            for w in writes {
-                let ms = ttl_millis(w.ttl)?;
-                invocations.push(
-                    REPLACE
-                        .key(w.key)
-                        .key(w.lease_key)
-                        .arg(w.value)
-                        .arg(ms)
-                        .arg(w.notice.channel)
-                        .arg(w.notice.message),
-                );
-            }
-            // One pipeline of `EVALSHA`; a node that does not know the
-            // script (`NOSCRIPT` for all of them, so none ran) gets the
-            // batch again with `EVAL`, which also caches it there.
-            let pipeline = |with_code: bool| {
-                let mut pipeline = redis::pipe();
-                for invocation in &invocations {
-                    pipeline.add_command(invocation.cmd(with_code)).ignore();
-                }
-                pipeline
-            };
-            let by_sha = &pipeline(false);
-            let pipeline = &pipeline;
-            let master = self
-                .inner
-                .call(DeadlineKind::Write, 0, |mut conn| async move {
-                    match by_sha.query_async::<()>(&mut conn).await {
-                        Err(err)
-                            if err.kind()
-                                == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                        {
-                            pipeline(true).query_async::<()>(&mut conn).await?
-                        }
-                        other => other?,
-                    }
-                    Ok(conn.master().cloned())
-                })
-                .await?;
-            let revoked: Vec<_> = writes
+            let ttls = writes
                 .iter()
-                .map(|w| Revocation::new(w.key, w.lease_key, w.notice))
+                .map(|w| ttl_millis(w.ttl))
+                .collect::<Result<Vec<u64>, Error>>()?;
+            let keys: Vec<&[u8]> = writes.iter().map(|w| w.key).collect();
+            let groups = self.inner.by_slot_in_runs(&keys, WRITE_STEP_KEYS);
+            let ttls = &ttls;
+            let steps: Vec<_> = groups
+                .iter()
+                .map(|group| self.replace_group(writes, ttls, group, notice))
                 .collect();
-            self.inner.acknowledged(master, &revoked)
+            let written: Vec<Result<(), Error>> = futures_util::stream::iter(steps)
+                .buffer_unordered(WRITE_SCRIPTS_IN_FLIGHT)
+                .collect()
+                .await;
+            written.into_iter().collect()
         })
     }
 
@@ -758,7 +788,7 @@ impl Store for RedisStore {
                 .arg(notice.channel)
                 .arg(notice.message);
             self.inner
-                .revoke(script, Revocation::new(key, lease_key, notice))
+                .revoke(script, &[Revocation::new(key, lease_key, notice)])
                 .await
                 .map(drop)
         })

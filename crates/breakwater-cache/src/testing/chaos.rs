@@ -16,7 +16,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 use crate::error::Error;
 use crate::store::{
     ClearedNamespace, Delivery, FencedRenewal, FencedWrite, LeaseAttempt, MemoryStore,
-    NamespaceClear, Notice, Renewal, Store, StoreFuture, Subscription,
+    NamespaceClear, Notice, Renewal, Replace, Store, StoreFuture, Subscription,
 };
 
 fn ms(n: u64) -> Duration {
@@ -192,8 +192,8 @@ pub enum ChaosEvent<'a> {
         /// The [`Store`] method, e.g. `"get"`, `"fenced_set"`,
         /// `"invalidate"`.
         method: &'static str,
-        /// The key it was called with: a batch's first key, a `publish`'s
-        /// channel.
+        /// The key it was called with: a read batch's first key (a write
+        /// batch is one event per key), a `publish`'s channel.
         key: &'a [u8],
         /// What the wrapped store answered.
         result: Result<&'a str, &'a Error>,
@@ -517,20 +517,37 @@ impl<S: Store> ChaosStore<S> {
     }
 
     /// Tells the observer that `method` ran in the wrapped store.
-    fn ran<T: Brief>(&self, method: &'static str, key: &[u8], result: &Result<T, Error>) {
+    fn ran<T: Brief>(&self, method: &'static str, keys: &[&[u8]], result: &Result<T, Error>) {
         if let Some(observer) = &self.observer {
             let brief = result.as_ref().map(Brief::brief);
-            observer(ChaosEvent::Ran {
-                method,
-                key,
-                result: brief.as_ref().map(String::as_str).map_err(|e| *e),
-            });
+            for key in keys {
+                observer(ChaosEvent::Ran {
+                    method,
+                    key,
+                    result: brief.as_ref().map(String::as_str).map_err(|e| *e),
+                });
+            }
         }
     }
 
     /// Runs `op` (a call of `method` on the wrapped store, made only when
     /// it is to run) under this call's faults, and tells the observer.
     fn call<'a, T, F>(&'a self, method: &'static str, key: &'a [u8], op: F) -> StoreFuture<'a, T>
+    where
+        T: Send + Brief + 'a,
+        F: FnOnce() -> StoreFuture<'a, T> + Send + 'a,
+    {
+        self.call_each(method, vec![key], op)
+    }
+
+    /// [`call`](Self::call) of a batch write: one fault plan for the
+    /// batch, observed under each of its `keys`.
+    fn call_each<'a, T, F>(
+        &'a self,
+        method: &'static str,
+        keys: Vec<&'a [u8]>,
+        op: F,
+    ) -> StoreFuture<'a, T>
     where
         T: Send + Brief + 'a,
         F: FnOnce() -> StoreFuture<'a, T> + Send + 'a,
@@ -555,7 +572,7 @@ impl<S: Store> ChaosStore<S> {
                         {
                             sleep_until(run_at).await;
                             let result = op().await;
-                            self.ran(method, key, &result);
+                            self.ran(method, &keys, &result);
                             done = Some((Instant::now(), result));
                         }
                         if reply_at <= give_up {
@@ -595,7 +612,7 @@ impl<S: Store> ChaosStore<S> {
                         sleep(before).await;
                     }
                     let result = op().await;
-                    self.ran(method, key, &result);
+                    self.ran(method, &keys, &result);
                     let ran = Some((Instant::now(), summary(&result)));
                     if timeout {
                         sleep(Faults::RESPONSE_TIMEOUT).await;
@@ -610,15 +627,17 @@ impl<S: Store> ChaosStore<S> {
             };
             if let Some(observer) = &self.observer {
                 let reply = result.as_ref().map(Brief::brief);
-                observer(ChaosEvent::Replied {
-                    method,
-                    key,
-                    start,
-                    ran: ran
-                        .as_ref()
-                        .map(|(at, r)| (*at, r.as_ref().map(String::as_str))),
-                    reply: reply.as_ref().map(String::as_str).map_err(|e| *e),
-                });
+                for key in keys {
+                    observer(ChaosEvent::Replied {
+                        method,
+                        key,
+                        start,
+                        ran: ran
+                            .as_ref()
+                            .map(|(at, r)| (*at, r.as_ref().map(String::as_str))),
+                        reply: reply.as_ref().map(String::as_str).map_err(|e| *e),
+                    });
+                }
             }
             result
         })
@@ -951,6 +970,19 @@ impl<S: Store> Store for ChaosStore<S> {
     ) -> StoreFuture<'a, ()> {
         self.call("replace", key, move || {
             self.inner.replace(key, value, ttl, lease_key, notice)
+        })
+    }
+
+    /// One call for the whole batch (one fault plan), observed under each
+    /// of its keys.
+    fn replace_many<'a>(
+        &'a self,
+        writes: &'a [Replace<'a>],
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, ()> {
+        let keys = writes.iter().map(|w| w.key).collect();
+        self.call_each("replace_many", keys, move || {
+            self.inner.replace_many(writes, notice)
         })
     }
 

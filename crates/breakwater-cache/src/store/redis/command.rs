@@ -200,7 +200,7 @@ impl RedisCore {
     pub(super) async fn revoke(
         self: &Arc<Self>,
         script: Invocation<'_>,
-        revoked: Revocation<'_>,
+        revoked: &[Revocation<'_>],
     ) -> Result<i64, Error> {
         let (script, domain) = (&script, self.script_domain(&script));
         let (reply, master) = self
@@ -209,7 +209,7 @@ impl RedisCore {
                 Ok((reply, conn.master().cloned()))
             })
             .await?;
-        self.acknowledged(master, std::slice::from_ref(&revoked))?;
+        self.acknowledged(master, revoked)?;
         Ok(reply)
     }
 
@@ -236,13 +236,18 @@ impl RedisCore {
     /// single server in runs of [`BATCH_COMMAND_KEYS`]; on a cluster by
     /// hash slot (a command's keys must share one), then in such runs.
     pub(super) fn by_slot(&self, keys: &[&[u8]]) -> Vec<Vec<usize>> {
+        self.by_slot_in_runs(keys, BATCH_COMMAND_KEYS)
+    }
+
+    /// [`by_slot`](Self::by_slot) in runs of up to `run` keys.
+    pub(super) fn by_slot_in_runs(&self, keys: &[&[u8]], run: usize) -> Vec<Vec<usize>> {
         let mut groups: Vec<Vec<usize>> = Vec::new();
         if matches!(self.target, Topology::Cluster { .. }) {
             let mut slots: std::collections::HashMap<u16, usize> = std::collections::HashMap::new();
             for (i, key) in keys.iter().enumerate() {
                 let slot = hash_slot(key);
                 match slots.get(&slot) {
-                    Some(&g) if groups[g].len() < BATCH_COMMAND_KEYS => groups[g].push(i),
+                    Some(&g) if groups[g].len() < run => groups[g].push(i),
                     _ => {
                         slots.insert(slot, groups.len());
                         groups.push(vec![i]);
@@ -251,7 +256,7 @@ impl RedisCore {
             }
         } else {
             let all: Vec<usize> = (0..keys.len()).collect();
-            groups.extend(all.chunks(BATCH_COMMAND_KEYS).map(<[usize]>::to_vec));
+            groups.extend(all.chunks(run).map(<[usize]>::to_vec));
         }
         groups
     }

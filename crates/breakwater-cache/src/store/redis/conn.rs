@@ -67,6 +67,36 @@ impl Conn {
             }
         }
     }
+
+    /// Runs `tx`, a transaction (an atomic pipeline) whose keys share hash
+    /// slot `slot`. A cluster connection is told the slot's primary: its
+    /// own routing takes a command's first argument for a key, and a
+    /// `PUBLISH` channel in the transaction would cross slots. An error
+    /// among the commands' replies fails it.
+    pub(super) async fn transaction(&mut self, tx: &Pipeline, slot: u16) -> redis::RedisResult<()> {
+        match self {
+            Conn::Cluster(c) => {
+                let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+                let replies = c.route_pipeline(tx.clone(), tx.len() + 1, 1, route).await?;
+                for reply in replies {
+                    match reply {
+                        Value::Array(each) => {
+                            if let Some(Value::ServerError(err)) = each
+                                .into_iter()
+                                .find(|r| matches!(r, Value::ServerError(_)))
+                            {
+                                return Err(err.into());
+                            }
+                        }
+                        Value::ServerError(err) => return Err(err.into()),
+                        _ => {}
+                    }
+                }
+                Ok(())
+            }
+            Conn::Node(c) | Conn::Master(c, _) => tx.query_async::<()>(c).await,
+        }
+    }
 }
 
 impl ConnectionLike for Conn {
