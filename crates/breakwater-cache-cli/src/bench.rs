@@ -50,7 +50,8 @@ pub(crate) enum BenchCommand {
     )]
     Many(crate::many::ManyOpts),
     /// Writes: `set_many` and concurrent `set`s next to raw pipelined
-    /// `SET PX`s on the same server, with ratios.
+    /// `SET PX`s on the same server, and `invalidate_many` next to single
+    /// invalidations, with ratios.
     #[command(
         after_help = "Example:\n  breakwater bench write --redis redis://127.0.0.1:6379\n  breakwater bench write --redis redis://10.0.0.1:7000,redis://10.0.0.2:7000 --items 20000"
     )]
@@ -85,6 +86,10 @@ pub(crate) struct WriteOpts {
     /// Bytes of each value (1 to 1,000,000).
     #[arg(long, value_name = "N", default_value_t = 100, value_parser = RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
     pub(crate) value_bytes: usize,
+    /// Keys of the invalidation scenario (`invalidate_many` next to one
+    /// `invalidate` at a time; 1 to 1,000,000, at most `--items`).
+    #[arg(long, value_name = "N", default_value_t = 1_000, value_parser = RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    pub(crate) invalidations: usize,
     /// Only the `set_many` scenario.
     #[arg(long)]
     pub(crate) set_many_only: bool,
@@ -116,6 +121,7 @@ async fn write(opts: &WriteOpts) -> Result<(), Failure> {
         in_flight: opts.in_flight,
         value_bytes: opts.value_bytes,
         singles: !opts.set_many_only,
+        invalidations: opts.invalidations.min(opts.items),
     };
     let rows = write::compare(&plan).await;
     spinner.finish_and_clear();

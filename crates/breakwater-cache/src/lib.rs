@@ -142,7 +142,7 @@ pub use metrics::{LeaseStats, LoadStats, NoticeStats, Stats};
 pub use retry::RetryConfig;
 pub use served::{Fetched, Served, StaleReason};
 pub use store::{
-    ClearedNamespace, Delivery, FencedRenewal, FencedWrite, LeaseAttempt, LeaseRequest,
+    ClearedNamespace, Delivery, FencedRenewal, FencedWrite, Invalidate, LeaseAttempt, LeaseRequest,
     MemoryStore, NamespaceClear, Notice, RedisLatency, RedisStore, RedisStoreConfig, Renewal,
     Replace, SentinelError, Store, StoreFuture, Subscription, Unchanged,
 };

@@ -41,7 +41,7 @@
 //!
 //! `op` is one of `get`, `set`, `delete`, `ttl`, `acquire_lease`,
 //! `lease_held`, `extend_lease`, `release_lease`, `fenced_set`, `replace`,
-//! `replace_many`, `invalidate`, `publish`, `bump_generation` (a tag
+//! `replace_many`, `invalidate`, `invalidate_many`, `publish`, `bump_generation` (a tag
 //! invalidation), `tag_generations` (a tagged write's read-or-create of
 //! its tags' counters), `pin` (a version transition's pin of the previous
 //! version's entry).
@@ -82,7 +82,7 @@ const ERROR_KINDS: [&str; 10] = [
     "too_large",
 ];
 /// The store operations, for `breakwater_store_seconds`.
-const STORE_OPS: [&str; 16] = [
+const STORE_OPS: [&str; 17] = [
     "get",
     "set",
     "delete",
@@ -95,6 +95,7 @@ const STORE_OPS: [&str; 16] = [
     "replace",
     "replace_many",
     "invalidate",
+    "invalidate_many",
     "publish",
     "bump_generation",
     "tag_generations",

@@ -242,3 +242,71 @@ async fn set_many_revokes_a_load_in_flight() {
     assert_eq!(c.get("k7").await.unwrap().as_deref(), Some("new 7"));
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
+
+/// `invalidate_many` of 2,000 keys: one `PUBLISH` per step of up to 1,024
+/// keys, every entry gone, another process's L1 copies dropped, and a load
+/// in flight of one of them cannot write its result back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalidate_many_deletes_tells_once_per_step_and_revokes_loads() {
+    let server = RedisServer::start();
+    let a = bulk_cache(&server);
+    let b: Cache<String> = Cache::builder()
+        .namespace("bulk")
+        .store(RedisStore::connect(&server.url()).unwrap())
+        .l1(L1Config::new())
+        .build()
+        .unwrap();
+    let total = 2_000usize;
+    a.set_many((0..total).map(|i| (format!("k{i}"), format!("v{i}"))))
+        .await
+        .unwrap();
+    for i in 0..total {
+        let got = b.get(&format!("k{i}")).await.unwrap();
+        assert_eq!(got, Some(format!("v{i}")));
+    }
+    // A load of a missing key of the batch, in flight across the call.
+    let calls = Arc::new(AtomicUsize::new(0));
+    let slow = support::slow_loader(&calls, std::time::Duration::from_millis(500), "old");
+    let load = tokio::spawn({
+        let b = b.clone();
+        async move { b.get_or_load("missing", slow).await }
+    });
+    support::until("the load holds the lease", || {
+        calls.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    let publishes = || {
+        support::command_calls(&server)
+            .into_iter()
+            .find(|(name, _)| name == "publish")
+            .map_or(0, |(_, calls)| calls)
+    };
+    let before = publishes();
+    let keys: Vec<String> = (0..total)
+        .map(|i| format!("k{i}"))
+        .chain(["missing".into()])
+        .collect();
+    a.invalidate_many(&keys).await.unwrap();
+    assert_eq!(
+        publishes() - before,
+        2,
+        "2,001 keys: two steps of up to 1,024"
+    );
+    assert_eq!(load.await.unwrap().unwrap().as_deref(), Some("old"));
+    // Only the namespace's clear record is left.
+    assert_eq!(server.command(&["DBSIZE"]).unwrap(), "1");
+    let deadline = Instant::now() + std::time::Duration::from_secs(5);
+    for i in 0..total {
+        loop {
+            let got = b.get(&format!("k{i}")).await.unwrap();
+            if got.is_none() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "k{i} still {got:?}");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+    // An empty batch sends nothing.
+    a.invalidate_many(Vec::<String>::new()).await.unwrap();
+    assert_eq!(publishes() - before, 2);
+}

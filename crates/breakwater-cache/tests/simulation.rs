@@ -152,11 +152,12 @@
 //! nothing back.
 //!
 //! **batch writes** (the plain round): half of its `set`s are `set_many`s
-//! of the key and one to three others (rows locked in order, each key
-//! fenced at its new version once the call returned, or once the store ran
-//! it before its caller went away), one store step under one fault plan
-//! and one bus message naming every key: no-resurrection, liveness and
-//! time are checked for each key exactly as for `set`.
+//! and half of its `invalidate`s `invalidate_many`s, of the key and one to
+//! three others (rows locked in order, each key fenced at its new version
+//! once the call returned, or once the store ran it before its caller went
+//! away), one store step under one fault plan and one bus message naming
+//! every key: no-resurrection, liveness and time are checked for each key
+//! exactly as for `set` and `invalidate`.
 //!
 //! A rolling version bump gets a chaos round of its own (keys `v00`..):
 //! processes 0 and 1 run version 1 without a transition (the code deployed
@@ -298,7 +299,7 @@ fn chaos_store(inner: MemoryStore, seed: u64, world: &Arc<World>, proc: usize) -
         // A revoking write (`replace`, `invalidate`) of a key, counted once
         // it ran in the store, whether or not its caller hears of it.
         ChaosEvent::Ran {
-            method: "replace" | "replace_many" | "invalidate" | "expire_entry",
+            method: "replace" | "replace_many" | "invalidate" | "invalidate_many" | "expire_entry",
             key,
             result: Ok(_),
             ..
@@ -349,6 +350,7 @@ fn traced(method: &str) -> Option<&'static str> {
         "pin" => "s.pin",
         "replace" => "s.replace",
         "replace_many" => "s.replace_many",
+        "invalidate_many" => "s.invalid_many",
         "invalidate" => "s.invalid",
         "bump_generation" => "s.bump",
         "tag_generations" => "s.tag_gens",
@@ -1161,16 +1163,17 @@ fn group(key: &str) -> String {
 /// acknowledged it), each key is fenced at its new version: for every
 /// process at once after a hard clear, softly (as `expire`) after a soft
 /// one, from the end of its window.
-/// A `set_many` of `batch` (its keys made distinct): each key's row
-/// locked (in order), a version produced for each, and each fenced as a
-/// `set`'s once the call returned (or the store ran it before its caller
-/// went away, after `dropped`).
-async fn set_many(
+/// A `set_many` (`set`) or an `invalidate_many` of `batch` (its keys made
+/// distinct): each key's row locked (in order), its version bumped (and,
+/// for a `set_many`, produced), and each fenced once the call returned (or
+/// the store ran it before its caller went away, after `dropped`).
+async fn write_many(
     world: &Arc<World>,
     p: &Proc,
     mut batch: Vec<String>,
     writes: &BTreeMap<String, Arc<tokio::sync::Mutex<()>>>,
     dropped: Option<Duration>,
+    set: bool,
 ) {
     batch.sort();
     batch.dedup();
@@ -1180,18 +1183,26 @@ async fn set_many(
     }
     let versions: Vec<u64> = batch.iter().map(|key| world.bump(key)).collect();
     let start = Instant::now();
-    for (key, &version) in batch.iter().zip(&versions) {
-        world.produced(key, version, start);
+    if set {
+        for (key, &version) in batch.iter().zip(&versions) {
+            world.produced(key, version, start);
+        }
     }
     let ran_before: Vec<u64> = batch.iter().map(|key| world.revocations(key)).collect();
-    let items = batch.iter().zip(&versions).map(|(key, &version)| {
-        let val = Val {
-            key: key.clone(),
-            version,
-        };
-        (key.clone(), val)
-    });
-    let result = timeout(dropped.unwrap_or(BOUND), p.cache.set_many(items)).await;
+    let within = dropped.unwrap_or(BOUND);
+    let (op, result) = if set {
+        let items = batch.iter().zip(&versions).map(|(key, &version)| {
+            let val = Val {
+                key: key.clone(),
+                version,
+            };
+            (key.clone(), val)
+        });
+        ("set_many", timeout(within, p.cache.set_many(items)).await)
+    } else {
+        let call = p.cache.invalidate_many(&batch);
+        ("invalidate_many", timeout(within, call).await)
+    };
     for ((key, &version), ran_before) in batch.iter().zip(&versions).zip(ran_before) {
         let outcome = match &result {
             Ok(Ok(())) => {
@@ -1213,7 +1224,7 @@ async fn set_many(
                     "liveness",
                     key,
                     format!(
-                        "P{} set_many({key}, ..) started at {} ms did not return within {BOUND:?}",
+                        "P{} {op}({key}, ..) started at {} ms did not return within {BOUND:?}",
                         p.id,
                         world.ms(start)
                     ),
@@ -1221,7 +1232,7 @@ async fn set_many(
                 "HUNG".into()
             }
         };
-        world.trace(p.id, "set_many", key, start, outcome);
+        world.trace(p.id, op, key, start, outcome);
     }
 }
 
@@ -1758,7 +1769,20 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                                 .map(|_| keys[rng.random_range(0..keys.len())].clone())
                                 .chain([key.clone()])
                                 .collect();
-                            set_many(&world, p, batch, &writes, dropped).await;
+                            write_many(&world, p, batch, &writes, dropped, true).await;
+                        }
+                        // Half of a plain round's invalidations: an
+                        // `invalidate_many` of the key and a few others.
+                        roll @ 81..90 if plain && roll % 2 == 1 => {
+                            let dropped = rng
+                                .random_bool(DROPPED_WRITES)
+                                .then(|| ms(rng.random_range(0..=700)));
+                            let n = rng.random_range(1..=3);
+                            let batch: Vec<String> = (0..n)
+                                .map(|_| keys[rng.random_range(0..keys.len())].clone())
+                                .chain([key.clone()])
+                                .collect();
+                            write_many(&world, p, batch, &writes, dropped, false).await;
                         }
                         roll => {
                             let _row = writes[key].lock().await;

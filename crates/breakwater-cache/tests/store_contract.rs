@@ -8,8 +8,8 @@ mod support;
 use std::time::Duration;
 
 use breakwater_cache::{
-    Delivery, ErrorKind, FencedRenewal, FencedWrite, LeaseAttempt, LeaseRequest, NamespaceClear,
-    Notice, Renewal, Replace, Store, Subscription, Unchanged,
+    Delivery, ErrorKind, FencedRenewal, FencedWrite, Invalidate, LeaseAttempt, LeaseRequest,
+    NamespaceClear, Notice, Renewal, Replace, Store, Subscription, Unchanged,
 };
 
 /// How a backend lets time pass: paused tokio time for the memory store, real
@@ -564,6 +564,57 @@ async fn replace_many_writes_every_entry_and_revokes_every_lease(store: &dyn Sto
         .unwrap_err();
     assert_eq!(refused.kind(), ErrorKind::Config, "{refused}");
     assert_eq!(store.get(b"bw:test:v:{zero}").await.unwrap(), None);
+}
+
+async fn invalidate_many_deletes_every_entry_and_lease_and_names_each_key(
+    store: &dyn Store,
+    _: Time,
+) {
+    let mut sub = subscribed(store).await;
+    // 1,100 keys: more than one step's worth, spread over many slots.
+    let keys: Vec<Vec<u8>> = (0..1_100)
+        .map(|i| format!("bw:test:v:{{d{i}}}").into_bytes())
+        .collect();
+    let leases: Vec<Vec<u8>> = (0..1_100)
+        .map(|i| format!("bw:test:l:{{d{i}}}").into_bytes())
+        .collect();
+    for key in keys.iter().step_by(2) {
+        store.set(key, BINARY_VALUE, TTL).await.unwrap();
+    }
+    for lease in leases.iter().step_by(100) {
+        let taken = store.acquire_lease(lease, b"holder", TTL).await.unwrap();
+        assert!(taken.is_acquired());
+    }
+    let batch: Vec<Invalidate<'_>> = keys
+        .iter()
+        .zip(&leases)
+        .map(|(key, lease_key)| Invalidate { key, lease_key })
+        .collect();
+    store
+        .invalidate_many(&batch, notice(b"head"))
+        .await
+        .unwrap();
+    let mut named = std::collections::HashSet::new();
+    while named.len() < keys.len() {
+        let message = next_message(&mut sub).await;
+        let mut list = message.strip_prefix(b"head").expect("the head first");
+        assert!(!list.is_empty(), "a message names keys");
+        while let Some((len, rest)) = list.split_first_chunk::<4>() {
+            let len = u32::from_be_bytes(*len) as usize;
+            assert!(named.insert(rest[..len].to_vec()), "named twice");
+            list = &rest[len..];
+        }
+        assert!(list.is_empty(), "a whole list");
+    }
+    let values = store
+        .get_many(&keys.iter().map(Vec::as_slice).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    assert!(values.iter().all(Option::is_none), "every entry deleted");
+    for lease in leases.iter().step_by(100) {
+        assert!(!store.lease_held(lease).await.unwrap());
+    }
+    store.invalidate_many(&[], notice(b"head")).await.unwrap();
 }
 
 async fn get_many_reads_in_order_across_slots(store: &dyn Store, _: Time) {
@@ -1553,6 +1604,7 @@ contract!(
     a_lease_attempt_is_idempotent_and_reports_the_time_left,
     replace_writes_revokes_the_lease_and_publishes,
     replace_many_writes_every_entry_and_revokes_every_lease,
+    invalidate_many_deletes_every_entry_and_lease_and_names_each_key,
     get_many_reads_in_order_across_slots,
     acquire_leases_takes_each_as_acquire_lease_would,
     bump_generation_counts_on_or_starts_fresh_and_publishes,

@@ -138,6 +138,39 @@ async fn an_invalidation_in_the_transition_removes_the_previous_version_too() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn invalidate_many_in_the_transition_removes_the_previous_versions_entries_too() {
+    let store = MemoryStore::new();
+    let v1 = builder(&store, 1).build().unwrap();
+    v1.set_many((0..10).map(|i| (format!("p{i}"), format!("v1:{i}"))))
+        .await
+        .unwrap();
+    let v2 = builder(&store, 2)
+        .version_transition(Duration::from_secs(600))
+        .build()
+        .unwrap();
+    v2.invalidate_many((0..5).map(|i| format!("p{i}")))
+        .await
+        .unwrap();
+    for i in 0..10 {
+        let left = v1.get(format!("p{i}")).await.unwrap();
+        let expected = (i >= 5).then(|| format!("v1:{i}"));
+        assert_eq!(left, expected, "version 1's p{i}");
+    }
+    for i in 0..5 {
+        let got = v2
+            .get_or_load_with_meta(format!("p{i}"), || async {
+                Ok::<_, std::io::Error>(Some("fresh".to_owned()))
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            (got.value.as_deref(), got.served),
+            (Some("fresh"), Served::Loaded)
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn after_the_window_or_for_an_undecodable_entry_a_miss_loads() {
     let store = MemoryStore::new();
     // Version 1 stored numbers; version 2 stores strings.

@@ -9,7 +9,10 @@
 //!   `SET PX`s sent as pipelines of `batch` commands, one after another
 //!   (with `batch` = `items`, the default, one pipeline);
 //! - `set, N in flight`: N tasks calling `Cache::set` until the items are
-//!   written, next to raw pipelines of N `SET PX`s, one after another.
+//!   written, next to raw pipelines of N `SET PX`s, one after another;
+//! - `invalidate K keys`: one `Cache::invalidate_many` of K keys next to K
+//!   `Cache::invalidate`s one after another (the keys written again before
+//!   each side; that write is not timed).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -43,8 +46,10 @@ pub(crate) struct Plan {
     pub(crate) in_flight: usize,
     /// The size of each value.
     pub(crate) value_bytes: usize,
-    /// Whether the single-write scenario runs too.
+    /// Whether the single-write and invalidation scenarios run too.
     pub(crate) singles: bool,
+    /// Keys of the invalidation scenario.
+    pub(crate) invalidations: usize,
 }
 
 /// A raw connection: one multiplexed connection, or a cluster's.
@@ -193,6 +198,43 @@ async fn scenarios(
     if !plan.singles {
         return Ok(rows);
     }
+
+    // `invalidate_many` of `invalidations` keys, next to as many
+    // `invalidate`s one after another (each key written again first).
+    let doomed: Vec<&str> = keys
+        .iter()
+        .take(plan.invalidations)
+        .map(String::as_str)
+        .collect();
+    let mut row = Row::new(
+        format!("invalidate {} keys", doomed.len()),
+        "invalidate_many",
+        "one invalidate at a time",
+    );
+    let rewrite = || cache.set_many(doomed.iter().map(|&k| (k, value.to_owned())));
+    for trial in 0..plan.trials.max(1) {
+        let ours = async {
+            rewrite().await.map_err(|e| e.to_string())?;
+            let started = Instant::now();
+            cache
+                .invalidate_many(&doomed)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>(doomed.len() as f64 / started.elapsed().as_secs_f64())
+        };
+        let singles = async {
+            rewrite().await.map_err(|e| e.to_string())?;
+            let started = Instant::now();
+            for key in &doomed {
+                cache.invalidate(key).await.map_err(|e| e.to_string())?;
+            }
+            Ok::<_, String>(doomed.len() as f64 / started.elapsed().as_secs_f64())
+        };
+        let (o, r) = interleaved(trial, ours, singles).await?;
+        row.ours.push(o);
+        row.raw.push(r);
+    }
+    rows.push(row);
 
     // `set` from `in_flight` tasks, next to raw pipelines of `in_flight`.
     let by_flight = pipelines(plan.in_flight);

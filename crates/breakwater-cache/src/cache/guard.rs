@@ -34,8 +34,8 @@ use crate::error::{Error, ErrorKind};
 use crate::log_limit::{LogLimiter, Warning, warn_limited};
 use crate::metrics::Metrics;
 use crate::store::{
-    ClearedNamespace, FencedRenewal, FencedWrite, LeaseAttempt, LeaseRequest, NamespaceClear,
-    Notice, RedisStore, Renewal, Replace, Store, StoreFuture, Subscription,
+    ClearedNamespace, FencedRenewal, FencedWrite, Invalidate, LeaseAttempt, LeaseRequest,
+    NamespaceClear, Notice, RedisStore, Renewal, Replace, Store, StoreFuture, Subscription,
 };
 use std::sync::{Arc, Mutex};
 
@@ -462,6 +462,28 @@ impl Store for GuardedStore {
                 self.metrics.notices("sent", writes.len() as u64);
             }
             written
+        })
+    }
+
+    /// As `replace_many`: one guarded batch per failure domain.
+    fn invalidate_many<'a>(
+        &'a self,
+        keys: &'a [Invalidate<'a>],
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let groups = self.by_domain(keys, |k| k.key);
+            let done = futures_util::future::join_all(groups.iter().map(|(_, group)| {
+                self.guard("invalidate_many", group[0].key, move || {
+                    self.store.invalidate_many(group, notice)
+                })
+            }))
+            .await;
+            let done: Result<(), Error> = done.into_iter().collect();
+            if done.is_ok() {
+                self.metrics.notices("sent", keys.len() as u64);
+            }
+            done
         })
     }
 

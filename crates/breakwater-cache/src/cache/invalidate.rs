@@ -19,13 +19,17 @@ use super::notify::{self, TAG_INVALIDATED};
 use super::options::Options;
 use super::seal::Sealed;
 use super::tags::{self, EXPIRE_SKEW, check_tag, counter_ttl, tag_key};
+
+/// How many keys `invalidate_many` revokes as one store batch (and one
+/// delivery, retried as a whole).
+const INVALIDATE_MANY_BATCH: usize = 4_096;
 use super::trace::{Op, record_error};
 use super::value::Value;
 use crate::clock::millis;
 use crate::entry::Extra;
 use crate::error::{Error, ErrorKind};
 use crate::log_limit::show_key;
-use crate::store::{Notice, Replace, Store};
+use crate::store::{Invalidate, Notice, Replace, Store};
 
 impl<V: Value> Cache<V> {
     /// [`set`](Self::set) with a call's settings and tags (their current
@@ -137,6 +141,86 @@ impl<V: Value> Cache<V> {
         self.revoke_key(key, Revoke::Delete).await
     }
 
+    /// [`invalidate_many`](Self::invalidate_many), in its span: the keys
+    /// (each once) in batches of [`INVALIDATE_MANY_BATCH`], one after
+    /// another.
+    pub(super) async fn invalidate_many_bytes(&self, keys: Vec<Vec<u8>>) -> Result<(), Error> {
+        let mut seen = std::collections::HashSet::with_capacity(keys.len());
+        let mut stored = Vec::with_capacity(keys.len());
+        for key in &keys {
+            let key = self.key_in_store(key)?;
+            if seen.insert(key.clone()) {
+                stored.push(key);
+            }
+        }
+        for batch in stored.chunks(INVALIDATE_MANY_BATCH) {
+            self.invalidate_batch(batch).await?;
+        }
+        Ok(())
+    }
+
+    /// [`revoke_key`](Self::revoke_key)'s invalidation for many storage
+    /// keys at once: deleted with their leases in one store batch
+    /// ([`Store::invalidate_many`]) with one notice head, this process's
+    /// local step for each, inside a version transition the previous
+    /// version's entries first; delivered with retries.
+    async fn invalidate_batch(&self, keys: &[Vec<u8>]) -> Result<(), Error> {
+        let Some(first) = keys.first() else {
+            return Ok(());
+        };
+        let inner = &self.inner;
+        let head = notify::message(notify::INVALIDATED_MANY, inner.waiters.sender(), &[]);
+        let leases: Vec<Vec<u8>> = keys.iter().map(|key| inner.lease_key(key)).collect();
+        let batch: Vec<Invalidate<'_>> = keys
+            .iter()
+            .zip(&leases)
+            .map(|(key, lease_key)| Invalidate { key, lease_key })
+            .collect();
+        // Inside a version transition the previous version's entries go
+        // too (first), with their leases; its processes are told on
+        // their channel.
+        let previous = inner.previous.as_ref().map(|p| {
+            let old: Vec<Vec<u8>> = keys.iter().filter_map(|k| inner.previous_key(k)).collect();
+            let old_leases: Vec<Vec<u8>> =
+                old.iter().map(|k| lease_key(k, p.prefix.len())).collect();
+            (old, old_leases, &p.channel)
+        });
+        let previous_batch: Option<(Vec<Invalidate<'_>>, &Vec<u8>)> =
+            previous.as_ref().map(|(old, old_leases, channel)| {
+                let batch = old
+                    .iter()
+                    .zip(old_leases)
+                    .map(|(key, lease_key)| Invalidate { key, lease_key })
+                    .collect();
+                (batch, *channel)
+            });
+        let listening = inner.waiters.is_listening();
+        let (batch, previous_batch, head) = (&batch, &previous_batch, &head);
+        // After the store has answered, also if it failed or the caller
+        // goes away first (as for one key).
+        let _local = self.local.invalidation(keys);
+        self.deliver(first, keys.len() - 1, || async move {
+            if let Some((old, channel)) = previous_batch {
+                let notice = Notice {
+                    channel,
+                    message: head,
+                };
+                inner.store.invalidate_many(old, notice).await?;
+            }
+            for key in keys {
+                self.local.expect_own_notice(key, listening);
+            }
+            let done = inner.store.invalidate_many(batch, inner.notice(head)).await;
+            if done.is_err() {
+                for key in keys {
+                    self.local.own_notice_heard(key);
+                }
+            }
+            done
+        })
+        .await
+    }
+
     /// [`expire`](Self::expire), in its span: as an invalidation, but the
     /// store keeps the entry, stale from [`EXPIRE_SKEW`] before now.
     pub(super) async fn expire_bytes(&self, key: &[u8]) -> Result<(), Error> {
@@ -167,7 +251,7 @@ impl<V: Value> Cache<V> {
         // change); also if it failed (the reply may be all that was lost),
         // or if the caller goes away first.
         let _local = self.local.invalidation([key]);
-        self.deliver(key, || async move {
+        self.deliver(key, 0, || async move {
             if let Some((old, old_lease, message, channel)) = previous {
                 let notice = Notice { channel, message };
                 self.revoke_in_store(how, old, old_lease, notice).await?;
@@ -204,9 +288,14 @@ impl<V: Value> Cache<V> {
     /// Runs `attempt`, an invalidation (idempotent: a delete or a bump, with
     /// its notice), with the store retries, all within
     /// `INVALIDATE_WITHIN`; if none gets through, the error says the
-    /// invalidation of `key` was not delivered (with the attempts made and
-    /// the last failure).
-    pub(super) async fn deliver<F, Fut>(&self, key: &[u8], attempt: F) -> Result<(), Error>
+    /// invalidation of `key` (and of `more` other keys) was not delivered
+    /// (with the attempts made and the last failure).
+    pub(super) async fn deliver<F, Fut>(
+        &self,
+        key: &[u8],
+        more: usize,
+        attempt: F,
+    ) -> Result<(), Error>
     where
         F: Fn() -> Fut,
         Fut: Future<Output = Result<(), Error>>,
@@ -223,13 +312,13 @@ impl<V: Value> Cache<V> {
         });
         match tokio::time::timeout(INVALIDATE_WITHIN, attempts).await {
             Ok((Ok(()), _)) => Ok(()),
-            Ok((Err(err), made)) => Err(undelivered(key, made, err, Instant::now())),
+            Ok((Err(err), made)) => Err(undelivered(key, more, made, err, Instant::now())),
             Err(_) => {
                 let (made, err, at) = last.lock().unwrap_or_else(|p| p.into_inner()).clone();
                 let err = err.unwrap_or_else(|| {
                     Error::new(ErrorKind::Timeout, "no attempt finished in time")
                 });
-                Err(undelivered(key, made, err, at))
+                Err(undelivered(key, more, made, err, at))
             }
         }
     }
@@ -266,7 +355,7 @@ impl<V: Value> Cache<V> {
         // lost), or if the caller goes away first.
         let _local = LocalStep::new(|| self.local.tags_invalidated());
         let done = self
-            .deliver(key, || async move {
+            .deliver(key, 0, || async move {
                 let notice = inner.notice(message);
                 let store = &inner.store;
                 let bumped = match how {
@@ -311,16 +400,19 @@ enum Revoke {
 /// The error of an invalidation that did not get through; when the last
 /// attempt (failed at `at`) was refused by the store's open breaker, it says
 /// when that ends.
-fn undelivered(key: &[u8], attempts: u32, last: Error, at: Instant) -> Error {
+fn undelivered(key: &[u8], more: usize, attempts: u32, last: Error, at: Instant) -> Error {
     let retry_after = last
         .retry_after()
         .map(|after| after.saturating_sub(at.elapsed()));
+    let what = match more {
+        0 => show_key(key).to_string(),
+        n => format!("{} and {n} other key(s)", show_key(key)),
+    };
     let err = Error::new(
         ErrorKind::Store,
         format!(
-            "the invalidation of {} was not delivered ({attempts} attempt(s) within {:?}): \
+            "the invalidation of {what} was not delivered ({attempts} attempt(s) within {:?}): \
              other processes may serve the old value until its TTL ends; retry it",
-            show_key(key),
             INVALIDATE_WITHIN
         ),
     )

@@ -348,6 +348,51 @@ impl<V: Value> Cache<V> {
         done
     }
 
+    /// [`invalidate`](Self::invalidate) for many keys (each once), with
+    /// the same contract for each, at the cost of a few store steps: on
+    /// Redis one transaction per 1,024 keys (per hash slot on a Cluster:
+    /// one `DEL` of the keys and their leases, one `PUBLISH` naming them
+    /// all), in batches of 4,096 keys, each delivered (and retried) as a
+    /// whole. A price list, a user's cached views: one call, not one
+    /// script, retry loop and notice per key.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidKey`](crate::ErrorKind::InvalidKey) before anything is
+    /// sent, or [`Store`](crate::ErrorKind::Store) if a batch was not
+    /// delivered (earlier batches were; later ones are not sent): retry
+    /// the call, which is safe.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use breakwater_cache::Cache;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), breakwater_cache::Error> {
+    /// let cache = Cache::<u64>::builder().build()?;
+    /// cache.set_many((0..100u64).map(|i| (format!("price:{i}"), i))).await?;
+    /// cache.invalidate_many((0..100u64).map(|i| format!("price:{i}"))).await?;
+    /// assert_eq!(cache.get("price:7").await?, None);
+    /// # Ok(()) }
+    /// ```
+    pub async fn invalidate_many<K, I>(&self, keys: I) -> Result<(), Error>
+    where
+        K: CacheKey,
+        I: IntoIterator<Item = K>,
+    {
+        // Taken in at once, as `set_many`'s items are.
+        let keys: Vec<Vec<u8>> = keys.into_iter().map(|k| k.key_bytes().to_vec()).collect();
+        let Some(first) = keys.first() else {
+            return Ok(());
+        };
+        let span = self.span(Op::Invalidate, first);
+        let done = self
+            .invalidate_many_bytes(keys)
+            .instrument(span.clone())
+            .await;
+        record_error(&span, &done);
+        done
+    }
+
     /// Makes the entry for `key` stale, everywhere at once, without
     /// removing it (a soft invalidation): the next caller is served the old
     /// value as [`Stale`](crate::Served::Stale) within grace while one load

@@ -15,9 +15,9 @@ use tokio::time::Instant;
 
 use super::namespace::NamespaceState;
 use super::{
-    ClearedNamespace, Delivery, FencedRenewal, FencedWrite, LeaseAttempt, MAX_STORE_TTL_MS,
-    NamespaceClear, Notice, Renewal, Replace, SUBSCRIPTION_BUFFER, Store, StoreFuture,
-    Subscription, TagState, expire_in_place, fnv1a, parse_tag_state, ttl_millis,
+    ClearedNamespace, Delivery, FencedRenewal, FencedWrite, Invalidate, LeaseAttempt,
+    MAX_STORE_TTL_MS, NamespaceClear, Notice, Renewal, Replace, SUBSCRIPTION_BUFFER, Store,
+    StoreFuture, Subscription, TagState, expire_in_place, fnv1a, parse_tag_state, ttl_millis,
 };
 use crate::clock::{SystemClock, WallClock, millis};
 
@@ -694,6 +694,27 @@ impl Store for MemoryStore {
                 self.inner.publish(notice.channel, &message);
             });
         Box::pin(async move { result })
+    }
+
+    /// One atomic step: every value and lease deleted under the leases'
+    /// lock, then one message for all the keys.
+    fn invalidate_many<'a>(
+        &'a self,
+        keys: &'a [Invalidate<'a>],
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, ()> {
+        if !keys.is_empty() {
+            {
+                let mut leases = self.inner.leases();
+                for k in keys {
+                    leases.map.remove(k.lease_key);
+                    self.inner.shard_for(k.key).map.remove(k.key);
+                }
+            }
+            let message = notice.for_keys(keys.iter().map(|k| k.key));
+            self.inner.publish(notice.channel, &message);
+        }
+        Box::pin(async move { Ok(()) })
     }
 
     fn invalidate<'a>(

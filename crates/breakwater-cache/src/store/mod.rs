@@ -124,7 +124,8 @@ pub(crate) const SUBSCRIPTION_BUFFER: usize = 4096;
 /// - **Batch**, all with defaults: [`get_many`](Store::get_many) (one `get`
 ///   after another), [`acquire_leases`](Store::acquire_leases) (one
 ///   `acquire_lease` after another), [`replace_many`](Store::replace_many)
-///   (one `replace` after another, each with its own message) and
+///   and [`invalidate_many`](Store::invalidate_many) (one `replace` or
+///   `invalidate` after another, each with its own message) and
 ///   [`batches_reads`](Store::batches_reads) (`false`: reads are never
 ///   gathered into a `get_many`).
 pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
@@ -582,6 +583,34 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
         })
     }
 
+    /// Several [`invalidate`](Store::invalidate)s with one notice per
+    /// batch, as few atomic steps as the backend can (Redis: one
+    /// transaction per 1,024 keys, per hash slot on a Cluster; the memory
+    /// store: one). Each step deletes its keys and their leases and
+    /// publishes on `notice.channel` one message, [`Notice::for_keys`] of
+    /// its keys. `Err` if any step may have failed (a batch is safe to send
+    /// again).
+    ///
+    /// The default runs them one after another, each an `invalidate` that
+    /// publishes the message of its key alone.
+    fn invalidate_many<'a>(
+        &'a self,
+        keys: &'a [Invalidate<'a>],
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            for k in keys {
+                let message = notice.for_keys([k.key]);
+                let single = Notice {
+                    channel: notice.channel,
+                    message: &message,
+                };
+                self.invalidate(k.key, k.lease_key, single).await?;
+            }
+            Ok(())
+        })
+    }
+
     /// Whether reads of distinct keys that meet while this store is busy
     /// may go out together as one [`get_many`](Store::get_many) (one `MGET`
     /// on Redis) instead of one [`get`](Store::get) each. Only worth it
@@ -604,6 +633,16 @@ pub struct Replace<'a> {
     /// The value's TTL.
     pub ttl: Duration,
     /// The lease revoked with the write.
+    pub lease_key: &'a [u8],
+}
+
+/// One key of [`Store::invalidate_many`]: the arguments of
+/// [`Store::invalidate`] but the notice.
+#[derive(Debug, Clone, Copy)]
+pub struct Invalidate<'a> {
+    /// The value to delete.
+    pub key: &'a [u8],
+    /// Its lease, deleted with it.
     pub lease_key: &'a [u8],
 }
 

@@ -64,8 +64,9 @@ use self::scripts::{
 use self::sentinel::Revocation;
 use super::namespace::NamespaceState;
 use super::{
-    ClearedNamespace, FencedRenewal, FencedWrite, LeaseAttempt, LeaseRequest, NamespaceClear,
-    Notice, Renewal, Replace, Store, StoreFuture, Subscription, parse_generation, ttl_millis,
+    ClearedNamespace, FencedRenewal, FencedWrite, Invalidate, LeaseAttempt, LeaseRequest,
+    NamespaceClear, Notice, Renewal, Replace, Store, StoreFuture, Subscription, parse_generation,
+    ttl_millis,
 };
 use crate::error::{Error, ErrorKind};
 
@@ -387,7 +388,6 @@ impl RedisStore {
         group: &[usize],
         notice: Notice<'_>,
     ) -> Result<(), Error> {
-        let message = notice.for_keys(group.iter().map(|&i| writes[i].key));
         let mut tx = redis::pipe();
         tx.atomic();
         let del = tx.cmd("DEL");
@@ -404,8 +404,47 @@ impl RedisStore {
                 .arg(ttls[i])
                 .ignore();
         }
+        let revoked = group.iter().map(|&i| (writes[i].key, writes[i].lease_key));
+        self.revoking_step(tx, revoked, notice).await
+    }
+
+    /// One step of [`invalidate_many`](Store::invalidate_many): the keys
+    /// at the positions `group` (one hash slot) and their leases deleted in
+    /// one `DEL`, as one transaction with the notice.
+    async fn invalidate_group(
+        &self,
+        keys: &[Invalidate<'_>],
+        group: &[usize],
+        notice: Notice<'_>,
+    ) -> Result<(), Error> {
+        let mut tx = redis::pipe();
+        tx.atomic();
+        let del = tx.cmd("DEL");
+        for &i in group {
+            del.arg(keys[i].key).arg(keys[i].lease_key);
+        }
+        del.ignore();
+        let revoked = group.iter().map(|&i| (keys[i].key, keys[i].lease_key));
+        self.revoking_step(tx, revoked, notice).await
+    }
+
+    /// Runs `tx`, a transaction of revoking writes on the keys (with their
+    /// leases) `revoked`, all of one hash slot, with one `PUBLISH` of the
+    /// notice naming them appended. On a Sentinel store each key is
+    /// remembered as an invalidation of its own, to apply again should a
+    /// failover lose the step.
+    async fn revoking_step<'k>(
+        &self,
+        mut tx: redis::Pipeline,
+        revoked: impl Iterator<Item = (&'k [u8], &'k [u8])> + Clone,
+        notice: Notice<'_>,
+    ) -> Result<(), Error> {
+        let message = notice.for_keys(revoked.clone().map(|(key, _)| key));
         tx.cmd("PUBLISH").arg(notice.channel).arg(&message).ignore();
-        let (tx, first) = (&tx, writes[group[0]].key);
+        let Some((first, _)) = revoked.clone().next() else {
+            return Ok(());
+        };
+        let tx = &tx;
         let master = self
             .inner
             .call(
@@ -417,28 +456,23 @@ impl RedisStore {
                 },
             )
             .await?;
-        // A Sentinel store remembers each write as an invalidation of its
-        // key alone, to apply again; no other store remembers any.
-        let singles: Vec<Vec<u8>> = if master.is_some() {
-            group
-                .iter()
-                .map(|&i| notice.for_keys([writes[i].key]))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let revoked: Vec<Revocation<'_>> = group
+        if master.is_none() {
+            return self.inner.acknowledged(master, &[]);
+        }
+        let singles: Vec<(&[u8], &[u8], Vec<u8>)> = revoked
+            .map(|(key, lease)| (key, lease, notice.for_keys([key])))
+            .collect();
+        let revocations: Vec<Revocation<'_>> = singles
             .iter()
-            .zip(&singles)
-            .map(|(&i, message)| {
+            .map(|(key, lease, message)| {
                 let single = Notice {
                     channel: notice.channel,
                     message,
                 };
-                Revocation::new(writes[i].key, writes[i].lease_key, single)
+                Revocation::new(key, lease, single)
             })
             .collect();
-        self.inner.acknowledged(master, &revoked)
+        self.inner.acknowledged(master, &revocations)
     }
 
     /// [`Store::get`], unboxed: the cache calls it directly on the hit
@@ -772,6 +806,29 @@ impl Store for RedisStore {
                 .collect()
                 .await;
             written.into_iter().collect()
+        })
+    }
+
+    /// One transaction per 1,024 keys (per hash slot on a cluster), a
+    /// bounded number in flight: one `DEL` of the keys and their leases,
+    /// one message.
+    fn invalidate_many<'a>(
+        &'a self,
+        keys: &'a [Invalidate<'a>],
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let stored: Vec<&[u8]> = keys.iter().map(|k| k.key).collect();
+            let groups = self.inner.by_slot_in_runs(&stored, WRITE_STEP_KEYS);
+            let steps: Vec<_> = groups
+                .iter()
+                .map(|group| self.invalidate_group(keys, group, notice))
+                .collect();
+            let done: Vec<Result<(), Error>> = futures_util::stream::iter(steps)
+                .buffer_unordered(WRITE_SCRIPTS_IN_FLIGHT)
+                .collect()
+                .await;
+            done.into_iter().collect()
         })
     }
 

@@ -15,7 +15,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::error::Error;
 use crate::store::{
-    ClearedNamespace, Delivery, FencedRenewal, FencedWrite, LeaseAttempt, MemoryStore,
+    ClearedNamespace, Delivery, FencedRenewal, FencedWrite, Invalidate, LeaseAttempt, MemoryStore,
     NamespaceClear, Notice, Renewal, Replace, Store, StoreFuture, Subscription,
 };
 
@@ -983,6 +983,19 @@ impl<S: Store> Store for ChaosStore<S> {
         let keys = writes.iter().map(|w| w.key).collect();
         self.call_each("replace_many", keys, move || {
             self.inner.replace_many(writes, notice)
+        })
+    }
+
+    /// One call for the whole batch (one fault plan), observed under each
+    /// of its keys.
+    fn invalidate_many<'a>(
+        &'a self,
+        keys: &'a [Invalidate<'a>],
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, ()> {
+        let observed = keys.iter().map(|k| k.key).collect();
+        self.call_each("invalidate_many", observed, move || {
+            self.inner.invalidate_many(keys, notice)
         })
     }
 

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::store::{
-    ClearedNamespace, FencedRenewal, FencedWrite, LeaseAttempt, NamespaceClear, Notice, Renewal,
-    Replace, Store, StoreFuture, Subscription,
+    ClearedNamespace, FencedRenewal, FencedWrite, Invalidate, LeaseAttempt, NamespaceClear, Notice,
+    Renewal, Replace, Store, StoreFuture, Subscription,
 };
 
 /// A [`Store`] that counts the [`get`](Store::get)s it is asked for and
@@ -126,7 +126,7 @@ impl<S: Store> CountingStore<S> {
         self.lose_lease_replies.store(lost, Ordering::SeqCst);
     }
 
-    /// While `hang`, each `invalidate`, `replace` and `replace_many` runs, and its reply
+    /// While `hang`, each `invalidate`, `replace` and their batches run, and its reply
     /// never comes (the caller's future waits until it is dropped).
     pub fn hang_write_replies(&self, hang: bool) {
         self.hang_write_replies.store(hang, Ordering::SeqCst);
@@ -271,6 +271,13 @@ impl<S: Store> Store for CountingStore<S> {
     }
     fn replace_many<'a>(&'a self, w: &'a [Replace<'a>], n: Notice<'a>) -> StoreFuture<'a, ()> {
         self.maybe_hang(self.inner.replace_many(w, n))
+    }
+    fn invalidate_many<'a>(
+        &'a self,
+        k: &'a [Invalidate<'a>],
+        n: Notice<'a>,
+    ) -> StoreFuture<'a, ()> {
+        self.maybe_hang(self.inner.invalidate_many(k, n))
     }
     fn invalidate<'a>(&'a self, k: &'a [u8], l: &'a [u8], n: Notice<'a>) -> StoreFuture<'a, ()> {
         let failing = self
