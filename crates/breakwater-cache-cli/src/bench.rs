@@ -64,7 +64,7 @@ pub(crate) struct WriteOpts {
     /// Redis URL to run against, or a cluster's nodes, comma-separated
     /// (writes keys under `bw:bench-write-<pid>:` and
     /// `raw:bench-write-<pid>:`, and deletes them when it ends).
-    #[arg(long, value_name = "URL[,URL…]")]
+    #[arg(long, value_name = "URL")]
     pub(crate) redis: String,
     /// Interleaved trials per scenario (1 to 100); the ratio is of the
     /// medians. Which side runs first alternates, raw first in the first
