@@ -19,6 +19,44 @@ fn bulk_cache(server: &RedisServer) -> Cache<String> {
         .unwrap()
 }
 
+/// A cache with an L1 on `server`, in the same namespace.
+fn l1_cache(server: &RedisServer) -> Cache<String> {
+    Cache::builder()
+        .namespace("bulk")
+        .store(RedisStore::connect(&server.url()).unwrap())
+        .l1(L1Config::new())
+        .build()
+        .unwrap()
+}
+
+/// `PUBLISH`es `server` has run.
+fn publishes(server: &RedisServer) -> u64 {
+    support::command_calls(server)
+        .into_iter()
+        .find(|(name, _)| name == "publish")
+        .map_or(0, |(_, calls)| calls)
+}
+
+/// Waits (up to 5 s) until `cache` reads `expected(i)` for each key `k<i>`
+/// below `total` (its L1 copies dropped once it heard the notices).
+async fn reads_come_to(
+    cache: &Cache<String>,
+    total: usize,
+    expected: impl Fn(usize) -> Option<String>,
+) {
+    let deadline = Instant::now() + std::time::Duration::from_secs(5);
+    for i in 0..total {
+        loop {
+            let got = cache.get(&format!("k{i}")).await.unwrap();
+            if got == expected(i) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "k{i} still {got:?}");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_thousand_sets_with_a_hundred_in_flight_all_land() {
     let server = RedisServer::start();
@@ -169,12 +207,7 @@ async fn a_warm_up_of_a_hundred_thousand_keys_with_a_hundred_in_flight() {
 async fn set_many_tells_other_processes_once_per_step_and_they_drop_their_copies() {
     let server = RedisServer::start();
     let a = bulk_cache(&server);
-    let b: Cache<String> = Cache::builder()
-        .namespace("bulk")
-        .store(RedisStore::connect(&server.url()).unwrap())
-        .l1(L1Config::new())
-        .build()
-        .unwrap();
+    let b = l1_cache(&server);
     let total = 2_000usize;
     for i in 0..total {
         let key = format!("k{i}");
@@ -186,12 +219,7 @@ async fn set_many_tells_other_processes_once_per_step_and_they_drop_their_copies
             .unwrap();
         assert_eq!(old.as_deref(), Some("old"));
     }
-    let publishes = || {
-        support::command_calls(&server)
-            .into_iter()
-            .find(|(name, _)| name == "publish")
-            .map_or(0, |(_, calls)| calls)
-    };
+    let publishes = || publishes(&server);
     let before = publishes();
     a.set_many((0..total).map(|i| (format!("k{i}"), format!("new {i}"))))
         .await
@@ -203,17 +231,7 @@ async fn set_many_tells_other_processes_once_per_step_and_they_drop_their_copies
     );
     // Each of b's copies goes once the notice is heard (b's reads, from
     // then on, take the store's new values).
-    let deadline = Instant::now() + std::time::Duration::from_secs(5);
-    for i in 0..total {
-        loop {
-            let got = b.get(&format!("k{i}")).await.unwrap();
-            if got == Some(format!("new {i}")) {
-                break;
-            }
-            assert!(Instant::now() < deadline, "k{i} still {got:?}");
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
-    }
+    reads_come_to(&b, total, |i| Some(format!("new {i}"))).await;
 }
 
 /// A load that began before a `set_many` of its key cannot write its
@@ -250,12 +268,7 @@ async fn set_many_revokes_a_load_in_flight() {
 async fn invalidate_many_deletes_tells_once_per_step_and_revokes_loads() {
     let server = RedisServer::start();
     let a = bulk_cache(&server);
-    let b: Cache<String> = Cache::builder()
-        .namespace("bulk")
-        .store(RedisStore::connect(&server.url()).unwrap())
-        .l1(L1Config::new())
-        .build()
-        .unwrap();
+    let b = l1_cache(&server);
     let total = 2_000usize;
     a.set_many((0..total).map(|i| (format!("k{i}"), format!("v{i}"))))
         .await
@@ -275,12 +288,7 @@ async fn invalidate_many_deletes_tells_once_per_step_and_revokes_loads() {
         calls.load(Ordering::SeqCst) == 1
     })
     .await;
-    let publishes = || {
-        support::command_calls(&server)
-            .into_iter()
-            .find(|(name, _)| name == "publish")
-            .map_or(0, |(_, calls)| calls)
-    };
+    let publishes = || publishes(&server);
     let before = publishes();
     let keys: Vec<String> = (0..total)
         .map(|i| format!("k{i}"))
@@ -295,17 +303,7 @@ async fn invalidate_many_deletes_tells_once_per_step_and_revokes_loads() {
     assert_eq!(load.await.unwrap().unwrap().as_deref(), Some("old"));
     // Only the namespace's clear record is left.
     assert_eq!(server.command(&["DBSIZE"]).unwrap(), "1");
-    let deadline = Instant::now() + std::time::Duration::from_secs(5);
-    for i in 0..total {
-        loop {
-            let got = b.get(&format!("k{i}")).await.unwrap();
-            if got.is_none() {
-                break;
-            }
-            assert!(Instant::now() < deadline, "k{i} still {got:?}");
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
-    }
+    reads_come_to(&b, total, |_| None).await;
     // An empty batch sends nothing.
     a.invalidate_many(Vec::<String>::new()).await.unwrap();
     assert_eq!(publishes() - before, 2);

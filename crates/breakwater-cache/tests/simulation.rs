@@ -1204,16 +1204,56 @@ async fn write_many(
         ("invalidate_many", timeout(within, call).await)
     };
     for ((key, &version), ran_before) in batch.iter().zip(&versions).zip(ran_before) {
-        let outcome = match &result {
+        let write = Write {
+            op,
+            key,
+            version,
+            soft: false,
+            start,
+            dropped: dropped.is_some(),
+            ran_before,
+        };
+        let outcome = write.outcome(world, p, &result);
+        world.trace(p.id, op, key, start, outcome);
+    }
+}
+
+/// A revoking write of one key (or its share of a batch): `op` of `key`
+/// at `version`, started at `start`; `dropped`: its caller went away (the
+/// timeout was its drop); `ran_before`: the key's revocations counted
+/// before it.
+struct Write<'a> {
+    op: &'static str,
+    key: &'a str,
+    version: u64,
+    soft: bool,
+    start: Instant,
+    dropped: bool,
+    ran_before: u64,
+}
+
+impl Write<'_> {
+    /// What the write came to, as traced; the key fenced at its version
+    /// where it took effect (it returned `Ok`, or the store ran it before
+    /// its caller went away), a liveness violation if it hung.
+    fn outcome(
+        &self,
+        world: &World,
+        p: &Proc,
+        result: &Result<Result<(), Error>, tokio::time::error::Elapsed>,
+    ) -> String {
+        let (key, version) = (self.key, self.version);
+        match result {
             Ok(Ok(())) => {
-                world.fence_of(p.id, key, version, false);
+                world.fence_of(p.id, key, version, self.soft);
                 format!("ok v{version}")
             }
             Ok(Err(err)) => format!("error {:?} v{version}", err.kind()),
-            // Dropped once the store ran it: as if it returned now.
-            Err(_) if dropped.is_some() => {
-                if world.revocations(key) > ran_before {
-                    world.fence_of(p.id, key, version, false);
+            // Dropped once the store ran it: as if it returned now (its
+            // local step ran on the drop; the others hear the bus).
+            Err(_) if self.dropped => {
+                if world.revocations(key) > self.ran_before {
+                    world.fence_of(p.id, key, version, self.soft);
                     format!("dropped after the store ran it v{version}")
                 } else {
                     format!("dropped before the store ran it v{version}")
@@ -1224,15 +1264,15 @@ async fn write_many(
                     "liveness",
                     key,
                     format!(
-                        "P{} {op}({key}, ..) started at {} ms did not return within {BOUND:?}",
+                        "P{} {}({key}) started at {} ms did not return within {BOUND:?}",
                         p.id,
-                        world.ms(start)
+                        self.op,
+                        world.ms(self.start)
                     ),
                 );
                 "HUNG".into()
             }
-        };
-        world.trace(p.id, op, key, start, outcome);
+        }
     }
 }
 
@@ -1815,34 +1855,16 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                                 };
                                 ("set", timeout(within, set).await)
                             };
-                            let outcome = match result {
-                                Ok(Ok(())) => {
-                                    world.fence_of(p.id, key, version, soft);
-                                    format!("ok v{version}")
-                                }
-                                Ok(Err(err)) => format!("error {:?} v{version}", err.kind()),
-                                // Dropped once the store ran it: as if it
-                                // returned now (its local step ran on the
-                                // drop; the others hear the bus).
-                                Err(_) if dropped.is_some() => {
-                                    if world.revocations(key) > ran_before {
-                                        world.fence_of(p.id, key, version, soft);
-                                        format!("dropped after the store ran it v{version}")
-                                    } else {
-                                        format!("dropped before the store ran it v{version}")
-                                    }
-                                }
-                                Err(_) => {
-                                    world.violate("liveness", key,
-                                        format!(
-                                            "P{} {op}({key}) started at {} ms did not return within {BOUND:?}",
-                                            p.id,
-                                            world.ms(start)
-                                        ),
-                                    );
-                                    "HUNG".into()
-                                }
+                            let write = Write {
+                                op,
+                                key,
+                                version,
+                                soft,
+                                start,
+                                dropped: dropped.is_some(),
+                                ran_before,
                             };
+                            let outcome = write.outcome(&world, p, &result);
                             world.trace(p.id, op, key, start, outcome);
                         }
                     }

@@ -491,6 +491,25 @@ async fn replace_writes_revokes_the_lease_and_publishes(store: &dyn Store, _: Ti
     assert_eq!(zero.kind(), ErrorKind::Config, "{zero}");
 }
 
+/// Every one of `keys` is named in exactly one of the next messages, each
+/// `head` and then its keys ([`Notice::for_keys`]), and nothing else is.
+async fn assert_named_once(sub: &mut Subscription, keys: &[Vec<u8>]) {
+    let mut named = std::collections::HashSet::new();
+    while named.len() < keys.len() {
+        let message = next_message(sub).await;
+        let mut list = message.strip_prefix(b"head").expect("the head first");
+        assert!(!list.is_empty(), "a message names keys");
+        while let Some((len, rest)) = list.split_first_chunk::<4>() {
+            let len = u32::from_be_bytes(*len) as usize;
+            assert!(named.insert(rest[..len].to_vec()), "named twice");
+            list = &rest[len..];
+        }
+        assert!(list.is_empty(), "a whole list");
+    }
+    let expected: std::collections::HashSet<Vec<u8>> = keys.iter().cloned().collect();
+    assert_eq!(named, expected);
+}
+
 async fn replace_many_writes_every_entry_and_revokes_every_lease(store: &dyn Store, _: Time) {
     let mut sub = subscribed(store).await;
     // 1,100 keys: more than one step's worth, spread over many slots.
@@ -521,22 +540,7 @@ async fn replace_many_writes_every_entry_and_revokes_every_lease(store: &dyn Sto
         })
         .collect();
     store.replace_many(&writes, notice(b"head")).await.unwrap();
-    // Every key is named in exactly one message, each `head` and then
-    // its keys (`Notice::for_keys`).
-    let mut named = std::collections::HashSet::new();
-    while named.len() < keys.len() {
-        let message = next_message(&mut sub).await;
-        let mut list = message.strip_prefix(b"head").expect("the head first");
-        assert!(!list.is_empty(), "a message names keys");
-        while let Some((len, rest)) = list.split_first_chunk::<4>() {
-            let len = u32::from_be_bytes(*len) as usize;
-            assert!(named.insert(rest[..len].to_vec()), "named twice");
-            list = &rest[len..];
-        }
-        assert!(list.is_empty(), "a whole list");
-    }
-    let expected: std::collections::HashSet<Vec<u8>> = keys.iter().cloned().collect();
-    assert_eq!(named, expected);
+    assert_named_once(&mut sub, &keys).await;
     let values = store
         .get_many(&keys.iter().map(Vec::as_slice).collect::<Vec<_>>())
         .await
@@ -594,18 +598,7 @@ async fn invalidate_many_deletes_every_entry_and_lease_and_names_each_key(
         .invalidate_many(&batch, notice(b"head"))
         .await
         .unwrap();
-    let mut named = std::collections::HashSet::new();
-    while named.len() < keys.len() {
-        let message = next_message(&mut sub).await;
-        let mut list = message.strip_prefix(b"head").expect("the head first");
-        assert!(!list.is_empty(), "a message names keys");
-        while let Some((len, rest)) = list.split_first_chunk::<4>() {
-            let len = u32::from_be_bytes(*len) as usize;
-            assert!(named.insert(rest[..len].to_vec()), "named twice");
-            list = &rest[len..];
-        }
-        assert!(list.is_empty(), "a whole list");
-    }
+    assert_named_once(&mut sub, &keys).await;
     let values = store
         .get_many(&keys.iter().map(Vec::as_slice).collect::<Vec<_>>())
         .await

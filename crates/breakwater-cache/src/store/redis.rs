@@ -80,7 +80,7 @@ const WRITE_STEP_KEYS: usize = 1_024;
 /// How many transactions of one `replace_many` run at a time: enough to
 /// keep a server busy (16 of 256 writes on one server), few enough that
 /// none waits a write deadline behind the others.
-const WRITE_SCRIPTS_IN_FLIGHT: usize = 4;
+const WRITE_STEPS_IN_FLIGHT: usize = 4;
 
 /// A [`Store`] on one Redis server, or on a Redis Cluster
 /// ([`connect_cluster`](RedisStore::connect_cluster)).
@@ -375,6 +375,23 @@ impl fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
+    /// Runs `step` once per group of the positions of `keys` (by hash
+    /// slot, [`WRITE_STEP_KEYS`] at most), [`WRITE_STEPS_IN_FLIGHT`] at a
+    /// time; `Err` if any step failed (the others ran to their end).
+    async fn in_steps<F, Fut>(&self, keys: &[&[u8]], step: F) -> Result<(), Error>
+    where
+        F: Fn(Vec<usize>) -> Fut,
+        Fut: Future<Output = Result<(), Error>>,
+    {
+        let groups = self.inner.by_slot_in_runs(keys, WRITE_STEP_KEYS);
+        let steps: Vec<Fut> = groups.into_iter().map(step).collect();
+        let done: Vec<Result<(), Error>> = futures_util::stream::iter(steps)
+            .buffer_unordered(WRITE_STEPS_IN_FLIGHT)
+            .collect()
+            .await;
+        done.into_iter().collect()
+    }
+
     /// One step of [`replace_many`](Store::replace_many): the writes at
     /// the positions `group` (one hash slot), their TTLs in ms `ttls` (by
     /// position), as one transaction (`MULTI`, one `DEL` of the leases,
@@ -385,17 +402,17 @@ impl RedisStore {
         &self,
         writes: &[Replace<'_>],
         ttls: &[u64],
-        group: &[usize],
+        group: Vec<usize>,
         notice: Notice<'_>,
     ) -> Result<(), Error> {
         let mut tx = redis::pipe();
         tx.atomic();
         let del = tx.cmd("DEL");
-        for &i in group {
+        for &i in &group {
             del.arg(writes[i].lease_key);
         }
         del.ignore();
-        for &i in group {
+        for &i in &group {
             let w = &writes[i];
             tx.cmd("SET")
                 .arg(w.key)
@@ -414,13 +431,13 @@ impl RedisStore {
     async fn invalidate_group(
         &self,
         keys: &[Invalidate<'_>],
-        group: &[usize],
+        group: Vec<usize>,
         notice: Notice<'_>,
     ) -> Result<(), Error> {
         let mut tx = redis::pipe();
         tx.atomic();
         let del = tx.cmd("DEL");
-        for &i in group {
+        for &i in &group {
             del.arg(keys[i].key).arg(keys[i].lease_key);
         }
         del.ignore();
@@ -795,17 +812,11 @@ impl Store for RedisStore {
                 .map(|w| ttl_millis(w.ttl))
                 .collect::<Result<Vec<u64>, Error>>()?;
             let keys: Vec<&[u8]> = writes.iter().map(|w| w.key).collect();
-            let groups = self.inner.by_slot_in_runs(&keys, WRITE_STEP_KEYS);
             let ttls = &ttls;
-            let steps: Vec<_> = groups
-                .iter()
-                .map(|group| self.replace_group(writes, ttls, group, notice))
-                .collect();
-            let written: Vec<Result<(), Error>> = futures_util::stream::iter(steps)
-                .buffer_unordered(WRITE_SCRIPTS_IN_FLIGHT)
-                .collect()
-                .await;
-            written.into_iter().collect()
+            self.in_steps(&keys, |group| {
+                self.replace_group(writes, ttls, group, notice)
+            })
+            .await
         })
     }
 
@@ -819,16 +830,8 @@ impl Store for RedisStore {
     ) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             let stored: Vec<&[u8]> = keys.iter().map(|k| k.key).collect();
-            let groups = self.inner.by_slot_in_runs(&stored, WRITE_STEP_KEYS);
-            let steps: Vec<_> = groups
-                .iter()
-                .map(|group| self.invalidate_group(keys, group, notice))
-                .collect();
-            let done: Vec<Result<(), Error>> = futures_util::stream::iter(steps)
-                .buffer_unordered(WRITE_SCRIPTS_IN_FLIGHT)
-                .collect()
-                .await;
-            done.into_iter().collect()
+            self.in_steps(&stored, |group| self.invalidate_group(keys, group, notice))
+                .await
         })
     }
 
