@@ -34,9 +34,11 @@
 //! | I want to… | call | what the database sees |
 //! |---|---|---|
 //! | drop one key now: its next reader must get new data | [`Cache::invalidate`] | one load, by the next caller, who waits for it (fail-safe has nothing to serve) |
+//! | drop many keys now (a price list, a user's views) | [`Cache::invalidate_many`] | as `invalidate`, for each key; the store gets one transaction per 1,024 keys |
 //! | mark one key stale, keep serving it while it reloads | [`Cache::expire`] | one load, in the background; callers within grace get the old value at once, and it stands in (within `max_stale`) if the database is down |
 //! | reload one key now, keep the old value if that fails | [`Cache::refresh`] | one load now (joined fleet-wide), whatever is cached |
 //! | put a value I already have | [`Cache::set`] | nothing |
+//! | put many values I already have (an import, a rebuild) | [`Cache::set_many`] | nothing; the store gets one transaction per 1,024 keys |
 //! | drop every key of a group (a shop, a user) | [`CacheEntry::tags`] or [`CacheEntries::tags`] at write, [`Cache::invalidate_tag`] | one load per key of the group, as each is next read |
 //! | mark every key of a group stale, keep serving them while they reload | [`CacheEntry::tags`] or [`CacheEntries::tags`] at write, [`Cache::expire_tag`] | one load per key of the group, in the background, as each is next read; within grace callers get the old value at once, and it stands in (within `max_stale`) if the database is down |
 //! | drop every key of a group known only from the value (a product's shop) | [`Loaded::tags`] from a context loader, [`Cache::invalidate_tag`] | as above; plus one load per tag that is not written (the tag's first, and the first after each invalidation of it) |
