@@ -100,7 +100,7 @@ pub(crate) struct WriteOpts {
 /// private cluster.
 mod write;
 
-/// `breakwater bench write`: the two scenarios, one line each.
+/// `breakwater bench write`: its scenarios, one line each.
 async fn write(opts: &WriteOpts) -> Result<(), Failure> {
     let first = opts.redis.split(',').next().unwrap_or_default().trim();
     check_redis(first).await?;

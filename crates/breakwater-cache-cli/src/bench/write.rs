@@ -4,8 +4,8 @@
 //! writes next to raw pipelined `SET k v PX ttl` of the same values on the
 //! same server, interleaved trials, the ratio of the medians.
 //!
-//! Two scenarios, `items` writes of `value_bytes`-byte values each:
-//! - `set_many`: one `Cache::set_many` of all the items, next to raw
+//! Three scenarios, of `value_bytes`-byte values:
+//! - `set_many`: one `Cache::set_many` of all `items`, next to raw
 //!   `SET PX`s sent as pipelines of `batch` commands, one after another
 //!   (with `batch` = `items`, the default, one pipeline);
 //! - `set, N in flight`: N tasks calling `Cache::set` until the items are
@@ -105,7 +105,7 @@ impl Raw {
     }
 }
 
-/// Runs both scenarios against `plan.urls`; writes keys under
+/// Runs the scenarios against `plan.urls`; writes keys under
 /// `bw:bench-write-<pid>:` and `raw:bench-write-<pid>:`, and deletes them
 /// when it ends (also when a scenario failed).
 pub(super) async fn compare(plan: &Plan) -> Result<Vec<Row>, String> {
@@ -164,7 +164,8 @@ pub(super) async fn compare(plan: &Plan) -> Result<Vec<Row>, String> {
     rows
 }
 
-/// The two scenarios.
+/// The scenarios: `set_many`, then (unless `plan.singles` is off)
+/// invalidations and concurrent `set`s.
 async fn scenarios(
     plan: &Plan,
     cache: &Cache<String>,

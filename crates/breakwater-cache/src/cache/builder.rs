@@ -234,9 +234,10 @@ impl<V: Value> CacheBuilder<V> {
     /// `MGET` (batch reads, tags, reads that meet), `SET`, `DEL`, `PTTL`,
     /// `EXISTS`, `PUBLISH`, `SUBSCRIBE`, `EVALSHA` and `EVAL` (its Lua
     /// scripts also run `SETRANGE` and `PEXPIRE`), `MULTI` and `EXEC`
-    /// (batch writes), and the keyless `PING` and `TIME`; a Redis Cluster also needs `CLUSTER SLOTS`, and a
-    /// Sentinel-managed master `ROLE` (every connection to the master the
-    /// sentinels name checks that it is one). The narrowest user:
+    /// (batch writes), and the keyless `PING` and `TIME`; a Redis Cluster
+    /// also needs `CLUSTER SLOTS`, and a Sentinel-managed master `ROLE`
+    /// (every connection to the master the sentinels name checks that it
+    /// is one). The narrowest user:
     ///
     /// ```text
     /// ACL SETUSER app on >secret resetkeys ~myapp:* resetchannels &myapp:* -@all

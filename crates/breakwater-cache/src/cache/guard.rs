@@ -211,6 +211,37 @@ impl GuardedStore {
             .collect()
     }
 
+    /// A batch write (`op`, `call`) split per failure domain of `items`,
+    /// each part through its domain's breaker, side by side (each breaker
+    /// sees its own keys, and a cluster's batch is not written one key at
+    /// a time); `Err` if any part failed. Its notices are counted, one per
+    /// item, once every part went through.
+    async fn write_per_domain<I, C>(
+        &self,
+        op: &'static str,
+        items: &[I],
+        key: impl Fn(&I) -> &[u8],
+        call: C,
+    ) -> Result<(), Error>
+    where
+        I: Copy + Send + Sync,
+        C: for<'b> Fn(&'b [I]) -> StoreFuture<'b, ()> + Sync,
+    {
+        let groups = self.by_domain(items, &key);
+        let (key, call) = (&key, &call);
+        let done = futures_util::future::join_all(
+            groups
+                .iter()
+                .map(|(_, batch)| self.guarded(op, key(&batch[0]), move || call(batch))),
+        )
+        .await;
+        let done: Result<(), Error> = done.into_iter().collect();
+        if done.is_ok() {
+            self.metrics.notices("sent", items.len() as u64);
+        }
+        done
+    }
+
     /// [`Store::get_many`], one guarded batch per failure domain, side by
     /// side: a key whose domain is refused or fails gets that error, the
     /// others their values.
@@ -441,50 +472,32 @@ impl Store for GuardedStore {
         )
     }
 
-    /// One guarded batch per failure domain (one, on a single server), the
-    /// batches side by side: each breaker sees its own keys, and a cluster's
-    /// batch is not written one key at a time.
+    /// One guarded batch per failure domain (one, on a single server).
     fn replace_many<'a>(
         &'a self,
         writes: &'a [Replace<'a>],
         notice: Notice<'a>,
     ) -> StoreFuture<'a, ()> {
-        Box::pin(async move {
-            let groups = self.by_domain(writes, |w| w.key);
-            let written = futures_util::future::join_all(groups.iter().map(|(_, group)| {
-                self.guard("replace_many", group[0].key, move || {
-                    self.store.replace_many(group, notice)
-                })
-            }))
-            .await;
-            let written: Result<(), Error> = written.into_iter().collect();
-            if written.is_ok() {
-                self.metrics.notices("sent", writes.len() as u64);
-            }
-            written
-        })
+        Box::pin(self.write_per_domain(
+            "replace_many",
+            writes,
+            |w| w.key,
+            move |group| self.store.replace_many(group, notice),
+        ))
     }
 
-    /// As `replace_many`: one guarded batch per failure domain.
+    /// One guarded batch per failure domain (one, on a single server).
     fn invalidate_many<'a>(
         &'a self,
         keys: &'a [Invalidate<'a>],
         notice: Notice<'a>,
     ) -> StoreFuture<'a, ()> {
-        Box::pin(async move {
-            let groups = self.by_domain(keys, |k| k.key);
-            let done = futures_util::future::join_all(groups.iter().map(|(_, group)| {
-                self.guard("invalidate_many", group[0].key, move || {
-                    self.store.invalidate_many(group, notice)
-                })
-            }))
-            .await;
-            let done: Result<(), Error> = done.into_iter().collect();
-            if done.is_ok() {
-                self.metrics.notices("sent", keys.len() as u64);
-            }
-            done
-        })
+        Box::pin(self.write_per_domain(
+            "invalidate_many",
+            keys,
+            |k| k.key,
+            move |group| self.store.invalidate_many(group, notice),
+        ))
     }
 
     fn invalidate<'a>(

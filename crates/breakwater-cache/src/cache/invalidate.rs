@@ -19,10 +19,6 @@ use super::notify::{self, TAG_INVALIDATED};
 use super::options::Options;
 use super::seal::Sealed;
 use super::tags::{self, EXPIRE_SKEW, check_tag, counter_ttl, tag_key};
-
-/// How many keys `invalidate_many` revokes as one store batch (and one
-/// delivery, retried as a whole).
-const INVALIDATE_MANY_BATCH: usize = 4_096;
 use super::trace::{Op, record_error};
 use super::value::Value;
 use crate::clock::millis;
@@ -30,6 +26,10 @@ use crate::entry::Extra;
 use crate::error::{Error, ErrorKind};
 use crate::log_limit::show_key;
 use crate::store::{Invalidate, Notice, Replace, Store};
+
+/// How many keys `invalidate_many` revokes as one store batch (and one
+/// delivery, retried as a whole).
+const INVALIDATE_MANY_BATCH: usize = 4_096;
 
 impl<V: Value> Cache<V> {
     /// [`set`](Self::set) with a call's settings and tags (their current
@@ -171,29 +171,18 @@ impl<V: Value> Cache<V> {
         let inner = &self.inner;
         let head = notify::message(notify::INVALIDATED_MANY, inner.waiters.sender(), &[]);
         let leases: Vec<Vec<u8>> = keys.iter().map(|key| inner.lease_key(key)).collect();
-        let batch: Vec<Invalidate<'_>> = keys
-            .iter()
-            .zip(&leases)
-            .map(|(key, lease_key)| Invalidate { key, lease_key })
-            .collect();
+        let batch = invalidations(keys, &leases);
         // Inside a version transition the previous version's entries go
         // too (first), with their leases; its processes are told on
         // their channel.
         let previous = inner.previous.as_ref().map(|p| {
             let old: Vec<Vec<u8>> = keys.iter().filter_map(|k| inner.previous_key(k)).collect();
-            let old_leases: Vec<Vec<u8>> =
-                old.iter().map(|k| lease_key(k, p.prefix.len())).collect();
-            (old, old_leases, &p.channel)
+            let leases: Vec<Vec<u8>> = old.iter().map(|k| lease_key(k, p.prefix.len())).collect();
+            (old, leases, &p.channel)
         });
-        let previous_batch: Option<(Vec<Invalidate<'_>>, &Vec<u8>)> =
-            previous.as_ref().map(|(old, old_leases, channel)| {
-                let batch = old
-                    .iter()
-                    .zip(old_leases)
-                    .map(|(key, lease_key)| Invalidate { key, lease_key })
-                    .collect();
-                (batch, *channel)
-            });
+        let previous_batch = previous
+            .as_ref()
+            .map(|(old, leases, channel)| (invalidations(old, leases), *channel));
         let listening = inner.waiters.is_listening();
         let (batch, previous_batch, head) = (&batch, &previous_batch, &head);
         // After the store has answered, also if it failed or the caller
@@ -395,6 +384,15 @@ enum Revoke {
     Delete,
     /// `expire`, `expire_tag`: keeps it, stale.
     Expire,
+}
+
+/// The store's arguments for invalidating `keys` with their `leases` (in
+/// the same order).
+fn invalidations<'a>(keys: &'a [Vec<u8>], leases: &'a [Vec<u8>]) -> Vec<Invalidate<'a>> {
+    keys.iter()
+        .zip(leases)
+        .map(|(key, lease_key)| Invalidate { key, lease_key })
+        .collect()
 }
 
 /// The error of an invalidation that did not get through; when the last

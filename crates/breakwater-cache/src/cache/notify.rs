@@ -164,6 +164,28 @@ fn parse(message: &[u8]) -> Option<Parsed<'_>> {
     })
 }
 
+/// A message's parts, each handled as a message of its own: the message
+/// itself, or for an [`INVALIDATED_MANY`] one an [`INVALIDATED`] part per
+/// key it lists (none if the list is malformed); nothing for a malformed
+/// message.
+fn parts(message: &[u8]) -> impl Iterator<Item = Parsed<'_>> {
+    let parsed = parse(message);
+    let batch = parsed
+        .as_ref()
+        .filter(|p| p.kind == INVALIDATED_MANY)
+        .map(|p| (p.sender, batch_keys(p.key).unwrap_or_default()));
+    let one = parsed.filter(|p| p.kind != INVALIDATED_MANY);
+    let many = batch.into_iter().flat_map(|(sender, keys)| {
+        keys.into_iter().map(move |key| Parsed {
+            kind: INVALIDATED,
+            sender,
+            key,
+            value_at: None,
+        })
+    });
+    one.into_iter().chain(many)
+}
+
 /// The storage keys of an [`INVALIDATED_MANY`] message's list; `None`
 /// if it is malformed (a length past its end, an empty key).
 fn batch_keys(mut list: &[u8]) -> Option<Vec<&[u8]>> {
@@ -487,28 +509,19 @@ impl Waiters {
                         if let Some(metrics) = &metrics {
                             metrics.notices("received", 1);
                         }
-                        let parsed = parse(&m);
-                        if let Some(parsed) = parsed.as_ref().filter(|p| p.kind == INVALIDATED_MANY)
-                        {
-                            // Each key as if its own `i` message came.
-                            let own = parsed.sender == own;
-                            for key in batch_keys(parsed.key).unwrap_or_default() {
-                                wake(&registry, Some((key, None)));
-                                if let Some(hook) = &hook {
-                                    hook.changed(key.to_vec(), true, own).await;
-                                }
-                            }
-                        } else if let Some(parsed) = parsed {
+                        for parsed in parts(&m) {
                             // Decided now, in bus order: a value published
                             // before an own invalidation not yet heard back
                             // is not handed over (the waiter reads instead).
-                            let trusted = hook
-                                .as_ref()
-                                .is_none_or(|hook| hook.trusts_carried(parsed.key));
-                            let filled = parsed.value_at.filter(|_| trusted).map(|at| Carried {
-                                message: Arc::clone(&m),
-                                at,
-                            });
+                            let filled = parsed
+                                .value_at
+                                .filter(|_| {
+                                    hook.as_ref().is_none_or(|h| h.trusts_carried(parsed.key))
+                                })
+                                .map(|at| Carried {
+                                    message: Arc::clone(&m),
+                                    at,
+                                });
                             wake(&registry, Some((parsed.key, filled)));
                             if let Some(hook) = &hook {
                                 let invalidated = parsed.kind == INVALIDATED;
@@ -660,29 +673,23 @@ impl Waiters {
                     let Some(delivery) = delivery else { return };
                     match delivery {
                         Delivery::Message(m) => {
-                            let Some(parsed) = parse(&m) else { continue };
-                            if parsed.sender == own {
-                                continue;
-                            }
-                            if parsed.kind == TAG_INVALIDATED {
-                                hook.tags_invalidated();
-                            } else if parsed.kind == CLEARED {
-                                // Its entries' bytes did not change: this
-                                // version's entries pinned beside them
-                                // would stand. Cleared here too.
-                                hook.previous_cleared(parsed.key, &channel).await;
-                            } else if parsed.kind == RELEASED || parsed.kind == CLEAR_ACKED {
-                                // Its entry did not change.
-                            } else if parsed.kind == INVALIDATED_MANY {
-                                for key in batch_keys(parsed.key).unwrap_or_default() {
-                                    if let Some(rest) = key.strip_prefix(old.as_slice()) {
-                                        let key = [new.as_slice(), rest].concat();
-                                        hook.changed(key, true, false).await;
-                                    }
+                            for parsed in parts(&m) {
+                                if parsed.sender == own {
+                                    continue;
                                 }
-                            } else if let Some(rest) = parsed.key.strip_prefix(old.as_slice()) {
-                                let key = [new.as_slice(), rest].concat();
-                                hook.changed(key, true, false).await;
+                                if parsed.kind == TAG_INVALIDATED {
+                                    hook.tags_invalidated();
+                                } else if parsed.kind == CLEARED {
+                                    // Its entries' bytes did not change:
+                                    // this version's entries pinned beside
+                                    // them would stand. Cleared here too.
+                                    hook.previous_cleared(parsed.key, &channel).await;
+                                } else if parsed.kind == RELEASED || parsed.kind == CLEAR_ACKED {
+                                    // Its entry did not change.
+                                } else if let Some(rest) = parsed.key.strip_prefix(old.as_slice()) {
+                                    let key = [new.as_slice(), rest].concat();
+                                    hook.changed(key, true, false).await;
+                                }
                             }
                         }
                         // A drop, a (re)subscription, or a lag: whatever
@@ -894,6 +901,16 @@ mod tests {
             batch_keys(parsed.key),
             Some(vec![&b"bw:ns:v:{a}"[..], b"bw:ns:v:{bb}"])
         );
+        // Handled as one `i` message per key.
+        let each: Vec<_> = parts(&m).map(|p| (p.kind, p.key)).collect();
+        assert_eq!(
+            each,
+            [
+                (INVALIDATED, &b"bw:ns:v:{a}"[..]),
+                (INVALIDATED, b"bw:ns:v:{bb}")
+            ]
+        );
+        assert_eq!(parts(&m[..m.len() - 1]).count(), 0, "a malformed list");
         // Cut inside the second key, inside its length, or an empty key.
         assert_eq!(batch_keys(&parsed.key[..parsed.key.len() - 1]), None);
         assert_eq!(batch_keys(&parsed.key[..4 + 11 + 2]), None);

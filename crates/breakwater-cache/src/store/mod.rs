@@ -554,8 +554,8 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
     }
 
     /// Several [`replace`](Store::replace)s with one notice per batch, as
-    /// few atomic steps as the backend can (Redis: one script per 256
-    /// writes, per hash slot on a Cluster; the memory store: one). Each
+    /// few atomic steps as the backend can (Redis: one transaction per
+    /// 1,024 writes, per hash slot on a Cluster; the memory store: one). Each
     /// step revokes its writes' leases, writes their values with their
     /// TTLs, and publishes on `notice.channel` one message,
     /// [`Notice::for_keys`] of its keys (`notice.message` is the head
@@ -572,10 +572,7 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
         Box::pin(async move {
             for w in writes {
                 let message = notice.for_keys([w.key]);
-                let single = Notice {
-                    channel: notice.channel,
-                    message: &message,
-                };
+                let single = notice.with_message(&message);
                 self.replace(w.key, w.value, w.ttl, w.lease_key, single)
                     .await?;
             }
@@ -601,11 +598,8 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
         Box::pin(async move {
             for k in keys {
                 let message = notice.for_keys([k.key]);
-                let single = Notice {
-                    channel: notice.channel,
-                    message: &message,
-                };
-                self.invalidate(k.key, k.lease_key, single).await?;
+                self.invalidate(k.key, k.lease_key, notice.with_message(&message))
+                    .await?;
             }
             Ok(())
         })
@@ -713,7 +707,18 @@ pub struct Notice<'a> {
     pub message: &'a [u8],
 }
 
-impl Notice<'_> {
+impl<'a> Notice<'a> {
+    /// This notice's channel with `message` instead.
+    pub(crate) fn with_message<'m>(&self, message: &'m [u8]) -> Notice<'m>
+    where
+        'a: 'm,
+    {
+        Notice {
+            channel: self.channel,
+            message,
+        }
+    }
+
     /// The message a batch operation ([`Store::replace_many`]) publishes
     /// about `keys`: this notice's message, then each key as its length
     /// (4 bytes, big-endian) and its bytes.

@@ -74,7 +74,8 @@ pub use self::config::RedisStoreConfig;
 pub use self::latency::RedisLatency;
 pub use self::sentinel::SentinelError;
 
-/// The most writes in one transaction of `replace_many`.
+/// The most keys in one transaction of `replace_many` or
+/// `invalidate_many`.
 const WRITE_STEP_KEYS: usize = 1_024;
 
 /// How many transactions of one `replace_many` or `invalidate_many` run at
@@ -476,21 +477,16 @@ impl RedisStore {
                 },
             )
             .await?;
+        // Only a Sentinel store names the master that acknowledged it.
         if master.is_none() {
-            return self.inner.acknowledged(master, &[]);
+            return Ok(());
         }
         let singles: Vec<(&[u8], &[u8], Vec<u8>)> = revoked
             .map(|(key, lease)| (key, lease, notice.for_keys([key])))
             .collect();
         let revocations: Vec<Revocation<'_>> = singles
             .iter()
-            .map(|(key, lease, message)| {
-                let single = Notice {
-                    channel: notice.channel,
-                    message,
-                };
-                Revocation::new(key, lease, single)
-            })
+            .map(|(key, lease, message)| Revocation::new(key, lease, notice.with_message(message)))
             .collect();
         self.inner.acknowledged(master, &revocations)
     }
@@ -800,7 +796,7 @@ impl Store for RedisStore {
         })
     }
 
-    /// One transaction per 256 writes (per hash slot on a cluster: a
+    /// One transaction per 1,024 writes (per hash slot on a cluster: a
     /// cluster's batch of keys spread over every slot is one per slot), a
     /// bounded number of them in flight; each revokes its writes' leases,
     /// writes the values and publishes one message.

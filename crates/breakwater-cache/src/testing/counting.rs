@@ -126,8 +126,9 @@ impl<S: Store> CountingStore<S> {
         self.lose_lease_replies.store(lost, Ordering::SeqCst);
     }
 
-    /// While `hang`, each `invalidate`, `replace` and their batches run, and its reply
-    /// never comes (the caller's future waits until it is dropped).
+    /// While `hang`, each `invalidate` and `replace` (one or a batch) runs,
+    /// and its reply never comes (the caller's future waits until it is
+    /// dropped).
     pub fn hang_write_replies(&self, hang: bool) {
         self.hang_write_replies.store(hang, Ordering::SeqCst);
     }

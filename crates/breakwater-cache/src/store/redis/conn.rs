@@ -78,21 +78,18 @@ impl Conn {
             Conn::Cluster(c) => {
                 let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
                 let replies = c.route_pipeline(tx.clone(), tx.len() + 1, 1, route).await?;
-                for reply in replies {
-                    match reply {
-                        Value::Array(each) => {
-                            if let Some(Value::ServerError(err)) = each
-                                .into_iter()
-                                .find(|r| matches!(r, Value::ServerError(_)))
-                            {
-                                return Err(err.into());
-                            }
-                        }
-                        Value::ServerError(err) => return Err(err.into()),
-                        _ => {}
-                    }
-                }
-                Ok(())
+                // `EXEC`'s reply holds the commands' own.
+                let failed = replies
+                    .into_iter()
+                    .flat_map(|reply| match reply {
+                        Value::Array(each) => each,
+                        other => vec![other],
+                    })
+                    .find_map(|reply| match reply {
+                        Value::ServerError(err) => Some(err),
+                        _ => None,
+                    });
+                failed.map_or(Ok(()), |err| Err(err.into()))
             }
             Conn::Node(c) | Conn::Master(c, _) => tx.query_async::<()>(c).await,
         }
