@@ -151,6 +151,13 @@
 //! validates nothing, and the hard clear that makes it again must bring
 //! nothing back.
 //!
+//! **bus-heard** (Coherence 3, over a healthy bus). A healthy fleet:
+//! process 0 serves a key from L1, process 1 revokes it (`invalidate`,
+//! `set`, `invalidate_many`, `set_many`); 50 ms after the call returned,
+//! process 0 must not serve the old copy (its L1 TTL is 30 s). The chaos
+//! rounds lose messages, so there only L1's TTL bounds another process's
+//! copy, and a notice nobody acted on would pass unseen.
+//!
 //! **batch writes** (the plain round): half of its `set`s are `set_many`s
 //! and half of its `invalidate`s `invalidate_many`s, of the key and one to
 //! three others (rows locked in order, each key fenced at its new version
@@ -1912,6 +1919,90 @@ async fn slow_loader_round(world: &Arc<World>) {
     }
 }
 
+/// A healthy fleet (no faults, no message lost): each way of revoking a
+/// key from another process (`invalidate`, `set`, `invalidate_many`,
+/// `set_many`) reaches process 0's L1 over the bus. A copy it served from
+/// L1 before is not served once the call returned and the notice had
+/// 50 ms to arrive (its L1 TTL is 30 s). The chaos rounds lose messages,
+/// so there another process's L1 is bound only by its TTL, and a notice
+/// nobody acts on would go unseen.
+async fn bus_heard_round(world: &Arc<World>) {
+    let procs = fleet(world, 16, &CHAOS_FLEET, false);
+    let (reader, writer) = (&procs[0], &procs[1]);
+    for (n, op) in ["invalidate", "set", "invalidate_many", "set_many"]
+        .into_iter()
+        .enumerate()
+    {
+        let (key, other) = (format!("heard-{n}"), format!("heard-{n}-b"));
+        let read = || async {
+            let loader = world.loader(reader.id, &key, ms(10));
+            let call = reader.cache.get_or_load_with_meta(key.as_str(), loader);
+            match timeout(BOUND, call).await {
+                Ok(Ok(Fetched {
+                    value: Some(val),
+                    served,
+                    ..
+                })) => Some((val.version, served)),
+                _ => None,
+            }
+        };
+        read().await;
+        // The listener subscribes; the next read is L1's.
+        sleep(ms(100)).await;
+        let start = Instant::now();
+        let Some((old, Served::L1Hit)) = read().await else {
+            world.violate(
+                "bus-heard",
+                &key,
+                format!("P0 did not serve {key} from L1 before {op}"),
+            );
+            continue;
+        };
+        let new = world.bump(&key);
+        let other_new = world.bump(&other);
+        let val = |key: &str, version| Val {
+            key: key.to_owned(),
+            version,
+        };
+        let done = match op {
+            "invalidate" => writer.cache.invalidate(key.as_str()).await,
+            "set" => writer.cache.set(key.as_str(), &val(&key, new)).await,
+            "invalidate_many" => writer.cache.invalidate_many([&key, &other]).await,
+            _ => {
+                let items = [
+                    (key.clone(), val(&key, new)),
+                    (other.clone(), val(&other, other_new)),
+                ];
+                writer.cache.set_many(items).await
+            }
+        };
+        if let Err(err) = done {
+            world.violate(
+                "bus-heard",
+                &key,
+                format!("P1 {op}({key}) failed on a healthy store: {err}"),
+            );
+            continue;
+        }
+        sleep(ms(50)).await;
+        let after = read().await;
+        world.trace(
+            reader.id,
+            "get",
+            &key,
+            start,
+            format!("{op} v{old} -> v{new}: {after:?}"),
+        );
+        if after.is_none_or(|(version, _)| version < new) {
+            world.violate(
+                "bus-heard",
+                &key,
+                format!("P0 served {key} as {after:?} 50 ms after P1's {op} (v{new}) returned"),
+            );
+        }
+    }
+}
+
 /// A healthy fleet whose first loader's process is partitioned as it
 /// starts: exactly one takeover.
 async fn holder_death_round(world: &Arc<World>) {
@@ -2648,6 +2739,7 @@ fn run_seed(seed: u64) -> Outcome {
         expire_round(&world).await;
         renew_revoked_round(&world).await;
         held_leader_round(&world).await;
+        bus_heard_round(&world).await;
         world
     });
     // Background tasks (listeners, forwarders, refreshes) end with the
