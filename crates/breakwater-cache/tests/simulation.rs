@@ -1805,9 +1805,10 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                                 .collect();
                             get_many(&world, p, &batch, delay).await;
                         }
-                        // Half of a plain round's sets: a `set_many` of
-                        // the key and a few others.
-                        roll @ 90..100 if plain && roll % 2 == 1 => {
+                        // Half of a plain round's invalidations and sets:
+                        // an `invalidate_many` or a `set_many` of the key
+                        // and a few others.
+                        roll @ 81..100 if plain && roll % 2 == 1 => {
                             let dropped = rng
                                 .random_bool(DROPPED_WRITES)
                                 .then(|| ms(rng.random_range(0..=700)));
@@ -1816,20 +1817,8 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                                 .map(|_| keys[rng.random_range(0..keys.len())].clone())
                                 .chain([key.clone()])
                                 .collect();
-                            write_many(&world, p, batch, &writes, dropped, true).await;
-                        }
-                        // Half of a plain round's invalidations: an
-                        // `invalidate_many` of the key and a few others.
-                        roll @ 81..90 if plain && roll % 2 == 1 => {
-                            let dropped = rng
-                                .random_bool(DROPPED_WRITES)
-                                .then(|| ms(rng.random_range(0..=700)));
-                            let n = rng.random_range(1..=3);
-                            let batch: Vec<String> = (0..n)
-                                .map(|_| keys[rng.random_range(0..keys.len())].clone())
-                                .chain([key.clone()])
-                                .collect();
-                            write_many(&world, p, batch, &writes, dropped, false).await;
+                            let set = roll >= 90;
+                            write_many(&world, p, batch, &writes, dropped, set).await;
                         }
                         roll => {
                             let _row = writes[key].lock().await;
