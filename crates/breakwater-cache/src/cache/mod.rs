@@ -353,7 +353,8 @@ impl<V: Value> Cache<V> {
     /// Redis one transaction per 1,024 keys (per hash slot on a Cluster:
     /// one `DEL` of the keys and their leases, one `PUBLISH` naming them
     /// all), in batches of 4,096 keys, each delivered (and retried) as a
-    /// whole. A price list, a user's cached views: one call, not one
+    /// whole within 1 s, as one `invalidate` is: a call takes at most a
+    /// second per 4,096 keys. A price list, a user's cached views: one call, not one
     /// script, retry loop and notice per key.
     ///
     /// # Errors
