@@ -101,6 +101,110 @@ async fn a_hit_costs_exactly_one_redis_command() {
     );
 }
 
+/// A tagged hit whose call names the entry's tags is one command: the
+/// entry and its tags' counters in one `MGET`. A tag the loader chose
+/// (not named by the call) costs its counter's read after it, and is
+/// checked: invalidating it makes the entry a miss.
+#[tokio::test]
+async fn a_tagged_hit_is_one_command_and_a_chosen_tag_is_still_checked() {
+    let (server, store) = redis_store().await;
+    let cache = catalog(&store);
+    let tags = ["product:1", "catalog"];
+    cache
+        .entry("p:1")
+        .tags(tags)
+        .set(&"one".to_string())
+        .await
+        .unwrap();
+    // The loader chooses a third tag of its own.
+    let chosen = |value: &'static str| {
+        move |_: breakwater_cache::LoadContext<String>| async move {
+            Ok::<_, std::io::Error>(
+                breakwater_cache::Loaded::value(value.to_string()).tags(["supplier:9"]),
+            )
+        }
+    };
+    // A chosen tag's counter made during the load (or within 100 ms
+    // before it) leaves that load unwritten: the counter may have been
+    // lost and made again while it ran. A load that begins later is
+    // written.
+    for pause in [200, 0] {
+        let loaded = cache
+            .entry("p:2")
+            .tags(tags)
+            .get_or_load_with_context_meta(chosen("two"))
+            .await
+            .unwrap();
+        assert_eq!(
+            (loaded.value.as_deref(), loaded.served),
+            (Some("two"), breakwater_cache::Served::Loaded)
+        );
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+    }
+
+    settled().await;
+    server.command(&["CONFIG", "RESETSTAT"]).unwrap();
+    for _ in 0..3 {
+        let hit = cache
+            .entry("p:1")
+            .tags(tags)
+            .get_or_load_with_meta(|| async { Ok::<_, std::io::Error>(Some("loaded".to_string())) })
+            .await
+            .unwrap();
+        assert_eq!(
+            (hit.value.as_deref(), hit.served),
+            (Some("one"), breakwater_cache::Served::Hit)
+        );
+    }
+    assert_eq!(
+        cache_calls(&server),
+        vec![("mget".to_string(), 3)],
+        "three tagged hits, three MGETs, nothing else"
+    );
+
+    server.command(&["CONFIG", "RESETSTAT"]).unwrap();
+    let hit = cache
+        .entry("p:2")
+        .tags(tags)
+        .get_or_load_with_context_meta(chosen("reloaded"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (hit.value.as_deref(), hit.served),
+        (Some("two"), breakwater_cache::Served::Hit)
+    );
+    let mut calls = cache_calls(&server);
+    calls.sort();
+    assert_eq!(
+        calls,
+        vec![("get".to_string(), 1), ("mget".to_string(), 1)],
+        "the chosen tag's counter is read after the entry"
+    );
+    cache.invalidate_tag("supplier:9").await.unwrap();
+    let after = cache
+        .entry("p:2")
+        .tags(tags)
+        .get_or_load_with_context_meta(chosen("reloaded"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (after.value.as_deref(), after.served),
+        (Some("reloaded"), breakwater_cache::Served::Loaded)
+    );
+    // A named tag invalidated: the next tagged read misses too.
+    cache.invalidate_tag("catalog").await.unwrap();
+    let after = cache
+        .entry("p:1")
+        .tags(tags)
+        .get_or_load_with_meta(|| async { Ok::<_, std::io::Error>(Some("loaded".to_string())) })
+        .await
+        .unwrap();
+    assert_eq!(
+        (after.value.as_deref(), after.served),
+        (Some("loaded"), breakwater_cache::Served::Loaded)
+    );
+}
+
 #[tokio::test]
 async fn store_clock_agrees_with_redis_time() {
     let (server, store) = redis_store().await;

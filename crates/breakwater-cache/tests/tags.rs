@@ -193,16 +193,41 @@ async fn tags_spread_over_a_cluster() {
             (Some(v1), Served::Loaded)
         );
     }
+    // Tagged hits read the entry and its counters side by side.
+    for i in 0..10 {
+        let key = format!("k{i}");
+        assert_eq!(
+            tagged(&b, &db, &key, &tags[i % 5..]).await,
+            (Some(v1), Served::Hit),
+            "{key}"
+        );
+    }
     a.invalidate_tag("gamma").await.unwrap();
     for i in 0..10 {
         let key = format!("k{i}");
         let expected = if i % 5 <= 2 { None } else { Some(v1) };
         assert_eq!(b.get(&key).await.unwrap(), expected, "{key}");
     }
+    // A tagged read of an invalidated key misses, and loads it again.
+    let v2 = db.update();
+    for i in 0..10 {
+        let key = format!("k{i}");
+        let expected = if i % 5 <= 2 {
+            (Some(v2), Served::Loaded)
+        } else {
+            (Some(v1), Served::Hit)
+        };
+        assert_eq!(
+            tagged(&b, &db, &key, &tags[i % 5..]).await,
+            expected,
+            "{key}"
+        );
+    }
     a.invalidate_tag("epsilon").await.unwrap();
     for i in 0..10 {
         assert_eq!(b.get(format!("k{i}")).await.unwrap(), None);
     }
+    let _ = v2;
 }
 
 /// A load that started before `invalidate_tag` and finishes after it is

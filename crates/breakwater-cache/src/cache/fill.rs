@@ -974,7 +974,7 @@ impl<V: Value> Cache<V> {
         tags: Option<&TagSet>,
     ) -> Option<Landed<V>> {
         let sent = Instant::now();
-        let entry = match self.read(key).await {
+        let entry = match self.read(key, tags).await {
             Ok(Some(entry)) => entry,
             Ok(None) => return None,
             Err(err) => {

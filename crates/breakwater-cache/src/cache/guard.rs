@@ -139,6 +139,38 @@ impl GuardedStore {
         }
     }
 
+    /// `keys` read at once, each with its own result: on a store of one
+    /// failure domain one guarded [`Store::get_many`] (one `MGET`, unboxed
+    /// on a `RedisStore`), else one per domain, side by side
+    /// ([`get_many_split`](Self::get_many_split)): one round trip either
+    /// way. A tagged read fetches its entry and its tags' counters so.
+    pub(crate) async fn get_beside(&self, keys: &[&[u8]]) -> Vec<Result<Option<Vec<u8>>, Error>> {
+        if self.breakers.len() > 1 {
+            return self.get_many_split(keys).await;
+        }
+        let read = match &self.redis {
+            Some(redis) if redis.batches_reads() => {
+                self.guarded("get_many", keys[0], || redis.get_many_unboxed(keys))
+                    .await
+            }
+            _ => {
+                self.guarded("get_many", keys[0], || self.store.get_many(keys))
+                    .await
+            }
+        };
+        match read {
+            Ok(values) if values.len() == keys.len() => values.into_iter().map(Ok).collect(),
+            Ok(_) => {
+                let err = Error::new(
+                    ErrorKind::Store,
+                    "the store answered a batch with the wrong number of replies",
+                );
+                keys.iter().map(|_| Err(err.clone())).collect()
+            }
+            Err(err) => keys.iter().map(|_| Err(err.clone())).collect(),
+        }
+    }
+
     /// `items` grouped by the failure domain of their key, in order of first
     /// appearance, each with its positions in `items`.
     fn by_domain<I: Copy>(&self, items: &[I], key: impl Fn(&I) -> &[u8]) -> Vec<Group<I>> {

@@ -145,8 +145,8 @@ use crate::store::{FRESH_GENERATIONS, Notice, Store};
 /// tags are known only once read, so this applies to every key); (3)
 /// another process empties its L1 when the message arrives, within the
 /// same bounds; without L1 it reads the store, which checks a tagged
-/// entry's generations on every read (one more round trip, for tagged
-/// entries only); (5) `invalidate_tag` is retried within 1 s, as
+/// entry's generations on every read (with the entry, when the call names
+/// its tags; tagged entries only); (5) `invalidate_tag` is retried within 1 s, as
 /// `invalidate`; (6) a generation is at least the store's clock in ms.
 /// [`expire_tag`](Self::expire_tag) is the same with "invalid" read as
 /// "stale": a load that started before lands stale, never fresh, and the

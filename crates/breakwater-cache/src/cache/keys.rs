@@ -26,7 +26,13 @@ pub(crate) fn user_key(storage_key: &[u8], prefix_len: usize) -> &[u8] {
 /// has a brace of its own: the key in a Redis Cluster hash tag of its own
 /// (a storage key, a tag's counter).
 pub(crate) fn hash_tagged(prefix: &[u8], key: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(prefix.len() + key.len() + HASH_TAG_LEN + 1);
+    let mut out = Vec::with_capacity(prefix.len() + key.len() + HASH_TAG_ROOM);
+    hash_tagged_into(&mut out, prefix, key);
+    out
+}
+
+/// [`hash_tagged`], appended to `out`.
+pub(crate) fn hash_tagged_into(out: &mut Vec<u8>, prefix: &[u8], key: &[u8]) {
     out.extend_from_slice(prefix);
     if key.iter().any(|b| matches!(b, b'{' | b'}')) {
         out.extend_from_slice(format!("{{#{:016x}}}", fnv1a(key)).as_bytes());
@@ -36,8 +42,10 @@ pub(crate) fn hash_tagged(prefix: &[u8], key: &[u8]) -> Vec<u8> {
         out.extend_from_slice(key);
         out.push(b'}');
     }
-    out
 }
+
+/// The most [`hash_tagged`] adds to a prefix and a key.
+pub(crate) const HASH_TAG_ROOM: usize = HASH_TAG_LEN + 1;
 
 /// The lease key of storage key `key` under a value prefix of
 /// `prefix_len` bytes: the record marker `v` (the prefix ends in `:v:`)

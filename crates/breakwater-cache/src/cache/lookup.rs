@@ -9,11 +9,12 @@ use std::sync::Arc;
 use tracing::{Instrument, Span};
 
 use super::handle::Cache;
+use super::keys::{HASH_TAG_ROOM, hash_tagged_into};
 use super::options::Options;
 use super::queue::{self};
 use super::tags::{TagSet, judge_tagged, tag_key, tag_state};
 use super::value::Value;
-use crate::entry::{Entry, TagStamp};
+use crate::entry::{Entry, MAX_TAGS, TagStamp};
 use crate::error::{Error, ErrorKind};
 use crate::log_limit::show_key;
 use crate::store::{Store, TagState};
@@ -32,24 +33,44 @@ impl<V: Value> Cache<V> {
     /// (say, a Redis list under the key: reported by the guarded store):
     /// the store is fine, and the key's next fenced write replaces it.
     ///
+    /// `tags`: the tags the call names, if any. Their counters are read in
+    /// the entry's own round trip (one `MGET` on a single server; on a
+    /// Cluster, where they live in other slots, side by side with it), so
+    /// an entry written with the call's tags is judged without a second
+    /// round trip; a counter the entry records but the call does not name
+    /// (a tag its loader chose) is read after it.
+    ///
     /// Inside a version transition the previous version's entry is read
     /// beside it (one `MGET`), and an entry loaded beside another one than
-    /// is there now is a miss (see `transition`).
-    pub(super) async fn read(&self, key: &[u8]) -> Result<Option<Entry>, Error> {
-        match self.inner.previous_key(key) {
-            None => self.read_in(key, None).await,
-            Some(previous) => Box::pin(self.read_in(key, Some(&previous))).await,
+    /// is there now is a miss (see `transition`); its tags are read after
+    /// it.
+    pub(super) async fn read(
+        &self,
+        key: &[u8],
+        tags: Option<&TagSet>,
+    ) -> Result<Option<Entry>, Error> {
+        match (self.inner.previous_key(key), tags) {
+            (None, None) => self.read_in(key, None).await,
+            // Boxed, as every branch but the untagged hit's: their state
+            // would grow every read's future.
+            (None, Some(tags)) => Box::pin(self.read_naming(key, tags)).await,
+            (Some(previous), _) => Box::pin(self.read_in(key, Some(&previous))).await,
+        }
+    }
+
+    /// A span for one store read, only if a subscriber listens.
+    fn store_read_span() -> Span {
+        if tracing::dispatcher::has_been_set() {
+            tracing::debug_span!("breakwater.store.get")
+        } else {
+            Span::none()
         }
     }
 
     /// [`read`](Self::read), beside the previous version's key `previous`
     /// if one is given.
     async fn read_in(&self, key: &[u8], previous: Option<&[u8]>) -> Result<Option<Entry>, Error> {
-        let span = if tracing::dispatcher::has_been_set() {
-            tracing::debug_span!("breakwater.store.get")
-        } else {
-            Span::none()
-        };
+        let span = Self::store_read_span();
         let get = async {
             match previous {
                 None => self.get_queued(key).await.map(|bytes| (bytes, None)),
@@ -77,19 +98,98 @@ impl<V: Value> Cache<V> {
             // tags' generations: one more round trip, boxed so that its
             // state does not grow every read's future.
             Some(entry) if !entry.tags.is_empty() => {
-                Box::pin(self.still_tagged(key, entry)).await?
+                Box::pin(self.still_tagged(key, entry, |_| None)).await?
             }
             entry => entry,
         };
         let Some(entry) = entry else { return Ok(None) };
-        // Judged by the namespace's clear record (see `clear`): the one
-        // known here while the bus has stayed up, else read (boxed, as
-        // above).
+        self.judged_by_clears(key, entry).await
+    }
+
+    /// A read entry judged by the namespace's clear record (see `clear`):
+    /// the one known here while the bus has stayed up, else read (boxed:
+    /// its state would grow every read's future).
+    async fn judged_by_clears(&self, key: &[u8], entry: Entry) -> Result<Option<Entry>, Error> {
         let record = match self.clear_record_now() {
             Some(record) => record,
             None => Box::pin(self.clear_record()).await?,
         };
         Ok(self.after_clears(key, entry, record.as_ref()))
+    }
+
+    /// [`read`](Self::read) for a call that names `tags`, outside a version
+    /// transition: the entry and the named tags' counters in one round
+    /// trip ([`GuardedStore::get_beside`]). Not queued behind a busy
+    /// store: it is a batch of its own already.
+    async fn read_naming(&self, key: &[u8], tags: &TagSet) -> Result<Option<Entry>, Error> {
+        // The counters' keys in one buffer: `ends[i]` is where the `i`th
+        // ends.
+        let tag_prefix = &self.inner.tag_prefix;
+        let mut counters = Vec::with_capacity(
+            tags.tags
+                .iter()
+                .map(|tag| tag_prefix.len() + tag.len() + HASH_TAG_ROOM)
+                .sum(),
+        );
+        let mut ends = [0usize; MAX_TAGS];
+        for (tag, end) in tags.tags.iter().zip(ends.iter_mut()) {
+            hash_tagged_into(&mut counters, tag_prefix, tag);
+            *end = counters.len();
+        }
+        let mut keys: Vec<&[u8]> = Vec::with_capacity(1 + tags.tags.len());
+        keys.push(key);
+        let mut from = 0;
+        for &end in &ends[..tags.tags.len()] {
+            keys.push(&counters[from..end]);
+            from = end;
+        }
+        let span = Self::store_read_span();
+        let get = self.inner.store.get_beside(&keys);
+        let mut read = if span.is_disabled() {
+            get.await
+        } else {
+            get.instrument(span).await
+        };
+        let Some(first) = read.first_mut() else {
+            return Err(Error::new(
+                ErrorKind::Store,
+                "the store answered a read with no reply",
+            ));
+        };
+        let bytes = match std::mem::replace(first, Ok(None)) {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return Ok(None),
+            Err(err) if err.is_key_fault() => return Ok(None),
+            Err(err) => return Err(err),
+        };
+        let Some(entry) = self.decode_beside(key, bytes, None) else {
+            return Ok(None);
+        };
+        let entry = if entry.tags.is_empty() {
+            Some(entry)
+        } else {
+            let named = &read[1..];
+            // A failed read of a counter the entry records leaves it
+            // unjudged: an error, as a failed `GET` is, never a miss.
+            for (tag, read) in tags.tags.iter().zip(named) {
+                if let Err(err) = read
+                    && entry.tags.iter().any(|stamp| stamp.tag == *tag)
+                {
+                    return Err(err.clone());
+                }
+            }
+            let known = |tag: &[u8]| {
+                let at = tags
+                    .tags
+                    .binary_search_by(|named| named.as_slice().cmp(tag))
+                    .ok()?;
+                let stored = named.get(at)?.as_ref().ok()?;
+                Some(tag_state(stored.as_deref()))
+            };
+            self.still_tagged(key, entry, known).await?
+        };
+        let Some(entry) = entry else { return Ok(None) };
+        self.judged_by_clears(key, entry).await
     }
 
     /// One store read of storage key `key`, straight to the store unless
@@ -186,12 +286,38 @@ impl<V: Value> Cache<V> {
     /// A tagged entry read from storage key `key`, judged by its tags'
     /// counters ([`judge_tagged`]): `None` (a miss) if any moved on past
     /// it (a hard bump) or is missing; the entry, stale from a soft bump
-    /// that came after its load (`expire_tag`), if any; else as it is. One
-    /// `MGET` of its tags' counters.
-    async fn still_tagged(&self, key: &[u8], mut entry: Entry) -> Result<Option<Entry>, Error> {
-        let tags: Vec<&[u8]> = entry.tags.iter().map(|t| t.tag.as_slice()).collect();
-        let current = self.read_generations(&tags).await?;
-        if !judge_tagged(&mut entry, |i, _| current.get(i).copied().flatten()) {
+    /// that came after its load (`expire_tag`), if any; else as it is.
+    /// `known_state`: the state of a tag's counter read beside the entry
+    /// (`None`: not read); the rest the entry records are read now (one
+    /// `GET`, or one `MGET`).
+    async fn still_tagged(
+        &self,
+        key: &[u8],
+        mut entry: Entry,
+        known_state: impl Fn(&[u8]) -> Option<Option<TagState>>,
+    ) -> Result<Option<Entry>, Error> {
+        // The stamps whose counters were not read beside the entry, by
+        // position (none when the call named the entry's tags).
+        let missing: Vec<usize> = (0..entry.tags.len())
+            .filter(|&i| known_state(&entry.tags[i].tag).is_none())
+            .collect();
+        let read = if missing.is_empty() {
+            Vec::new()
+        } else {
+            let tags: Vec<&[u8]> = missing
+                .iter()
+                .map(|&i| entry.tags[i].tag.as_slice())
+                .collect();
+            self.read_generations(&tags).await?
+        };
+        let valid = judge_tagged(&mut entry, |i, stamp| match known_state(&stamp.tag) {
+            Some(state) => state,
+            None => {
+                let at = missing.iter().position(|&m| m == i)?;
+                read.get(at).copied().flatten()
+            }
+        });
+        if !valid {
             tracing::debug!(key = %show_key(key), "cached entry's tag was invalidated; treating it as a miss");
             return Ok(None);
         }

@@ -17,7 +17,8 @@
 //!    connection) degrades to direct loads instead of failing requests,
 //!    while one that timed out (slow, not gone) still goes through the
 //!    lease (fill). An entry written with tags is checked against its tags'
-//!    generations (one more round trip; see `tags`); one whose tag was
+//!    generations (read in the entry's `MGET` when the call names its
+//!    tags, else one more round trip; see `tags`); one whose tag was
 //!    invalidated is a miss. When nothing is stored, the shared read goes
 //!    straight on to the fill, and its callers get the load's outcome.
 //! 4. **Verdict**: the entry judged on the store's clock: fresh (served),
@@ -485,8 +486,8 @@ impl<V: Value> Cache<V> {
     ///   detached (their own callers still get their results), for every
     ///   key.
     /// - **Elsewhere**: another process reads the store, which checks every
-    ///   tagged entry's generations on each read (one more round trip for a
-    ///   tagged entry; none for an untagged one). Its L1 is emptied, and its
+    ///   tagged entry's generations on each read (in the entry's own round
+    ///   trip when the call names its tags; none for an untagged entry). Its L1 is emptied, and its
     ///   flights detached, when the message reaches it: the L1 bound of the
     ///   coherence contract on [`Cache`] holds for tags as for keys. As with
     ///   `invalidate`, a call there that joins a load or shared read

@@ -119,10 +119,12 @@ impl<'a, V: Value> CacheEntry<'a, V> {
     /// makes the entry unreachable, fleet-wide. Called again, it adds more.
     ///
     /// A tag is 1 to 256 bytes (any [`CacheKey`]); an entry has at most 16
-    /// distinct tags (duplicates count once). A tagged entry costs one more
-    /// round trip (one `MGET` of its tags' generations) on every store read
-    /// of it, and on the load that writes it; untagged entries cost nothing
-    /// more. Tags apply to the value this call writes: a call that finds
+    /// distinct tags (duplicates count once). A store read by a call that
+    /// names its entry's tags fetches the entry and their generations in
+    /// one `MGET` (one round trip, as an untagged hit); tags the loader
+    /// chose and the call did not name cost one more `MGET` on such a read,
+    /// and the load that writes a tagged entry one more round trip.
+    /// Untagged entries cost nothing more. Tags apply to the value this call writes: a call that finds
     /// the value cached, or shares another call's load, gets that value
     /// with the tags it was written with.
     ///

@@ -36,7 +36,7 @@ impl<V: Value> Cache<V> {
         }
         let key = self.key_in_store(key)?;
         let ticket = self.local.ticket();
-        let Some(entry) = self.read(&key).await? else {
+        let Some(entry) = self.read(&key, None).await? else {
             return Ok(None);
         };
         if entry.negative || !self.is_fresh(&entry) {
@@ -87,7 +87,7 @@ impl<V: Value> Cache<V> {
         options: &Options,
     ) -> Result<Fetched<V>, Error> {
         let key = self.key_in_store(key)?;
-        let (replacing, mode) = match self.read(&key).await {
+        let (replacing, mode) = match self.read(&key, loader.tags()).await {
             Ok(entry) => (entry.map(|e| e.fresh_until), Mode::Fleet),
             Err(err) => {
                 tracing::debug!(key = %show_key(&key), error = %err, "store read failed before a refresh");

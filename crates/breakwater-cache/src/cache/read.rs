@@ -195,7 +195,7 @@ impl<V: Value> Cache<V> {
     ) -> ReadEnd<V> {
         let ticket = self.local.ticket();
         let sent = Instant::now();
-        let entry = match self.read(key).await {
+        let entry = match self.read(key, loader.tags()).await {
             Ok(entry) => entry.map(Arc::new),
             Err(err) => {
                 if let Some(lead) = lead {

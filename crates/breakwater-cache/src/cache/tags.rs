@@ -39,11 +39,12 @@
 //!   what it recorded (`!=`, not `<`); stale if some recorded a generation
 //!   a soft bump moved past but not a hard one (below); a miss if any
 //!   counter is missing, holds anything but a generation, or moved past
-//!   it with a hard bump. The read only looks, one `GET` (one tag) or
-//!   `MGET` of its tags, and creates nothing; one more round trip on
-//!   every store read of a tagged entry; an untagged entry is format
-//!   version 1, read exactly as before, at no extra cost. A
-//!   tag-invalidated entry is a miss, never served stale. A value carried
+//!   it with a hard bump. The read only looks and creates nothing: a
+//!   call that names its tags reads their counters in the entry's own
+//!   `MGET` (one round trip, `Lookup::read`); counters it did not name
+//!   (tags its loader chose) are one more `GET`/`MGET`. An untagged
+//!   entry is format version 1, read exactly as before, at no extra
+//!   cost. A tag-invalidated entry is a miss, never served stale. A value carried
 //!   in a fill's bus message is taken only if it has no tags (a tagged one
 //!   is read from the store, which checks it).
 //!

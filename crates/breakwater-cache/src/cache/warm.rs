@@ -390,11 +390,11 @@ impl<V: Value> Cache<V> {
         // store that is down fails the warm-up fast, not a second and a
         // half per key.
         let read = if store_down.load(Ordering::Relaxed) {
-            self.read(&storage_key).await
+            self.read(&storage_key, None).await
         } else {
             self.inner
                 .store_retries
-                .run(|_| self.read(&storage_key))
+                .run(|_| self.read(&storage_key, None))
                 .await
                 .0
         };

@@ -499,6 +499,25 @@ impl RedisStore {
         get.arg("GET").arg(key);
         self.inner.query(DeadlineKind::Read, key, &get).await
     }
+
+    /// One `MGET` of `keys`, unboxed: on a single server (or a Sentinel's
+    /// primary), where any keys share one command
+    /// ([`batches_reads`](Store::batches_reads)); the cache reads a tagged
+    /// entry and its tags' counters so.
+    pub(crate) async fn get_many_unboxed(
+        &self,
+        keys: &[&[u8]],
+    ) -> Result<Vec<Option<Vec<u8>>>, Error> {
+        let mut mget = redis::Cmd::with_capacity(
+            1 + keys.len(),
+            4 + keys.iter().map(|key| key.len()).sum::<usize>(),
+        );
+        mget.arg("MGET");
+        for key in keys {
+            mget.arg(*key);
+        }
+        self.inner.query(DeadlineKind::Read, keys[0], &mget).await
+    }
 }
 
 impl Store for RedisStore {
