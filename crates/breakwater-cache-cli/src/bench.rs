@@ -156,7 +156,7 @@ pub(crate) struct HitOpts {
 /// runs it through this command, on a private `redis-server`.
 mod hit;
 
-/// `breakwater bench hit`: the three scenarios, one line each.
+/// `breakwater bench hit`: the four scenarios, one line each.
 async fn hit(opts: &HitOpts) -> Result<(), Failure> {
     check_redis(&opts.redis).await?;
     let runtime = match opts.workers {
@@ -171,7 +171,7 @@ async fn hit(opts: &HitOpts) -> Result<(), Failure> {
         opts.trials,
         humantime::format_duration(opts.trial)
     );
-    let spinner = crate::progress::spinner("bench hit: 3 scenarios");
+    let spinner = crate::progress::spinner("bench hit: 4 scenarios");
     let (url, trials, trial) = (opts.redis.clone(), opts.trials, opts.trial);
     let rows = if opts.workers == 0 {
         hit::compare(&url, trials, trial).await

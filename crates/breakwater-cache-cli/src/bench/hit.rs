@@ -3,7 +3,9 @@
 //! `redis-server`): a hit through `get_or_load` (L1 off, so every hit reads
 //! Redis: one `GET`, or its share of an `MGET` when reads meet while the
 //! store is busy) next to a raw `GET` on one multiplexed connection of the
-//! same server, interleaved trials, the ratio of the medians.
+//! same server, interleaved trials, the ratio of the medians; and a hit on
+//! an entry tagged with two tags next to an untagged hit (one caller), with
+//! the Redis commands a tagged hit costs.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -58,8 +60,8 @@ impl std::fmt::Display for Row {
     }
 }
 
-/// Runs the three scenarios (1 caller; 50 callers on 50 keys; 50 callers
-/// on one hot key) against the Redis at `url`, `trials` interleaved trials
+/// Runs the four scenarios (1 caller; 50 callers on 50 keys; 50 callers
+/// on one hot key; a tagged hit next to an untagged one) against the Redis at `url`, `trials` interleaved trials
 /// of `trial` each. Which side runs first alternates from trial to trial
 /// (raw `GET`s first in the first): the second of two back-to-back runs
 /// can measure faster, and an even count of trials balances that out.
@@ -144,7 +146,95 @@ pub(super) async fn compare(url: &str, trials: usize, trial: Duration) -> Result
         }
         rows.push(row);
     }
+    rows.push(tagged(&cache, &raw, &keys[0], trials, trial).await?);
     Ok(rows)
+}
+
+/// The tags the tagged scenario's entry is written and read with.
+const TAGS: [&str; 2] = ["product:0", "catalog"];
+
+/// A tagged hit (an entry written with two tags, read by a call that names
+/// them) next to an untagged hit, one caller, interleaved trials; its
+/// name gives the Redis commands one tagged hit costs, counted with
+/// `INFO commandstats` over 1,000 hits (`raw`: a connection to the same
+/// server; `untagged`: a key already cached without tags).
+async fn tagged(
+    cache: &Cache<String>,
+    raw: &redis::aio::MultiplexedConnection,
+    untagged: &str,
+    trials: usize,
+    trial: Duration,
+) -> Result<Row, String> {
+    const KEY: &str = "tagged:product:0";
+    let key = KEY;
+    cache
+        .entry(key)
+        .tags(TAGS)
+        .set(&format!("value of {key}, about the size of a small row"))
+        .await
+        .map_err(|e| e.to_string())?;
+    let hit = |cache: Cache<String>| async move {
+        cache
+            .entry(KEY)
+            .tags(TAGS)
+            .get_or_load(|| async { Ok::<_, std::io::Error>(Some(String::new())) })
+            .await
+            .is_ok_and(|v| v.is_some_and(|v| !v.is_empty()))
+    };
+    const COUNTED: u64 = 1_000;
+    let before = commands(&mut raw.clone()).await?;
+    for _ in 0..COUNTED {
+        if !hit(cache.clone()).await {
+            return Err("a tagged hit missed or failed".to_owned());
+        }
+    }
+    // The second INFO itself is counted once.
+    let per_hit = (commands(&mut raw.clone()).await? - before - 1) as f64 / COUNTED as f64;
+    let mut row = Row::new(
+        format!("1 caller, 2 tags ({per_hit:.2} commands per hit)"),
+        "tagged",
+        "untagged",
+    );
+    for trial_no in 0..trials.max(1) {
+        let c = cache.clone();
+        let untagged = untagged.to_owned();
+        let plain_run = run(1, trial, move |_| {
+            let (cache, key) = (c.clone(), untagged.clone());
+            async move {
+                cache
+                    .get_or_load(&key, || async {
+                        Ok::<_, std::io::Error>(Some(String::new()))
+                    })
+                    .await
+                    .is_ok_and(|v| v.is_some_and(|v| !v.is_empty()))
+            }
+        });
+        let c = cache.clone();
+        let tagged_run = run(1, trial, move |_| hit(c.clone()));
+        if trial_no % 2 == 0 {
+            row.raw.push(plain_run.await);
+            row.ours.push(tagged_run.await);
+        } else {
+            row.ours.push(tagged_run.await);
+            row.raw.push(plain_run.await);
+        }
+    }
+    Ok(row)
+}
+
+/// Commands the server has run, by `INFO commandstats` (its `calls=`
+/// summed over every command).
+async fn commands(conn: &mut redis::aio::MultiplexedConnection) -> Result<u64, String> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(info
+        .lines()
+        .filter_map(|line| line.split("calls=").nth(1))
+        .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
+        .sum())
 }
 
 /// Hits per second of `callers` tasks, each awaiting `op(i)` in a loop for
