@@ -56,6 +56,14 @@ pub(crate) enum BenchCommand {
         after_help = "Example:\n  breakwater bench write --redis redis://127.0.0.1:6379\n  breakwater bench write --redis redis://10.0.0.1:7000,redis://10.0.0.2:7000 --items 20000"
     )]
     Write(WriteOpts),
+    /// A production-shaped workload: processes x callers on Zipf keys with
+    /// TTL, jitter, grace, L1 and row updates, against a simulated
+    /// database, through breakwater and through a naive cache; database
+    /// load against its ideal.
+    #[command(
+        after_help = "Example:\n  breakwater bench mixed --redis redis://127.0.0.1:6379 --duration 60s\n  breakwater bench mixed --redis redis://127.0.0.1:6379 --jitter none --grace 0s --writes 200"
+    )]
+    Mixed(mixed::MixedOpts),
 }
 
 /// Options of `breakwater bench write`.
@@ -99,6 +107,9 @@ pub(crate) struct WriteOpts {
 /// write` runs it through this command, on a private `redis-server` and a
 /// private cluster.
 mod write;
+
+/// `breakwater bench mixed` and its worker processes.
+pub(crate) mod mixed;
 
 /// `breakwater bench write`: its scenarios, one line each.
 async fn write(opts: &WriteOpts) -> Result<(), Failure> {
@@ -261,6 +272,10 @@ pub(crate) async fn main(command: BenchCommand) -> ExitCode {
         // It deletes its own keys (they may be on a cluster's nodes).
         BenchCommand::Write(opts) => {
             return crate::failure::finish("bench write", write(opts).await);
+        }
+        // It deletes its own keys (they may be on a cluster's nodes).
+        BenchCommand::Mixed(opts) => {
+            return crate::failure::finish("bench mixed", mixed::bench(opts).await);
         }
         BenchCommand::Stampede(opts) => (
             "bench stampede",

@@ -85,8 +85,9 @@ enum Command {
     #[command(after_help = spread::AFTER_HELP)]
     Spread(spread::SpreadOpts),
     /// Measure: `bench stampede` (one hot key, breakwater vs the naive algorithm),
-    /// `bench grace` (callers during a grace refresh), `bench hit` (hit cost)
-    /// and `bench many` (`get_many` across processes).
+    /// `bench grace` (callers during a grace refresh), `bench hit` (hit cost),
+    /// `bench many` (`get_many` across processes), `bench write` (writes)
+    /// and `bench mixed` (a production-shaped workload).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
     /// Test support: one process of a multi-process stampede.
@@ -95,6 +96,9 @@ enum Command {
     /// Test support: one process of `bench many`.
     #[command(hide = true)]
     ManyWorker(many::ManyWorkerOpts),
+    /// Test support: one process of `bench mixed`.
+    #[command(hide = true)]
+    MixedWorker(bench::mixed::MixedWorkerOpts),
 }
 
 /// Parses the command line and runs the chosen subcommand.
@@ -117,6 +121,7 @@ async fn main() -> ExitCode {
         Command::Bench(command) => bench::main(command).await,
         Command::StampedeWorker(opts) => worker::main(opts).await,
         Command::ManyWorker(opts) => many::worker(opts).await,
+        Command::MixedWorker(opts) => bench::mixed::worker(opts).await,
     }
 }
 

@@ -94,7 +94,7 @@ pub(crate) enum StrategyArg {
 }
 
 /// A duration of 1 s to 1 day.
-fn window(s: &str) -> Result<Duration, String> {
+pub(crate) fn window(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s).map_err(|err| err.to_string())?;
     if (Duration::from_secs(1)..=Duration::from_secs(86_400)).contains(&d) {
         Ok(d)
@@ -104,7 +104,7 @@ fn window(s: &str) -> Result<Duration, String> {
 }
 
 /// A Zipf exponent in `0..=10`.
-fn zipf(s: &str) -> Result<f64, String> {
+pub(crate) fn zipf(s: &str) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
     if (0.0..=10.0).contains(&v) {
         Ok(v)

@@ -401,6 +401,7 @@ fn a_bad_url_is_a_usage_error_for_every_command() {
         ],
         &["bench", "grace", "--concurrency", "5", "--runs", "1"],
         &["bench", "hit", "--trials", "1"],
+        &["bench", "mixed", "--duration", "1s"],
         &["spread", "--match", "k:*", "--jitter", "0.2"],
     ] {
         let mut all = args.to_vec();
@@ -507,6 +508,68 @@ fn benches_delete_the_keys_they_wrote() {
 }
 
 #[test]
+fn bench_mixed_compares_the_database_load_with_a_naive_cache_and_deletes_its_keys() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let (code, out, err) = breakwater_within(
+        &[
+            "bench",
+            "mixed",
+            "--redis",
+            &url,
+            "--processes",
+            "2",
+            "--concurrency",
+            "10",
+            "--keys",
+            "2000",
+            "--ttl",
+            "2s",
+            "--grace",
+            "1s",
+            "--l1",
+            "100",
+            "--writes",
+            "50",
+            "--duration",
+            "5s",
+            "--json",
+        ],
+        Duration::from_secs(120),
+    );
+    assert_eq!(code, 0, "stdout:\n{out}\nstderr:\n{err}");
+    let json: serde_json::Value = serde_json::from_str(&out).expect("bench mixed --json");
+    let sides = json["sides"].as_array().expect("sides");
+    assert_eq!(sides.len(), 2, "{out}");
+    let (bw, naive) = (&sides[0], &sides[1]);
+    assert_eq!(bw["side"], "breakwater");
+    assert_eq!(naive["side"], "naive");
+    for side in sides {
+        assert_eq!(side["errors"], 0, "{out}");
+        assert!(side["requests"].as_u64().unwrap() > 1_000, "{out}");
+        assert!(side["writes"].as_u64().unwrap() > 100, "{out}");
+        let (queries, needed) = (
+            side["queries"].as_u64().unwrap(),
+            side["needed"].as_u64().unwrap(),
+        );
+        assert!(needed > 0 && queries >= needed, "{out}");
+    }
+    // Across processes, expiries and updates of hot keys, breakwater loads
+    // a key once per expiry or update; the naive cache's callers that miss
+    // together each query.
+    assert!(bw["loads_per_expiry"].as_f64().unwrap() <= 1.05, "{out}");
+    assert!(
+        naive["loads_per_expiry"].as_f64().unwrap() > bw["loads_per_expiry"].as_f64().unwrap(),
+        "{out}"
+    );
+    assert_eq!(
+        all_keys(&server),
+        Vec::<String>::new(),
+        "bench mixed left keys"
+    );
+}
+
+#[test]
 fn bench_grace_says_what_waited_means_next_to_its_figure() {
     let server = RedisServer::start();
     let url = server.url();
@@ -606,6 +669,8 @@ fn every_subcommand_has_an_example_in_its_help() {
         &["bench", "grace"],
         &["bench", "hit"],
         &["bench", "many"],
+        &["bench", "write"],
+        &["bench", "mixed"],
         &["spread"],
     ] {
         let mut all = args.to_vec();

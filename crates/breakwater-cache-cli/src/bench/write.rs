@@ -54,13 +54,13 @@ pub(crate) struct Plan {
 
 /// A raw connection: one multiplexed connection, or a cluster's.
 #[derive(Clone)]
-enum Raw {
+pub(super) enum Raw {
     Single(redis::aio::MultiplexedConnection),
     Cluster(redis::cluster_async::ClusterConnection),
 }
 
 impl Raw {
-    async fn connect(urls: &str) -> Result<Raw, String> {
+    pub(super) async fn connect(urls: &str) -> Result<Raw, String> {
         if urls.contains(',') {
             let client = redis::cluster::ClusterClient::new(urls.split(',').map(str::trim))
                 .map_err(|e| e.to_string())?;
@@ -86,7 +86,7 @@ impl Raw {
     /// [`CLUSTER_IN_FLIGHT`] at a time, each to its key's node: the
     /// connection writes what is waiting for one node together, as a
     /// pipeline.
-    async fn run(&mut self, pipeline: &redis::Pipeline) -> Result<(), String> {
+    pub(super) async fn run(&mut self, pipeline: &redis::Pipeline) -> Result<(), String> {
         match self {
             Raw::Single(conn) => pipeline.query_async::<()>(conn).await,
             Raw::Cluster(conn) => {
