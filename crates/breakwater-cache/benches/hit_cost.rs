@@ -22,7 +22,8 @@
 //! `mokasync` (a bare `moka::sync` get), `redis`, `raw`, `tagged`
 //! (a Redis hit on an entry with two tags), `rawmget` (a raw `MGET` of
 //! three keys), `redis50`, `raw50`, `floor50`,
-//! `hot50` (50 callers on one key); the counting
+//! `hot50` (50 callers on one key), `set100` (100 `set`s in flight),
+//! `rawset100` (raw pipelines of 100 `SET PX`); the counting
 //! allocator's own instructions are in every figure alike.)
 
 use std::time::Duration;
@@ -45,7 +46,7 @@ fn hits() -> u64 {
 
 /// Whether scenario `name` runs: all of them unless `BREAKWATER_COST`
 /// names one (`l1`, `moka`, `mokasync`, `redis`, `raw`, `tagged`, `rawmget`, `redis50`, `raw50`,
-/// `floor50`, `hot50`), for
+/// `floor50`, `hot50`, `set100`, `rawset100`), for
 /// callgrind.
 fn runs(name: &str) -> bool {
     std::env::var("BREAKWATER_COST").map_or(true, |only| only == name)
@@ -333,6 +334,45 @@ fn main() {
         println!(
             "Redis hit, {CALLERS} callers on one key: {:>6.2} allocations per hit",
             hot as f64 / (per * CALLERS as u64) as f64
+        );
+
+        // Writes: 100 `set`s in flight on distinct keys (past a few in the
+        // air they meet in the write queue), next to raw pipelines of 100
+        // `SET PX` of the same value.
+        let writers = 100u64;
+        let rounds = (n / writers).max(1);
+        let sets = blocks("set100", async || {
+            let mut callers = tokio::task::JoinSet::new();
+            for w in 0..writers {
+                let (l2, value) = (l2.clone(), value.clone());
+                callers.spawn(async move {
+                    for r in 0..rounds {
+                        l2.set(format!("w:{w}:{r}"), &value).await.unwrap();
+                    }
+                });
+            }
+            callers.join_all().await;
+        })
+        .await;
+        let raw_sets = blocks("rawset100", async || {
+            for r in 0..rounds {
+                let mut pipe = redis::pipe();
+                for w in 0..writers {
+                    pipe.cmd("SET")
+                        .arg(format!("rw:{w}:{r}"))
+                        .arg(&value)
+                        .arg("PX")
+                        .arg(3_600_000)
+                        .ignore();
+                }
+                pipe.query_async::<()>(&mut conn).await.unwrap();
+            }
+        })
+        .await;
+        println!(
+            "set, {writers} in flight: {:>6.2} allocations per set (raw pipelined SET PX: {:.2})",
+            sets as f64 / (rounds * writers) as f64,
+            raw_sets as f64 / (rounds * writers) as f64
         );
     });
 }

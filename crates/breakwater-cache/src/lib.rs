@@ -37,7 +37,7 @@
 //! | drop many keys now (a price list, a user's views) | [`Cache::invalidate_many`] | as `invalidate`, for each key; the store gets one transaction per 1,024 keys |
 //! | mark one key stale, keep serving it while it reloads | [`Cache::expire`] | one load, in the background; callers within grace get the old value at once, and it stands in (within `max_stale`) if the database is down |
 //! | reload one key now, keep the old value if that fails | [`Cache::refresh`] | one load now (joined fleet-wide), whatever is cached |
-//! | put a value I already have | [`Cache::set`] | nothing |
+//! | put a value I already have | [`Cache::set`] | nothing; concurrent `set`s that find the store busy go out together, one transaction per batch |
 //! | put many values I already have (an import, a rebuild) | [`Cache::set_many`] | nothing; the store gets one transaction per 1,024 keys |
 //! | drop every key of a group (a shop, a user) | [`CacheEntry::tags`] or [`CacheEntries::tags`] at write, [`Cache::invalidate_tag`] | one load per key of the group, as each is next read |
 //! | mark every key of a group stale, keep serving them while they reload | [`CacheEntry::tags`] or [`CacheEntries::tags`] at write, [`Cache::expire_tag`] | one load per key of the group, in the background, as each is next read; within grace callers get the old value at once, and it stands in (within `max_stale`) if the database is down |

@@ -308,3 +308,67 @@ async fn invalidate_many_deletes_tells_once_per_step_and_revokes_loads() {
     a.invalidate_many(Vec::<String>::new()).await.unwrap();
     assert_eq!(publishes() - before, 2);
 }
+
+/// Calls of `name` that `server` has run.
+fn calls_of(server: &RedisServer, name: &str) -> u64 {
+    support::command_calls(server)
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .map_or(0, |(_, calls)| calls)
+}
+
+/// A hundred `set`s side by side on a busy Redis meet in the write queue:
+/// past the few in the air, they go out as batch transactions (one
+/// `PUBLISH` each, not one script per key), and each keeps what a `set`
+/// promises: its value lands, another process's L1 copy goes, and a load
+/// in flight of one of the keys cannot write its older result back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_sets_meet_in_batches_and_each_keeps_its_guarantees() {
+    let server = RedisServer::start();
+    let a = bulk_cache(&server);
+    let b = l1_cache(&server);
+    let total = 100usize;
+    for i in 0..total {
+        let key = format!("k{i}");
+        let old = b
+            .get_or_load(&key, || async {
+                Ok::<_, std::io::Error>(Some("old".to_owned()))
+            })
+            .await
+            .unwrap();
+        assert_eq!(old.as_deref(), Some("old"));
+    }
+    // A load of one of the keys in flight across the sets.
+    let calls = Arc::new(AtomicUsize::new(0));
+    let slow = support::slow_loader(&calls, std::time::Duration::from_millis(500), "older");
+    b.invalidate("k7").await.unwrap();
+    let load = tokio::spawn({
+        let b = b.clone();
+        async move { b.get_or_load("k7", slow).await }
+    });
+    support::until("the load holds the lease", || {
+        calls.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    let (scripts, transactions) = (calls_of(&server, "evalsha"), calls_of(&server, "exec"));
+    let sets = (0..total).map(|i| {
+        let a = a.clone();
+        async move { a.set(&format!("k{i}"), &format!("new {i}")).await }
+    });
+    for set in futures_util::future::join_all(sets).await {
+        set.unwrap();
+    }
+    let scripts = calls_of(&server, "evalsha") - scripts;
+    let transactions = calls_of(&server, "exec") - transactions;
+    assert!(
+        transactions >= 1 && scripts + transactions < 50,
+        "100 sets side by side: {scripts} scripts and {transactions} transactions"
+    );
+    assert_eq!(load.await.unwrap().unwrap().as_deref(), Some("older"));
+    let c = bulk_cache(&server);
+    for i in 0..total {
+        let got = c.get(&format!("k{i}")).await.unwrap();
+        assert_eq!(got, Some(format!("new {i}")), "k{i}");
+    }
+    reads_come_to(&b, total, |i| Some(format!("new {i}"))).await;
+}

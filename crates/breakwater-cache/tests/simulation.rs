@@ -164,7 +164,11 @@
 //! once the call returned, or once the store ran it before its caller went
 //! away), one store step under one fault plan and one bus message naming
 //! every key: no-resurrection, liveness and time are checked for each key
-//! exactly as for `set` and `invalidate`.
+//! exactly as for `set` and `invalidate`. One in ten of those `set_many`s
+//! is side-by-side `set`s instead, of the same keys and the key's next
+//! four: more than a cache lets into the air at once, so the rest meet in
+//! its write queue and go out as one batch (12 to 16 such `set`s a seed
+//! in seeds 1 to 3, each checked as a `set`).
 //!
 //! A rolling version bump gets a chaos round of its own (keys `v00`..):
 //! processes 0 and 1 run version 1 without a transition (the code deployed
@@ -1164,23 +1168,30 @@ fn group(key: &str) -> String {
     format!("g{}", n % 3)
 }
 
-/// `clear`: a database write to every key (their rows locked, in order),
-/// then a clear of the namespace, hard or soft over `window` (zero: every
-/// entry stale at once). Once it returned `Ok` (every process
-/// acknowledged it), each key is fenced at its new version: for every
-/// process at once after a hard clear, softly (as `expire`) after a soft
-/// one, from the end of its window.
-/// A `set_many` (`set`) or an `invalidate_many` of `batch` (its keys made
-/// distinct): each key's row locked (in order), its version bumped (and,
-/// for a `set_many`, produced), and each fenced once the call returned (or
-/// the store ran it before its caller went away, after `dropped`).
+/// How [`write_many`] writes its batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BatchOp {
+    /// One `set_many`.
+    SetMany,
+    /// A `set` of each key, side by side: past the cache's few writes in
+    /// the air, they meet in its write queue and go out as one batch.
+    Sets,
+    /// One `invalidate_many`.
+    InvalidateMany,
+}
+
+/// A `set_many`, side-by-side `set`s or an `invalidate_many` of `batch`
+/// (its keys made distinct): each key's row locked (in order), its version
+/// bumped (and, for a write of values, produced), and each fenced once its
+/// call returned (or the store ran it before its caller went away, after
+/// `dropped`).
 async fn write_many(
     world: &Arc<World>,
     p: &Proc,
     mut batch: Vec<String>,
     writes: &BTreeMap<String, Arc<tokio::sync::Mutex<()>>>,
     dropped: Option<Duration>,
-    set: bool,
+    how: BatchOp,
 ) {
     batch.sort();
     batch.dedup();
@@ -1190,27 +1201,40 @@ async fn write_many(
     }
     let versions: Vec<u64> = batch.iter().map(|key| world.bump(key)).collect();
     let start = Instant::now();
-    if set {
+    if how != BatchOp::InvalidateMany {
         for (key, &version) in batch.iter().zip(&versions) {
             world.produced(key, version, start);
         }
     }
     let ran_before: Vec<u64> = batch.iter().map(|key| world.revocations(key)).collect();
     let within = dropped.unwrap_or(BOUND);
-    let (op, result) = if set {
-        let items = batch.iter().zip(&versions).map(|(key, &version)| {
-            let val = Val {
-                key: key.clone(),
-                version,
-            };
-            (key.clone(), val)
-        });
-        ("set_many", timeout(within, p.cache.set_many(items)).await)
-    } else {
-        let call = p.cache.invalidate_many(&batch);
-        ("invalidate_many", timeout(within, call).await)
+    let vals = batch.iter().zip(&versions).map(|(key, &version)| {
+        let val = Val {
+            key: key.clone(),
+            version,
+        };
+        (key.clone(), val)
+    });
+    // One result for the whole batch, or one per key.
+    let (op, results) = match how {
+        BatchOp::SetMany => (
+            "set_many",
+            vec![timeout(within, p.cache.set_many(vals)).await],
+        ),
+        BatchOp::Sets => {
+            let sets =
+                vals.map(|(key, val)| async move { timeout(within, p.cache.set(key, &val)).await });
+            ("set", futures_util::future::join_all(sets).await)
+        }
+        BatchOp::InvalidateMany => {
+            let call = p.cache.invalidate_many(&batch);
+            ("invalidate_many", vec![timeout(within, call).await])
+        }
     };
-    for ((key, &version), ran_before) in batch.iter().zip(&versions).zip(ran_before) {
+    for (i, ((key, &version), ran_before)) in
+        batch.iter().zip(&versions).zip(ran_before).enumerate()
+    {
+        let result = &results[i.min(results.len() - 1)];
         let write = Write {
             op,
             key,
@@ -1220,7 +1244,7 @@ async fn write_many(
             dropped: dropped.is_some(),
             ran_before,
         };
-        let outcome = write.outcome(world, p, &result);
+        let outcome = write.outcome(world, p, result);
         world.trace(p.id, op, key, start, outcome);
     }
 }
@@ -1283,6 +1307,12 @@ impl Write<'_> {
     }
 }
 
+/// `clear`: a database write to every key (their rows locked, in order),
+/// then a clear of the namespace, hard or soft over `window` (zero: every
+/// entry stale at once). Once it returned `Ok` (every process
+/// acknowledged it), each key is fenced at its new version: for every
+/// process at once after a hard clear, softly (as `expire`) after a soft
+/// one, from the end of its window.
 async fn clear(
     world: &Arc<World>,
     p: &Proc,
@@ -1813,12 +1843,27 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                                 .random_bool(DROPPED_WRITES)
                                 .then(|| ms(rng.random_range(0..=700)));
                             let n = rng.random_range(1..=3);
-                            let batch: Vec<String> = (0..n)
+                            let mut batch: Vec<String> = (0..n)
                                 .map(|_| keys[rng.random_range(0..keys.len())].clone())
                                 .chain([key.clone()])
                                 .collect();
-                            let set = roll >= 90;
-                            write_many(&world, p, batch, &writes, dropped, set).await;
+                            let how = match roll {
+                                ..90 => BatchOp::InvalidateMany,
+                                // Side-by-side `set`s of the key, its
+                                // next four and the others: more than
+                                // the cache has in the air, so they meet
+                                // in its write queue (no draw of its own:
+                                // the schedule of every other arm stays).
+                                99 => {
+                                    let at = keys.iter().position(|k| k == key).unwrap_or(0);
+                                    batch.extend(
+                                        (1..=4).map(|i| keys[(at + i) % keys.len()].clone()),
+                                    );
+                                    BatchOp::Sets
+                                }
+                                _ => BatchOp::SetMany,
+                            };
+                            write_many(&world, p, batch, &writes, dropped, how).await;
                         }
                         roll => {
                             let _row = writes[key].lock().await;

@@ -15,7 +15,7 @@ use super::lease::{LeaseConfig, OnLockTimeout};
 use super::notify::{BusHook, PreviousChannel, SENDER_LEN, Waiters};
 use super::options::Options;
 use super::origin::Origin;
-use super::queue::ReadQueue;
+use super::queue::{ReadQueue, WriteQueue};
 use super::settings::Settings;
 use super::throttle::Throttle;
 use super::value::Value;
@@ -769,6 +769,9 @@ impl<V: Value> CacheBuilder<V> {
                 read_queue: raw_store
                     .batches_reads()
                     .then(|| Arc::new(ReadQueue::default())),
+                write_queue: raw_store
+                    .batches_reads()
+                    .then(|| Arc::new(WriteQueue::default())),
                 raw_store,
                 store,
                 origin,

@@ -23,7 +23,7 @@ use super::lease::LeaseConfig;
 use super::notify::Waiters;
 use super::options::Options;
 use super::origin::Origin;
-use super::queue::ReadQueue;
+use super::queue::{ReadQueue, WriteQueue};
 use super::settings::Settings;
 use super::throttle::Throttle;
 use super::value::Value;
@@ -275,6 +275,9 @@ pub(super) struct CacheCore {
     /// The queue of reads that meet while the store is busy, if the store
     /// batches reads ([`Store::batches_reads`]; see `queue`).
     pub(super) read_queue: Option<Arc<ReadQueue>>,
+    /// The queue of `set`s that meet while the store is busy, on the same
+    /// stores (see `queue`).
+    pub(super) write_queue: Option<Arc<WriteQueue>>,
     /// Breaker, bulkhead and retries for loads.
     pub(super) origin: Origin,
     /// Per-call settings unless a call overrides them.

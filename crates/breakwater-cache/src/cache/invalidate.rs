@@ -17,6 +17,7 @@ use super::handle::Cache;
 use super::keys::lease_key;
 use super::notify::{self, TAG_INVALIDATED};
 use super::options::Options;
+use super::queue;
 use super::seal::Sealed;
 use super::tags::{self, EXPIRE_SKEW, check_tag, counter_ttl, tag_key};
 use super::trace::{Op, record_error};
@@ -82,14 +83,23 @@ impl<V: Value> Cache<V> {
         done
     }
 
-    /// Writes sealed entries with [`Store::replace`] (one) or
-    /// [`Store::replace_many`] (one notice per store step): each revokes
-    /// any load in flight for its key first, so an older result cannot
-    /// land on top of it, then wakes waiters. Nothing that began before
-    /// answers in this process afterwards; the values are not kept in L1
-    /// (another `set` may land after this one while its reply is on the
-    /// way: the next read takes the store's value).
-    pub(super) async fn replace_batch(&self, batch: Vec<(Vec<u8>, Sealed)>) -> Result<(), Error> {
+    /// Writes sealed entries with [`Store::replace`] (one: see
+    /// [`replace_one`](Self::replace_one)) or [`Store::replace_many`] (one
+    /// notice per store step): each revokes any load in flight for its key
+    /// first, so an older result cannot land on top of it, then wakes
+    /// waiters. Nothing that began before answers in this process
+    /// afterwards; the values are not kept in L1 (another `set` may land
+    /// after this one while its reply is on the way: the next read takes
+    /// the store's value).
+    pub(super) async fn replace_batch(
+        &self,
+        mut batch: Vec<(Vec<u8>, Sealed)>,
+    ) -> Result<(), Error> {
+        if batch.len() == 1
+            && let Some((key, sealed)) = batch.pop()
+        {
+            return self.replace_one(key, sealed).await;
+        }
         let inner = &self.inner;
         let listening = inner.waiters.is_listening();
         for (key, _) in &batch {
@@ -100,40 +110,89 @@ impl<V: Value> Cache<V> {
         // answer from now on.
         let keys = batch.iter().map(|(key, _)| key);
         let _local = self.local.invalidation(keys);
-        let written = match batch.as_slice() {
-            [(key, sealed)] => {
-                let message = notify::message(notify::INVALIDATED, inner.waiters.sender(), key);
-                let lease_key = inner.lease_key(key);
-                let notice = inner.notice(&message);
-                let (value, ttl) = (&sealed.bytes, sealed.ttl);
-                inner
-                    .store
-                    .replace(key, value, ttl, &lease_key, notice)
-                    .await
-            }
-            batch => {
-                let head = notify::message(notify::INVALIDATED_MANY, inner.waiters.sender(), &[]);
-                let lease_keys: Vec<Vec<u8>> =
-                    batch.iter().map(|(key, _)| inner.lease_key(key)).collect();
-                let writes: Vec<Replace<'_>> = batch
-                    .iter()
-                    .zip(&lease_keys)
-                    .map(|((key, sealed), lease_key)| Replace {
-                        key,
-                        value: &sealed.bytes,
-                        ttl: sealed.ttl,
-                        lease_key,
-                    })
-                    .collect();
-                inner.store.replace_many(&writes, inner.notice(&head)).await
-            }
-        };
+        let head = notify::message(notify::INVALIDATED_MANY, inner.waiters.sender(), &[]);
+        let lease_keys: Vec<Vec<u8>> = batch.iter().map(|(key, _)| inner.lease_key(key)).collect();
+        let writes: Vec<Replace<'_>> = batch
+            .iter()
+            .zip(&lease_keys)
+            .map(|((key, sealed), lease_key)| Replace {
+                key,
+                value: &sealed.bytes,
+                ttl: sealed.ttl,
+                lease_key,
+            })
+            .collect();
+        let written = inner.store.replace_many(&writes, inner.notice(&head)).await;
         if written.is_err() {
             for (key, _) in &batch {
                 self.local.own_notice_heard(key);
             }
         }
         written
+    }
+
+    /// [`replace_batch`](Self::replace_batch) of one entry: straight to the
+    /// store unless the store is busy and batches writes; then in one
+    /// [`Store::replace_many`] with the other `set`s that meet it (see
+    /// `queue`), each with the guarantees of its own.
+    async fn replace_one(&self, key: Vec<u8>, sealed: Sealed) -> Result<(), Error> {
+        let inner = &self.inner;
+        self.local
+            .expect_own_notice(&key, inner.waiters.is_listening());
+        // As in `replace_batch`.
+        let _local = self.local.invalidation([&key]);
+        let lease_key = inner.lease_key(&key);
+        let waiting = inner.write_queue.as_ref();
+        let admitted = waiting.and_then(|waiting| queue::admit(waiting));
+        let written = match waiting {
+            Some(waiting) if admitted.is_none() => {
+                let write = queue::Write {
+                    key: key.clone(),
+                    value: sealed.bytes,
+                    ttl: sealed.ttl,
+                    lease_key,
+                };
+                let writes = || {
+                    let head =
+                        notify::message(notify::INVALIDATED_MANY, inner.waiters.sender(), &[]);
+                    queue::Writes::new(inner.waiters.channel(), head)
+                };
+                // Boxed: its state would grow every write's future.
+                match Box::pin(queue::queued_write(&inner.store, waiting, write, writes)).await {
+                    Ok(written) => written,
+                    // A batch of another runtime is forming: alone.
+                    Err(write) => {
+                        self.replace_alone(&key, &write.value, write.ttl, &write.lease_key)
+                            .await
+                    }
+                }
+            }
+            _ => {
+                self.replace_alone(&key, &sealed.bytes, sealed.ttl, &lease_key)
+                    .await
+            }
+        };
+        drop(admitted);
+        if written.is_err() {
+            self.local.own_notice_heard(&key);
+        }
+        written
+    }
+
+    /// One [`Store::replace`] of `key`, with its own notice.
+    async fn replace_alone(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        ttl: Duration,
+        lease_key: &[u8],
+    ) -> Result<(), Error> {
+        let inner = &self.inner;
+        let message = notify::message(notify::INVALIDATED, inner.waiters.sender(), key);
+        inner
+            .store
+            .replace(key, value, ttl, lease_key, inner.notice(&message))
+            .await
     }
 
     /// [`invalidate`](Self::invalidate), in its span.

@@ -212,6 +212,15 @@ impl<V: Value> Cache<V> {
     /// load cannot overwrite it, and once it has returned no caller in this
     /// process gets a value loaded before it.
     ///
+    /// A lone `set` goes straight to the store (one script run on Redis).
+    /// Concurrent ones that find a few of this cache's writes in the air
+    /// meet in a queue and go out as one batch, as
+    /// [`set_many`](Self::set_many)'s steps do (one transaction: one `DEL`
+    /// of their leases, a `SET … PX` each, one `PUBLISH`), each with its
+    /// own TTL, its lease revoked in the same step, and the batch's error
+    /// if that fails; a `set` dropped before its batch went out is not
+    /// written.
+    ///
     /// # Errors
     ///
     /// [`InvalidKey`](crate::ErrorKind::InvalidKey), [`Codec`](crate::ErrorKind::Codec) if

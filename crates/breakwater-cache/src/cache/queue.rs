@@ -1,15 +1,19 @@
-//! Batched reads, so that under load many callers do not each pay a round
-//! trip and a parse: reads of distinct keys that meet while the store is
-//! busy go out as one batch ([`Store::get_many`]: one `MGET`).
+//! Batched store calls, so that under load many callers do not each pay a
+//! round trip and a parse: reads of distinct keys that meet while the store
+//! is busy go out as one batch ([`Store::get_many`]: one `MGET`), and so do
+//! writes (`set`: [`Store::replace_many`], one transaction).
 //!
-//! A read goes straight to the store, in the caller's task, while fewer
-//! than [`IN_FLIGHT`] of this cache's reads are in the air: an uncontended
-//! hit pays an atomic compare-and-swap and a subtraction for this and
-//! nothing else (no lock, no task, no allocation, no timer). A read that
-//! finds the store busy is queued instead: the first one queued schedules a
-//! task that lets the reads already woken on the runtime have their turn
-//! (one yield, [`behind_the_woken`]) and then sends everything queued as
-//! one batch read; each queued caller gets its key's reply from there.
+//! A call goes straight to the store, in the caller's task, while fewer
+//! than [`IN_FLIGHT`] of this cache's calls of its kind are in the air: an
+//! uncontended hit pays an atomic compare-and-swap and a subtraction for
+//! this and nothing else (no lock, no task, no allocation, no timer). A
+//! call that finds the store busy is queued instead: the first one queued
+//! schedules a task that lets the calls already woken on the runtime have
+//! their turn (one yield, [`behind_the_woken`]) and then sends everything
+//! queued as one batch; each queued caller gets its reply from there.
+//!
+//! # Reads
+//!
 //! Under load this trades one `GET` per key (a request, a reply and a parse
 //! in the client and in Redis each) for one per batch: with 50 callers on
 //! 50 keys, breakwater reads 1.05 to 1.15 times as fast as raw `GET`s on the
@@ -31,80 +35,132 @@
 //! Concurrent readers of *one* key never get here twice: they already
 //! share one read ([`Reads`](crate::flight::Reads)).
 //!
+//! # Writes
+//!
+//! Concurrent `set`s that find the store busy go out as one
+//! [`Store::replace_many`] (on Redis one transaction: one `DEL` of their
+//! leases, a `SET … PX` each, one `PUBLISH` naming every key), where each
+//! alone is a script run. Each keeps what a `set` promises: its lease is
+//! revoked in the same atomic step as its write, it has its own TTL and
+//! jitter (sealed before it was queued), other processes hear of its key,
+//! and it returns once its batch is acknowledged, with the batch's error if
+//! that failed. Two writes of one key in a batch land in the order they
+//! were queued. A write is queued only onto a batch whose task runs on its
+//! own runtime (from another one it goes straight to the store: it never
+//! waits on a runtime that may not run again), and a write whose caller
+//! went away before its batch was sent is not sent: a cancelled `set` never
+//! lands later.
+//!
 //! Only stores that ask for it ([`Store::batches_reads`])
-//! are read this way; a Redis Cluster is not (its batches split per hash
-//! slot anyway). Hand-rolled: what it needs is an admission count and a
-//! queue, and a batching crate (a `DataLoader`) would add a timer or a
-//! spawn to every read, the hit path included.
+//! are read and written this way; a Redis Cluster is not (its batches split
+//! per hash slot anyway). Hand-rolled: what it needs is an admission count
+//! and a queue, and a batching crate (a `DataLoader`) would add a timer or
+//! a spawn to every call, the hit path included.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 
 use super::guard::GuardedStore;
 use crate::error::{Error, ErrorKind};
-use crate::store::Store;
+use crate::store::{Notice, Replace, Store};
 
-/// Reads in the air (single, or batches) before further reads are queued.
+/// Calls of one kind in the air (single, or batches) before further ones
+/// are queued.
 pub(crate) const IN_FLIGHT: usize = 4;
 
 /// The most keys one batch read carries; a longer queue goes out as
 /// several batches side by side.
 const MAX_BATCH: usize = 256;
 
-/// One store read's reply.
-type Reply = Result<Option<Vec<u8>>, Error>;
+/// One kind of batched store call: what is queued, and how a batch of
+/// them is sent.
+pub(crate) trait Kind: Send + Sync + Sized + 'static {
+    /// One queued call's arguments.
+    type Item: Send + 'static;
+    /// One call's reply.
+    type Reply: Send + 'static;
 
-/// A queued read: its storage key and where its reply goes.
-struct Queued {
-    key: Vec<u8>,
-    reply: oneshot::Sender<Reply>,
+    /// Sends `queued` as batch calls and hands each caller its reply.
+    fn send(
+        &self,
+        store: &GuardedStore,
+        queued: Vec<Queued<Self>>,
+    ) -> impl Future<Output = ()> + Send;
+
+    /// The reply of a call whose batch was dropped before it was sent.
+    fn dropped() -> Self::Reply;
 }
 
-/// The admission count and the queue of one cache's reads; see the module
-/// docs.
-#[derive(Default)]
-pub(crate) struct ReadQueue {
-    /// Reads and batches in the air.
+/// A queued call: its arguments and where its reply goes.
+pub(crate) struct Queued<K: Kind> {
+    item: K::Item,
+    reply: oneshot::Sender<K::Reply>,
+}
+
+/// The admission count and the queue of one cache's calls of one kind;
+/// see the module docs.
+pub(crate) struct Queue<K: Kind> {
+    /// Calls and batches in the air.
     in_flight: AtomicUsize,
-    queue: Mutex<QueuedReads>,
+    queue: Mutex<Pending<K>>,
 }
+
+impl<K: Kind> Default for Queue<K> {
+    fn default() -> Self {
+        Queue {
+            in_flight: AtomicUsize::new(0),
+            queue: Mutex::new(Pending {
+                items: Vec::new(),
+                runtime: None,
+                batch: 0,
+            }),
+        }
+    }
+}
+
+/// Reads, queued.
+pub(crate) type ReadQueue = Queue<Reads>;
+
+/// Writes (`set`), queued.
+pub(crate) type WriteQueue = Queue<Writes>;
 
 /// What is queued, and the runtime whose task will send it.
-#[derive(Default)]
-struct QueuedReads {
-    reads: Vec<Queued>,
+struct Pending<K: Kind> {
+    items: Vec<Queued<K>>,
     runtime: Option<tokio::runtime::Id>,
-    /// Counts batches: the task of an older one (whose reads another
+    /// Counts batches: the task of an older one (whose calls another
     /// caller sent) neither sends nor drops a newer one's.
     batch: u64,
 }
 
-impl std::fmt::Debug for ReadQueue {
+impl<K: Kind> std::fmt::Debug for Queue<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReadQueue")
+        f.debug_struct("Queue")
             .field("in_flight", &self.in_flight.load(Ordering::Relaxed))
             .finish()
     }
 }
 
-/// A read (or a batch) admitted straight to the store; counted in the air
+/// A call (or a batch) admitted straight to the store; counted in the air
 /// until it ends (also when it is cancelled).
-pub(crate) struct Admitted<'a> {
-    queue: &'a ReadQueue,
+pub(crate) struct Admitted<'a, K: Kind> {
+    queue: &'a Queue<K>,
 }
 
-impl Drop for Admitted<'_> {
+impl<K: Kind> Drop for Admitted<'_, K> {
     fn drop(&mut self) {
         self.queue.in_flight.fetch_sub(1, Ordering::Release);
     }
 }
 
-/// Admits a read straight to the store if fewer than [`IN_FLIGHT`] are in
-/// the air; `None`: queue it ([`queued`]).
-pub(crate) fn admit(queue: &ReadQueue) -> Option<Admitted<'_>> {
+/// Admits a call straight to the store if fewer than [`IN_FLIGHT`] are in
+/// the air; `None`: queue it.
+pub(crate) fn admit<K: Kind>(queue: &Queue<K>) -> Option<Admitted<'_, K>> {
     // Counted only when admitted: never over the limit, even for a moment.
     let mut in_flight = queue.in_flight.load(Ordering::Acquire);
     while in_flight < IN_FLIGHT {
@@ -121,6 +177,90 @@ pub(crate) fn admit(queue: &ReadQueue) -> Option<Admitted<'_>> {
     None
 }
 
+/// Where a queued call stands: its reply's receiver, and whether its
+/// batch's task runs on another runtime.
+struct Enqueued<K: Kind> {
+    answer: oneshot::Receiver<K::Reply>,
+    elsewhere: bool,
+}
+
+/// Queues `item`; if it is the first of its batch, schedules the task that
+/// sends the batch (with `kind`, built only then). `join_elsewhere`: whether
+/// a call from another runtime than the batch task's (or from outside any)
+/// may join it; else it gets its item back.
+fn enqueue<K: Kind>(
+    store: &Arc<GuardedStore>,
+    queue: &Arc<Queue<K>>,
+    item: K::Item,
+    kind: impl FnOnce() -> K,
+    join_elsewhere: bool,
+) -> Result<Enqueued<K>, K::Item> {
+    let here = crate::background::current_runtime();
+    let (reply, answer) = oneshot::channel();
+    let (first, elsewhere, batch) = {
+        let mut waiting = lock(queue);
+        let first = waiting.items.is_empty();
+        let elsewhere = !first && waiting.runtime != here;
+        if !join_elsewhere && (elsewhere || here.is_none()) {
+            return Err(item);
+        }
+        waiting.items.push(Queued { item, reply });
+        if first {
+            waiting.runtime = here;
+            waiting.batch = waiting.batch.wrapping_add(1);
+        }
+        (first, elsewhere, waiting.batch)
+    };
+    if first {
+        let flush = Flush {
+            store: Arc::clone(store),
+            queue: Arc::clone(queue),
+            kind: kind(),
+            batch: Some(batch),
+            taken: false,
+        };
+        // Outside a runtime nothing can send it: `flush` is dropped here,
+        // and so is the queue (this call's reply with it).
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                behind_the_woken().await;
+                flush.send().await;
+            });
+        }
+    }
+    Ok(Enqueued { answer, elsewhere })
+}
+
+/// Reads: one `MGET` per batch of up to [`MAX_BATCH`] keys, side by side.
+pub(crate) struct Reads;
+
+/// One store read's reply.
+type ReadReply = Result<Option<Vec<u8>>, Error>;
+
+impl Kind for Reads {
+    type Item = Vec<u8>;
+    type Reply = ReadReply;
+
+    async fn send(&self, store: &GuardedStore, queued: Vec<Queued<Self>>) {
+        let batches = queued.chunks(MAX_BATCH).map(|batch| async move {
+            let keys: Vec<&[u8]> = batch.iter().map(|q| q.item.as_slice()).collect();
+            store.get_many_split(&keys).await
+        });
+        let replies = futures_util::future::join_all(batches).await;
+        for (queued, reply) in queued.into_iter().zip(replies.into_iter().flatten()) {
+            // A caller that went away does not take its reply.
+            let _ = queued.reply.send(reply);
+        }
+    }
+
+    fn dropped() -> ReadReply {
+        Err(Error::new(
+            ErrorKind::Store,
+            "a queued read got no reply (its batch was dropped: the runtime is shutting down)",
+        ))
+    }
+}
+
 /// Queues a read of `key` and waits for its batch's reply.
 ///
 /// The first read queued schedules a task that, once the reads already
@@ -132,46 +272,18 @@ pub(crate) fn admit(queue: &ReadQueue) -> Option<Admitted<'_>> {
 ///
 /// A read from another runtime than the batch task's waits at most one
 /// store read deadline (see the module docs).
-pub(crate) async fn queued(store: &Arc<GuardedStore>, queue: &Arc<ReadQueue>, key: &[u8]) -> Reply {
-    let (reply, answer) = oneshot::channel();
-    let here = crate::background::current_runtime();
-    let (first, elsewhere, batch) = {
-        let mut waiting = lock(queue);
-        waiting.reads.push(Queued {
-            key: key.to_vec(),
-            reply,
-        });
-        let first = waiting.reads.len() == 1;
-        if first {
-            waiting.runtime = here;
-            waiting.batch = waiting.batch.wrapping_add(1);
-        }
-        (first, waiting.runtime != here, waiting.batch)
-    };
-    if first {
-        let flush = Flush {
-            store: Arc::clone(store),
-            queue: Arc::clone(queue),
-            batch: Some(batch),
-            taken: false,
-        };
-        // Outside a runtime nothing can send it: `flush` is dropped here,
-        // and so is the queue (this read's reply with it).
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                behind_the_woken().await;
-                flush.send().await;
-            });
-        }
-    }
-    let dropped = |_| {
-        Err(Error::new(
-            ErrorKind::Store,
-            "a queued read got no reply (its batch was dropped: the runtime is shutting down)",
-        ))
+pub(crate) async fn queued(
+    store: &Arc<GuardedStore>,
+    queue: &Arc<ReadQueue>,
+    key: &[u8],
+) -> ReadReply {
+    let Ok(Enqueued { answer, elsewhere }) = enqueue(store, queue, key.to_vec(), || Reads, true)
+    else {
+        // Never: a read joins any batch.
+        return store.get_inline(key).await;
     };
     if !elsewhere {
-        return answer.await.unwrap_or_else(dropped);
+        return answer.await.unwrap_or_else(|_| Reads::dropped());
     }
     // Boxed: its timers and the batch it may send would grow every queued
     // read's future (and its allocation).
@@ -184,17 +296,11 @@ async fn from_elsewhere(
     store: &Arc<GuardedStore>,
     queue: &Arc<ReadQueue>,
     key: &[u8],
-    mut answer: oneshot::Receiver<Reply>,
-) -> Reply {
-    let dropped = |_| {
-        Err(Error::new(
-            ErrorKind::Store,
-            "a queued read got no reply (its batch was dropped: the runtime is shutting down)",
-        ))
-    };
+    mut answer: oneshot::Receiver<ReadReply>,
+) -> ReadReply {
     let within = store.read_deadline();
     if let Ok(reply) = tokio::time::timeout(within, &mut answer).await {
-        return reply.unwrap_or_else(dropped);
+        return reply.unwrap_or_else(|_| Reads::dropped());
     }
     // The batch task's runtime is not running it: send what is queued
     // from here (this read among it, and the others with it), or, if
@@ -206,6 +312,7 @@ async fn from_elsewhere(
     Flush {
         store: Arc::clone(store),
         queue: Arc::clone(queue),
+        kind: Reads,
         batch: None,
         taken: false,
     }
@@ -218,6 +325,91 @@ async fn from_elsewhere(
         Ok(Ok(reply)) => reply,
         _ => store.get_inline(key).await,
     }
+}
+
+/// Writes: each batch one [`Store::replace_many`] with one notice.
+pub(crate) struct Writes {
+    /// The bus channel of the cache's notices.
+    channel: Vec<u8>,
+    /// The batch message's head (its kind and this cache's sender).
+    head: Vec<u8>,
+}
+
+impl Writes {
+    /// Batches noticed on `channel`, their message headed `head`.
+    pub(crate) fn new(channel: &[u8], head: Vec<u8>) -> Self {
+        Writes {
+            channel: channel.to_vec(),
+            head,
+        }
+    }
+}
+
+/// One queued write: [`Replace`]'s arguments, owned.
+pub(crate) struct Write {
+    /// Where the value goes.
+    pub(crate) key: Vec<u8>,
+    /// The sealed entry.
+    pub(crate) value: Vec<u8>,
+    /// Its store TTL.
+    pub(crate) ttl: Duration,
+    /// The key's lease, revoked with the write.
+    pub(crate) lease_key: Vec<u8>,
+}
+
+impl Kind for Writes {
+    type Item = Write;
+    type Reply = Result<(), Error>;
+
+    async fn send(&self, store: &GuardedStore, queued: Vec<Queued<Self>>) {
+        // A write whose caller went away is not sent: it must not land
+        // after its caller gave up on it.
+        let queued: Vec<Queued<Self>> = queued
+            .into_iter()
+            .filter(|q| !q.reply.is_closed())
+            .collect();
+        if queued.is_empty() {
+            return;
+        }
+        let writes: Vec<Replace<'_>> = queued
+            .iter()
+            .map(|q| Replace {
+                key: &q.item.key,
+                value: &q.item.value,
+                ttl: q.item.ttl,
+                lease_key: &q.item.lease_key,
+            })
+            .collect();
+        let notice = Notice {
+            channel: &self.channel,
+            message: &self.head,
+        };
+        let done = store.replace_many(&writes, notice).await;
+        drop(writes);
+        for q in queued {
+            let _ = q.reply.send(done.clone());
+        }
+    }
+
+    fn dropped() -> Result<(), Error> {
+        Err(Error::new(
+            ErrorKind::Store,
+            "a queued write was not sent (its batch was dropped: the runtime is shutting down)",
+        ))
+    }
+}
+
+/// Queues `write` and waits for its batch's reply; `Err(write)` if a batch
+/// of another runtime is forming (the caller writes it alone). `kind`
+/// builds the batch's notice target if this write is the first.
+pub(crate) async fn queued_write(
+    store: &Arc<GuardedStore>,
+    queue: &Arc<WriteQueue>,
+    write: Write,
+    kind: impl FnOnce() -> Writes,
+) -> Result<Result<(), Error>, Write> {
+    let Enqueued { answer, .. } = enqueue(store, queue, write, kind, false)?;
+    Ok(answer.await.unwrap_or_else(|_| Writes::dropped()))
 }
 
 /// Lets the tasks already woken on this worker run first: the task wakes
@@ -247,62 +439,53 @@ pub(super) async fn behind_the_woken() {
     .await;
 }
 
-/// The task that sends what is queued. Every queued read relies on it
+/// The task that sends what is queued. Every queued call relies on it
 /// from the moment the first one was queued: should it be dropped before
 /// it took the queue (a runtime shutting down drops its tasks, a closed
 /// one never runs them), it drops the queue instead, so those callers hear
-/// at once and the next read queued schedules a new one.
-struct Flush {
+/// at once and the next call queued schedules a new one.
+struct Flush<K: Kind> {
     store: Arc<GuardedStore>,
-    queue: Arc<ReadQueue>,
+    queue: Arc<Queue<K>>,
+    kind: K,
     /// The batch it was scheduled for (`None`: whatever is queued, for a
     /// caller sending a stranded batch itself).
     batch: Option<u64>,
     taken: bool,
 }
 
-impl Flush {
-    /// Sends everything queued as batch reads (side by side, [`MAX_BATCH`]
-    /// keys each), counted in the air while they run, and hands each
-    /// queued caller its reply.
+impl<K: Kind> Flush<K> {
+    /// Sends everything queued as batch calls, counted in the air while
+    /// they run, and hands each queued caller its reply.
     async fn send(mut self) {
         let queue = &*self.queue;
         let taken = {
             let mut waiting = lock(queue);
             self.taken = true;
             if self.batch.is_some_and(|batch| batch != waiting.batch) {
-                // Its reads went out from elsewhere; what is queued now
+                // Its calls went out from elsewhere; what is queued now
                 // is a newer batch's, which its own task sends.
                 return;
             }
-            std::mem::take(&mut waiting.reads)
+            std::mem::take(&mut waiting.items)
         };
         queue.in_flight.fetch_add(1, Ordering::AcqRel);
         let _admitted = Admitted { queue };
-        let store = &self.store;
-        let batches = taken.chunks(MAX_BATCH).map(|batch| async move {
-            let keys: Vec<&[u8]> = batch.iter().map(|q| q.key.as_slice()).collect();
-            store.get_many_split(&keys).await
-        });
-        let replies = futures_util::future::join_all(batches).await;
-        for (queued, reply) in taken.into_iter().zip(replies.into_iter().flatten()) {
-            // A caller that went away does not take its reply.
-            let _ = queued.reply.send(reply);
-        }
+        self.kind.send(&self.store, taken).await;
     }
 }
 
-impl Drop for Flush {
+impl<K: Kind> Drop for Flush<K> {
     fn drop(&mut self) {
         if !self.taken {
             let mut waiting = lock(&self.queue);
             if self.batch.is_none_or(|batch| batch == waiting.batch) {
-                drop(std::mem::take(&mut waiting.reads));
+                drop(std::mem::take(&mut waiting.items));
             }
         }
     }
 }
 
-fn lock(queue: &ReadQueue) -> std::sync::MutexGuard<'_, QueuedReads> {
+fn lock<K: Kind>(queue: &Queue<K>) -> std::sync::MutexGuard<'_, Pending<K>> {
     queue.queue.lock().unwrap_or_else(|p| p.into_inner())
 }

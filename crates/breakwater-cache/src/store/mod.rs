@@ -610,7 +610,8 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
     /// on Redis) instead of one [`get`](Store::get) each. Only worth it
     /// where a batch costs much less than its reads one by one; `false` by
     /// default. A cache never delays a read for this while the store is
-    /// idle.
+    /// idle. The same goes for concurrent writes ([`replace`](Store::replace)
+    /// calls meeting as one [`replace_many`](Store::replace_many)).
     fn batches_reads(&self) -> bool {
         false
     }
