@@ -29,12 +29,55 @@ fn l1_cache(server: &RedisServer) -> Cache<String> {
         .unwrap()
 }
 
-/// `PUBLISH`es `server` has run.
-fn publishes(server: &RedisServer) -> u64 {
+/// Calls of command `name` that `server` has run.
+fn calls_of(server: &RedisServer, name: &str) -> u64 {
     support::command_calls(server)
         .into_iter()
-        .find(|(name, _)| name == "publish")
+        .find(|(n, _)| n == name)
         .map_or(0, |(_, calls)| calls)
+}
+
+/// A load of `key` by `cache` that answers `value` after 500 ms, once it
+/// holds the key's lease; its task and its loader's call count.
+async fn load_in_flight(
+    cache: &Cache<String>,
+    key: &'static str,
+    value: &'static str,
+) -> (
+    tokio::task::JoinHandle<Result<Option<String>, breakwater_cache::Error>>,
+    Arc<AtomicUsize>,
+) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let slow = support::slow_loader(&calls, std::time::Duration::from_millis(500), value);
+    let load = tokio::spawn({
+        let cache = cache.clone();
+        async move { cache.get_or_load(key, slow).await }
+    });
+    support::until("the load holds the lease", || {
+        calls.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    (load, calls)
+}
+
+/// `PUBLISH`es `server` has run.
+fn publishes(server: &RedisServer) -> u64 {
+    calls_of(server, "publish")
+}
+
+/// Loads `"old"` into `cache` (its L1 too) for each key `k<i>` below
+/// `total`.
+async fn hold_old_copies(cache: &Cache<String>, total: usize) {
+    for i in 0..total {
+        let key = format!("k{i}");
+        let old = cache
+            .get_or_load(&key, || async {
+                Ok::<_, std::io::Error>(Some("old".to_owned()))
+            })
+            .await
+            .unwrap();
+        assert_eq!(old.as_deref(), Some("old"));
+    }
 }
 
 /// Waits (up to 5 s) until `cache` reads `expected(i)` for each key `k<i>`
@@ -209,16 +252,7 @@ async fn set_many_tells_other_processes_once_per_step_and_they_drop_their_copies
     let a = bulk_cache(&server);
     let b = l1_cache(&server);
     let total = 2_000usize;
-    for i in 0..total {
-        let key = format!("k{i}");
-        let old = b
-            .get_or_load(&key, || async {
-                Ok::<_, std::io::Error>(Some("old".to_owned()))
-            })
-            .await
-            .unwrap();
-        assert_eq!(old.as_deref(), Some("old"));
-    }
+    hold_old_copies(&b, total).await;
     let publishes = || publishes(&server);
     let before = publishes();
     a.set_many((0..total).map(|i| (format!("k{i}"), format!("new {i}"))))
@@ -241,16 +275,7 @@ async fn set_many_revokes_a_load_in_flight() {
     let server = RedisServer::start();
     let a = bulk_cache(&server);
     let b = bulk_cache(&server);
-    let calls = Arc::new(AtomicUsize::new(0));
-    let slow = support::slow_loader(&calls, std::time::Duration::from_millis(500), "old");
-    let load = tokio::spawn({
-        let b = b.clone();
-        async move { b.get_or_load("k7", slow).await }
-    });
-    support::until("the load holds the lease", || {
-        calls.load(Ordering::SeqCst) == 1
-    })
-    .await;
+    let (load, calls) = load_in_flight(&b, "k7", "old").await;
     a.set_many((0..100).map(|i| (format!("k{i}"), format!("new {i}"))))
         .await
         .unwrap();
@@ -278,16 +303,7 @@ async fn invalidate_many_deletes_tells_once_per_step_and_revokes_loads() {
         assert_eq!(got, Some(format!("v{i}")));
     }
     // A load of a missing key of the batch, in flight across the call.
-    let calls = Arc::new(AtomicUsize::new(0));
-    let slow = support::slow_loader(&calls, std::time::Duration::from_millis(500), "old");
-    let load = tokio::spawn({
-        let b = b.clone();
-        async move { b.get_or_load("missing", slow).await }
-    });
-    support::until("the load holds the lease", || {
-        calls.load(Ordering::SeqCst) == 1
-    })
-    .await;
+    let (load, _) = load_in_flight(&b, "missing", "old").await;
     let publishes = || publishes(&server);
     let before = publishes();
     let keys: Vec<String> = (0..total)
@@ -309,14 +325,6 @@ async fn invalidate_many_deletes_tells_once_per_step_and_revokes_loads() {
     assert_eq!(publishes() - before, 2);
 }
 
-/// Calls of `name` that `server` has run.
-fn calls_of(server: &RedisServer, name: &str) -> u64 {
-    support::command_calls(server)
-        .into_iter()
-        .find(|(n, _)| n == name)
-        .map_or(0, |(_, calls)| calls)
-}
-
 /// A hundred `set`s side by side on a busy Redis meet in the write queue:
 /// past the few in the air, they go out as batch transactions (one
 /// `PUBLISH` each, not one script per key), and each keeps what a `set`
@@ -328,28 +336,10 @@ async fn concurrent_sets_meet_in_batches_and_each_keeps_its_guarantees() {
     let a = bulk_cache(&server);
     let b = l1_cache(&server);
     let total = 100usize;
-    for i in 0..total {
-        let key = format!("k{i}");
-        let old = b
-            .get_or_load(&key, || async {
-                Ok::<_, std::io::Error>(Some("old".to_owned()))
-            })
-            .await
-            .unwrap();
-        assert_eq!(old.as_deref(), Some("old"));
-    }
+    hold_old_copies(&b, total).await;
     // A load of one of the keys in flight across the sets.
-    let calls = Arc::new(AtomicUsize::new(0));
-    let slow = support::slow_loader(&calls, std::time::Duration::from_millis(500), "older");
     b.invalidate("k7").await.unwrap();
-    let load = tokio::spawn({
-        let b = b.clone();
-        async move { b.get_or_load("k7", slow).await }
-    });
-    support::until("the load holds the lease", || {
-        calls.load(Ordering::SeqCst) == 1
-    })
-    .await;
+    let (load, _) = load_in_flight(&b, "k7", "older").await;
     let (scripts, transactions) = (calls_of(&server, "evalsha"), calls_of(&server, "exec"));
     let sets = (0..total).map(|i| {
         let a = a.clone();

@@ -116,7 +116,8 @@ async fn a_tagged_hit_is_one_command_and_a_chosen_tag_is_still_checked() {
         .set(&"one".to_string())
         .await
         .unwrap();
-    // The loader chooses a third tag of its own.
+    // The loader chooses a third tag of its own; p:2 is read by calls
+    // naming `tags` with such a loader, p:1 by plain ones.
     let chosen = |value: &'static str| {
         move |_: breakwater_cache::LoadContext<String>| async move {
             Ok::<_, std::io::Error>(
@@ -124,37 +125,45 @@ async fn a_tagged_hit_is_one_command_and_a_chosen_tag_is_still_checked() {
             )
         }
     };
+    let read_two = |value: &'static str| {
+        let cache = &cache;
+        async move {
+            let got = cache
+                .entry("p:2")
+                .tags(tags)
+                .get_or_load_with_context_meta(chosen(value))
+                .await
+                .unwrap();
+            (got.value, got.served)
+        }
+    };
+    let read_one = || async {
+        let got = cache
+            .entry("p:1")
+            .tags(tags)
+            .get_or_load_with_meta(|| async { Ok::<_, std::io::Error>(Some("loaded".to_string())) })
+            .await
+            .unwrap();
+        (got.value, got.served)
+    };
+    let (hit, loaded) = (
+        breakwater_cache::Served::Hit,
+        breakwater_cache::Served::Loaded,
+    );
+    let some = |v: &str| Some(v.to_string());
     // A chosen tag's counter made during the load (or within 100 ms
     // before it) leaves that load unwritten: the counter may have been
     // lost and made again while it ran. A load that begins later is
     // written.
     for pause in [200, 0] {
-        let loaded = cache
-            .entry("p:2")
-            .tags(tags)
-            .get_or_load_with_context_meta(chosen("two"))
-            .await
-            .unwrap();
-        assert_eq!(
-            (loaded.value.as_deref(), loaded.served),
-            (Some("two"), breakwater_cache::Served::Loaded)
-        );
+        assert_eq!(read_two("two").await, (some("two"), loaded));
         tokio::time::sleep(Duration::from_millis(pause)).await;
     }
 
     settled().await;
     server.command(&["CONFIG", "RESETSTAT"]).unwrap();
     for _ in 0..3 {
-        let hit = cache
-            .entry("p:1")
-            .tags(tags)
-            .get_or_load_with_meta(|| async { Ok::<_, std::io::Error>(Some("loaded".to_string())) })
-            .await
-            .unwrap();
-        assert_eq!(
-            (hit.value.as_deref(), hit.served),
-            (Some("one"), breakwater_cache::Served::Hit)
-        );
+        assert_eq!(read_one().await, (some("one"), hit));
     }
     assert_eq!(
         cache_calls(&server),
@@ -163,16 +172,7 @@ async fn a_tagged_hit_is_one_command_and_a_chosen_tag_is_still_checked() {
     );
 
     server.command(&["CONFIG", "RESETSTAT"]).unwrap();
-    let hit = cache
-        .entry("p:2")
-        .tags(tags)
-        .get_or_load_with_context_meta(chosen("reloaded"))
-        .await
-        .unwrap();
-    assert_eq!(
-        (hit.value.as_deref(), hit.served),
-        (Some("two"), breakwater_cache::Served::Hit)
-    );
+    assert_eq!(read_two("reloaded").await, (some("two"), hit));
     let mut calls = cache_calls(&server);
     calls.sort();
     assert_eq!(
@@ -181,28 +181,10 @@ async fn a_tagged_hit_is_one_command_and_a_chosen_tag_is_still_checked() {
         "the chosen tag's counter is read after the entry"
     );
     cache.invalidate_tag("supplier:9").await.unwrap();
-    let after = cache
-        .entry("p:2")
-        .tags(tags)
-        .get_or_load_with_context_meta(chosen("reloaded"))
-        .await
-        .unwrap();
-    assert_eq!(
-        (after.value.as_deref(), after.served),
-        (Some("reloaded"), breakwater_cache::Served::Loaded)
-    );
+    assert_eq!(read_two("reloaded").await, (some("reloaded"), loaded));
     // A named tag invalidated: the next tagged read misses too.
     cache.invalidate_tag("catalog").await.unwrap();
-    let after = cache
-        .entry("p:1")
-        .tags(tags)
-        .get_or_load_with_meta(|| async { Ok::<_, std::io::Error>(Some("loaded".to_string())) })
-        .await
-        .unwrap();
-    assert_eq!(
-        (after.value.as_deref(), after.served),
-        (Some("loaded"), breakwater_cache::Served::Loaded)
-    );
+    assert_eq!(read_one().await, (some("loaded"), loaded));
 }
 
 #[tokio::test]
