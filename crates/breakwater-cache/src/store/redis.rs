@@ -409,21 +409,27 @@ impl RedisStore {
         group: Vec<usize>,
         notice: Notice<'_>,
     ) -> Result<(), Error> {
-        let mut tx = redis::pipe();
+        let mut tx = redis::Pipeline::with_capacity(group.len() + 2);
         tx.atomic();
-        let del = tx.cmd("DEL");
+        // Each command sized up front: grown argument by argument, they
+        // took a reallocation or two per key.
+        let leases: usize = group.iter().map(|&i| writes[i].lease_key.len()).sum();
+        let mut del = redis::Cmd::with_capacity(group.len() + 1, 3 + leases);
+        del.arg("DEL");
         for &i in &group {
             del.arg(writes[i].lease_key);
         }
-        del.ignore();
+        tx.add_command(del).ignore();
         for &i in &group {
             let w = &writes[i];
-            tx.cmd("SET")
+            // "SET", "PX" and the TTL's digits: 25 bytes at most.
+            let mut set = redis::Cmd::with_capacity(5, w.key.len() + w.value.len() + 25);
+            set.arg("SET")
                 .arg(w.key)
                 .arg(w.value)
                 .arg("PX")
-                .arg(ttls[i])
-                .ignore();
+                .arg(ttls[i]);
+            tx.add_command(set).ignore();
         }
         let revoked = group.iter().map(|&i| (writes[i].key, writes[i].lease_key));
         self.revoking_step(tx, revoked, notice).await
