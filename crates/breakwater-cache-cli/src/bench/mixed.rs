@@ -718,6 +718,13 @@ pub(crate) async fn bench(opts: &MixedOpts) -> Result<(), Failure> {
     );
     if !opts.json {
         crate::outln!("{header}");
+        if warm_up(load) >= load.duration {
+            eprintln!(
+                "breakwater: the run is no longer than the warm-up ({}): every figure after it is \
+                 empty; give --duration longer than --warm-up (by default the TTL)",
+                humantime::format_duration(warm_up(load))
+            );
+        }
     }
     let sides: &[Side] = if opts.no_naive {
         &[Side::Breakwater]
