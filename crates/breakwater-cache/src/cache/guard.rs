@@ -145,29 +145,14 @@ impl GuardedStore {
     /// ([`get_many_split`](Self::get_many_split)): one round trip either
     /// way. A tagged read fetches its entry and its tags' counters so.
     pub(crate) async fn get_beside(&self, keys: &[&[u8]]) -> Vec<Result<Option<Vec<u8>>, Error>> {
-        if self.breakers.len() > 1 {
-            return self.get_many_split(keys).await;
-        }
-        let read = match &self.redis {
+        match &self.redis {
             Some(redis) if redis.batches_reads() => {
-                self.guarded("get_many", keys[0], || redis.get_many_unboxed(keys))
-                    .await
+                let read = self
+                    .guarded("get_many", keys[0], || redis.get_many_unboxed(keys))
+                    .await;
+                each_reply(read, keys.len()).collect()
             }
-            _ => {
-                self.guarded("get_many", keys[0], || self.store.get_many(keys))
-                    .await
-            }
-        };
-        match read {
-            Ok(values) if values.len() == keys.len() => values.into_iter().map(Ok).collect(),
-            Ok(_) => {
-                let err = Error::new(
-                    ErrorKind::Store,
-                    "the store answered a batch with the wrong number of replies",
-                );
-                keys.iter().map(|_| Err(err.clone())).collect()
-            }
-            Err(err) => keys.iter().map(|_| Err(err.clone())).collect(),
+            _ => self.get_many_split(keys).await,
         }
     }
 
@@ -213,28 +198,8 @@ impl GuardedStore {
         .await;
         let mut results: Vec<Option<Result<T, Error>>> = (0..items.len()).map(|_| None).collect();
         for ((positions, _), done) in groups.iter().zip(done) {
-            match done {
-                // A reply of the wrong length cannot be matched to the
-                // items: none of the group gets a value from it.
-                Ok(values) if values.len() != positions.len() => {
-                    let err = Error::new(
-                        ErrorKind::Store,
-                        "the store answered a batch with the wrong number of replies",
-                    );
-                    for &i in positions {
-                        results[i] = Some(Err(err.clone()));
-                    }
-                }
-                Ok(values) => {
-                    for (&i, value) in positions.iter().zip(values) {
-                        results[i] = Some(Ok(value));
-                    }
-                }
-                Err(err) => {
-                    for &i in positions {
-                        results[i] = Some(Err(err.clone()));
-                    }
-                }
+            for (&i, result) in positions.iter().zip(each_reply(done, positions.len())) {
+                results[i] = Some(result);
             }
         }
         results
@@ -668,4 +633,27 @@ impl Store for GuardedStore {
         // The subscription reconnects on its own; it is not guarded.
         self.store.subscribe(channel)
     }
+}
+
+/// A batch call's result for each of its `n` items, in order: its value,
+/// or the call's error. A reply of the wrong length cannot be matched to
+/// the items: none of them gets a value from it.
+fn each_reply<T>(done: Result<Vec<T>, Error>, n: usize) -> impl Iterator<Item = Result<T, Error>> {
+    let (values, err) = match done {
+        Ok(values) if values.len() == n => (Some(values), None),
+        Ok(_) => (
+            None,
+            Some(Error::new(
+                ErrorKind::Store,
+                "the store answered a batch with the wrong number of replies",
+            )),
+        ),
+        Err(err) => (None, Some(err)),
+    };
+    let failed = err.map(|err| std::iter::repeat_n(err, n).map(Err));
+    values
+        .into_iter()
+        .flatten()
+        .map(Ok)
+        .chain(failed.into_iter().flatten())
 }

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use tracing::{Instrument, Span};
 
 use super::handle::Cache;
-use super::keys::{HASH_TAG_ROOM, hash_tagged_into};
+use super::keys::HASH_TAG_ROOM;
 use super::options::Options;
 use super::queue::{self};
-use super::tags::{TagSet, judge_tagged, tag_key, tag_state};
+use super::tags::{TagSet, judge_tagged, tag_key, tag_key_into, tag_state};
 use super::value::Value;
 use crate::entry::{Entry, MAX_TAGS, TagStamp};
 use crate::error::{Error, ErrorKind};
@@ -133,7 +133,7 @@ impl<V: Value> Cache<V> {
         );
         let mut ends = [0usize; MAX_TAGS];
         for (tag, end) in tags.tags.iter().zip(ends.iter_mut()) {
-            hash_tagged_into(&mut counters, tag_prefix, tag);
+            tag_key_into(&mut counters, tag_prefix, tag);
             *end = counters.len();
         }
         let mut keys: Vec<&[u8]> = Vec::with_capacity(1 + tags.tags.len());

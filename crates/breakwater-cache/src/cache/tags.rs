@@ -155,7 +155,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::keys::hash_tagged;
+use super::keys::{hash_tagged, hash_tagged_into};
 use super::options::Options;
 use crate::clock::millis;
 use crate::entry::{Entry, MAX_TAG_LEN, MAX_TAGS, TagStamp};
@@ -189,8 +189,8 @@ pub(super) fn counter_ttl(options: &Options) -> Duration {
 
 /// The tags one call named: distinct and sorted, with the TTL their
 /// counters get from this call's write ([`counter_ttl`] of its options).
-/// (Their counters' keys are built only when a load reads them: a hit
-/// needs none.)
+/// (Their counters' keys are built only when a read or a load reads
+/// them: an L1 hit needs none.)
 #[derive(Debug)]
 pub(crate) struct TagSet {
     pub(super) tags: Vec<Vec<u8>>,
@@ -271,6 +271,11 @@ pub(super) fn check_tag(tag: &[u8]) -> Result<(), Error> {
 /// The key of `tag`'s generation counter, hash-tagged as storage keys are.
 pub(super) fn tag_key(tag_prefix: &[u8], tag: &[u8]) -> Vec<u8> {
     hash_tagged(tag_prefix, tag)
+}
+
+/// [`tag_key`], appended to `out` (several counters' keys in one buffer).
+pub(super) fn tag_key_into(out: &mut Vec<u8>, tag_prefix: &[u8], tag: &[u8]) {
+    hash_tagged_into(out, tag_prefix, tag);
 }
 
 /// A counter's state as stored (`G` or `G:H:T`, see [`TagState`]);
