@@ -150,7 +150,7 @@ impl GuardedStore {
                 let read = self
                     .guarded("get_many", keys[0], || redis.get_many_unboxed(keys))
                     .await;
-                each_reply(read, keys.len()).collect()
+                each_reply(read, keys.len())
             }
             _ => self.get_many_split(keys).await,
         }
@@ -638,22 +638,14 @@ impl Store for GuardedStore {
 /// A batch call's result for each of its `n` items, in order: its value,
 /// or the call's error. A reply of the wrong length cannot be matched to
 /// the items: none of them gets a value from it.
-fn each_reply<T>(done: Result<Vec<T>, Error>, n: usize) -> impl Iterator<Item = Result<T, Error>> {
-    let (values, err) = match done {
-        Ok(values) if values.len() == n => (Some(values), None),
-        Ok(_) => (
-            None,
-            Some(Error::new(
-                ErrorKind::Store,
-                "the store answered a batch with the wrong number of replies",
-            )),
+fn each_reply<T>(done: Result<Vec<T>, Error>, n: usize) -> Vec<Result<T, Error>> {
+    let err = match done {
+        Ok(values) if values.len() == n => return values.into_iter().map(Ok).collect(),
+        Ok(_) => Error::new(
+            ErrorKind::Store,
+            "the store answered a batch with the wrong number of replies",
         ),
-        Err(err) => (None, Some(err)),
+        Err(err) => err,
     };
-    let failed = err.map(|err| std::iter::repeat_n(err, n).map(Err));
-    values
-        .into_iter()
-        .flatten()
-        .map(Ok)
-        .chain(failed.into_iter().flatten())
+    (0..n).map(|_| Err(err.clone())).collect()
 }
