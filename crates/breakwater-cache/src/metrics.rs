@@ -42,7 +42,7 @@
 //! `op` is one of `get`, `set`, `delete`, `ttl`, `acquire_lease`,
 //! `lease_held`, `extend_lease`, `release_lease`, `fenced_set`, `replace`,
 //! `replace_many`, `invalidate`, `invalidate_many`, `publish`, `bump_generation` (a tag
-//! invalidation), `tag_generations` (a tagged write's read-or-create of
+//! invalidation), `bump_generations` (an `invalidate_tags`), `tag_generations` (a tagged write's read-or-create of
 //! its tags' counters), `pin` (a version transition's pin of the previous
 //! version's entry).
 
@@ -82,7 +82,7 @@ const ERROR_KINDS: [&str; 10] = [
     "too_large",
 ];
 /// The store operations, for `breakwater_store_seconds`.
-const STORE_OPS: [&str; 17] = [
+const STORE_OPS: [&str; 18] = [
     "get",
     "set",
     "delete",
@@ -98,6 +98,7 @@ const STORE_OPS: [&str; 17] = [
     "invalidate_many",
     "publish",
     "bump_generation",
+    "bump_generations",
     "tag_generations",
     "pin",
 ];

@@ -116,7 +116,8 @@
 //! group), a third of them with the tag chosen by the loader after the
 //! load instead (`Loaded::tags`; and half of those `get_many`s, of keys
 //! of any group, each tagged by its loader), `set`s are tagged, and a tenth of the calls are
-//! `invalidate_tag` of a group (half of them `expire_tag`), which bumps
+//! `invalidate_tag` of a group (half of them `expire_tag`, a tenth
+//! `invalidate_tags` of the group and the next), which bumps
 //! every key of the group in the database (rows locked in order) before it;
 //! once it returned `Ok`, each of those keys is fenced at its new version,
 //! so no-resurrection, liveness and time are checked for tag invalidation
@@ -364,6 +365,7 @@ fn traced(method: &str) -> Option<&'static str> {
         "invalidate_many" => "s.invalid_many",
         "invalidate" => "s.invalid",
         "bump_generation" => "s.bump",
+        "bump_generations" => "s.bumps",
         "tag_generations" => "s.tag_gens",
         "expire_entry" => "s.expire",
         "expire_generation" => "s.expire_tag",
@@ -1375,32 +1377,39 @@ async fn clear(
     drop(rows);
 }
 
-/// `invalidate_tag(tag)` (or, `soft`, `expire_tag(tag)`): a database
-/// write to every key of the tag's group (their rows locked, in order),
-/// then the invalidation; once it returned `Ok`, each of those keys is
-/// fenced at its new version (softly for `expire_tag`, as for `expire`:
-/// what is served fresh is bound, an older value may still be `Stale`).
+/// `invalidate_tag(tag)` (or, `soft`, `expire_tag(tag)`; or, with more
+/// than one tag, `invalidate_tags(tags)`): a database write to every key
+/// of the tags' groups (their rows locked, in order), then the
+/// invalidation; once it returned `Ok`, each of those keys is fenced at its
+/// new version (softly for `expire_tag`, as for `expire`: what is served
+/// fresh is bound, an older value may still be `Stale`).
 async fn invalidate_tag(
     world: &Arc<World>,
     p: &Proc,
-    tag: &str,
+    tags: &[String],
     keys: &[String],
     writes: &BTreeMap<String, Arc<tokio::sync::Mutex<()>>>,
     soft: bool,
 ) {
-    let tagged: Vec<&String> = keys.iter().filter(|k| group(k) == tag).collect();
+    let tag = tags.join(",");
+    let tag = tag.as_str();
+    let tagged: Vec<&String> = keys.iter().filter(|k| tags.contains(&group(k))).collect();
     let mut rows = Vec::with_capacity(tagged.len());
     for key in &tagged {
         rows.push(writes[*key].lock().await);
     }
     let versions: Vec<u64> = tagged.iter().map(|key| world.bump(key)).collect();
     let start = Instant::now();
-    let op = if soft { "expire_tag" } else { "invalidate_tag" };
+    let op = match (soft, tags) {
+        (true, _) => "expire_tag",
+        (false, [_]) => "invalidate_tag",
+        (false, _) => "invalidate_tags",
+    };
     let call = async {
-        if soft {
-            p.cache.expire_tag(tag).await
-        } else {
-            p.cache.invalidate_tag(tag).await
+        match (soft, tags) {
+            (true, _) => p.cache.expire_tag(tag).await,
+            (false, [_]) => p.cache.invalidate_tag(tag).await,
+            (false, _) => p.cache.invalidate_tags(tags).await,
         }
     };
     let outcome = match timeout(BOUND, call).await {
@@ -1805,9 +1814,16 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                             get(&world, p, key, delay, tagged).await;
                         }
                         // Half of them soft: `expire_tag`.
+                        // One in ten of them `invalidate_tags` of the
+                        // key's group and the next.
                         roll @ 70..80 if tagged => {
                             let soft = roll < 75;
-                            invalidate_tag(&world, p, &group(key), &keys, &writes, soft).await;
+                            let mut tags = vec![group(key)];
+                            if roll == 79 {
+                                let n: usize = key[1..].parse().expect("a letter and a number");
+                                tags.push(format!("g{}", (n + 1) % 3));
+                            }
+                            invalidate_tag(&world, p, &tags, &keys, &writes, soft).await;
                         }
                         80 if plain && rng.random_bool(0.3) => {
                             let hard = rng.random_bool(0.5);

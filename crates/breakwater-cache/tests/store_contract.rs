@@ -777,6 +777,66 @@ async fn bump_generation_counts_on_or_starts_fresh_and_publishes(store: &dyn Sto
     assert_eq!(zero.kind(), ErrorKind::Config, "{zero}");
 }
 
+/// Several counters (on several slots of a cluster) bumped in one call:
+/// each as `bump_generation` would (a missing or foreign one at the fresh
+/// value, one that exists on by one, its TTL only lengthened); the notice
+/// is published once per step (once on one server).
+async fn bump_generations_bump_each_counter_and_publish(store: &dyn Store, _: Time) {
+    let keys: Vec<Vec<u8>> = (0..12)
+        .map(|i| format!("bw:test:t:{{tag{i}}}").into_bytes())
+        .collect();
+    let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+    let ttl = Duration::from_secs(600);
+    let hour = Duration::from_secs(3600);
+    store.set(refs[0], b"not a number", ttl).await.unwrap();
+    store
+        .bump_generation(refs[1], FRESH + 40, hour, notice(b"x"))
+        .await
+        .unwrap();
+    let mut sub = subscribed(store).await;
+    store
+        .bump_generations(&refs, FRESH, ttl, notice(b"many"))
+        .await
+        .unwrap();
+    assert_eq!(next_message(&mut sub).await, b"many");
+    for (i, key) in refs.iter().enumerate() {
+        let expected = if i == 1 { FRESH + 41 } else { FRESH };
+        assert_eq!(
+            store.get(key).await.unwrap(),
+            Some(expected.to_string().into_bytes()),
+            "{i}"
+        );
+        let ttl_left = left(store, key).await;
+        let floor = if i == 1 { hour } else { ttl };
+        assert!(
+            ttl_left > floor - Duration::from_secs(5),
+            "{i}: {ttl_left:?}"
+        );
+    }
+    // Again: each goes on by one.
+    store
+        .bump_generations(&refs, FRESH + 500, ttl, notice(b"again"))
+        .await
+        .unwrap();
+    for (i, key) in refs.iter().enumerate() {
+        let expected = if i == 1 { FRESH + 42 } else { FRESH + 1 };
+        assert_eq!(
+            store.get(key).await.unwrap(),
+            Some(expected.to_string().into_bytes()),
+            "{i}"
+        );
+    }
+    store
+        .bump_generations(&[], FRESH, ttl, notice(b"none"))
+        .await
+        .unwrap();
+    let zero = store
+        .bump_generations(&refs, FRESH, Duration::ZERO, notice(b"x"))
+        .await
+        .unwrap_err();
+    assert_eq!(zero.kind(), ErrorKind::Config, "{zero}");
+}
+
 /// A soft bump (`expire_tag`): `G` or `G:H:T` becomes `G+1:H:at` (the
 /// floor kept), a missing or foreign counter starts at the fresh value
 /// (plain digits), the notice is published, the TTL only lengthened; a
@@ -1601,6 +1661,7 @@ contract!(
     get_many_reads_in_order_across_slots,
     acquire_leases_takes_each_as_acquire_lease_would,
     bump_generation_counts_on_or_starts_fresh_and_publishes,
+    bump_generations_bump_each_counter_and_publish,
     expire_generation_moves_on_softly_keeping_the_floor,
     tag_generations_read_or_create_each_counter,
     tag_states_date_each_counters_last_hard_change,

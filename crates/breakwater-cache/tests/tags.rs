@@ -177,6 +177,113 @@ async fn invalidate_tag_reaches_every_process_on_redis() {
     );
 }
 
+/// `invalidate_tags`: every entry of each named tag is gone, for this
+/// process and another (whose L1 drops its copies when the one message
+/// arrives); entries of other tags only, and untagged ones, stay; a tag
+/// nobody used, or named twice, changes nothing else.
+async fn invalidate_tags_reaches_every_process(a: Cache<u64>, b: Cache<u64>) {
+    let db = Arc::new(Db::default());
+    let v1 = db.update();
+    let entries: [(&str, &[&str]); 4] = [
+        ("shoe:1", &["shoes", "sale"]),
+        ("hat:1", &["hats"]),
+        ("bag:1", &["bags"]),
+        ("bag:2", &["bags", "sale"]),
+    ];
+    for (key, tags) in entries {
+        assert_eq!(tagged(&a, &db, key, tags).await, (Some(v1), Served::Loaded));
+    }
+    a.set("motd", &v1).await.unwrap();
+    for (key, tags) in entries {
+        assert_eq!(tagged(&b, &db, key, tags).await, (Some(v1), Served::Hit));
+    }
+
+    let v2 = db.update();
+    a.invalidate_tags(["shoes", "hats", "nobody", "shoes"])
+        .await
+        .unwrap();
+    let expected = [None, None, Some(v1), Some(v1)];
+    for cache in [&a, &b] {
+        until_gone(cache, "hat:1").await;
+        for ((key, _), expected) in entries.iter().zip(expected) {
+            assert_eq!(cache.get(*key).await.unwrap(), expected, "{key}");
+        }
+        assert_eq!(cache.get("motd").await.unwrap(), Some(v1), "untagged");
+    }
+    for ((key, tags), expected) in entries.iter().zip(expected) {
+        let (value, served) = tagged(&b, &db, key, tags).await;
+        match expected {
+            None => assert_eq!((value, served), (Some(v2), Served::Loaded), "{key}"),
+            Some(v) => {
+                assert_eq!(value, Some(v), "{key}");
+                assert!(matches!(served, Served::Hit | Served::L1Hit), "{key}");
+            }
+        }
+    }
+    // A tag shared with another: its entries go too, nothing else.
+    b.invalidate_tags(["sale"]).await.unwrap();
+    until_gone(&a, "bag:2").await;
+    assert_eq!(a.get("bag:1").await.unwrap(), Some(v1));
+    assert_eq!(a.get("hat:1").await.unwrap(), Some(v2));
+    // Nothing named: nothing sent.
+    a.invalidate_tags(Vec::<String>::new()).await.unwrap();
+    let bad = a.invalidate_tags(["bags", ""]).await.unwrap_err();
+    assert_eq!(bad.kind(), ErrorKind::InvalidKey);
+    assert_eq!(
+        a.get("bag:1").await.unwrap(),
+        Some(v1),
+        "a bad tag refuses the whole call before the store"
+    );
+}
+
+/// Waits (2 s at most) for `key` to read as a miss in `cache`: another
+/// process's L1 copy goes when the bus brings the message.
+async fn until_gone(cache: &Cache<u64>, key: &str) {
+    for _ in 0..200 {
+        if cache.get(key).await.unwrap().is_none() {
+            return;
+        }
+        sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{key} is still there 2 s after its tag's invalidation");
+}
+
+#[tokio::test(start_paused = true)]
+async fn invalidate_tags_reaches_every_process_on_the_memory_store() {
+    let store = MemoryStore::new();
+    invalidate_tags_reaches_every_process(build(store.clone(), true), build(store, true)).await;
+}
+
+/// On Redis the batch is one script and one message, however many tags.
+#[tokio::test]
+async fn invalidate_tags_reaches_every_process_on_redis() {
+    let server = RedisServer::start();
+    let (a, b) = (
+        support::connect(&server).await,
+        support::connect(&server).await,
+    );
+    let (a, b) = (build(a, true), build(b, true));
+    invalidate_tags_reaches_every_process(a.clone(), b).await;
+    server.command(&["CONFIG", "RESETSTAT"]).unwrap();
+    let tags: Vec<String> = (0..100).map(|i| format!("tag:{i}")).collect();
+    a.invalidate_tags(&tags).await.unwrap();
+    let calls = support::command_calls(&server);
+    let of = |name: &str| calls.iter().find(|(c, _)| c == name).map_or(0, |(_, n)| *n);
+    assert_eq!(
+        (of("evalsha") + of("eval"), of("publish")),
+        (1, 1),
+        "{calls:?}"
+    );
+    // Each counter exists, with an expiry.
+    let store = support::connect(&server).await;
+    for tag in ["tag:0", "tag:99"] {
+        let key = format!("bw:tags:t:{{{tag}}}");
+        assert!(store.get(key.as_bytes()).await.unwrap().is_some(), "{key}");
+        let left = store.ttl(key.as_bytes()).await.unwrap().unwrap();
+        assert!(left > Duration::from_secs(3500), "{left:?}");
+    }
+}
+
 #[tokio::test]
 async fn tags_spread_over_a_cluster() {
     let (cluster, store) = support::cluster_store().await;
@@ -214,6 +321,22 @@ async fn tags_spread_over_a_cluster() {
         let key = format!("k{i}");
         let expected = if i % 5 <= 2 {
             (Some(v2), Served::Loaded)
+        } else {
+            (Some(v1), Served::Hit)
+        };
+        assert_eq!(
+            tagged(&b, &db, &key, &tags[i % 5..]).await,
+            expected,
+            "{key}"
+        );
+    }
+    // Tags on several nodes in one call: each slot's counters bumped.
+    let v3 = db.update();
+    a.invalidate_tags(["alpha", "delta"]).await.unwrap();
+    for i in 0..10 {
+        let key = format!("k{i}");
+        let expected = if i % 5 <= 3 {
+            (Some(v3), Served::Loaded)
         } else {
             (Some(v1), Served::Hit)
         };

@@ -526,6 +526,22 @@ impl Store for GuardedStore {
         )
     }
 
+    /// One guarded batch per failure domain (one, on a single server).
+    fn bump_generations<'a>(
+        &'a self,
+        keys: &'a [&'a [u8]],
+        fresh: u64,
+        ttl: Duration,
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, ()> {
+        Box::pin(self.write_per_domain(
+            "bump_generations",
+            keys,
+            |k| k,
+            move |group| self.store.bump_generations(group, fresh, ttl, notice),
+        ))
+    }
+
     fn clear_namespace<'a>(
         &'a self,
         clear: NamespaceClear<'a>,

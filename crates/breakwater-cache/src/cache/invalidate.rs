@@ -373,60 +373,99 @@ impl<V: Value> Cache<V> {
 
     /// [`invalidate_tag`](Self::invalidate_tag), in its span.
     pub(super) async fn invalidate_tag_bytes(&self, tag: &[u8]) -> Result<(), Error> {
-        self.revoke_tag(tag, Revoke::Delete).await
+        self.revoke_tags(&[tag], Revoke::Delete).await
+    }
+
+    /// [`invalidate_tags`](Self::invalidate_tags), in its span: the tags
+    /// (each once) in batches of [`INVALIDATE_MANY_BATCH`], one after
+    /// another.
+    pub(super) async fn invalidate_tags_bytes(&self, tags: &[Vec<u8>]) -> Result<(), Error> {
+        for tag in tags {
+            check_tag(tag)?;
+        }
+        let mut seen = std::collections::HashSet::with_capacity(tags.len());
+        let distinct: Vec<&[u8]> = tags
+            .iter()
+            .map(Vec::as_slice)
+            .filter(|tag| seen.insert(*tag))
+            .collect();
+        for batch in distinct.chunks(INVALIDATE_MANY_BATCH) {
+            self.revoke_tags(batch, Revoke::Delete).await?;
+        }
+        Ok(())
     }
 
     /// [`expire_tag`](Self::expire_tag), in its span: as a tag
     /// invalidation, but the counter's soft bump leaves the tag's entries
     /// stale, not missing (see `tags`).
     pub(super) async fn expire_tag_bytes(&self, tag: &[u8]) -> Result<(), Error> {
-        self.revoke_tag(tag, Revoke::Expire).await
+        self.revoke_tags(&[tag], Revoke::Expire).await
     }
 
-    /// An invalidation or an expiry of every entry carrying `tag`: its
-    /// counter bumped (hard or soft) with its notice, delivered with
-    /// retries, this process's local step (every L1 copy and flight, as
-    /// the entries' tags are known only once read), and inside a version
-    /// transition the previous version's processes told too.
-    async fn revoke_tag(&self, tag: &[u8], how: Revoke) -> Result<(), Error> {
-        check_tag(tag)?;
+    /// An invalidation or an expiry of every entry carrying one of `tags`
+    /// (at least one): their counters bumped (hard or soft) with one
+    /// notice, delivered with retries, this process's local step (every L1
+    /// copy and flight, as the entries' tags are known only once read),
+    /// and inside a version transition the previous version's processes
+    /// told too.
+    async fn revoke_tags(&self, tags: &[&[u8]], how: Revoke) -> Result<(), Error> {
+        for tag in tags {
+            check_tag(tag)?;
+        }
         let inner = &self.inner;
-        let key = tag_key(&inner.tag_prefix, tag);
-        let message = notify::message(TAG_INVALIDATED, inner.waiters.sender(), &key);
-        let (key, message) = (&key, &message);
-        // Should the counter be missing, it starts again at a value no
+        let keys: Vec<Vec<u8>> = tags
+            .iter()
+            .map(|tag| tag_key(&inner.tag_prefix, tag))
+            .collect();
+        let Some(first) = keys.first() else {
+            return Ok(());
+        };
+        // Every process empties its L1 on any tag's message: the first
+        // counter names the batch.
+        let message = notify::message(TAG_INVALIDATED, inner.waiters.sender(), first);
+        let refs: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        let (refs, message) = (&refs, &message);
+        // Should a counter be missing, it starts again at a value no
         // entry can have recorded; retries send the same one.
         let fresh = self.inner.fresh_generation();
         let ttl = counter_ttl(&inner.defaults);
         // After the store has answered (a read that starts later sees the
-        // new generation); also if it failed (the reply may be all that was
-        // lost), or if the caller goes away first.
+        // new generations); also if it failed (the reply may be all that
+        // was lost), or if the caller goes away first.
         let _local = LocalStep::new(|| self.local.tags_invalidated());
         let done = self
-            .deliver(key, 0, || async move {
+            .deliver(first, keys.len() - 1, || async move {
                 let notice = inner.notice(message);
                 let store = &inner.store;
-                let bumped = match how {
-                    Revoke::Delete => store.bump_generation(key, fresh, ttl, notice).await,
-                    Revoke::Expire => {
-                        // Its entries' fresh windows end at this, less
+                match (how, refs.as_slice()) {
+                    (Revoke::Delete, [key]) => store
+                        .bump_generation(key, fresh, ttl, notice)
+                        .await
+                        .map(drop),
+                    (Revoke::Delete, keys) => {
+                        store.bump_generations(keys, fresh, ttl, notice).await
+                    }
+                    (Revoke::Expire, keys) => {
+                        // Their entries' fresh windows end at this, less
                         // `EXPIRE_SKEW`, when they are read.
                         let at = store.now_ms();
-                        store.expire_generation(key, fresh, ttl, at, notice).await
+                        for key in keys {
+                            store.expire_generation(key, fresh, ttl, at, notice).await?;
+                        }
+                        Ok(())
                     }
-                };
-                bumped.map(drop)
+                }
             })
             .await;
         // Inside a version transition the previous version's processes
-        // share the tag (its counter has no version): they are told on
+        // share the tags (a counter has no version): they are told on
         // their own channel, to empty their L1s.
         if done.is_ok()
             && let Some(previous) = &inner.previous
             && Instant::now() < previous.until
             && let Err(err) = inner.store.publish(&previous.channel, message).await
         {
-            tracing::debug!(tag = %show_key(tag), error = %err, "tag invalidation not published to the previous version");
+            tracing::debug!(tag = %show_key(tags[0]), error = %err, "tag invalidation not published to the previous version");
         }
         done
     }

@@ -538,6 +538,56 @@ impl<V: Value> Cache<V> {
         done
     }
 
+    /// [`invalidate_tag`](Self::invalidate_tag) for many tags (each once),
+    /// with the same contract for each, at the cost of a few store steps:
+    /// on Redis one script per hash slot of their counters (one, on a
+    /// single server), side by side, each publishing one message, in
+    /// batches of 4,096 tags, each delivered (and retried) as a whole within
+    /// 1 s. A user's tags, a catalogue's categories: one call, not one
+    /// script, retry loop and notice per tag. Other processes empty their
+    /// L1 once for the batch.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidKey`](crate::ErrorKind::InvalidKey) for an empty tag or one
+    /// over 256 bytes, before anything is sent, or
+    /// [`Store`](crate::ErrorKind::Store) if a batch was not delivered
+    /// (earlier batches were; later ones are not sent): retry the call,
+    /// which is safe (an extra bump only invalidates again).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use breakwater_cache::Cache;
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), breakwater_cache::Error> {
+    /// let cache = Cache::<u64>::builder().build()?;
+    /// for (key, tag) in [("price:1", "shoes"), ("price:2", "hats"), ("price:3", "bags")] {
+    ///     cache.entry(key).tags([tag]).set(&10).await?;
+    /// }
+    /// cache.invalidate_tags(["shoes", "hats"]).await?;
+    /// assert_eq!(cache.get("price:1").await?, None);
+    /// assert_eq!(cache.get("price:2").await?, None);
+    /// assert_eq!(cache.get("price:3").await?, Some(10));
+    /// # Ok(()) }
+    /// ```
+    pub async fn invalidate_tags<T, I>(&self, tags: I) -> Result<(), Error>
+    where
+        T: CacheKey,
+        I: IntoIterator<Item = T>,
+    {
+        let tags: Vec<Vec<u8>> = tags.into_iter().map(|t| t.key_bytes().to_vec()).collect();
+        let Some(first) = tags.first() else {
+            return Ok(());
+        };
+        let span = self.span(Op::InvalidateTag, first);
+        let done = self
+            .invalidate_tags_bytes(&tags)
+            .instrument(span.clone())
+            .await;
+        record_error(&span, &done);
+        done
+    }
+
     /// Makes every entry written with `tag` (through
     /// [`CacheEntry::tags`](super::CacheEntry::tags)) stale, in every
     /// process, at once, without removing it (a soft

@@ -365,6 +365,27 @@ impl Store for MemoryStore {
         Box::pin(async move { bumped })
     }
 
+    fn bump_generations<'a>(
+        &'a self,
+        keys: &'a [&'a [u8]],
+        fresh: u64,
+        ttl: Duration,
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, ()> {
+        let bumped = ttl_millis(ttl).map(|ms| {
+            let now = Instant::now();
+            for key in keys {
+                self.inner.shard_for(key).generation(key, now, ms, |held| {
+                    held.map_or(TagState::plain(fresh), TagState::bumped)
+                });
+            }
+            if !keys.is_empty() {
+                self.inner.publish(notice.channel, notice.message);
+            }
+        });
+        Box::pin(async move { bumped })
+    }
+
     fn expire_generation<'a>(
         &'a self,
         key: &'a [u8],

@@ -316,6 +316,31 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
         notice: Notice<'a>,
     ) -> StoreFuture<'a, u64>;
 
+    /// Several [`bump_generation`](Store::bump_generation)s
+    /// (`Cache::invalidate_tags`) with one notice, as few atomic steps as
+    /// the backend can (Redis: one script per hash slot, side by side; the
+    /// memory store: one). Each step moves its counters on as
+    /// `bump_generation` does (a missing or foreign one is set to `fresh`,
+    /// each TTL at least `ttl`) and publishes `notice` once. `Err` if any
+    /// step may have failed (a batch is safe to send again: an extra bump
+    /// only invalidates again).
+    ///
+    /// The default bumps them one after another, each publishing `notice`.
+    fn bump_generations<'a>(
+        &'a self,
+        keys: &'a [&'a [u8]],
+        fresh: u64,
+        ttl: Duration,
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            for key in keys {
+                self.bump_generation(key, fresh, ttl, notice).await?;
+            }
+            Ok(())
+        })
+    }
+
     /// Moves the generation counter under `key` on softly
     /// (`Cache::expire_tag`), atomically with publishing `notice`: a
     /// counter holding `G` (or `G:H:T`, see below) comes to hold

@@ -57,9 +57,9 @@ use self::command::wrong_count;
 use self::connection::{RedisCore, Topology, hash_slot};
 use self::latency::DeadlineKind;
 use self::scripts::{
-    ACQUIRE_LEASES, BUMP_GENERATION, CLEAR_NAMESPACE, EXPIRE_ENTRY, EXPIRE_GENERATION,
-    EXTEND_LEASE, FENCED_SET, INVALIDATE, PIN, RELEASE_LEASE, RENEW, REPLACE, TAG_GENERATIONS,
-    TAG_STATES, run_script,
+    ACQUIRE_LEASES, BUMP_GENERATION, BUMP_GENERATIONS, CLEAR_NAMESPACE, EXPIRE_ENTRY,
+    EXPIRE_GENERATION, EXTEND_LEASE, FENCED_SET, INVALIDATE, PIN, RELEASE_LEASE, RENEW, REPLACE,
+    TAG_GENERATIONS, TAG_STATES, run_script,
 };
 use self::sentinel::Revocation;
 use super::namespace::NamespaceState;
@@ -940,6 +940,60 @@ impl Store for RedisStore {
                 .arg(fresh)
                 .arg(ms);
             self.move_on(script, key, fresh, ms, notice).await
+        })
+    }
+
+    /// One script per hash slot of the counters (one, on a single
+    /// server), side by side, each publishing the notice. On a Sentinel
+    /// store each bump is remembered as `bump_generation`'s is.
+    fn bump_generations<'a>(
+        &'a self,
+        keys: &'a [&'a [u8]],
+        fresh: u64,
+        ttl: Duration,
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            if keys.is_empty() {
+                return Ok(());
+            }
+            let ms = ttl_millis(ttl)?;
+            let _: Vec<String> = self
+                .inner
+                .per_slot(keys, "a tag bump script", |group| {
+                    let mut script = BUMP_GENERATIONS
+                        .key(keys[group[0]])
+                        .arg(notice.channel)
+                        .arg(notice.message)
+                        .arg(fresh)
+                        .arg(ms);
+                    for &i in &group[1..] {
+                        script = script.key(keys[i]);
+                    }
+                    let (first, group) = (keys[group[0]], group.to_vec());
+                    async move {
+                        let script = &script;
+                        let (digits, master) = self
+                            .inner
+                            .call(
+                                DeadlineKind::Write,
+                                self.inner.domain(first),
+                                |mut conn| async move {
+                                    let digits: Vec<String> = run_script(&mut conn, script).await?;
+                                    Ok((digits, conn.master().cloned()))
+                                },
+                            )
+                            .await?;
+                        let bumps: Vec<Revocation<'_>> = group
+                            .iter()
+                            .map(|&i| Revocation::bump(keys[i], notice, fresh, ms))
+                            .collect();
+                        self.inner.acknowledged(master, &bumps)?;
+                        Ok(digits)
+                    }
+                })
+                .await?;
+            Ok(())
         })
     }
 

@@ -1022,6 +1022,18 @@ impl<S: Store> Store for ChaosStore<S> {
         })
     }
 
+    fn bump_generations<'a>(
+        &'a self,
+        keys: &'a [&'a [u8]],
+        fresh: u64,
+        ttl: Duration,
+        notice: Notice<'a>,
+    ) -> StoreFuture<'a, ()> {
+        self.call_each("bump_generations", keys.to_vec(), move || {
+            self.inner.bump_generations(keys, fresh, ttl, notice)
+        })
+    }
+
     fn clear_namespace<'a>(
         &'a self,
         clear: NamespaceClear<'a>,

@@ -299,6 +299,15 @@ impl<S: Store> Store for CountingStore<S> {
     ) -> StoreFuture<'a, u64> {
         self.inner.bump_generation(k, fresh, ttl, n)
     }
+    fn bump_generations<'a>(
+        &'a self,
+        k: &'a [&'a [u8]],
+        fresh: u64,
+        ttl: Duration,
+        n: Notice<'a>,
+    ) -> StoreFuture<'a, ()> {
+        self.inner.bump_generations(k, fresh, ttl, n)
+    }
     fn expire_generation<'a>(
         &'a self,
         k: &'a [u8],

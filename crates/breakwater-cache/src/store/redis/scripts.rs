@@ -311,6 +311,27 @@ pub(super) static BUMP_GENERATION: LazyLock<Lua> = LazyLock::new(|| {
     ))
 });
 
+/// Several tags' generation bumps (`Store::bump_generations`): KEYS = the
+/// counters (of one hash slot); ARGV = channel, message, fresh value, TTL
+/// in ms. Each counter moves on as in [`BUMP_GENERATION`]; then one
+/// publish. One reply (the new generation, digits) per key, in order.
+pub(super) static BUMP_GENERATIONS: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(generation_lua!(
+        r"local out = {}
+          for i, key in ipairs(KEYS) do
+            local old = generation(key)
+            local new = ARGV[3]
+            if old then
+              new = string.format('%.0f', old + 1)
+            end
+            moved_on(key, new, tonumber(ARGV[4]))
+            out[i] = new
+          end
+          redis.call('PUBLISH', ARGV[1], ARGV[2])
+          return out"
+    ))
+});
+
 /// A tag's soft bump: KEYS = the counter; ARGV = channel, message, fresh
 /// value, TTL in ms, the bump's store-clock ms (digits). A counter holding
 /// `G` or `G:H:T` comes to hold `G+1:H:<ms>` (plain `G` has the floor
