@@ -52,6 +52,11 @@ pub(crate) struct Plan {
     pub(crate) invalidations: usize,
 }
 
+/// How long the raw side waits for one pipeline's replies: redis-rs's
+/// default (500 ms) is shorter than one pipeline of a few hundred
+/// thousand `SET`s takes (`--items 300000` timed out on the raw side).
+const RAW_RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// A raw connection: one multiplexed connection, or a cluster's.
 #[derive(Clone)]
 pub(super) enum Raw {
@@ -62,7 +67,9 @@ pub(super) enum Raw {
 impl Raw {
     pub(super) async fn connect(urls: &str) -> Result<Raw, String> {
         if urls.contains(',') {
-            let client = redis::cluster::ClusterClient::new(urls.split(',').map(str::trim))
+            let client = redis::cluster::ClusterClientBuilder::new(urls.split(',').map(str::trim))
+                .response_timeout(RAW_RESPONSE_TIMEOUT)
+                .build()
                 .map_err(|e| e.to_string())?;
             Ok(Raw::Cluster(
                 client
@@ -74,7 +81,10 @@ impl Raw {
             let client = redis::Client::open(urls).map_err(|e| e.to_string())?;
             Ok(Raw::Single(
                 client
-                    .get_multiplexed_async_connection()
+                    .get_multiplexed_async_connection_with_config(
+                        &redis::AsyncConnectionConfig::new()
+                            .set_response_timeout(Some(RAW_RESPONSE_TIMEOUT)),
+                    )
                     .await
                     .map_err(|e| e.to_string())?,
             ))
