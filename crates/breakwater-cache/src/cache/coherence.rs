@@ -38,6 +38,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::hash::BuildHasher;
 use std::pin::Pin;
 use std::sync::Mutex;
 
@@ -131,20 +132,22 @@ impl<V: Value> Local<V> {
             return;
         }
         let mut unheard = self.unheard.lock().unwrap_or_else(|p| p.into_inner());
-        if unheard.keys.len() >= UNHEARD_KEYS && !unheard.keys.contains_key(key) {
+        let key = unheard.hash(key);
+        if unheard.keys.len() >= UNHEARD_KEYS && !unheard.keys.contains_key(&key) {
             unheard.overflow += 1;
             return;
         }
-        *unheard.keys.entry(key.to_vec()).or_default() += 1;
+        *unheard.keys.entry(key).or_default() += 1;
     }
 
     /// An own invalidation of `key` was heard back (or will never be
     /// published: its store call failed).
     pub(super) fn own_notice_heard(&self, key: &[u8]) {
         let mut unheard = self.unheard.lock().unwrap_or_else(|p| p.into_inner());
-        match unheard.keys.get_mut(key) {
+        let key = unheard.hash(key);
+        match unheard.keys.get_mut(&key) {
             Some(1) => {
-                unheard.keys.remove(key);
+                unheard.keys.remove(&key);
             }
             Some(n) => *n -= 1,
             None => unheard.overflow = unheard.overflow.saturating_sub(1),
@@ -179,8 +182,19 @@ const UNHEARD_KEYS: usize = 4096;
 /// could not be tracked by key.
 #[derive(Debug, Default)]
 struct Unheard {
-    keys: HashMap<Vec<u8>, u32>,
+    /// By the key's 64-bit hash (seeded per process), not a copy of it:
+    /// every `set` and invalidation counts its key in and out, and a copy
+    /// was an allocation each. Two keys of one hash share a count, which
+    /// only ever refuses a carried value that could have been taken.
+    keys: HashMap<u64, u32, foldhash::fast::RandomState>,
+    hasher: foldhash::fast::RandomState,
     overflow: u64,
+}
+
+impl Unheard {
+    fn hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
 }
 
 impl<V: Value> BusHook for Local<V> {
@@ -192,10 +206,8 @@ impl<V: Value> BusHook for Local<V> {
     ) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
         Box::pin(async move {
             if own {
-                // This process dealt with its own change when it made it.
-                if invalidated {
-                    self.own_notice_heard(&key);
-                }
+                // This process dealt with its own change when it made it
+                // (its invalidations go to `own_invalidation_heard`).
             } else if invalidated {
                 self.invalidated(&key);
             } else if let Some(l1) = &self.l1 {
@@ -205,13 +217,17 @@ impl<V: Value> BusHook for Local<V> {
         })
     }
 
+    fn own_invalidation_heard(&self, key: &[u8]) {
+        self.own_notice_heard(key);
+    }
+
     fn tags_invalidated(&self) {
         Local::tags_invalidated(self);
     }
 
     fn trusts_carried(&self, key: &[u8]) -> bool {
         let unheard = self.unheard.lock().unwrap_or_else(|p| p.into_inner());
-        unheard.overflow == 0 && !unheard.keys.contains_key(key)
+        unheard.overflow == 0 && !unheard.keys.contains_key(&unheard.hash(key))
     }
 
     fn previous_missed(&self, up: bool) {

@@ -75,7 +75,8 @@ impl<V: Value> Cache<V> {
                 now,
                 Extra::default().in_namespace(namespace),
             )?;
-            self.replace_batch(vec![(key.clone(), sealed)]).await
+            // Its local step is `_local`'s, taken above.
+            self.write_one(&key, sealed).await
         }
         .instrument(span.clone())
         .await;
@@ -136,18 +137,24 @@ impl<V: Value> Cache<V> {
     /// [`Store::replace_many`] with the other `set`s that meet it (see
     /// `queue`), each with the guarantees of its own.
     async fn replace_one(&self, key: Vec<u8>, sealed: Sealed) -> Result<(), Error> {
-        let inner = &self.inner;
-        self.local
-            .expect_own_notice(&key, inner.waiters.is_listening());
         // As in `replace_batch`.
         let _local = self.local.invalidation([&key]);
-        let lease_key = inner.lease_key(&key);
+        self.write_one(&key, sealed).await
+    }
+
+    /// [`replace_one`](Self::replace_one) for a caller that holds the
+    /// key's local step (see `Local::invalidation`) until this returns.
+    async fn write_one(&self, key: &[u8], sealed: Sealed) -> Result<(), Error> {
+        let inner = &self.inner;
+        self.local
+            .expect_own_notice(key, inner.waiters.is_listening());
+        let lease_key = inner.lease_key(key);
         let waiting = inner.write_queue.as_ref();
         let admitted = waiting.and_then(|waiting| queue::admit(waiting));
         let written = match waiting {
             Some(waiting) if admitted.is_none() => {
                 let write = queue::Write {
-                    key: key.clone(),
+                    key: key.to_vec(),
                     value: sealed.bytes,
                     ttl: sealed.ttl,
                     lease_key,
@@ -162,19 +169,19 @@ impl<V: Value> Cache<V> {
                     Ok(written) => written,
                     // A batch of another runtime is forming: alone.
                     Err(write) => {
-                        self.replace_alone(&key, &write.value, write.ttl, &write.lease_key)
+                        self.replace_alone(key, &write.value, write.ttl, &write.lease_key)
                             .await
                     }
                 }
             }
             _ => {
-                self.replace_alone(&key, &sealed.bytes, sealed.ttl, &lease_key)
+                self.replace_alone(key, &sealed.bytes, sealed.ttl, &lease_key)
                     .await
             }
         };
         drop(admitted);
         if written.is_err() {
-            self.local.own_notice_heard(&key);
+            self.local.own_notice_heard(key);
         }
         written
     }

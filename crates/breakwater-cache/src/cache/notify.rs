@@ -48,6 +48,10 @@ pub(crate) trait BusHook: Send + Sync + 'static {
         invalidated: bool,
         own: bool,
     ) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+    /// This process's own invalidation of `key` came back on the bus (it
+    /// dealt with the change when it made it): no allocation, no future,
+    /// as a batch's message names up to 1,024 keys.
+    fn own_invalidation_heard(&self, key: &[u8]);
     /// Whether a value carried by a fill message about `key`, arriving
     /// now, may be handed to waiters.
     fn trusts_carried(&self, key: &[u8]) -> bool;
@@ -221,7 +225,10 @@ impl KeyWaiters {
     }
 }
 
-type WaiterRegistry = Mutex<HashMap<Vec<u8>, Arc<KeyWaiters>>>;
+/// Hashed with foldhash (seeded per process), as the flights are: every
+/// key a message names is looked up.
+type WaiterMap = HashMap<Vec<u8>, Arc<KeyWaiters>, foldhash::fast::RandomState>;
+type WaiterRegistry = Mutex<WaiterMap>;
 
 /// The keys this process is waiting on, and the listener that wakes them.
 pub(crate) struct Waiters {
@@ -540,6 +547,8 @@ impl Waiters {
                                     // A load gave up: nothing changed
                                     // in the store, and an L1 copy may
                                     // be all that stands in for it.
+                                } else if own && invalidated {
+                                    hook.own_invalidation_heard(parsed.key);
                                 } else {
                                     hook.changed(parsed.key.to_vec(), invalidated, own).await;
                                 }
@@ -806,7 +815,7 @@ fn wake(registry: &WaiterRegistry, key: Option<(&[u8], Option<Carried>)>) {
     }
 }
 
-fn lock(registry: &WaiterRegistry) -> MutexGuard<'_, HashMap<Vec<u8>, Arc<KeyWaiters>>> {
+fn lock(registry: &WaiterRegistry) -> MutexGuard<'_, WaiterMap> {
     registry.lock().unwrap_or_else(|p| p.into_inner())
 }
 
