@@ -45,7 +45,9 @@
 //! jitter (sealed before it was queued), other processes hear of its key,
 //! and it returns once its batch is acknowledged, with the batch's error if
 //! that failed. Two writes of one key in a batch land in the order they
-//! were queued. A write is queued only onto a batch whose task runs on its
+//! were queued. A batch of 16 or more goes out as two such transactions
+//! side by side, split by key ([`halves`]), so that one half's callers go
+//! on to their next writes while Redis still runs the other. A write is queued only onto a batch whose task runs on its
 //! own runtime (from another one it goes straight to the store: it never
 //! waits on a runtime that may not run again), and a write whose caller
 //! went away before its batch was sent is not sent: a cancelled `set` never
@@ -58,6 +60,7 @@
 //! a spawn to every call, the hit path included.
 
 use std::future::Future;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
@@ -371,24 +374,30 @@ impl Kind for Writes {
         if queued.is_empty() {
             return;
         }
-        let writes: Vec<Replace<'_>> = queued
-            .iter()
-            .map(|q| Replace {
-                key: &q.item.key,
-                value: &q.item.value,
-                ttl: q.item.ttl,
-                lease_key: &q.item.lease_key,
-            })
-            .collect();
         let notice = Notice {
             channel: &self.channel,
             message: &self.head,
         };
-        let done = store.replace_many(&writes, notice).await;
-        drop(writes);
-        for q in queued {
-            let _ = q.reply.send(done.clone());
-        }
+        let sent = halves(queued).map(|half| async move {
+            if half.is_empty() {
+                return;
+            }
+            let writes: Vec<Replace<'_>> = half
+                .iter()
+                .map(|q| Replace {
+                    key: &q.item.key,
+                    value: &q.item.value,
+                    ttl: q.item.ttl,
+                    lease_key: &q.item.lease_key,
+                })
+                .collect();
+            let done = store.replace_many(&writes, notice).await;
+            drop(writes);
+            for q in half {
+                let _ = q.reply.send(done.clone());
+            }
+        });
+        futures_util::future::join_all(sent).await;
     }
 
     fn dropped() -> Result<(), Error> {
@@ -397,6 +406,43 @@ impl Kind for Writes {
             "a queued write was not sent (its batch was dropped: the runtime is shutting down)",
         ))
     }
+}
+
+/// The writes of a batch of at least this many go out as two
+/// transactions side by side (see [`halves`]).
+const SPLIT_FROM: usize = 16;
+
+/// A batch's writes as two transactions' worth, split by key (both writes
+/// of one key land in one transaction, in the order they were queued), so
+/// that one half's callers get their replies, and go on to their next
+/// writes, while Redis still works on the other half. On a runtime whose
+/// one thread runs the callers and the connection, a batch otherwise has
+/// the client and Redis take turns: all its callers seal their writes,
+/// then Redis runs them, then the callers hear, then seal again. With 100
+/// `set`s in flight on a current-thread runtime: 0.45× raw pipelined
+/// `SET`s as one transaction, 0.75–0.85× as halves (`breakwater bench
+/// write`); a third or fixed 32 or 64 measured no better. A batch below
+/// [`SPLIT_FROM`] goes out whole.
+fn halves(queued: Vec<Queued<Writes>>) -> impl Iterator<Item = Vec<Queued<Writes>>> {
+    let (mut one, mut other) = (Vec::new(), Vec::new());
+    if queued.len() < SPLIT_FROM {
+        one = queued;
+    } else {
+        // A fixed seed: a batch splits alike in every run (a simulation's
+        // seed replays exactly).
+        let by_key = foldhash::fast::FixedState::with_seed(0x6272_6561_6b77_6174);
+        let half = queued.len() / 2 + 1;
+        one.reserve(half);
+        other.reserve(half);
+        for q in queued {
+            if by_key.hash_one(q.item.key.as_slice()) & 1 == 0 {
+                one.push(q);
+            } else {
+                other.push(q);
+            }
+        }
+    }
+    [one, other].into_iter()
 }
 
 /// Queues `write` and waits for its batch's reply; `Err(write)` if a batch
