@@ -202,13 +202,9 @@ impl<V: Value> BusHook for Local<V> {
         &self,
         key: Vec<u8>,
         invalidated: bool,
-        own: bool,
     ) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
         Box::pin(async move {
-            if own {
-                // This process dealt with its own change when it made it
-                // (its invalidations go to `own_invalidation_heard`).
-            } else if invalidated {
+            if invalidated {
                 self.invalidated(&key);
             } else if let Some(l1) = &self.l1 {
                 // A refill elsewhere: newer data, read it from the store.

@@ -39,14 +39,12 @@ use crate::store::{Delivery, Store};
 /// What the bus listener tells the cache about every message (the
 /// cache's in-process state, `coherence::Local`, implements it).
 pub(crate) trait BusHook: Send + Sync + 'static {
-    /// A process changed storage key `key`: refilled it (`invalidated`
-    /// false) or invalidated or replaced it (`true`); `own`: this cache
-    /// sent the message.
+    /// Another process changed storage key `key`: refilled it
+    /// (`invalidated` false) or invalidated or replaced it (`true`).
     fn changed(
         &self,
         key: Vec<u8>,
         invalidated: bool,
-        own: bool,
     ) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
     /// This process's own invalidation of `key` came back on the bus (it
     /// dealt with the change when it made it): no allocation, no future,
@@ -547,10 +545,14 @@ impl Waiters {
                                     // A load gave up: nothing changed
                                     // in the store, and an L1 copy may
                                     // be all that stands in for it.
-                                } else if own && invalidated {
-                                    hook.own_invalidation_heard(parsed.key);
+                                } else if own {
+                                    // This process dealt with its own
+                                    // change when it made it.
+                                    if invalidated {
+                                        hook.own_invalidation_heard(parsed.key);
+                                    }
                                 } else {
-                                    hook.changed(parsed.key.to_vec(), invalidated, own).await;
+                                    hook.changed(parsed.key.to_vec(), invalidated).await;
                                 }
                             }
                         }
@@ -697,7 +699,7 @@ impl Waiters {
                                     // Its entry did not change.
                                 } else if let Some(rest) = parsed.key.strip_prefix(old.as_slice()) {
                                     let key = [new.as_slice(), rest].concat();
-                                    hook.changed(key, true, false).await;
+                                    hook.changed(key, true).await;
                                 }
                             }
                         }
