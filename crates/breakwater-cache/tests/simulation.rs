@@ -49,7 +49,11 @@
 //! `Stale { reason: StoreUnavailable }`: another process's L1 standing in for
 //! an unreachable store is the outage shield DESIGN.md describes ("still
 //! servable as stale while the store is unreachable"), and it may not have
-//! heard of the invalidation; the time check still bounds its age.
+//! heard of the invalidation; the time check still bounds its age. A `set`
+//! whose caller went away before the store ran it is a pending operation:
+//! if the store runs it after all (a queued batch already sent is not called
+//! back for one of its callers), its version may land after a later writer's
+//! returned, and is not held to that writer's fence.
 //!
 //! **one-load-slow-loader** (Coherence 4). A healthy fleet (no faults, the
 //! cache's default lease and lock settings) fires 50 concurrent callers per
@@ -316,8 +320,16 @@ fn chaos_store(inner: MemoryStore, seed: u64, world: &Arc<World>, proc: usize) -
             result: Ok(_),
             ..
         } => {
+            let user = user_key(key);
             let mut h = lock(&world.history);
-            *h.revocations.entry(user_key(key)).or_default() += 1;
+            *h.revocations.entry(user.clone()).or_default() += 1;
+            let late = h.unsent.remove(&(proc, user.clone()));
+            if let Some(version) = late {
+                h.late.insert((user.clone(), version));
+                drop(h);
+                let outcome = format!("v{version}, its set's caller gone");
+                world.trace(proc, "late-write", &user, Instant::now(), outcome);
+            }
         }
         ChaosEvent::Replied {
             method,
@@ -469,6 +481,15 @@ struct History {
     /// Revoking writes (`replace`, `invalidate`) that ran in the store, per
     /// user key (of any version).
     revocations: BTreeMap<String, u64>,
+    /// The version of a `set` whose caller went away before the store ran
+    /// it, by process and key, until that process's next write of the key
+    /// runs in the store.
+    unsent: BTreeMap<(usize, String), u64>,
+    /// (key, version)s written by a `set` whose caller had gone away: a
+    /// write already sent is not called back (a queued batch in the air
+    /// answers several callers), and may land after a later writer's
+    /// returned, as any pending operation may.
+    late: BTreeSet<(String, u64)>,
     /// Batch loader calls started: by which process, when, how many keys.
     batch_calls: Vec<(usize, Instant, usize)>,
     violations: Vec<Violation>,
@@ -863,7 +884,8 @@ impl World {
                     }
             })
             .max_by_key(|f| f.version);
-        if let Some(f) = binding.filter(|f| val.version < f.version) {
+        let late = h.late.contains(&(key.to_owned(), val.version));
+        if let Some(f) = binding.filter(|f| val.version < f.version && !late) {
             let kind = if f.proc == proc {
                 "the invalidating process"
             } else if profile.l1_ttl.is_some() {
@@ -939,6 +961,15 @@ impl World {
             .get(key)
             .copied()
             .unwrap_or_default()
+    }
+
+    /// A write of `key` at `version` by `proc` whose caller went away
+    /// before the store ran it: if the store runs it after all (see
+    /// [`History::late`]), its version may be read past later fences.
+    fn unsent(&self, proc: usize, key: &str, version: u64) {
+        lock(&self.history)
+            .unsent
+            .insert((proc, key.to_owned()), version);
     }
 
     fn fence(&self, proc: usize, key: &str, version: u64) {
@@ -1051,6 +1082,12 @@ fn fleet_of(
                 .jitter(Jitter::ratio(JITTER))
                 .grace(grace)
                 .rng_seed(seed.wrapping_mul(31).wrapping_add(salt));
+            // Half the fleet splits its queued `set`s from 2 on: the
+            // few keys here seldom queue the 16 that split a batch in
+            // production, and the split must keep every caller's reply.
+            if id % 2 == 0 {
+                builder = builder.write_split_from(2);
+            }
             let version = versions.get(id).copied().unwrap_or(0);
             builder = builder.version(version);
             if version > lowest {
@@ -1289,6 +1326,7 @@ impl Write<'_> {
                     world.fence_of(p.id, key, version, self.soft);
                     format!("dropped after the store ran it v{version}")
                 } else {
+                    world.unsent(p.id, key, version);
                     format!("dropped before the store ran it v{version}")
                 }
             }
@@ -1866,14 +1904,15 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                             let how = match roll {
                                 ..90 => BatchOp::InvalidateMany,
                                 // Side-by-side `set`s of the key, its
-                                // next four and the others: more than
+                                // next eight and the others: more than
                                 // the cache has in the air, so they meet
-                                // in its write queue (no draw of its own:
-                                // the schedule of every other arm stays).
-                                99 => {
+                                // in its write queue, and split there
+                                // (no draw of its own: the schedule of
+                                // every other arm stays).
+                                97 | 99 => {
                                     let at = keys.iter().position(|k| k == key).unwrap_or(0);
                                     batch.extend(
-                                        (1..=4).map(|i| keys[(at + i) % keys.len()].clone()),
+                                        (1..=8).map(|i| keys[(at + i) % keys.len()].clone()),
                                     );
                                     BatchOp::Sets
                                 }
@@ -2897,7 +2936,9 @@ fn seeds() -> Vec<u64> {
 /// the waiter's read (kept in the air by clear-record reads that timed
 /// out) taking the value that read found; and 1016 and 1017, which catch a
 /// `set_many` whose values' windows start after its clear-record read
-/// (of seeds 1000–1299, 1016, 1017 and 1065 catch it).
+/// (of seeds 1000–1299, 1016, 1017 and 1065 catch it); and 5, which
+/// catches a split batch of queued `set`s answering each half's callers
+/// with the other half's result (of seeds 1–40, 5 and 36 catch it).
 const FIXED_SEEDS: [u64; 23] = [
     1, 2, 3, 4, 5, 6, 7, 8, 13, 19, 1005, 1016, 1017, 1074, 1093, 1095, 1131, 1160, 1180, 1201,
     1227, 1267, 1284,

@@ -111,6 +111,7 @@ pub struct CacheBuilder<V> {
     l1: Option<L1Config>,
     store_breaker: BreakerConfig,
     rng_seed: Option<u64>,
+    write_split: usize,
     _value: PhantomData<fn() -> V>,
 }
 
@@ -195,6 +196,7 @@ impl<V: Value> CacheBuilder<V> {
             l1: None,
             store_breaker: default_store_breaker(),
             rng_seed: None,
+            write_split: super::queue::SPLIT_FROM,
             trace_keys: false,
             version: 0,
             version_transition: Duration::ZERO,
@@ -565,6 +567,16 @@ impl<V: Value> CacheBuilder<V> {
         self
     }
 
+    /// Queued `set`s go out as two transactions side by side from `from`
+    /// of them on (16 by default): for the simulation, whose few keys
+    /// seldom queue 16.
+    #[cfg(feature = "test-util")]
+    #[doc(hidden)]
+    pub fn write_split_from(mut self, from: usize) -> Self {
+        self.write_split = from.max(2);
+        self
+    }
+
     /// Every check [`build`](Self::build) makes, in its order, and what it
     /// builds from them: the per-call defaults and the origin.
     pub(crate) fn check(&self) -> Result<Checked, ConfigError> {
@@ -772,6 +784,7 @@ impl<V: Value> CacheBuilder<V> {
                 write_queue: raw_store
                     .batches_reads()
                     .then(|| Arc::new(WriteQueue::default())),
+                write_split: self.write_split,
                 raw_store,
                 store,
                 origin,

@@ -278,6 +278,8 @@ pub(super) struct CacheCore {
     /// The queue of `set`s that meet while the store is busy, on the same
     /// stores (see `queue`).
     pub(super) write_queue: Option<Arc<WriteQueue>>,
+    /// Queued `set`s of at least this many go out as two transactions.
+    pub(super) write_split: usize,
     /// Breaker, bulkhead and retries for loads.
     pub(super) origin: Origin,
     /// Per-call settings unless a call overrides them.

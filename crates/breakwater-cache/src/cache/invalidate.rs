@@ -162,7 +162,7 @@ impl<V: Value> Cache<V> {
                 let writes = || {
                     let head =
                         notify::message(notify::INVALIDATED_MANY, inner.waiters.sender(), &[]);
-                    queue::Writes::new(inner.waiters.channel(), head)
+                    queue::Writes::new(inner.waiters.channel(), head, inner.write_split)
                 };
                 // Boxed: its state would grow every write's future.
                 match Box::pin(queue::queued_write(&inner.store, waiting, write, writes)).await {

@@ -219,7 +219,11 @@ impl<V: Value> Cache<V> {
     /// of their leases, a `SET … PX` each, one `PUBLISH`), each with its
     /// own TTL, its lease revoked in the same step, and the batch's error
     /// if that fails; a `set` dropped before its batch went out is not
-    /// written.
+    /// written. One dropped after its write went out may still land, as
+    /// any command already sent to Redis does, also after a `set` of the
+    /// same key that started later has returned: cancel a request's `set`
+    /// and the entry may hold either value until the key is next written
+    /// or expires.
     ///
     /// # Errors
     ///

@@ -336,14 +336,19 @@ pub(crate) struct Writes {
     channel: Vec<u8>,
     /// The batch message's head (its kind and this cache's sender).
     head: Vec<u8>,
+    /// Batches of at least this many go out as [`halves`]
+    /// ([`SPLIT_FROM`] but in the simulation).
+    split_from: usize,
 }
 
 impl Writes {
-    /// Batches noticed on `channel`, their message headed `head`.
-    pub(crate) fn new(channel: &[u8], head: Vec<u8>) -> Self {
+    /// Batches noticed on `channel`, their message headed `head`, split
+    /// from `split_from` writes.
+    pub(crate) fn new(channel: &[u8], head: Vec<u8>, split_from: usize) -> Self {
         Writes {
             channel: channel.to_vec(),
             head,
+            split_from,
         }
     }
 }
@@ -378,7 +383,7 @@ impl Kind for Writes {
             channel: &self.channel,
             message: &self.head,
         };
-        let sent = halves(queued).map(|half| async move {
+        let sent = halves(queued, self.split_from).map(|half| async move {
             if half.is_empty() {
                 return;
             }
@@ -410,7 +415,7 @@ impl Kind for Writes {
 
 /// The writes of a batch of at least this many go out as two
 /// transactions side by side (see [`halves`]).
-const SPLIT_FROM: usize = 16;
+pub(crate) const SPLIT_FROM: usize = 16;
 
 /// A batch's writes as two transactions' worth, split by key (both writes
 /// of one key land in one transaction, in the order they were queued), so
@@ -422,10 +427,13 @@ const SPLIT_FROM: usize = 16;
 /// `set`s in flight on a current-thread runtime: 0.45× raw pipelined
 /// `SET`s as one transaction, 0.75–0.85× as halves (`breakwater bench
 /// write`); a third or fixed 32 or 64 measured no better. A batch below
-/// [`SPLIT_FROM`] goes out whole.
-fn halves(queued: Vec<Queued<Writes>>) -> impl Iterator<Item = Vec<Queued<Writes>>> {
+/// `split_from` ([`SPLIT_FROM`]) goes out whole.
+fn halves(
+    queued: Vec<Queued<Writes>>,
+    split_from: usize,
+) -> impl Iterator<Item = Vec<Queued<Writes>>> {
     let (mut one, mut other) = (Vec::new(), Vec::new());
-    if queued.len() < SPLIT_FROM {
+    if queued.len() < split_from {
         one = queued;
     } else {
         // A fixed seed: a batch splits alike in every run (a simulation's
