@@ -315,7 +315,9 @@ fn chaos_store(inner: MemoryStore, seed: u64, world: &Arc<World>, proc: usize) -
         // A revoking write (`replace`, `invalidate`) of a key, counted once
         // it ran in the store, whether or not its caller hears of it.
         ChaosEvent::Ran {
-            method: "replace" | "replace_many" | "invalidate" | "invalidate_many" | "expire_entry",
+            method:
+                method
+                @ ("replace" | "replace_many" | "invalidate" | "invalidate_many" | "expire_entry"),
             key,
             result: Ok(_),
             ..
@@ -323,7 +325,13 @@ fn chaos_store(inner: MemoryStore, seed: u64, world: &Arc<World>, proc: usize) -
             let user = user_key(key);
             let mut h = lock(&world.history);
             *h.revocations.entry(user.clone()).or_default() += 1;
-            let late = h.unsent.remove(&(proc, user.clone()));
+            // Only a queued batch (one `replace_many` for several `set`s)
+            // runs once one of its callers is gone: a call of its own is
+            // its caller's future, and is dropped with it.
+            let late = match method {
+                "replace_many" => h.unsent.remove(&(proc, user.clone())),
+                _ => None,
+            };
             if let Some(version) = late {
                 h.late.insert((user.clone(), version));
                 drop(h);
