@@ -490,8 +490,8 @@ struct History {
     /// user key (of any version).
     revocations: BTreeMap<String, u64>,
     /// The version of a `set` whose caller went away before the store ran
-    /// it, by process and key, until that process's next write of the key
-    /// runs in the store.
+    /// it, by process and key, until that process's next queued batch
+    /// (`replace_many`) of the key runs in the store.
     unsent: BTreeMap<(usize, String), u64>,
     /// (key, version)s written by a `set` whose caller had gone away: a
     /// write already sent is not called back (a queued batch in the air
@@ -892,8 +892,10 @@ impl World {
                     }
             })
             .max_by_key(|f| f.version);
-        let late = h.late.contains(&(key.to_owned(), val.version));
-        if let Some(f) = binding.filter(|f| val.version < f.version && !late) {
+        // Looked up only for an older version: a late write's (see
+        // `History::late`).
+        let late = || h.late.contains(&(key.to_owned(), val.version));
+        if let Some(f) = binding.filter(|f| val.version < f.version && !late()) {
             let kind = if f.proc == proc {
                 "the invalidating process"
             } else if profile.l1_ttl.is_some() {
