@@ -420,7 +420,8 @@ async fn not_modified_renews_a_megabyte_row_without_sending_it_again() {
          first run on the node) and {renewed_again}, changed {rewritten}"
     );
     assert!(renewed_again < 1024, "a renewal sent {renewed_again} bytes");
-    assert!(renewed < 2048, "the first renewal sent {renewed} bytes");
+    // The first run sends the script's code (about 2.4 KB), never the row.
+    assert!(renewed < 4096, "the first renewal sent {renewed} bytes");
     assert!(rewritten > MB as u64, "a rewrite sent {rewritten} bytes");
 }
 

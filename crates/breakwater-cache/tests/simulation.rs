@@ -146,6 +146,9 @@
 //! The store forgets in every chaos round too: every 0.2 to 2 s a random
 //! key's value or lease is dropped (memory pressure): a lost value is a
 //! miss, a lost lease a free lease, and every check must still hold.
+//! Every 1 to 6 s every lease of one process's version goes at once, as
+//! when Redis loses the index of live leases (`RedisStore`'s leases hold
+//! only while it names them): every load in flight is refused its write.
 //!
 //! **clears** (the plain round): now and then a process writes every row
 //! and clears the namespace: hard (every process fenced at once), soft
@@ -1799,6 +1802,30 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
         })
     };
 
+    // Every round's Redis loses its lease index now and then (evicted, or
+    // expired): every lease of one process's version is dropped at once. A
+    // lost index names no lease, so every load in flight under it is
+    // refused its write, and the leases are free to take.
+    let index_loss = {
+        let store = procs[0].store.inner().clone();
+        let (world, keys) = (Arc::clone(world), keys.clone());
+        let caches: Vec<Cache<Val>> = procs.iter().map(|p| p.cache.clone()).collect();
+        tokio::spawn(async move {
+            let mut rng = stream(seed, 95 + salt);
+            while Instant::now() < end {
+                sleep(ms(rng.random_range(1_000..6_000))).await;
+                let cache = &caches[rng.random_range(0..caches.len())];
+                let now = Instant::now();
+                let mut dropped = 0;
+                for key in keys.iter() {
+                    let lease = lease_of(&cache.storage_key(key).expect("valid key"));
+                    dropped += usize::from(store.delete(&lease).await.unwrap_or(false));
+                }
+                world.trace(0, "evict-index", "-", now, dropped.to_string());
+            }
+        })
+    };
+
     let workers: Vec<_> = (0..WORKERS)
         .map(|w| {
             let (procs, keys, writes) = (procs.clone(), keys.clone(), writes.clone());
@@ -1984,6 +2011,7 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
     }
     scheduler.await.expect("scheduler panicked");
     pressure.await.expect("the eviction task panicked");
+    index_loss.await.expect("the index loss task panicked");
     if let Some(evictor) = record_evictor {
         evictor.await.expect("the record evictor panicked");
     }

@@ -570,6 +570,71 @@ async fn replace_many_writes_every_entry_and_revokes_every_lease(store: &dyn Sto
     assert_eq!(store.get(b"bw:test:v:{zero}").await.unwrap(), None);
 }
 
+/// A bulk write revokes each load in flight of its keys: the holder can
+/// no longer write, extend or renew, and another token takes the lease at
+/// once (it does not wait out the revoked one).
+async fn a_bulk_write_revokes_its_keys_loads_and_frees_their_leases(store: &dyn Store, _: Time) {
+    for token in [&b"writer"[..], b"extender", b"renewer"] {
+        store.set(VALUE_KEY, b"..abcdef..", TTL).await.unwrap();
+        assert!(
+            store
+                .acquire_lease(LEASE, token, TTL)
+                .await
+                .unwrap()
+                .is_acquired()
+        );
+        let writes = [
+            Replace {
+                key: VALUE_KEY,
+                value: b"..bulk....",
+                ttl: TTL,
+                lease_key: LEASE,
+            },
+            Replace {
+                key: b"bw:test:v:{other}",
+                value: b"other",
+                ttl: TTL,
+                lease_key: b"bw:test:l:{other}",
+            },
+        ];
+        store.replace_many(&writes, notice(b"bulk")).await.unwrap();
+        assert!(!store.lease_held(LEASE).await.unwrap());
+        match token {
+            b"writer" => assert!(!store.fenced_set(fenced(token, b"old", None)).await.unwrap()),
+            b"extender" => assert!(!store.extend_lease(LEASE, token, TTL).await.unwrap()),
+            _ => {
+                let renewed = store
+                    .fenced_renew(renewal(token, b"bulk", b"BULK"))
+                    .await
+                    .unwrap();
+                assert_eq!(renewed, Renewal::Refused);
+            }
+        }
+        assert_eq!(
+            store.get(VALUE_KEY).await.unwrap().as_deref(),
+            Some(&b"..bulk...."[..])
+        );
+        // Free at once for another token (as long as the revoked one's, as
+        // every token of one build is), and not the revoked one's.
+        let next = token.to_ascii_uppercase();
+        assert!(
+            store
+                .acquire_lease(LEASE, &next, TTL)
+                .await
+                .unwrap()
+                .is_acquired()
+        );
+        assert!(store.lease_held(LEASE).await.unwrap());
+        assert!(!store.fenced_set(fenced(token, b"old", None)).await.unwrap());
+        assert!(
+            store
+                .release_lease(LEASE, &next, notice(b"released"))
+                .await
+                .unwrap()
+        );
+    }
+}
+
 async fn invalidate_many_deletes_every_entry_and_lease_and_names_each_key(
     store: &dyn Store,
     _: Time,
@@ -1657,6 +1722,7 @@ contract!(
     a_lease_attempt_is_idempotent_and_reports_the_time_left,
     replace_writes_revokes_the_lease_and_publishes,
     replace_many_writes_every_entry_and_revokes_every_lease,
+    a_bulk_write_revokes_its_keys_loads_and_frees_their_leases,
     invalidate_many_deletes_every_entry_and_lease_and_names_each_key,
     get_many_reads_in_order_across_slots,
     acquire_leases_takes_each_as_acquire_lease_would,

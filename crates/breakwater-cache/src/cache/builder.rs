@@ -235,8 +235,9 @@ impl<V: Value> CacheBuilder<V> {
     /// when the prefix is theirs. The commands the store sends are `GET`,
     /// `MGET` (batch reads, tags, reads that meet), `SET`, `DEL`, `PTTL`,
     /// `EXISTS`, `PUBLISH`, `SUBSCRIBE`, `EVALSHA` and `EVAL` (its Lua
-    /// scripts also run `SETRANGE` and `PEXPIRE`), `MULTI` and `EXEC`
-    /// (batch writes), and the keyless `PING` and `TIME`; a Redis Cluster
+    /// scripts also run `SETRANGE` and `PEXPIRE`, and `SADD`, `SISMEMBER`
+    /// and `SRANDMEMBER` on the index of live leases), `MULTI`, `SREM`
+    /// and `EXEC` (batch writes), and the keyless `PING` and `TIME`; a Redis Cluster
     /// also needs `CLUSTER SLOTS`, and a Sentinel-managed master `ROLE`
     /// (every connection to the master the sentinels name checks that it
     /// is one). The narrowest user:
@@ -244,7 +245,8 @@ impl<V: Value> CacheBuilder<V> {
     /// ```text
     /// ACL SETUSER app on >secret resetkeys ~myapp:* resetchannels &myapp:* -@all
     ///     +get +mget +set +del +pttl +exists +publish +subscribe +evalsha +eval
-    ///     +setrange +pexpire +multi +exec +ping +time +cluster|slots +role
+    ///     +setrange +pexpire +sadd +srem +sismember +srandmember +multi +exec
+    ///     +ping +time +cluster|slots +role
     /// ```
     ///
     /// or, less strictly, `+@all -@dangerous` for the commands. Connect as

@@ -215,8 +215,8 @@ impl<V: Value> Cache<V> {
     /// A lone `set` goes straight to the store (one script run on Redis).
     /// Concurrent ones that find a few of this cache's writes in the air
     /// meet in a queue and go out as one batch, as
-    /// [`set_many`](Self::set_many)'s steps do (one transaction: one `DEL`
-    /// of their leases, a `SET … PX` each, one `PUBLISH`), each with its
+    /// [`set_many`](Self::set_many)'s steps do (one transaction: one `SREM`
+    /// revoking their leases, a `SET … PX` each, one `PUBLISH`), each with its
     /// own TTL, its lease revoked in the same step, and the batch's error
     /// if that fails; a `set` dropped before its batch went out is not
     /// written. One dropped after its write went out may still land, as
@@ -239,8 +239,8 @@ impl<V: Value> Cache<V> {
     /// [`set`](Self::set) for many keys, with the same guarantees for each
     /// (its lease revoked, so no load that began before lands over it; its
     /// own jittered TTL; other processes told), in steps of up to 1,024
-    /// keys: on Redis each step is one transaction (`MULTI`, one `DEL` of
-    /// the leases, a `SET … PX` per key, one `PUBLISH` naming all its keys,
+    /// keys: on Redis each step is one transaction (`MULTI`, one `SREM`
+    /// revoking the leases, a `SET … PX` per key, one `PUBLISH` naming all its keys,
     /// `EXEC`), a few of them in flight at once; on a Cluster one per hash
     /// slot. The items are taken in at once and sealed in batches of
     /// 32,768, each while the one before is written. Inside a version
@@ -365,8 +365,8 @@ impl<V: Value> Cache<V> {
     /// [`invalidate`](Self::invalidate) for many keys (each once), with
     /// the same contract for each, at the cost of a few store steps: on
     /// Redis one transaction per 1,024 keys (per hash slot on a Cluster:
-    /// one `DEL` of the keys and their leases, one `PUBLISH` naming them
-    /// all), in batches of 4,096 keys, each delivered (and retried) as a
+    /// one `DEL` of the keys, one `SREM` revoking their leases, one
+    /// `PUBLISH` naming them all), in batches of 4,096 keys, each delivered (and retried) as a
     /// whole within 1 s, as one `invalidate` is: a call takes at most a
     /// second per 4,096 keys. A price list, a user's cached views: one call, not one
     /// script, retry loop and notice per key.

@@ -38,8 +38,8 @@
 //! # Writes
 //!
 //! Concurrent `set`s that find the store busy go out as one
-//! [`Store::replace_many`] (on Redis one transaction: one `DEL` of their
-//! leases, a `SET … PX` each, one `PUBLISH` naming every key), where each
+//! [`Store::replace_many`] (on Redis one transaction: one `SREM` taking
+//! their leases off the lease index, a `SET … PX` each, one `PUBLISH` naming every key), where each
 //! alone is a script run. Each keeps what a `set` promises: its lease is
 //! revoked in the same atomic step as its write, it has its own TTL and
 //! jitter (sealed before it was queued), other processes hear of its key,

@@ -239,10 +239,15 @@ impl RedisCore {
         self.by_slot_in_runs(keys, BATCH_COMMAND_KEYS)
     }
 
+    /// Whether the store is a Redis Cluster (keys are grouped by hash slot).
+    pub(super) fn is_cluster(&self) -> bool {
+        matches!(self.target, Topology::Cluster { .. })
+    }
+
     /// [`by_slot`](Self::by_slot) in runs of up to `run` keys.
     pub(super) fn by_slot_in_runs(&self, keys: &[&[u8]], run: usize) -> Vec<Vec<usize>> {
         let mut groups: Vec<Vec<usize>> = Vec::new();
-        if matches!(self.target, Topology::Cluster { .. }) {
+        if self.is_cluster() {
             let mut slots: std::collections::HashMap<u16, usize> = std::collections::HashMap::new();
             for (i, key) in keys.iter().enumerate() {
                 let slot = hash_slot(key);

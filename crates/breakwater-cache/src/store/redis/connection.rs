@@ -153,7 +153,7 @@ impl Topology {
 }
 
 /// Hash slots in a Redis Cluster.
-const SLOTS: u16 = 16_384;
+pub(super) const SLOTS: u16 = 16_384;
 /// Consecutive hash slots per failure domain.
 const SLOTS_PER_DOMAIN: u16 = 256;
 

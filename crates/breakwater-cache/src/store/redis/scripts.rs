@@ -15,22 +15,74 @@ use redis::{Cmd, FromRedisValue, Script, ToRedisArgs};
 // or `w` once someone else has tried to take it (a waiter). The holder is
 // the value without its last byte, so tokens of any length compare exactly.
 
-/// For each lease `KEYS[i]` (`ARGV[1]` the TTL in ms, `ARGV[1 + i]` the
-/// token): `SET NX PX` the lease, `-1` if taken, or already held by this
-/// token (a retried call whose first run's reply was lost: idempotent). If
-/// someone else holds it, mark it waited on (`SETRANGE` keeps its TTL) —
-/// only a value in this format (a token as long as ours plus a status
-/// byte), so a lease written by an earlier build, a bare token, is never
-/// altered — and reply its remaining TTL in ms (a lease without one, never
+/// Lua that keeps the lease index (see `index`): `listed(idx, lease)`,
+/// whether the index names the lease (an index of another Redis type names
+/// none); `enlist(idx, lease)` adds it (an index of another type is
+/// replaced: it named no lease); `unlist(idx, lease)` takes it off;
+/// `outlive(idx, ttl)` makes the index's TTL at least `ttl` ms, never
+/// shorter; `sweep(idx)` takes up to two members whose lease key is gone
+/// off it.
+const INDEX_LUA: &str = r"
+local function listed(idx, lease)
+  return redis.pcall('SISMEMBER', idx, lease) == 1
+end
+local function enlist(idx, lease)
+  local added = redis.pcall('SADD', idx, lease)
+  if type(added) == 'table' and added.err then
+    redis.call('DEL', idx)
+    redis.call('SADD', idx, lease)
+  end
+end
+local function unlist(idx, lease)
+  redis.pcall('SREM', idx, lease)
+end
+local function outlive(idx, ttl)
+  local left = redis.call('PTTL', idx)
+  if left == -1 or (left >= 0 and left < tonumber(ttl)) then
+    redis.call('PEXPIRE', idx, ttl)
+  end
+end
+local function sweep(idx)
+  local some = redis.pcall('SRANDMEMBER', idx, 2)
+  if type(some) == 'table' and not some.err then
+    for _, lease in ipairs(some) do
+      if redis.call('EXISTS', lease) == 0 then
+        redis.call('SREM', idx, lease)
+      end
+    end
+  end
+end
+";
+
+/// A script that uses [`INDEX_LUA`]'s functions.
+fn indexed(body: &str) -> Lua {
+    Lua::new(&format!("{INDEX_LUA}{body}"))
+}
+
+/// `KEYS[1]` the lease index; for each lease `KEYS[1 + i]` (`ARGV[1]` the
+/// TTL in ms, `ARGV[1 + i]` the token): `SET NX PX` the lease, `-1` if
+/// taken, or already held by this token (a retried call whose first run's
+/// reply was lost: idempotent; the load starts after this reply, so it is
+/// taken again even if revoked meanwhile), or held in this format (a token
+/// as long as ours plus a status byte) but not named by the index
+/// (revoked, its index lost, or an earlier build's: free to take).
+/// A taken lease is added to the index, which then lives at least `ttl`.
+/// If someone else holds it, mark it waited on (`SETRANGE` keeps its TTL)
+/// — only a value in this format, so a lease written by a much earlier
+/// build, a bare token, is never altered — and reply its remaining TTL in ms (a lease without one, never
 /// written by breakwater, counts as a full `ttl`, so waiters do not spin on
 /// it). A value of another Redis type under the lease key is no lease: it
-/// is replaced by this one. One reply per key, in order.
+/// is replaced by this one. One reply per key, in order; then two of the
+/// index's members are swept.
 pub(super) static ACQUIRE_LEASES: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
-        r"local ttl = ARGV[1]
+    indexed(
+        r"local idx = KEYS[1]
+          local ttl = ARGV[1]
           local out = {}
-          for i, key in ipairs(KEYS) do
-            local token = ARGV[i + 1]
+          local took = false
+          for i = 2, #KEYS do
+            local key = KEYS[i]
+            local token = ARGV[i]
             local left = -1
             if not redis.call('SET', key, token .. '-', 'NX', 'PX', ttl) then
               local held = redis.pcall('GET', key)
@@ -38,6 +90,8 @@ pub(super) static ACQUIRE_LEASES: LazyLock<Lua> = LazyLock::new(|| {
                 redis.call('SET', key, token .. '-', 'PX', ttl)
               elseif held and string.sub(held, 1, -2) == token then
                 left = -1
+              elseif held and #held == #token + 1 and not listed(idx, key) then
+                redis.call('SET', key, token .. '-', 'PX', ttl)
               else
                 if held and #held == #token + 1 then
                   local mark = string.sub(held, -1)
@@ -51,29 +105,43 @@ pub(super) static ACQUIRE_LEASES: LazyLock<Lua> = LazyLock::new(|| {
                 end
               end
             end
-            out[i] = left
+            if left == -1 then
+              enlist(idx, key)
+              took = true
+            end
+            out[i - 1] = left
           end
+          if took then
+            outlive(idx, ttl)
+          end
+          sweep(idx)
           return out",
     )
 });
 
-/// `PEXPIRE` the lease only if `ARGV[1]` holds it.
+/// KEYS = lease, lease index; ARGV = token, ttl ms. `PEXPIRE` the lease
+/// (and the index, not shorter) only while `ARGV[1]` holds it and the
+/// index names it.
 pub(super) static EXTEND_LEASE: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
+    indexed(
         r"local held = redis.call('GET', KEYS[1])
-          if held and string.sub(held, 1, -2) == ARGV[1] then
+          if held and string.sub(held, 1, -2) == ARGV[1] and listed(KEYS[2], KEYS[1]) then
+            outlive(KEYS[2], ARGV[2])
             return redis.call('PEXPIRE', KEYS[1], ARGV[2])
           end
           return 0",
     )
 });
 
-/// Delete the lease only if `ARGV[1]` holds it, then publish.
+/// KEYS = lease, lease index; ARGV = token, channel, message. Delete the
+/// lease (and take it off the index) only if `ARGV[1]` holds it, then
+/// publish.
 pub(super) static RELEASE_LEASE: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
+    indexed(
         r"local held = redis.call('GET', KEYS[1])
           if held and string.sub(held, 1, -2) == ARGV[1] then
             redis.call('DEL', KEYS[1])
+            unlist(KEYS[2], KEYS[1])
             redis.call('PUBLISH', ARGV[2], ARGV[3])
             return 1
           end
@@ -81,33 +149,52 @@ pub(super) static RELEASE_LEASE: LazyLock<Lua> = LazyLock::new(|| {
     )
 });
 
-/// The leader's write: KEYS = value, lease (and, with a condition, the key
-/// that must be unchanged); ARGV = token, value, ttl ms, channel, message,
-/// value message (empty for none) (and the bytes the third key must hold).
-/// Writes only while the token holds the lease (and the third key holds
-/// exactly those bytes: if not, the lease is released and the message
-/// published, as for a write that failed); a waited-on lease with a value message publishes
-/// that message with the value appended. `SET` replaces a value of any
-/// Redis type (a list someone pushed under the key is repaired here). If
-/// the server refuses the write (an error about this key), the lease is
-/// still released and waiters told, so they do not wait out its TTL, and
-/// the error is returned.
+/// KEYS = lease, lease index: 1 if the lease key exists and the index
+/// names it, else 0.
+pub(super) static LEASE_HELD: LazyLock<Lua> = LazyLock::new(|| {
+    indexed(
+        r"if redis.call('EXISTS', KEYS[1]) == 1 and listed(KEYS[2], KEYS[1]) then
+            return 1
+          end
+          return 0",
+    )
+});
+
+/// The leader's write: KEYS = value, lease, lease index (and, with a
+/// condition, the key that must be unchanged); ARGV = token, value, ttl
+/// ms, channel, message, value message (empty for none) (and the bytes the
+/// fourth key must hold). Writes only while the token holds the lease and
+/// the index names it. A lease the token holds that the index does not
+/// name (a bulk write revoked it, or the index was lost) is released and
+/// the message published, as for a write that failed, so its waiters take
+/// over; likewise if the fourth key does not hold exactly those bytes. A
+/// waited-on lease with a value message publishes that message with the
+/// value appended. `SET` replaces a value of any Redis type (a list
+/// someone pushed under the key is repaired here). If the server refuses
+/// the write (an error about this key), the lease is still released and
+/// waiters told, so they do not wait out its TTL, and the error is
+/// returned. The lease leaves the index whenever it is deleted.
 pub(super) static FENCED_SET: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
+    indexed(
         r"local held = redis.call('GET', KEYS[2])
           if held and string.sub(held, 1, -2) == ARGV[1] then
-            if KEYS[3] and redis.call('GET', KEYS[3]) ~= ARGV[7] then
+            local function release()
               redis.call('DEL', KEYS[2])
+              unlist(KEYS[3], KEYS[2])
+            end
+            if not listed(KEYS[3], KEYS[2])
+                or (KEYS[4] and redis.call('GET', KEYS[4]) ~= ARGV[7]) then
+              release()
               redis.call('PUBLISH', ARGV[4], ARGV[5])
               return 0
             end
             local written = redis.pcall('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
             if type(written) == 'table' and written.err then
-              redis.call('DEL', KEYS[2])
+              release()
               redis.call('PUBLISH', ARGV[4], ARGV[5])
               return written
             end
-            redis.call('DEL', KEYS[2])
+            release()
             if string.sub(held, -1) == 'w' and ARGV[6] ~= '' then
               redis.call('PUBLISH', ARGV[4], ARGV[6] .. ARGV[2])
             else
@@ -170,17 +257,24 @@ pub(super) static EXPIRE_ENTRY: LazyLock<Lua> = LazyLock::new(|| {
     )
 });
 
-/// The holder's renewal of an unchanged entry: KEYS = value, lease; ARGV
-/// = token, offset, expected bytes, patch, ttl ms, channel, message. Only
-/// while the token holds the lease: if the value holds the expected bytes
-/// at the offset, `SETRANGE` the patch there, `PEXPIRE` it, delete the
-/// lease, publish and return 1; if not (gone, rewritten, another Redis
-/// type), change nothing, keep the lease and return 2. A lease not held:
-/// 0.
+/// The holder's renewal of an unchanged entry: KEYS = value, lease, lease
+/// index; ARGV = token, offset, expected bytes, patch, ttl ms, channel,
+/// message. Only while the token holds the lease and the index names it:
+/// if the value holds the expected bytes at the offset, `SETRANGE` the
+/// patch there, `PEXPIRE` it, delete the lease (off the index too),
+/// publish and return 1; if not (gone, rewritten, another Redis type),
+/// change nothing, keep the lease and return 2. A lease the token holds
+/// that the index does not name is released and the message published (its
+/// waiters take over), and 0 returned; a lease not held: 0.
 pub(super) static RENEW: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(
+    indexed(
         r"local held = redis.call('GET', KEYS[2])
           if not (held and string.sub(held, 1, -2) == ARGV[1]) then
+            return 0
+          end
+          if not listed(KEYS[3], KEYS[2]) then
+            redis.call('DEL', KEYS[2])
+            redis.call('PUBLISH', ARGV[6], ARGV[7])
             return 0
           end
           local at = tonumber(ARGV[2])
@@ -191,6 +285,7 @@ pub(super) static RENEW: LazyLock<Lua> = LazyLock::new(|| {
           redis.call('SETRANGE', KEYS[1], at, ARGV[4])
           redis.call('PEXPIRE', KEYS[1], ARGV[5])
           redis.call('DEL', KEYS[2])
+          unlist(KEYS[3], KEYS[2])
           redis.call('PUBLISH', ARGV[6], ARGV[7])
           return 1",
     )
@@ -543,14 +638,17 @@ pub(super) static RESTORE_RECORD: LazyLock<Lua> = LazyLock::new(|| {
 /// hung node then makes every lease on a node that lost its scripts time
 /// out.
 pub(super) struct Lua {
-    code: &'static str,
+    code: String,
     sha: String,
 }
 
 impl Lua {
-    fn new(code: &'static str) -> Self {
+    fn new(code: &str) -> Self {
         let sha = Script::new(code).get_hash().to_owned();
-        Lua { code, sha }
+        Lua {
+            code: code.to_owned(),
+            sha,
+        }
     }
 
     pub(super) fn key(&self, key: impl ToRedisArgs) -> Invocation<'_> {
@@ -589,7 +687,7 @@ impl Invocation<'_> {
     /// `EVALSHA <sha> …`, or `EVAL <code> …` when `with_code`.
     pub(super) fn cmd(&self, with_code: bool) -> Cmd {
         let (verb, script) = if with_code {
-            ("EVAL", self.lua.code)
+            ("EVAL", self.lua.code.as_str())
         } else {
             ("EVALSHA", self.lua.sha.as_str())
         };
