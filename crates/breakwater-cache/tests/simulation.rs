@@ -2972,14 +2972,16 @@ fn seeds() -> Vec<u64> {
 /// tags' read; a batch's double-check kept past its pins and tags); and
 /// 1093, which catches a caller that joins a waiter's flight long after
 /// the waiter's read (kept in the air by clear-record reads that timed
-/// out) taking the value that read found; and 1016 and 1017, which catch a
-/// `set_many` whose values' windows start after its clear-record read
-/// (of seeds 1000–1299, 1016, 1017 and 1065 catch it); and 5, which
+/// out) taking the value that read found; and 1016 and 1017, which caught
+/// a `set_many` whose values' windows start after its clear-record read
+/// until the clear record came to be known locally (they, and 1065, no
+/// longer do), and 1320, which catches it now (of seeds 1300–1499, 1320
+/// and 1362 catch it); and 5, which
 /// catches a split batch of queued `set`s answering each half's callers
 /// with the other half's result (of seeds 1–40, 5 and 36 catch it).
-const FIXED_SEEDS: [u64; 23] = [
+const FIXED_SEEDS: [u64; 24] = [
     1, 2, 3, 4, 5, 6, 7, 8, 13, 19, 1005, 1016, 1017, 1074, 1093, 1095, 1131, 1160, 1180, 1201,
-    1227, 1267, 1284,
+    1227, 1267, 1284, 1320,
 ];
 
 #[test]
