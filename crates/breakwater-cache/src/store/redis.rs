@@ -414,18 +414,14 @@ impl RedisStore {
     ) -> Result<(), Error> {
         let mut tx = redis::Pipeline::with_capacity(group.len() + 2);
         tx.atomic();
+        index::unlist(
+            &mut tx,
+            |i| writes[i].lease_key,
+            &group,
+            self.inner.is_cluster(),
+        );
         // Each command sized up front: grown argument by argument, they
         // took a reallocation or two per key.
-        let runs = index::runs_by_index(|i| writes[i].lease_key, &group, self.inner.is_cluster());
-        for (index, run) in runs {
-            let leases: usize = run.iter().map(|&i| writes[i].lease_key.len()).sum();
-            let mut srem = redis::Cmd::with_capacity(run.len() + 2, 4 + index.len() + leases);
-            srem.arg("SREM").arg(index);
-            for &i in &run {
-                srem.arg(writes[i].lease_key);
-            }
-            tx.add_command(srem).ignore();
-        }
         for &i in &group {
             let w = &writes[i];
             // "SET", "PX" and the TTL's digits: 25 bytes at most.
@@ -459,14 +455,12 @@ impl RedisStore {
             del.arg(keys[i].key);
         }
         del.ignore();
-        let runs = index::runs_by_index(|i| keys[i].lease_key, &group, self.inner.is_cluster());
-        for (index, run) in runs {
-            let srem = tx.cmd("SREM").arg(index);
-            for &i in &run {
-                srem.arg(keys[i].lease_key);
-            }
-            srem.ignore();
-        }
+        index::unlist(
+            &mut tx,
+            |i| keys[i].lease_key,
+            &group,
+            self.inner.is_cluster(),
+        );
         let revoked = group.iter().map(|&i| (keys[i].key, keys[i].lease_key));
         self.revoking_step(tx, revoked, notice).await
     }

@@ -62,7 +62,7 @@ static SLOT_TAGS: LazyLock<Vec<Box<[u8]>>> = LazyLock::new(|| {
 
 /// Writes the index key of `lease` into `out` (cleared first); `cluster`:
 /// the store is a Redis Cluster (one index per hash slot).
-pub(super) fn index_key_into(out: &mut Vec<u8>, lease: &[u8], cluster: bool) {
+fn index_key_into(out: &mut Vec<u8>, lease: &[u8], cluster: bool) {
     out.clear();
     let shaped = lease
         .iter()
@@ -116,6 +116,27 @@ pub(super) fn runs_by_index<'a>(
         }
     }
     runs
+}
+
+/// Adds to `tx` what takes the leases `lease(i)` at the positions `group`
+/// off their index: one `SREM` per index (see
+/// [`runs_by_index`]), each sized up front (grown argument by argument, a
+/// command took a reallocation or two per key).
+pub(super) fn unlist<'a>(
+    tx: &mut redis::Pipeline,
+    lease: impl Fn(usize) -> &'a [u8],
+    group: &[usize],
+    cluster: bool,
+) {
+    for (index, run) in runs_by_index(&lease, group, cluster) {
+        let leases: usize = run.iter().map(|&i| lease(i).len()).sum();
+        let mut srem = redis::Cmd::with_capacity(run.len() + 2, 4 + index.len() + leases);
+        srem.arg("SREM").arg(index);
+        for &i in &run {
+            srem.arg(lease(i));
+        }
+        tx.add_command(srem).ignore();
+    }
 }
 
 #[cfg(test)]
