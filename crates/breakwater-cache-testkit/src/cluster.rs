@@ -280,6 +280,41 @@ impl RedisCluster {
         index
     }
 
+    /// Hands the empty hash slot `slot` to the primary of shard `to`, as a
+    /// resharding does (`CLUSTER SETSLOT … NODE` on every primary, the new
+    /// owner first), and waits until both say so. [`node_of`](Self::node_of)
+    /// still answers with the formed layout.
+    ///
+    /// # Panics
+    ///
+    /// If the slot holds keys, a node refuses, or the nodes do not agree
+    /// within the formation timeout.
+    pub fn hand_slot(&self, slot: u16, to: usize) {
+        let slot_arg = slot.to_string();
+        let target = &self.nodes[to];
+        let id = target
+            .command(&["CLUSTER", "MYID"])
+            .unwrap_or_else(|e| panic!("CLUSTER MYID on port {}: {e}", target.port()));
+        let primaries = &self.nodes[..SHARDS];
+        let order = std::iter::once(to).chain((0..SHARDS).filter(|&s| s != to));
+        for shard in order {
+            expect_ok(
+                &primaries[shard],
+                &["CLUSTER", "SETSLOT", &slot_arg, "NODE", &id],
+            );
+        }
+        let deadline = Instant::now() + FORM_TIMEOUT;
+        while !owns_slot(target, slot)
+            || primaries
+                .iter()
+                .enumerate()
+                .any(|(shard, node)| shard != to && owns_slot(node, slot))
+        {
+            assert!(Instant::now() < deadline, "slot {slot} was not handed over");
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn form(&self) {
         let primaries = &self.nodes[..SHARDS];
         for (node, (first, last)) in primaries.iter().zip(ranges()) {

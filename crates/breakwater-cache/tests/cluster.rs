@@ -412,3 +412,57 @@ async fn set_many_writes_keys_on_every_node() {
         assert_eq!(reader.get(k).await.unwrap(), Some(format!("v-{k}")), "{k}");
     }
 }
+
+/// A bulk write after a slot moved to another node (a resharding the
+/// store has not seen yet: its slot map groups the slot with its old
+/// node's keys): the redirected step is written again per slot, and every
+/// key lands, on every node, with its new value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_write_after_a_slot_moved_lands_every_key() {
+    let (cluster, store) = cluster_store().await;
+    let other = connect_cluster(&cluster).await;
+    let (writer, reader) = (cache_on(&store), cache_on(&other));
+    let keys: Vec<String> = (0..300).map(|i| format!("bulk:{i}")).collect();
+    writer
+        .set_many(keys.iter().map(|k| (k.clone(), "first".to_owned())))
+        .await
+        .unwrap();
+    // A key on node 0 whose slot holds nothing yet, and that slot handed
+    // to node 1.
+    let (moved, slot) = (0..)
+        .map(|i| format!("moved:{i}"))
+        .find_map(|k| {
+            let storage = writer.storage_key(k.as_bytes()).unwrap();
+            let storage = std::str::from_utf8(&storage).unwrap().to_owned();
+            if node_of(&cluster, &writer, &k) != 0 {
+                return None;
+            }
+            let node = &cluster.nodes()[0];
+            let slot = node.command(&["CLUSTER", "KEYSLOT", &storage]).unwrap();
+            let held = node
+                .command(&["CLUSTER", "COUNTKEYSINSLOT", &slot])
+                .unwrap();
+            (held == "0").then(|| (k, slot.parse::<u16>().unwrap()))
+        })
+        .unwrap();
+    cluster.hand_slot(slot, 1);
+    let mut again = keys.clone();
+    again.push(moved.clone());
+    writer
+        .set_many(again.iter().map(|k| (k.clone(), format!("v-{k}"))))
+        .await
+        .unwrap();
+    for k in &again {
+        assert_eq!(reader.get(k).await.unwrap(), Some(format!("v-{k}")), "{k}");
+    }
+    // The store asks for the slot map again once a step was refused: a
+    // later bulk write lands too.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    writer
+        .invalidate_many(again.iter().map(String::as_str))
+        .await
+        .unwrap();
+    for k in &again {
+        assert_eq!(reader.get(k).await.unwrap(), None, "{k}");
+    }
+}

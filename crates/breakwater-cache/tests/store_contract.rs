@@ -482,6 +482,15 @@ async fn replace_writes_revokes_the_lease_and_publishes(store: &dyn Store, _: Ti
         store.get(VALUE_KEY).await.unwrap().as_deref(),
         Some(BINARY_VALUE)
     );
+    // The revoked lease is free: the next load takes it at once.
+    assert!(
+        store
+            .acquire_lease(LEASE, b"token-b", TTL)
+            .await
+            .unwrap()
+            .is_acquired(),
+        "a revoked lease is free to take"
+    );
     let ttl = store.ttl(VALUE_KEY).await.unwrap().unwrap();
     assert!(ttl <= TTL && ttl > TTL - Duration::from_secs(2), "{ttl:?}");
     let zero = store

@@ -54,8 +54,9 @@
 //! lands later.
 //!
 //! Only stores that ask for it ([`Store::batches_reads`])
-//! are read and written this way; a Redis Cluster is not (its batches split
-//! per hash slot anyway). Hand-rolled: what it needs is an admission count
+//! are read and written this way; a Redis Cluster is not (a batch would
+//! split per failure domain there, and a lone `set` is already one
+//! pipeline of plain commands). Hand-rolled: what it needs is an admission count
 //! and a queue, and a batching crate (a `DataLoader`) would add a timer or
 //! a spawn to every call, the hit path included.
 

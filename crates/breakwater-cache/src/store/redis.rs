@@ -15,6 +15,7 @@
 //! This file is [`RedisStore`]: its constructors, its public API and
 //! `impl Store`. Below it, each file uses only the ones listed after it:
 //!
+//! - [`plain`]: a cluster's bulk and single writes as plain pipelines.
 //! - [`command`]: one command under its deadline, a script, a revoking
 //!   write, one command per hash slot.
 //! - [`connection`]: where commands go (`Topology`) and what the handles
@@ -24,6 +25,7 @@
 //! - [`clock`]: Redis's clock, sampled with `TIME`.
 //! - [`sentinel`]: finding the master, and what a failover may lose.
 //! - [`conn`]: the live connection itself, and what its errors mean.
+//! - [`slots`]: which node serves which hash slot, for grouping.
 //! - [`config`]: [`RedisStoreConfig`] and its validation.
 //! - [`tls`]: clients for `redis://` and `rediss://` URLs.
 //! - [`url`]: URLs parsed, and shown with their passwords masked.
@@ -38,8 +40,10 @@ mod conn;
 mod connection;
 mod index;
 mod latency;
+mod plain;
 mod scripts;
 mod sentinel;
+mod slots;
 mod tls;
 mod url;
 
@@ -54,7 +58,7 @@ use futures_util::StreamExt;
 use tokio::time::Instant;
 
 use self::bus::ChannelFeed;
-use self::command::wrong_count;
+use self::command::{WRITE_STEP_KEYS, WRITE_STEPS_IN_FLIGHT, wrong_count};
 use self::connection::{RedisCore, Topology, hash_slot};
 use self::latency::DeadlineKind;
 use self::scripts::{
@@ -74,18 +78,6 @@ use crate::error::{Error, ErrorKind};
 pub use self::config::RedisStoreConfig;
 pub use self::latency::RedisLatency;
 pub use self::sentinel::SentinelError;
-
-/// The most keys in one transaction of `replace_many` or
-/// `invalidate_many`.
-const WRITE_STEP_KEYS: usize = 1_024;
-
-/// How many transactions of one `replace_many` or `invalidate_many` run at
-/// a time: enough to keep a server busy (4 of 1,024 writes on one server),
-/// few enough that none waits a write deadline behind the others. More
-/// were tried for a cluster's small steps (a key or a few per slot): 256
-/// in flight made `set_many` on a local 3-node cluster 2.6 times slower
-/// (its connection's bookkeeping of many routed pipelines at once).
-const WRITE_STEPS_IN_FLIGHT: usize = 4;
 
 /// A [`Store`] on one Redis server, or on a Redis Cluster
 /// ([`connect_cluster`](RedisStore::connect_cluster)).
@@ -389,6 +381,28 @@ impl RedisStore {
         Fut: Future<Output = Result<(), Error>>,
     {
         let groups = self.inner.by_slot_in_runs(keys, WRITE_STEP_KEYS);
+        self.steps(groups, step).await
+    }
+
+    /// The positions `of` (of `keys`) grouped by hash slot, in runs of
+    /// [`WRITE_STEP_KEYS`]: a cluster's keys to write again as per-slot
+    /// transactions after its plain steps (see [`plain`]).
+    fn slot_groups(&self, keys: &[&[u8]], of: &[usize]) -> Vec<Vec<usize>> {
+        let picked: Vec<&[u8]> = of.iter().map(|&i| keys[i]).collect();
+        self.inner
+            .by_slot_in_runs(&picked, WRITE_STEP_KEYS)
+            .into_iter()
+            .map(|group| group.into_iter().map(|j| of[j]).collect())
+            .collect()
+    }
+
+    /// Runs `step` once per group, [`WRITE_STEPS_IN_FLIGHT`] at a time;
+    /// `Err` if any step failed (the others ran to their end).
+    async fn steps<F, Fut>(&self, groups: Vec<Vec<usize>>, step: F) -> Result<(), Error>
+    where
+        F: Fn(Vec<usize>) -> Fut,
+        Fut: Future<Output = Result<(), Error>>,
+    {
         let steps: Vec<Fut> = groups.into_iter().map(step).collect();
         let done: Vec<Result<(), Error>> = futures_util::stream::iter(steps)
             .buffer_unordered(WRITE_STEPS_IN_FLIGHT)
@@ -420,18 +434,8 @@ impl RedisStore {
             &group,
             self.inner.is_cluster(),
         );
-        // Each command sized up front: grown argument by argument, they
-        // took a reallocation or two per key.
         for &i in &group {
-            let w = &writes[i];
-            // "SET", "PX" and the TTL's digits: 25 bytes at most.
-            let mut set = redis::Cmd::with_capacity(5, w.key.len() + w.value.len() + 25);
-            set.arg("SET")
-                .arg(w.key)
-                .arg(w.value)
-                .arg("PX")
-                .arg(ttls[i]);
-            tx.add_command(set).ignore();
+            tx.add_command(plain::set_px(&writes[i], ttls[i])).ignore();
         }
         let revoked = group.iter().map(|&i| (writes[i].key, writes[i].lease_key));
         self.revoking_step(tx, revoked, notice).await
@@ -833,6 +837,8 @@ impl Store for RedisStore {
         })
     }
 
+    /// The `REPLACE` script; on a cluster a plain pipeline of the same
+    /// commands (see [`plain`]), the script only if Redis refused one.
     fn replace<'a>(
         &'a self,
         key: &'a [u8],
@@ -843,6 +849,17 @@ impl Store for RedisStore {
     ) -> StoreFuture<'a, ()> {
         Box::pin(async move {
             let ms = ttl_millis(ttl)?;
+            if self.inner.is_cluster() {
+                let write = Replace {
+                    key,
+                    value,
+                    ttl,
+                    lease_key,
+                };
+                if self.inner.replace_plain(write, ms, notice).await? {
+                    return Ok(());
+                }
+            }
             let script = REPLACE
                 .key(key)
                 .key(lease_key)
@@ -857,10 +874,10 @@ impl Store for RedisStore {
         })
     }
 
-    /// One transaction per 1,024 writes (per hash slot on a cluster: a
-    /// cluster's batch of keys spread over every slot is one per slot), a
-    /// bounded number of them in flight; each revokes its writes' leases,
-    /// writes the values and publishes one message.
+    /// One transaction per 1,024 writes, a bounded number of them in
+    /// flight; each revokes its writes' leases, writes the values and
+    /// publishes one message. On a cluster, where a transaction keeps to
+    /// one hash slot, one plain pipeline per node instead (see [`plain`]).
     fn replace_many<'a>(
         &'a self,
         writes: &'a [Replace<'a>],
@@ -871,8 +888,16 @@ impl Store for RedisStore {
                 .iter()
                 .map(|w| ttl_millis(w.ttl))
                 .collect::<Result<Vec<u64>, Error>>()?;
-            let keys: Vec<&[u8]> = writes.iter().map(|w| w.key).collect();
             let ttls = &ttls;
+            if self.inner.is_cluster() {
+                let keys: Vec<&[u8]> = writes.iter().map(|w| w.key).collect();
+                let (refused, failed) = self.inner.plain_steps(writes, ttls, notice).await;
+                let again = self.steps(self.slot_groups(&keys, &refused), |group| {
+                    self.replace_group(writes, ttls, group, notice)
+                });
+                return failed.map_or(again.await, Err);
+            }
+            let keys: Vec<&[u8]> = writes.iter().map(|w| w.key).collect();
             self.in_steps(&keys, |group| {
                 self.replace_group(writes, ttls, group, notice)
             })
@@ -880,15 +905,23 @@ impl Store for RedisStore {
         })
     }
 
-    /// One transaction per 1,024 keys (per hash slot on a cluster), a
-    /// bounded number in flight: one `DEL` of the keys, one `SREM`
-    /// revoking their leases, one message.
+    /// One transaction per 1,024 keys, a bounded number in flight: one
+    /// `DEL` of the keys, one `SREM` revoking their leases, one message. On
+    /// a cluster one plain pipeline per node (see [`plain`]).
     fn invalidate_many<'a>(
         &'a self,
         keys: &'a [Invalidate<'a>],
         notice: Notice<'a>,
     ) -> StoreFuture<'a, ()> {
         Box::pin(async move {
+            if self.inner.is_cluster() {
+                let stored: Vec<&[u8]> = keys.iter().map(|k| k.key).collect();
+                let (refused, failed) = self.inner.plain_steps(keys, &[], notice).await;
+                let again = self.steps(self.slot_groups(&stored, &refused), |group| {
+                    self.invalidate_group(keys, group, notice)
+                });
+                return failed.map_or(again.await, Err);
+            }
             let stored: Vec<&[u8]> = keys.iter().map(|k| k.key).collect();
             self.in_steps(&stored, |group| self.invalidate_group(keys, group, notice))
                 .await

@@ -94,6 +94,38 @@ impl Conn {
             Conn::Node(c) | Conn::Master(c, _) => tx.query_async::<()>(c).await,
         }
     }
+
+    /// A cluster's `CLUSTER SLOTS`, asked of any node.
+    pub(super) async fn cluster_slots(&mut self) -> redis::RedisResult<Value> {
+        match self {
+            Conn::Cluster(c) => {
+                let mut cmd = redis::cmd("CLUSTER");
+                cmd.arg("SLOTS");
+                c.route_command(cmd, RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random))
+                    .await
+            }
+            Conn::Node(_) | Conn::Master(..) => Ok(Value::Nil),
+        }
+    }
+
+    /// Runs `pipe`, a plain pipeline (not a transaction), with each
+    /// command's reply, Redis's refusals among them. A cluster connection
+    /// sends it whole to the primary serving `slot`: its commands may be
+    /// about other slots, and one about a slot that node does not serve
+    /// answers `MOVED` or `ASK` (see `plain`).
+    pub(super) async fn replies(
+        &mut self,
+        pipe: &Pipeline,
+        slot: u16,
+    ) -> redis::RedisResult<Vec<Value>> {
+        match self {
+            Conn::Cluster(c) => {
+                let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+                c.route_pipeline(pipe.clone(), 0, pipe.len(), route).await
+            }
+            Conn::Node(c) | Conn::Master(c, _) => c.req_packed_commands(pipe, 0, pipe.len()).await,
+        }
+    }
 }
 
 impl ConnectionLike for Conn {

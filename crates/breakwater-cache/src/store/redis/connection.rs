@@ -24,6 +24,7 @@ use super::config::RedisStoreConfig;
 use super::conn::{Conn, store_error};
 use super::latency::{DeadlineKind, Latencies};
 use super::sentinel::{self, Sentinel};
+use super::slots::{SLOTS, SlotMap};
 use super::tls;
 use crate::background::{Duty, Supervised};
 use crate::error::{ConfigError, Error, ErrorKind};
@@ -152,8 +153,6 @@ impl Topology {
     }
 }
 
-/// Hash slots in a Redis Cluster.
-pub(super) const SLOTS: u16 = 16_384;
 /// Consecutive hash slots per failure domain.
 const SLOTS_PER_DOMAIN: u16 = 256;
 
@@ -216,6 +215,8 @@ pub(super) struct RedisCore {
     pub(super) channels: Mutex<HashMap<Vec<u8>, ChannelFeed>>,
     /// Background tasks (clock refresh, subscriptions), stopped on drop.
     tasks: Mutex<Vec<AbortHandle>>,
+    /// On a cluster, which primary serves which slot (see `slots`).
+    pub(super) slots: SlotMap,
 }
 
 /// The state of the background (re)connection.
@@ -279,6 +280,7 @@ impl RedisCore {
             clock: RedisClock::default(),
             channels: Mutex::default(),
             tasks: Mutex::default(),
+            slots: SlotMap::default(),
             lost_tasks,
         }
     }

@@ -39,7 +39,8 @@
 
 use std::sync::LazyLock;
 
-use super::connection::{SLOTS, hash_slot};
+use super::connection::hash_slot;
+use super::slots::SLOTS;
 
 /// For each hash slot, the shortest decimal number (as digits) whose CRC16
 /// lands in it: a hash tag that puts a key in that slot. Found by counting
@@ -62,7 +63,7 @@ static SLOT_TAGS: LazyLock<Vec<Box<[u8]>>> = LazyLock::new(|| {
 
 /// Writes the index key of `lease` into `out` (cleared first); `cluster`:
 /// the store is a Redis Cluster (one index per hash slot).
-fn index_key_into(out: &mut Vec<u8>, lease: &[u8], cluster: bool) {
+pub(super) fn index_key_into(out: &mut Vec<u8>, lease: &[u8], cluster: bool) {
     out.clear();
     let shaped = lease
         .iter()

@@ -1,0 +1,289 @@
+//! A cluster's revoking writes as plain pipelines, one per node and
+//! failure domain, where one server runs them as transactions.
+//!
+//! On one server a bulk write is one transaction per 1,024 keys. On a
+//! cluster a transaction must keep to one hash slot, and a batch of keys
+//! spreads over every slot: `set_many` and `invalidate_many` paid a
+//! transaction (and a `PUBLISH`, which a cluster sends to every node) per
+//! key or two, and a lone `set` a script run (3.5 times a `SET`'s server
+//! time; it is now the same commands as a plain pipeline). Here each failure domain's keys (256 consecutive slots, nearly
+//! always one node's) go out as one plain pipeline to the node serving
+//! the first key's slot: per key the command that revokes its lease, then
+//! the write, and one `PUBLISH` naming them all at the end.
+//!
+//! Not atomic, but ordered: a node runs one connection's commands in
+//! order, so a key's lease is revoked before its write lands (a fill
+//! that comes between is refused, as after a transaction) and its notice
+//! goes out after it (as after a transaction). A command about a slot the
+//! node does not serve (a domain across two nodes, a slot moved or
+//! migrating) answers `MOVED` or `ASK` without running; so does any other
+//! refusal (`OOM`): such keys are written again as the per-slot
+//! transactions (or the script) of the single-server path, which the
+//! cluster connection routes and redirects itself, and which report their
+//! own errors. A redirected key is also named in its first notice: an
+//! extra notice makes other processes drop a near-cache entry, no more.
+//!
+//! Hand-rolled because redis-rs's cluster connection refuses a pipeline
+//! whose commands cross slots (even on one node), and splitting it per
+//! slot is what cost the transactions.
+
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use redis::{Cmd, Pipeline, Value};
+
+use super::command::{WRITE_STEP_KEYS, WRITE_STEPS_IN_FLIGHT, wrong_count};
+use super::conn::store_error;
+use super::connection::{RedisCore, hash_slot};
+use super::index;
+use super::latency::DeadlineKind;
+use super::slots::{Nodes, UNKNOWN};
+use crate::error::Error;
+use crate::store::{Invalidate, Notice, Replace};
+
+/// What a plain step adds for one key: its commands, in order (the
+/// revocation first).
+pub(super) trait PlainWrite {
+    /// The key written.
+    fn key(&self) -> &[u8];
+    /// How many commands [`add`](PlainWrite::add) adds.
+    const COMMANDS: usize;
+    /// Adds this key's commands to `pipe`; `index` is a buffer for its
+    /// lease index's key.
+    fn add(&self, pipe: &mut Pipeline, ttl_ms: u64, index: &mut Vec<u8>);
+}
+
+/// `SET key value PX ttl_ms` of `write`, sized up front (grown argument
+/// by argument, a command took a reallocation or two per key).
+pub(super) fn set_px(write: &Replace<'_>, ttl_ms: u64) -> Cmd {
+    // "SET", "PX" and the TTL's digits: 25 bytes at most.
+    let mut set = Cmd::with_capacity(5, write.key.len() + write.value.len() + 25);
+    set.arg("SET")
+        .arg(write.key)
+        .arg(write.value)
+        .arg("PX")
+        .arg(ttl_ms);
+    set
+}
+
+/// `SREM` of the lease from its index (see `index`), the lease's key taken
+/// from the write.
+fn unlist(pipe: &mut Pipeline, lease: &[u8], index: &mut Vec<u8>) {
+    index::index_key_into(index, lease, true);
+    let mut srem = Cmd::with_capacity(3, 4 + index.len() + lease.len());
+    srem.arg("SREM").arg(&index[..]).arg(lease);
+    pipe.add_command(srem);
+}
+
+impl PlainWrite for Replace<'_> {
+    fn key(&self) -> &[u8] {
+        self.key
+    }
+    const COMMANDS: usize = 2;
+    fn add(&self, pipe: &mut Pipeline, ttl_ms: u64, index: &mut Vec<u8>) {
+        unlist(pipe, self.lease_key, index);
+        pipe.add_command(set_px(self, ttl_ms));
+    }
+}
+
+impl PlainWrite for Invalidate<'_> {
+    fn key(&self) -> &[u8] {
+        self.key
+    }
+    const COMMANDS: usize = 2;
+    fn add(&self, pipe: &mut Pipeline, _ttl_ms: u64, index: &mut Vec<u8>) {
+        unlist(pipe, self.lease_key, index);
+        pipe.cmd("DEL").arg(self.key);
+    }
+}
+
+/// The positions of `keys` grouped by the primary serving their slot (in
+/// runs of [`WRITE_STEP_KEYS`]), and those whose slot no primary is known
+/// for.
+fn by_node(keys: &[&[u8]], nodes: &Nodes) -> (Vec<Vec<usize>>, Vec<usize>) {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut open: Vec<Option<usize>> = Vec::new();
+    let mut unknown = Vec::new();
+    for (i, key) in keys.iter().enumerate() {
+        let node = nodes[usize::from(hash_slot(key))];
+        if node == UNKNOWN {
+            unknown.push(i);
+            continue;
+        }
+        let node = usize::from(node);
+        if open.len() <= node {
+            open.resize(node + 1, None);
+        }
+        match open[node] {
+            Some(g) if groups[g].len() < WRITE_STEP_KEYS => groups[g].push(i),
+            _ => {
+                open[node] = Some(groups.len());
+                groups.push(vec![i]);
+            }
+        }
+    }
+    (groups, unknown)
+}
+
+/// Whether a reply is Redis refusing its command.
+fn refused(reply: &Value) -> bool {
+    matches!(reply, Value::ServerError(_))
+}
+
+impl RedisCore {
+    /// A bulk write on a cluster: one plain pipeline per primary (as the
+    /// slot map has it; [`WRITE_STEP_KEYS`] at most),
+    /// [`WRITE_STEPS_IN_FLIGHT`] at a time. The positions to write again
+    /// per slot (refused there, or of a slot no primary is known for; all
+    /// of them with no slot map), and the first step's error, if any (the
+    /// others ran to their end).
+    pub(super) async fn plain_steps<W: PlainWrite + Sync>(
+        self: &Arc<Self>,
+        writes: &[W],
+        ttls: &[u64],
+        notice: Notice<'_>,
+    ) -> (Vec<usize>, Option<Error>) {
+        let keys: Vec<&[u8]> = writes.iter().map(PlainWrite::key).collect();
+        let (groups, mut refused) = match self.slot_map().await {
+            Some(nodes) => by_node(&keys, &nodes),
+            None => (Vec::new(), (0..keys.len()).collect()),
+        };
+        let done: Vec<Result<Vec<usize>, Error>> = futures_util::stream::iter(
+            groups
+                .into_iter()
+                .map(|group| self.plain_step(writes, ttls, group, notice)),
+        )
+        .buffer_unordered(WRITE_STEPS_IN_FLIGHT)
+        .collect()
+        .await;
+        let mut failed = None;
+        for step in done {
+            match step {
+                Ok(positions) => refused.extend(positions),
+                Err(err) => failed = failed.or(Some(err)),
+            }
+        }
+        refused.sort_unstable();
+        (refused, failed)
+    }
+
+    /// The slot map, asked for if it is due (see `slots`); `None` if none
+    /// is known (and asking failed).
+    async fn slot_map(self: &Arc<Self>) -> Option<Nodes> {
+        let (known, due) = self.slots.current();
+        if known.is_some() && !due {
+            return known;
+        }
+        // No map: wait for one being asked for.
+        let _asking = self.slots.asking.lock().await;
+        if !self.slots.begin_ask() {
+            return self.slots.current().0;
+        }
+        let known = self.slots.current().0;
+        let asked = self
+            .call(DeadlineKind::Read, 0, |mut conn| async move {
+                conn.cluster_slots().await
+            })
+            .await;
+        match asked {
+            Ok(reply) => self.slots.learn(&reply),
+            Err(err) => {
+                tracing::debug!(error = %err, "CLUSTER SLOTS failed; bulk writes go per slot");
+                known
+            }
+        }
+    }
+
+    /// One plain step: the writes at the positions `group` (one primary's
+    /// slots, as the slot map has it), their TTLs in ms `ttls` (by
+    /// position; unused by invalidations), and one `PUBLISH` of the notice
+    /// naming their keys, as one pipeline to the primary of the first
+    /// key's slot. The positions whose commands were refused (to be written
+    /// again; all of them if the cluster redirected the step), or the
+    /// step's error (no reply, or the notice refused).
+    async fn plain_step<W: PlainWrite>(
+        self: &Arc<Self>,
+        writes: &[W],
+        ttls: &[u64],
+        group: Vec<usize>,
+        notice: Notice<'_>,
+    ) -> Result<Vec<usize>, Error> {
+        let Some(&first) = group.first() else {
+            return Ok(Vec::new());
+        };
+        let mut pipe = Pipeline::with_capacity(group.len() * W::COMMANDS + 1);
+        let mut index = Vec::new();
+        for &i in &group {
+            writes[i].add(&mut pipe, ttls.get(i).copied().unwrap_or(0), &mut index);
+        }
+        let message = notice.for_keys(group.iter().map(|&i| writes[i].key()));
+        pipe.cmd("PUBLISH").arg(notice.channel).arg(&message);
+        let first = writes[first].key();
+        let pipe = &pipe;
+        // The cluster connection follows a refusal that names another node
+        // (`MOVED`, `ASK`) by sending the whole pipeline there, where the
+        // other keys are refused in turn; after its retries it gives up
+        // with that refusal: then every key is written again per slot.
+        let replies = self
+            .call(
+                DeadlineKind::Write,
+                self.domain(first),
+                |mut conn| async move {
+                    match conn.replies(pipe, hash_slot(first)).await {
+                        Err(err) if err.redirect_node().is_some() => Ok(None),
+                        replies => replies.map(Some),
+                    }
+                },
+            )
+            .await?;
+        let Some(replies) = replies else {
+            self.slots.suspect();
+            return Ok(group);
+        };
+        if replies.len() != pipe.len() {
+            return Err(wrong_count("a cluster's bulk write"));
+        }
+        let (each, published) = replies.split_at(replies.len() - 1);
+        if let [Value::ServerError(err)] = published {
+            return Err(store_error(err.clone().into()));
+        }
+        let refused: Vec<usize> = group
+            .iter()
+            .zip(each.chunks(W::COMMANDS))
+            .filter(|(_, replies)| replies.iter().any(refused))
+            .map(|(&i, _)| i)
+            .collect();
+        if !refused.is_empty() {
+            self.slots.suspect();
+        }
+        Ok(refused)
+    }
+
+    /// A lone [`replace`](crate::store::Store::replace) on a cluster: the
+    /// `SREM` of its lease from the lease index (the bulk writes'
+    /// revocation: a lease the index does not name no longer holds; a
+    /// third of the `DEL` of the lease key's server time), the `SET`, the
+    /// `PUBLISH`, as one plain pipeline, in the script's order (see above).
+    /// `Ok(false)` if a command was refused: the caller runs the script
+    /// instead.
+    pub(super) async fn replace_plain(
+        self: &Arc<Self>,
+        write: Replace<'_>,
+        ttl_ms: u64,
+        notice: Notice<'_>,
+    ) -> Result<bool, Error> {
+        let mut pipe = Pipeline::with_capacity(Replace::COMMANDS + 1);
+        write.add(&mut pipe, ttl_ms, &mut Vec::new());
+        pipe.cmd("PUBLISH").arg(notice.channel).arg(notice.message);
+        let pipe = &pipe;
+        let key = write.key;
+        let replies = self
+            .call(
+                DeadlineKind::Write,
+                self.domain(key),
+                |mut conn| async move { conn.replies(pipe, hash_slot(key)).await },
+            )
+            .await?;
+        Ok(replies.len() == pipe.len() && !replies.iter().any(refused))
+    }
+}

@@ -1,0 +1,189 @@
+//! Which primary serves which hash slot, as a cluster's `CLUSTER SLOTS`
+//! last said: what groups a cluster's bulk writes per node (see `plain`).
+//!
+//! Only a grouping: the commands are still routed by the cluster
+//! connection's own map. A stale grouping costs a step redirected and
+//! written again per slot, never a wrong write, so the map is asked for
+//! again only when a step was refused, at most once per
+//! [`REFRESH_EVERY`].
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::Value;
+use tokio::time::Instant;
+
+/// Hash slots in a Redis Cluster.
+pub(super) const SLOTS: u16 = 16_384;
+
+/// The least time between two `CLUSTER SLOTS` asked by one store.
+const REFRESH_EVERY: Duration = Duration::from_secs(1);
+
+/// A slot no primary was named for.
+pub(super) const UNKNOWN: u16 = u16::MAX;
+
+/// For each hash slot, the number of the primary serving it (in the order
+/// `CLUSTER SLOTS` named them), or [`UNKNOWN`].
+pub(super) type Nodes = Arc<[u16]>;
+
+/// The slot map of one store, and when it was last asked for.
+#[derive(Debug, Default)]
+pub(super) struct SlotMap {
+    state: Mutex<State>,
+    /// Held while `CLUSTER SLOTS` is asked: a caller that knows no map
+    /// waits for the one asking (within that call's deadline) rather than
+    /// writing per slot.
+    pub(super) asking: tokio::sync::Mutex<()>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    nodes: Option<Nodes>,
+    /// A step found the map wrong: ask again (once [`REFRESH_EVERY`] has
+    /// passed since the last time).
+    stale: bool,
+    asked: Option<Instant>,
+}
+
+impl State {
+    fn due(&self) -> bool {
+        (self.nodes.is_none() || self.stale)
+            && self
+                .asked
+                .is_none_or(|asked| asked.elapsed() >= REFRESH_EVERY)
+    }
+}
+
+impl SlotMap {
+    /// The map, and whether it should be asked for now: none known, or
+    /// found stale, and none asked for within [`REFRESH_EVERY`].
+    pub(super) fn current(&self) -> (Option<Nodes>, bool) {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        (state.nodes.clone(), state.due())
+    }
+
+    /// Whether the caller should ask for the map now; if so, it is noted
+    /// as asked (others go on with what is known, or wait for it).
+    pub(super) fn begin_ask(&self) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let due = state.due();
+        if due {
+            state.asked = Some(Instant::now());
+        }
+        due
+    }
+
+    /// A step was refused or redirected: the map may be stale.
+    pub(super) fn suspect(&self) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).stale = true;
+    }
+
+    /// Takes what `CLUSTER SLOTS` answered; a reply it cannot read leaves
+    /// the map as it was. The map it holds then.
+    pub(super) fn learn(&self, reply: &Value) -> Option<Nodes> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(nodes) = parse(reply) {
+            state.nodes = Some(nodes);
+            state.stale = false;
+        }
+        state.nodes.clone()
+    }
+}
+
+/// A `CLUSTER SLOTS` reply as a map: each entry is `[start, end, [host,
+/// port, …], replicas…]`; a primary is known by its host and port.
+fn parse(reply: &Value) -> Option<Nodes> {
+    let Value::Array(entries) = reply else {
+        return None;
+    };
+    let mut nodes = vec![UNKNOWN; usize::from(SLOTS)];
+    let mut primaries: Vec<(&[u8], i64)> = Vec::new();
+    for entry in entries {
+        let Value::Array(parts) = entry else {
+            return None;
+        };
+        let [
+            Value::Int(start),
+            Value::Int(end),
+            Value::Array(primary),
+            ..,
+        ] = parts.as_slice()
+        else {
+            return None;
+        };
+        let [host, Value::Int(port), ..] = primary.as_slice() else {
+            return None;
+        };
+        let host: &[u8] = match host {
+            Value::BulkString(host) => host,
+            Value::SimpleString(host) => host.as_bytes(),
+            _ => return None,
+        };
+        let number = match primaries.iter().position(|&p| p == (host, *port)) {
+            Some(at) => at,
+            None => {
+                primaries.push((host, *port));
+                primaries.len() - 1
+            }
+        };
+        let number = u16::try_from(number).ok().filter(|&n| n != UNKNOWN)?;
+        let (start, end) = (usize::try_from(*start).ok()?, usize::try_from(*end).ok()?);
+        if start > end || end >= nodes.len() {
+            return None;
+        }
+        nodes[start..=end].fill(number);
+    }
+    Some(nodes.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(start: i64, end: i64, port: i64) -> Value {
+        Value::Array(vec![
+            Value::Int(start),
+            Value::Int(end),
+            Value::Array(vec![
+                Value::BulkString(b"127.0.0.1".to_vec()),
+                Value::Int(port),
+                Value::BulkString(b"id".to_vec()),
+            ]),
+            Value::Array(vec![
+                Value::BulkString(b"127.0.0.1".to_vec()),
+                Value::Int(port + 100),
+            ]),
+        ])
+    }
+
+    #[test]
+    fn slots_map_to_their_primary() {
+        let reply = Value::Array(vec![
+            entry(0, 5460, 7000),
+            entry(10923, 16383, 7002),
+            entry(5461, 10922, 7001),
+            entry(100, 100, 7002),
+        ]);
+        let nodes = parse(&reply).expect("parsed");
+        assert_eq!(nodes[0], 0);
+        assert_eq!(nodes[5460], 0);
+        assert_eq!(nodes[100], 1);
+        assert_eq!(nodes[5461], 2);
+        assert_eq!(nodes[16383], 1);
+    }
+
+    #[test]
+    fn an_uncovered_slot_is_unknown_and_a_foreign_reply_is_not_taken() {
+        let nodes = parse(&Value::Array(vec![entry(0, 10, 7000)])).expect("parsed");
+        assert_eq!(nodes[11], UNKNOWN);
+        assert!(parse(&Value::Nil).is_none());
+        assert!(parse(&Value::Array(vec![entry(0, 20000, 7000)])).is_none());
+        assert!(parse(&Value::Array(vec![Value::Int(3)])).is_none());
+        let map = SlotMap::default();
+        assert!(map.learn(&Value::Nil).is_none());
+        assert_eq!(map.current(), (None, true));
+        assert!(map.begin_ask());
+        assert_eq!(map.current(), (None, false), "asked once a second");
+        assert!(!map.begin_ask());
+    }
+}
