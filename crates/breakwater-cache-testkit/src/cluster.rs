@@ -282,7 +282,8 @@ impl RedisCluster {
 
     /// Hands the empty hash slot `slot` to the primary of shard `to`, as a
     /// resharding does (`CLUSTER SETSLOT … NODE` on every primary, the new
-    /// owner first), and waits until both say so. [`node_of`](Self::node_of)
+    /// owner first, its config epoch bumped), and waits until both say so.
+    /// For a cluster whose primaries are still the ones it was formed with. [`node_of`](Self::node_of)
     /// still answers with the formed layout.
     ///
     /// # Panics
@@ -295,6 +296,11 @@ impl RedisCluster {
         let id = target
             .command(&["CLUSTER", "MYID"])
             .unwrap_or_else(|e| panic!("CLUSTER MYID on port {}: {e}", target.port()));
+        // The new owner's claim must win over gossip that the old owner
+        // sends before it is told: a config epoch above every other.
+        if let Err(e) = target.command(&["CLUSTER", "BUMPEPOCH"]) {
+            panic!("CLUSTER BUMPEPOCH on port {}: {e}", target.port());
+        }
         let primaries = &self.nodes[..SHARDS];
         let order = std::iter::once(to).chain((0..SHARDS).filter(|&s| s != to));
         for shard in order {

@@ -413,6 +413,16 @@ async fn set_many_writes_keys_on_every_node() {
     }
 }
 
+/// The `EXEC`s `node` has run (`INFO commandstats`).
+fn exec_calls(node: &support::RedisServer) -> u64 {
+    let stats = node.command(&["INFO", "commandstats"]).unwrap();
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_exec:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}
+
 /// A bulk write after a slot moved to another node (a resharding the
 /// store has not seen yet: its slot map groups the slot with its old
 /// node's keys): the redirected step is written again per slot, and every
@@ -448,6 +458,8 @@ async fn a_bulk_write_after_a_slot_moved_lands_every_key() {
     cluster.hand_slot(slot, 1);
     let mut again = keys.clone();
     again.push(moved.clone());
+    let transactions = || exec_calls(&cluster.nodes()[1]);
+    let before = transactions();
     writer
         .set_many(again.iter().map(|k| (k.clone(), format!("v-{k}"))))
         .await
@@ -455,6 +467,9 @@ async fn a_bulk_write_after_a_slot_moved_lands_every_key() {
     for k in &again {
         assert_eq!(reader.get(k).await.unwrap(), Some(format!("v-{k}")), "{k}");
     }
+    // The moved key was written again by its slot's own transaction on its
+    // new node, not left to the cluster connection's retries of the step.
+    assert!(transactions() > before, "no per-slot transaction on node 1");
     // The store asks for the slot map again once a step was refused: a
     // later bulk write lands too.
     tokio::time::sleep(Duration::from_millis(1_100)).await;

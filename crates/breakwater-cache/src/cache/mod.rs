@@ -208,12 +208,13 @@ impl<V: Value> Cache<V> {
     /// Stores `value` under `key` with the cache's jittered TTL.
     ///
     /// Like [`invalidate`](Self::invalidate), it revokes any load of `key`
-    /// in flight (in one atomic store operation with the write), so an older
-    /// load cannot overwrite it, and once it has returned no caller in this
-    /// process gets a value loaded before it.
+    /// in flight (in one store step with the write, the revocation first),
+    /// so an older load cannot overwrite it, and once it has returned no
+    /// caller in this process gets a value loaded before it.
     ///
-    /// A lone `set` goes straight to the store (one script run on Redis).
-    /// Concurrent ones that find a few of this cache's writes in the air
+    /// A lone `set` goes straight to the store (one script run on Redis; on
+    /// a Cluster the script's commands as one pipeline). Concurrent ones
+    /// (not on a Cluster) that find a few of this cache's writes in the air
     /// meet in a queue and go out as one batch, as
     /// [`set_many`](Self::set_many)'s steps do (one transaction: one `SREM`
     /// revoking their leases, a `SET … PX` each, one `PUBLISH`), each with its
@@ -241,8 +242,8 @@ impl<V: Value> Cache<V> {
     /// own jittered TTL; other processes told), in steps of up to 1,024
     /// keys: on Redis each step is one transaction (`MULTI`, one `SREM`
     /// revoking the leases, a `SET … PX` per key, one `PUBLISH` naming all its keys,
-    /// `EXEC`), a few of them in flight at once; on a Cluster one per hash
-    /// slot. The items are taken in at once and sealed in batches of
+    /// `EXEC`), a few of them in flight at once; on a Cluster one pipeline
+    /// of the same commands per node (each key's `SREM` before its `SET`). The items are taken in at once and sealed in batches of
     /// 32,768, each while the one before is written. Inside a version
     /// transition each key first revokes and pins the previous version's
     /// entry, one key at a time (two round trips per key).
@@ -364,9 +365,9 @@ impl<V: Value> Cache<V> {
 
     /// [`invalidate`](Self::invalidate) for many keys (each once), with
     /// the same contract for each, at the cost of a few store steps: on
-    /// Redis one transaction per 1,024 keys (per hash slot on a Cluster:
-    /// one `DEL` of the keys, one `SREM` revoking their leases, one
-    /// `PUBLISH` naming them all), in batches of 4,096 keys, each delivered (and retried) as a
+    /// Redis one transaction per 1,024 keys (one `DEL` of the keys, one
+    /// `SREM` revoking their leases, one `PUBLISH` naming them all; on a
+    /// Cluster one pipeline of the same commands per node), in batches of 4,096 keys, each delivered (and retried) as a
     /// whole within 1 s, as one `invalidate` is: a call takes at most a
     /// second per 4,096 keys. A price list, a user's cached views: one call, not one
     /// script, retry loop and notice per key.

@@ -229,7 +229,9 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
     /// A write that is not a load's (`Cache::set`): revokes the lease
     /// `lease_key` (so a load that started before cannot write its older
     /// result over this value), sets the value with its TTL and publishes
-    /// `notice`, all atomically.
+    /// `notice`, as one step: atomically, or at least in that order with
+    /// nothing between that a fill could slip into (a Redis Cluster sends
+    /// the three commands as one pipeline on one connection).
     fn replace<'a>(
         &'a self,
         key: &'a [u8],
@@ -579,10 +581,10 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
     }
 
     /// Several [`replace`](Store::replace)s with one notice per batch, as
-    /// few atomic steps as the backend can (Redis: one transaction per
-    /// 1,024 writes, per hash slot on a Cluster; the memory store: one). Each
-    /// step revokes its writes' leases, writes their values with their
-    /// TTLs, and publishes on `notice.channel` one message,
+    /// few steps as the backend can (Redis: one transaction per 1,024
+    /// writes; on a Cluster one pipeline per node, each key revoked before
+    /// it is written; the memory store: one). Each step revokes its writes'
+    /// leases, writes their values with their TTLs, and publishes on `notice.channel` one message,
     /// [`Notice::for_keys`] of its keys (`notice.message` is the head
     /// every such message starts with). `Err` if any write may have failed
     /// (a batch is safe to send again: each write is idempotent).
@@ -606,9 +608,9 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
     }
 
     /// Several [`invalidate`](Store::invalidate)s with one notice per
-    /// batch, as few atomic steps as the backend can (Redis: one
-    /// transaction per 1,024 keys, per hash slot on a Cluster; the memory
-    /// store: one). Each step deletes its keys and their leases and
+    /// batch, as few steps as the backend can (Redis: one transaction per
+    /// 1,024 keys; on a Cluster one pipeline per node, each key's lease
+    /// revoked before it is deleted; the memory store: one). Each step deletes its keys and their leases and
     /// publishes on `notice.channel` one message, [`Notice::for_keys`] of
     /// its keys. `Err` if any step may have failed (a batch is safe to send
     /// again).

@@ -1,27 +1,37 @@
-//! A cluster's revoking writes as plain pipelines, one per node and
-//! failure domain, where one server runs them as transactions.
+//! A cluster's revoking writes as plain pipelines, one per node, where
+//! one server runs them as transactions.
 //!
 //! On one server a bulk write is one transaction per 1,024 keys. On a
 //! cluster a transaction must keep to one hash slot, and a batch of keys
 //! spreads over every slot: `set_many` and `invalidate_many` paid a
 //! transaction (and a `PUBLISH`, which a cluster sends to every node) per
 //! key or two, and a lone `set` a script run (3.5 times a `SET`'s server
-//! time; it is now the same commands as a plain pipeline). Here each failure domain's keys (256 consecutive slots, nearly
-//! always one node's) go out as one plain pipeline to the node serving
-//! the first key's slot: per key the command that revokes its lease, then
-//! the write, and one `PUBLISH` naming them all at the end.
+//! time). Here a bulk write's keys are grouped by the primary serving
+//! their slot (as the store's slot map has it, see `slots`), and each
+//! group goes out as one plain pipeline to that node: per key the
+//! command that revokes its lease (`SREM` off the lease index, see
+//! `index`), then its write, and one `PUBLISH` naming them all at the
+//! end. A lone `set` is the `REPLACE` script's commands (`DEL` of the
+//! lease, `SET`, `PUBLISH`) as one pipeline.
 //!
 //! Not atomic, but ordered: a node runs one connection's commands in
-//! order, so a key's lease is revoked before its write lands (a fill
-//! that comes between is refused, as after a transaction) and its notice
-//! goes out after it (as after a transaction). A command about a slot the
-//! node does not serve (a domain across two nodes, a slot moved or
-//! migrating) answers `MOVED` or `ASK` without running; so does any other
-//! refusal (`OOM`): such keys are written again as the per-slot
-//! transactions (or the script) of the single-server path, which the
-//! cluster connection routes and redirects itself, and which report their
-//! own errors. A redirected key is also named in its first notice: an
-//! extra notice makes other processes drop a near-cache entry, no more.
+//! order, so a key's lease is revoked before its write lands (a fill that
+//! comes between is refused, as after a transaction) and its notice goes
+//! out after it (as after a transaction). A command about a slot the node
+//! does not serve (the map is stale: a slot moved, or is migrating)
+//! answers `MOVED` or `ASK` without running; so does any other refusal
+//! (`OOM`). The cluster connection follows such a refusal by sending the
+//! whole pipeline to the node it names (where the other keys are refused
+//! in turn) until its retries end, so a step may run more than once
+//! while a slot moves; then it gives up. Every key of such a step, and
+//! every key refused, is written again, its revocation and its write
+//! together, as the per-slot transaction (or the script) of the
+//! single-server path, before the call returns: so while a slot migrates
+//! (its lease index may move before its value), a write that landed
+//! without its revocation is written again after it, and what stands
+//! when the call returns is as after a transaction. A redirected key is
+//! also named in its first notice: an extra notice makes other processes
+//! drop a near-cache entry, no more.
 //!
 //! Hand-rolled because redis-rs's cluster connection refuses a pipeline
 //! whose commands cross slots (even on one node), and splitting it per
@@ -174,8 +184,21 @@ impl RedisCore {
         if known.is_some() && !due {
             return known;
         }
-        // No map: wait for one being asked for.
-        let _asking = self.slots.asking.lock().await;
+        // With a map known (if stale), no wait: another caller may be
+        // asking already. Without one, wait for the caller asking, within a
+        // read deadline (then write per slot).
+        let _asking = if known.is_some() {
+            match self.slots.asking.try_lock() {
+                Ok(asking) => asking,
+                Err(_) => return known,
+            }
+        } else {
+            let wait = self.latency.deadline(0, DeadlineKind::Read);
+            match tokio::time::timeout(wait, self.slots.asking.lock()).await {
+                Ok(asking) => asking,
+                Err(_) => return self.slots.current().0,
+            }
+        };
         if !self.slots.begin_ask() {
             return self.slots.current().0;
         }
@@ -259,21 +282,21 @@ impl RedisCore {
         Ok(refused)
     }
 
-    /// A lone [`replace`](crate::store::Store::replace) on a cluster: the
-    /// `SREM` of its lease from the lease index (the bulk writes'
-    /// revocation: a lease the index does not name no longer holds; a
-    /// third of the `DEL` of the lease key's server time), the `SET`, the
-    /// `PUBLISH`, as one plain pipeline, in the script's order (see above).
-    /// `Ok(false)` if a command was refused: the caller runs the script
-    /// instead.
+    /// A lone [`replace`](crate::store::Store::replace) on a cluster: `DEL`
+    /// of the lease (which revokes a load of any build, an earlier one's
+    /// too), the `SET`, the `PUBLISH`, as one plain pipeline in the
+    /// script's order (see above). `Ok(false)` if a command was refused or
+    /// the cluster redirected it (a slot migrating): the caller runs the
+    /// script instead, which the cluster connection redirects itself.
     pub(super) async fn replace_plain(
         self: &Arc<Self>,
         write: Replace<'_>,
         ttl_ms: u64,
         notice: Notice<'_>,
     ) -> Result<bool, Error> {
-        let mut pipe = Pipeline::with_capacity(Replace::COMMANDS + 1);
-        write.add(&mut pipe, ttl_ms, &mut Vec::new());
+        let mut pipe = Pipeline::with_capacity(3);
+        pipe.cmd("DEL").arg(write.lease_key);
+        pipe.add_command(set_px(&write, ttl_ms));
         pipe.cmd("PUBLISH").arg(notice.channel).arg(notice.message);
         let pipe = &pipe;
         let key = write.key;
@@ -281,9 +304,15 @@ impl RedisCore {
             .call(
                 DeadlineKind::Write,
                 self.domain(key),
-                |mut conn| async move { conn.replies(pipe, hash_slot(key)).await },
+                |mut conn| async move {
+                    match conn.replies(pipe, hash_slot(key)).await {
+                        Err(err) if err.redirect_node().is_some() => Ok(None),
+                        replies => replies.map(Some),
+                    }
+                },
             )
             .await?;
-        Ok(replies.len() == pipe.len() && !replies.iter().any(refused))
+        Ok(replies
+            .is_some_and(|replies| replies.len() == pipe.len() && !replies.iter().any(refused)))
     }
 }

@@ -91,13 +91,15 @@ impl SlotMap {
 }
 
 /// A `CLUSTER SLOTS` reply as a map: each entry is `[start, end, [host,
-/// port, …], replicas…]`; a primary is known by its host and port.
+/// port, id, …], replicas…]`; a primary is known by its node id (by its
+/// host and port from a server that names none). A host may be nil (an
+/// unknown endpoint): only the grouping is taken from here.
 fn parse(reply: &Value) -> Option<Nodes> {
     let Value::Array(entries) = reply else {
         return None;
     };
     let mut nodes = vec![UNKNOWN; usize::from(SLOTS)];
-    let mut primaries: Vec<(&[u8], i64)> = Vec::new();
+    let mut primaries: Vec<Vec<u8>> = Vec::new();
     for entry in entries {
         let Value::Array(parts) = entry else {
             return None;
@@ -111,18 +113,24 @@ fn parse(reply: &Value) -> Option<Nodes> {
         else {
             return None;
         };
-        let [host, Value::Int(port), ..] = primary.as_slice() else {
-            return None;
-        };
-        let host: &[u8] = match host {
-            Value::BulkString(host) => host,
-            Value::SimpleString(host) => host.as_bytes(),
+        let identity = match primary.as_slice() {
+            [_, _, Value::BulkString(id), ..] if !id.is_empty() => id.clone(),
+            [host, Value::Int(port), ..] => {
+                let mut named = match host {
+                    Value::BulkString(host) => host.clone(),
+                    Value::SimpleString(host) => host.clone().into_bytes(),
+                    Value::Nil => Vec::new(),
+                    _ => return None,
+                };
+                named.extend_from_slice(format!(":{port}").as_bytes());
+                named
+            }
             _ => return None,
         };
-        let number = match primaries.iter().position(|&p| p == (host, *port)) {
+        let number = match primaries.iter().position(|p| *p == identity) {
             Some(at) => at,
             None => {
-                primaries.push((host, *port));
+                primaries.push(identity);
                 primaries.len() - 1
             }
         };
@@ -147,7 +155,7 @@ mod tests {
             Value::Array(vec![
                 Value::BulkString(b"127.0.0.1".to_vec()),
                 Value::Int(port),
-                Value::BulkString(b"id".to_vec()),
+                Value::BulkString(format!("id-{port}").into_bytes()),
             ]),
             Value::Array(vec![
                 Value::BulkString(b"127.0.0.1".to_vec()),
@@ -170,6 +178,35 @@ mod tests {
         assert_eq!(nodes[100], 1);
         assert_eq!(nodes[5461], 2);
         assert_eq!(nodes[16383], 1);
+    }
+
+    #[test]
+    fn primaries_are_told_apart_by_id_and_a_nil_host_is_taken() {
+        let no_id = |start: i64, end: i64, host: Value, port: i64| {
+            Value::Array(vec![
+                Value::Int(start),
+                Value::Int(end),
+                Value::Array(vec![host, Value::Int(port)]),
+            ])
+        };
+        let reply = Value::Array(vec![
+            no_id(0, 9, Value::Nil, 7000),
+            no_id(10, 19, Value::BulkString(b"10.0.0.2".to_vec()), 7000),
+            no_id(20, 29, Value::Nil, 7000),
+        ]);
+        let nodes = parse(&reply).expect("parsed");
+        assert_eq!((nodes[0], nodes[10], nodes[20]), (0, 1, 0));
+        // Two primaries behind one address, told apart by their ids.
+        let same_address = Value::Array(vec![entry(0, 9, 7000), entry(10, 19, 7000)]);
+        let mut other = same_address.clone();
+        if let Value::Array(entries) = &mut other
+            && let Value::Array(parts) = &mut entries[1]
+            && let Value::Array(primary) = &mut parts[2]
+        {
+            primary[2] = Value::BulkString(b"another".to_vec());
+        }
+        assert_eq!(parse(&same_address).expect("parsed")[10], 0);
+        assert_eq!(parse(&other).expect("parsed")[10], 1);
     }
 
     #[test]
