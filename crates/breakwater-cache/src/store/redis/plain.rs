@@ -242,24 +242,8 @@ impl RedisCore {
         let message = notice.for_keys(group.iter().map(|&i| writes[i].key()));
         pipe.cmd("PUBLISH").arg(notice.channel).arg(&message);
         let first = writes[first].key();
-        let pipe = &pipe;
-        // The cluster connection follows a refusal that names another node
-        // (`MOVED`, `ASK`) by sending the whole pipeline there, where the
-        // other keys are refused in turn; after its retries it gives up
-        // with that refusal: then every key is written again per slot.
-        let replies = self
-            .call(
-                DeadlineKind::Write,
-                self.domain(first),
-                |mut conn| async move {
-                    match conn.replies(pipe, hash_slot(first)).await {
-                        Err(err) if err.redirect_node().is_some() => Ok(None),
-                        replies => replies.map(Some),
-                    }
-                },
-            )
-            .await?;
-        let Some(replies) = replies else {
+        // Redirected: every key is written again per slot.
+        let Some(replies) = self.unredirected(&pipe, first).await? else {
             self.slots.suspect();
             return Ok(group);
         };
@@ -282,6 +266,29 @@ impl RedisCore {
         Ok(refused)
     }
 
+    /// Runs `pipe` on the primary of `key`'s slot under the write
+    /// deadline, with each command's reply; `None` if the cluster
+    /// connection gave up on a refusal that names another node (`MOVED`,
+    /// `ASK`: it sends the whole pipeline there, where the other keys are
+    /// refused in turn, until its retries end).
+    async fn unredirected(
+        self: &Arc<Self>,
+        pipe: &Pipeline,
+        key: &[u8],
+    ) -> Result<Option<Vec<Value>>, Error> {
+        self.call(
+            DeadlineKind::Write,
+            self.domain(key),
+            |mut conn| async move {
+                match conn.replies(pipe, hash_slot(key)).await {
+                    Err(err) if err.redirect_node().is_some() => Ok(None),
+                    replies => replies.map(Some),
+                }
+            },
+        )
+        .await
+    }
+
     /// A lone [`replace`](crate::store::Store::replace) on a cluster: `DEL`
     /// of the lease (which revokes a load of any build, an earlier one's
     /// too), the `SET`, the `PUBLISH`, as one plain pipeline in the
@@ -298,20 +305,7 @@ impl RedisCore {
         pipe.cmd("DEL").arg(write.lease_key);
         pipe.add_command(set_px(&write, ttl_ms));
         pipe.cmd("PUBLISH").arg(notice.channel).arg(notice.message);
-        let pipe = &pipe;
-        let key = write.key;
-        let replies = self
-            .call(
-                DeadlineKind::Write,
-                self.domain(key),
-                |mut conn| async move {
-                    match conn.replies(pipe, hash_slot(key)).await {
-                        Err(err) if err.redirect_node().is_some() => Ok(None),
-                        replies => replies.map(Some),
-                    }
-                },
-            )
-            .await?;
+        let replies = self.unredirected(&pipe, write.key).await?;
         Ok(replies
             .is_some_and(|replies| replies.len() == pipe.len() && !replies.iter().any(refused)))
     }
