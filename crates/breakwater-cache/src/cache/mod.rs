@@ -243,8 +243,9 @@ impl<V: Value> Cache<V> {
     /// keys: on Redis each step is one transaction (`MULTI`, one `SREM`
     /// revoking the leases, a `SET … PX` per key, one `PUBLISH` naming all its keys,
     /// `EXEC`), a few of them in flight at once; on a Cluster one pipeline
-    /// of the same commands per node (each key's `SREM` before its `SET`). The items are taken in at once and sealed in batches of
-    /// 32,768, each while the one before is written. Inside a version
+    /// of the same commands per node (each key's `SREM` before its `SET`).
+    /// The items are taken in at once and sealed in batches of 32,768, each
+    /// while the one before is written. Inside a version
     /// transition each key first revokes and pins the previous version's
     /// entry, one key at a time (two round trips per key).
     ///

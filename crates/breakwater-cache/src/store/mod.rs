@@ -584,10 +584,11 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
     /// few steps as the backend can (Redis: one transaction per 1,024
     /// writes; on a Cluster one pipeline per node, each key revoked before
     /// it is written; the memory store: one). Each step revokes its writes'
-    /// leases, writes their values with their TTLs, and publishes on `notice.channel` one message,
-    /// [`Notice::for_keys`] of its keys (`notice.message` is the head
-    /// every such message starts with). `Err` if any write may have failed
-    /// (a batch is safe to send again: each write is idempotent).
+    /// leases, writes their values with their TTLs, and publishes on
+    /// `notice.channel` one message, [`Notice::for_keys`] of its keys
+    /// (`notice.message` is the head every such message starts with).
+    /// `Err` if any write may have failed (a batch is safe to send again:
+    /// each write is idempotent).
     ///
     /// The default runs them one after another, each a `replace` that
     /// publishes the message of its key alone.
@@ -610,9 +611,9 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
     /// Several [`invalidate`](Store::invalidate)s with one notice per
     /// batch, as few steps as the backend can (Redis: one transaction per
     /// 1,024 keys; on a Cluster one pipeline per node, each key's lease
-    /// revoked before it is deleted; the memory store: one). Each step deletes its keys and their leases and
-    /// publishes on `notice.channel` one message, [`Notice::for_keys`] of
-    /// its keys. `Err` if any step may have failed (a batch is safe to send
+    /// revoked before it is deleted; the memory store: one). Each step
+    /// deletes its keys and their leases and publishes on `notice.channel`
+    /// one message, [`Notice::for_keys`] of its keys. `Err` if any step may have failed (a batch is safe to send
     /// again).
     ///
     /// The default runs them one after another, each an `invalidate` that

@@ -384,16 +384,34 @@ impl RedisStore {
         self.steps(groups, step).await
     }
 
-    /// The positions `of` (of `keys`) grouped by hash slot, in runs of
-    /// [`WRITE_STEP_KEYS`]: a cluster's keys to write again as per-slot
-    /// transactions after its plain steps (see [`plain`]).
-    fn slot_groups(&self, keys: &[&[u8]], of: &[usize]) -> Vec<Vec<usize>> {
-        let picked: Vec<&[u8]> = of.iter().map(|&i| keys[i]).collect();
-        self.inner
+    /// A bulk write on a cluster (`writes`, their keys `keys`, their TTLs
+    /// in ms `ttls`): its plain steps (see [`plain`]), then the keys they
+    /// handed back written again per slot by `again` (the single-server
+    /// path's transaction); `Err` if any step failed.
+    async fn on_cluster<W, F, Fut>(
+        &self,
+        keys: &[&[u8]],
+        writes: &[W],
+        ttls: &[u64],
+        notice: Notice<'_>,
+        again: F,
+    ) -> Result<(), Error>
+    where
+        W: plain::PlainWrite + Sync,
+        F: Fn(Vec<usize>) -> Fut,
+        Fut: Future<Output = Result<(), Error>>,
+    {
+        let (refused, failed) = self.inner.plain_steps(keys, writes, ttls, notice).await;
+        // The refused positions grouped by slot, mapped back to `keys`.
+        let picked: Vec<&[u8]> = refused.iter().map(|&i| keys[i]).collect();
+        let groups = self
+            .inner
             .by_slot_in_runs(&picked, WRITE_STEP_KEYS)
             .into_iter()
-            .map(|group| group.into_iter().map(|j| of[j]).collect())
-            .collect()
+            .map(|group| group.into_iter().map(|j| refused[j]).collect())
+            .collect();
+        let again = self.steps(groups, again).await;
+        failed.map_or(again, Err)
     }
 
     /// Runs `step` once per group, [`WRITE_STEPS_IN_FLIGHT`] at a time;
@@ -889,15 +907,14 @@ impl Store for RedisStore {
                 .map(|w| ttl_millis(w.ttl))
                 .collect::<Result<Vec<u64>, Error>>()?;
             let ttls = &ttls;
-            if self.inner.is_cluster() {
-                let keys: Vec<&[u8]> = writes.iter().map(|w| w.key).collect();
-                let (refused, failed) = self.inner.plain_steps(writes, ttls, notice).await;
-                let again = self.steps(self.slot_groups(&keys, &refused), |group| {
-                    self.replace_group(writes, ttls, group, notice)
-                });
-                return failed.map_or(again.await, Err);
-            }
             let keys: Vec<&[u8]> = writes.iter().map(|w| w.key).collect();
+            if self.inner.is_cluster() {
+                return self
+                    .on_cluster(&keys, writes, ttls, notice, |group| {
+                        self.replace_group(writes, ttls, group, notice)
+                    })
+                    .await;
+            }
             self.in_steps(&keys, |group| {
                 self.replace_group(writes, ttls, group, notice)
             })
@@ -914,15 +931,14 @@ impl Store for RedisStore {
         notice: Notice<'a>,
     ) -> StoreFuture<'a, ()> {
         Box::pin(async move {
-            if self.inner.is_cluster() {
-                let stored: Vec<&[u8]> = keys.iter().map(|k| k.key).collect();
-                let (refused, failed) = self.inner.plain_steps(keys, &[], notice).await;
-                let again = self.steps(self.slot_groups(&stored, &refused), |group| {
-                    self.invalidate_group(keys, group, notice)
-                });
-                return failed.map_or(again.await, Err);
-            }
             let stored: Vec<&[u8]> = keys.iter().map(|k| k.key).collect();
+            if self.inner.is_cluster() {
+                return self
+                    .on_cluster(&stored, keys, &[], notice, |group| {
+                        self.invalidate_group(keys, group, notice)
+                    })
+                    .await;
+            }
             self.in_steps(&stored, |group| self.invalidate_group(keys, group, notice))
                 .await
         })

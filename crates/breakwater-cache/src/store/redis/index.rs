@@ -120,9 +120,7 @@ pub(super) fn runs_by_index<'a>(
 }
 
 /// Adds to `tx` what takes the leases `lease(i)` at the positions `group`
-/// off their index: one `SREM` per index (see
-/// [`runs_by_index`]), each sized up front (grown argument by argument, a
-/// command took a reallocation or two per key).
+/// off their index: one [`srem`] per index (see [`runs_by_index`]).
 pub(super) fn unlist<'a>(
     tx: &mut redis::Pipeline,
     lease: impl Fn(usize) -> &'a [u8],
@@ -130,14 +128,24 @@ pub(super) fn unlist<'a>(
     cluster: bool,
 ) {
     for (index, run) in runs_by_index(&lease, group, cluster) {
-        let leases: usize = run.iter().map(|&i| lease(i).len()).sum();
-        let mut srem = redis::Cmd::with_capacity(run.len() + 2, 4 + index.len() + leases);
-        srem.arg("SREM").arg(index);
-        for &i in &run {
-            srem.arg(lease(i));
-        }
-        tx.add_command(srem).ignore();
+        tx.add_command(srem(&index, run.iter().map(|&i| lease(i))))
+            .ignore();
     }
+}
+
+/// `SREM index lease…`: `leases` taken off `index`, the command sized up
+/// front (grown argument by argument, it took a reallocation or two per
+/// key).
+pub(super) fn srem<'a>(index: &[u8], leases: impl Iterator<Item = &'a [u8]> + Clone) -> redis::Cmd {
+    let (count, bytes) = leases
+        .clone()
+        .fold((0, 0), |(n, b), lease| (n + 1, b + lease.len()));
+    let mut srem = redis::Cmd::with_capacity(count + 2, 4 + index.len() + bytes);
+    srem.arg("SREM").arg(index);
+    for lease in leases {
+        srem.arg(lease);
+    }
+    srem
 }
 
 #[cfg(test)]

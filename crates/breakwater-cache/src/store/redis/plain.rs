@@ -80,9 +80,7 @@ pub(super) fn set_px(write: &Replace<'_>, ttl_ms: u64) -> Cmd {
 /// from the write.
 fn unlist(pipe: &mut Pipeline, lease: &[u8], index: &mut Vec<u8>) {
     index::index_key_into(index, lease, true);
-    let mut srem = Cmd::with_capacity(3, 4 + index.len() + lease.len());
-    srem.arg("SREM").arg(&index[..]).arg(lease);
-    pipe.add_command(srem);
+    pipe.add_command(index::srem(index, std::iter::once(lease)));
 }
 
 impl PlainWrite for Replace<'_> {
@@ -141,7 +139,8 @@ fn refused(reply: &Value) -> bool {
 }
 
 impl RedisCore {
-    /// A bulk write on a cluster: one plain pipeline per primary (as the
+    /// A bulk write on a cluster (`writes`, their keys `keys`): one plain
+    /// pipeline per primary (as the
     /// slot map has it; [`WRITE_STEP_KEYS`] at most),
     /// [`WRITE_STEPS_IN_FLIGHT`] at a time. The positions to write again
     /// per slot (refused there, or of a slot no primary is known for; all
@@ -149,13 +148,13 @@ impl RedisCore {
     /// others ran to their end).
     pub(super) async fn plain_steps<W: PlainWrite + Sync>(
         self: &Arc<Self>,
+        keys: &[&[u8]],
         writes: &[W],
         ttls: &[u64],
         notice: Notice<'_>,
     ) -> (Vec<usize>, Option<Error>) {
-        let keys: Vec<&[u8]> = writes.iter().map(PlainWrite::key).collect();
         let (groups, mut refused) = match self.slot_map().await {
-            Some(nodes) => by_node(&keys, &nodes),
+            Some(nodes) => by_node(keys, &nodes),
             None => (Vec::new(), (0..keys.len()).collect()),
         };
         let done: Vec<Result<Vec<usize>, Error>> = futures_util::stream::iter(
