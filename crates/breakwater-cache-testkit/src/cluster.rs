@@ -282,9 +282,10 @@ impl RedisCluster {
 
     /// Hands the empty hash slot `slot` to the primary of shard `to`, as a
     /// resharding does (`CLUSTER SETSLOT … NODE` on every primary, the new
-    /// owner first, its config epoch bumped), and waits until both say so.
-    /// For a cluster whose primaries are still the ones it was formed with. [`node_of`](Self::node_of)
-    /// still answers with the formed layout.
+    /// owner first, its config epoch bumped), and waits until every node
+    /// names the new owner for it. For a cluster whose nodes all run and
+    /// whose primaries are still the ones it was formed with;
+    /// [`node_of`](Self::node_of) still answers with the formed layout.
     ///
     /// # Panics
     ///
@@ -309,12 +310,13 @@ impl RedisCluster {
                 &["CLUSTER", "SETSLOT", &slot_arg, "NODE", &id],
             );
         }
+        // Handed over once every node names the new owner for it (a
+        // `CLUSTER SLOTS` asked of any node then tells the new layout).
         let deadline = Instant::now() + FORM_TIMEOUT;
-        while !owns_slot(target, slot)
-            || primaries
-                .iter()
-                .enumerate()
-                .any(|(shard, node)| shard != to && owns_slot(node, slot))
+        while !self
+            .nodes
+            .iter()
+            .all(|node| slot_owner(node, slot).is_some_and(|(owner, _)| owner == id))
         {
             assert!(Instant::now() < deadline, "slot {slot} was not handed over");
             thread::sleep(Duration::from_millis(20));
@@ -423,24 +425,30 @@ fn start_node(node_timeout_ms: u32, certs: Option<&TestCerts>) -> (RedisServer, 
     (server, bus)
 }
 
-/// Whether `node` says it is a primary serving `slot` (its own line of
-/// `CLUSTER NODES`: "<id> <addr> <flags> <primary> <ping> <pong> <epoch>
-/// <link> <slot ranges>...").
+/// Whether `node` says it is a primary serving `slot`.
 fn owns_slot(node: &RedisServer, slot: u16) -> bool {
-    node.command(&["CLUSTER", "NODES"]).is_ok_and(|nodes| {
-        nodes.lines().any(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            fields
-                .get(2)
-                .is_some_and(|f| f.contains("myself") && f.contains("master"))
-                && fields.iter().skip(8).any(|range| {
-                    let (a, b) = range.split_once('-').unwrap_or((range, range));
-                    match (a.parse::<u16>(), b.parse::<u16>()) {
-                        (Ok(a), Ok(b)) => (a..=b).contains(&slot),
-                        _ => false,
-                    }
-                })
-        })
+    slot_owner(node, slot)
+        .is_some_and(|(_, flags)| flags.contains("myself") && flags.contains("master"))
+}
+
+/// The node that `node` says serves `slot`, as its id and flags, from its
+/// `CLUSTER NODES` ("<id> <addr> <flags> <primary> <ping> <pong> <epoch>
+/// <link> <slot ranges>...").
+fn slot_owner(node: &RedisServer, slot: u16) -> Option<(String, String)> {
+    let nodes = node.command(&["CLUSTER", "NODES"]).ok()?;
+    nodes.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let serves = fields.iter().skip(8).any(|range| {
+            let (a, b) = range.split_once('-').unwrap_or((range, range));
+            match (a.parse::<u16>(), b.parse::<u16>()) {
+                (Ok(a), Ok(b)) => (a..=b).contains(&slot),
+                _ => false,
+            }
+        });
+        match (serves, fields.first(), fields.get(2)) {
+            (true, Some(id), Some(flags)) => Some(((*id).to_owned(), (*flags).to_owned())),
+            _ => None,
+        }
     })
 }
 
