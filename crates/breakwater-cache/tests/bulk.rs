@@ -444,6 +444,7 @@ async fn the_lease_index_lives_as_long_as_its_leases() {
                 breakwater_cache::Notice {
                     channel: b"bw:bulk:events",
                     message: b"released",
+                    batch_head: None,
                 }
             )
             .await

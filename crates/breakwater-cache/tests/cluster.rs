@@ -357,6 +357,7 @@ async fn lease_scripts_run_on_a_node_that_lost_them_while_another_hangs() {
     let notice = breakwater_cache::Notice {
         channel: b"bw:t:events",
         message: b"released",
+        batch_head: None,
     };
     assert!(
         store
@@ -480,4 +481,240 @@ async fn a_bulk_write_after_a_slot_moved_lands_every_key() {
     for k in &again {
         assert_eq!(reader.get(k).await.unwrap(), None, "{k}");
     }
+}
+
+/// `PUBLISH`es run by every node of `cluster` (`INFO commandstats`).
+fn cluster_publishes(cluster: &RedisCluster) -> u64 {
+    cluster
+        .nodes()
+        .iter()
+        .flat_map(support::command_calls)
+        .filter(|(name, _)| name == "publish")
+        .map(|(_, calls)| calls)
+        .sum()
+}
+
+/// A cache in `cluster_on`'s namespace with an L1, as another process.
+fn l1_cache_on(store: &RedisStore) -> Cache<String> {
+    Cache::builder()
+        .namespace("cluster")
+        .store(store.clone())
+        .ttl(Duration::from_secs(60))
+        .l1(breakwater_cache::L1Config::new())
+        .build()
+        .unwrap()
+}
+
+/// Reads of `keys` by `cache`, each until it is `expected(key)` (up to
+/// 5 s in all: its L1 copy dropped once it heard the notice).
+async fn reads_come_to(cache: &Cache<String>, keys: &[String], expected: impl Fn(&str) -> String) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    for k in keys {
+        loop {
+            let got = cache.get(k).await.unwrap();
+            if got.as_deref() == Some(expected(k).as_str()) {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{k} still {got:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// Another process's L1 copies of `keys`, "old".
+async fn hold_old_copies(cache: &Cache<String>, keys: &[String]) {
+    for k in keys {
+        let old = cache
+            .get_or_load(k, || async {
+                Ok::<_, std::io::Error>(Some("old".to_owned()))
+            })
+            .await
+            .unwrap();
+        assert_eq!(old.as_deref(), Some("old"));
+    }
+}
+
+/// A hundred `set`s side by side on a cluster: past the first, they meet
+/// in one pipeline per node with one `PUBLISH` each (a cluster forwards
+/// every `PUBLISH` to every node), far fewer `PUBLISH`es than sets; and
+/// each keeps what a `set` promises: its value lands, another process's
+/// L1 copy goes, and a load in flight of one of the keys cannot write its
+/// older result back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_sets_meet_per_node_and_each_keeps_its_guarantees() {
+    let (cluster, store) = cluster_store().await;
+    let other = connect_cluster(&cluster).await;
+    let (a, b) = (cache_on(&store), l1_cache_on(&other));
+    let keys: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
+    hold_old_copies(&b, &keys).await;
+    b.invalidate("k7").await.unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let slow = slow_loader(&calls, Duration::from_millis(500), "older");
+    let load = tokio::spawn({
+        let b = b.clone();
+        async move { b.get_or_load("k7", slow).await }
+    });
+    support::until("the load holds the lease", || {
+        calls.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    let before = cluster_publishes(&cluster);
+    let sets = keys.iter().map(|k| {
+        let a = a.clone();
+        async move { a.set(k, &format!("new {k}")).await }
+    });
+    for set in futures_util::future::join_all(sets).await {
+        set.unwrap();
+    }
+    let published = cluster_publishes(&cluster) - before;
+    assert!(
+        (1..50).contains(&published),
+        "100 sets side by side: {published} PUBLISHes"
+    );
+    assert_eq!(load.await.unwrap().unwrap().as_deref(), Some("older"));
+    let c = cache_on(&connect_cluster(&cluster).await);
+    for k in &keys {
+        assert_eq!(c.get(k).await.unwrap(), Some(format!("new {k}")), "{k}");
+    }
+    reads_come_to(&b, &keys, |k| format!("new {k}")).await;
+}
+
+/// A `set` whose caller gave up while its write was on the wire (the node
+/// paused) still has its notice sent, also one that went out with others:
+/// another process's L1 copy goes once the write lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_dropped_in_flight_still_tells_other_processes() {
+    let (cluster, store) = cluster_store().await;
+    let other = connect_cluster(&cluster).await;
+    let (a, b) = (cache_on(&store), l1_cache_on(&other));
+    // Keys on node 0, which pauses.
+    let keys: Vec<String> = (0..)
+        .map(|j| format!("p{j}"))
+        .filter(|k| node_of(&cluster, &a, k) == 0)
+        .take(4)
+        .collect();
+    hold_old_copies(&b, &keys).await;
+    // a's namespace record is read (and trusted while its bus is up): the
+    // sets below send their writes at once, not behind a read of it on
+    // the paused node.
+    a.set("warm", &"up".to_owned()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    cluster.nodes()[0]
+        .command(&["CLIENT", "PAUSE", "400", "WRITE"])
+        .unwrap();
+    let sets = keys.iter().map(|k| {
+        let a = a.clone();
+        async move {
+            let value = format!("new {k}");
+            tokio::time::timeout(Duration::from_millis(250), a.set(k, &value)).await
+        }
+    });
+    for set in futures_util::future::join_all(sets).await {
+        assert!(set.is_err(), "the set returned while its node was paused");
+    }
+    // Once the node runs again, the writes that were sent land; b hears of
+    // each of them (a set dropped before its write went out may not land).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let c = cache_on(&connect_cluster(&cluster).await);
+    let mut landed = Vec::new();
+    for k in &keys {
+        if c.get(k).await.unwrap() == Some(format!("new {k}")) {
+            landed.push(k.clone());
+        }
+    }
+    // The first went out alone, the others together (or were dropped
+    // before they were sent).
+    assert!(landed.len() >= 2, "only {landed:?} of {keys:?} landed");
+    reads_come_to(&b, &landed, |k| format!("new {k}")).await;
+}
+
+/// Sets side by side on a runtime that is dropped while they are queued
+/// (its writer task with it): the sets of another runtime then meet as
+/// before, each lands and is heard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sets_go_on_meeting_after_their_writers_runtime_is_dropped() {
+    let (cluster, store) = cluster_store().await;
+    let other = connect_cluster(&cluster).await;
+    let (a, b) = (cache_on(&store), l1_cache_on(&other));
+    // A few runtimes, each dropped a little later into its sets.
+    for (round, after) in [1, 2, 3, 5, 8, 12, 20].into_iter().enumerate() {
+        let doomed = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        for i in 0..100 {
+            let a = a.clone();
+            doomed
+                .spawn(async move { a.set(&format!("d{round}:{i}"), &"doomed".to_owned()).await });
+        }
+        tokio::time::sleep(Duration::from_millis(after)).await;
+        doomed.shutdown_background();
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let keys: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
+    hold_old_copies(&b, &keys).await;
+    let before = cluster_publishes(&cluster);
+    let sets = keys.iter().map(|k| {
+        let a = a.clone();
+        async move { a.set(k, &format!("new {k}")).await }
+    });
+    for set in futures_util::future::join_all(sets).await {
+        set.unwrap();
+    }
+    let published = cluster_publishes(&cluster) - before;
+    assert!(
+        (1..50).contains(&published),
+        "100 sets side by side: {published} PUBLISHes"
+    );
+    reads_come_to(&b, &keys, |k| format!("new {k}")).await;
+}
+
+/// A `set` queued behind others (its node paused) whose caller gives up
+/// before it was sent is never sent: it does not land later, after its
+/// caller was told it failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_dropped_while_queued_never_lands() {
+    let (cluster, store) = cluster_store().await;
+    let a = cache_on(&store);
+    let keys: Vec<String> = (0..)
+        .map(|j| format!("q{j}"))
+        .filter(|k| node_of(&cluster, &a, k) == 0)
+        .take(3)
+        .collect();
+    for k in &keys {
+        a.set(k, &"old".to_owned()).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    cluster.nodes()[0]
+        .command(&["CLIENT", "PAUSE", "400", "WRITE"])
+        .unwrap();
+    // The first goes out alone, the second is queued and sent (and waits
+    // on the paused node), the third is queued behind it.
+    let sets = keys.iter().enumerate().map(|(i, k)| {
+        let a = a.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(20 * i as u64)).await;
+            let value = format!("new {k}");
+            tokio::time::timeout(Duration::from_millis(100), a.set(k, &value)).await
+        }
+    });
+    for set in futures_util::future::join_all(sets).await {
+        assert!(set.is_err(), "the set returned while its node was paused");
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let c = cache_on(&connect_cluster(&cluster).await);
+    let got: Vec<Option<String>> = futures_util::future::join_all(keys.iter().map(|k| c.get(k)))
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        got,
+        [
+            Some(format!("new {}", keys[0])),
+            Some(format!("new {}", keys[1])),
+            Some("old".to_owned())
+        ]
+    );
 }

@@ -158,6 +158,7 @@ fn notice(message: &[u8]) -> Notice<'_> {
     Notice {
         channel: CHANNEL,
         message,
+        batch_head: None,
     }
 }
 

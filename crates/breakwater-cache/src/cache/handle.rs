@@ -374,6 +374,7 @@ impl CacheCore {
         Notice {
             channel: self.waiters.channel(),
             message,
+            batch_head: None,
         }
     }
 

@@ -196,9 +196,15 @@ impl<V: Value> Cache<V> {
     ) -> Result<(), Error> {
         let inner = &self.inner;
         let message = notify::message(notify::INVALIDATED, inner.waiters.sender(), key);
+        // Its part of a batch message, should the store send it so.
+        let head = notify::message(notify::INVALIDATED_MANY, inner.waiters.sender(), &[]);
+        let notice = Notice {
+            batch_head: Some(&head),
+            ..inner.notice(&message)
+        };
         inner
             .store
-            .replace(key, value, ttl, lease_key, inner.notice(&message))
+            .replace(key, value, ttl, lease_key, notice)
             .await
     }
 
@@ -259,6 +265,7 @@ impl<V: Value> Cache<V> {
                 let notice = Notice {
                     channel,
                     message: head,
+                    batch_head: None,
                 };
                 inner.store.invalidate_many(old, notice).await?;
             }
@@ -308,7 +315,11 @@ impl<V: Value> Cache<V> {
         let _local = self.local.invalidation([key]);
         self.deliver(key, 0, || async move {
             if let Some((old, old_lease, message, channel)) = previous {
-                let notice = Notice { channel, message };
+                let notice = Notice {
+                    channel,
+                    message,
+                    batch_head: None,
+                };
                 self.revoke_in_store(how, old, old_lease, notice).await?;
             }
             self.local.expect_own_notice(key, listening);

@@ -903,6 +903,7 @@ mod tests {
         let notice = crate::store::Notice {
             channel: b"chan",
             message: &head,
+            batch_head: None,
         };
         let m = notice.for_keys([&b"bw:ns:v:{a}"[..], b"bw:ns:v:{bb}"]);
         let parsed = parse(&m).unwrap();

@@ -383,6 +383,7 @@ impl Kind for Writes {
         let notice = Notice {
             channel: &self.channel,
             message: &self.head,
+            batch_head: None,
         };
         let sent = halves(queued, self.split_from).map(|half| async move {
             if half.is_empty() {

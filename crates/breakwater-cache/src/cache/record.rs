@@ -93,6 +93,7 @@ impl Link {
             notice: Notice {
                 channel: &self.channel,
                 message,
+                batch_head: None,
             },
         }
     }

@@ -147,6 +147,7 @@ impl<V: Value> Cache<V> {
         let notice = Notice {
             channel: &previous.channel,
             message: &message,
+            batch_head: None,
         };
         self.inner
             .store

@@ -734,6 +734,13 @@ pub struct Notice<'a> {
     pub channel: &'a [u8],
     /// The message.
     pub message: &'a [u8],
+    /// How this notice may go out together with other keys' notices (of
+    /// one key's write; `None`: only as it is): one message on the channel
+    /// of this head and then each key ([`Notice::for_keys`]), where every
+    /// notice in it has this channel and head. A store may send it so
+    /// (a Redis Cluster does for concurrent `replace`s, whose `PUBLISH`es
+    /// every node would otherwise forward one by one), or ignore it.
+    pub batch_head: Option<&'a [u8]>,
 }
 
 impl<'a> Notice<'a> {
@@ -745,6 +752,7 @@ impl<'a> Notice<'a> {
         Notice {
             channel: self.channel,
             message,
+            batch_head: None,
         }
     }
 

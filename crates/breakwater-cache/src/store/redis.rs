@@ -46,6 +46,8 @@ mod sentinel;
 mod slots;
 mod tls;
 mod url;
+mod writer;
+mod writes;
 
 #[cfg(test)]
 mod tests;
@@ -856,7 +858,8 @@ impl Store for RedisStore {
     }
 
     /// The `REPLACE` script; on a cluster a plain pipeline of the same
-    /// commands (see [`plain`]), the script only if Redis refused one.
+    /// commands (see [`plain`]; with others in flight, combined with
+    /// theirs, see [`writes`]), the script only if Redis refused one.
     fn replace<'a>(
         &'a self,
         key: &'a [u8],
@@ -874,7 +877,20 @@ impl Store for RedisStore {
                     ttl,
                     lease_key,
                 };
-                if self.inner.replace_plain(write, ms, notice).await? {
+                // Others in flight: queued, to go out with theirs (see
+                // `writes`).
+                let (_writing, alone) = self.inner.writes.enter();
+                let queued = match notice.batch_head {
+                    Some(head) if !alone => {
+                        self.inner.replace_queued(&write, ms, notice, head).await
+                    }
+                    _ => None,
+                };
+                let landed = match queued {
+                    Some(landed) => landed?,
+                    None => self.inner.replace_plain(write, ms, notice).await?,
+                };
+                if landed {
                     return Ok(());
                 }
             }

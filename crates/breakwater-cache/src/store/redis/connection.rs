@@ -26,6 +26,7 @@ use super::latency::{DeadlineKind, Latencies};
 use super::sentinel::{self, Sentinel};
 use super::slots::{SLOTS, SlotMap};
 use super::tls;
+use super::writes::Writes;
 use crate::background::{Duty, Supervised};
 use crate::error::{ConfigError, Error, ErrorKind};
 use crate::jitter::Backoff;
@@ -217,6 +218,8 @@ pub(super) struct RedisCore {
     tasks: Mutex<Vec<AbortHandle>>,
     /// On a cluster, which primary serves which slot (see `slots`).
     pub(super) slots: SlotMap,
+    /// On a cluster, concurrent lone writes (see `writes`).
+    pub(super) writes: Writes,
 }
 
 /// The state of the background (re)connection.
@@ -281,6 +284,7 @@ impl RedisCore {
             channels: Mutex::default(),
             tasks: Mutex::default(),
             slots: SlotMap::default(),
+            writes: Writes::default(),
             lost_tasks,
         }
     }

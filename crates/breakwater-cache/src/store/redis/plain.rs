@@ -12,7 +12,8 @@
 //! command that revokes its lease (`SREM` off the lease index, see
 //! `index`), then its write, and one `PUBLISH` naming them all at the
 //! end. A lone `set` is the `REPLACE` script's commands (`DEL` of the
-//! lease, `SET`, `PUBLISH`) as one pipeline.
+//! lease, `SET`, `PUBLISH`) as one pipeline; concurrent ones are combined
+//! into such pipelines per node (see `writes`).
 //!
 //! Not atomic, but ordered: a node runs one connection's commands in
 //! order, so a key's lease is revoked before its write lands (a fill that
@@ -108,7 +109,7 @@ impl PlainWrite for Invalidate<'_> {
 /// The positions of `keys` grouped by the primary serving their slot (in
 /// runs of [`WRITE_STEP_KEYS`]), and those whose slot no primary is known
 /// for.
-fn by_node(keys: &[&[u8]], nodes: &Nodes) -> (Vec<Vec<usize>>, Vec<usize>) {
+pub(super) fn by_node(keys: &[&[u8]], nodes: &Nodes) -> (Vec<Vec<usize>>, Vec<usize>) {
     let mut groups: Vec<Vec<usize>> = Vec::new();
     let mut open: Vec<Option<usize>> = Vec::new();
     let mut unknown = Vec::new();
@@ -134,7 +135,7 @@ fn by_node(keys: &[&[u8]], nodes: &Nodes) -> (Vec<Vec<usize>>, Vec<usize>) {
 }
 
 /// Whether a reply is Redis refusing its command.
-fn refused(reply: &Value) -> bool {
+pub(super) fn refused(reply: &Value) -> bool {
     matches!(reply, Value::ServerError(_))
 }
 
@@ -178,7 +179,7 @@ impl RedisCore {
 
     /// The slot map, asked for if it is due (see `slots`); `None` if none
     /// is known (and asking failed).
-    async fn slot_map(self: &Arc<Self>) -> Option<Nodes> {
+    pub(super) async fn slot_map(self: &Arc<Self>) -> Option<Nodes> {
         let (known, due) = self.slots.current();
         if known.is_some() && !due {
             return known;
@@ -198,15 +199,16 @@ impl RedisCore {
                 Err(_) => return self.slots.current().0,
             }
         };
-        if !self.slots.begin_ask() {
+        let Some(ask) = self.slots.begin_ask() else {
             return self.slots.current().0;
-        }
+        };
         let known = self.slots.current().0;
         let asked = self
             .call(DeadlineKind::Read, 0, |mut conn| async move {
                 conn.cluster_slots().await
             })
             .await;
+        ask.done();
         match asked {
             Ok(reply) => self.slots.learn(&reply),
             Err(err) => {
@@ -270,7 +272,7 @@ impl RedisCore {
     /// connection gave up on a refusal that names another node (`MOVED`,
     /// `ASK`: it sends the whole pipeline there, where the other keys are
     /// refused in turn, until its retries end).
-    async fn unredirected(
+    pub(super) async fn unredirected(
         self: &Arc<Self>,
         pipe: &Pipeline,
         key: &[u8],

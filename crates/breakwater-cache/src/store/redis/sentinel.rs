@@ -856,6 +856,7 @@ mod tests {
         Notice {
             channel: b"ch",
             message: b"msg",
+            batch_head: None,
         }
     }
 

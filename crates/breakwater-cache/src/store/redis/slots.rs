@@ -63,14 +63,20 @@ impl SlotMap {
     }
 
     /// Whether the caller should ask for the map now; if so, it is noted
-    /// as asked (others go on with what is known, or wait for it).
-    pub(super) fn begin_ask(&self) -> bool {
+    /// as asked (others go on with what is known, or wait for it) once the
+    /// returned ask is [`done`](Ask::done): an ask dropped before it was
+    /// answered (its caller went away) leaves the map due.
+    pub(super) fn begin_ask(&self) -> Option<Ask<'_>> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let due = state.due();
-        if due {
-            state.asked = Some(Instant::now());
+        if !state.due() {
+            return None;
         }
-        due
+        let previous = state.asked.replace(Instant::now());
+        Some(Ask {
+            map: self,
+            previous,
+            done: false,
+        })
     }
 
     /// A step was refused or redirected: the map may be stale.
@@ -87,6 +93,29 @@ impl SlotMap {
             state.stale = false;
         }
         state.nodes.clone()
+    }
+}
+
+/// `CLUSTER SLOTS` being asked; see [`SlotMap::begin_ask`].
+pub(super) struct Ask<'a> {
+    map: &'a SlotMap,
+    previous: Option<Instant>,
+    done: bool,
+}
+
+impl Ask<'_> {
+    /// Answered (or failed): the next ask waits [`REFRESH_EVERY`].
+    pub(super) fn done(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Ask<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let mut state = self.map.state.lock().unwrap_or_else(|p| p.into_inner());
+            state.asked = self.previous;
+        }
     }
 }
 
@@ -219,8 +248,18 @@ mod tests {
         let map = SlotMap::default();
         assert!(map.learn(&Value::Nil).is_none());
         assert_eq!(map.current(), (None, true));
-        assert!(map.begin_ask());
+        map.begin_ask().expect("due").done();
         assert_eq!(map.current(), (None, false), "asked once a second");
-        assert!(!map.begin_ask());
+        assert!(map.begin_ask().is_none());
+    }
+
+    #[test]
+    fn an_ask_dropped_unanswered_leaves_the_map_due() {
+        let map = SlotMap::default();
+        let ask = map.begin_ask().expect("due");
+        assert_eq!(map.current(), (None, false), "being asked");
+        drop(ask);
+        assert_eq!(map.current(), (None, true));
+        assert!(map.begin_ask().is_some());
     }
 }
