@@ -594,10 +594,12 @@ async fn a_set_dropped_in_flight_still_tells_other_processes() {
         .take(4)
         .collect();
     hold_old_copies(&b, &keys).await;
-    // a's namespace record is read (and trusted while its bus is up): the
-    // sets below send their writes at once, not behind a read of it on
-    // the paused node.
-    a.set("warm", &"up".to_owned()).await.unwrap();
+    // a's namespace record is read (and trusted while its bus is up) and
+    // its slot map known: the sets below send their writes at once, not
+    // behind a read of either on the paused node.
+    a.set_many([("warm:1", "up".to_owned()), ("warm:2", "up".to_owned())])
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     cluster.nodes()[0]
         .command(&["CLIENT", "PAUSE", "400", "WRITE"])
@@ -682,9 +684,10 @@ async fn a_set_dropped_while_queued_never_lands() {
         .filter(|k| node_of(&cluster, &a, k) == 0)
         .take(3)
         .collect();
-    for k in &keys {
-        a.set(k, &"old".to_owned()).await.unwrap();
-    }
+    // Its slot map known and its namespace record trusted (as above).
+    a.set_many(keys.iter().map(|k| (k.clone(), "old".to_owned())))
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     cluster.nodes()[0]
         .command(&["CLIENT", "PAUSE", "400", "WRITE"])

@@ -1,16 +1,17 @@
 //! The writer task of [`writes`](super::writes): queues a cluster's
 //! concurrent lone writes and sends them, one plain pipeline per node.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::{Pipeline, Value};
+use futures_util::StreamExt;
+
+use redis::Pipeline;
 use tokio::sync::oneshot;
 
-use super::command::wrong_count;
-use super::conn::store_error;
-use super::connection::RedisCore;
-use super::latency::DeadlineKind;
+use super::command::{WRITE_STEP_KEYS, wrong_count};
+use super::connection::{RedisCore, hash_slot};
 use super::plain::{self, refused, set_px};
 use super::slots::Nodes;
 use super::writes::Queued;
@@ -81,6 +82,9 @@ impl RedisCore {
             }
             start
         };
+        if !start {
+            self.writes.queued.notify_one();
+        }
         if start {
             // Spawned with the lock released: a runtime shutting down drops
             // the task at once, and its guard takes the lock.
@@ -93,60 +97,89 @@ impl RedisCore {
                 writer.end();
             });
         }
-        // The step in flight, asking for the slot map, and this write's own.
-        let domain = self.domain(write.key);
-        let wait = self.latency.deadline(domain, DeadlineKind::Write) * 2
-            + self.latency.deadline(0, DeadlineKind::Read);
-        Some(match tokio::time::timeout(wait, outcome).await {
-            Ok(Ok(outcome)) => outcome,
-            Ok(Err(_)) => Err(Error::new(
+        // No timer: the writer runs on this runtime, so it runs while this
+        // waits, and each of its steps has its store deadline.
+        Some(outcome.await.unwrap_or_else(|_| {
+            Err(Error::new(
                 ErrorKind::Store,
-                "a queued write was not sent: its runtime shut down",
-            )),
-            // Not sent from now on, if it was not yet.
-            Err(_) => Err(Error::new(
-                ErrorKind::Store,
-                "redis did not answer a queued write in time (it may have landed)",
-            )),
-        })
+                "a queued write's runtime shut down before it was answered (it may have landed)",
+            ))
+        }))
     }
 
-    /// The writer: sends what is queued, a step per node side by side,
-    /// until nothing is.
+    /// The writer: sends what is queued, one step per node at a time
+    /// (what comes for a node while its step is in flight waits for it,
+    /// and goes out together next; other nodes' steps go on meanwhile),
+    /// until nothing is queued or in flight.
     async fn write_queued(self: &Arc<Self>) {
+        let mut in_flight = futures_util::stream::FuturesUnordered::new();
+        let mut busy: HashSet<u16> = HashSet::new();
+        let mut held: HashMap<u16, Vec<Queued>> = HashMap::new();
         loop {
             let queued = {
                 let mut queue = self.writes.lock();
-                if queue.queued.is_empty() {
+                if queue.queued.is_empty() && in_flight.is_empty() {
                     // Under the lock: a write queued from now on starts the
-                    // next writer.
+                    // next writer. (Nothing is held without a step of its
+                    // node in flight.)
                     queue.writer = None;
                     return;
                 }
                 std::mem::take(&mut queue.queued)
             };
-            // A write whose caller went away is not sent: it must not land
-            // after its caller gave up on it.
-            let queued: Vec<Queued> = queued
-                .into_iter()
-                .filter(|q| !q.reply.is_closed())
-                .collect();
-            if queued.is_empty() {
+            if !queued.is_empty() {
+                for (node, step) in by_node(queued, self.slot_map().await.as_ref()) {
+                    match node {
+                        Some(node) if busy.contains(&node) => {
+                            held.entry(node).or_default().extend(step);
+                        }
+                        Some(node) => {
+                            busy.insert(node);
+                            in_flight.push(self.write_step(Some(node), step));
+                        }
+                        None => in_flight.push(self.write_step(None, step)),
+                    }
+                }
+            }
+            if in_flight.is_empty() {
                 continue;
             }
-            let steps = by_node(queued, self.slot_map().await.as_ref());
-            futures_util::future::join_all(steps.into_iter().map(|step| self.write_step(step)))
-                .await;
+            // A step done (its node's held writes go next), or something
+            // queued; the steps are polled (sent) here.
+            tokio::select! {
+                biased;
+                Some(node) = in_flight.next() => {
+                    if let Some(node) = node {
+                        busy.remove(&node);
+                        if let Some(mut writes) = held.remove(&node) {
+                            busy.insert(node);
+                            while writes.len() > WRITE_STEP_KEYS {
+                                let rest = writes.split_off(WRITE_STEP_KEYS);
+                                in_flight.push(self.write_step(Some(node), writes));
+                                writes = rest;
+                            }
+                            in_flight.push(self.write_step(Some(node), writes));
+                        }
+                    }
+                }
+                () = self.writes.queued.notified() => {}
+            }
         }
     }
 
     /// One node's writes (as the slot map has it; up to
-    /// [`WRITE_STEP_KEYS`](super::command::WRITE_STEP_KEYS)): per write the `DEL` of
+    /// [`WRITE_STEP_KEYS`]): per write the `DEL` of
     /// its lease and its `SET`, then one `PUBLISH` per channel and head
     /// naming their keys, as one pipeline to the primary of the first
     /// key's slot. Each writer gets its outcome: `Ok(false)` if its write
     /// was refused or the step redirected.
-    async fn write_step(self: &Arc<Self>, step: Vec<Queued>) {
+    async fn write_step(self: &Arc<Self>, node: Option<u16>, step: Vec<Queued>) -> Option<u16> {
+        // A write whose caller went away is not sent: it must not land
+        // after its caller gave up on it.
+        let step: Vec<Queued> = step.into_iter().filter(|q| !q.reply.is_closed()).collect();
+        if step.is_empty() {
+            return node;
+        }
         let mut pipe = Pipeline::with_capacity(step.len() * 2 + 1);
         for q in &step {
             pipe.cmd("DEL").arg(&q.lease_key);
@@ -195,18 +228,17 @@ impl RedisCore {
                     .chunks(2)
                     .map(|replies| Ok(!replies.iter().any(refused)))
                     .collect();
-                if each.iter().any(|e| matches!(e, Ok(false))) {
-                    self.slots.suspect();
-                }
-                // A write that landed but whose notice was refused fails.
+                // A write whose notice was refused is written again by the
+                // script, with its notice (as a lone one is).
                 for ((_, keys), reply) in messages.iter().zip(published) {
-                    if let Value::ServerError(err) = reply {
+                    if refused(reply) {
                         for &i in keys {
-                            if matches!(each[i], Ok(true)) {
-                                each[i] = Err(store_error(err.clone().into()));
-                            }
+                            each[i] = Ok(false);
                         }
                     }
+                }
+                if each.iter().any(|e| matches!(e, Ok(false))) {
+                    self.slots.suspect();
                 }
                 each
             }
@@ -215,24 +247,34 @@ impl RedisCore {
             // A writer that went away takes no outcome.
             let _ = q.reply.send(outcome);
         }
+        node
     }
 }
 
 /// `queued` grouped by the primary serving their slot (see
-/// [`plain::by_node`]); a write whose slot no primary is known for (or
-/// with no slot map) is a step of its own.
-fn by_node(queued: Vec<Queued>, nodes: Option<&Nodes>) -> Vec<Vec<Queued>> {
+/// [`plain::by_node`]), each step with its node; a write whose slot no
+/// primary is known for (or with no slot map) is a step of its own.
+fn by_node(queued: Vec<Queued>, nodes: Option<&Nodes>) -> Vec<(Option<u16>, Vec<Queued>)> {
     let Some(nodes) = nodes else {
-        return queued.into_iter().map(|q| vec![q]).collect();
+        return queued.into_iter().map(|q| (None, vec![q])).collect();
     };
     let keys: Vec<&[u8]> = queued.iter().map(|q| q.key.as_slice()).collect();
     let (steps, unknown) = plain::by_node(&keys, nodes);
-    let mut queued: Vec<Option<Queued>> = queued.into_iter().map(Some).collect();
-    let mut take = |i: usize| queued[i].take().expect("by_node names each position once");
-    let mut steps: Vec<Vec<Queued>> = steps
+    let node_of = |i: usize| nodes[usize::from(hash_slot(keys[i]))];
+    let steps: Vec<(Option<u16>, Vec<usize>)> = steps
         .into_iter()
-        .map(|step| step.into_iter().map(&mut take).collect())
+        .map(|step| (Some(node_of(step[0])), step))
+        .chain(unknown.into_iter().map(|i| (None, vec![i])))
         .collect();
-    steps.extend(unknown.into_iter().map(|i| vec![take(i)]));
+    let mut queued: Vec<Option<Queued>> = queued.into_iter().map(Some).collect();
     steps
+        .into_iter()
+        .map(|(node, step)| {
+            let step = step
+                .into_iter()
+                .map(|i| queued[i].take().expect("by_node names each position once"))
+                .collect();
+            (node, step)
+        })
+        .collect()
 }

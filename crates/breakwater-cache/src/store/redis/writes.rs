@@ -19,16 +19,20 @@
 //!
 //! Each write keeps what the lone pipeline promises: its lease is revoked
 //! before its write lands and its notice follows it (a node runs one
-//! connection's commands in order); a write refused or redirected is
-//! written again by the `REPLACE` script, with its own notice. A write
-//! whose caller went away before it was sent is not sent (a cancelled
-//! `set` never lands later); one sent carries its notice with it. A writer
-//! waits for its outcome within the deadlines of the write in flight and
-//! of its own; the writer task runs on the runtime of the write that
-//! started it, and a write from another runtime goes straight out (it
-//! must not wait on a runtime that may not run again). If that runtime
-//! goes away, the writes queued there fail as unsent, and the next write
-//! starts a writer on its own runtime.
+//! connection's commands in order); a write refused or redirected (or
+//! whose notice was refused) is written again by the `REPLACE` script,
+//! with its own notice. A write whose caller went away before its step was
+//! sent is not sent (a cancelled `set` never lands later); one sent
+//! carries its notice with it. One step per node is in flight at a time:
+//! what comes for a node meanwhile goes out together once it is answered,
+//! while other nodes' steps go on (a slow node holds up only its own
+//! keys). A writer waits without a timer of its own, as a queued read
+//! does in the cache: the writer task runs on the waiting write's own
+//! runtime (it runs while the write waits) and each of its steps has its
+//! store deadline. A write from another runtime goes straight out (it
+//! must not wait on a runtime that may not run again). If the writer's
+//! runtime goes away, the writes it held fail (those on the wire may have
+//! landed), and the next write starts a writer on its own runtime.
 //!
 //! Hand-rolled for the same reason as the cache's write queue: what it
 //! needs is a count, a queue and one task, and a batching crate would add
@@ -37,7 +41,7 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 
 use crate::error::Error;
 
@@ -46,6 +50,8 @@ use crate::error::Error;
 pub(super) struct Writes {
     writing: AtomicUsize,
     queue: Mutex<Queue>,
+    /// Wakes the writer: something was queued.
+    pub(super) queued: Notify,
 }
 
 /// What is queued, and the runtime whose task sends it.
