@@ -721,3 +721,59 @@ async fn a_set_dropped_while_queued_never_lands() {
         ]
     );
 }
+
+/// Sets queued behind a paused node's step hold up only that node's keys:
+/// sets of another node's keys, queued meanwhile, are written and return
+/// while the paused node's are still waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_node_holds_up_only_its_own_queued_sets() {
+    let (cluster, store) = cluster_store().await;
+    let a = cache_on(&store);
+    let on = |node: usize, prefix: &str| -> Vec<String> {
+        (0..)
+            .map(|j| format!("{prefix}{j}"))
+            .filter(|k| node_of(&cluster, &a, k) == node)
+            .take(3)
+            .collect()
+    };
+    let (paused, other) = (on(0, "s"), on(1, "t"));
+    // Its slot map known and its namespace record trusted.
+    a.set_many(
+        paused
+            .iter()
+            .chain(&other)
+            .map(|k| (k.clone(), "old".to_owned())),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    cluster.nodes()[0]
+        .command(&["CLIENT", "PAUSE", "1000", "WRITE"])
+        .unwrap();
+    // The first goes out alone; the others are queued, a step to node 0
+    // in flight.
+    let stuck: Vec<_> = paused
+        .iter()
+        .map(|k| {
+            let (a, k) = (a.clone(), k.clone());
+            tokio::spawn(async move { a.set(&k, &"new".to_owned()).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let new = "new".to_owned();
+    let sets = other.iter().map(|k| a.set(k, &new));
+    for set in futures_util::future::join_all(sets).await {
+        set.unwrap();
+    }
+    assert!(
+        stuck.iter().all(|set| !set.is_finished()),
+        "node 1's sets waited for node 0's (or node 0's returned while it was paused)"
+    );
+    for set in stuck {
+        set.await.unwrap().unwrap();
+    }
+    let c = cache_on(&connect_cluster(&cluster).await);
+    for k in paused.iter().chain(&other) {
+        assert_eq!(c.get(k).await.unwrap().as_deref(), Some("new"), "{k}");
+    }
+}
