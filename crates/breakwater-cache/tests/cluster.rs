@@ -653,7 +653,8 @@ async fn sets_go_on_meeting_after_their_writers_runtime_is_dropped() {
         tokio::time::sleep(Duration::from_millis(after)).await;
         doomed.shutdown_background();
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Its worker drops the tasks (the writer's with them) on its way out.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let keys: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
     hold_old_copies(&b, &keys).await;
     let before = cluster_publishes(&cluster);
@@ -690,22 +691,22 @@ async fn a_set_dropped_while_queued_never_lands() {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     cluster.nodes()[0]
-        .command(&["CLIENT", "PAUSE", "400", "WRITE"])
+        .command(&["CLIENT", "PAUSE", "1000", "WRITE"])
         .unwrap();
     // The first goes out alone, the second is queued and sent (and waits
     // on the paused node), the third is queued behind it.
     let sets = keys.iter().enumerate().map(|(i, k)| {
         let a = a.clone();
         async move {
-            tokio::time::sleep(Duration::from_millis(20 * i as u64)).await;
+            tokio::time::sleep(Duration::from_millis(100 * i as u64)).await;
             let value = format!("new {k}");
-            tokio::time::timeout(Duration::from_millis(100), a.set(k, &value)).await
+            tokio::time::timeout(Duration::from_millis(300), a.set(k, &value)).await
         }
     });
     for set in futures_util::future::join_all(sets).await {
         assert!(set.is_err(), "the set returned while its node was paused");
     }
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
     let c = cache_on(&connect_cluster(&cluster).await);
     let got: Vec<Option<String>> = futures_util::future::join_all(keys.iter().map(|k| c.get(k)))
         .await
@@ -770,7 +771,10 @@ async fn a_paused_node_holds_up_only_its_own_queued_sets() {
         "node 1's sets waited for node 0's (or node 0's returned while it was paused)"
     );
     for set in stuck {
-        set.await.unwrap().unwrap();
+        // Answered once node 0 runs again (a write held for good would
+        // hang here).
+        let set = tokio::time::timeout(Duration::from_secs(10), set).await;
+        set.expect("node 0's set answered").unwrap().unwrap();
     }
     let c = cache_on(&connect_cluster(&cluster).await);
     for k in paused.iter().chain(&other) {

@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 use redis::Pipeline;
 use tokio::sync::oneshot;
 
-use super::command::{WRITE_STEP_KEYS, wrong_count};
+use super::command::wrong_count;
 use super::connection::{RedisCore, hash_slot};
 use super::plain::{self, refused, set_px};
 use super::slots::Nodes;
@@ -18,9 +18,13 @@ use super::writes::Queued;
 use crate::error::{Error, ErrorKind};
 use crate::store::{Notice, Replace};
 
-/// Clears the writer's place if its task is dropped with its runtime
-/// before it ended; the writes still queued are dropped then (their
-/// callers get an error: not sent).
+/// The slot map being asked for ([`RedisCore::slot_map`]).
+type SlotAsk<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Option<Nodes>> + Send + 'a>>;
+
+/// Clears the writer's place if its task is dropped (with its runtime,
+/// or unwinding) before it ended; the writes still queued are dropped
+/// then, and its held and in-flight ones with the task (their callers get
+/// an error; those on the wire may have landed).
 struct Writer {
     core: Arc<RedisCore>,
     ended: bool,
@@ -102,7 +106,7 @@ impl RedisCore {
         Some(outcome.await.unwrap_or_else(|_| {
             Err(Error::new(
                 ErrorKind::Store,
-                "a queued write's runtime shut down before it was answered (it may have landed)",
+                "a queued write's writer stopped (its runtime shut down) before it was answered (it may have landed)",
             ))
         }))
     }
@@ -110,57 +114,71 @@ impl RedisCore {
     /// The writer: sends what is queued, one step per node at a time
     /// (what comes for a node while its step is in flight waits for it,
     /// and goes out together next; other nodes' steps go on meanwhile),
-    /// until nothing is queued or in flight.
+    /// until nothing is queued, held or in flight.
     async fn write_queued(self: &Arc<Self>) {
         let mut in_flight = futures_util::stream::FuturesUnordered::new();
         let mut busy: HashSet<u16> = HashSet::new();
         let mut held: HashMap<u16, Vec<Queued>> = HashMap::new();
+        // A node's held writes once its step is answered: grouped again by
+        // the map known then (it may have changed).
+        let mut released: Vec<Queued> = Vec::new();
+        // The slot map, asked for while steps are in flight.
+        let mut asking: Option<SlotAsk<'_>> = None;
         loop {
-            let queued = {
+            let mut batch = std::mem::take(&mut released);
+            {
                 let mut queue = self.writes.lock();
-                if queue.queued.is_empty() && in_flight.is_empty() {
+                if queue.queued.is_empty() && in_flight.is_empty() && batch.is_empty() {
                     // Under the lock: a write queued from now on starts the
                     // next writer. (Nothing is held without a step of its
                     // node in flight.)
                     queue.writer = None;
                     return;
                 }
-                std::mem::take(&mut queue.queued)
-            };
-            if !queued.is_empty() {
-                for (node, step) in by_node(queued, self.slot_map().await.as_ref()) {
+                batch.append(&mut queue.queued);
+            }
+            if !batch.is_empty() {
+                // With nothing in flight, the map is waited for if due (a
+                // read deadline at most); with steps in flight (which are
+                // polled only below), the map known is used, and a due one
+                // asked for beside them.
+                let nodes = if in_flight.is_empty() {
+                    match asking.take() {
+                        Some(ask) => ask.await,
+                        None => self.slot_map().await,
+                    }
+                } else {
+                    let (known, due) = self.slots.current();
+                    if due && asking.is_none() {
+                        asking = Some(Box::pin(self.slot_map()));
+                    }
+                    known
+                };
+                for (node, step) in by_node(batch, nodes.as_ref()) {
                     match node {
-                        Some(node) if busy.contains(&node) => {
+                        Some(node) if !busy.insert(node) => {
                             held.entry(node).or_default().extend(step);
                         }
-                        Some(node) => {
-                            busy.insert(node);
-                            in_flight.push(self.write_step(Some(node), step));
-                        }
-                        None => in_flight.push(self.write_step(None, step)),
+                        node => in_flight.push(self.write_step(node, step)),
                     }
                 }
             }
             if in_flight.is_empty() {
                 continue;
             }
-            // A step done (its node's held writes go next), or something
-            // queued; the steps are polled (sent) here.
+            // A step answered (its node's held writes go next), the map
+            // asked for, or something queued; the steps are polled (sent)
+            // here.
             tokio::select! {
                 biased;
                 Some(node) = in_flight.next() => {
                     if let Some(node) = node {
                         busy.remove(&node);
-                        if let Some(mut writes) = held.remove(&node) {
-                            busy.insert(node);
-                            while writes.len() > WRITE_STEP_KEYS {
-                                let rest = writes.split_off(WRITE_STEP_KEYS);
-                                in_flight.push(self.write_step(Some(node), writes));
-                                writes = rest;
-                            }
-                            in_flight.push(self.write_step(Some(node), writes));
-                        }
+                        released = held.remove(&node).unwrap_or_default();
                     }
+                }
+                _ = async { asking.as_mut().expect("only while asking").await }, if asking.is_some() => {
+                    asking = None;
                 }
                 () = self.writes.queued.notified() => {}
             }
@@ -168,11 +186,12 @@ impl RedisCore {
     }
 
     /// One node's writes (as the slot map has it; up to
-    /// [`WRITE_STEP_KEYS`]): per write the `DEL` of
+    /// [`WRITE_STEP_KEYS`](super::command::WRITE_STEP_KEYS)): per write the `DEL` of
     /// its lease and its `SET`, then one `PUBLISH` per channel and head
     /// naming their keys, as one pipeline to the primary of the first
     /// key's slot. Each writer gets its outcome: `Ok(false)` if its write
-    /// was refused or the step redirected.
+    /// or its notice was refused, or the step redirected (the script
+    /// writes it again). A write whose caller went away is left out.
     async fn write_step(self: &Arc<Self>, node: Option<u16>, step: Vec<Queued>) -> Option<u16> {
         // A write whose caller went away is not sent: it must not land
         // after its caller gave up on it.
@@ -228,6 +247,9 @@ impl RedisCore {
                     .chunks(2)
                     .map(|replies| Ok(!replies.iter().any(refused)))
                     .collect();
+                if each.iter().any(|e| matches!(e, Ok(false))) {
+                    self.slots.suspect();
+                }
                 // A write whose notice was refused is written again by the
                 // script, with its notice (as a lone one is).
                 for ((_, keys), reply) in messages.iter().zip(published) {
@@ -236,9 +258,6 @@ impl RedisCore {
                             each[i] = Ok(false);
                         }
                     }
-                }
-                if each.iter().any(|e| matches!(e, Ok(false))) {
-                    self.slots.suspect();
                 }
                 each
             }

@@ -26,12 +26,14 @@
 //! carries its notice with it. One step per node is in flight at a time:
 //! what comes for a node meanwhile goes out together once it is answered,
 //! while other nodes' steps go on (a slow node holds up only its own
-//! keys). A writer waits without a timer of its own, as a queued read
+//! keys; the slot map, when due, is asked for beside the steps in
+//! flight). A write waits without a timer of its own, as a queued read
 //! does in the cache: the writer task runs on the waiting write's own
-//! runtime (it runs while the write waits) and each of its steps has its
-//! store deadline. A write from another runtime goes straight out (it
-//! must not wait on a runtime that may not run again). If the writer's
-//! runtime goes away, the writes it held fail (those on the wire may have
+//! runtime, which runs it while the write is polled there (as it drives
+//! the store's connection), and each of its steps has its store
+//! deadline. A write from another runtime goes straight out (it must not
+//! wait on a runtime that may not run again). If the writer's runtime
+//! goes away, the writes it held fail (those on the wire may have
 //! landed), and the next write starts a writer on its own runtime.
 //!
 //! Hand-rolled for the same reason as the cache's write queue: what it
