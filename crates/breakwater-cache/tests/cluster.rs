@@ -424,6 +424,29 @@ fn exec_calls(node: &support::RedisServer) -> u64 {
         .map_or(0, |calls| calls.parse().unwrap())
 }
 
+/// A key on node 0 whose slot holds nothing yet, that slot handed to node
+/// 1 (a resharding `cache`'s store has not seen yet).
+fn move_an_empty_slot(cluster: &RedisCluster, cache: &Cache<String>) -> String {
+    let (moved, slot) = (0..)
+        .map(|i| format!("moved:{i}"))
+        .find_map(|k| {
+            let storage = cache.storage_key(k.as_bytes()).unwrap();
+            let storage = std::str::from_utf8(&storage).unwrap().to_owned();
+            if node_of(cluster, cache, &k) != 0 {
+                return None;
+            }
+            let node = &cluster.nodes()[0];
+            let slot = node.command(&["CLUSTER", "KEYSLOT", &storage]).unwrap();
+            let held = node
+                .command(&["CLUSTER", "COUNTKEYSINSLOT", &slot])
+                .unwrap();
+            (held == "0").then(|| (k, slot.parse::<u16>().unwrap()))
+        })
+        .unwrap();
+    cluster.hand_slot(slot, 1);
+    moved
+}
+
 /// A bulk write after a slot moved to another node (a resharding the
 /// store has not seen yet: its slot map groups the slot with its old
 /// node's keys): the redirected step is written again per slot, and every
@@ -438,25 +461,7 @@ async fn a_bulk_write_after_a_slot_moved_lands_every_key() {
         .set_many(keys.iter().map(|k| (k.clone(), "first".to_owned())))
         .await
         .unwrap();
-    // A key on node 0 whose slot holds nothing yet, and that slot handed
-    // to node 1.
-    let (moved, slot) = (0..)
-        .map(|i| format!("moved:{i}"))
-        .find_map(|k| {
-            let storage = writer.storage_key(k.as_bytes()).unwrap();
-            let storage = std::str::from_utf8(&storage).unwrap().to_owned();
-            if node_of(&cluster, &writer, &k) != 0 {
-                return None;
-            }
-            let node = &cluster.nodes()[0];
-            let slot = node.command(&["CLUSTER", "KEYSLOT", &storage]).unwrap();
-            let held = node
-                .command(&["CLUSTER", "COUNTKEYSINSLOT", &slot])
-                .unwrap();
-            (held == "0").then(|| (k, slot.parse::<u16>().unwrap()))
-        })
-        .unwrap();
-    cluster.hand_slot(slot, 1);
+    let moved = move_an_empty_slot(&cluster, &writer);
     let mut again = keys.clone();
     again.push(moved.clone());
     let transactions = || exec_calls(&cluster.nodes()[1]);
@@ -774,5 +779,50 @@ async fn a_paused_node_holds_up_only_its_own_queued_sets() {
     let c = cache_on(&connect_cluster(&cluster).await);
     for k in paused.iter().chain(&other) {
         assert_eq!(c.get(k).await.unwrap().as_deref(), Some("new"), "{k}");
+    }
+}
+
+/// Sets side by side right after a slot moved to another node (the
+/// store's slot map still has it on its old one): the queued step that
+/// carries its key is redirected and its writes go again by the script;
+/// every value lands, then and a second later (the map asked for again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_sets_after_a_slot_moved_land_every_key() {
+    let (cluster, store) = cluster_store().await;
+    let other = connect_cluster(&cluster).await;
+    let (writer, reader) = (cache_on(&store), cache_on(&other));
+    let mut keys: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
+    // The store learns the slot map.
+    writer
+        .set_many(keys.iter().map(|k| (k.clone(), "first".to_owned())))
+        .await
+        .unwrap();
+    keys.push(move_an_empty_slot(&cluster, &writer));
+    let scripts = || {
+        support::command_calls(&cluster.nodes()[1])
+            .into_iter()
+            .find(|(name, _)| name == "evalsha")
+            .map_or(0, |(_, calls)| calls)
+    };
+    let before = scripts();
+    for round in 0..2 {
+        let sets = keys.iter().map(|k| {
+            let writer = writer.clone();
+            async move { writer.set(k, &format!("v{round} {k}")).await }
+        });
+        for set in futures_util::future::join_all(sets).await {
+            set.unwrap();
+        }
+        for k in &keys {
+            let got = reader.get(k).await.unwrap();
+            assert_eq!(got, Some(format!("v{round} {k}")), "{k}");
+        }
+        // The moved key was written again by the script on its new node,
+        // not left to the cluster connection's retries of the step.
+        if round == 0 {
+            assert!(scripts() > before, "no script on node 1");
+        }
+        // The map may be asked for again once a second.
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
     }
 }
