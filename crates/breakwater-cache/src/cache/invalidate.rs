@@ -111,7 +111,7 @@ impl<V: Value> Cache<V> {
         // answer from now on.
         let keys = batch.iter().map(|(key, _)| key);
         let _local = self.local.invalidation(keys);
-        let head = notify::message(notify::INVALIDATED_MANY, inner.waiters.sender(), &[]);
+        let head = inner.waiters.batch_head();
         let lease_keys: Vec<Vec<u8>> = batch.iter().map(|(key, _)| inner.lease_key(key)).collect();
         let writes: Vec<Replace<'_>> = batch
             .iter()
@@ -123,7 +123,7 @@ impl<V: Value> Cache<V> {
                 lease_key,
             })
             .collect();
-        let written = inner.store.replace_many(&writes, inner.notice(&head)).await;
+        let written = inner.store.replace_many(&writes, inner.notice(head)).await;
         if written.is_err() {
             for (key, _) in &batch {
                 self.local.own_notice_heard(key);
@@ -160,8 +160,7 @@ impl<V: Value> Cache<V> {
                     lease_key,
                 };
                 let writes = || {
-                    let head =
-                        notify::message(notify::INVALIDATED_MANY, inner.waiters.sender(), &[]);
+                    let head = inner.waiters.batch_head().to_vec();
                     queue::Writes::new(inner.waiters.channel(), head, inner.write_split)
                 };
                 // Boxed: its state would grow every write's future.
@@ -197,9 +196,8 @@ impl<V: Value> Cache<V> {
         let inner = &self.inner;
         let message = notify::message(notify::INVALIDATED, inner.waiters.sender(), key);
         // Its part of a batch message, should the store send it so.
-        let head = notify::message(notify::INVALIDATED_MANY, inner.waiters.sender(), &[]);
         let notice = Notice {
-            batch_head: Some(&head),
+            batch_head: Some(inner.waiters.batch_head()),
             ..inner.notice(&message)
         };
         inner
@@ -241,7 +239,7 @@ impl<V: Value> Cache<V> {
             return Ok(());
         };
         let inner = &self.inner;
-        let head = notify::message(notify::INVALIDATED_MANY, inner.waiters.sender(), &[]);
+        let head = inner.waiters.batch_head();
         let leases: Vec<Vec<u8>> = keys.iter().map(|key| inner.lease_key(key)).collect();
         let batch = invalidations(keys, &leases);
         // Inside a version transition the previous version's entries go
@@ -256,7 +254,7 @@ impl<V: Value> Cache<V> {
             .as_ref()
             .map(|(old, leases, channel)| (invalidations(old, leases), *channel));
         let listening = inner.waiters.is_listening();
-        let (batch, previous_batch, head) = (&batch, &previous_batch, &head);
+        let (batch, previous_batch) = (&batch, &previous_batch);
         // After the store has answered, also if it failed or the caller
         // goes away first (as for one key).
         let _local = self.local.invalidation(keys);

@@ -233,6 +233,8 @@ pub(crate) struct Waiters {
     channel: Vec<u8>,
     /// This cache's id on the bus.
     sender: [u8; SENDER_LEN],
+    /// The head of its batch messages ([`INVALIDATED_MANY`]).
+    batch_head: Vec<u8>,
     registry: Arc<WaiterRegistry>,
     /// The near cache to keep in step, if any.
     hook: Option<Arc<dyn BusHook>>,
@@ -339,6 +341,7 @@ impl Waiters {
         Waiters {
             channel,
             sender,
+            batch_head: message(INVALIDATED_MANY, &sender, &[]),
             registry: Arc::default(),
             hook,
             metrics,
@@ -370,6 +373,12 @@ impl Waiters {
 
     pub(crate) fn channel(&self) -> &[u8] {
         &self.channel
+    }
+
+    /// The head of this cache's batch messages: [`INVALIDATED_MANY`] and
+    /// its sender, then the keys ([`Notice::for_keys`](crate::store::Notice::for_keys)).
+    pub(crate) fn batch_head(&self) -> &[u8] {
+        &self.batch_head
     }
 
     /// Registers interest in `key`; the returned guard's [`Notify`] is woken

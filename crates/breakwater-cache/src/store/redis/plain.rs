@@ -77,6 +77,14 @@ pub(super) fn set_px(write: &Replace<'_>, ttl_ms: u64) -> Cmd {
     set
 }
 
+/// A lone write's commands in the `REPLACE` script's order: `DEL` of its
+/// lease (which revokes a load of any build, an earlier one's too), then
+/// its `SET … PX`.
+pub(super) fn revoke_then_set(pipe: &mut Pipeline, write: &Replace<'_>, ttl_ms: u64) {
+    pipe.cmd("DEL").arg(write.lease_key);
+    pipe.add_command(set_px(write, ttl_ms));
+}
+
 /// `SREM` of the lease from its index (see `index`), the lease's key taken
 /// from the write.
 fn unlist(pipe: &mut Pipeline, lease: &[u8], index: &mut Vec<u8>) {
@@ -290,10 +298,9 @@ impl RedisCore {
         .await
     }
 
-    /// A lone [`replace`](crate::store::Store::replace) on a cluster: `DEL`
-    /// of the lease (which revokes a load of any build, an earlier one's
-    /// too), the `SET`, the `PUBLISH`, as one plain pipeline in the
-    /// script's order (see above). `Ok(false)` if a command was refused or
+    /// A lone [`replace`](crate::store::Store::replace) on a cluster:
+    /// [`revoke_then_set`], then the `PUBLISH`, as one plain pipeline in
+    /// the script's order (see above). `Ok(false)` if a command was refused or
     /// the cluster redirected it (a slot migrating): the caller runs the
     /// script instead, which the cluster connection redirects itself.
     pub(super) async fn replace_plain(
@@ -303,8 +310,7 @@ impl RedisCore {
         notice: Notice<'_>,
     ) -> Result<bool, Error> {
         let mut pipe = Pipeline::with_capacity(3);
-        pipe.cmd("DEL").arg(write.lease_key);
-        pipe.add_command(set_px(&write, ttl_ms));
+        revoke_then_set(&mut pipe, &write, ttl_ms);
         pipe.cmd("PUBLISH").arg(notice.channel).arg(notice.message);
         let replies = self.unredirected(&pipe, write.key).await?;
         Ok(replies

@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 
 use super::command::wrong_count;
 use super::connection::{RedisCore, hash_slot};
-use super::plain::{self, refused, set_px};
+use super::plain::{self, refused};
 use super::slots::Nodes;
 use super::writes::Queued;
 use crate::error::{Error, ErrorKind};
@@ -201,14 +201,13 @@ impl RedisCore {
         }
         let mut pipe = Pipeline::with_capacity(step.len() * 2 + 1);
         for q in &step {
-            pipe.cmd("DEL").arg(&q.lease_key);
             let write = Replace {
                 key: &q.key,
                 value: &q.value,
                 ttl: Duration::from_millis(q.ttl_ms),
                 lease_key: &q.lease_key,
             };
-            pipe.add_command(set_px(&write, q.ttl_ms));
+            plain::revoke_then_set(&mut pipe, &write, q.ttl_ms);
         }
         // Each message: the position of its first write, and of all.
         let mut messages: Vec<(usize, Vec<usize>)> = Vec::new();
