@@ -714,6 +714,30 @@ impl CircuitBreaker {
         let now = Instant::now();
         let mut inner = self.lock();
         self.settle_locked(&mut inner, now, probe, generation, verdict);
+        self.requick(&inner);
+    }
+
+    /// A failure seen without a permit: a call whose caller gave up on it
+    /// (its permit dropped, so counted as neither) once it was overdue.
+    /// Counts as a failed call; while half-open, as a failed probe (the
+    /// probe went unanswered), so the breaker opens again.
+    pub(crate) fn failure_seen(&self, reason: &'static str) {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        self.refresh(&mut inner, now);
+        match inner.phase {
+            Phase::Open { .. } => {}
+            Phase::HalfOpen { .. } => self.open(&mut inner, now, reason),
+            Phase::Closed => {
+                let generation = inner.generation;
+                self.settle_locked(&mut inner, now, false, generation, Verdict::Failure);
+            }
+        }
+        self.requick(&inner);
+    }
+
+    /// Keeps [`quick`](Self::quick) in step with `inner`.
+    fn requick(&self, inner: &BreakerCore) {
         let quick = match inner.phase {
             Phase::Closed if inner.consecutive == 0 && inner.window.is_none() => inner.generation,
             _ => SLOW,

@@ -581,6 +581,12 @@ impl Metrics {
         }
     }
 
+    /// A read given up on at its soft deadline (its caller served a
+    /// stand-in): counted as a failed `get`, as a timed-out one is.
+    pub(crate) fn store_overdue(&self) {
+        self.store_error("get");
+    }
+
     /// A failed store operation.
     fn store_error(&self, op: &'static str) {
         add(&self.counts.store_errors);

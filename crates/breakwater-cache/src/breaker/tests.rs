@@ -383,3 +383,32 @@ async fn unvalidated_configs_do_not_panic() {
     advance(secs(3600)).await;
     assert_eq!(breaker.state(), BreakerState::Open);
 }
+
+#[tokio::test(start_paused = true)]
+async fn failures_seen_without_a_permit_open_and_reopen_it() {
+    let breaker = CircuitBreaker::new(exact(BreakerConfig::new().cool_down(secs(1))), Some(1));
+    // A success between them resets the count, as for permits.
+    for _ in 0..4 {
+        breaker.failure_seen("overdue");
+    }
+    succeed(&breaker, 1);
+    for _ in 0..4 {
+        breaker.failure_seen("overdue");
+    }
+    assert_eq!(breaker.state(), BreakerState::Closed);
+    breaker.failure_seen("overdue");
+    assert_eq!(breaker.state(), BreakerState::Open);
+    // Seen while open: nothing changes (the cool-down is not pushed out).
+    advance(ms(900)).await;
+    breaker.failure_seen("overdue");
+    advance(ms(100)).await;
+    assert_eq!(breaker.state(), BreakerState::HalfOpen);
+    // A probe whose caller gave up (its permit dropped) and then saw it
+    // overdue: open again.
+    drop(breaker.try_acquire().expect("a probe"));
+    breaker.failure_seen("a probe went unanswered");
+    assert_eq!(breaker.state(), BreakerState::Open);
+    advance(secs(1)).await;
+    breaker.try_acquire().expect("a probe").success();
+    assert_eq!(breaker.state(), BreakerState::Closed);
+}

@@ -16,6 +16,15 @@
 //! slots on a Redis Cluster, so a dead node opens the breakers of its own
 //! keys and the other nodes' keys keep their store.
 //!
+//! A caller that holds a stand-in (an L1 copy) waits for a read only up to
+//! the store's soft deadline ([`Store::soft_deadline`]) and then gives up
+//! on it ([`GuardedStore::overdue`]); its dropped call counted as nothing,
+//! so the give-up counts as the failure instead, once per soft deadline per
+//! failure domain (callers that give up together are one event). A stalled
+//! store so opens its breaker within a few soft deadlines, while a slow but
+//! answering one, whose soft deadline follows its answers, is not given up
+//! on.
+//!
 //! Errors that belong to one key ([`Error::is_key_fault`]: a value of
 //! another Redis type under it, a script or argument error about it, a
 //! value too large for the server) are not store failures: the store
@@ -37,7 +46,10 @@ use crate::store::{
     ClearedNamespace, FencedRenewal, FencedWrite, Invalidate, LeaseAttempt, LeaseRequest,
     NamespaceClear, Notice, RedisStore, Renewal, Replace, Store, StoreFuture, Subscription,
 };
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+use tokio::time::Instant;
 
 /// Items of one failure domain, with their positions in the whole batch.
 type Group<I> = (Vec<usize>, Vec<I>);
@@ -61,6 +73,11 @@ pub(crate) struct GuardedStore {
     /// store failed (a refused password or `NOPERM`, not just "failed
     /// repeatedly").
     causes: Vec<Mutex<Option<Error>>>,
+    /// When each breaker last counted a call given up on at its soft
+    /// deadline ([`overdue`](Self::overdue)), in microseconds since
+    /// `origin` (0: never).
+    overdue_at: Vec<AtomicU64>,
+    origin: Instant,
     /// Where a key fault is reported.
     metrics: Metrics,
     logs: Arc<LogLimiter>,
@@ -97,9 +114,37 @@ impl GuardedStore {
             redis,
             breakers,
             causes: (0..domains).map(|_| Mutex::new(None)).collect(),
+            overdue_at: (0..domains).map(|_| AtomicU64::new(0)).collect(),
+            origin: Instant::now(),
             metrics,
             logs,
             store,
+        }
+    }
+
+    /// A caller that holds a stand-in gave up on a store call about `key`
+    /// at its soft deadline ([`Store::soft_deadline`]): the store did not
+    /// answer within 3 × its recent round trips. Counts as a failure of
+    /// the key's breaker (its permit was dropped, which counts as
+    /// nothing), at most once per soft deadline in each failure domain:
+    /// callers that give up together are one event, and a stall opens the
+    /// breaker after the threshold's worth of soft deadlines (5 × 50 ms
+    /// with the defaults).
+    pub(crate) fn overdue(&self, key: &[u8]) {
+        let domain = self.store.failure_domain(key) % self.breakers.len();
+        let window = micros(self.store.soft_deadline(key));
+        let now = micros(Instant::now().saturating_duration_since(self.origin)).max(1);
+        let last = &self.overdue_at[domain];
+        let before = last.load(Ordering::Relaxed);
+        if before != 0 && now.saturating_sub(before) < window {
+            return;
+        }
+        if last
+            .compare_exchange(before, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            self.breakers[domain]
+                .failure_seen("store calls went unanswered past their soft deadline");
         }
     }
 
@@ -379,6 +424,10 @@ impl Store for GuardedStore {
 
     fn read_deadline(&self) -> Duration {
         self.store.read_deadline()
+    }
+
+    fn soft_deadline(&self, key: &[u8]) -> Duration {
+        self.store.soft_deadline(key)
     }
 
     fn acquire_lease<'a>(
@@ -664,4 +713,9 @@ fn each_reply<T>(done: Result<Vec<T>, Error>, n: usize) -> Vec<Result<T, Error>>
         Err(err) => err,
     };
     (0..n).map(|_| Err(err.clone())).collect()
+}
+
+/// `d` in whole microseconds (saturating).
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }

@@ -294,8 +294,24 @@ impl<V: Value> Cache<V> {
         // would stand in for a load the fail-safe throttle holds back.
         let load_on_miss =
             local_stale.is_none() || !self.inner.is_throttled(key, self.inner.store.now_ms());
-        let read = self.read_shared(user_key, key, loader, options, load_on_miss);
+        // A caller with an L1 copy to serve waits for the store no longer
+        // than its soft deadline: a stalled store costs it that, not the
+        // hard deadline that follows its timeouts.
+        let soft = local_stale.map(|_| Instant::now() + self.inner.store.soft_deadline(key));
+        let read = self.read_shared(user_key, key, loader, options, load_on_miss, soft);
         let read = match read.await {
+            ReadEnd::Overdue => {
+                let slot = local_stale?;
+                self.inner.store.overdue(key);
+                self.inner.metrics.store_overdue();
+                warn_limited!(self.inner.logs, Warning::StoreRead, key = %show_key(key), "the store did not answer by the soft deadline; serving the stale L1 copy");
+                return Some(Ok(Fetched {
+                    value: slot.value.clone(),
+                    served: Served::Stale {
+                        reason: StaleReason::StoreUnavailable,
+                    },
+                }));
+            }
             // The read found nothing and waited for the key's load: only
             // the L1 copy can stand in.
             ReadEnd::Loaded(result, role) => {

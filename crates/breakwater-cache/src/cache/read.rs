@@ -105,6 +105,12 @@ impl<V: Value> Cache<V> {
     /// reads alone. A leader that goes away (its caller cancelled) hands
     /// nothing down: its followers read again, one of them leading, and a
     /// load already started goes on in its own task.
+    ///
+    /// `soft`: for a caller that holds a stand-in, when it stops waiting
+    /// for the store ([`Store::soft_deadline`]): a store step (its own
+    /// read, or the shared read it joined) not done by then ends in
+    /// [`ReadEnd::Overdue`]. The key's load, once the read found nothing,
+    /// is not a store step: its wait is the load's own.
     pub(super) async fn read_shared<L: Load<V>>(
         &self,
         user_key: &[u8],
@@ -112,12 +118,13 @@ impl<V: Value> Cache<V> {
         loader: &L,
         options: &Options,
         load_on_miss: bool,
+        soft: Option<Instant>,
     ) -> ReadEnd<V> {
         loop {
             let joined = match self.local.reads.lead_or_join(user_key) {
                 Turn::Lead(lead) => {
                     return self
-                        .read_led(Some(lead), key, loader, options, load_on_miss)
+                        .read_led(Some(lead), key, loader, options, load_on_miss, soft)
                         .await;
                 }
                 Turn::Follow(joined) => joined,
@@ -130,11 +137,17 @@ impl<V: Value> Cache<V> {
             // task's has its own (boxed: it would grow every read's
             // future, hits included).
             let outcome = if self.local.reads.bound(&joined, within) {
-                joined.outcome_or_late().await.map_err(drop)
-            } else {
-                Box::pin(tokio::time::timeout(within(), joined.outcome()))
+                store_step(soft, joined.outcome_or_late())
                     .await
-                    .map_err(drop)
+                    .map(|o| o.map_err(drop))
+            } else {
+                let step = tokio::time::timeout(within(), joined.outcome());
+                store_step(soft, Box::pin(step))
+                    .await
+                    .map(|o| o.map_err(drop))
+            };
+            let Some(outcome) = outcome else {
+                return ReadEnd::Overdue;
             };
             match outcome {
                 // A load that landed before this caller came to it may be
@@ -153,7 +166,8 @@ impl<V: Value> Cache<V> {
                     drop(_waiting);
                     // Later callers lead a new shared read.
                     self.local.reads.detach(user_key);
-                    return Box::pin(self.read_led(None, key, loader, options, load_on_miss)).await;
+                    return Box::pin(self.read_led(None, key, loader, options, load_on_miss, soft))
+                        .await;
                 }
                 // A read sent more than one store reply before this caller
                 // came may have found an entry older than a write that
@@ -164,7 +178,8 @@ impl<V: Value> Cache<V> {
                     tracing::debug!(key = %show_key(key), "a shared read was sent too long ago; reading alone");
                     drop(_waiting);
                     self.local.reads.detach(user_key);
-                    return Box::pin(self.read_led(None, key, loader, options, load_on_miss)).await;
+                    return Box::pin(self.read_led(None, key, loader, options, load_on_miss, soft))
+                        .await;
                 }
                 Ok(Some(read)) => return ReadEnd::SharedRead(read),
                 // The leader went away: read again.
@@ -176,7 +191,8 @@ impl<V: Value> Cache<V> {
                     drop(_waiting);
                     // Later callers lead a new shared read.
                     self.local.reads.detach(user_key);
-                    return Box::pin(self.read_led(None, key, loader, options, load_on_miss)).await;
+                    return Box::pin(self.read_led(None, key, loader, options, load_on_miss, soft))
+                        .await;
                 }
             }
         }
@@ -192,10 +208,15 @@ impl<V: Value> Cache<V> {
         loader: &L,
         options: &Options,
         load_on_miss: bool,
+        soft: Option<Instant>,
     ) -> ReadEnd<V> {
         let ticket = self.local.ticket();
         let sent = Instant::now();
-        let entry = match self.read(key, loader.tags()).await {
+        // (Dropped when overdue, `lead` with it: its followers read again.)
+        let Some(read) = store_step(soft, self.read(key, loader.tags())).await else {
+            return ReadEnd::Overdue;
+        };
+        let entry = match read {
             Ok(entry) => entry.map(Arc::new),
             Err(err) => {
                 if let Some(lead) = lead {
@@ -212,7 +233,10 @@ impl<V: Value> Cache<V> {
         let (entry, previous) = match entry {
             Some(entry) => (Some(entry), false),
             None if self.inner.previous.is_some() => {
-                (Box::pin(self.read_previous(key, options)).await, true)
+                match store_step(soft, Box::pin(self.read_previous(key, options))).await {
+                    Some(previous) => (previous, true),
+                    None => return ReadEnd::Overdue,
+                }
             }
             None => (None, false),
         };
@@ -263,6 +287,19 @@ pub(super) enum ReadEnd<V> {
     Loaded(Result<Landed<V>, Error>, Role),
     /// The read's outcome.
     SharedRead(Result<SharedRead<V>, Error>),
+    /// The store did not answer by the caller's soft deadline (it holds a
+    /// stand-in).
+    Overdue,
+}
+
+/// A store step of a read: `step`'s outcome, or `None` if `soft` (a
+/// caller's soft deadline) came first. Without one, `step` as it is (the
+/// timer boxed: it would grow every read's future, hits included).
+async fn store_step<T>(soft: Option<Instant>, step: impl Future<Output = T>) -> Option<T> {
+    match soft {
+        None => Some(step.await),
+        Some(at) => Box::pin(tokio::time::timeout_at(at, step)).await.ok(),
+    }
 }
 
 /// What L1 says about a key.

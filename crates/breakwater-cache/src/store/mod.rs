@@ -106,6 +106,7 @@ pub(crate) const SUBSCRIPTION_BUFFER: usize = 4096;
 ///
 /// - **Core reads and writes**: `get`, `set`, `delete`, `ttl`, `now_ms`,
 ///   `name`; with defaults, [`read_deadline`](Store::read_deadline) (1 s),
+///   [`soft_deadline`](Store::soft_deadline) (the read deadline),
 ///   [`failure_domains`](Store::failure_domains) (1: the store fails as a
 ///   whole) and [`failure_domain`](Store::failure_domain) (0).
 /// - **Leases and fenced writes**: `acquire_lease`, `lease_held`,
@@ -158,6 +159,18 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
     /// default; stores with a deadline of their own return it.
     fn read_deadline(&self) -> Duration {
         Duration::from_secs(1)
+    }
+
+    /// How long a cache's caller that holds a servable stand-in (an L1
+    /// copy past its fresh time) waits for a read of `key` before it is
+    /// served that stand-in: the read's *soft* deadline. A store that
+    /// tells a slow store (answers late: wait for it) from a stalled one
+    /// (no answer at all: don't) returns less than its
+    /// [`read_deadline`](Store::read_deadline) while it is stalled. The
+    /// default: `read_deadline`.
+    fn soft_deadline(&self, key: &[u8]) -> Duration {
+        let _ = key;
+        self.read_deadline()
     }
 
     /// How many independent failure domains the store has: 1 unless its

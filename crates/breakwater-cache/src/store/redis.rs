@@ -631,6 +631,15 @@ impl Store for RedisStore {
         self.latency().read_deadline
     }
 
+    /// 3 × the recent *answered* round trips of `key`'s failure domain,
+    /// within `response_timeout` and `max_response_timeout` (see
+    /// [`RedisLatency::soft_deadline`]): a stall (timeouts, no answers)
+    /// leaves it where the last answers put it.
+    fn soft_deadline(&self, key: &[u8]) -> Duration {
+        let core = &self.inner;
+        core.latency.soft_deadline(core.domain(key))
+    }
+
     /// One for a single server; for a cluster, one per 256 consecutive hash
     /// slots (64 in all): nodes own ranges of slots, so a failed node's
     /// keys fall into its own domains.

@@ -78,6 +78,12 @@ impl Faults {
     /// [`ChaosStore::set_slow`]).
     pub const RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
 
+    /// How long a caller that holds a stand-in waits for a read before it
+    /// is served the stand-in ([`Store::soft_deadline`]), outside
+    /// [`ChaosStore::set_slow`]: 150 ms, so a stopped store and half the
+    /// delayed calls are given up on.
+    pub const SOFT_DEADLINE: Duration = Duration::from_millis(150);
+
     /// The chance that a call waits up to [`MAX_DELAY`](Self::MAX_DELAY)
     /// before it is sent to the wrapped store.
     ///
@@ -834,6 +840,18 @@ impl<S: Store> Store for ChaosStore<S> {
         lock(&self.state)
             .slow
             .map_or(Faults::RESPONSE_TIMEOUT, |slow| slow.read_deadline)
+    }
+
+    /// [`Faults::SOFT_DEADLINE`]; on a slow store
+    /// ([`set_slow`](ChaosStore::set_slow)) 3 × its longest latency (what
+    /// its answers take, however its timeouts grew the read deadline),
+    /// within 50 ms and 2 s, as `RedisStore`'s.
+    fn soft_deadline(&self, _key: &[u8]) -> Duration {
+        lock(&self.state)
+            .slow
+            .map_or(Faults::SOFT_DEADLINE, |slow| {
+                (ms(slow.latency.1) * 3).clamp(ms(50), Slow::CEILING)
+            })
     }
 
     /// The wrapped store's.

@@ -106,7 +106,7 @@ impl RedisClock {
                         continue;
                     }
                     Err(_) => {
-                        latency.record(0, wait, Instant::now());
+                        latency.timed_out(0, wait, Instant::now());
                         failure = Some(Error::new(
                             ErrorKind::Store,
                             format!("redis did not answer TIME within {wait:?}"),

@@ -15,9 +15,17 @@
 //! ceiling, as TCP backs its retransmission timeout off; answers that come
 //! quickly again bring it back down.
 //!
-//! Recording a round trip is two atomic loads and, when the peak moves, two
-//! stores: no lock and no timer of its own on the hit path (the caller
-//! already reads the clock for its deadline).
+//! Beside it each domain keeps the same peak of *answered* round trips
+//! only (a timeout does not raise it): the *soft* deadline, [`MULTIPLIER`]
+//! × that peak within the same floor and ceiling, is how long a caller
+//! that holds a servable stand-in (an L1 copy, a stale entry) waits for a
+//! command before it is served the stand-in. A stalled Redis (no answer at
+//! all) grows the hard deadline with each timeout but leaves the soft one
+//! where the last answers put it; a slow but answering Redis raises both.
+//!
+//! Recording a round trip is four atomic loads and, when a peak moves, two
+//! stores each: no lock and no timer of its own on the hit path (the
+//! caller already reads the clock for its deadline).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -55,9 +63,19 @@ pub(super) struct Latencies {
     ceiling: Duration,
 }
 
-/// One failure domain's decaying peak.
+/// One failure domain's decaying peaks.
 #[derive(Debug, Default)]
 struct Domain {
+    /// Every round trip, a timeout as one of its whole deadline: the hard
+    /// deadline's.
+    all: Peak,
+    /// Answered round trips only: the soft deadline's.
+    answered: Peak,
+}
+
+/// A decaying peak of round trips.
+#[derive(Debug, Default)]
+struct Peak {
     /// The peak round trip in microseconds; 0 before the first sample.
     peak_us: AtomicU64,
     /// When the peak last moved, in microseconds since `origin`.
@@ -80,6 +98,13 @@ pub struct RedisLatency {
     /// The deadline a write or lease script gets now: 3 × the round trip,
     /// at least `write_timeout`, at most `max_response_timeout`.
     pub write_deadline: Duration,
+    /// How long a caller that holds a servable stand-in (an L1 copy, a
+    /// stale entry) waits for a read before it is served that stand-in:
+    /// 3 × the decaying peak of *answered* round trips (a timeout does
+    /// not raise it), at least `response_timeout`, at most
+    /// `max_response_timeout`. A stalled Redis costs such a caller this,
+    /// not the hard deadline its timeouts have grown.
+    pub soft_deadline: Duration,
 }
 
 fn micros(d: Duration) -> u64 {
@@ -115,8 +140,14 @@ impl Latencies {
     /// The deadline of an `op` in `domain` now.
     #[inline]
     pub(super) fn deadline(&self, domain: usize, op: DeadlineKind) -> Duration {
-        let peak = self.domain(domain).peak_us.load(Ordering::Relaxed);
+        let peak = self.domain(domain).all.peak_us.load(Ordering::Relaxed);
         self.deadline_for(peak, op)
+    }
+
+    /// The soft deadline of a read in `domain` now (see the module docs).
+    pub(super) fn soft_deadline(&self, domain: usize) -> Duration {
+        let peak = self.domain(domain).answered.peak_us.load(Ordering::Relaxed);
+        self.deadline_for(peak, DeadlineKind::Read)
     }
 
     fn deadline_for(&self, peak_us: u64, op: DeadlineKind) -> Duration {
@@ -136,8 +167,9 @@ impl Latencies {
     /// A reply in `domain` that took `took`, seen at `now`.
     #[inline]
     pub(super) fn record(&self, domain: usize, took: Duration, now: Instant) {
-        self.domain(domain)
-            .record(micros(took), self.since_origin(now));
+        let (domain, us, at) = (self.domain(domain), micros(took), self.since_origin(now));
+        domain.all.record(us, at);
+        domain.answered.record(us, at);
     }
 
     /// A command in `domain` timed out after `waited`, seen at `now`: a
@@ -146,10 +178,10 @@ impl Latencies {
     /// (commands sent together time out together: one event, and the
     /// others may wait on, to the deadline that followed it).
     pub(super) fn timed_out(&self, domain: usize, waited: Duration, now: Instant) -> bool {
-        let domain = self.domain(domain);
+        let peak = &self.domain(domain).all;
         let us = micros(waited);
-        let news = domain.peak_us.load(Ordering::Relaxed) < us;
-        domain.record(us, self.since_origin(now));
+        let news = peak.peak_us.load(Ordering::Relaxed) < us;
+        peak.record(us, self.since_origin(now));
         news
     }
 
@@ -159,10 +191,10 @@ impl Latencies {
     pub(super) fn seed(&self, took: Duration) {
         let us = micros(took).max(1);
         let at = self.since_origin(Instant::now());
-        for domain in self.domains.iter() {
-            if domain.peak_us.load(Ordering::Relaxed) == 0 {
-                domain.peak_us.store(us, Ordering::Relaxed);
-                domain.at_us.store(at, Ordering::Relaxed);
+        for peak in self.domains.iter().flat_map(|d| [&d.all, &d.answered]) {
+            if peak.peak_us.load(Ordering::Relaxed) == 0 {
+                peak.peak_us.store(us, Ordering::Relaxed);
+                peak.at_us.store(at, Ordering::Relaxed);
             }
         }
     }
@@ -173,11 +205,12 @@ impl Latencies {
 
     /// What `domain` knows now.
     pub(super) fn report(&self, domain: usize) -> RedisLatency {
-        let peak = self.domain(domain).peak_us.load(Ordering::Relaxed);
+        let peak = self.domain(domain).all.peak_us.load(Ordering::Relaxed);
         RedisLatency {
             round_trip: (peak > 0).then(|| Duration::from_micros(peak)),
             read_deadline: self.deadline_for(peak, DeadlineKind::Read),
             write_deadline: self.deadline_for(peak, DeadlineKind::Write),
+            soft_deadline: self.soft_deadline(domain),
         }
     }
 
@@ -185,7 +218,7 @@ impl Latencies {
     pub(super) fn slowest(&self) -> usize {
         let mut slowest = (0, 0);
         for (i, domain) in self.domains.iter().enumerate() {
-            let peak = domain.peak_us.load(Ordering::Relaxed);
+            let peak = domain.all.peak_us.load(Ordering::Relaxed);
             if peak > slowest.1 {
                 slowest = (i, peak);
             }
@@ -194,7 +227,7 @@ impl Latencies {
     }
 }
 
-impl Domain {
+impl Peak {
     /// A round trip of `us` at `at` (microseconds since the origin). Races
     /// between threads may lose a sample; the estimate stays a peak of
     /// recent ones.
@@ -282,10 +315,35 @@ mod tests {
             let deadline = latency.deadline(0, DeadlineKind::Read);
             deadlines.push(deadline.as_millis());
             tokio::time::advance(deadline).await;
-            latency.record(0, deadline, Instant::now());
+            latency.timed_out(0, deadline, Instant::now());
         }
         assert_eq!(deadlines, [50, 150, 450, 1350, 2000, 2000]);
         assert_eq!(latency.deadline(0, DeadlineKind::Write), ms(2000));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stall_leaves_the_soft_deadline_where_the_answers_put_it() {
+        let latency = defaults();
+        latency.record(0, ms(2), Instant::now());
+        // Stalled: every read times out, the hard deadline grows to the
+        // ceiling, the soft one stays at the floor.
+        for _ in 0..6 {
+            let deadline = latency.deadline(0, DeadlineKind::Read);
+            tokio::time::advance(deadline).await;
+            latency.timed_out(0, deadline, Instant::now());
+        }
+        let report = latency.report(0);
+        assert_eq!(report.read_deadline, ms(2000));
+        assert_eq!(report.soft_deadline, ms(50));
+        // A slow but answering Redis raises both.
+        latency.record(0, ms(200), Instant::now());
+        assert_eq!(latency.soft_deadline(0), ms(600));
+        assert_eq!(latency.deadline(0, DeadlineKind::Read), ms(2000));
+        // The handshake seeds both.
+        let fresh = defaults();
+        fresh.seed(ms(250));
+        assert_eq!(fresh.soft_deadline(0), ms(750));
+        assert_eq!(fresh.deadline(0, DeadlineKind::Read), ms(750));
     }
 
     #[tokio::test(start_paused = true)]

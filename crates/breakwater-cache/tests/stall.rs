@@ -1,0 +1,216 @@
+//! A stalled Redis (SIGSTOP: connections stay open, nothing answers) is not
+//! a slow one: a caller that holds a servable L1 copy waits for it at most
+//! the store's soft deadline (3 × the recent *answered* round trips, at
+//! least `response_timeout`), not the hard deadline its timeouts have
+//! grown; the give-ups open the store breaker within a few soft deadlines,
+//! and it closes again once Redis answers.
+//!
+//! The acceptance run of issue 54, with library defaults (50 ms read
+//! floor, 2 s ceiling): 50 warm keys in L1 (200 ms L1 TTL), 8 callers,
+//! Redis stopped for 3 s; with the database answering, and with it failing
+//! and `max_stale` of an hour.
+
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use breakwater_cache::{BreakerState, Cache, L1Config, RedisStore, Served, StaleReason};
+use support::RedisServer;
+use tokio::time::Instant;
+
+/// Keys warmed in L1.
+const KEYS: usize = 50;
+/// Callers during the stall.
+const CALLERS: usize = 8;
+/// How long Redis is stopped.
+const STALL: Duration = Duration::from_secs(3);
+
+/// What the run saw.
+struct Run {
+    /// Each call during the stall: its key, how long it took, how it was
+    /// served (or its error).
+    calls: Vec<(usize, Duration, Result<Served, String>)>,
+    /// When the store breaker was first seen open, after the stall began.
+    opened_after: Option<Duration>,
+    /// How long after SIGCONT a `set` landed in Redis.
+    write_after_resume: Duration,
+    loads: usize,
+}
+
+impl Run {
+    fn quantile(&self, q: f64) -> Duration {
+        let mut took: Vec<Duration> = self.calls.iter().map(|c| c.1).collect();
+        took.sort();
+        took[((took.len() as f64 * q) as usize).min(took.len() - 1)]
+    }
+
+    fn max(&self) -> Duration {
+        self.calls.iter().map(|c| c.1).max().unwrap()
+    }
+}
+
+async fn stall_with_l1(database_fails: bool) -> Run {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).unwrap();
+    store.warm_up().await.unwrap();
+    let mut builder = Cache::<String>::builder()
+        .namespace("stall")
+        .store(store)
+        .l1(L1Config::new().ttl(Duration::from_millis(200)));
+    if database_fails {
+        builder = builder.max_stale(Duration::from_secs(3600));
+    }
+    let cache = builder.build().unwrap();
+    let loads = Arc::new(AtomicUsize::new(0));
+    let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let loader = {
+        let (loads, failing) = (Arc::clone(&loads), Arc::clone(&failing));
+        move |k: usize| {
+            let (loads, failing) = (Arc::clone(&loads), Arc::clone(&failing));
+            move || async move {
+                loads.fetch_add(1, Ordering::SeqCst);
+                if failing.load(Ordering::SeqCst) {
+                    return Err(std::io::Error::other("database down"));
+                }
+                Ok(Some(format!("v{k}")))
+            }
+        }
+    };
+    for k in 0..KEYS {
+        cache.get_or_load(format!("k{k}"), loader(k)).await.unwrap();
+    }
+    // The L1 copies are past their 200 ms: every call reads the store.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    failing.store(database_fails, Ordering::SeqCst);
+    let warm_loads = loads.load(Ordering::SeqCst);
+
+    server.pause();
+    let stalled = Instant::now();
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let opened = Arc::new(Mutex::new(None));
+    let watcher = {
+        let (cache, opened) = (cache.clone(), Arc::clone(&opened));
+        tokio::spawn(async move {
+            while stalled.elapsed() < STALL {
+                if cache.store_breaker_state() == BreakerState::Open {
+                    opened.lock().unwrap().get_or_insert(stalled.elapsed());
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    let callers: Vec<_> = (0..CALLERS)
+        .map(|c| {
+            let (cache, calls, loader) = (cache.clone(), Arc::clone(&calls), loader.clone());
+            tokio::spawn(async move {
+                let mut k = c;
+                while stalled.elapsed() < STALL {
+                    let started = Instant::now();
+                    let got = cache
+                        .get_or_load_with_meta(format!("k{k}"), loader(k))
+                        .await;
+                    let took = started.elapsed();
+                    let got = got
+                        .map(|fetched| {
+                            assert_eq!(fetched.value.as_deref(), Some(format!("v{k}").as_str()));
+                            fetched.served
+                        })
+                        .map_err(|e| e.to_string());
+                    calls.lock().unwrap().push((k, took, got));
+                    k = (k + 7) % KEYS;
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            })
+        })
+        .collect();
+    for caller in callers {
+        caller.await.unwrap();
+    }
+    watcher.await.unwrap();
+    server.resume();
+    let resumed = Instant::now();
+
+    // A write after SIGCONT reaches Redis once the breaker lets it.
+    let probe = "bw:stall:v:{after}";
+    loop {
+        let written = cache.set("after", &"x".to_owned()).await.is_ok();
+        if written && server.command(&["EXISTS", probe]).unwrap().trim() == "1" {
+            break;
+        }
+        assert!(
+            resumed.elapsed() < Duration::from_secs(10),
+            "no write landed after SIGCONT"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let write_after_resume = resumed.elapsed();
+    let calls = std::mem::take(&mut *calls.lock().unwrap());
+    let opened_after = *opened.lock().unwrap();
+    Run {
+        calls,
+        opened_after,
+        write_after_resume,
+        loads: loads.load(Ordering::SeqCst) - warm_loads,
+    }
+}
+
+fn check(run: &Run, what: &str) {
+    let errors: Vec<_> = run.calls.iter().filter(|c| c.2.is_err()).collect();
+    let stand_ins = run
+        .calls
+        .iter()
+        .filter(|c| {
+            c.2 == Ok(Served::Stale {
+                reason: StaleReason::StoreUnavailable,
+            })
+        })
+        .count();
+    eprintln!(
+        "{what}: {} calls, {} errors, {stand_ins} L1 stand-ins, p50 {:?}, p99 {:?}, max {:?}, \
+         breaker open after {:?}, a write landed {:?} after SIGCONT, {} loads",
+        run.calls.len(),
+        errors.len(),
+        run.quantile(0.5),
+        run.quantile(0.99),
+        run.max(),
+        run.opened_after,
+        run.write_after_resume,
+        run.loads,
+    );
+    assert!(errors.is_empty(), "{what}: errors {errors:?}");
+    assert!(stand_ins > 0, "{what}: no call was served the L1 copy");
+    assert!(
+        run.quantile(0.99) <= Duration::from_millis(250),
+        "{what}: p99 {:?}",
+        run.quantile(0.99)
+    );
+    assert!(
+        run.max() <= Duration::from_secs(1),
+        "{what}: max {:?}",
+        run.max()
+    );
+    let opened = run.opened_after.expect("the store breaker never opened");
+    assert!(
+        opened <= Duration::from_secs(1),
+        "{what}: the breaker opened after {opened:?}"
+    );
+    assert!(
+        run.write_after_resume <= Duration::from_secs(3),
+        "{what}: a write landed {:?} after SIGCONT",
+        run.write_after_resume
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_redis_costs_a_caller_with_an_l1_copy_one_soft_deadline() {
+    let run = stall_with_l1(false).await;
+    check(&run, "stall");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_redis_and_a_failing_database_cost_no_errors() {
+    let run = stall_with_l1(true).await;
+    check(&run, "stall, database failing");
+}
