@@ -16,7 +16,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use breakwater_cache::{BreakerState, Cache, L1Config, RedisStore, Served, StaleReason};
+use breakwater_cache::{
+    BreakerState, Cache, L1Config, RedisStore, RedisStoreConfig, Served, StaleReason,
+};
+use breakwater_cache_testkit::{Fault, FaultProxy};
 use support::RedisServer;
 use tokio::time::Instant;
 
@@ -213,4 +216,65 @@ async fn a_stalled_redis_costs_a_caller_with_an_l1_copy_one_soft_deadline() {
 async fn a_stalled_redis_and_a_failing_database_cost_no_errors() {
     let run = stall_with_l1(true).await;
     check(&run, "stall, database failing");
+}
+
+/// A `get` left pending on a current-thread runtime that then goes idle
+/// (its future kept, never polled again) while it holds the namespace
+/// clear record's read lock; Redis answers 300 ms late. A `get` on another
+/// runtime waits for the lock at most one read deadline, then reads the
+/// record beside it: it returns within 3 s (it never did while the lock
+/// had no deadline).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stranded_clear_record_reader_holds_up_no_other_runtime() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.addr());
+    let writer = Cache::<String>::builder()
+        .namespace("stranded")
+        .store(RedisStore::connect(&server.url()).unwrap())
+        .build()
+        .unwrap();
+    writer.set("k", &"v".to_owned()).await.unwrap();
+    writer.set("other", &"w".to_owned()).await.unwrap();
+    // Late from the start: the handshake's round trip sets the deadlines.
+    proxy.set(Fault::Delay(Duration::from_millis(300)));
+    let config = RedisStoreConfig::default().connect_timeout(Duration::from_secs(2));
+    let store = RedisStore::connect_with(&proxy.url(), config).unwrap();
+    store.warm_up().await.unwrap();
+    let cache = Cache::<String>::builder()
+        .namespace("stranded")
+        .store(store)
+        .build()
+        .unwrap();
+
+    let (ready, stranded) = std::sync::mpsc::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let other = cache.clone();
+    let idle = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        // Two round trips (the entry's GET among them) take 600 ms; then
+        // the record's read (and its lock) is in the air until 900 ms:
+        // polled until 750 ms.
+        let mut pending = Box::pin(async move { other.get("k").await });
+        runtime.block_on(async {
+            let _ = tokio::time::timeout(Duration::from_millis(750), &mut pending).await;
+        });
+        ready.send(()).unwrap();
+        let _ = released.recv_timeout(Duration::from_secs(30));
+        drop(pending);
+    });
+    stranded.recv().unwrap();
+
+    let started = Instant::now();
+    // (Another key: the stranded `get` would lead a shared read of `k`.)
+    let got = tokio::time::timeout(Duration::from_secs(10), cache.get("other")).await;
+    let took = started.elapsed();
+    release.send(()).unwrap();
+    idle.join().unwrap();
+    eprintln!("a get beside a stranded record reader took {took:?}");
+    let got = got.expect("no answer within 10 s beside a stranded record reader");
+    assert_eq!(got.unwrap().as_deref(), Some("w"));
+    assert!(took <= Duration::from_secs(3), "took {took:?}");
 }

@@ -41,8 +41,14 @@ pub(super) struct Clears {
     /// Where the record is read and acknowledgements go (set at build).
     link: OnceLock<Link>,
     /// One read of the record at a time: callers that find it untrusted
-    /// while a read is in the air wait for that one.
+    /// while a read is in the air wait for that one, up to one read
+    /// deadline ([`Clears::reading`]): a holder whose future is no longer
+    /// polled (an idle runtime, a caller's `select!` busy elsewhere) holds
+    /// up nobody for longer.
     reading: tokio::sync::Mutex<()>,
+    /// When the holder of `reading` sent its store step (`None`: none
+    /// sent since the lock was last free).
+    step_sent: Mutex<Option<Instant>>,
     /// A record a clear made (not a pin) was known here once: from then on,
     /// none in the store means a clear may have been lost.
     ever: AtomicBool,
@@ -62,6 +68,11 @@ struct Known {
     bus: u64,
     /// When the read that gave it was sent (`None`: heard on the bus).
     read_at: Option<Instant>,
+    /// For a read, when it was sent; for a pin, when it was answered (it
+    /// landed before): a read sent before this saw no newer record, and
+    /// does not replace it (reads that could not wait for the lock run
+    /// beside others).
+    landed: Option<Instant>,
 }
 
 /// Where a process reads its namespace's clear record and acknowledges a
@@ -130,11 +141,36 @@ impl Clears {
         if let Some(record) = self.trusted() {
             return Ok(record);
         }
-        let reading = self.reading.lock().await;
+        let reading = self.reading().await;
         if let Some(record) = self.trusted() {
             return Ok(record);
         }
         self.read(reading).await
+    }
+
+    /// The read lock, waited for until its holder's store step is one
+    /// read deadline old (a holder that is polled has its answer or its
+    /// error by then); `None` if the holder is later (the caller then
+    /// reads beside it: a stranded holder costs others at most one read
+    /// deadline, never a hang; see [`Known::landed`] for how the two
+    /// reads' answers are ordered).
+    async fn reading(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        let deadline = self
+            .link
+            .get()
+            .map_or(Duration::from_secs(1), |link| link.store.read_deadline());
+        let sent = *self.step_sent.lock().unwrap_or_else(|p| p.into_inner());
+        let until = sent.unwrap_or_else(Instant::now) + deadline;
+        match tokio::time::timeout_at(until, self.reading.lock()).await {
+            Ok(reading) => Some(reading),
+            Err(_) => {
+                tracing::debug!(
+                    ?until,
+                    "the clear record's read lock is held past a read deadline; reading beside it"
+                );
+                None
+            }
+        }
     }
 
     /// The bus dropped (`up` false) or came back (`true`): a clear may
@@ -184,8 +220,29 @@ impl Clears {
         bus: u64,
         read_at: Option<Instant>,
     ) -> Option<NamespaceState> {
+        self.take_landed(record, bus, read_at, read_at)
+    }
+
+    /// [`take`](Self::take), with when what was read `landed` (see
+    /// [`Known::landed`]).
+    fn take_landed(
+        &self,
+        record: Option<NamespaceState>,
+        bus: u64,
+        read_at: Option<Instant>,
+        landed: Option<Instant>,
+    ) -> Option<NamespaceState> {
         self.seen.store(true, Ordering::SeqCst);
         let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        // A read sent before a read or pin known here landed found that
+        // record or an older one: what is known stays.
+        if let (Some(sent), Some(after)) = (read_at, known.landed)
+            && sent < after
+            && known.bus == bus
+            && known.record.is_some()
+        {
+            return known.record.flatten();
+        }
         // A read sent before a clear heard since (the bus unchanged) is
         // older than what was heard: it finds an older record, or none.
         let newer = match (known.record.flatten(), record) {
@@ -208,6 +265,7 @@ impl Clears {
                 record: Some(newer),
                 bus,
                 read_at,
+                landed,
             };
         }
         newer
@@ -234,22 +292,33 @@ impl Clears {
     /// Reads the record from the store now, whatever is trusted, and takes
     /// it.
     pub(super) async fn read_again(&self) -> Result<Option<NamespaceState>, Error> {
-        let reading = self.reading.lock().await;
+        let reading = self.reading().await;
         self.read(reading).await
     }
 
-    /// One read of the record (the caller holds `reading`), taken.
+    /// One read of the record (the caller holds `reading`, or waited one
+    /// read deadline for it), taken.
     async fn read(
         &self,
-        _reading: tokio::sync::MutexGuard<'_, ()>,
+        reading: Option<tokio::sync::MutexGuard<'_, ()>>,
     ) -> Result<Option<NamespaceState>, Error> {
         let Some(link) = self.link.get() else {
             return Ok(None);
         };
-        let (bus, sent) = (self.bus_state(), Instant::now());
+        let (bus, sent) = (self.bus_state(), self.step_sent(&reading));
         let stored = link.store.get(&link.key).await?;
         let record = stored.as_deref().and_then(NamespaceState::parse);
         Ok(self.take(record, bus, Some(sent)))
+    }
+
+    /// Now, noted as when the holder of `reading` (if the caller holds
+    /// it) sent its store step.
+    fn step_sent(&self, reading: &Option<tokio::sync::MutexGuard<'_, ()>>) -> Instant {
+        let now = Instant::now();
+        if reading.is_some() {
+            *self.step_sent.lock().unwrap_or_else(|p| p.into_inner()) = Some(now);
+        }
+        now
     }
 
     /// Pins the namespace's clear record (see `store::namespace`), `hard`
@@ -263,8 +332,8 @@ impl Clears {
             ));
         };
         let message = notify::message(CLEARED, &link.sender, b"");
-        let _reading = self.reading.lock().await;
-        let (bus, sent) = (self.bus_state(), Instant::now());
+        let reading = self.reading().await;
+        let (bus, sent) = (self.bus_state(), self.step_sent(&reading));
         let made = link
             .store
             .clear_namespace(link.clear(hard, 0, true, &message))
@@ -276,7 +345,7 @@ impl Clears {
                  is not a clear record",
             ));
         };
-        self.take(Some(state), bus, Some(sent));
+        self.take_landed(Some(state), bus, Some(sent), Some(Instant::now()));
         Ok(state)
     }
 
@@ -418,5 +487,41 @@ mod tests {
         clears.bus_changed(false);
         assert_eq!(clears.trusted(), None, "the bus dropped");
         assert_eq!(clears.last(), Some(state(6)));
+    }
+
+    /// Reads that ran beside each other (one could not wait for the lock):
+    /// one sent earlier and answered later does not take back what a later
+    /// read or a pin found.
+    #[tokio::test(start_paused = true)]
+    async fn an_earlier_read_answered_later_takes_nothing_back() {
+        let clears = Clears::default();
+        clears.bus_changed(true);
+        let bus = clears.bus_state();
+        let early = Instant::now();
+        tokio::time::advance(Duration::from_millis(5)).await;
+        clears.take(Some(state(7)), bus, Some(Instant::now()));
+        assert_eq!(
+            clears.take(Some(state(6)), bus, Some(early)),
+            Some(state(7))
+        );
+        assert_eq!(clears.take(None, bus, Some(early)), Some(state(7)));
+        assert_eq!(clears.trusted(), Some(Some(state(7))));
+        // A pin counts from its answer: a read sent while it was in the
+        // air may have missed it.
+        let pin_sent = Instant::now();
+        tokio::time::advance(Duration::from_millis(5)).await;
+        let during = Instant::now();
+        tokio::time::advance(Duration::from_millis(5)).await;
+        clears.take_landed(Some(state(8)), bus, Some(pin_sent), Some(Instant::now()));
+        assert_eq!(
+            clears.take(Some(state(7)), bus, Some(during)),
+            Some(state(8))
+        );
+        // A read sent after it is taken as ever.
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(
+            clears.take(Some(state(9)), bus, Some(Instant::now())),
+            Some(state(9))
+        );
     }
 }
