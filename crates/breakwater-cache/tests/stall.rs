@@ -278,3 +278,84 @@ async fn a_stranded_clear_record_reader_holds_up_no_other_runtime() {
     assert_eq!(got.unwrap().as_deref(), Some("w"));
     assert!(took <= Duration::from_secs(3), "took {took:?}");
 }
+
+/// A cache on a Redis whose every round trip takes `round_trip` (the fault
+/// proxy holds each direction half of it) from the start, in a version
+/// transition if `transition`.
+async fn late_cache(
+    server: &RedisServer,
+    round_trip: Duration,
+    transition: bool,
+) -> (FaultProxy, Cache<String>) {
+    let proxy = FaultProxy::start(server.addr());
+    proxy.set(Fault::Delay(round_trip / 2));
+    let config = RedisStoreConfig::default().connect_timeout(Duration::from_secs(3));
+    let store = RedisStore::connect_with(&proxy.url(), config).unwrap();
+    store.warm_up().await.unwrap();
+    let mut builder = Cache::<String>::builder().namespace("late").store(store);
+    if transition {
+        builder = builder
+            .version(2)
+            .version_transition(Duration::from_secs(600));
+    }
+    (proxy, builder.build().unwrap())
+}
+
+/// Redis answering 600 ms and 1,200 ms late (and inside a version
+/// transition, whose invalidations take two round trips): 8 of each of
+/// `invalidate`, `invalidate_many`, `expire` and `invalidate_tag` at once
+/// all return `Ok`, and each landed. Before, each had a fixed 1 s: most
+/// returned "was not delivered" for invalidations that had landed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalidations_on_a_late_redis_say_ok_when_they_landed() {
+    let server = RedisServer::start();
+    for (round_trip, transition) in [(600, false), (1_200, false), (600, true)] {
+        let (_proxy, cache) =
+            late_cache(&server, Duration::from_millis(round_trip), transition).await;
+        let value = |k: &str| String::from_utf8(cache.storage_key(k).unwrap()).unwrap();
+        // Written directly (not through the slow proxy).
+        let keys: Vec<String> = (0..8)
+            .flat_map(|i| [format!("i{i}"), format!("m{i}"), format!("e{i}")])
+            .collect();
+        for k in &keys {
+            server.command(&["SET", &value(k), "x"]).unwrap();
+        }
+        let started = Instant::now();
+        let calls: Vec<_> = (0..8)
+            .flat_map(|i| {
+                let c = [cache.clone(), cache.clone(), cache.clone(), cache.clone()];
+                let [a, b, c, d] = c;
+                [
+                    tokio::spawn(async move { a.invalidate(format!("i{i}")).await }),
+                    tokio::spawn(async move { b.invalidate_many([format!("m{i}")]).await }),
+                    tokio::spawn(async move { c.expire(format!("e{i}")).await }),
+                    tokio::spawn(async move { d.invalidate_tag(format!("t{i}")).await }),
+                ]
+            })
+            .collect();
+        let mut errors = Vec::new();
+        for call in calls {
+            if let Err(err) = call.await.unwrap() {
+                errors.push(err.to_string());
+            }
+        }
+        let took = started.elapsed();
+        eprintln!(
+            "round trip {round_trip} ms, transition {transition}: 32 invalidations in {took:?}, {} error(s)",
+            errors.len()
+        );
+        assert!(
+            errors.is_empty(),
+            "round trip {round_trip} ms, transition {transition}: {errors:?}"
+        );
+        for i in 0..8 {
+            for k in [format!("i{i}"), format!("m{i}")] {
+                assert_eq!(
+                    server.command(&["EXISTS", &value(&k)]).unwrap().trim(),
+                    "0",
+                    "{k}"
+                );
+            }
+        }
+    }
+}

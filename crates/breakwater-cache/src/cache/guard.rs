@@ -430,6 +430,10 @@ impl Store for GuardedStore {
         self.store.soft_deadline(key)
     }
 
+    fn write_deadline(&self) -> Duration {
+        self.store.write_deadline()
+    }
+
     fn acquire_lease<'a>(
         &'a self,
         lease_key: &'a [u8],

@@ -2,8 +2,9 @@
 //! `invalidate` or `invalidate_tag` becomes visible after it returned (nor
 //! fresh after an `expire` or `expire_tag`):
 //! each revokes the key's lease (or bumps the tag's generation) with its
-//! notice in one store operation, retried within a second, or reported as
-//! undelivered.
+//! notice in one store operation, retried for a second (each attempt
+//! bounded by the store's write deadlines, see `attempt_bound`), or
+//! reported as undelivered.
 
 use std::future::Future;
 use std::sync::Mutex;
@@ -258,7 +259,8 @@ impl<V: Value> Cache<V> {
         // After the store has answered, also if it failed or the caller
         // goes away first (as for one key).
         let _local = self.local.invalidation(keys);
-        self.deliver(first, keys.len() - 1, || async move {
+        let round_trips = 1 + u32::from(previous_batch.is_some());
+        self.deliver(first, keys.len() - 1, round_trips, || async move {
             if let Some((old, channel)) = previous_batch {
                 let notice = Notice {
                     channel,
@@ -311,7 +313,8 @@ impl<V: Value> Cache<V> {
         // change); also if it failed (the reply may be all that was lost),
         // or if the caller goes away first.
         let _local = self.local.invalidation([key]);
-        self.deliver(key, 0, || async move {
+        let round_trips = 1 + u32::from(previous.is_some());
+        self.deliver(key, 0, round_trips, || async move {
             if let Some((old, old_lease, message, channel)) = previous {
                 let notice = Notice {
                     channel,
@@ -350,39 +353,67 @@ impl<V: Value> Cache<V> {
     }
 
     /// Runs `attempt`, an invalidation (idempotent: a delete or a bump, with
-    /// its notice), with the store retries, all within
-    /// `INVALIDATE_WITHIN`; if none gets through, the error says the
+    /// its notice) of `round_trips` store steps one after another, with the
+    /// store retries: attempts start within [`INVALIDATE_WITHIN`], and each
+    /// has [`attempt_bound`] to finish (so one the store delivered, however
+    /// late its reply within the store's own deadlines, is not cut short
+    /// by the budget). If none gets through, the error says the
     /// invalidation of `key` (and of `more` other keys) was not delivered
     /// (with the attempts made and the last failure).
     pub(super) async fn deliver<F, Fut>(
         &self,
         key: &[u8],
         more: usize,
+        round_trips: u32,
         attempt: F,
     ) -> Result<(), Error>
     where
         F: Fn() -> Fut,
         Fut: Future<Output = Result<(), Error>>,
     {
-        let last = Mutex::new((0u32, None::<Error>, Instant::now()));
+        let started = Instant::now();
+        let start_by = started + INVALIDATE_WITHIN;
+        let store = &self.inner.store;
+        // The attempts made and the last one's failure.
+        let last = Mutex::new((0u32, None::<Error>, started));
         let (last, attempt) = (&last, &attempt);
-        let attempts = self.inner.store_retries.run(|made| async move {
-            let done = attempt().await;
-            if let Err(err) = &done {
-                *last.lock().unwrap_or_else(|p| p.into_inner()) =
-                    (made, Some(err.clone()), Instant::now());
-            }
-            done
-        });
-        match tokio::time::timeout(INVALIDATE_WITHIN, attempts).await {
-            Ok((Ok(()), _)) => Ok(()),
-            Ok((Err(err), made)) => Err(undelivered(key, more, made, err, Instant::now())),
-            Err(_) => {
-                let (made, err, at) = last.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                let err = err.unwrap_or_else(|| {
-                    Error::new(ErrorKind::Timeout, "no attempt finished in time")
-                });
-                Err(undelivered(key, more, made, err, at))
+        let (done, _) = self
+            .inner
+            .store_retries
+            .run(|made| async move {
+                // Past the budget no attempt starts (not a store failure:
+                // the retries stop).
+                if made > 1 && Instant::now() >= start_by {
+                    return Err(Error::new(ErrorKind::Timeout, "out of time"));
+                }
+                let bound = attempt_bound(store.write_deadline(), round_trips);
+                let done = match tokio::time::timeout(bound, attempt()).await {
+                    Ok(done) => done,
+                    Err(_) => Err(Error::new(
+                        ErrorKind::Store,
+                        format!("the store did not answer within {bound:?}"),
+                    )),
+                };
+                let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
+                last.0 = made;
+                if let Err(err) = &done {
+                    *last = (made, Some(err.clone()), Instant::now());
+                }
+                done
+            })
+            .await;
+        match done {
+            Ok(()) => Ok(()),
+            Err(err) => {
+                let (made, failed, at) = last.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                Err(undelivered(
+                    key,
+                    more,
+                    made,
+                    failed.unwrap_or(err),
+                    at,
+                    started.elapsed(),
+                ))
             }
         }
     }
@@ -449,8 +480,13 @@ impl<V: Value> Cache<V> {
         // new generations); also if it failed (the reply may be all that
         // was lost), or if the caller goes away first.
         let _local = LocalStep::new(|| self.local.tags_invalidated());
+        // An expiry bumps each counter in a step of its own.
+        let round_trips = match how {
+            Revoke::Delete => 1,
+            Revoke::Expire => u32::try_from(keys.len()).unwrap_or(u32::MAX),
+        };
         let done = self
-            .deliver(first, keys.len() - 1, || async move {
+            .deliver(first, keys.len() - 1, round_trips, || async move {
                 let notice = inner.notice(message);
                 let store = &inner.store;
                 match (how, refs.as_slice()) {
@@ -487,8 +523,23 @@ impl<V: Value> Cache<V> {
     }
 }
 
-/// How long `invalidate` keeps trying to deliver one invalidation.
+/// How long `invalidate` keeps starting attempts to deliver one
+/// invalidation (each then has [`attempt_bound`] to finish).
 const INVALIDATE_WITHIN: Duration = Duration::from_secs(1);
+
+/// How long one attempt of `round_trips` store steps may take when the
+/// store's write deadline is `write_deadline`: 3 of them per step (a
+/// step's deadline may grow once while it waits, as a burst of timeouts
+/// grows it), at least [`INVALIDATE_WITHIN`]. An invalidation so returns
+/// within `INVALIDATE_WITHIN` plus one attempt's bound and the retries'
+/// last pause (up to 400 ms): with Redis's defaults and a fast Redis,
+/// under 3 s; on a Redis at the 2 s deadline ceiling, about 7.5 s per
+/// round trip.
+fn attempt_bound(write_deadline: Duration, round_trips: u32) -> Duration {
+    (write_deadline * 3)
+        .saturating_mul(round_trips.max(1))
+        .max(INVALIDATE_WITHIN)
+}
 
 /// What a revocation does to the stored entry (or to every entry of a
 /// tag).
@@ -512,7 +563,14 @@ fn invalidations<'a>(keys: &'a [Vec<u8>], leases: &'a [Vec<u8>]) -> Vec<Invalida
 /// The error of an invalidation that did not get through; when the last
 /// attempt (failed at `at`) was refused by the store's open breaker, it says
 /// when that ends.
-fn undelivered(key: &[u8], more: usize, attempts: u32, last: Error, at: Instant) -> Error {
+fn undelivered(
+    key: &[u8],
+    more: usize,
+    attempts: u32,
+    last: Error,
+    at: Instant,
+    took: Duration,
+) -> Error {
     let retry_after = last
         .retry_after()
         .map(|after| after.saturating_sub(at.elapsed()));
@@ -523,9 +581,8 @@ fn undelivered(key: &[u8], more: usize, attempts: u32, last: Error, at: Instant)
     let err = Error::new(
         ErrorKind::Store,
         format!(
-            "the invalidation of {what} was not delivered ({attempts} attempt(s) within {:?}): \
+            "the invalidation of {what} was not delivered ({attempts} attempt(s) in {took:.1?}): \
              other processes may serve the old value until its TTL ends; retry it",
-            INVALIDATE_WITHIN
         ),
     )
     .with_source(last);

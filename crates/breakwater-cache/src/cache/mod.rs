@@ -98,8 +98,8 @@
 //! - **renew**: a "not modified" answer's write: the stored entry's
 //!   windows renewed in place through the fence (`renew`).
 //! - **settle**: a flight's outcome for one caller (`settle`).
-//! - **deliver**: an invalidation sent, retried within a second
-//!   (`deliver`).
+//! - **deliver**: an invalidation sent, retried for a second, each
+//!   attempt bounded by the store's write deadlines (`deliver`).
 
 mod batch;
 mod builder;
@@ -341,10 +341,17 @@ impl<V: Value> Cache<V> {
     /// result back.
     ///
     /// A transient store failure is tried again (up to 10 attempts,
-    /// jittered, all within 1 s: the delete and its notice are idempotent). If none
-    /// gets through, the error says the invalidation was not delivered:
-    /// other processes may serve the old value until its TTL ends, so the
-    /// caller should retry it (or fail the write it belongs to).
+    /// jittered, started within 1 s: the delete and its notice are
+    /// idempotent). Each attempt has 3 of the store's current write
+    /// deadlines (at least 1 s) to finish, so a slow Redis that delivers
+    /// the invalidation late gets it reported as delivered: the call
+    /// returns within 1 s plus one attempt's bound and a last pause of up
+    /// to 400 ms (under 3 s with a fast Redis; 7.5 s on one at the 2 s
+    /// deadline ceiling; twice the attempt inside a version transition,
+    /// two round trips). If none gets through, the error says the
+    /// invalidation was not delivered: other processes may serve the old
+    /// value until its TTL ends, so the caller should retry it (or fail
+    /// the write it belongs to).
     ///
     /// Once it has returned `Ok`, every call in this process that starts
     /// later gets a value loaded after it: loads and shared reads that began
@@ -369,8 +376,8 @@ impl<V: Value> Cache<V> {
     /// Redis one transaction per 1,024 keys (one `DEL` of the keys, one
     /// `SREM` revoking their leases, one `PUBLISH` naming them all; on a
     /// Cluster one pipeline of the same commands per node), in batches of 4,096 keys, each delivered (and retried) as a
-    /// whole within 1 s, as one `invalidate` is: a call takes at most a
-    /// second per 4,096 keys. A price list, a user's cached views: one call, not one
+    /// whole as one `invalidate` is (attempts started within 1 s, each with
+    /// its own bound that follows the store's deadlines). A price list, a user's cached views: one call, not one
     /// script, retry loop and notice per key.
     ///
     /// # Errors
@@ -423,7 +430,7 @@ impl<V: Value> Cache<V> {
     /// lease revoked and the bus told, so every process's L1 drops its
     /// copy and reads the stale entry again. Like
     /// [`invalidate`](Self::invalidate), it is tried again on a transient
-    /// failure (within 1 s), and once it has returned `Ok`:
+    /// failure (attempts started within 1 s), and once it has returned `Ok`:
     ///
     /// - **No load that began before it becomes fresh after it**: its
     ///   fenced write is refused (the lease was revoked), in the store, in
@@ -476,7 +483,7 @@ impl<V: Value> Cache<V> {
     /// without tags, or with other tags only, are not touched in the store.
     ///
     /// A transient store failure is tried again, as for
-    /// [`invalidate`](Self::invalidate) (up to 10 attempts within 1 s; an
+    /// [`invalidate`](Self::invalidate) (up to 10 attempts started within 1 s; an
     /// extra bump only invalidates again). If none gets through, the error
     /// says the invalidation was not delivered.
     ///
@@ -548,8 +555,8 @@ impl<V: Value> Cache<V> {
     /// with the same contract for each, at the cost of a few store steps:
     /// on Redis one script per hash slot of their counters (one, on a
     /// single server), side by side, each publishing one message, in
-    /// batches of 4,096 tags, each delivered (and retried) as a whole within
-    /// 1 s. A user's tags, a catalogue's categories: one call, not one
+    /// batches of 4,096 tags, each delivered (and retried) as a whole as
+    /// one `invalidate` is. A user's tags, a catalogue's categories: one call, not one
     /// script, retry loop and notice per tag. Other processes empty their
     /// L1 once for the batch.
     ///
@@ -615,7 +622,7 @@ impl<V: Value> Cache<V> {
     /// counter still validates nothing: if it is missing, it starts again
     /// at a random value no entry can have recorded, and every entry of the
     /// tag is a miss. Tried again on a transient failure as `invalidate_tag`
-    /// is (within 1 s; an extra soft bump only expires again).
+    /// is (attempts started within 1 s; an extra soft bump only expires again).
     ///
     /// Once it has returned `Ok`:
     ///

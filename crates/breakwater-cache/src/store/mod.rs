@@ -106,7 +106,8 @@ pub(crate) const SUBSCRIPTION_BUFFER: usize = 4096;
 ///
 /// - **Core reads and writes**: `get`, `set`, `delete`, `ttl`, `now_ms`,
 ///   `name`; with defaults, [`read_deadline`](Store::read_deadline) (1 s),
-///   [`soft_deadline`](Store::soft_deadline) (the read deadline),
+///   [`soft_deadline`](Store::soft_deadline) and
+///   [`write_deadline`](Store::write_deadline) (the read deadline),
 ///   [`failure_domains`](Store::failure_domains) (1: the store fails as a
 ///   whole) and [`failure_domain`](Store::failure_domain) (0).
 /// - **Leases and fenced writes**: `acquire_lease`, `lease_held`,
@@ -170,6 +171,15 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
     /// default: `read_deadline`.
     fn soft_deadline(&self, key: &[u8]) -> Duration {
         let _ = key;
+        self.read_deadline()
+    }
+
+    /// How long one write (a lease script, an invalidation) may take now
+    /// before the store gives up on it. A cache's invalidation gives each
+    /// attempt a few of these, so one the store delivered is not reported
+    /// as undelivered because a fixed budget ran out first. The default:
+    /// [`read_deadline`](Store::read_deadline).
+    fn write_deadline(&self) -> Duration {
         self.read_deadline()
     }
 

@@ -640,6 +640,11 @@ impl Store for RedisStore {
         core.latency.soft_deadline(core.domain(key))
     }
 
+    /// The write deadline in force, in the slowest failure domain.
+    fn write_deadline(&self) -> Duration {
+        self.latency().write_deadline
+    }
+
     /// One for a single server; for a cluster, one per 256 consecutive hash
     /// slots (64 in all): nodes own ranges of slots, so a failed node's
     /// keys fall into its own domains.

@@ -842,6 +842,14 @@ impl<S: Store> Store for ChaosStore<S> {
             .map_or(Faults::RESPONSE_TIMEOUT, |slow| slow.read_deadline)
     }
 
+    /// The slow store's growing write deadline, else
+    /// [`Faults::RESPONSE_TIMEOUT`].
+    fn write_deadline(&self) -> Duration {
+        lock(&self.state)
+            .slow
+            .map_or(Faults::RESPONSE_TIMEOUT, |slow| slow.write_deadline)
+    }
+
     /// [`Faults::SOFT_DEADLINE`]; on a slow store
     /// ([`set_slow`](ChaosStore::set_slow)) 3 × its longest latency (what
     /// its answers take, however its timeouts grew the read deadline),

@@ -210,6 +210,10 @@ impl<S: Store> Store for CountingStore<S> {
     fn read_deadline(&self) -> Duration {
         self.inner.read_deadline() + self.get_delay + self.late()
     }
+    /// The wrapped store's, and a late reply's delay.
+    fn write_deadline(&self) -> Duration {
+        self.inner.write_deadline() + self.late()
+    }
     fn acquire_lease<'a>(
         &'a self,
         l: &'a [u8],
