@@ -359,3 +359,89 @@ async fn invalidations_on_a_late_redis_say_ok_when_they_landed() {
         }
     }
 }
+
+/// `len` bytes of text that does not compress (seeded).
+fn incompressible(seed: u64, len: usize) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ALPHABET[(x % 64) as usize] as char
+        })
+        .collect()
+}
+
+/// `set_many` of 300 values of 512 KiB (150 MiB) with library defaults,
+/// while another task reads a small warm key every 10 ms: the bulk write
+/// returns `Ok` with every key written, and no small read waits behind
+/// megabytes (steps are bounded by bytes as well as keys). Before, the
+/// 300 values went as one 150 MiB transaction: `Err(redis did not answer
+/// in time)` although every key landed, and the small reads waited behind
+/// it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_write_of_large_values_lands_and_small_reads_pass_it() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url()).unwrap();
+    store.warm_up().await.unwrap();
+    let cache = Cache::<String>::builder()
+        .namespace("large")
+        .store(store)
+        .build()
+        .unwrap();
+    cache.set("small", &"s".to_owned()).await.unwrap();
+    let items: Vec<(String, String)> = (0..300)
+        .map(|i| (format!("big{i}"), incompressible(i, 512 * 1024)))
+        .collect();
+
+    let writing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let reader = {
+        let (cache, writing) = (cache.clone(), Arc::clone(&writing));
+        tokio::spawn(async move {
+            let mut took = Vec::new();
+            while writing.load(Ordering::SeqCst) {
+                let started = Instant::now();
+                let got = cache.get("small").await;
+                took.push(started.elapsed());
+                assert_eq!(got.unwrap().as_deref(), Some("s"));
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            took
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let started = Instant::now();
+    let written = cache
+        .set_many(items.iter().map(|(k, v)| (k.as_str(), v.clone())))
+        .await;
+    let write_took = started.elapsed();
+    writing.store(false, Ordering::SeqCst);
+    let mut took = reader.await.unwrap();
+    took.sort();
+    let p99 = took[((took.len() as f64 * 0.99) as usize).min(took.len() - 1)];
+    eprintln!(
+        "set_many of 300 x 512 KiB: {written:?} in {write_took:?}; {} small reads beside it, p99 {p99:?}, max {:?}",
+        took.len(),
+        took.last().unwrap()
+    );
+    written.unwrap();
+    let stored = server.command(&["DBSIZE"]).unwrap();
+    assert!(
+        stored.trim().parse::<u64>().unwrap() >= 301,
+        "DBSIZE {stored}"
+    );
+    for (k, _) in items.iter().step_by(37) {
+        let key = String::from_utf8(cache.storage_key(k.as_str()).unwrap()).unwrap();
+        assert_eq!(
+            server.command(&["EXISTS", &key]).unwrap().trim(),
+            "1",
+            "{k}"
+        );
+    }
+    assert!(
+        p99 <= Duration::from_millis(250),
+        "p99 of the small reads {p99:?}"
+    );
+}

@@ -240,7 +240,9 @@ impl<V: Value> Cache<V> {
     /// [`set`](Self::set) for many keys, with the same guarantees for each
     /// (its lease revoked, so no load that began before lands over it; its
     /// own jittered TTL; other processes told), in steps of up to 1,024
-    /// keys: on Redis each step is one transaction (`MULTI`, one `SREM`
+    /// keys and 1 MiB of keys and values (a larger value goes alone, so a
+    /// small read beside a bulk write never waits behind megabytes): on
+    /// Redis each step is one transaction (`MULTI`, one `SREM`
     /// revoking the leases, a `SET … PX` per key, one `PUBLISH` naming all its keys,
     /// `EXEC`), a few of them in flight at once; on a Cluster one pipeline
     /// of the same commands per node (each key's `SREM` before its `SET`).

@@ -374,15 +374,20 @@ impl fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
-    /// Runs `step` once per group of the positions of `keys` (by hash
-    /// slot, [`WRITE_STEP_KEYS`] at most), [`WRITE_STEPS_IN_FLIGHT`] at a
-    /// time; `Err` if any step failed (the others ran to their end).
-    async fn in_steps<F, Fut>(&self, keys: &[&[u8]], step: F) -> Result<(), Error>
+    /// Runs `step` once per group of the positions of `writes` (by hash
+    /// slot, [`WRITE_STEP_KEYS`] and [`WRITE_STEP_BYTES`](command::WRITE_STEP_BYTES) at most),
+    /// [`WRITE_STEPS_IN_FLIGHT`] at a time; `Err` if any step failed (the
+    /// others ran to their end).
+    async fn in_steps<W, F, Fut>(&self, writes: &[W], step: F) -> Result<(), Error>
     where
+        W: plain::PlainWrite,
         F: Fn(Vec<usize>) -> Fut,
         Fut: Future<Output = Result<(), Error>>,
     {
-        let groups = self.inner.by_slot_in_runs(keys, WRITE_STEP_KEYS);
+        let keys: Vec<&[u8]> = writes.iter().map(W::key).collect();
+        let groups = self
+            .inner
+            .by_slot_in_runs(&keys, WRITE_STEP_KEYS, |i| writes[i].bytes());
         self.steps(groups, step).await
     }
 
@@ -408,7 +413,7 @@ impl RedisStore {
         let picked: Vec<&[u8]> = refused.iter().map(|&i| keys[i]).collect();
         let groups = self
             .inner
-            .by_slot_in_runs(&picked, WRITE_STEP_KEYS)
+            .by_slot_in_runs(&picked, WRITE_STEP_KEYS, |j| writes[refused[j]].bytes())
             .into_iter()
             .map(|group| group.into_iter().map(|j| refused[j]).collect())
             .collect();
@@ -945,7 +950,7 @@ impl Store for RedisStore {
                     })
                     .await;
             }
-            self.in_steps(&keys, |group| {
+            self.in_steps(writes, |group| {
                 self.replace_group(writes, ttls, group, notice)
             })
             .await
@@ -969,7 +974,7 @@ impl Store for RedisStore {
                     })
                     .await;
             }
-            self.in_steps(&stored, |group| self.invalidate_group(keys, group, notice))
+            self.in_steps(keys, |group| self.invalidate_group(keys, group, notice))
                 .await
         })
     }

@@ -26,6 +26,39 @@ use crate::jitter::poll_delay;
 /// `invalidate_many`.
 pub(super) const WRITE_STEP_KEYS: usize = 1_024;
 
+/// The most bytes (keys and values) one step of a bulk write carries:
+/// 1 MiB. A step is one transaction (or a cluster node's pipeline) on the
+/// store's one multiplexed connection, so a small `GET` sent meanwhile
+/// queues behind at most [`WRITE_STEPS_IN_FLIGHT`] of them, and a step
+/// goes through well within a write deadline (150 MiB in one step of
+/// 1,024 keys did not). A value larger than this is a step of its own.
+pub(super) const WRITE_STEP_BYTES: usize = 1 << 20;
+
+/// Adds position `i` (of `bytes` bytes) to the run `open` (an index into
+/// `runs`, with its bytes in `sizes`) if it has room for it (fewer than
+/// `keys` positions and, unless empty, [`WRITE_STEP_BYTES`] with it), else
+/// to a new run; the run it went to.
+pub(super) fn add_to_run(
+    runs: &mut Vec<Vec<usize>>,
+    sizes: &mut Vec<usize>,
+    open: Option<usize>,
+    (i, bytes): (usize, usize),
+    keys: usize,
+) -> usize {
+    match open {
+        Some(r) if runs[r].len() < keys && sizes[r].saturating_add(bytes) <= WRITE_STEP_BYTES => {
+            runs[r].push(i);
+            sizes[r] += bytes;
+            r
+        }
+        _ => {
+            runs.push(vec![i]);
+            sizes.push(bytes);
+            runs.len() - 1
+        }
+    }
+}
+
 /// How many transactions of one `replace_many` or `invalidate_many` run at
 /// a time: enough to keep a server busy (4 of 1,024 writes on one server),
 /// few enough that none waits a write deadline behind the others. (A
@@ -249,7 +282,7 @@ impl RedisCore {
     /// single server in runs of [`BATCH_COMMAND_KEYS`]; on a cluster by
     /// hash slot (a command's keys must share one), then in such runs.
     pub(super) fn by_slot(&self, keys: &[&[u8]]) -> Vec<Vec<usize>> {
-        self.by_slot_in_runs(keys, BATCH_COMMAND_KEYS)
+        self.by_slot_in_runs(keys, BATCH_COMMAND_KEYS, |_| 0)
     }
 
     /// Whether the store is a Redis Cluster (keys are grouped by hash slot).
@@ -257,24 +290,35 @@ impl RedisCore {
         matches!(self.target, Topology::Cluster { .. })
     }
 
-    /// [`by_slot`](Self::by_slot) in runs of up to `run` keys.
-    pub(super) fn by_slot_in_runs(&self, keys: &[&[u8]], run: usize) -> Vec<Vec<usize>> {
-        let mut groups: Vec<Vec<usize>> = Vec::new();
+    /// [`by_slot`](Self::by_slot) in runs of up to `run` keys and (for
+    /// a bulk write, whose positions weigh `bytes`) up to
+    /// [`WRITE_STEP_BYTES`] (see [`add_to_run`]).
+    pub(super) fn by_slot_in_runs(
+        &self,
+        keys: &[&[u8]],
+        run: usize,
+        bytes: impl Fn(usize) -> usize,
+    ) -> Vec<Vec<usize>> {
+        let (mut groups, mut sizes) = (Vec::new(), Vec::new());
         if self.is_cluster() {
             let mut slots: std::collections::HashMap<u16, usize> = std::collections::HashMap::new();
             for (i, key) in keys.iter().enumerate() {
                 let slot = hash_slot(key);
-                match slots.get(&slot) {
-                    Some(&g) if groups[g].len() < run => groups[g].push(i),
-                    _ => {
-                        slots.insert(slot, groups.len());
-                        groups.push(vec![i]);
-                    }
-                }
+                let open = slots.get(&slot).copied();
+                let at = add_to_run(&mut groups, &mut sizes, open, (i, bytes(i)), run);
+                slots.insert(slot, at);
             }
         } else {
-            let all: Vec<usize> = (0..keys.len()).collect();
-            groups.extend(all.chunks(run).map(<[usize]>::to_vec));
+            let mut open = None;
+            for i in 0..keys.len() {
+                open = Some(add_to_run(
+                    &mut groups,
+                    &mut sizes,
+                    open,
+                    (i, bytes(i)),
+                    run,
+                ));
+            }
         }
         groups
     }

@@ -43,7 +43,7 @@ use std::sync::Arc;
 use futures_util::StreamExt;
 use redis::{Cmd, Pipeline, Value};
 
-use super::command::{WRITE_STEP_KEYS, WRITE_STEPS_IN_FLIGHT, wrong_count};
+use super::command::{WRITE_STEP_KEYS, WRITE_STEPS_IN_FLIGHT, add_to_run, wrong_count};
 use super::conn::store_error;
 use super::connection::{RedisCore, hash_slot};
 use super::index;
@@ -57,6 +57,8 @@ use crate::store::{Invalidate, Notice, Replace};
 pub(super) trait PlainWrite {
     /// The key written.
     fn key(&self) -> &[u8];
+    /// The bytes it sends (its key and value), for [`WRITE_STEP_BYTES`](super::command::WRITE_STEP_BYTES).
+    fn bytes(&self) -> usize;
     /// How many commands [`add`](PlainWrite::add) adds.
     const COMMANDS: usize;
     /// Adds this key's commands to `pipe`; `index` is a buffer for its
@@ -96,6 +98,9 @@ impl PlainWrite for Replace<'_> {
     fn key(&self) -> &[u8] {
         self.key
     }
+    fn bytes(&self) -> usize {
+        self.key.len() + self.lease_key.len() + self.value.len()
+    }
     const COMMANDS: usize = 2;
     fn add(&self, pipe: &mut Pipeline, ttl_ms: u64, index: &mut Vec<u8>) {
         unlist(pipe, self.lease_key, index);
@@ -107,6 +112,9 @@ impl PlainWrite for Invalidate<'_> {
     fn key(&self) -> &[u8] {
         self.key
     }
+    fn bytes(&self) -> usize {
+        self.key.len() + self.lease_key.len()
+    }
     const COMMANDS: usize = 2;
     fn add(&self, pipe: &mut Pipeline, _ttl_ms: u64, index: &mut Vec<u8>) {
         unlist(pipe, self.lease_key, index);
@@ -115,10 +123,14 @@ impl PlainWrite for Invalidate<'_> {
 }
 
 /// The positions of `keys` grouped by the primary serving their slot (in
-/// runs of [`WRITE_STEP_KEYS`]), and those whose slot no primary is known
-/// for.
-pub(super) fn by_node(keys: &[&[u8]], nodes: &Nodes) -> (Vec<Vec<usize>>, Vec<usize>) {
-    let mut groups: Vec<Vec<usize>> = Vec::new();
+/// runs of [`WRITE_STEP_KEYS`] and, with the positions weighing `bytes`,
+/// [`WRITE_STEP_BYTES`](super::command::WRITE_STEP_BYTES)), and those whose slot no primary is known for.
+pub(super) fn by_node(
+    keys: &[&[u8]],
+    bytes: impl Fn(usize) -> usize,
+    nodes: &Nodes,
+) -> (Vec<Vec<usize>>, Vec<usize>) {
+    let (mut groups, mut sizes) = (Vec::new(), Vec::new());
     let mut open: Vec<Option<usize>> = Vec::new();
     let mut unknown = Vec::new();
     for (i, key) in keys.iter().enumerate() {
@@ -131,13 +143,13 @@ pub(super) fn by_node(keys: &[&[u8]], nodes: &Nodes) -> (Vec<Vec<usize>>, Vec<us
         if open.len() <= node {
             open.resize(node + 1, None);
         }
-        match open[node] {
-            Some(g) if groups[g].len() < WRITE_STEP_KEYS => groups[g].push(i),
-            _ => {
-                open[node] = Some(groups.len());
-                groups.push(vec![i]);
-            }
-        }
+        open[node] = Some(add_to_run(
+            &mut groups,
+            &mut sizes,
+            open[node],
+            (i, bytes(i)),
+            WRITE_STEP_KEYS,
+        ));
     }
     (groups, unknown)
 }
@@ -163,7 +175,7 @@ impl RedisCore {
         notice: Notice<'_>,
     ) -> (Vec<usize>, Option<Error>) {
         let (groups, mut refused) = match self.slot_map().await {
-            Some(nodes) => by_node(keys, &nodes),
+            Some(nodes) => by_node(keys, |i| writes[i].bytes(), &nodes),
             None => (Vec::new(), (0..keys.len()).collect()),
         };
         let done: Vec<Result<Vec<usize>, Error>> = futures_util::stream::iter(

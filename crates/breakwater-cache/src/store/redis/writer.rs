@@ -277,7 +277,8 @@ fn by_node(queued: Vec<Queued>, nodes: Option<&Nodes>) -> Vec<(Option<u16>, Vec<
         return queued.into_iter().map(|q| (None, vec![q])).collect();
     };
     let keys: Vec<&[u8]> = queued.iter().map(|q| q.key.as_slice()).collect();
-    let (steps, unknown) = plain::by_node(&keys, nodes);
+    let bytes = |i: usize| queued[i].key.len() + queued[i].lease_key.len() + queued[i].value.len();
+    let (steps, unknown) = plain::by_node(&keys, bytes, nodes);
     let node_of = |i: usize| nodes[usize::from(hash_slot(keys[i]))];
     let steps: Vec<(Option<u16>, Vec<usize>)> = steps
         .into_iter()
