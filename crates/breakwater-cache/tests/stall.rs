@@ -17,7 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use breakwater_cache::{
-    BreakerState, Cache, L1Config, RedisStore, RedisStoreConfig, Served, StaleReason,
+    BreakerState, Cache, L1Config, LoadContext, Loaded, RedisStore, RedisStoreConfig, Served,
+    StaleReason,
 };
 use breakwater_cache_testkit::{Fault, FaultProxy};
 use support::RedisServer;
@@ -444,4 +445,95 @@ async fn a_bulk_write_of_large_values_lands_and_small_reads_pass_it() {
         p99 <= Duration::from_millis(250),
         "p99 of the small reads {p99:?}"
     );
+}
+
+/// How one caller of [`hit_for_pass`] ended: when, and whether it got the
+/// value.
+type Answer = (Duration, Result<Option<String>, String>);
+
+/// 4 caches (4 processes, each its own connection, bus and flights) × 50
+/// callers on one cold key whose load takes 300 ms and then fails (or
+/// answers "do not cache"); every caller's answer and the loads made.
+async fn hit_for_pass(fails: bool) -> (Vec<Answer>, usize) {
+    const LOAD: Duration = Duration::from_millis(300);
+    let server = RedisServer::start();
+    let mut caches = Vec::new();
+    for _ in 0..4 {
+        let store = RedisStore::connect(&server.url()).unwrap();
+        store.warm_up().await.unwrap();
+        let cache = Cache::<String>::builder()
+            .namespace("pass")
+            .store(store)
+            .build()
+            .unwrap();
+        // The bus up before the callers start, as in a running service.
+        cache.get("warm-up").await.unwrap();
+        caches.push(cache);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let loads = Arc::new(AtomicUsize::new(0));
+    let loader = {
+        let loads = Arc::clone(&loads);
+        move |_ctx: LoadContext<String>| {
+            let loads = Arc::clone(&loads);
+            async move {
+                loads.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(LOAD).await;
+                if fails {
+                    Err(std::io::Error::other("database down"))
+                } else {
+                    Ok(Loaded::value("uncacheable".to_owned()).do_not_cache())
+                }
+            }
+        }
+    };
+    let started = Instant::now();
+    let calls: Vec<_> = caches
+        .iter()
+        .flat_map(|cache| (0..50).map(move |_| cache.clone()))
+        .map(|cache| {
+            let loader = loader.clone();
+            tokio::spawn(async move {
+                let got = cache.get_or_load_with_context("cold", loader).await;
+                (started.elapsed(), got.map_err(|e| e.to_string()))
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for call in calls {
+        answers.push(call.await.unwrap());
+    }
+    (answers, loads.load(Ordering::SeqCst))
+}
+
+fn check_pass(answers: &[Answer], loads: usize, what: &str) {
+    let last = answers.iter().map(|a| a.0).max().unwrap();
+    eprintln!(
+        "{what}: {} callers, {loads} load(s), the last answered after {last:?}",
+        answers.len()
+    );
+    // 2 × the load + 500 ms (before: one load per process, in series,
+    // the last answered after 1.2 s).
+    assert!(
+        last <= Duration::from_millis(1_100),
+        "{what}: the last caller answered after {last:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_fill_answers_the_fleets_waiters_with_its_error() {
+    let (answers, loads) = hit_for_pass(true).await;
+    for (_, got) in &answers {
+        assert!(got.is_err(), "{got:?}");
+    }
+    check_pass(&answers, loads, "failing loader");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncacheable_fill_answers_the_fleets_waiters_with_its_value() {
+    let (answers, loads) = hit_for_pass(false).await;
+    for (_, got) in &answers {
+        assert_eq!(got.as_ref().unwrap().as_deref(), Some("uncacheable"));
+    }
+    check_pass(&answers, loads, "do not cache");
 }

@@ -50,7 +50,7 @@ use super::coherence::Landed;
 use super::handle::Cache;
 use super::lease::{LEASE_RETRY_MARGIN, Lease, LockTimeoutKind, deadline_after, lock_timeout};
 use super::loaded::{LoadContext, Loaded, Resolved, StaleValue};
-use super::notify::{self, FILLED, RELEASED, VALUE_IN_MESSAGE_MAX};
+use super::notify::{self, FILLED, Handed, RELEASED, VALUE_IN_MESSAGE_MAX};
 use super::options::Options;
 use super::seal::stamp;
 use super::tags::{AfterLoad, TagSet, counter_ttl};
@@ -254,6 +254,19 @@ impl<V: Value> Cache<V> {
             tokio::select! {
                 biased;
                 () = woken => {
+                    // Hit-for-pass: the load this waiter joined (the lease
+                    // was held when it asked, at `asked`) failed, or its
+                    // value was not to be cached: that is the outcome,
+                    // not a free lease to load again.
+                    match watch.handed() {
+                        Some(Handed::Failed(kind)) => return Err(handed_failure(kind)),
+                        Some(Handed::Passed(bytes)) => {
+                            if let Some(value) = self.decode(&key, bytes).and_then(|e| self.entry_value(&key, &e)) {
+                                return Ok((value, Served::Coalesced, Some(asked)));
+                            }
+                        }
+                        None => {}
+                    }
                     // The fill's message may carry the entry: no read then.
                     // A tagged one is read from the store instead, which
                     // checks its tags' generations.
@@ -388,7 +401,7 @@ impl<V: Value> Cache<V> {
                 .await
             }
             Err(err) => {
-                self.release(key, lease).await;
+                self.release_failed(key, lease, &err).await;
                 Err(err)
             }
         }
@@ -420,6 +433,7 @@ impl<V: Value> Cache<V> {
         // when it is written: the steps between (its chosen tags' read, a
         // declined renewal) may take a store reply each.
         let loaded_ms = after.ended_ms.unwrap_or_else(|| self.inner.store.now_ms());
+        let call = *options;
         let resolved = match loaded.resolve(options) {
             Ok(resolved) => resolved,
             Err(err) => {
@@ -463,9 +477,11 @@ impl<V: Value> Cache<V> {
             }
         };
         let Some(options) = options else {
-            // Not to be cached: served, not written; waiters are told the
-            // lease is free.
-            self.release(key, lease).await;
+            // Not to be cached: served, not written; the waiters that
+            // joined the load are handed the value (or told the lease is
+            // free).
+            self.release_passed(key, lease, value.as_ref(), load_time, &call, loaded_ms)
+                .await;
             return Ok((value, false));
         };
         let tags = match self
@@ -947,11 +963,63 @@ impl<V: Value> Cache<V> {
 
     /// Gives the lease up without a value and tells its waiters.
     pub(super) async fn release(&self, key: &[u8], lease: Lease<'_>) {
+        let message = notify::message(RELEASED, self.inner.waiters.sender(), key);
+        self.release_with(key, lease, &message).await;
+    }
+
+    /// Gives the lease up after the load failed with `err`: if that is
+    /// the key's outcome (the loader's error or its timeout), the waiters
+    /// that joined the load are handed it ([`notify::FAILED`]), so they do
+    /// not take the lease and fail one process after another; otherwise
+    /// as [`release`](Self::release).
+    async fn release_failed(&self, key: &[u8], lease: Lease<'_>, err: &Error) {
+        let sender = self.inner.waiters.sender();
+        match notify::failure_code(err.kind())
+            .and_then(|code| Some((code, notify::carrying(notify::FAILED, sender, key)?)))
+        {
+            Some((code, mut message)) => {
+                message.push(code);
+                self.release_with(key, lease, &message).await;
+            }
+            None => self.release(key, lease).await,
+        }
+    }
+
+    /// Gives the lease up after a load whose `value` is not to be cached:
+    /// the waiters that joined the load are handed it, sealed as an entry
+    /// with the call's `options` ([`notify::PASSED`]; up to
+    /// [`VALUE_IN_MESSAGE_MAX`], else as [`release`](Self::release)).
+    async fn release_passed(
+        &self,
+        key: &[u8],
+        lease: Lease<'_>,
+        value: Option<&V>,
+        load_time: Duration,
+        options: &Options,
+        now: u64,
+    ) {
+        let sender = self.inner.waiters.sender();
+        let message = self
+            .seal(key, value, load_time, options, now)
+            .ok()
+            .filter(|sealed| sealed.bytes.len() <= VALUE_IN_MESSAGE_MAX)
+            .and_then(|sealed| {
+                let mut message = notify::carrying(notify::PASSED, sender, key)?;
+                message.extend_from_slice(&sealed.bytes);
+                Some(message)
+            });
+        match message {
+            Some(message) => self.release_with(key, lease, &message).await,
+            None => self.release(key, lease).await,
+        }
+    }
+
+    /// Gives the lease up, publishing `message`.
+    async fn release_with(&self, key: &[u8], lease: Lease<'_>, message: &[u8]) {
         let inner = &self.inner;
-        let message = notify::message(RELEASED, inner.waiters.sender(), key);
         if let Err(err) = inner
             .store
-            .release_lease(lease.key, lease.token, inner.notice(&message))
+            .release_lease(lease.key, lease.token, inner.notice(message))
             .await
         {
             warn_limited!(inner.logs, Warning::LeaseRelease, key = %show_key(key), error = %err, "lease release failed; it expires on its own");
@@ -1240,6 +1308,18 @@ impl<V: Value> Cache<V> {
 const STRANDED_AFTER: Duration = Duration::from_secs(5);
 
 /// A "not modified" answer with no stored value to keep.
+/// The error handed to the waiters of a load another process made that
+/// failed with an error of `kind` (hit-for-pass: see [`notify::FAILED`]).
+/// Its text stays in that process (a loader's error may name hosts or
+/// users, and is not published on the bus).
+fn handed_failure(kind: ErrorKind) -> Error {
+    Error::new(
+        kind,
+        "the load of this key that this call waited for failed in the process that held its \
+         lease (its error stays with that process)",
+    )
+}
+
 fn unchanged_without_value() -> Error {
     Error::new(
         ErrorKind::Loader,

@@ -7,7 +7,12 @@
 //! storage key; a `v` message (a fill that somebody waited for) has the
 //! key's length (4 bytes, big-endian) before the key and the stored entry
 //! after it, so a woken waiter need not read the
-//! value back. The dispatcher wakes the local waiter for that key (handing it
+//! value back. An `x` message (a load that failed) carries one byte
+//! naming the error's kind, and a `p` message (a value the loader said
+//! not to cache) the value sealed as an entry, laid out as a `v` message:
+//! the waiters that joined that load take it as their outcome
+//! (hit-for-pass) instead of taking the lease one process after another.
+//! The dispatcher wakes the local waiter for that key (handing it
 //! the entry, if the message has one) and drops the key from L1 (unless this
 //! cache sent the message itself, or the message only says a load gave its
 //! lease back: nothing changed then, and the L1 copy may be the fail-safe
@@ -88,6 +93,16 @@ pub(crate) const FILLED: u8 = b'f';
 pub(crate) const FILLED_WITH_VALUE: u8 = b'v';
 /// The lease was released without a value (the load failed).
 pub(crate) const RELEASED: u8 = b'r';
+/// The lease was released after the load failed with an error that is
+/// the key's outcome (hit-for-pass): laid out as [`FILLED_WITH_VALUE`],
+/// the key's length and the key, then one byte naming the error's kind
+/// ([`failure_code`]). Waiters that joined before it take that error
+/// instead of taking the lease one process after another.
+pub(crate) const FAILED: u8 = b'x';
+/// The lease was released with a value the loader said not to cache:
+/// laid out as [`FILLED_WITH_VALUE`], with the value sealed as an entry
+/// that is not stored. Waiters that joined before it are served it.
+pub(crate) const PASSED: u8 = b'p';
 /// The key was invalidated.
 pub(crate) const INVALIDATED: u8 = b'i';
 /// Keys were invalidated or replaced together (a batch): the message's
@@ -121,9 +136,16 @@ pub(crate) fn message(kind: u8, sender: &[u8; SENDER_LEN], key: &[u8]) -> Vec<u8
 /// The head of a [`FILLED_WITH_VALUE`] message, to which the store appends
 /// the entry; `None` if the key is too long to describe (over 4 GiB).
 pub(crate) fn value_message(sender: &[u8; SENDER_LEN], key: &[u8]) -> Option<Vec<u8>> {
+    carrying(FILLED_WITH_VALUE, sender, key)
+}
+
+/// The head of a message of `kind` that carries something after its key
+/// ([`FILLED_WITH_VALUE`], [`FAILED`], [`PASSED`]); `None` if the key is
+/// too long to describe (over 4 GiB).
+pub(crate) fn carrying(kind: u8, sender: &[u8; SENDER_LEN], key: &[u8]) -> Option<Vec<u8>> {
     let len = u32::try_from(key.len()).ok()?;
-    let mut m = Vec::with_capacity(1 + SENDER_LEN + 4 + key.len());
-    m.push(FILLED_WITH_VALUE);
+    let mut m = Vec::with_capacity(1 + SENDER_LEN + 4 + key.len() + 1);
+    m.push(kind);
     m.extend_from_slice(sender);
     m.extend_from_slice(&len.to_be_bytes());
     m.extend_from_slice(key);
@@ -147,7 +169,7 @@ fn parse(message: &[u8]) -> Option<Parsed<'_>> {
         return None;
     }
     let (sender, rest) = body.split_at(SENDER_LEN);
-    if kind != FILLED_WITH_VALUE {
+    if !matches!(kind, FILLED_WITH_VALUE | FAILED | PASSED) {
         return Some(Parsed {
             kind,
             sender,
@@ -210,10 +232,47 @@ struct KeyWaiters {
     filled: Mutex<Option<Carried>>,
 }
 
-/// A stored entry, inside the message that carried it.
+/// What a message carried after its key (a stored entry, a failure, a
+/// value not to cache), inside the message.
 struct Carried {
     message: Arc<[u8]>,
     at: usize,
+}
+
+impl Carried {
+    fn kind(&self) -> u8 {
+        self.message[0]
+    }
+}
+
+/// A fill's outcome handed to the waiters that joined it, when it was not
+/// a stored value (hit-for-pass): see [`FAILED`] and [`PASSED`].
+pub(crate) enum Handed {
+    /// The load failed with an error of this kind.
+    Failed(crate::ErrorKind),
+    /// The load's value, not to be cached, sealed as an entry.
+    Passed(Vec<u8>),
+}
+
+/// The byte a [`FAILED`] message names an error kind by; `None` for a kind
+/// that is not the key's outcome (the store's, the holder's own bulkhead
+/// or breaker: another process may do better), which is released as
+/// [`RELEASED`].
+pub(crate) fn failure_code(kind: crate::ErrorKind) -> Option<u8> {
+    match kind {
+        crate::ErrorKind::Loader => Some(b'l'),
+        crate::ErrorKind::Timeout => Some(b't'),
+        _ => None,
+    }
+}
+
+/// The kind a [`FAILED`] message's byte names (`None`: unknown).
+fn failure_kind(code: u8) -> Option<crate::ErrorKind> {
+    match code {
+        b'l' => Some(crate::ErrorKind::Loader),
+        b't' => Some(crate::ErrorKind::Timeout),
+        _ => None,
+    }
 }
 
 impl KeyWaiters {
@@ -550,10 +609,11 @@ impl Waiters {
                                     if !own {
                                         hook.tags_invalidated();
                                     }
-                                } else if parsed.kind == RELEASED {
-                                    // A load gave up: nothing changed
-                                    // in the store, and an L1 copy may
-                                    // be all that stands in for it.
+                                } else if matches!(parsed.kind, RELEASED | FAILED | PASSED) {
+                                    // A load gave up (or was not to be
+                                    // cached): nothing changed in the
+                                    // store, and an L1 copy may be all
+                                    // that stands in for it.
                                 } else if own {
                                     // This process dealt with its own
                                     // change when it made it.
@@ -704,7 +764,10 @@ impl Waiters {
                                     // this version's entries pinned beside
                                     // them would stand. Cleared here too.
                                     hook.previous_cleared(parsed.key, &channel).await;
-                                } else if parsed.kind == RELEASED || parsed.kind == CLEAR_ACKED {
+                                } else if matches!(
+                                    parsed.kind,
+                                    RELEASED | FAILED | PASSED | CLEAR_ACKED
+                                ) {
                                     // Its entry did not change.
                                 } else if let Some(rest) = parsed.key.strip_prefix(old.as_slice()) {
                                     let key = [new.as_slice(), rest].concat();
@@ -848,8 +911,22 @@ impl Watch<'_> {
         let filled = self.slot.filled.lock().unwrap_or_else(|p| p.into_inner());
         filled
             .as_ref()
+            .filter(|carried| carried.kind() == FILLED_WITH_VALUE)
             .and_then(|carried| carried.message.get(carried.at..))
             .map(<[u8]>::to_vec)
+    }
+
+    /// The outcome the latest message about the key handed over, if it
+    /// was a failure or a value not to cache (see [`Handed`]).
+    pub(crate) fn handed(&self) -> Option<Handed> {
+        let filled = self.slot.filled.lock().unwrap_or_else(|p| p.into_inner());
+        let carried = filled.as_ref()?;
+        let payload = carried.message.get(carried.at..)?;
+        match carried.kind() {
+            FAILED => failure_kind(*payload.first()?).map(Handed::Failed),
+            PASSED => Some(Handed::Passed(payload.to_vec())),
+            _ => None,
+        }
     }
 }
 
@@ -877,6 +954,37 @@ mod tests {
         assert_eq!(parsed.sender, &SENDER[..]);
         assert_eq!(parsed.key, b"bw:ns:v:k");
         assert_eq!(parsed.value_at, None);
+    }
+
+    #[test]
+    fn failures_and_uncacheable_values_are_handed_after_the_key() {
+        let registry = WaiterRegistry::default();
+        let slot = Arc::clone(lock(&registry).entry(b"k".to_vec()).or_default());
+        let handed = |m: Vec<u8>| {
+            let m: Arc<[u8]> = m.into();
+            let parsed = parse(&m).unwrap();
+            assert_eq!(parsed.key, b"k");
+            let at = parsed.value_at.unwrap();
+            slot.deliver(Some(Carried {
+                message: Arc::clone(&m),
+                at,
+            }));
+            let filled = slot.filled.lock().unwrap();
+            let carried = filled.as_ref().unwrap();
+            (carried.kind(), carried.message[carried.at..].to_vec())
+        };
+        let mut failed = carrying(FAILED, &SENDER, b"k").unwrap();
+        failed.push(failure_code(crate::ErrorKind::Loader).unwrap());
+        assert_eq!(handed(failed), (FAILED, b"l".to_vec()));
+        assert_eq!(failure_kind(b'l'), Some(crate::ErrorKind::Loader));
+        assert_eq!(failure_kind(b'?'), None);
+        // The store's own failures and the holder's bulkhead are not the
+        // key's outcome: released as before.
+        assert_eq!(failure_code(crate::ErrorKind::Store), None);
+        assert_eq!(failure_code(crate::ErrorKind::Overloaded), None);
+        let mut passed = carrying(PASSED, &SENDER, b"k").unwrap();
+        passed.extend_from_slice(b"entry");
+        assert_eq!(handed(passed), (PASSED, b"entry".to_vec()));
     }
 
     #[test]
