@@ -537,3 +537,96 @@ async fn an_uncacheable_fill_answers_the_fleets_waiters_with_its_value() {
     }
     check_pass(&answers, loads, "do not cache");
 }
+
+/// A hot key's lease key deleted every 20 ms (evicted under `maxmemory`,
+/// or deleted by hand) during its 500 ms load, 4 processes × 10 callers,
+/// 3 rounds: at most 2 loads of the key at once (the holder and one
+/// takeover at the lease's expiry). Before, every waiting process took the
+/// vanished lease at its next poll: 4 loads at once in every round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicted_lease_costs_at_most_one_takeover() {
+    const LOAD: Duration = Duration::from_millis(500);
+    let server = RedisServer::start();
+    let mut caches = Vec::new();
+    for _ in 0..4 {
+        let store = RedisStore::connect(&server.url()).unwrap();
+        store.warm_up().await.unwrap();
+        let cache = Cache::<String>::builder()
+            .namespace("evicted")
+            .store(store)
+            .build()
+            .unwrap();
+        cache.get("warm-up").await.unwrap();
+        caches.push(cache);
+    }
+    let (running, peak, loads) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    for round in 0..3 {
+        let key = format!("hot{round}");
+        let lease = String::from_utf8(caches[0].storage_key(key.as_str()).unwrap())
+            .unwrap()
+            .replacen(":v:", ":l:", 1);
+        let deleting = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let deleter = {
+            let (deleting, mut conn, lease) = (Arc::clone(&deleting), conn.clone(), lease.clone());
+            tokio::spawn(async move {
+                let mut deleted = 0;
+                while deleting.load(Ordering::SeqCst) {
+                    let n: u32 = redis::cmd("DEL")
+                        .arg(&lease)
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap();
+                    deleted += n;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                deleted
+            })
+        };
+        let calls: Vec<_> = caches
+            .iter()
+            .flat_map(|cache| (0..10).map(move |_| cache.clone()))
+            .map(|cache| {
+                let (running, peak, loads, key) = (
+                    Arc::clone(&running),
+                    Arc::clone(&peak),
+                    Arc::clone(&loads),
+                    key.clone(),
+                );
+                tokio::spawn(async move {
+                    cache
+                        .get_or_load(key, move || async move {
+                            loads.fetch_add(1, Ordering::SeqCst);
+                            let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                            peak.fetch_max(now, Ordering::SeqCst);
+                            tokio::time::sleep(LOAD).await;
+                            running.fetch_sub(1, Ordering::SeqCst);
+                            Ok::<_, std::io::Error>(Some("v".to_owned()))
+                        })
+                        .await
+                })
+            })
+            .collect();
+        for call in calls {
+            assert_eq!(call.await.unwrap().unwrap().as_deref(), Some("v"));
+        }
+        deleting.store(false, Ordering::SeqCst);
+        let deleted = deleter.await.unwrap();
+        eprintln!(
+            "round {round}: lease deleted {deleted} times, {} loads so far, at most {} at once",
+            loads.load(Ordering::SeqCst),
+            peak.load(Ordering::SeqCst)
+        );
+        let _: () = redis::cmd("PING").query_async(&mut conn).await.unwrap();
+    }
+    assert!(
+        peak.load(Ordering::SeqCst) <= 2,
+        "{} loads at once",
+        peak.load(Ordering::SeqCst)
+    );
+}

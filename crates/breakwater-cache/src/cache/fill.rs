@@ -138,7 +138,7 @@ impl<V: Value> Cache<V> {
         let deadline = deadline_after(inner.lock_wait_for(&options));
         let mut stale: Option<Entry> = None;
 
-        loop {
+        'lease: loop {
             // Lease.
             let token = inner.new_token();
             let lease = Lease {
@@ -231,59 +231,75 @@ impl<V: Value> Cache<V> {
                 .waiters
                 .watch(&*inner.store, &key, SUBSCRIBE_WITHIN)
                 .await;
-            let mut woken = pin!(watch.notify().notified());
-            woken.as_mut().enable();
-            if let Some(landed) = self
-                .coalesced(&key, &mut stale, &options, replacing, ticket, loader.tags())
-                .await
-            {
-                return Ok(landed);
-            }
-            if Instant::now() >= deadline {
-                break;
-            }
-            let poll = {
-                let mut rng = inner.rng.lock().unwrap_or_else(|p| p.into_inner());
-                let every = inner
-                    .lease
-                    .lock_poll
-                    .saturating_mul(options.poll_scale)
-                    .min(inner.lease.lease_ttl.max(inner.lease.lock_poll));
-                poll_delay(every, &mut *rng)
-            };
-            tokio::select! {
-                biased;
-                () = woken => {
-                    // Hit-for-pass: the load this waiter joined (the lease
-                    // was held when it asked, at `asked`) failed, or its
-                    // value was not to be cached: that is the outcome,
-                    // not a free lease to load again.
-                    match watch.handed() {
-                        Some(Handed::Failed(kind)) => return Err(handed_failure(kind)),
-                        Some(Handed::Passed(bytes)) => {
-                            if let Some(value) = self.decode(&key, bytes).and_then(|e| self.entry_value(&key, &e)) {
-                                return Ok((value, Served::Coalesced, Some(asked)));
-                            }
-                        }
-                        None => {}
-                    }
-                    // The fill's message may carry the entry: no read then.
-                    // A tagged one is read from the store instead, which
-                    // checks its tags' generations.
-                    let carried = watch.filled().and_then(|bytes| self.carried(&key, bytes));
-                    // A carried entry is judged at once: it answers every
-                    // caller of the flight.
-                    let landed = match carried {
-                        Some(entry) => self.fresh_entry(&key, entry, &mut stale, &options, replacing, ticket, loader.tags()).map(|value| (value, Served::Coalesced, None)),
-                        None => self.coalesced(&key, &mut stale, &options, replacing, ticket, loader.tags()).await,
-                    };
-                    if let Some(landed) = landed {
-                        return Ok(landed);
-                    }
+            // Polls read the store (a fill whose message was lost) but do
+            // not take the lease: before the expiry seen, a free lease was
+            // lost (evicted, deleted), not given back (that says so on the
+            // bus, which wakes this waiter), and its holder may be loading
+            // still. Taking it at every poll let each waiting process start
+            // a load beside it (4 at once, 4 processes); so a lost lease
+            // costs one takeover, when its holder's write is refused (which
+            // says so on the bus) or at its expiry. Without the bus, polls
+            // take the lease as before.
+            loop {
+                let mut woken = pin!(watch.notify().notified());
+                woken.as_mut().enable();
+                if let Some(landed) = self
+                    .coalesced(&key, &mut stale, &options, replacing, ticket, loader.tags())
+                    .await
+                {
+                    return Ok(landed);
                 }
-                () = sleep_until(deadline) => {}
-                () = sleep_until(retry_at) => {}
-                () = sleep(poll) => {}
+                if Instant::now() >= deadline {
+                    break 'lease;
+                }
+                let poll = {
+                    let mut rng = inner.rng.lock().unwrap_or_else(|p| p.into_inner());
+                    let every = inner
+                        .lease
+                        .lock_poll
+                        .saturating_mul(options.poll_scale)
+                        .min(inner.lease.lease_ttl.max(inner.lease.lock_poll));
+                    poll_delay(every, &mut *rng)
+                };
+                tokio::select! {
+                    biased;
+                    () = woken => {
+                        // Hit-for-pass: the load this waiter joined (the lease
+                        // was held when it asked, at `asked`) failed, or its
+                        // value was not to be cached: that is the outcome,
+                        // not a free lease to load again.
+                        match watch.handed() {
+                            Some(Handed::Failed(kind)) => return Err(handed_failure(kind)),
+                            Some(Handed::Passed(bytes)) => {
+                                if let Some(value) = self.decode(&key, bytes).and_then(|e| self.entry_value(&key, &e)) {
+                                    return Ok((value, Served::Coalesced, Some(asked)));
+                                }
+                            }
+                            None => {}
+                        }
+                        // The fill's message may carry the entry: no read then.
+                        // A tagged one is read from the store instead, which
+                        // checks its tags' generations.
+                        let carried = watch.filled().and_then(|bytes| self.carried(&key, bytes));
+                        // A carried entry is judged at once: it answers every
+                        // caller of the flight.
+                        let landed = match carried {
+                            Some(entry) => self.fresh_entry(&key, entry, &mut stale, &options, replacing, ticket, loader.tags()).map(|value| (value, Served::Coalesced, None)),
+                            None => self.coalesced(&key, &mut stale, &options, replacing, ticket, loader.tags()).await,
+                        };
+                        if let Some(landed) = landed {
+                            return Ok(landed);
+                        }
+                        continue 'lease;
+                    }
+                    () = sleep_until(deadline) => continue 'lease,
+                    () = sleep_until(retry_at) => continue 'lease,
+                    // Without a bus nothing would say the lease was given
+                    // back: a poll tries it, as before.
+                    () = sleep(poll) => if !watch.hears() {
+                        continue 'lease;
+                    },
+                }
             }
         }
 
@@ -944,6 +960,16 @@ impl<V: Value> Cache<V> {
                     "lease revoked (invalidated or expired) during the load; not written"
                 );
                 inner.metrics.lease("revoked");
+                // A lease that was lost (evicted, deleted by hand) rather
+                // than revoked by a write says nothing on the bus: its
+                // waiters, which no longer take a lease at their polls
+                // (see `fill`), are told it is free, so one takes over now
+                // rather than at the expiry it had.
+                let released = notify::message(RELEASED, inner.waiters.sender(), key);
+                let notice = inner.notice(&released);
+                if let Err(err) = inner.store.publish(notice.channel, notice.message).await {
+                    tracing::debug!(key = %show_key(key), error = %err, "a refused write's waiters were not told");
+                }
             }
             Err(err) => {
                 warn_limited!(inner.logs, Warning::StoreWrite, key = %show_key(key), error = %err, "store write failed; returning the loaded value");

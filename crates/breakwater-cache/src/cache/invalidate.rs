@@ -374,38 +374,59 @@ impl<V: Value> Cache<V> {
         let started = Instant::now();
         let start_by = started + INVALIDATE_WITHIN;
         let store = &self.inner.store;
-        // The attempts made and the last one's failure.
-        let last = Mutex::new((0u32, None::<Error>, started));
+        // The attempts made, the last one's failure and when, and whether
+        // one is in the air.
+        let last = Mutex::new((0u32, None::<Error>, started, false));
         let (last, attempt) = (&last, &attempt);
-        let (done, _) = self
-            .inner
-            .store_retries
-            .run(|made| async move {
-                // Past the budget no attempt starts (not a store failure:
-                // the retries stop).
-                if made > 1 && Instant::now() >= start_by {
-                    return Err(Error::new(ErrorKind::Timeout, "out of time"));
+        let out_of_time = || Error::new(ErrorKind::Timeout, "out of time");
+        let attempts = self.inner.store_retries.run(|made| async move {
+            // Past the budget no attempt starts, and a failed one is not
+            // tried again (not a store failure: the retries stop).
+            if made > 1 && Instant::now() >= start_by {
+                return Err(out_of_time());
+            }
+            last.lock().unwrap_or_else(|p| p.into_inner()).3 = true;
+            let bound = attempt_bound(store.write_deadline(), round_trips);
+            let done = match tokio::time::timeout(bound, attempt()).await {
+                Ok(done) => done,
+                Err(_) => Err(Error::new(
+                    ErrorKind::Store,
+                    format!("the store did not answer within {bound:?}"),
+                )),
+            };
+            let now = Instant::now();
+            let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
+            last.0 = made;
+            last.3 = false;
+            match done {
+                Ok(()) => Ok(()),
+                Err(err) => {
+                    (last.1, last.2) = (Some(err.clone()), now);
+                    if now >= start_by {
+                        Err(out_of_time())
+                    } else {
+                        Err(err)
+                    }
                 }
-                let bound = attempt_bound(store.write_deadline(), round_trips);
-                let done = match tokio::time::timeout(bound, attempt()).await {
-                    Ok(done) => done,
-                    Err(_) => Err(Error::new(
-                        ErrorKind::Store,
-                        format!("the store did not answer within {bound:?}"),
-                    )),
-                };
-                let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
-                last.0 = made;
-                if let Err(err) = &done {
-                    *last = (made, Some(err.clone()), Instant::now());
+            }
+        });
+        let mut attempts = std::pin::pin!(attempts);
+        // At the budget's end, a pause between attempts ends at once; an
+        // attempt in the air runs to its end (its own bound).
+        let done = tokio::select! {
+            (done, _) = &mut attempts => done,
+            () = tokio::time::sleep_until(start_by) => {
+                if last.lock().unwrap_or_else(|p| p.into_inner()).3 {
+                    attempts.await.0
+                } else {
+                    Err(out_of_time())
                 }
-                done
-            })
-            .await;
+            }
+        };
         match done {
             Ok(()) => Ok(()),
             Err(err) => {
-                let (made, failed, at) = last.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let (made, failed, at, _) = last.lock().unwrap_or_else(|p| p.into_inner()).clone();
                 Err(undelivered(
                     key,
                     more,
@@ -531,10 +552,10 @@ const INVALIDATE_WITHIN: Duration = Duration::from_secs(1);
 /// store's write deadline is `write_deadline`: 3 of them per step (a
 /// step's deadline may grow once while it waits, as a burst of timeouts
 /// grows it), at least [`INVALIDATE_WITHIN`]. An invalidation so returns
-/// within `INVALIDATE_WITHIN` plus one attempt's bound and the retries'
-/// last pause (up to 400 ms): with Redis's defaults and a fast Redis,
-/// under 3 s; on a Redis at the 2 s deadline ceiling, about 7.5 s per
-/// round trip.
+/// within `INVALIDATE_WITHIN`, or with an attempt in the air then, at that
+/// attempt's end: at most 1 s plus one attempt's bound (with Redis's
+/// defaults and a fast Redis, under 2 s; on a Redis at the 2 s deadline
+/// ceiling, about 7 s per round trip).
 fn attempt_bound(write_deadline: Duration, round_trips: u32) -> Duration {
     (write_deadline * 3)
         .saturating_mul(round_trips.max(1))

@@ -347,10 +347,10 @@ impl<V: Value> Cache<V> {
     /// idempotent). Each attempt has 3 of the store's current write
     /// deadlines (at least 1 s) to finish, so a slow Redis that delivers
     /// the invalidation late gets it reported as delivered: the call
-    /// returns within 1 s plus one attempt's bound and a last pause of up
-    /// to 400 ms (under 3 s with a fast Redis; 7.5 s on one at the 2 s
-    /// deadline ceiling; twice the attempt inside a version transition,
-    /// two round trips). If none gets through, the error says the
+    /// returns within 1 s, or with an attempt in the air then, at its end
+    /// (under 2 s with a fast Redis; about 7 s on one at the 2 s deadline
+    /// ceiling; twice the attempt inside a version transition, two round
+    /// trips). If none gets through, the error says the
     /// invalidation was not delivered: other processes may serve the old
     /// value until its TTL ends, so the caller should retry it (or fail
     /// the write it belongs to).

@@ -905,6 +905,12 @@ impl Watch<'_> {
         &self.slot.notify
     }
 
+    /// Whether the bus is subscribed now (messages about the key reach
+    /// this watch).
+    pub(crate) fn hears(&self) -> bool {
+        self.waiters.is_listening() && self.waiters.ready.up.load(Ordering::SeqCst)
+    }
+
     /// The stored entry the latest message about the key carried, if it
     /// carried one (a later message without one clears it).
     pub(crate) fn filled(&self) -> Option<Vec<u8>> {
