@@ -273,3 +273,43 @@ async fn a_prefix_limited_user_works_on_a_cluster_with_cluster_slots() {
         assert_eq!(acl_log(node), "", "node {} refused something", node.port());
     }
 }
+
+/// A user narrower than the docs give, without `+multi` (and `+exec`):
+/// the bulk calls, whose steps are transactions, fail with a clear error
+/// naming the refused command, and nothing panics (redis-rs 1.8.1's
+/// multiplexed connection panicked on a refused `MULTI` in debug builds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_multi_gets_a_clear_error_from_bulk_calls() {
+    let server = RedisServer::start();
+    let rules: Vec<&str> = APP_USER
+        .iter()
+        .copied()
+        .filter(|rule| !matches!(*rule, "+multi" | "+exec"))
+        .collect();
+    set_user(&server, "app", &rules);
+    let store = app_store(&server).await;
+    let cache = cache_on(store, Some("myapp:"));
+    let items = (0..10).map(|i| (format!("k{i}"), format!("v{i}")));
+    let err = cache.set_many(items).await.unwrap_err();
+    let shown = err.to_string();
+    eprintln!("set_many: {shown}");
+    assert!(err.is_store(), "{shown}");
+    assert!(
+        shown.to_lowercase().contains("noperm") || shown.contains("permission"),
+        "{shown}"
+    );
+    let err = cache.invalidate_many(["k1", "k2"]).await.unwrap_err();
+    assert!(err.is_store(), "{err}");
+    // The connection still works for what the user may do (once the
+    // store's breaker, which counts a refusal as a store failure, lets
+    // calls through again).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while cache.set("one", &"v".to_owned()).await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no set went through"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(cache.get("one").await.unwrap().as_deref(), Some("v"));
+}

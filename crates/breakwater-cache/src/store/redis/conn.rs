@@ -91,7 +91,22 @@ impl Conn {
                     });
                 failed.map_or(Ok(()), |err| Err(err.into()))
             }
-            Conn::Node(c) | Conn::Master(c, _) => tx.query_async::<()>(c).await,
+            // Not redis-rs's own transaction: its multiplexed connection
+            // (1.8.1) panics in debug builds, and misreads the replies in
+            // release builds, when Redis refuses the `MULTI` itself (a
+            // user without `+multi`). The same commands go as a plain
+            // pipeline between a `MULTI` and an `EXEC` of their own, and
+            // the replies are read here.
+            Conn::Node(c) | Conn::Master(c, _) => {
+                let mut plain = redis::pipe();
+                plain.cmd("MULTI");
+                for cmd in tx.cmd_iter() {
+                    plain.add_command(cmd.clone());
+                }
+                plain.cmd("EXEC");
+                let replies = c.req_packed_commands(&plain, 0, plain.len()).await?;
+                transaction_outcome(replies)
+            }
         }
     }
 
@@ -125,6 +140,64 @@ impl Conn {
             }
             Conn::Node(c) | Conn::Master(c, _) => c.req_packed_commands(pipe, 0, pipe.len()).await,
         }
+    }
+}
+
+/// What a transaction sent as a plain pipeline (`MULTI`, its commands,
+/// `EXEC`) came to, from each of their replies: `Ok` if `EXEC` ran every
+/// command and none was refused.
+///
+/// A refused `MULTI` (`NOPERM`: the user lacks `+multi`) is that error,
+/// said plainly: the commands after it ran one by one, in order (as a
+/// cluster's plain steps do), and `EXEC` had no transaction. A refused
+/// `EXEC` after an accepted `MULTI` would leave the connection inside the
+/// transaction: it is an I/O error then, so the connection is dropped and
+/// made again.
+fn transaction_outcome(replies: Vec<Value>) -> redis::RedisResult<()> {
+    fn first_refusal(replies: impl Iterator<Item = Value>) -> Option<redis::ServerError> {
+        replies
+            .filter_map(|reply| match reply {
+                Value::ServerError(err) => Some(err),
+                _ => None,
+            })
+            .next()
+    }
+    let mut replies = replies.into_iter();
+    match replies.next() {
+        Some(Value::ServerError(refused)) => {
+            let err: redis::RedisError = refused.into();
+            Err(redis::RedisError::from((
+                redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm),
+                "the Redis user may not run MULTI, which breakwater's bulk writes \
+                 (set_many, invalidate_many, queued sets) need: grant it +multi and +exec \
+                 (this step's commands ran one by one, in order, without the transaction)",
+                err.to_string(),
+            )))
+        }
+        Some(_) => {
+            let Some(exec) = replies.next_back() else {
+                return Ok(());
+            };
+            match exec {
+                Value::Array(each) => {
+                    first_refusal(each.into_iter()).map_or(Ok(()), |e| Err(e.into()))
+                }
+                Value::ServerError(refused) => {
+                    // Queued commands that Redis refused abort the
+                    // transaction (`EXECABORT`): the first refusal says why.
+                    match first_refusal(replies) {
+                        Some(err) => Err(err.into()),
+                        None if refused.code() == "EXECABORT" => Err(refused.into()),
+                        None => Err(std::io::Error::other(format!(
+                            "redis refused EXEC after MULTI ({refused:?}); the connection is made again"
+                        ))
+                        .into()),
+                    }
+                }
+                _ => Ok(()),
+            }
+        }
+        None => Ok(()),
     }
 }
 
