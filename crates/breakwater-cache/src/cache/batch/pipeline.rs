@@ -18,7 +18,7 @@ use crate::cache::read::Near;
 use crate::cache::value::Value;
 use crate::cache::verdict::{Judged, Refresh};
 use crate::entry::Entry;
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 use crate::flight::Role;
 use crate::key::CacheKey;
 use crate::limit::Priority;
@@ -111,7 +111,32 @@ impl<V: Value> Cache<V> {
             .collect();
         let read = {
             let keys: Vec<&[u8]> = unread.iter().map(|&i| &wants[i].storage[..]).collect();
-            self.read_many(&keys, true).await
+            // Every key left holds an L1 copy to serve: the read waits no
+            // longer than the store's soft deadline (as a single key's
+            // does, see `pipeline`), and a stalled store costs the batch
+            // that, not the hard deadline its timeouts have grown.
+            let stand_ins =
+                !unread.is_empty() && unread.iter().all(|&i| wants[i].local_stale.is_some());
+            if stand_ins {
+                let store = &self.inner.store;
+                let soft = keys.iter().map(|key| store.soft_deadline(key)).max();
+                let soft = soft.unwrap_or_else(|| store.read_deadline());
+                match tokio::time::timeout(soft, self.read_many(&keys, true)).await {
+                    Ok(read) => read,
+                    Err(_) => {
+                        for key in &keys {
+                            store.overdue(key);
+                        }
+                        let overdue = Error::new(
+                            ErrorKind::Store,
+                            "the store did not answer by the soft deadline",
+                        );
+                        keys.iter().map(|_| Err(overdue.clone())).collect()
+                    }
+                }
+            } else {
+                self.read_many(&keys, true).await
+            }
         };
         // Keys to load: (want, store usable, stale stand-in).
         let mut load: Vec<(usize, Mode, Option<Arc<Entry>>)> = Vec::new();
