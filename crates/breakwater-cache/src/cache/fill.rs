@@ -1333,7 +1333,6 @@ impl<V: Value> Cache<V> {
 /// [`Cache::await_fill`]).
 const STRANDED_AFTER: Duration = Duration::from_secs(5);
 
-/// A "not modified" answer with no stored value to keep.
 /// The error handed to the waiters of a load another process made that
 /// failed with an error of `kind` (hit-for-pass: see [`notify::FAILED`]).
 /// Its text stays in that process (a loader's error may name hosts or
@@ -1346,6 +1345,7 @@ fn handed_failure(kind: ErrorKind) -> Error {
     )
 }
 
+/// A "not modified" answer with no stored value to keep.
 fn unchanged_without_value() -> Error {
     Error::new(
         ErrorKind::Loader,

@@ -374,9 +374,12 @@ impl<V: Value> Cache<V> {
         let started = Instant::now();
         let start_by = started + INVALIDATE_WITHIN;
         let store = &self.inner.store;
-        // The attempts made, the last one's failure and when, and whether
-        // one is in the air.
-        let last = Mutex::new((0u32, None::<Error>, started, false));
+        let last = Mutex::new(Attempts {
+            made: 0,
+            failed: None,
+            at: started,
+            in_air: false,
+        });
         let (last, attempt) = (&last, &attempt);
         let out_of_time = || Error::new(ErrorKind::Timeout, "out of time");
         let attempts = self.inner.store_retries.run(|made| async move {
@@ -385,7 +388,7 @@ impl<V: Value> Cache<V> {
             if made > 1 && Instant::now() >= start_by {
                 return Err(out_of_time());
             }
-            last.lock().unwrap_or_else(|p| p.into_inner()).3 = true;
+            last.lock().unwrap_or_else(|p| p.into_inner()).in_air = true;
             let bound = attempt_bound(store.write_deadline(), round_trips);
             let done = match tokio::time::timeout(bound, attempt()).await {
                 Ok(done) => done,
@@ -396,12 +399,11 @@ impl<V: Value> Cache<V> {
             };
             let now = Instant::now();
             let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
-            last.0 = made;
-            last.3 = false;
+            (last.made, last.in_air) = (made, false);
             match done {
                 Ok(()) => Ok(()),
                 Err(err) => {
-                    (last.1, last.2) = (Some(err.clone()), now);
+                    (last.failed, last.at) = (Some(err.clone()), now);
                     if now >= start_by {
                         Err(out_of_time())
                     } else {
@@ -416,7 +418,7 @@ impl<V: Value> Cache<V> {
         let done = tokio::select! {
             (done, _) = &mut attempts => done,
             () = tokio::time::sleep_until(start_by) => {
-                if last.lock().unwrap_or_else(|p| p.into_inner()).3 {
+                if last.lock().unwrap_or_else(|p| p.into_inner()).in_air {
                     attempts.await.0
                 } else {
                     Err(out_of_time())
@@ -426,13 +428,13 @@ impl<V: Value> Cache<V> {
         match done {
             Ok(()) => Ok(()),
             Err(err) => {
-                let (made, failed, at, _) = last.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
                 Err(undelivered(
                     key,
                     more,
-                    made,
-                    failed.unwrap_or(err),
-                    at,
+                    last.made,
+                    last.failed.take().unwrap_or(err),
+                    last.at,
                     started.elapsed(),
                 ))
             }
@@ -547,6 +549,17 @@ impl<V: Value> Cache<V> {
 /// How long `invalidate` keeps starting attempts to deliver one
 /// invalidation (each then has [`attempt_bound`] to finish).
 const INVALIDATE_WITHIN: Duration = Duration::from_secs(1);
+
+/// The attempts of one delivery so far (see [`Cache::deliver`]).
+struct Attempts {
+    /// How many were made.
+    made: u32,
+    /// The last one's failure, and when it came.
+    failed: Option<Error>,
+    at: Instant,
+    /// Whether one is in the air (not in a pause between two).
+    in_air: bool,
+}
 
 /// How long one attempt of `round_trips` store steps may take when the
 /// store's write deadline is `write_deadline`: 3 of them per step (a

@@ -259,21 +259,26 @@ pub(crate) enum Handed {
 /// or breaker: another process may do better), which is released as
 /// [`RELEASED`].
 pub(crate) fn failure_code(kind: crate::ErrorKind) -> Option<u8> {
-    match kind {
-        crate::ErrorKind::Loader => Some(b'l'),
-        crate::ErrorKind::Timeout => Some(b't'),
-        _ => None,
-    }
+    FAILURE_CODES
+        .iter()
+        .find(|(k, _)| *k == kind)
+        .map(|&(_, code)| code)
 }
 
 /// The kind a [`FAILED`] message's byte names (`None`: unknown).
 fn failure_kind(code: u8) -> Option<crate::ErrorKind> {
-    match code {
-        b'l' => Some(crate::ErrorKind::Loader),
-        b't' => Some(crate::ErrorKind::Timeout),
-        _ => None,
-    }
+    FAILURE_CODES
+        .iter()
+        .find(|(_, c)| *c == code)
+        .map(|&(kind, _)| kind)
 }
+
+/// The error kinds a [`FAILED`] message hands over, each with its byte
+/// (one table, so the two directions cannot drift apart).
+const FAILURE_CODES: [(crate::ErrorKind, u8); 2] = [
+    (crate::ErrorKind::Loader, b'l'),
+    (crate::ErrorKind::Timeout, b't'),
+];
 
 impl KeyWaiters {
     fn deliver(&self, filled: Option<Carried>) {
