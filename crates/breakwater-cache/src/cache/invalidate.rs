@@ -354,7 +354,7 @@ impl<V: Value> Cache<V> {
 
     /// Runs `attempt`, an invalidation (idempotent: a delete or a bump, with
     /// its notice) of `round_trips` store steps one after another, with the
-    /// store retries: attempts start within [`INVALIDATE_WITHIN`], and each
+    /// store retries: attempts start within [`start_within`], and each
     /// has [`attempt_bound`] to finish (so one the store delivered, however
     /// late its reply within the store's own deadlines, is not cut short
     /// by the budget). If none gets through, the error says the
@@ -372,8 +372,8 @@ impl<V: Value> Cache<V> {
         Fut: Future<Output = Result<(), Error>>,
     {
         let started = Instant::now();
-        let start_by = started + INVALIDATE_WITHIN;
         let store = &self.inner.store;
+        let start_by = started + start_within(store.write_deadline(), round_trips);
         let last = Mutex::new(Attempts {
             made: 0,
             failed: None,
@@ -547,8 +547,20 @@ impl<V: Value> Cache<V> {
 }
 
 /// How long `invalidate` keeps starting attempts to deliver one
-/// invalidation (each then has [`attempt_bound`] to finish).
+/// invalidation (each then has [`attempt_bound`] to finish), at least.
 const INVALIDATE_WITHIN: Duration = Duration::from_secs(1);
+
+/// How long attempts to deliver an invalidation of `round_trips` store
+/// steps keep starting when the store's write deadline is
+/// `write_deadline`: [`INVALIDATE_WITHIN`], or twice the attempt's
+/// deadlines if that is longer, so that an attempt that timed out (a
+/// cluster connection re-learning its slots, a Redis that was stalled) is
+/// tried again however long the store's deadlines are.
+fn start_within(write_deadline: Duration, round_trips: u32) -> Duration {
+    (write_deadline * 2)
+        .saturating_mul(round_trips.max(1))
+        .max(INVALIDATE_WITHIN)
+}
 
 /// The attempts of one delivery so far (see [`Cache::deliver`]).
 struct Attempts {
@@ -565,10 +577,9 @@ struct Attempts {
 /// store's write deadline is `write_deadline`: 3 of them per step (a
 /// step's deadline may grow once while it waits, as a burst of timeouts
 /// grows it), at least [`INVALIDATE_WITHIN`]. An invalidation so returns
-/// within `INVALIDATE_WITHIN`, or with an attempt in the air then, at that
-/// attempt's end: at most 1 s plus one attempt's bound (with Redis's
-/// defaults and a fast Redis, under 2 s; on a Redis at the 2 s deadline
-/// ceiling, about 7 s per round trip).
+/// within [`start_within`], or with an attempt in the air then, at that
+/// attempt's end (with Redis's defaults and a fast Redis, under 2 s; on a
+/// Redis at the 2 s deadline ceiling, about 10 s per round trip).
 fn attempt_bound(write_deadline: Duration, round_trips: u32) -> Duration {
     (write_deadline * 3)
         .saturating_mul(round_trips.max(1))

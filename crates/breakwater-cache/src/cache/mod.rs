@@ -343,14 +343,15 @@ impl<V: Value> Cache<V> {
     /// result back.
     ///
     /// A transient store failure is tried again (up to 10 attempts,
-    /// jittered, started within 1 s: the delete and its notice are
-    /// idempotent). Each attempt has 3 of the store's current write
-    /// deadlines (at least 1 s) to finish, so a slow Redis that delivers
-    /// the invalidation late gets it reported as delivered: the call
-    /// returns within 1 s, or with an attempt in the air then, at its end
-    /// (under 2 s with a fast Redis; about 7 s on one at the 2 s deadline
-    /// ceiling; twice the attempt inside a version transition, two round
-    /// trips). If none gets through, the error says the
+    /// jittered, started within 1 s or twice the store's current write
+    /// deadline if that is longer, so an attempt that timed out is tried
+    /// again: the delete and its notice are idempotent). Each attempt has
+    /// 3 of those write deadlines (at least 1 s) to finish, so a slow
+    /// Redis that delivers the invalidation late gets it reported as
+    /// delivered: the call returns when attempts stop starting, or with an
+    /// attempt in the air then, at its end (under 2 s with a fast Redis;
+    /// about 10 s on one at the 2 s deadline ceiling; twice that inside a
+    /// version transition, two round trips). If none gets through, the error says the
     /// invalidation was not delivered: other processes may serve the old
     /// value until its TTL ends, so the caller should retry it (or fail
     /// the write it belongs to).
