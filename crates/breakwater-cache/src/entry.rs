@@ -278,6 +278,18 @@ pub(crate) struct TagStamp {
 }
 
 impl Entry {
+    /// Where its stale window ends, as every read judges it: a negative
+    /// entry ("not found") is never servable stale, so its window ends
+    /// with its fresh one, also once `expire`, `expire_tag` or a soft
+    /// clear moved that earlier than it was sealed with.
+    pub(crate) fn servable_until(&self) -> u64 {
+        if self.negative {
+            self.stale_until.min(self.fresh_until)
+        } else {
+            self.stale_until
+        }
+    }
+
     /// Length of the fixed header that precedes the body.
     pub(crate) const HEADER_LEN: usize = 33;
 

@@ -110,7 +110,7 @@ impl EntryView {
             value_bytes: entry.payload.len(),
             load_time: Duration::from_millis(u64::from(entry.load_ms)),
             fresh_for,
-            stale_for: left(entry.stale_until),
+            stale_for: left(entry.servable_until()),
             servable,
             generation,
             cleared,

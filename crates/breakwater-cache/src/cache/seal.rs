@@ -181,7 +181,7 @@ impl<V: Value> Cache<V> {
         if self.local.l1.is_none() {
             return;
         }
-        let stale_until = entry.stale_until.min(
+        let stale_until = entry.servable_until().min(
             entry
                 .fresh_until
                 .saturating_add(millis(options.max_stale())),
@@ -269,7 +269,7 @@ pub(super) fn stamp(entry: &Entry) -> Stamp {
         tagged: tags.clone().next().is_some(),
         tag_set: set_hash(tags.map(|t| &t.tag[..])),
         fresh_until: entry.fresh_until,
-        stale_until: entry.stale_until,
+        stale_until: entry.servable_until(),
         load_ms: entry.load_ms,
     }
 }

@@ -353,7 +353,7 @@ pub(super) fn reading(entry: &Entry, now_ms: u64) -> Reading {
     Reading {
         now_ms,
         fresh_until: entry.fresh_until,
-        stale_until: entry.stale_until,
+        stale_until: entry.servable_until(),
         load_ms: entry.load_ms,
     }
 }

@@ -1,0 +1,106 @@
+//! A cached "not found" is never served stale: after `expire`,
+//! `expire_tag` or a soft `clear` (each of which makes entries stale, not
+//! gone), the next read of a negative entry loads, and returns what the
+//! database now says as `Loaded`. ("Row created → `expire(k)` → the next
+//! read still says not found" is what this rules out.) On the memory
+//! store with paused time and on a private Redis, L1 off and on.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use breakwater_cache::{Cache, ClearMode, Jitter, L1Config, MemoryStore, Served, Store};
+use breakwater_cache_testkit::RedisServer;
+
+/// How a negative entry is made stale.
+#[derive(Debug, Clone, Copy)]
+enum Soft {
+    Expire,
+    ExpireTag,
+    SoftClear,
+}
+
+fn cache(store: impl Store, l1: bool) -> Cache<u64> {
+    let builder = Cache::builder()
+        .namespace("negexp")
+        .store(store)
+        .ttl(Duration::from_secs(300))
+        .negative_ttl(Duration::from_secs(300))
+        .jitter(Jitter::none())
+        .grace(Duration::from_secs(10))
+        .max_stale(Duration::from_secs(600));
+    let builder = if l1 {
+        builder.l1(L1Config::new())
+    } else {
+        builder
+    };
+    builder.build().expect("valid settings")
+}
+
+/// The row does not exist, is cached as "not found", is created, then the
+/// entry is made stale by `how`: the next read says the row is there.
+async fn negative_then(cache: &Cache<u64>, how: Soft) {
+    let row = Arc::new(AtomicU64::new(0));
+    let load = {
+        let row = Arc::clone(&row);
+        move || {
+            let row = Arc::clone(&row);
+            async move {
+                let found = row.load(Ordering::SeqCst);
+                Ok::<_, std::io::Error>((found != 0).then_some(found))
+            }
+        }
+    };
+    let first = cache
+        .entry("row")
+        .tags(["rows"])
+        .get_or_load_with_meta(load.clone())
+        .await
+        .unwrap();
+    assert_eq!(first.value, None, "{how:?}");
+    row.store(1, Ordering::SeqCst);
+    match how {
+        Soft::Expire => cache.expire("row").await.unwrap(),
+        Soft::ExpireTag => cache.expire_tag("rows").await.unwrap(),
+        Soft::SoftClear => cache
+            .clear(ClearMode::Soft {
+                window: Duration::ZERO,
+            })
+            .await
+            .unwrap(),
+    }
+    let next = cache
+        .entry("row")
+        .tags(["rows"])
+        .get_or_load_with_meta(load)
+        .await
+        .unwrap();
+    assert_eq!(
+        (next.value, next.served),
+        (Some(1), Served::Loaded),
+        "{how:?}: a cached not-found was served stale"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_negative_entry_is_not_servable_stale_on_the_memory_store() {
+    for how in [Soft::Expire, Soft::ExpireTag, Soft::SoftClear] {
+        for l1 in [false, true] {
+            negative_then(&cache(MemoryStore::new(), l1), how).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_negative_entry_is_not_servable_stale_on_redis() {
+    let server = RedisServer::start();
+    for how in [Soft::Expire, Soft::ExpireTag, Soft::SoftClear] {
+        for l1 in [false, true] {
+            let cache = cache(support::connect(&server).await, l1);
+            cache.clear(ClearMode::Hard).await.unwrap();
+            negative_then(&cache, how).await;
+        }
+    }
+}
