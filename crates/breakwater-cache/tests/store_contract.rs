@@ -1517,6 +1517,7 @@ async fn clear_namespace_advances_the_record_and_publishes_it(store: &dyn Store,
         window_ms,
         fresh,
         pin: false,
+        restore: None,
         notice: notice(b"c:"),
     };
     // A first clear, soft: generation fresh + 1, floor and legacy fresh,
@@ -1614,22 +1615,23 @@ async fn a_pin_is_made_only_over_no_record(store: &dyn Store, _: Time) {
     const KEY: &[u8] = b"bw:pin:c";
     const PIN_WINDOW: u64 = (1 << 53) - 1;
     let mut sub = subscribed(store).await;
-    let pin = |hard: bool, fresh: u64| NamespaceClear {
+    let pin = |fresh: u64| NamespaceClear {
         key: KEY,
-        hard,
+        hard: false,
         window_ms: 0,
         fresh,
         pin: true,
+        restore: None,
         notice: notice(b"p:"),
     };
-    // Over none: a pin that clears nothing, at the store's clock, stored
-    // and published as a clear is.
+    // Over none: an adopting pin (`H = 0`) that clears nothing, at the
+    // store's clock, stored and published as a clear is.
     let before = store.now_ms();
-    let made = store.clear_namespace(pin(false, FRESH)).await.unwrap();
+    let made = store.clear_namespace(pin(FRESH)).await.unwrap();
     let [n, h, t, w, l, below, by] = record_of(&made.record);
     assert_eq!(
         (n, h, w, l, below, by),
-        (FRESH + 1, FRESH, PIN_WINDOW, FRESH, FRESH, 0)
+        (FRESH + 1, 0, PIN_WINDOW, FRESH, 0, 0)
     );
     assert!(t >= before && t <= store.now_ms() + 5, "{t} vs {before}");
     assert_eq!(
@@ -1637,34 +1639,65 @@ async fn a_pin_is_made_only_over_no_record(store: &dyn Store, _: Time) {
         [&b"p:"[..], &made.record].concat()
     );
     assert_eq!(store.get(KEY).await.unwrap(), Some(made.record.clone()));
-    // Over a record: that record, nothing written, nothing published.
-    let kept = store.clear_namespace(pin(true, FRESH + 50)).await.unwrap();
+    // Over a record: that record, nothing written, nothing published
+    // (also when one is given to put back).
+    let kept = store.clear_namespace(pin(FRESH + 50)).await.unwrap();
+    assert_eq!((&kept.record, kept.receivers), (&made.record, 0));
+    let given = b"77:70:5:6:69:70:0";
+    let kept = store
+        .clear_namespace(NamespaceClear {
+            restore: Some(given),
+            ..pin(FRESH + 60)
+        })
+        .await
+        .unwrap();
     assert_eq!((&kept.record, kept.receivers), (&made.record, 0));
     // A clear over the pin is a first clear: its own mark, from now.
     let soft = store
         .clear_namespace(NamespaceClear {
             pin: false,
             window_ms: 1_000,
-            ..pin(false, FRESH + 70)
+            ..pin(FRESH + 70)
         })
         .await
         .unwrap();
     let [n, h, t2, w, l, below, by] = record_of(&soft.record);
-    assert_eq!(
-        (n, h, w, l, below, by),
-        (FRESH + 2, FRESH, 1_000, FRESH, FRESH, 0)
-    );
+    assert_eq!((n, h, w, l, below, by), (FRESH + 2, 0, 1_000, FRESH, 0, 0));
     assert!(t2 >= t);
     assert_eq!(
         next_message(&mut sub).await,
         [&b"p:"[..], &soft.record].concat()
     );
-    // A hard pin over none (or foreign bytes): a hard clear's record.
+    // Over none (or foreign bytes), a record given is put back as it was,
+    // stored without a TTL, and not published.
     store.set(KEY, b"garbage", TTL).await.unwrap();
-    let hard = store.clear_namespace(pin(true, FRESH + 90)).await.unwrap();
+    let back = store
+        .clear_namespace(NamespaceClear {
+            restore: Some(given),
+            ..pin(FRESH + 90)
+        })
+        .await
+        .unwrap();
+    assert_eq!((&back.record[..], back.receivers), (&given[..], 0));
+    assert_eq!(store.get(KEY).await.unwrap().as_deref(), Some(&given[..]));
+    let ttl = store.ttl(KEY).await.unwrap();
+    assert!(
+        ttl.is_none_or(|ttl| ttl > Duration::from_secs(365 * 24 * 3600)),
+        "{ttl:?}"
+    );
+    // Bytes given that are not a record count as none given.
+    store.delete(KEY).await.unwrap();
+    let made = store
+        .clear_namespace(NamespaceClear {
+            restore: Some(b"1:2:3"),
+            ..pin(FRESH + 95)
+        })
+        .await
+        .unwrap();
+    assert_eq!(record_of(&made.record)[..2], [FRESH + 96, 0]);
     assert_eq!(
-        record_of(&hard.record),
-        [FRESH + 91, FRESH + 91, 0, 0, FRESH + 90, FRESH + 91, 0]
+        next_message(&mut sub).await,
+        [&b"p:"[..], &made.record].concat()
     );
 }
 

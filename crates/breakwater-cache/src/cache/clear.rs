@@ -38,21 +38,39 @@
 //!
 //! # A lost record
 //!
-//! The record has no TTL, but an `allkeys-*` eviction policy, a `DEL` or
-//! a failover can still lose it. A lost record validates nothing: an entry
-//! recorded under it is a miss from then on. A process that knew a record
-//! a clear made takes every entry as a miss; when it read the store and
-//! found none, it reads it again after a pause drawn at random (up to
-//! 500 ms, so the processes that noticed do not all clear) and, still
-//! missing, clears the namespace hard in the background to make a new
-//! record; every process takes it from its message, so entries from
-//! before the first clear do not come back either. A write that finds the
-//! record missing makes a pin first: a hard one if this process knew a
-//! record a clear made (it drops L1 here and, from its message, in every
-//! process that knew such a record), else a soft one. A lost pin lost no
-//! clear: L1 copies stay (Redis restarting empty leaves L1 serving), and
-//! the entries recorded under it are misses, as their generation is not
-//! the new pin's.
+//! The record has no TTL, but an `allkeys-*` eviction policy, a `DEL`, an
+//! empty restart or a failover can still lose it. Its loss degrades
+//! softly: it never turns the namespace into a miss and never erases L1.
+//!
+//! - **Kept warm.** Every process whose bus is up reads the record it
+//!   trusts once a second, off the callers' paths (`Clears::keep_warm`,
+//!   on the listener's beat): under an LRU or LFU policy the key is as
+//!   recent as the entries in use, and a record that was deleted or
+//!   evicted all the same is found within a second.
+//! - **Put back as it was.** A process that knows a record (heard or read)
+//!   and finds the store without it (its keep-warm read, a read after its
+//!   bus came back, a write) judges entries by the one it knows and puts
+//!   that back at once (a pin with the record given: written only over
+//!   none, not published). Nothing changes for anyone: the entries in the
+//!   store stay valid, L1 keeps its copies.
+//! - **Adopted where nobody knows it.** A process that never knew a
+//!   record (every process that did is gone) and reads an entry that
+//!   recorded one judges it as an *adopting pin* would: stale at its own
+//!   expiry, at the latest at a moment within one TTL of when it found the
+//!   record missing (a soft clear over one TTL: the database sees no
+//!   ramp). After a pause drawn at random (up to 500 ms, so a process that
+//!   knows the record puts it back first, and the processes that noticed
+//!   do not all write) it reads the record again and, still missing, makes
+//!   that pin (`H = 0`, see `store::namespace`), published: every process
+//!   takes it, and nothing is cleared. A write that finds no record makes
+//!   the same pin (never a hard one, and never before it has a generation
+//!   to record: it clears nothing).
+//!
+//! What a loss can cost is bounded by one double fault: a clear whose
+//! record is lost before any process that heard it put it back (or while
+//! the only processes that did were down) is not applied by the processes
+//! that never heard it; they judge the entries by the record they knew,
+//! or adopt them. Only a *heard* hard clear erases.
 //!
 //! A record that cannot be read is not a lost one: nothing is cleared for
 //! it, and entries are judged by the last record known here; a process
@@ -209,6 +227,7 @@ impl<V: Value> Cache<V> {
                 window_ms: millis(window),
                 fresh: inner.fresh_generation(),
                 pin: false,
+                restore: None,
                 notice: inner.notice(&message),
             })
             .await?;
@@ -263,17 +282,22 @@ impl<V: Value> Cache<V> {
         let before = clears.last();
         match clears.current().await {
             Ok(record) => {
+                // The store lost the record known here: judged by as
+                // known, and put back.
+                if clears.take_missing()
+                    && let Some(known) = record
+                {
+                    self.record_lost(Some(known));
+                }
                 // A clear this process had not heard of (its bus was down):
                 // taken as if heard, L1 copies and loads in the air from
-                // before it included.
-                // A pin made over a lost pin clears nothing; one made over
-                // a lost clear's record leaves nothing from before it.
+                // before it included. A pin clears nothing, whatever it
+                // replaces (a lost record's entries are adopted by it).
                 if let (Some(before), Some(now)) = (before, record)
                     && now.generation != before.generation
-                    && !(now.is_pin() && before.is_pin())
+                    && !now.is_pin()
                 {
-                    self.local
-                        .cleared(now.floor == now.generation || now.is_pin());
+                    self.local.cleared(now.floor == now.generation);
                 }
                 Ok(record)
             }
@@ -292,26 +316,21 @@ impl<V: Value> Cache<V> {
 
     /// `entry` of storage key `key` as the clear `record` leaves it: as it
     /// is, a miss (cleared hard), or fresh no longer than its moment in a
-    /// soft clear's window. A record known to be gone from the store that
-    /// the entry, or this process, knew of was lost: the entry is a miss;
-    /// if this process knew a record a clear made (not only a pin), a new
-    /// record is made by a hard clear ([`record_lost`](Self::record_lost)),
-    /// else the next write pins one.
+    /// soft clear's window. An entry that recorded a generation where the
+    /// store holds no record and none is known here (the record was lost,
+    /// and this process never knew it) is adopted: judged as an adopting
+    /// pin would judge it, and one is made
+    /// ([`record_lost`](Self::record_lost)).
     pub(super) fn after_clears(
         &self,
         key: &[u8],
         entry: Entry,
         record: Option<&NamespaceState>,
     ) -> Option<Entry> {
-        let judged = self.judge_clears(key, entry, record);
-        if record.is_none()
-            && judged.is_none()
-            && self.local.clears.known_absent()
-            && self.local.clears.ever_known()
-        {
-            self.record_lost();
+        if record.is_none() && entry.extra.namespace().is_some() && self.local.clears.ever_seen() {
+            self.record_lost(None);
         }
-        judged
+        self.judge_clears(key, entry, record)
     }
 
     /// [`after_clears`](Self::after_clears) without its side effect (for
@@ -331,33 +350,33 @@ impl<V: Value> Cache<V> {
         {
             entry.extra.forget_namespace();
         }
-        if record.is_none() {
-            let clears = &self.local.clears;
+        let standing = match (record, entry.extra.namespace()) {
             // Never read here, nor heard (the read failed): the entry is
             // judged as written, the risk a record that cannot be read
             // takes everywhere (see `clear_record`).
-            if !clears.ever_seen() {
-                return Some(entry);
-            }
-            // No record, though one was known here or the entry recorded a
-            // generation of one: it was lost, and validates nothing.
-            if entry.extra.namespace().is_some() || clears.ever_known() {
-                return None;
-            }
-        }
-        match NamespaceState::standing(record, entry.extra.namespace()) {
-            Standing::Current => Some(entry),
+            (None, _) if !self.local.clears.ever_seen() => Standing::Current,
+            // No record, and none known here, though the entry recorded
+            // one: it was lost. Adopted as an adopting pin made when this
+            // process first found so would adopt it.
+            (None, Some(_)) => Standing::Adopted {
+                at: self.local.clears.lost_at(),
+            },
+            (record, recorded) => NamespaceState::standing(record, recorded),
+        };
+        let ttl = millis(self.inner.defaults.ttl);
+        let (at, window, by) = match standing {
+            Standing::Current => return Some(entry),
             Standing::Cleared => {
                 tracing::debug!(key = %show_key(key), "cached entry is from before a clear; treating it as a miss");
-                None
+                return None;
             }
-            Standing::Soft { at, window, by } => {
-                let moment = at.saturating_add(self.moment_in(key, &entry, at, window));
-                let moment = by.map_or(moment, |by| moment.min(by));
-                entry.fresh_until = entry.fresh_until.min(moment);
-                Some(entry)
-            }
-        }
+            Standing::Soft { at, window, by } => (at, window, by),
+            Standing::Adopted { at } => (at, ttl, None),
+        };
+        let moment = at.saturating_add(self.moment_in(key, &entry, at, window));
+        let moment = by.map_or(moment, |by| moment.min(by));
+        entry.fresh_until = entry.fresh_until.min(moment);
+        Some(entry)
     }
 
     /// When in a soft clear's `window` (made at `at`) `entry` turns stale,
@@ -382,54 +401,59 @@ impl<V: Value> Cache<V> {
     }
 
     /// The namespace's clear record was lost (evicted under `maxmemory`,
-    /// deleted): after a pause drawn at random (up to
-    /// [`RESTORE_SPREAD`], so the fleet's processes that noticed do not all
-    /// clear), the record is read again, and only if it is still missing
-    /// a hard clear makes a new one, in the background, one at a time in
-    /// this process; every process takes it from its message. Until then
-    /// the entries it judged are misses here; entries written meanwhile
-    /// record no generation and are cleared by it too.
-    fn record_lost(&self) {
+    /// deleted, an empty restart). With `known`, the record this process
+    /// knew, it is put back at once (if the store still holds none: a
+    /// record another process put back or made meanwhile is taken
+    /// instead). Without, after a pause drawn at random (up to
+    /// [`RESTORE_SPREAD`], so a process that knew it puts it back first,
+    /// and the fleet's processes that noticed do not all write), the
+    /// record is read again and, still missing, an adopting pin is made
+    /// (published: every process takes it). In the background, one at a
+    /// time in this process. Nothing is cleared: entries stay as they
+    /// were judged, L1 included.
+    fn record_lost(&self, known: Option<NamespaceState>) {
         let cache = self.clone();
         // One at a time (a restore stranded on a runtime that stopped
         // polling it is started again after RESTORE_STRANDED).
         self.local.clears.restoring.ensure(RESTORE_STRANDED, |duty| async move {
-            // The cache's own generator: seeded, a run replays.
-            let pause = {
-                let mut rng = cache.inner.rng.lock().unwrap_or_else(|p| p.into_inner());
-                rng.random_range(Duration::ZERO..=RESTORE_SPREAD)
-            };
-            tokio::time::sleep(pause).await;
-            // Another process made it meanwhile (or the read failed: tried
-            // again by the next read that finds it missing).
-            if matches!(cache.local.clears.read_again().await, Ok(None)) {
-                warn_limited!(cache.inner.logs, Warning::ClearRecordLost, key = %show_key(&cache.inner.clear_key), "the namespace's clear record is gone from the store (evicted under maxmemory, or deleted); clearing the namespace hard to make a new one");
-                if let Err(err) = cache.clear(ClearMode::Hard).await {
-                    tracing::debug!(error = %err, "the clear that makes a new clear record did not complete");
+            let clears = &cache.local.clears;
+            let restore = match known {
+                Some(known) => Some(known),
+                None => {
+                    // The cache's own generator: seeded, a run replays.
+                    let pause = {
+                        let mut rng = cache.inner.rng.lock().unwrap_or_else(|p| p.into_inner());
+                        rng.random_range(Duration::ZERO..=RESTORE_SPREAD)
+                    };
+                    tokio::time::sleep(pause).await;
+                    match clears.read_again().await {
+                        // (A record found known here now is put back, if
+                        // the store lost it again.)
+                        Ok(None) => None,
+                        Ok(Some(_)) if !clears.take_missing() => return duty.done(),
+                        Ok(Some(known)) => Some(known),
+                        // Tried again by the next read that finds it missing.
+                        Err(_) => return duty.done(),
+                    }
                 }
+            };
+            warn_limited!(cache.inner.logs, Warning::ClearRecordLost, key = %show_key(&cache.inner.clear_key), restored = restore.is_some(), "the namespace's clear record is gone from the store (evicted under maxmemory, deleted, or an empty restart); putting it back (restored=true: the one this process knew; false: a pin that adopts the entries written under it)");
+            if let Err(err) = clears.pin(restore).await {
+                tracing::debug!(error = %err, "the namespace's clear record could not be put back; the next read that finds it missing tries again");
             }
             duty.done();
         });
     }
 
     /// The clear generation a load or `set` beginning now records: the
-    /// record's; if there is none, that of the pin made for it (see
-    /// `store::namespace`), hard if this process knew a record a clear
-    /// made (it was lost). `Err` if the store could not make one: the value is then not
-    /// written.
+    /// record's (one known here, if the store lost it); if there is none,
+    /// that of an adopting pin made for it (see `store::namespace`), which
+    /// clears nothing. `Err` if the store could not make one: the value is
+    /// then not written.
     pub(super) async fn clear_generation(&self) -> Result<u64, Error> {
         if let Some(state) = self.clear_record().await? {
             return Ok(state.generation);
         }
-        let clears = &self.local.clears;
-        let (known, lost) = (clears.last(), clears.ever_known());
-        let state = clears.pin(lost).await?;
-        // A record other than the one known here replaces a lost one: what
-        // was loaded under that is dropped here as a hard clear drops it
-        // (the others take it from the pin's message).
-        if lost && known != Some(state) {
-            self.local.cleared(true);
-        }
-        Ok(state.generation)
+        Ok(self.local.clears.pin(None).await?.generation)
     }
 }

@@ -69,7 +69,7 @@ pub(super) struct Local<V> {
     /// Own invalidations published but not yet heard back on the bus.
     unheard: Mutex<Unheard>,
     /// The namespace's clear record as known here (see `clear`).
-    pub(super) clears: Clears,
+    pub(super) clears: Arc<Clears>,
     /// The length of the storage keys' namespace prefix.
     prefix_len: usize,
 }
@@ -81,7 +81,7 @@ impl<V: Value> Local<V> {
             background: SingleFlight::new(),
             reads: Reads::new(),
             unheard: Mutex::default(),
-            clears: Clears::default(),
+            clears: Arc::default(),
             l1,
             prefix_len,
         }
@@ -233,17 +233,13 @@ impl<V: Value> BusHook for Local<V> {
     }
 
     fn cleared(&self, record: &[u8]) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
-        let (known, ever) = (self.clears.last(), self.clears.ever_known());
         let heard = self.clears.heard(record);
         Box::pin(async move {
             let Some(state) = heard else { return };
-            // A pin clears nothing, and its maker waits for no one; but one
-            // that replaces a record known here (which was lost) leaves
-            // nothing loaded under that one standing.
+            // A pin clears nothing, and its maker waits for no one, also
+            // one that replaces a record known here (which was lost: its
+            // entries, L1's included, are adopted, see `store::namespace`).
             if state.is_pin() {
-                if ever && known != Some(state) {
-                    Local::cleared(self, true);
-                }
                 return;
             }
             // Whoever cleared (this process too) waits for this.
@@ -281,7 +277,16 @@ impl<V: Value> BusHook for Local<V> {
         Box::pin(async move {
             // A failed read is read again by the next caller that needs it.
             let _ = self.clears.current().await;
+            // The store lost the record known here while the bus was down
+            // (an empty restart): put back.
+            if self.clears.take_missing() {
+                self.clears.put_back().await;
+            }
         })
+    }
+
+    fn beat(&self) {
+        Clears::keep_warm(&self.clears);
     }
 
     fn missed(&self, up: bool) {

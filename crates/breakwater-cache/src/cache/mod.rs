@@ -1020,7 +1020,9 @@ impl<V: Value> Cache<V> {
     /// The first write of a namespace makes it (see [`Cache::clear`]), and
     /// it has no TTL: a tool that removes a whole namespace deletes it
     /// with the entries. Deleted while entries stay, it is a lost record:
-    /// they are misses from then on, never served.
+    /// a process that knows it puts it back within a second; where none
+    /// does, the entries are adopted (stale at their own expiry at the
+    /// latest), never turned into misses at once (see `cache::clear`).
     pub fn clear_record_key(&self) -> &[u8] {
         &self.inner.clear_key
     }

@@ -85,6 +85,9 @@ pub(crate) trait BusHook: Send + Sync + 'static {
     /// The listener is subscribed (again): what it may have missed is read
     /// now, off the callers' paths (the namespace's clear record).
     fn subscribed(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+    /// The listener's beat ([`LISTENER_BEAT`]): bookkeeping kept warm in
+    /// the store, off the listener's path (it must not wait on it).
+    fn beat(&self);
 }
 
 /// Message kinds on the namespace channel.
@@ -578,6 +581,9 @@ impl Waiters {
                         ready_tx.promise(born, LISTENER_PROMISE);
                         // The store's feed may be the one stranded.
                         subscription.keep_alive();
+                        if let Some(hook) = &hook {
+                            hook.beat();
+                        }
                         continue;
                     }
                 };

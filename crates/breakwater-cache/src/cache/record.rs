@@ -25,6 +25,14 @@ use crate::store::{FRESH_GENERATIONS, NamespaceClear, Notice, Store};
 /// read it again by then.
 pub(super) const RECHECK: Duration = Duration::from_millis(100);
 
+/// How often (in listener beats, 250 ms each) a process reads the record
+/// it trusts, to keep it warm in the store and put it back if it is gone.
+const KEEP_WARM_BEATS: u64 = 4;
+
+/// How long a keep-warm read may hold its slot without being polled
+/// before another may start.
+const KEEP_WARM_STRANDED: Duration = Duration::from_secs(10);
+
 /// How many clears' acknowledgements a process keeps count of.
 const ACKS_KEPT: usize = 64;
 
@@ -49,15 +57,24 @@ pub(super) struct Clears {
     /// When the holder of `reading` sent its store step (`None`: none
     /// sent since the lock was last free).
     step_sent: Mutex<Option<Instant>>,
-    /// A record a clear made (not a pin) was known here once: from then on,
-    /// none in the store means a clear may have been lost.
-    ever: AtomicBool,
+    /// A read found the store without the record known here (evicted,
+    /// deleted, or an empty restart): it is judged by as known, and put
+    /// back ([`Clears::take_missing`]).
+    missing: AtomicBool,
+    /// When (store-clock ms) a read first found no record while none was
+    /// known here, though entries recorded one (0: not so): they are
+    /// judged as an adopting pin made then would judge them, until one is.
+    lost_at: AtomicU64,
     /// The store was read (or a record heard) once: what it holds, record
     /// or none, was seen here.
     seen: AtomicBool,
-    /// The task that makes a new record after one was lost (one at a
-    /// time; see `Cache::record_lost`).
+    /// The task that puts a lost record back, or makes an adopting pin
+    /// (one at a time; see `Cache::record_lost`).
     pub(super) restoring: Supervised,
+    /// The task that keeps the record warm ([`Clears::keep_warm`]), and
+    /// how many listener beats since it last ran.
+    warming: Supervised,
+    beats: AtomicU64,
 }
 
 /// The record as last read or heard, and the bus state it holds for.
@@ -85,14 +102,16 @@ struct Link {
 }
 
 impl Link {
-    /// A clear (`pin`: a pin) of this namespace's record, `hard` or soft
-    /// over `window_ms`, published with `message` on this namespace's
-    /// channel; a new record starts at a value drawn at random.
+    /// A clear (`pin`: a pin, putting back `restore` if given) of this
+    /// namespace's record, `hard` or soft over `window_ms`, published with
+    /// `message` on this namespace's channel; a new record starts at a
+    /// value drawn at random.
     fn clear<'a>(
         &'a self,
         hard: bool,
         window_ms: u64,
         pin: bool,
+        restore: Option<&'a [u8]>,
         message: &'a [u8],
     ) -> NamespaceClear<'a> {
         NamespaceClear {
@@ -101,6 +120,7 @@ impl Link {
             window_ms,
             fresh: rand::rng().random_range(FRESH_GENERATIONS),
             pin,
+            restore,
             notice: Notice {
                 channel: &self.channel,
                 message,
@@ -246,19 +266,26 @@ impl Clears {
         // A read sent before a clear heard since (the bus unchanged) is
         // older than what was heard: it finds an older record, or none.
         let newer = match (known.record.flatten(), record) {
+            // A read that finds none where a record is known: the store
+            // lost it (evicted, deleted, restarted empty). What is known
+            // stands (a loss never turns the namespace into a miss), and
+            // is put back.
+            (Some(held), None) if read_at.is_some() => {
+                self.missing.store(true, Ordering::SeqCst);
+                Some(held)
+            }
             (Some(held), new)
                 if read_at.is_some()
                     && known.read_at.is_none()
                     && known.bus == bus
-                    && new.is_none_or(|new| held.generation > new.generation) =>
+                    && new.is_some_and(|new| held.generation > new.generation) =>
             {
                 Some(held)
             }
             (_, new) => new,
         };
-        // A pin clears nothing: its loss loses no clear.
-        if newer.is_some_and(|state| !state.is_pin()) {
-            self.ever.store(true, Ordering::SeqCst);
+        if newer.is_some() {
+            self.lost_at.store(0, Ordering::SeqCst);
         }
         if bus == self.bus.load(Ordering::SeqCst) {
             *known = Known {
@@ -271,22 +298,29 @@ impl Clears {
         newer
     }
 
+    /// Whether a read found the store without the record known here since
+    /// this was last asked (the caller puts it back).
+    pub(super) fn take_missing(&self) -> bool {
+        self.missing.swap(false, Ordering::SeqCst)
+    }
+
+    /// When (store-clock ms) a read first found no record while none was
+    /// known here, for entries that recorded one; noted now if not yet.
+    pub(super) fn lost_at(&self) -> u64 {
+        let now = self.link.get().map_or(1, |link| link.store.now_ms().max(1));
+        match self
+            .lost_at
+            .compare_exchange(0, now, Ordering::SeqCst, Ordering::SeqCst)
+        {
+            Ok(_) => now,
+            Err(at) => at,
+        }
+    }
+
     /// Whether the store's record (or its absence) was ever read or heard
     /// here: `false` while every read of it failed.
     pub(super) fn ever_seen(&self) -> bool {
         self.seen.load(Ordering::SeqCst)
-    }
-
-    /// Whether a record a clear made (not a pin) was ever known here.
-    pub(super) fn ever_known(&self) -> bool {
-        self.ever.load(Ordering::SeqCst)
-    }
-
-    /// Whether the store was read (or heard) to hold no record: not only
-    /// that none is known (a read that failed, or none made yet).
-    pub(super) fn known_absent(&self) -> bool {
-        let known = self.known.lock().unwrap_or_else(|p| p.into_inner());
-        known.record == Some(None)
     }
 
     /// Reads the record from the store now, whatever is trusted, and takes
@@ -321,10 +355,15 @@ impl Clears {
         now
     }
 
-    /// Pins the namespace's clear record (see `store::namespace`), `hard`
-    /// if a record a clear made was lost: the record the store now holds,
-    /// made by it or found, taken as a read of it is.
-    pub(super) async fn pin(&self, hard: bool) -> Result<NamespaceState, Error> {
+    /// Pins the namespace's clear record (see `store::namespace`): puts
+    /// `restore` back (a record known here that the store lost), or, with
+    /// none, makes an adopting pin, if the store holds no record: the
+    /// record the store now holds, made by it or found, taken as a read of
+    /// it is.
+    pub(super) async fn pin(
+        &self,
+        restore: Option<NamespaceState>,
+    ) -> Result<NamespaceState, Error> {
         let Some(link) = self.link.get() else {
             return Err(Error::new(
                 ErrorKind::Store,
@@ -332,11 +371,12 @@ impl Clears {
             ));
         };
         let message = notify::message(CLEARED, &link.sender, b"");
+        let restore = restore.map(|state| state.encode());
         let reading = self.reading().await;
         let (bus, sent) = (self.bus_state(), self.step_sent(&reading));
         let made = link
             .store
-            .clear_namespace(link.clear(hard, 0, true, &message))
+            .clear_namespace(link.clear(false, 0, true, restore.as_deref(), &message))
             .await?;
         let Some(state) = NamespaceState::parse(&made.record) else {
             return Err(Error::new(
@@ -347,6 +387,55 @@ impl Clears {
         };
         self.take_landed(Some(state), bus, Some(sent), Some(Instant::now()));
         Ok(state)
+    }
+
+    /// Puts back the record known here, which a read found the store
+    /// without (see [`Clears::take_missing`]); one a process made
+    /// meanwhile is taken instead. Logged, not returned, if it fails (the
+    /// next read that finds it missing tries again).
+    pub(super) async fn put_back(&self) {
+        let Some(known) = self.last() else { return };
+        tracing::info!(record = %String::from_utf8_lossy(&known.encode()), "the namespace's clear record is gone from the store (evicted, deleted, or an empty restart); putting back the one this process knows");
+        if let Err(err) = self.pin(Some(known)).await {
+            tracing::debug!(error = %err, "the namespace's clear record could not be put back");
+        }
+    }
+
+    /// Called on every listener beat: every [`KEEP_WARM_BEATS`], while
+    /// this process trusts a record it knows, reads it from the store (in
+    /// the background, one read at a time). The read keeps the key warm
+    /// under an LRU or LFU eviction policy (steady traffic on entries never
+    /// touches it otherwise), and finds a record that was deleted or
+    /// evicted all the same: it is put back at once, as it was, before a
+    /// process that never knew it has to adopt its entries. A record other
+    /// than the one trusted (a clear this process missed: two faults) is
+    /// read again by the next caller.
+    pub(super) fn keep_warm(this: &Arc<Self>) {
+        if this.beats.fetch_add(1, Ordering::Relaxed) % KEEP_WARM_BEATS != KEEP_WARM_BEATS - 1 {
+            return;
+        }
+        let Some(Some(trusted)) = this.trusted() else {
+            return;
+        };
+        let clears = Arc::clone(this);
+        this.warming.ensure(KEEP_WARM_STRANDED, |duty| async move {
+            let Some(link) = clears.link.get() else {
+                return duty.done();
+            };
+            let bus = clears.bus_state();
+            match link.store.get(&link.key).await {
+                Ok(None) if clears.bus_state() == bus => clears.put_back().await,
+                Ok(Some(stored))
+                    if NamespaceState::parse(&stored).is_none_or(|held| held != trusted) =>
+                {
+                    // Not taken here (a clear heard has its own steps):
+                    // untrusted, so the next caller reads it.
+                    clears.bus.fetch_add(2, Ordering::SeqCst);
+                }
+                _ => {}
+            }
+            duty.done();
+        });
     }
 
     /// A clear heard on the bus: its record taken, and returned (`None`
@@ -366,7 +455,7 @@ impl Clears {
             return;
         };
         let message = notify::message(CLEARED, &link.sender, b"");
-        let clear = link.clear(hard, window_ms, false, &message);
+        let clear = link.clear(hard, window_ms, false, None, &message);
         if let Err(err) = link.store.clear_namespace(clear).await {
             tracing::warn!(error = %err, "the previous version's clear could not be made in this version's namespace");
         }

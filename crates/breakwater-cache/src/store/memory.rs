@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 
-use super::namespace::NamespaceState;
+use super::namespace::{Applied, NamespaceState};
 use super::{
     ClearedNamespace, Delivery, FencedRenewal, FencedWrite, Invalidate, LeaseAttempt,
     MAX_STORE_TTL_MS, NamespaceClear, Notice, Renewal, Replace, SUBSCRIPTION_BUFFER, Store,
@@ -455,16 +455,12 @@ impl Store for MemoryStore {
             let held = shard
                 .live(clear.key, now)
                 .and_then(|slot| NamespaceState::parse(&slot.value));
-            let (state, write) = NamespaceState::applied(
-                held,
-                clear.pin,
-                clear.hard,
-                clear.window_ms,
-                now_ms,
-                clear.fresh,
-            );
+            let (state, applied) = NamespaceState::applied(held, clear.rule(), now_ms);
             let record = state.encode();
-            let receivers = if write {
+            if applied == Applied::Written {
+                shard.put(clear.key, &record, now, MAX_STORE_TTL_MS);
+            }
+            let receivers = if applied == Applied::Published {
                 shard.put(clear.key, &record, now, MAX_STORE_TTL_MS);
                 // Published under the shard's lock: no other clear of this
                 // namespace can publish in between.

@@ -34,7 +34,7 @@ pub(crate) use generation::{
     FRESH_GENERATIONS, TagJudgment, TagState, parse_generation, parse_tag_state,
 };
 pub use memory::MemoryStore;
-use namespace::NamespaceState;
+use namespace::{Applied, Clear, NamespaceState};
 pub use redis::{RedisLatency, RedisStore, RedisStoreConfig, SentinelError};
 
 /// The future returned by [`Store`] operations.
@@ -530,16 +530,9 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
         Box::pin(async move {
             let held = self.get(clear.key).await?;
             let held = held.as_deref().and_then(NamespaceState::parse);
-            let (state, write) = NamespaceState::applied(
-                held,
-                clear.pin,
-                clear.hard,
-                clear.window_ms,
-                self.now_ms(),
-                clear.fresh,
-            );
+            let (state, applied) = NamespaceState::applied(held, clear.rule(), self.now_ms());
             let record = state.encode();
-            if !write {
+            if applied == Applied::Kept {
                 return Ok(ClearedNamespace {
                     record,
                     receivers: 0,
@@ -547,6 +540,12 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
             }
             self.set(clear.key, &record, Duration::from_millis(MAX_STORE_TTL_MS))
                 .await?;
+            if applied == Applied::Written {
+                return Ok(ClearedNamespace {
+                    record,
+                    receivers: 0,
+                });
+            }
             let message = [clear.notice.message, &record].concat();
             self.publish(clear.notice.channel, &message).await?;
             Ok(ClearedNamespace {
@@ -705,12 +704,31 @@ pub struct NamespaceClear<'a> {
     /// Where a new record starts: drawn at random from `[2^40, 2^52)`.
     pub fresh: u64,
     /// Not a clear but a pin (see `store::namespace`): made only if the
-    /// key holds no record, soft (it clears nothing) or, with `hard`, the
-    /// record a hard clear over none makes; a record held is returned as
-    /// it is, and nothing is written or published (0 receivers).
+    /// key holds no record, and then published, a record that clears
+    /// nothing and adopts every entry a lost record left (`hard` and
+    /// `window_ms` are not read); a record held is returned as it is, and
+    /// nothing is written or published (0 receivers).
     pub pin: bool,
+    /// With `pin`: instead of a new pin, the record a process knew, put
+    /// back as it was if the key holds none (written, not published: it
+    /// changes nothing anyone knew). Bytes that are not a record count as
+    /// none given.
+    pub restore: Option<&'a [u8]>,
     /// Published with the new record appended to its message.
     pub notice: Notice<'a>,
+}
+
+impl<'a> NamespaceClear<'a> {
+    /// The fields the record's rule reads.
+    pub(crate) fn rule(&self) -> Clear<'a> {
+        Clear {
+            pin: self.pin,
+            restore: self.restore,
+            hard: self.hard,
+            window_ms: self.window_ms,
+            fresh: self.fresh,
+        }
+    }
 }
 
 /// What [`Store::clear_namespace`] made.

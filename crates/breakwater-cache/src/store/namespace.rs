@@ -37,30 +37,36 @@
 //! judge.
 //!
 //! No record (none was ever made, or it was lost) leaves entries that
-//! record no generation valid, and makes every entry that records one a
-//! miss: a lost record never validates a recorded generation. Anything
-//! else under the key (foreign bytes) counts as no record. The record has
+//! record no generation valid; an entry that records one was written
+//! under a record that was lost, and is judged as an adopting pin (below)
+//! judges it, until a process puts the record back or makes that pin (see
+//! `cache::clear`). Anything else under the key (foreign bytes) counts as
+//! no record. The record has
 //! no TTL (`SET` without `PX`), so no `volatile-*` eviction policy drops it.
 //!
 //! # A pin: the record a write makes
 //!
 //! Every entry records a generation, also before the first clear: a write
 //! that finds no record makes one first (a pin, `NamespaceClear::pin`),
-//! which clears
-//! nothing: `N = fresh + 1`, `H = L = S = fresh`, `T` the store's now, and
-//! `W` = [`PIN_WINDOW`], a window no clear has. A lost record then takes
-//! with it the validity of every entry written under it, those written
-//! before the first clear included (were they to record none, a clear made
-//! over the lost record would judge them by a history of its own, and a
-//! soft one would make them fresh past an earlier clear's end). Read by a
+//! which clears nothing: `N = fresh + 1`, `H = 0`, `T` the store's now,
+//! `W` = [`PIN_WINDOW`] (a window no clear has), `L = fresh`, `S = E = 0`.
+//! `H = 0` makes it an *adopting* pin: an entry of any generation but `N`
+//! (one a lost record's process wrote, above or below `N`; or none) is
+//! judged as after a soft clear over one TTL made at `T`: stale at its own
+//! expiry, at the latest at a moment within one TTL from `T`
+//! ([`Standing::Adopted`]). So a lost record never turns the namespace
+//! into a miss. A clear over a pin is a first clear: a hard one leaves
+//! nothing from before it; a soft one judges everything from before it
+//! (with `H = 0`, of any generation) by its own window.
+//!
+//! A pin may instead put back a record a process knew (`restore`): written
+//! only over none, not published (it changes nothing anyone knew).
+//!
+//! Pins made by builds before adopting pins have `H = L = S = fresh`:
+//! entries in `[H, N)` are current under them, others a miss. Read by a
 //! build that does not know pins, a pin is a soft clear whose window never
-//! ends: every entry keeps its own expiry, as under no record. A clear
-//! over a pin is a first clear. A pin made by a process that knew a record
-//! a clear made (so the one it finds missing may have been that, or a
-//! later clear's) is hard instead: the record a hard clear over none
-//! makes, so entries that record no generation (from a build before pins)
-//! do not come back either. A lost pin loses no clear: what was loaded
-//! under it stays in L1, only its entries in the store are misses.
+//! ends: every entry keeps its own expiry (one that does not know adopting
+//! pins also takes generations above `N` for a miss).
 
 use super::generation::{MAX_GENERATION, parse_generation};
 
@@ -190,55 +196,76 @@ impl NamespaceState {
         state
     }
 
-    /// The record a write that found none makes (`held`: what it found;
-    /// a record held is kept): a pin at store-clock `now_ms`, starting at
-    /// `fresh`, hard if the writer knew a record (so one was lost); see
-    /// the module docs. Also whether it is new.
+    /// The record a pin makes over `held` (what the key held; a record
+    /// held is kept): `restore`, the record a process knew, put back as it
+    /// was; else an adopting pin at store-clock `now_ms`, starting at
+    /// `fresh` (see the module docs). Also whether it is new.
     pub(crate) fn pinned(
         held: Option<NamespaceState>,
-        hard: bool,
+        restore: Option<NamespaceState>,
         now_ms: u64,
         fresh: u64,
     ) -> (NamespaceState, bool) {
-        match held {
-            Some(held) => (held, false),
-            None if hard => (NamespaceState::cleared(None, true, 0, now_ms, fresh), true),
-            None => (
-                NamespaceState {
-                    generation: fresh + 1,
-                    floor: fresh,
-                    soft_at: now_ms,
-                    window: PIN_WINDOW,
-                    legacy: fresh,
-                    stale_below: fresh,
-                    stale_by: 0,
-                },
-                true,
-            ),
+        match (held, restore) {
+            (Some(held), _) => (held, false),
+            (None, Some(restore)) => (restore, true),
+            (None, None) => (NamespaceState::adopting(now_ms, fresh), true),
         }
     }
 
-    /// The record after a clear (`pin`: a pin) over `held` at store-clock
-    /// `now_ms`, and whether it is to be written (and published): what
-    /// every backend does with a `NamespaceClear` of these fields.
+    /// The pin a write (or a process that found the record lost) makes
+    /// over none at store-clock `now_ms`: `N = fresh + 1`, `H = 0`, `T`
+    /// now, `W` = [`PIN_WINDOW`], `L = fresh`, `S = E = 0`. Entries of any
+    /// other generation (a lost record's) are adopted: each turns stale at
+    /// its own expiry, at the latest at a moment within one TTL from `T`.
+    pub(crate) fn adopting(now_ms: u64, fresh: u64) -> NamespaceState {
+        NamespaceState {
+            generation: fresh + 1,
+            floor: 0,
+            soft_at: now_ms,
+            window: PIN_WINDOW,
+            legacy: fresh,
+            stale_below: 0,
+            stale_by: 0,
+        }
+    }
+
+    /// The record after a clear (`pin`: a pin, putting back `restore` if
+    /// given) over `held` at store-clock `now_ms`, and what the store does
+    /// with it: what every backend does with a `NamespaceClear` of these
+    /// fields.
     pub(crate) fn applied(
         held: Option<NamespaceState>,
-        pin: bool,
-        hard: bool,
-        window_ms: u64,
+        clear: Clear<'_>,
         now_ms: u64,
-        fresh: u64,
-    ) -> (NamespaceState, bool) {
-        if pin {
-            return NamespaceState::pinned(held, hard, now_ms, fresh);
+    ) -> (NamespaceState, Applied) {
+        if clear.pin {
+            let restore = clear.restore.and_then(NamespaceState::parse);
+            let (state, new) = NamespaceState::pinned(held, restore, now_ms, clear.fresh);
+            let applied = match (new, restore.is_some()) {
+                (false, _) => Applied::Kept,
+                // A record put back changes nothing anyone knows: not
+                // published (its hearers would take it for a clear).
+                (true, true) => Applied::Written,
+                (true, false) => Applied::Published,
+            };
+            return (state, applied);
         }
-        let state = NamespaceState::cleared(held, hard, window_ms, now_ms, fresh);
-        (state, true)
+        let state = NamespaceState::cleared(held, clear.hard, clear.window_ms, now_ms, clear.fresh);
+        (state, Applied::Published)
     }
 
     /// Whether this is a pin no clear was made over (see the module docs).
     pub(crate) fn is_pin(&self) -> bool {
         self.floor < self.generation && self.window == PIN_WINDOW
+    }
+
+    /// Whether entries of generation `g` are among those this record
+    /// judges by its soft mark (or, a pin, leaves as they are): `H <= g <
+    /// N`, or, with `H = 0` (an adopting pin, or a clear over one), any `g`
+    /// but `N` (a lost record's generations may lie above the new one).
+    fn covers(&self, g: u64) -> bool {
+        (g >= self.floor && g < self.generation) || (self.floor == 0 && g != self.generation)
     }
 
     /// How an entry that recorded `recorded` (`None`: it records none)
@@ -251,13 +278,13 @@ impl NamespaceState {
                 let generation = recorded.unwrap_or(state.legacy);
                 if generation == state.generation {
                     Standing::Current
-                } else if state.is_pin()
-                    && generation >= state.floor
-                    && generation < state.generation
-                {
+                } else if state.is_pin() && state.floor == 0 {
+                    // An adopting pin: a lost record's entries.
+                    Standing::Adopted { at: state.soft_at }
+                } else if state.is_pin() && state.covers(generation) {
                     // Nothing was cleared over a pin.
                     Standing::Current
-                } else if generation >= state.floor && generation < state.generation {
+                } else if state.covers(generation) {
                     Standing::Soft {
                         at: state.soft_at,
                         window: state.window,
@@ -283,8 +310,34 @@ pub(crate) enum Standing {
         window: u64,
         by: Option<u64>,
     },
-    /// Cleared hard, or recorded under a record that was lost: a miss.
+    /// Written under a record that was lost, adopted by a pin made at
+    /// store-clock `at`: stale at its own expiry, at the latest at a
+    /// moment within one TTL from `at` (a soft clear over one TTL).
+    Adopted { at: u64 },
+    /// Cleared hard, or recorded under a record other than the one held (a
+    /// hard clear's floor is above it): a miss.
     Cleared,
+}
+
+/// The fields of a `NamespaceClear` the record's rule reads.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Clear<'a> {
+    pub(crate) pin: bool,
+    pub(crate) restore: Option<&'a [u8]>,
+    pub(crate) hard: bool,
+    pub(crate) window_ms: u64,
+    pub(crate) fresh: u64,
+}
+
+/// What a store does with the record [`NamespaceState::applied`] made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Applied {
+    /// The record held stays (a pin over a record): nothing written.
+    Kept,
+    /// Written, not published (a record put back).
+    Written,
+    /// Written and published.
+    Published,
 }
 
 #[cfg(test)]
@@ -374,8 +427,17 @@ mod tests {
 
     #[test]
     fn a_pin_clears_nothing_and_a_clear_over_it_is_a_first_clear() {
-        let (pin, new) = NamespaceState::pinned(None, false, 1_000, FRESH);
-        assert!(new && pin.is_pin());
+        // A pin made before PIN_WINDOW's adopting form (`H = fresh`).
+        let pin = NamespaceState {
+            generation: FRESH + 1,
+            floor: FRESH,
+            soft_at: 1_000,
+            window: PIN_WINDOW,
+            legacy: FRESH,
+            stale_below: FRESH,
+            stale_by: 0,
+        };
+        assert!(pin.is_pin());
         assert_eq!(NamespaceState::parse(&pin.encode()), Some(pin));
         for recorded in [None, Some(pin.generation)] {
             assert_eq!(
@@ -383,11 +445,15 @@ mod tests {
                 Standing::Current
             );
         }
-        // A record held is kept.
+        // A record held is kept; one given is put back over none.
         let soft = NamespaceState::cleared(Some(pin), false, 60_000, 5_000, FRESH + 9);
         assert_eq!(
-            NamespaceState::pinned(Some(soft), false, 6_000, FRESH + 3),
+            NamespaceState::pinned(Some(soft), None, 6_000, FRESH + 3),
             (soft, false)
+        );
+        assert_eq!(
+            NamespaceState::pinned(None, Some(soft), 6_000, FRESH + 3),
+            (soft, true)
         );
         // A soft clear over it: its own window, from its own start, for
         // what was written under the pin and before it.
@@ -407,22 +473,59 @@ mod tests {
             NamespaceState::standing(Some(&hard), Some(pin.generation)),
             Standing::Cleared
         );
-        // Pinned over a lost record: what records none is a miss.
-        let (lost, _) = NamespaceState::pinned(None, true, 1_000, FRESH + 5);
-        assert!(!lost.is_pin());
+        // Another pin's generation matches nothing.
+        let other = NamespaceState {
+            generation: FRESH + 6,
+            floor: FRESH + 5,
+            legacy: FRESH + 5,
+            stale_below: FRESH + 5,
+            ..pin
+        };
         assert_eq!(
-            NamespaceState::standing(Some(&lost), None),
+            NamespaceState::standing(Some(&pin), Some(other.generation)),
             Standing::Cleared
         );
+    }
+
+    /// The pin made over none adopts every entry a lost record left,
+    /// whatever its generation (above or below its own), and the entries
+    /// that record none; what is written under it is current. A hard
+    /// clear over it leaves nothing from before; a soft one judges all of
+    /// it by its window.
+    #[test]
+    fn an_adopting_pin_judges_a_lost_records_entries_as_a_soft_clear_over_one_ttl() {
+        let (pin, new) = NamespaceState::pinned(None, None, 1_000, FRESH);
+        assert!(new && pin.is_pin() && pin.floor == 0);
+        assert_eq!(NamespaceState::parse(&pin.encode()), Some(pin));
         assert_eq!(
-            NamespaceState::standing(Some(&lost), Some(lost.generation)),
+            NamespaceState::standing(Some(&pin), Some(pin.generation)),
             Standing::Current
         );
-        // Another pin's generation (a lost one's) matches nothing.
-        assert_eq!(
-            NamespaceState::standing(Some(&pin), Some(lost.generation)),
-            Standing::Cleared
-        );
+        for lost in [None, Some(3), Some(FRESH - 7), Some(FRESH + 100)] {
+            assert_eq!(
+                NamespaceState::standing(Some(&pin), lost),
+                Standing::Adopted { at: 1_000 },
+                "{lost:?}"
+            );
+        }
+        let hard = NamespaceState::cleared(Some(pin), true, 0, 2_000, FRESH + 9);
+        for before in [Some(pin.generation), Some(FRESH + 100), None] {
+            assert_eq!(
+                NamespaceState::standing(Some(&hard), before),
+                Standing::Cleared
+            );
+        }
+        let soft = NamespaceState::cleared(Some(pin), false, 5_000, 2_000, FRESH + 9);
+        for before in [Some(pin.generation), Some(FRESH + 100), None] {
+            assert_eq!(
+                NamespaceState::standing(Some(&soft), before),
+                Standing::Soft {
+                    at: 2_000,
+                    window: 5_000,
+                    by: None
+                }
+            );
+        }
     }
 
     #[test]

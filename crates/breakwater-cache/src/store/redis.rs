@@ -1015,7 +1015,8 @@ impl Store for RedisStore {
                 .arg(u8::from(clear.hard))
                 .arg(clear.window_ms)
                 .arg(self.now_ms())
-                .arg(u8::from(clear.pin));
+                .arg(u8::from(clear.pin))
+                .arg(clear.restore.unwrap_or_default());
             let ((record, receivers), master): ((Vec<u8>, u64), _) = self
                 .inner
                 .call(

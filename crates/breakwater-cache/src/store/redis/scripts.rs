@@ -512,13 +512,14 @@ pub(super) static TAG_STATES: LazyLock<Lua> = LazyLock::new(|| {
 
 /// One clear of a namespace (see `store::namespace`): KEYS = its clear
 /// record; ARGV = channel, message, fresh value, `1` for hard, window ms,
-/// the store clock's now in ms, `1` for a pin. The record (seven numbers
-/// below 2^53 with `H <= N`, `L < N` and `S <= N`, or five read with
-/// `S = H`, `E = 0`; anything else counts as none) is advanced as
-/// `NamespaceState::applied` advances it (a pin: returned as held, or made
-/// over none), written without a TTL, and published appended to the
-/// message. Returns the record and `PUBLISH`'s count (0 for a record a pin
-/// kept).
+/// the store clock's now in ms, `1` for a pin, the record a pin puts back
+/// (empty: none). The record (seven numbers below 2^53 with `H <= N`,
+/// `L < N` and `S <= N`, or five read with `S = H`, `E = 0`; anything
+/// else counts as none) is advanced as `NamespaceState::applied` advances
+/// it (a pin: returned as held; else the record given put back, not
+/// published; else an adopting pin made over none), written without a
+/// TTL, and published appended to the message. Returns the record and
+/// `PUBLISH`'s count (0 for a record a pin kept or put back).
 pub(super) static CLEAR_NAMESPACE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"local top = 9007199254740992
@@ -549,11 +550,17 @@ pub(super) static CLEAR_NAMESPACE: LazyLock<Lua> = LazyLock::new(|| {
           if n and ARGV[7] == '1' then
             return {held, 0}
           elseif ARGV[7] == '1' then
-            if ARGV[4] == '1' then
-              n, h, t, w, l, s, e = fresh + 1, fresh + 1, 0, 0, fresh, fresh + 1, 0
-            else
-              n, h, t, w, l, s, e = fresh + 1, fresh, now, pin, fresh, fresh, 0
+            local back = {string.match(ARGV[8], '^(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')}
+            local ok = #back == 7
+            for i = 1, #back do
+              if #back[i] > 16 or tonumber(back[i]) >= top then ok = false end
+              back[i] = tonumber(back[i])
             end
+            if ok and back[2] <= back[1] and back[5] < back[1] and back[6] <= back[1] then
+              redis.call('SET', KEYS[1], ARGV[8])
+              return {ARGV[8], 0}
+            end
+            n, h, t, w, l, s, e = fresh + 1, 0, now, pin, fresh, 0, 0
             local record = string.format('%.0f:%.0f:%.0f:%.0f:%.0f:%.0f:%.0f', n, h, t, w, l, s, e)
             redis.call('SET', KEYS[1], record)
             local receivers = redis.call('PUBLISH', ARGV[1], ARGV[2] .. record)
