@@ -32,24 +32,35 @@ pub(crate) struct InspectOpts {
     /// The cache's codec.
     #[arg(long, value_enum, default_value_t = CodecArg::Msgpack)]
     pub(crate) codec: CodecArg,
+    /// Check the Redis instead (or as well): its eviction policy and what
+    /// breakwater does under it, the permissions of the URL's user on the
+    /// namespace's keys and channel, pub/sub, a Cluster. Exits 1 if a
+    /// finding needs a look.
+    #[arg(long)]
+    pub(crate) check: bool,
     /// The user keys to inspect.
-    #[arg(required = true)]
+    #[arg(required_unless_present = "check")]
     pub(crate) keys: Vec<String>,
 }
 
 /// Runs `breakwater inspect`.
 pub(crate) async fn main(opts: InspectOpts) -> ExitCode {
     match run(&opts).await {
-        Ok(text) => {
+        Ok((text, all_ok)) => {
             crate::out!("{text}");
-            ExitCode::SUCCESS
+            if all_ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
         }
         Err(failure) => failure.exit("inspect"),
     }
 }
 
-/// Inspects every key and renders the report.
-async fn run(opts: &InspectOpts) -> Result<String, Failure> {
+/// Inspects every key (and, with `--check`, the Redis) and renders the
+/// report; also whether every check finding is as expected.
+async fn run(opts: &InspectOpts) -> Result<(String, bool), Failure> {
     let store = crate::connect::store(&opts.redis).map_err(|err| bad_url(&opts.redis, err))?;
     if let Err(err) = store.warm_up().await {
         return Err(unreachable(&opts.redis, err).await);
@@ -65,11 +76,19 @@ async fn run(opts: &InspectOpts) -> Result<String, Failure> {
         .codec(codec)
         .build()?;
     let mut out = String::new();
+    let mut all_ok = true;
+    if opts.check {
+        use std::fmt::Write as _;
+        for finding in cache.check().await {
+            all_ok &= finding.ok;
+            let _ = writeln!(out, "{finding}");
+        }
+    }
     for key in &opts.keys {
         let inspection = cache.inspect(key).await?;
         out.push_str(&render(key, &inspection));
     }
-    Ok(out)
+    Ok((out, all_ok))
 }
 
 /// One key's report.

@@ -120,6 +120,8 @@ pub mod l1;
 pub mod limit;
 mod log_limit;
 pub mod metrics;
+#[cfg(test)]
+mod protocol_tests;
 pub mod retry;
 mod served;
 pub mod store;
@@ -144,9 +146,9 @@ pub use metrics::{LeaseStats, LoadStats, NoticeStats, Stats};
 pub use retry::RetryConfig;
 pub use served::{Fetched, Served, StaleReason};
 pub use store::{
-    ClearedNamespace, Delivery, FencedRenewal, FencedWrite, Invalidate, LeaseAttempt, LeaseRequest,
-    MemoryStore, NamespaceClear, Notice, RedisLatency, RedisStore, RedisStoreConfig, Renewal,
-    Replace, SentinelError, Store, StoreFuture, Subscription, Unchanged,
+    ClearedNamespace, Delivery, FencedRenewal, FencedWrite, Finding, Invalidate, LeaseAttempt,
+    LeaseRequest, MemoryStore, NamespaceClear, Notice, RedisLatency, RedisStore, RedisStoreConfig,
+    Renewal, Replace, SentinelError, Store, StoreFuture, Subscription, Unchanged,
 };
 
 /// The README's examples, compiled and run as doctests.

@@ -63,6 +63,7 @@ const APP_USER: &[&str] = &[
     "+subscribe",
     "+evalsha",
     "+eval",
+    "+getrange",
     "+setrange",
     "+pexpire",
     "+sadd",
@@ -312,4 +313,46 @@ async fn a_user_without_multi_gets_a_clear_error_from_bulk_calls() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(cache.get("one").await.unwrap().as_deref(), Some("v"));
+}
+
+/// `Cache::check` names what the user may not do: the full app user is
+/// refused nothing; one without `+multi`/`+exec` and `+sadd` gets a
+/// `permissions` finding naming them (and `CONFIG GET` refused is said,
+/// not guessed).
+#[tokio::test]
+async fn the_startup_check_names_the_commands_a_user_lacks() {
+    let (server, store) = app_server().await;
+    let cache = cache_on(store, Some("myapp:"));
+    let findings = cache.check().await;
+    let permissions = findings
+        .iter()
+        .find(|f| f.topic == "permissions")
+        .expect("a permissions finding");
+    assert!(permissions.ok, "{findings:#?}");
+    let policy = findings
+        .iter()
+        .find(|f| f.topic == "maxmemory-policy")
+        .unwrap();
+    assert!(
+        !policy.ok && policy.detail.contains("could not be read"),
+        "{policy}"
+    );
+    let rules: Vec<&str> = APP_USER
+        .iter()
+        .copied()
+        .filter(|rule| !matches!(*rule, "+multi" | "+exec" | "+sadd"))
+        .collect();
+    set_user(&server, "narrow", &rules);
+    let url = format!("redis://narrow:s3cret-app@127.0.0.1:{}/", server.port());
+    let store = RedisStore::connect_with(&url, patient()).unwrap();
+    let cache = cache_on(store, Some("myapp:"));
+    let findings = cache.check().await;
+    let permissions = findings.iter().find(|f| f.topic == "permissions").unwrap();
+    eprintln!("{permissions}");
+    assert!(!permissions.ok, "{permissions}");
+    for named in ["SADD", "MULTI"] {
+        assert!(permissions.detail.contains(named), "{permissions}");
+    }
+    // The probe keys are gone.
+    assert_eq!(server.command(&["DBSIZE"]).unwrap().trim(), "0");
 }

@@ -16,7 +16,7 @@ use breakwater_cache_testkit::RedisServer;
 
 /// How a negative entry is made stale.
 #[derive(Debug, Clone, Copy)]
-enum Soft {
+enum Staling {
     Expire,
     ExpireTag,
     SoftClear,
@@ -41,7 +41,7 @@ fn cache(store: impl Store, l1: bool) -> Cache<u64> {
 
 /// The row does not exist, is cached as "not found", is created, then the
 /// entry is made stale by `how`: the next read says the row is there.
-async fn negative_then(cache: &Cache<u64>, how: Soft) {
+async fn negative_then(cache: &Cache<u64>, how: Staling) {
     let row = Arc::new(AtomicU64::new(0));
     let load = {
         let row = Arc::clone(&row);
@@ -62,9 +62,9 @@ async fn negative_then(cache: &Cache<u64>, how: Soft) {
     assert_eq!(first.value, None, "{how:?}");
     row.store(1, Ordering::SeqCst);
     match how {
-        Soft::Expire => cache.expire("row").await.unwrap(),
-        Soft::ExpireTag => cache.expire_tag("rows").await.unwrap(),
-        Soft::SoftClear => cache
+        Staling::Expire => cache.expire("row").await.unwrap(),
+        Staling::ExpireTag => cache.expire_tag("rows").await.unwrap(),
+        Staling::SoftClear => cache
             .clear(ClearMode::Soft {
                 window: Duration::ZERO,
             })
@@ -86,7 +86,7 @@ async fn negative_then(cache: &Cache<u64>, how: Soft) {
 
 #[tokio::test(start_paused = true)]
 async fn a_negative_entry_is_not_servable_stale_on_the_memory_store() {
-    for how in [Soft::Expire, Soft::ExpireTag, Soft::SoftClear] {
+    for how in [Staling::Expire, Staling::ExpireTag, Staling::SoftClear] {
         for l1 in [false, true] {
             negative_then(&cache(MemoryStore::new(), l1), how).await;
         }
@@ -96,7 +96,7 @@ async fn a_negative_entry_is_not_servable_stale_on_the_memory_store() {
 #[tokio::test]
 async fn a_negative_entry_is_not_servable_stale_on_redis() {
     let server = RedisServer::start();
-    for how in [Soft::Expire, Soft::ExpireTag, Soft::SoftClear] {
+    for how in [Staling::Expire, Staling::ExpireTag, Staling::SoftClear] {
         for l1 in [false, true] {
             let cache = cache(support::connect(&server).await, l1);
             cache.clear(ClearMode::Hard).await.unwrap();

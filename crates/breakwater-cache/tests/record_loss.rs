@@ -288,7 +288,7 @@ async fn under_allkeys_lru_an_evicted_record_costs_nothing() {
                     .set(key.as_bytes(), &kb, Duration::from_secs(3600))
                     .await;
                 i += 1;
-                if i % 100 == 0 {
+                if i.is_multiple_of(100) {
                     sleep(Duration::from_millis(5)).await;
                 }
             }
@@ -296,12 +296,12 @@ async fn under_allkeys_lru_an_evicted_record_costs_nothing() {
         })
     };
     let until = Instant::now() + Duration::from_secs(6);
-    let (mut record_gone, mut rounds) = (0, 0);
+    let (mut record_gone, mut rounds) = (0u32, 0u32);
     while Instant::now() < until {
         let errors = read_all(&a, &db, KEYS).await + read_all(&b, &db, KEYS).await;
         assert_eq!(errors, 0);
         rounds += 1;
-        if rounds % 3 == 0 {
+        if rounds.is_multiple_of(3) {
             // The buses drop: each process reads the record again.
             kill_pubsub(&server);
         }

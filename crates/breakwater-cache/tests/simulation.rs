@@ -223,6 +223,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -1776,9 +1777,10 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
         })
     });
     // Every round's Redis evicts under memory pressure: now and then a
-    // key's value or lease (of any process's version) is dropped. A lost
-    // value is a miss; a lost lease a free lease, never a licence to write
-    // past the fence.
+    // key's value or lease (of any process's version), the clear record or
+    // a tag counter is dropped. A lost value is a miss; a lost lease a free
+    // lease, never a licence to write past the fence; a lost record or
+    // counter validates nothing.
     let pressure = {
         let store = procs[0].store.inner().clone();
         let (world, keys) = (Arc::clone(world), keys.clone());
@@ -1790,10 +1792,19 @@ async fn chaos_round(world: &Arc<World>, kind: Round) {
                 let key = &keys[rng.random_range(0..keys.len())];
                 let cache = &caches[rng.random_range(0..caches.len())];
                 let stored = cache.storage_key(key).expect("valid key");
-                let (stored, what) = if rng.random_bool(0.5) {
-                    (stored, "value")
-                } else {
-                    (lease_of(&stored), "lease")
+                // Any kind of key the fleet keeps (PROTOCOL.md's
+                // inventory; the lease index is Redis's own, dropped by
+                // `index_loss` below as the leases it names): mostly
+                // values and leases, now and then the namespace's clear
+                // record or a group's tag counter, in every round.
+                let (stored, what) = match rng.random_range(0..20) {
+                    0 => (cache.clear_record_key().to_vec(), "record"),
+                    1 => {
+                        let tag = group(key);
+                        (format!("bw:sim:t:{{{tag}}}").into_bytes(), "counter")
+                    }
+                    2..11 => (stored, "value"),
+                    _ => (lease_of(&stored), "lease"),
                 };
                 let now = Instant::now();
                 let dropped = store.delete(&stored).await.unwrap_or(false);
@@ -2543,12 +2554,29 @@ async fn empty_restart_round(world: &Arc<World>) {
     let minute = Duration::from_secs(60);
     let procs = fleet(world, 7, &[(minute, true), (minute, true)], false);
     let keys: Vec<String> = (0..6).map(|k| format!("e{k}")).collect();
+    let mut rng = stream(seed, 7);
+    // Most seeds soft-clear the namespace first: its clear record must not
+    // turn the restart into errors (issue 55: the first load pinned a hard
+    // record, which emptied L1 in every process).
+    if rng.random_bool(0.75) {
+        let window = ms(rng.random_range(0..120_000));
+        let start = Instant::now();
+        let outcome = timeout(BOUND, procs[0].cache.clear(ClearMode::Soft { window })).await;
+        world.trace(
+            0,
+            "clear",
+            "-",
+            start,
+            format!("soft {window:?}: {outcome:?}"),
+        );
+    }
     for p in &procs {
         for key in &keys {
             get(world, p, key, ms(5), false).await;
         }
     }
-    // Nobody changes the rows from here on.
+    // Nobody changes the rows from here on. Redis restarts empty: every
+    // key gone (the clear record too), every bus dropped.
     let store = procs[0].store.inner().clone();
     for key in &keys {
         let value = procs[0].cache.storage_key(key).expect("valid key");
@@ -2557,8 +2585,11 @@ async fn empty_restart_round(world: &Arc<World>) {
             let _ = store.delete(&gone).await;
         }
     }
+    let _ = store.delete(procs[0].cache.clear_record_key()).await;
+    for p in &procs {
+        p.store.kill_feeds();
+    }
     world.trace(0, "flush", "-", Instant::now(), "database down".into());
-    let mut rng = stream(seed, 7);
     // Past the fresh time (TTL, with its jitter), inside max_stale.
     sleep(fresh_max(TTL) + ms(100)).await;
     let until = Instant::now() + Duration::from_secs(20);
@@ -2724,6 +2755,134 @@ async fn expire_round(world: &Arc<World>) {
     }
 }
 
+/// **negative-after-expire**: two healthy processes with 10 s of grace
+/// (one with L1) cache "not found" for four keys; then the rows are
+/// created, and process 1 makes each entry stale with `expire`,
+/// `expire_tag` or a soft clear (seeded). No call that starts after that
+/// returned (in process 1 at once, in process 0 one store reply later;
+/// after a soft clear's window, once it is over) is answered "not found":
+/// a negative entry is never servable stale.
+async fn negative_expire_round(world: &Arc<World>) {
+    let grace = Duration::from_secs(10);
+    let procs = fleet(world, 16, &[(grace, true), (grace, false)], false);
+    let keys: Vec<String> = (0..4).map(|k| format!("n{k}")).collect();
+    let exists = Arc::new(AtomicBool::new(false));
+    let loader = |key: &str| {
+        let (exists, key) = (Arc::clone(&exists), key.to_string());
+        move || async move {
+            sleep(ms(5)).await;
+            let found = exists.load(Ordering::SeqCst);
+            Ok::<_, std::io::Error>(found.then_some(Val { key, version: 1 }))
+        }
+    };
+    for p in &procs {
+        for key in &keys {
+            let start = Instant::now();
+            let got = timeout(
+                BOUND,
+                p.cache.entry(key).tags(["neg"]).get_or_load(loader(key)),
+            )
+            .await;
+            world.trace(p.id, "get", key, start, format!("{got:?}"));
+        }
+    }
+    let mut rng = stream(world.seed, 97);
+    sleep(ms(rng.random_range(10..500))).await;
+    exists.store(true, Ordering::SeqCst);
+    let (expirer, start) = (&procs[1], Instant::now());
+    let how = rng.random_range(0..3);
+    // A soft clear's entries turn stale at their moments in its window:
+    // fresh until then, "not found" included.
+    let window = ms(rng.random_range(0..2_000));
+    let outcome = match how {
+        0 => {
+            let mut all = Ok(());
+            for key in &keys {
+                all = all.and(
+                    timeout(BOUND, expirer.cache.expire(key))
+                        .await
+                        .map_err(drop)
+                        .and_then(|r| r.map_err(drop)),
+                );
+            }
+            all
+        }
+        1 => timeout(BOUND, expirer.cache.expire_tag("neg"))
+            .await
+            .map_err(drop)
+            .and_then(|r| r.map_err(drop)),
+        _ => timeout(
+            BOUND,
+            expirer.cache.clear(ClearMode::Soft {
+                window: ms(rng.random_range(0..2_000)),
+            }),
+        )
+        .await
+        .map_err(drop)
+        .and_then(|r| r.map_err(drop)),
+    };
+    let how = ["expire", "expire_tag", "soft clear"][how];
+    world.trace(
+        expirer.id,
+        "expire",
+        "-",
+        start,
+        format!("{how}: {outcome:?}"),
+    );
+    if outcome.is_err() {
+        world.violate(
+            "errors-in-healthy-round",
+            "-",
+            format!("P1 {how} in the negative round: {outcome:?}"),
+        );
+        return;
+    }
+    let at = Instant::now()
+        + if how == "soft clear" {
+            window
+        } else {
+            Duration::ZERO
+        };
+    sleep(ms(rng.random_range(0..3_000))).await;
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        let p = &procs[rng.random_range(0..procs.len())];
+        let key = &keys[rng.random_range(0..keys.len())];
+        let start = Instant::now();
+        let got = timeout(
+            BOUND,
+            p.cache
+                .entry(key)
+                .tags(["neg"])
+                .get_or_load_with_meta(loader(key)),
+        )
+        .await;
+        world.trace(p.id, "get", key, start, format!("{got:?}"));
+        let late_enough = start >= at && (p.id == expirer.id || start >= at + MAX_REPLY);
+        match got {
+            Ok(Ok(fetched)) if late_enough && fetched.value.is_none() => world.violate(
+                "negative-after-expire",
+                key,
+                format!(
+                    "P{} get_or_load({key}) at {} ms said not found ({:?}) after P1's {how} at {} ms, \
+                     the row created before it",
+                    p.id,
+                    world.ms(start),
+                    fetched.served,
+                    world.ms(at)
+                ),
+            ),
+            Ok(Ok(_)) => {}
+            other => world.violate(
+                "errors-in-healthy-round",
+                key,
+                format!("P{} get_or_load({key}) in the negative round: {other:?}", p.id),
+            ),
+        }
+        sleep(ms(rng.random_range(10..100))).await;
+    }
+}
+
 /// **renew-revoked**: a process refreshes a stale key (grace) with a
 /// context loader that reads the database first and answers "not
 /// modified" 0.8 to 2.5 s later; meanwhile another process changes the row
@@ -2864,6 +3023,7 @@ fn run_seed(seed: u64) -> Outcome {
         slow_store_round(&world).await;
         bus_death_round(&world).await;
         expire_round(&world).await;
+        negative_expire_round(&world).await;
         renew_revoked_round(&world).await;
         held_leader_round(&world).await;
         bus_heard_round(&world).await;

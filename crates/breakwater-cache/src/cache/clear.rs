@@ -13,14 +13,16 @@
 //! the one it began under). Before the first clear there is a record too:
 //! the first write that finds none makes a pin, a record that clears
 //! nothing (one `EVALSHA`, once per namespace, see `store::namespace`), so
-//! a record lost later takes with it the validity of every entry written
-//! under it. A read judges an entry by the record:
+//! every entry names the record it was written under. A read judges an
+//! entry by the record:
 //!
 //! - written under the current generation (or under the pin before the
 //!   first clear; or no record was ever made, and it records none): as it
 //!   is;
-//! - cleared hard, or recorded under a record that was since lost: a miss,
-//!   never served, not even stale;
+//! - cleared hard: a miss, never served, not even stale;
+//! - recorded under a record that was since lost, where no process put it
+//!   back: adopted, as after a soft clear over one TTL (below, "A lost
+//!   record");
 //! - cleared soft at store-clock `T` over window `W`: fresh until a moment
 //!   of its own in `[T, T + W)`, then stale as any entry (grace, fail-safe,
 //!   one refresh). The moment keeps the order in which entries would have
@@ -105,7 +107,7 @@ use tokio::time::Instant;
 
 use super::handle::Cache;
 use super::notify::{self, CLEARED};
-use super::record::RECHECK;
+use super::record::{KEEP_WARM, RECHECK};
 use super::value::Value;
 use crate::clock::millis;
 use crate::entry::Entry;
@@ -237,8 +239,10 @@ impl<V: Value> Cache<V> {
                 "the store answered a clear with something that is not a clear record",
             ));
         };
-        // This process, at once (its own listener takes the record, in bus
-        // order, and acknowledges it too).
+        // This process, at once: the record taken as if heard (its own
+        // listener may be down as it is published, and would miss it), L1
+        // emptied. (The listener, if up, hears it too, and acknowledges.)
+        self.local.clears.heard(&cleared.record);
         self.local.cleared(hard);
         // Processes that cannot trust their bus read the record again
         // within RECHECK: by the time this returns, they have.
@@ -284,10 +288,10 @@ impl<V: Value> Cache<V> {
             Ok(record) => {
                 // The store lost the record known here: judged by as
                 // known, and put back.
-                if clears.take_missing()
+                if let Some(trusted) = clears.take_missing()
                     && let Some(known) = record
                 {
-                    self.record_lost(Some(known));
+                    self.record_lost(Some((known, trusted)));
                 }
                 // A clear this process had not heard of (its bus was down):
                 // taken as if heard, L1 copies and loads in the air from
@@ -402,38 +406,41 @@ impl<V: Value> Cache<V> {
 
     /// The namespace's clear record was lost (evicted under `maxmemory`,
     /// deleted, an empty restart). With `known`, the record this process
-    /// knew, it is put back at once (if the store still holds none: a
-    /// record another process put back or made meanwhile is taken
-    /// instead). Without, after a pause drawn at random (up to
-    /// [`RESTORE_SPREAD`], so a process that knew it puts it back first,
-    /// and the fleet's processes that noticed do not all write), the
-    /// record is read again and, still missing, an adopting pin is made
+    /// knew and whether it trusted it (its bus up since it read or heard
+    /// it): a trusted one is put back at once (if the store still holds
+    /// none: a record another process put back or made meanwhile is taken
+    /// instead). Otherwise, after a pause of one keep-warm period and up
+    /// to [`RESTORE_SPREAD`] more, drawn at random (so a process that
+    /// trusts its record, whose keep-warm read finds the loss, puts it
+    /// back first, and the fleet's processes that noticed do not all
+    /// write), the record is read again and, still missing, the one known
+    /// here is put back, or, none known, an adopting pin is made
     /// (published: every process takes it). In the background, one at a
     /// time in this process. Nothing is cleared: entries stay as they
     /// were judged, L1 included.
-    fn record_lost(&self, known: Option<NamespaceState>) {
+    fn record_lost(&self, known: Option<(NamespaceState, bool)>) {
         let cache = self.clone();
         // One at a time (a restore stranded on a runtime that stopped
         // polling it is started again after RESTORE_STRANDED).
         self.local.clears.restoring.ensure(RESTORE_STRANDED, |duty| async move {
             let clears = &cache.local.clears;
             let restore = match known {
-                Some(known) => Some(known),
-                None => {
+                Some((known, true)) => Some(known),
+                _ => {
                     // The cache's own generator: seeded, a run replays.
                     let pause = {
                         let mut rng = cache.inner.rng.lock().unwrap_or_else(|p| p.into_inner());
-                        rng.random_range(Duration::ZERO..=RESTORE_SPREAD)
+                        KEEP_WARM + rng.random_range(Duration::ZERO..=RESTORE_SPREAD)
                     };
                     tokio::time::sleep(pause).await;
                     match clears.read_again().await {
-                        // (A record found known here now is put back, if
-                        // the store lost it again.)
                         Ok(None) => None,
-                        Ok(Some(_)) if !clears.take_missing() => return duty.done(),
-                        Ok(Some(known)) => Some(known),
-                        // Tried again by the next read that finds it missing.
-                        Err(_) => return duty.done(),
+                        // Still missing: the one known here.
+                        Ok(Some(known)) if clears.take_missing().is_some() => Some(known),
+                        // Put back or made meanwhile; or the read failed
+                        // (tried again by the next read that finds it
+                        // missing).
+                        Ok(Some(_)) | Err(_) => return duty.done(),
                     }
                 }
             };

@@ -277,11 +277,8 @@ impl<V: Value> BusHook for Local<V> {
         Box::pin(async move {
             // A failed read is read again by the next caller that needs it.
             let _ = self.clears.current().await;
-            // The store lost the record known here while the bus was down
-            // (an empty restart): put back.
-            if self.clears.take_missing() {
-                self.clears.put_back().await;
-            }
+            // (A record the store lost meanwhile, an empty restart say,
+            // stays untrusted: the next read puts it back after a pause.)
         })
     }
 

@@ -43,7 +43,7 @@ use crate::error::{Error, ErrorKind};
 use crate::log_limit::{LogLimiter, Warning, warn_limited};
 use crate::metrics::Metrics;
 use crate::store::{
-    ClearedNamespace, FencedRenewal, FencedWrite, Invalidate, LeaseAttempt, LeaseRequest,
+    ClearedNamespace, FencedRenewal, FencedWrite, Finding, Invalidate, LeaseAttempt, LeaseRequest,
     NamespaceClear, Notice, RedisStore, Renewal, Replace, Store, StoreFuture, Subscription,
 };
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -662,6 +662,12 @@ impl Store for GuardedStore {
             .into_iter()
             .collect()
         })
+    }
+
+    /// Straight to the store: a check is not traffic (no breaker, no
+    /// metrics).
+    fn check<'a>(&'a self, probe: &'a [u8], channel: &'a [u8]) -> StoreFuture<'a, Vec<Finding>> {
+        self.store.check(probe, channel)
     }
 
     fn publish<'a>(&'a self, channel: &'a [u8], message: &'a [u8]) -> StoreFuture<'a, ()> {

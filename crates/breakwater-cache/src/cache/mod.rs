@@ -103,6 +103,7 @@
 
 mod batch;
 mod builder;
+mod check;
 mod chosen;
 mod clear;
 mod coherence;

@@ -479,6 +479,11 @@ impl Waiters {
         }
     }
 
+    /// Whether the listener runs and is subscribed now.
+    pub(crate) fn is_up(&self) -> bool {
+        self.is_listening() && self.ready.up.load(Ordering::SeqCst)
+    }
+
     /// Whether the listener runs.
     pub(crate) fn is_listening(&self) -> bool {
         !self.lost.load(Ordering::Acquire)

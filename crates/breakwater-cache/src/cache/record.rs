@@ -4,7 +4,7 @@
 //! stayed up since, and the acknowledgements of clears heard on the bus.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -29,9 +29,19 @@ pub(super) const RECHECK: Duration = Duration::from_millis(100);
 /// it trusts, to keep it warm in the store and put it back if it is gone.
 const KEEP_WARM_BEATS: u64 = 4;
 
+/// [`KEEP_WARM_BEATS`] as a duration: within this, every process whose
+/// bus is up has read its record once.
+pub(super) const KEEP_WARM: Duration = Duration::from_millis(1_000);
+
 /// How long a keep-warm read may hold its slot without being polled
 /// before another may start.
 const KEEP_WARM_STRANDED: Duration = Duration::from_secs(10);
+
+/// [`Clears::missing`]: the record known was trusted when a read found
+/// the store without it.
+const MISSING_TRUSTED: u8 = 1;
+/// [`Clears::missing`]: it was not.
+const MISSING_UNTRUSTED: u8 = 2;
 
 /// How many clears' acknowledgements a process keeps count of.
 const ACKS_KEPT: usize = 64;
@@ -60,7 +70,7 @@ pub(super) struct Clears {
     /// A read found the store without the record known here (evicted,
     /// deleted, or an empty restart): it is judged by as known, and put
     /// back ([`Clears::take_missing`]).
-    missing: AtomicBool,
+    missing: AtomicU8,
     /// When (store-clock ms) a read first found no record while none was
     /// known here, though entries recorded one (0: not so): they are
     /// judged as an adopting pin made then would judge them, until one is.
@@ -99,6 +109,17 @@ struct Link {
     key: Vec<u8>,
     channel: Vec<u8>,
     sender: [u8; SENDER_LEN],
+}
+
+impl Known {
+    /// Whether it is trusted at bus state `bus` (see [`Clears::trusted`]).
+    fn trusted_at(&self, bus: u64) -> bool {
+        if bus % 2 == 1 {
+            self.bus == bus
+        } else {
+            self.read_at.is_some_and(|at| at.elapsed() < RECHECK)
+        }
+    }
 }
 
 impl Link {
@@ -211,12 +232,7 @@ impl Clears {
     pub(super) fn trusted(&self) -> Option<Option<NamespaceState>> {
         let bus = self.bus.load(Ordering::SeqCst);
         let known = *self.known.lock().unwrap_or_else(|p| p.into_inner());
-        let trusted = if bus % 2 == 1 {
-            known.bus == bus
-        } else {
-            known.read_at.is_some_and(|at| at.elapsed() < RECHECK)
-        };
-        trusted.then_some(known.record).flatten()
+        known.trusted_at(bus).then_some(known.record).flatten()
     }
 
     /// The record last known, trusted or not (`None` if none was ever
@@ -269,9 +285,17 @@ impl Clears {
             // A read that finds none where a record is known: the store
             // lost it (evicted, deleted, restarted empty). What is known
             // stands (a loss never turns the namespace into a miss), and
-            // is put back.
+            // is put back: at once if it was trusted (nothing can have been
+            // missed); else it stays untrusted (every read reads the
+            // record again) until a process that trusts a record has had
+            // the time to put its own back (see `Cache::record_lost`).
             (Some(held), None) if read_at.is_some() => {
-                self.missing.store(true, Ordering::SeqCst);
+                if known.trusted_at(self.bus.load(Ordering::SeqCst)) {
+                    self.missing.store(MISSING_TRUSTED, Ordering::SeqCst);
+                } else {
+                    self.missing.store(MISSING_UNTRUSTED, Ordering::SeqCst);
+                    return Some(held);
+                }
                 Some(held)
             }
             (Some(held), new)
@@ -299,9 +323,15 @@ impl Clears {
     }
 
     /// Whether a read found the store without the record known here since
-    /// this was last asked (the caller puts it back).
-    pub(super) fn take_missing(&self) -> bool {
-        self.missing.swap(false, Ordering::SeqCst)
+    /// this was last asked (the caller puts it back): `Some(true)` if that
+    /// record was trusted then, `Some(false)` if not (a clear may have
+    /// been missed: it is put back only after a pause).
+    pub(super) fn take_missing(&self) -> Option<bool> {
+        match self.missing.swap(0, Ordering::SeqCst) {
+            MISSING_TRUSTED => Some(true),
+            MISSING_UNTRUSTED => Some(false),
+            _ => None,
+        }
     }
 
     /// When (store-clock ms) a read first found no record while none was

@@ -555,6 +555,17 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
         })
     }
 
+    /// A startup check of what this store is (see `breakwater inspect
+    /// --check`): facts that decide how a cache behaves on it (Redis: the
+    /// eviction policy, the commands its user may run on keys like
+    /// `probe` and on `channel`, pub/sub, a Cluster), one [`Finding`]
+    /// each. `probe` is a key the cache may write; it is written, then
+    /// deleted. The default has nothing to report.
+    fn check<'a>(&'a self, probe: &'a [u8], channel: &'a [u8]) -> StoreFuture<'a, Vec<Finding>> {
+        let _ = (probe, channel);
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
     // --- bus ---
 
     /// Publishes `message` on `channel` to every subscriber, in every process.
@@ -689,6 +700,47 @@ pub struct Invalidate<'a> {
     pub key: &'a [u8],
     /// Its lease, deleted with it.
     pub lease_key: &'a [u8],
+}
+
+/// One fact a startup check found ([`Store::check`],
+/// `Cache::check`): a topic, whether it is as breakwater expects, and
+/// what it means for the cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    /// What was checked (`maxmemory-policy`, `permissions`, `pub/sub`,
+    /// `cluster`, `l1`).
+    pub topic: &'static str,
+    /// As breakwater expects (`false`: worth an operator's look).
+    pub ok: bool,
+    /// What was found and what the cache does about it.
+    pub detail: String,
+}
+
+impl Finding {
+    /// A finding that is as expected.
+    pub fn ok(topic: &'static str, detail: impl Into<String>) -> Finding {
+        Finding {
+            topic,
+            ok: true,
+            detail: detail.into(),
+        }
+    }
+
+    /// A finding worth an operator's look.
+    pub fn warn(topic: &'static str, detail: impl Into<String>) -> Finding {
+        Finding {
+            topic,
+            ok: false,
+            detail: detail.into(),
+        }
+    }
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mark = if self.ok { "ok  " } else { "WARN" };
+        write!(f, "{mark} {}: {}", self.topic, self.detail)
+    }
 }
 
 /// One clear of a namespace; see [`Store::clear_namespace`].

@@ -33,6 +33,7 @@
 //! - [`latency`]: round trips and the deadlines they call for.
 
 mod bus;
+mod check;
 mod clock;
 mod command;
 mod config;
@@ -71,7 +72,7 @@ use self::scripts::{
 use self::sentinel::Revocation;
 use super::namespace::NamespaceState;
 use super::{
-    ClearedNamespace, FencedRenewal, FencedWrite, Invalidate, LeaseAttempt, LeaseRequest,
+    ClearedNamespace, FencedRenewal, FencedWrite, Finding, Invalidate, LeaseAttempt, LeaseRequest,
     NamespaceClear, Notice, Renewal, Replace, Store, StoreFuture, Subscription, parse_generation,
     ttl_millis,
 };
@@ -996,6 +997,10 @@ impl Store for RedisStore {
                 .await
                 .map(drop)
         })
+    }
+
+    fn check<'a>(&'a self, probe: &'a [u8], channel: &'a [u8]) -> StoreFuture<'a, Vec<Finding>> {
+        Box::pin(async move { Ok(self.findings(probe, channel).await) })
     }
 
     /// One script. On a Sentinel store the master's acknowledgement is

@@ -615,6 +615,10 @@ impl<V: Value> Cache<V> {
         if check.is_empty() {
             return;
         }
+        // Read at `sent`: what it finds answers the callers that started
+        // within one read deadline of it, as a single key's read-back
+        // does (`read_answers`); one that joined later reads again.
+        let sent = Instant::now();
         let read = {
             let storage: Vec<&[u8]> = check
                 .iter()
@@ -643,7 +647,7 @@ impl<V: Value> Cache<V> {
                 waiting
                     .led
                     .lander
-                    .land(Ok((value, Served::Coalesced, None)));
+                    .land(Ok((value, Served::Coalesced, self.read_answers(sent))));
             }
         }
     }

@@ -510,6 +510,43 @@ pub(super) static TAG_STATES: LazyLock<Lua> = LazyLock::new(|| {
     ))
 });
 
+/// The startup check's permission probe: KEYS = a string key and a set
+/// key the cache's user may write (in one hash slot), ARGV = the
+/// namespace's channel. Runs every command the store's scripts run on
+/// them (and `PUBLISH` of an empty message, which receivers ignore), then
+/// deletes both; returns the names of those refused for want of a
+/// permission (`NOPERM`, or Redis 7.0's "can't run this command" inside
+/// a script).
+pub(super) static CHECK_PERMISSIONS: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(
+        r"local refused = {}
+          local function try(...)
+            local reply = redis.pcall(...)
+            if type(reply) == 'table' and reply.err
+              and (string.find(reply.err, 'NOPERM') or string.find(reply.err, 'permission')
+                or string.find(reply.err, 'run this command', 1, true)) then
+              table.insert(refused, (select(1, ...)))
+            end
+          end
+          try('SET', KEYS[1], 'x', 'PX', 10000)
+          try('GET', KEYS[1])
+          try('GETRANGE', KEYS[1], 0, 0)
+          try('SETRANGE', KEYS[1], 0, 'x')
+          try('EXISTS', KEYS[1])
+          try('PEXPIRE', KEYS[1], 10000)
+          try('PTTL', KEYS[1])
+          try('SADD', KEYS[2], 'x')
+          try('SISMEMBER', KEYS[2], 'x')
+          try('SRANDMEMBER', KEYS[2])
+          try('SREM', KEYS[2], 'x')
+          try('PUBLISH', ARGV[1], '')
+          try('TIME')
+          try('DEL', KEYS[1])
+          try('DEL', KEYS[2])
+          return refused",
+    )
+});
+
 /// One clear of a namespace (see `store::namespace`): KEYS = its clear
 /// record; ARGV = channel, message, fresh value, `1` for hard, window ms,
 /// the store clock's now in ms, `1` for a pin, the record a pin puts back

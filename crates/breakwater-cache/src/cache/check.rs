@@ -1,0 +1,78 @@
+//! [`Cache::check`]: the store this cache is given, checked once — its
+//! eviction policy, the permissions of its user, pub/sub, a Cluster (see
+//! [`Store::check`](crate::Store::check)) — and what this cache's own
+//! settings make of it (L1 without a working bus), one log line per
+//! finding. Call it once at startup; `breakwater inspect --check` runs it
+//! for operators.
+
+use std::time::Duration;
+
+use super::handle::Cache;
+use super::value::Value;
+use crate::store::{Finding, Store};
+
+/// How long the check waits for the cache's bus to come up.
+const BUS_WITHIN: Duration = Duration::from_secs(2);
+
+impl<V: Value> Cache<V> {
+    /// Checks the store this cache is given and logs each finding (a
+    /// `warn` line for one that is not as expected, `info` otherwise).
+    /// On Redis: `maxmemory-policy` and what breakwater does under it; the
+    /// commands and keys its user may use (a probe key under the cache's
+    /// prefix is written, then deleted); whether the namespace's channel
+    /// can be subscribed; a Cluster. With L1 on: whether the bus is up
+    /// (without it L1 copies are never verified). Meant for startup: it
+    /// takes a few round trips, and up to 2 s when pub/sub does not come
+    /// up.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), breakwater_cache::Error> {
+    /// let cache = breakwater_cache::Cache::<String>::builder().build()?;
+    /// for finding in cache.check().await {
+    ///     println!("{finding}");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn check(&self) -> Vec<Finding> {
+        let inner = &self.inner;
+        let probe = [&inner.clear_key[..], b"heck:{probe}"].concat();
+        let channel = inner.waiters.channel();
+        let mut findings = match inner.store.check(&probe, channel).await {
+            Ok(findings) => findings,
+            Err(err) => vec![Finding::warn(
+                "store",
+                format!("the check could not run: {err}"),
+            )],
+        };
+        if self.local.l1.is_some() {
+            inner
+                .waiters
+                .subscribed_within(&*inner.store, BUS_WITHIN)
+                .await;
+            findings.push(if inner.waiters.is_up() {
+                Finding::ok(
+                    "l1",
+                    "L1 is on and the bus is up: other processes' changes reach it",
+                )
+            } else {
+                Finding::warn(
+                    "l1",
+                    format!(
+                        "L1 is on but the bus is not up within {BUS_WITHIN:?}: its copies are \
+                         never verified (served only as stale stand-ins) until it is"
+                    ),
+                )
+            });
+        }
+        for finding in &findings {
+            if finding.ok {
+                tracing::info!(topic = finding.topic, "{}", finding.detail);
+            } else {
+                tracing::warn!(topic = finding.topic, "{}", finding.detail);
+            }
+        }
+        findings
+    }
+}
