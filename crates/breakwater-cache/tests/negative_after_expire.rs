@@ -104,3 +104,112 @@ async fn a_negative_entry_is_not_servable_stale_on_redis() {
         }
     }
 }
+
+/// A soft clear spread over a window: once the window is over, a cached
+/// "not found" is loaded again (before its end it may still be fresh).
+#[tokio::test(start_paused = true)]
+async fn a_negative_entry_is_stale_once_a_soft_clears_window_is_over() {
+    for l1 in [false, true] {
+        let cache = cache(MemoryStore::new(), l1);
+        let row = Arc::new(AtomicU64::new(0));
+        let load = {
+            let row = Arc::clone(&row);
+            move || {
+                let row = Arc::clone(&row);
+                async move {
+                    let found = row.load(Ordering::SeqCst);
+                    Ok::<_, std::io::Error>((found != 0).then_some(found))
+                }
+            }
+        };
+        let entry = || cache.entry("row").tags(["rows"]);
+        assert_eq!(entry().get_or_load(load.clone()).await.unwrap(), None);
+        row.store(1, Ordering::SeqCst);
+        cache
+            .clear(ClearMode::Soft {
+                window: Duration::from_millis(800),
+            })
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        let next = entry().get_or_load_with_meta(load).await.unwrap();
+        assert_eq!(
+            (next.value, next.served),
+            (Some(1), Served::Loaded),
+            "l1={l1}"
+        );
+    }
+}
+
+/// The simulation's shape: a short TTL (3 s, jitter 10%) under the default
+/// negative TTL, two processes (one with L1), the negatives loaded in one
+/// and read in the other, which soft-clears over 809 ms.
+#[tokio::test(start_paused = true)]
+async fn a_negative_entry_longer_than_the_ttl_is_stale_once_the_window_is_over() {
+    let store = MemoryStore::new();
+    let build = |l1: bool| {
+        let builder = Cache::<u64>::builder()
+            .namespace("negwin")
+            .store(store.clone())
+            .ttl(Duration::from_secs(3))
+            .jitter(Jitter::ratio(0.1))
+            .grace(Duration::from_secs(10));
+        let builder = if l1 {
+            builder.l1(L1Config::new())
+        } else {
+            builder
+        };
+        builder.build().unwrap()
+    };
+    let (a, b) = (build(true), build(false));
+    let row = Arc::new(AtomicU64::new(0));
+    let load = {
+        let row = Arc::clone(&row);
+        move || {
+            let row = Arc::clone(&row);
+            async move {
+                let found = row.load(Ordering::SeqCst);
+                Ok::<_, std::io::Error>((found != 0).then_some(found))
+            }
+        }
+    };
+    for key in ["n0", "n1", "n2", "n3"] {
+        assert_eq!(
+            a.entry(key)
+                .tags(["neg"])
+                .get_or_load(load.clone())
+                .await
+                .unwrap(),
+            None
+        );
+        assert_eq!(
+            b.entry(key)
+                .tags(["neg"])
+                .get_or_load(load.clone())
+                .await
+                .unwrap(),
+            None
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    row.store(1, Ordering::SeqCst);
+    b.clear(ClearMode::Soft {
+        window: Duration::from_millis(809),
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    for key in ["n0", "n1", "n2", "n3"] {
+        let next = b
+            .entry(key)
+            .tags(["neg"])
+            .get_or_load_with_meta(load.clone())
+            .await
+            .unwrap();
+        assert_eq!(
+            (next.value, next.served),
+            (Some(1), Served::Loaded),
+            "{key}"
+        );
+    }
+}

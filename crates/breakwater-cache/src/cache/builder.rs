@@ -245,7 +245,8 @@ impl<V: Value> CacheBuilder<V> {
     /// ```text
     /// ACL SETUSER app on >secret resetkeys ~myapp:* resetchannels &myapp:* -@all
     ///     +get +mget +set +del +pttl +exists +publish +subscribe +evalsha +eval
-    ///     +getrange +setrange +pexpire +sadd +srem +sismember +srandmember +multi +exec
+    ///     +getrange +setrange +pexpire +sadd +srem +sismember
+    ///     +srandmember +multi +exec
     ///     +ping +time +cluster|slots +role
     /// ```
     ///

@@ -19,9 +19,8 @@ impl<V: Value> Cache<V> {
     /// `warn` line for one that is not as expected, `info` otherwise).
     /// On Redis: `maxmemory-policy` and what breakwater does under it; the
     /// commands and keys its user may use (a probe key under the cache's
-    /// prefix is written, then deleted); whether the namespace's channel
-    /// can be subscribed; a Cluster. With L1 on: whether the bus is up
-    /// (without it L1 copies are never verified). Meant for startup: it
+    /// prefix is written, then deleted); a Cluster. Then whether this
+    /// cache's bus is subscribed, and with L1 on, what that means for it. Meant for startup: it
     /// takes a few round trips, and up to 2 s when pub/sub does not come
     /// up.
     ///
@@ -46,12 +45,26 @@ impl<V: Value> Cache<V> {
                 format!("the check could not run: {err}"),
             )],
         };
+        // Its own bus: without it, waiters poll and L1 is never verified.
+        inner
+            .waiters
+            .subscribed_within(&*inner.store, BUS_WITHIN)
+            .await;
+        let up = inner.waiters.is_up();
+        findings.push(if up {
+            Finding::ok("pub/sub", "the namespace's channel is subscribed")
+        } else {
+            Finding::warn(
+                "pub/sub",
+                format!(
+                    "not subscribed to the namespace's channel within {BUS_WITHIN:?} (+subscribe \
+                     and the channel pattern in the ACL?): waiters poll for their lease, and \
+                     other processes' changes reach no L1"
+                ),
+            )
+        });
         if self.local.l1.is_some() {
-            inner
-                .waiters
-                .subscribed_within(&*inner.store, BUS_WITHIN)
-                .await;
-            findings.push(if inner.waiters.is_up() {
+            findings.push(if up {
                 Finding::ok(
                     "l1",
                     "L1 is on and the bus is up: other processes' changes reach it",
@@ -59,10 +72,8 @@ impl<V: Value> Cache<V> {
             } else {
                 Finding::warn(
                     "l1",
-                    format!(
-                        "L1 is on but the bus is not up within {BUS_WITHIN:?}: its copies are \
-                         never verified (served only as stale stand-ins) until it is"
-                    ),
+                    "L1 is on but the bus is down: its copies are never verified (served only \
+                     as stale stand-ins) until it is up",
                 )
             });
         }

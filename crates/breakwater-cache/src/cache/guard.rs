@@ -664,6 +664,12 @@ impl Store for GuardedStore {
         })
     }
 
+    /// Straight to the store: bookkeeping, not traffic (no breaker, no
+    /// metrics).
+    fn keep_warm<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Vec<u8>>> {
+        self.store.keep_warm(key)
+    }
+
     /// Straight to the store: a check is not traffic (no breaker, no
     /// metrics).
     fn check<'a>(&'a self, probe: &'a [u8], channel: &'a [u8]) -> StoreFuture<'a, Vec<Finding>> {

@@ -433,13 +433,13 @@ impl Clears {
 
     /// Called on every listener beat: every [`KEEP_WARM_BEATS`], while
     /// this process trusts a record it knows, reads it from the store (in
-    /// the background, one read at a time). The read keeps the key warm
-    /// under an LRU or LFU eviction policy (steady traffic on entries never
-    /// touches it otherwise), and finds a record that was deleted or
-    /// evicted all the same: it is put back at once, as it was, before a
-    /// process that never knew it has to adopt its entries. A record other
-    /// than the one trusted (a clear this process missed: two faults) is
-    /// read again by the next caller.
+    /// the background, one read at a time; [`Store::keep_warm`]). The read
+    /// keeps the key warm under an LRU or LFU eviction policy (steady
+    /// traffic on entries never touches it otherwise), and finds a record
+    /// that was deleted or evicted all the same: it is put back at once,
+    /// as it was, before a process that never knew it has to adopt its
+    /// entries. A record other than the one trusted (a clear this process
+    /// missed: two faults) is read again by the next caller.
     pub(super) fn keep_warm(this: &Arc<Self>) {
         if this.beats.fetch_add(1, Ordering::Relaxed) % KEEP_WARM_BEATS != KEEP_WARM_BEATS - 1 {
             return;
@@ -453,7 +453,7 @@ impl Clears {
                 return duty.done();
             };
             let bus = clears.bus_state();
-            match link.store.get(&link.key).await {
+            match link.store.keep_warm(&link.key).await {
                 Ok(None) if clears.bus_state() == bus => clears.put_back().await,
                 Ok(Some(stored))
                     if NamespaceState::parse(&stored).is_none_or(|held| held != trusted) =>

@@ -142,6 +142,13 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
     /// Deletes `key`; `true` if it existed.
     fn delete<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, bool>;
 
+    /// Reads a bookkeeping key (a namespace's clear record) to keep it
+    /// warm under an LRU or LFU eviction policy: a [`get`](Store::get)
+    /// that is not traffic (wrappers that count reads need not count it).
+    fn keep_warm<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Vec<u8>>> {
+        self.get(key)
+    }
+
     /// The time `key` has left to live, or `None` if it is missing or has no
     /// expiry. For inspection and tests; the request path never calls it.
     fn ttl<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Duration>>;

@@ -1000,7 +1000,7 @@ impl Store for RedisStore {
     }
 
     fn check<'a>(&'a self, probe: &'a [u8], channel: &'a [u8]) -> StoreFuture<'a, Vec<Finding>> {
-        Box::pin(async move { Ok(self.findings(probe, channel).await) })
+        Box::pin(async move { Ok(self.inner.findings(probe, channel).await) })
     }
 
     /// One script. On a Sentinel store the master's acknowledgement is

@@ -150,9 +150,8 @@ impl<S: Store> CountingStore<S> {
         self.inner
     }
 
-    /// The `get`s of entries so far (by this store and its clones): not
-    /// those of a namespace's clear record (a key ending in `:c`), which
-    /// every process whose bus is up reads once a second to keep it warm.
+    /// The `get`s so far (by this store and its clones; a
+    /// [`keep_warm`](Store::keep_warm) is not one).
     pub fn gets(&self) -> usize {
         self.gets.load(Ordering::SeqCst)
     }
@@ -169,10 +168,12 @@ impl<S: Store> CountingStore<S> {
 }
 
 impl<S: Store> Store for CountingStore<S> {
+    fn keep_warm<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Vec<u8>>> {
+        self.inner.keep_warm(key)
+    }
+
     fn get<'a>(&'a self, key: &'a [u8]) -> StoreFuture<'a, Option<Vec<u8>>> {
-        if !key.ends_with(b":c") {
-            self.gets.fetch_add(1, Ordering::SeqCst);
-        }
+        self.gets.fetch_add(1, Ordering::SeqCst);
         let late = self.late();
         let failing = self.failing_gets.load(Ordering::SeqCst);
         Box::pin(async move {

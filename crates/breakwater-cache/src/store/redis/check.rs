@@ -1,41 +1,39 @@
 //! `RedisStore`'s startup check ([`Store::check`](crate::Store::check)):
 //! what of the Redis it is given decides how the cache behaves there —
-//! the eviction policy, the commands and keys its user may use, pub/sub,
-//! a Cluster — one [`Finding`] each. Nothing here changes what the cache
+//! the eviction policy, the commands and keys its user may use, a Cluster
+//! — one [`Finding`] each (pub/sub is the cache's own check: its bus). Nothing here changes what the cache
 //! does; it says what it will do, so an operator reads it once instead of
 //! learning it from an incident.
 
-use std::time::Duration;
+use std::sync::Arc;
 
 use redis::Value;
-use tokio::time::Instant;
 
-use super::RedisStore;
+use super::connection::{RedisCore, hash_slot};
 use super::latency::DeadlineKind;
 use super::scripts::CHECK_PERMISSIONS;
 use crate::error::Error;
-use crate::store::{Finding, Invalidate, Notice, Store};
+use crate::store::Finding;
 
-/// How long the check waits for its subscription to come up.
-const SUBSCRIBED_WITHIN: Duration = Duration::from_secs(2);
-
-impl RedisStore {
-    /// The findings of [`Store::check`]: `probe` is a key the store's
-    /// user may write (under the cache's prefix and namespace; written,
-    /// then deleted), `channel` the namespace's channel.
-    pub(super) async fn findings(&self, probe: &[u8], channel: &[u8]) -> Vec<Finding> {
-        let mut out = Vec::new();
-        out.push(self.eviction(probe).await);
-        out.push(self.permissions(probe, channel).await);
-        out.push(self.subscription(channel).await);
-        if self.failure_domains() > 1 {
+impl RedisCore {
+    /// The findings of [`Store::check`](crate::Store::check): `probe` is
+    /// a key the store's user may write (under the cache's prefix and
+    /// namespace; written, then deleted), `channel` the namespace's
+    /// channel (a message nobody hears is published on `channel:check`).
+    pub(super) async fn findings(self: &Arc<Self>, probe: &[u8], channel: &[u8]) -> Vec<Finding> {
+        let channel = [channel, b":check"].concat();
+        let mut out = vec![
+            self.eviction(probe).await,
+            self.permissions(probe, &channel).await,
+        ];
+        if self.target.failure_domains() > 1 {
             out.push(Finding::ok(
                 "cluster",
                 format!(
                     "a Redis Cluster ({} failure domains): each key's value and lease share its \
                      hash slot ({{key}}), tag counters spread over the cluster by tag, the clear \
                      record lives on one node (read once a second by every process)",
-                    self.failure_domains()
+                    self.target.failure_domains()
                 ),
             ));
         }
@@ -44,13 +42,13 @@ impl RedisStore {
 
     /// `maxmemory-policy` (and `maxmemory`), and what breakwater does
     /// under it.
-    async fn eviction(&self, probe: &[u8]) -> Finding {
+    async fn eviction(self: &Arc<Self>, probe: &[u8]) -> Finding {
         let config = |name: &'static str| {
             let mut cmd = redis::cmd("CONFIG");
             cmd.arg("GET").arg(name);
             async move {
                 let reply: Result<Vec<String>, Error> =
-                    self.inner.query(DeadlineKind::Read, probe, &cmd).await;
+                    self.query(DeadlineKind::Read, probe, &cmd).await;
                 reply.map(|pair| pair.get(1).cloned().unwrap_or_default())
             }
         };
@@ -107,12 +105,12 @@ impl RedisStore {
     }
 
     /// Whether the store's user may run what the store sends: its scripts
-    /// (and every command inside them, on keys like `probe`), `MGET`,
-    /// `MULTI`/`EXEC` (bulk writes) and `PUBLISH` on `channel`.
-    async fn permissions(&self, probe: &[u8], channel: &[u8]) -> Finding {
+    /// (and every command inside them, on keys like `probe`), `MGET`, and
+    /// `MULTI`/`EXEC` (bulk writes), with `PUBLISH` on `channel`.
+    async fn permissions(self: &Arc<Self>, probe: &[u8], channel: &[u8]) -> Finding {
         let set = [probe, b":s"].concat();
         let script = CHECK_PERMISSIONS.key(probe).key(&set).arg(channel);
-        let mut refused: Vec<String> = match self.inner.eval::<Vec<String>>(script).await {
+        let mut refused: Vec<String> = match self.eval::<Vec<String>>(script).await {
             Ok(refused) => refused,
             Err(err) => {
                 return Finding::warn(
@@ -126,24 +124,25 @@ impl RedisStore {
         };
         let mut mget = redis::cmd("MGET");
         mget.arg(probe);
-        if let Err(err) = self
-            .inner
-            .query::<Value>(DeadlineKind::Read, probe, &mget)
-            .await
-        {
+        if let Err(err) = self.query::<Value>(DeadlineKind::Read, probe, &mget).await {
             refused.push(format!("MGET ({err})"));
         }
-        let lease = [probe, b":l"].concat();
-        let bulk = [Invalidate {
-            key: probe,
-            lease_key: &lease,
-        }];
-        let notice = Notice {
-            channel,
-            message: b"",
-            batch_head: None,
-        };
-        if let Err(err) = self.invalidate_many(&bulk, notice).await {
+        // (`transaction` adds the `MULTI` and `EXEC`.)
+        let mut tx = redis::pipe();
+        tx.atomic()
+            .cmd("DEL")
+            .arg(probe)
+            .cmd("PUBLISH")
+            .arg(channel)
+            .arg("");
+        let slot = hash_slot(probe);
+        let multi = self
+            .call(DeadlineKind::Write, self.domain(probe), |mut conn| {
+                let tx = &tx;
+                async move { conn.transaction(tx, slot).await }
+            })
+            .await;
+        if let Err(err) = multi {
             refused.push(format!("MULTI/EXEC ({err})"));
         }
         if refused.is_empty() {
@@ -155,32 +154,9 @@ impl RedisStore {
             Finding::warn(
                 "permissions",
                 format!(
-                    "refused: {} — grant them (see the README's ACL section); until then the \
-                     calls that need them fail as store errors",
+                    "refused: {} — grant them (see `CacheBuilder::key_prefix` for the narrowest \
+                     user); until then the calls that need them fail as store errors",
                     refused.join(", ")
-                ),
-            )
-        }
-    }
-
-    /// Whether a subscription to `channel` comes up: without it L1 copies
-    /// are never verified, and waiters poll.
-    async fn subscription(&self, channel: &[u8]) -> Finding {
-        let subscription = self.subscribe(channel);
-        let until = Instant::now() + SUBSCRIBED_WITHIN;
-        while !subscription.is_ready() && Instant::now() < until {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        if subscription.is_ready() {
-            Finding::ok("pub/sub", "the namespace's channel can be subscribed")
-        } else {
-            Finding::warn(
-                "pub/sub",
-                format!(
-                    "not subscribed to the namespace's channel within {SUBSCRIBED_WITHIN:?} \
-                     (+subscribe and the channel pattern in the ACL?): invalidations from \
-                     other processes do not reach L1 (its copies serve only as stale stand-ins) \
-                     and waiters poll for their lease"
                 ),
             )
         }
