@@ -38,13 +38,16 @@ pub(crate) struct InspectOpts {
     /// finding needs a look.
     #[arg(long)]
     pub(crate) check: bool,
-    /// The user keys to inspect.
-    #[arg(required_unless_present = "check")]
+    /// The user keys to inspect (at least one, unless `--check`).
     pub(crate) keys: Vec<String>,
 }
 
 /// Runs `breakwater inspect`.
 pub(crate) async fn main(opts: InspectOpts) -> ExitCode {
+    if opts.keys.is_empty() && !opts.check {
+        eprintln!("error: breakwater inspect needs at least one key to inspect, or --check");
+        return ExitCode::from(2);
+    }
     match run(&opts).await {
         Ok((text, all_ok)) => {
             crate::out!("{text}");
