@@ -39,20 +39,26 @@ fn cache(store: impl Store, l1: bool) -> Cache<u64> {
     builder.build().expect("valid settings")
 }
 
+type RowLoad = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Option<u64>, std::io::Error>> + Send>,
+>;
+
+/// A loader reading `row`: "not found" while it holds 0.
+fn row_loader(row: &Arc<AtomicU64>) -> impl FnOnce() -> RowLoad + Clone + Send + Sync + 'static {
+    let row = Arc::clone(row);
+    move || {
+        Box::pin(async move {
+            let found = row.load(Ordering::SeqCst);
+            Ok((found != 0).then_some(found))
+        })
+    }
+}
+
 /// The row does not exist, is cached as "not found", is created, then the
 /// entry is made stale by `how`: the next read says the row is there.
 async fn negative_then(cache: &Cache<u64>, how: Staling) {
     let row = Arc::new(AtomicU64::new(0));
-    let load = {
-        let row = Arc::clone(&row);
-        move || {
-            let row = Arc::clone(&row);
-            async move {
-                let found = row.load(Ordering::SeqCst);
-                Ok::<_, std::io::Error>((found != 0).then_some(found))
-            }
-        }
-    };
+    let load = row_loader(&row);
     let first = cache
         .entry("row")
         .tags(["rows"])
@@ -112,16 +118,7 @@ async fn a_negative_entry_is_stale_once_a_soft_clears_window_is_over() {
     for l1 in [false, true] {
         let cache = cache(MemoryStore::new(), l1);
         let row = Arc::new(AtomicU64::new(0));
-        let load = {
-            let row = Arc::clone(&row);
-            move || {
-                let row = Arc::clone(&row);
-                async move {
-                    let found = row.load(Ordering::SeqCst);
-                    Ok::<_, std::io::Error>((found != 0).then_some(found))
-                }
-            }
-        };
+        let load = row_loader(&row);
         let entry = || cache.entry("row").tags(["rows"]);
         assert_eq!(entry().get_or_load(load.clone()).await.unwrap(), None);
         row.store(1, Ordering::SeqCst);
@@ -163,16 +160,7 @@ async fn a_negative_entry_longer_than_the_ttl_is_stale_once_the_window_is_over()
     };
     let (a, b) = (build(true), build(false));
     let row = Arc::new(AtomicU64::new(0));
-    let load = {
-        let row = Arc::clone(&row);
-        move || {
-            let row = Arc::clone(&row);
-            async move {
-                let found = row.load(Ordering::SeqCst);
-                Ok::<_, std::io::Error>((found != 0).then_some(found))
-            }
-        }
-    };
+    let load = row_loader(&row);
     for key in ["n0", "n1", "n2", "n3"] {
         assert_eq!(
             a.entry(key)

@@ -2758,10 +2758,9 @@ async fn expire_round(world: &Arc<World>) {
 /// **negative-after-expire**: two healthy processes with 10 s of grace
 /// (one with L1) cache "not found" for four keys; then the rows are
 /// created, and process 1 makes each entry stale with `expire` or
-/// `expire_tag` (seeded). No call that starts after that
-/// returned (in process 1 at once, in process 0 one store reply later;
-/// after a soft clear's window, once it is over) is answered "not found":
-/// a negative entry is never servable stale.
+/// `expire_tag` (seeded). No call that starts after that returned (in
+/// process 1 at once, in process 0 one store reply later) is answered
+/// "not found": a negative entry is never servable stale.
 async fn negative_expire_round(world: &Arc<World>) {
     let grace = Duration::from_secs(10);
     let procs = fleet(world, 16, &[(grace, true), (grace, false)], false);
@@ -2793,36 +2792,25 @@ async fn negative_expire_round(world: &Arc<World>) {
     // (Not a soft clear yet: seed 1227 served a cached "not found" after
     // one, which neither tests/negative_after_expire.rs nor a two-process
     // replay of its shape reproduces; open, see issue 55.)
-    let how = rng.random_range(0..2);
-    let window = Duration::ZERO;
-    let outcome = match how {
-        0 => {
-            let mut all = Ok(());
-            for key in &keys {
-                all = all.and(
-                    timeout(BOUND, expirer.cache.expire(key))
-                        .await
-                        .map_err(drop)
-                        .and_then(|r| r.map_err(drop)),
-                );
-            }
-            all
-        }
-        1 => timeout(BOUND, expirer.cache.expire_tag("neg"))
+    let by_tag = rng.random_range(0..2) == 1;
+    let outcome = if by_tag {
+        timeout(BOUND, expirer.cache.expire_tag("neg"))
             .await
             .map_err(drop)
-            .and_then(|r| r.map_err(drop)),
-        _ => timeout(
-            BOUND,
-            expirer.cache.clear(ClearMode::Soft {
-                window: ms(rng.random_range(0..2_000)),
-            }),
-        )
-        .await
-        .map_err(drop)
-        .and_then(|r| r.map_err(drop)),
+            .and_then(|r| r.map_err(drop))
+    } else {
+        let mut all = Ok(());
+        for key in &keys {
+            all = all.and(
+                timeout(BOUND, expirer.cache.expire(key))
+                    .await
+                    .map_err(drop)
+                    .and_then(|r| r.map_err(drop)),
+            );
+        }
+        all
     };
-    let how = ["expire", "expire_tag", "soft clear"][how];
+    let how = if by_tag { "expire_tag" } else { "expire" };
     world.trace(
         expirer.id,
         "expire",
@@ -2838,12 +2826,7 @@ async fn negative_expire_round(world: &Arc<World>) {
         );
         return;
     }
-    let at = Instant::now()
-        + if how == "soft clear" {
-            window
-        } else {
-            Duration::ZERO
-        };
+    let at = Instant::now();
     sleep(ms(rng.random_range(0..3_000))).await;
     let until = Instant::now() + Duration::from_secs(2);
     while Instant::now() < until {
@@ -2859,7 +2842,7 @@ async fn negative_expire_round(world: &Arc<World>) {
         )
         .await;
         world.trace(p.id, "get", key, start, format!("{got:?}"));
-        let late_enough = start >= at && (p.id == expirer.id || start >= at + MAX_REPLY);
+        let late_enough = p.id == expirer.id || start >= at + MAX_REPLY;
         match got {
             Ok(Ok(fetched)) if late_enough && fetched.value.is_none() => world.violate(
                 "negative-after-expire",

@@ -289,9 +289,9 @@ impl<V: Value> Cache<V> {
                 // The store lost the record known here: judged by as
                 // known, and put back.
                 if let Some(trusted) = clears.take_missing()
-                    && let Some(known) = record
+                    && record.is_some()
                 {
-                    self.record_lost(Some((known, trusted)));
+                    self.record_lost(Some(trusted));
                 }
                 // A clear this process had not heard of (its bus was down):
                 // taken as if heard, L1 copies and loads in the air from
@@ -367,7 +367,6 @@ impl<V: Value> Cache<V> {
             },
             (record, recorded) => NamespaceState::standing(record, recorded),
         };
-        let ttl = millis(self.inner.defaults.ttl);
         let (at, window, by) = match standing {
             Standing::Current => return Some(entry),
             Standing::Cleared => {
@@ -375,7 +374,7 @@ impl<V: Value> Cache<V> {
                 return None;
             }
             Standing::Soft { at, window, by } => (at, window, by),
-            Standing::Adopted { at } => (at, ttl, None),
+            Standing::Adopted { at } => (at, millis(self.inner.defaults.ttl), None),
         };
         let moment = at.saturating_add(self.moment_in(key, &entry, at, window));
         let moment = by.map_or(moment, |by| moment.min(by));
@@ -405,49 +404,49 @@ impl<V: Value> Cache<V> {
     }
 
     /// The namespace's clear record was lost (evicted under `maxmemory`,
-    /// deleted, an empty restart). With `known`, the record this process
-    /// knew and whether it trusted it (its bus up since it read or heard
-    /// it): a trusted one is put back at once (if the store still holds
-    /// none: a record another process put back or made meanwhile is taken
-    /// instead). Otherwise, after a pause of one keep-warm period and up
-    /// to [`RESTORE_SPREAD`] more, drawn at random (so a process that
-    /// trusts its record, whose keep-warm read finds the loss, puts it
-    /// back first, and the fleet's processes that noticed do not all
-    /// write), the record is read again and, still missing, the one known
-    /// here is put back, or, none known, an adopting pin is made
-    /// (published: every process takes it). In the background, one at a
-    /// time in this process. Nothing is cleared: entries stay as they
-    /// were judged, L1 included.
-    fn record_lost(&self, known: Option<(NamespaceState, bool)>) {
+    /// deleted, an empty restart). With `known` (`Some(trusted)`: this
+    /// process knows a record, and trusted it, its bus up since it read or
+    /// heard it), a trusted record is put back at once
+    /// ([`Clears::put_back`](super::record::Clears::put_back): if the
+    /// store still holds none, a record another process put back or made
+    /// meanwhile is taken instead). Otherwise, after a pause of one
+    /// keep-warm period and up to [`RESTORE_SPREAD`] more, drawn at random
+    /// (so a process that trusts its record, whose keep-warm read finds
+    /// the loss, puts it back first, and the fleet's processes that
+    /// noticed do not all write), the record is read again and, still
+    /// missing, the one known here is put back, or, none known, an
+    /// adopting pin is made (published: every process takes it). In the
+    /// background, one at a time in this process. Nothing is cleared:
+    /// entries stay as they were judged, L1 included.
+    fn record_lost(&self, known: Option<bool>) {
         let cache = self.clone();
         // One at a time (a restore stranded on a runtime that stopped
         // polling it is started again after RESTORE_STRANDED).
         self.local.clears.restoring.ensure(RESTORE_STRANDED, |duty| async move {
             let clears = &cache.local.clears;
-            let restore = match known {
-                Some((known, true)) => Some(known),
-                _ => {
-                    // The cache's own generator: seeded, a run replays.
-                    let pause = {
-                        let mut rng = cache.inner.rng.lock().unwrap_or_else(|p| p.into_inner());
-                        KEEP_WARM + rng.random_range(Duration::ZERO..=RESTORE_SPREAD)
-                    };
-                    tokio::time::sleep(pause).await;
-                    match clears.read_again().await {
-                        Ok(None) => None,
-                        // Still missing: the one known here.
-                        Ok(Some(known)) if clears.take_missing().is_some() => Some(known),
-                        // Put back or made meanwhile; or the read failed
-                        // (tried again by the next read that finds it
-                        // missing).
-                        Ok(Some(_)) | Err(_) => return duty.done(),
+            if known != Some(true) {
+                // The cache's own generator: seeded, a run replays.
+                let pause = {
+                    let mut rng = cache.inner.rng.lock().unwrap_or_else(|p| p.into_inner());
+                    KEEP_WARM + rng.random_range(Duration::ZERO..=RESTORE_SPREAD)
+                };
+                tokio::time::sleep(pause).await;
+                match clears.read_again().await {
+                    Ok(None) => {
+                        warn_limited!(cache.inner.logs, Warning::ClearRecordLost, key = %show_key(&cache.inner.clear_key), "the namespace's clear record is gone from the store (evicted under maxmemory, deleted, or an empty restart) and no record is known here; making a pin that adopts the entries written under it");
+                        if let Err(err) = clears.pin(None).await {
+                            tracing::debug!(error = %err, "the adopting pin could not be made; the next read that finds the record missing tries again");
+                        }
+                        return duty.done();
                     }
+                    // Still missing: the one known here, put back below.
+                    Ok(Some(_)) if clears.take_missing().is_some() => {}
+                    // Put back or made meanwhile; or the read failed (tried
+                    // again by the next read that finds it missing).
+                    Ok(Some(_)) | Err(_) => return duty.done(),
                 }
-            };
-            warn_limited!(cache.inner.logs, Warning::ClearRecordLost, key = %show_key(&cache.inner.clear_key), restored = restore.is_some(), "the namespace's clear record is gone from the store (evicted under maxmemory, deleted, or an empty restart); putting it back (restored=true: the one this process knew; false: a pin that adopts the entries written under it)");
-            if let Err(err) = clears.pin(restore).await {
-                tracing::debug!(error = %err, "the namespace's clear record could not be put back; the next read that finds it missing tries again");
             }
+            clears.put_back().await;
             duty.done();
         });
     }

@@ -290,12 +290,11 @@ impl Clears {
             // record again) until a process that trusts a record has had
             // the time to put its own back (see `Cache::record_lost`).
             (Some(held), None) if read_at.is_some() => {
-                if known.trusted_at(self.bus.load(Ordering::SeqCst)) {
-                    self.missing.store(MISSING_TRUSTED, Ordering::SeqCst);
-                } else {
+                if !known.trusted_at(self.bus.load(Ordering::SeqCst)) {
                     self.missing.store(MISSING_UNTRUSTED, Ordering::SeqCst);
                     return Some(held);
                 }
+                self.missing.store(MISSING_TRUSTED, Ordering::SeqCst);
                 Some(held)
             }
             (Some(held), new)
@@ -425,7 +424,7 @@ impl Clears {
     /// next read that finds it missing tries again).
     pub(super) async fn put_back(&self) {
         let Some(known) = self.last() else { return };
-        tracing::info!(record = %String::from_utf8_lossy(&known.encode()), "the namespace's clear record is gone from the store (evicted, deleted, or an empty restart); putting back the one this process knows");
+        tracing::info!(record = %String::from_utf8_lossy(&known.encode()), "the namespace's clear record is gone from the store (evicted under maxmemory, deleted, or an empty restart); putting back the one this process knows");
         if let Err(err) = self.pin(Some(known)).await {
             tracing::debug!(error = %err, "the namespace's clear record could not be put back");
         }

@@ -457,11 +457,10 @@ impl Store for MemoryStore {
                 .and_then(|slot| NamespaceState::parse(&slot.value));
             let (state, applied) = NamespaceState::applied(held, clear.rule(), now_ms);
             let record = state.encode();
-            if applied == Applied::Written {
+            if applied != Applied::Kept {
                 shard.put(clear.key, &record, now, MAX_STORE_TTL_MS);
             }
             let receivers = if applied == Applied::Published {
-                shard.put(clear.key, &record, now, MAX_STORE_TTL_MS);
                 // Published under the shard's lock: no other clear of this
                 // namespace can publish in between.
                 let message = [clear.notice.message, &record].concat();

@@ -539,15 +539,11 @@ pub trait Store: Send + Sync + fmt::Debug + Any + 'static {
             let held = held.as_deref().and_then(NamespaceState::parse);
             let (state, applied) = NamespaceState::applied(held, clear.rule(), self.now_ms());
             let record = state.encode();
-            if applied == Applied::Kept {
-                return Ok(ClearedNamespace {
-                    record,
-                    receivers: 0,
-                });
+            if applied != Applied::Kept {
+                self.set(clear.key, &record, Duration::from_millis(MAX_STORE_TTL_MS))
+                    .await?;
             }
-            self.set(clear.key, &record, Duration::from_millis(MAX_STORE_TTL_MS))
-                .await?;
-            if applied == Applied::Written {
+            if applied != Applied::Published {
                 return Ok(ClearedNamespace {
                     record,
                     receivers: 0,

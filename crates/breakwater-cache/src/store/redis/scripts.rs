@@ -560,40 +560,35 @@ pub(super) static CHECK_PERMISSIONS: LazyLock<Lua> = LazyLock::new(|| {
 pub(super) static CLEAR_NAMESPACE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(
         r"local top = 9007199254740992
+          local function parse(text)
+            if type(text) ~= 'string' then return nil end
+            local p = {string.match(text, '^(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')}
+            if #p == 0 then
+              p = {string.match(text, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')}
+              if #p == 5 then p[6], p[7] = p[2], '0' end
+            end
+            if #p ~= 7 then return nil end
+            for i = 1, 7 do
+              if #p[i] > 16 or tonumber(p[i]) >= top then return nil end
+              p[i] = tonumber(p[i])
+            end
+            if p[2] > p[1] or p[5] >= p[1] or p[6] > p[1] then return nil end
+            return p
+          end
           local fresh = tonumber(ARGV[3])
           local now = tonumber(ARGV[6])
           local held = redis.pcall('GET', KEYS[1])
           local n, h, t, w, l, s, e
-          if type(held) == 'string' then
-            local parts = {string.match(held, '^(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')}
-            if #parts == 0 then
-              parts = {string.match(held, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')}
-              if #parts == 5 then
-                parts[6], parts[7] = parts[2], '0'
-              end
-            end
-            local ok = #parts == 7
-            for i = 1, #parts do
-              if #parts[i] > 16 or tonumber(parts[i]) >= top then ok = false end
-            end
-            if ok then
-              n, h, t, w, l, s, e = tonumber(parts[1]), tonumber(parts[2]), tonumber(parts[3]),
-                tonumber(parts[4]), tonumber(parts[5]), tonumber(parts[6]), tonumber(parts[7])
-              if h > n or l >= n or s > n then n = nil end
-            end
+          local found = parse(held)
+          if found then
+            n, h, t, w, l, s, e = found[1], found[2], found[3], found[4], found[5], found[6], found[7]
           end
           local pin = top - 1
           local marked = false
           if n and ARGV[7] == '1' then
             return {held, 0}
           elseif ARGV[7] == '1' then
-            local back = {string.match(ARGV[8], '^(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')}
-            local ok = #back == 7
-            for i = 1, #back do
-              if #back[i] > 16 or tonumber(back[i]) >= top then ok = false end
-              back[i] = tonumber(back[i])
-            end
-            if ok and back[2] <= back[1] and back[5] < back[1] and back[6] <= back[1] then
+            if parse(ARGV[8]) then
               redis.call('SET', KEYS[1], ARGV[8])
               return {ARGV[8], 0}
             end
