@@ -34,6 +34,7 @@ mod progress;
 mod report;
 mod scenario;
 mod simulate;
+mod soak;
 mod spread;
 mod traffic;
 mod warm;
@@ -90,6 +91,16 @@ enum Command {
     /// and `bench mixed` (a production-shaped workload).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Run a fleet of worker processes on one Redis while a nemesis kills,
+    /// stalls, empties, evicts and cuts it, and check every read against
+    /// every acknowledged invalidation; exit code 1 on a violation.
+    #[command(
+        after_help = "Example:\n  breakwater soak --duration 5m\n  breakwater soak --redis redis://127.0.0.1:6390 --disposable --duration 30m --seed 7"
+    )]
+    Soak(soak::SoakOpts),
+    /// Test support: one process of `breakwater soak`.
+    #[command(hide = true)]
+    SoakWorker(soak::worker::SoakWorkerOpts),
     /// Test support: one process of a multi-process stampede.
     #[command(hide = true)]
     StampedeWorker(worker::WorkerOpts),
@@ -119,6 +130,8 @@ async fn main() -> ExitCode {
         Command::Inspect(opts) => inspect::main(opts).await,
         Command::Spread(opts) => spread::main(opts).await,
         Command::Bench(command) => bench::main(command).await,
+        Command::Soak(opts) => soak::main(opts).await,
+        Command::SoakWorker(opts) => soak::worker::main(opts).await,
         Command::StampedeWorker(opts) => worker::main(opts).await,
         Command::ManyWorker(opts) => many::worker(opts).await,
         Command::MixedWorker(opts) => bench::mixed::worker(opts).await,
