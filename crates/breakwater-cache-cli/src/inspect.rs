@@ -77,6 +77,8 @@ async fn run(opts: &InspectOpts) -> Result<(String, bool), Failure> {
         .namespace(opts.namespace.clone())
         .store(store)
         .codec(codec)
+        // `--check` runs the check itself; without it, inspect only reads.
+        .startup_check(false)
         .build()?;
     let mut out = String::new();
     let mut all_ok = true;

@@ -236,3 +236,75 @@ fn an_outage_served_from_l1_is_logged_as_served_from_l1() {
         );
     }
 }
+
+/// Runs `scenario` on a real-time runtime with a subscriber that keeps
+/// every event; `scenario` gets the events seen so far.
+fn capture_live<F, Fut>(scenario: F) -> Vec<(Level, String)>
+where
+    F: FnOnce(Events) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let events = Events::default();
+    let subscriber = Registry::default().with(events.clone());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    tracing::subscriber::with_default(subscriber, || {
+        tracing::callsite::rebuild_interest_cache();
+        runtime.block_on(scenario(events.clone()))
+    });
+    drop(runtime);
+    events.0.lock().unwrap().clone()
+}
+
+/// A cache built on a runtime checks the Redis it is given by itself and
+/// says what needs a look (here `noeviction`) in one warning; with
+/// `startup_check(false)` it sends the Redis nothing until it is used.
+#[test]
+fn a_cache_checks_its_redis_at_startup_unless_told_not_to() {
+    use breakwater_cache::RedisStore;
+    use breakwater_cache_testkit::RedisServer;
+
+    let server =
+        RedisServer::start_with(&["--maxmemory", "64mb", "--maxmemory-policy", "noeviction"]);
+    let noeviction = |events: &[(Level, String)]| {
+        events
+            .iter()
+            .any(|(level, m)| *level == Level::WARN && m.starts_with("noeviction"))
+    };
+    let events = capture_live(|seen| async move {
+        let store = RedisStore::connect(&server.url()).unwrap();
+        let _cache: Cache<String> = Cache::builder()
+            .namespace("auto")
+            .store(store)
+            .build()
+            .unwrap();
+        // The check runs in the background: a bounded wait for its line.
+        for _ in 0..500 {
+            if noeviction(&seen.0.lock().unwrap()) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let store = RedisStore::connect(&server.url()).unwrap();
+        let configs = || {
+            let stats = server.command(&["INFO", "commandstats"]).unwrap();
+            stats
+                .lines()
+                .find(|l| l.starts_with("cmdstat_config:"))
+                .map(str::to_owned)
+        };
+        let before = configs();
+        let quiet: Cache<String> = Cache::builder()
+            .namespace("quiet")
+            .store(store)
+            .startup_check(false)
+            .build()
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(configs(), before, "a cache without the check ran CONFIG");
+        drop(quiet);
+    });
+    assert!(noeviction(&events), "no startup warning: {events:#?}");
+}

@@ -94,6 +94,7 @@ pub struct CacheBuilder<V> {
     max_key_len: usize,
     max_value_size: usize,
     trace_keys: bool,
+    startup_check: bool,
     version: u32,
     version_transition: Duration,
     grace: Duration,
@@ -198,6 +199,7 @@ impl<V: Value> CacheBuilder<V> {
             rng_seed: None,
             write_split: super::queue::SPLIT_FROM,
             trace_keys: false,
+            startup_check: true,
             version: 0,
             version_transition: Duration::ZERO,
             _value: PhantomData,
@@ -413,6 +415,34 @@ impl<V: Value> CacheBuilder<V> {
     /// without it. See [`Cache`]'s `# Tracing`.
     pub fn trace_keys(mut self, on: bool) -> Self {
         self.trace_keys = on;
+        self
+    }
+
+    /// Whether the built cache checks its store once, in the background,
+    /// and logs one line per finding ([`Cache::check`]: the eviction
+    /// policy and what breakwater does under it, the commands its user
+    /// lacks, pub/sub, L1 without a bus). On by default. The check runs
+    /// on the tokio runtime `build` is called on; built outside one, the
+    /// cache logs that the check did not run (call [`Cache::check`] from a
+    /// runtime then). Off, nothing is checked unless [`Cache::check`] is
+    /// called. The check writes and deletes one probe key under the
+    /// cache's prefix and publishes one message on `<channel>:check`. A
+    /// user without `+config|get` (such as the narrow user of
+    /// [`key_prefix`](Self::key_prefix)'s docs) is refused its `CONFIG GET`:
+    /// the check's warning says so, and Redis records it in `ACL LOG`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use breakwater_cache::Cache;
+    ///
+    /// // A test that counts the commands a cache sends: no check.
+    /// let cache = Cache::<u64>::builder().startup_check(false).build()?;
+    /// # let _ = cache;
+    /// # Ok::<(), breakwater_cache::ConfigError>(())
+    /// ```
+    pub fn startup_check(mut self, on: bool) -> Self {
+        self.startup_check = on;
         self
     }
 
@@ -664,6 +694,7 @@ impl<V: Value> CacheBuilder<V> {
             version: self.version,
             version_transition: self.version_transition,
             trace_keys: self.trace_keys,
+            startup_check: self.startup_check,
             ttl: defaults.ttl,
             negative_ttl: defaults.negative_ttl,
             jitter: defaults.jitter,
@@ -776,7 +807,8 @@ impl<V: Value> CacheBuilder<V> {
             waiters.channel().to_vec(),
             *waiters.sender(),
         );
-        Ok(Cache {
+        let startup_check = self.startup_check;
+        let cache = Cache {
             inner: Arc::new(CacheCore {
                 value_prefix,
                 tag_prefix,
@@ -805,7 +837,11 @@ impl<V: Value> CacheBuilder<V> {
             }),
             local,
             fallback: self.fallback,
-        })
+        };
+        if startup_check {
+            cache.check_at_startup();
+        }
+        Ok(cache)
     }
 }
 

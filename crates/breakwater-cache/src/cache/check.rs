@@ -14,7 +14,30 @@ use crate::store::{Finding, Store};
 /// How long the check waits for the cache's bus to come up.
 const BUS_WITHIN: Duration = Duration::from_secs(2);
 
+/// How long the startup check may take before it is given up (a stalled
+/// store must not keep the cache alive).
+const STARTUP_CHECK_WITHIN: Duration = Duration::from_secs(10);
+
 impl<V: Value> Cache<V> {
+    /// [`check`](Self::check) in the background, on the runtime the cache
+    /// is built on ([`CacheBuilder::startup_check`](crate::CacheBuilder::startup_check));
+    /// outside a runtime, one line saying it did not run.
+    pub(super) fn check_at_startup(&self) {
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let cache = self.clone();
+                runtime.spawn(async move {
+                    let _ = tokio::time::timeout(STARTUP_CHECK_WITHIN, cache.check()).await;
+                });
+            }
+            Err(_) => tracing::info!(
+                namespace = %self.inner.settings.namespace,
+                "breakwater: the startup check did not run (the cache was built outside a tokio \
+                 runtime); call Cache::check from one, or set startup_check(false)"
+            ),
+        }
+    }
+
     /// Checks the store this cache is given and logs each finding (a
     /// `warn` line for one that is not as expected, `info` otherwise).
     /// On Redis: `maxmemory-policy` and what breakwater does under it; the

@@ -41,6 +41,7 @@ pub struct Settings {
     pub(super) version: u32,
     pub(super) version_transition: Duration,
     pub(super) trace_keys: bool,
+    pub(super) startup_check: bool,
     pub(super) ttl: Duration,
     pub(super) negative_ttl: Duration,
     pub(super) jitter: Jitter,

@@ -65,6 +65,7 @@
 //! | `version` | integer: the version of what is stored (see `CacheBuilder::version`) | `0` |
 //! | `version_transition` | duration: how long a miss reads the previous version | `"0s"` (off) |
 //! | `trace_keys` | `true`: spans carry the raw key | `false` |
+//! | `startup_check` | `false`: no check of the store when the cache is built (see `CacheBuilder::startup_check`) | `true` |
 //! | `grace` | duration | `"0s"` (no stale-while-revalidate) |
 //! | `max_stale` | duration | `grace` |
 //! | `early_refresh` | `"none"`, or a table with one of the two below | `{ xfetch = 1.0 }` |
@@ -244,6 +245,7 @@ cache_config! {
     version: u32,
     version_transition: Human,
     trace_keys: bool,
+    startup_check: bool,
     grace: Human,
     max_stale: Human,
     early_refresh: EarlyRefreshSpec,
@@ -1001,7 +1003,7 @@ mod tests {
             .iter()
             .map(|f| (*f).to_owned())
             .collect();
-        assert_eq!(read.len(), 29);
+        assert_eq!(read.len(), 30);
         for (table, keys) in tables {
             assert!(!keys.is_empty(), "{table}");
             read.extend(keys.iter().map(|key| format!("{table}.{key}")));
