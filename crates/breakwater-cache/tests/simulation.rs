@@ -2789,28 +2789,36 @@ async fn negative_expire_round(world: &Arc<World>) {
     sleep(ms(rng.random_range(10..500))).await;
     exists.store(true, Ordering::SeqCst);
     let (expirer, start) = (&procs[1], Instant::now());
-    // (Not a soft clear yet: seed 1227 served a cached "not found" after
-    // one, which neither tests/negative_after_expire.rs nor a two-process
-    // replay of its shape reproduces; open, see issue 55.)
-    let by_tag = rng.random_range(0..2) == 1;
-    let outcome = if by_tag {
-        timeout(BOUND, expirer.cache.expire_tag("neg"))
+    // 0: expire of each key, 1: expire_tag, 2: a soft clear (window 0).
+    let mode = rng.random_range(0..3);
+    let outcome = match mode {
+        1 => timeout(BOUND, expirer.cache.expire_tag("neg"))
             .await
             .map_err(drop)
-            .and_then(|r| r.map_err(drop))
-    } else {
-        let mut all = Ok(());
-        for key in &keys {
-            all = all.and(
-                timeout(BOUND, expirer.cache.expire(key))
-                    .await
-                    .map_err(drop)
-                    .and_then(|r| r.map_err(drop)),
-            );
+            .and_then(|r| r.map_err(drop)),
+        2 => timeout(
+            BOUND,
+            expirer.cache.clear(ClearMode::Soft {
+                window: Duration::ZERO,
+            }),
+        )
+        .await
+        .map_err(drop)
+        .and_then(|r| r.map_err(drop)),
+        _ => {
+            let mut all = Ok(());
+            for key in &keys {
+                all = all.and(
+                    timeout(BOUND, expirer.cache.expire(key))
+                        .await
+                        .map_err(drop)
+                        .and_then(|r| r.map_err(drop)),
+                );
+            }
+            all
         }
-        all
     };
-    let how = if by_tag { "expire_tag" } else { "expire" };
+    let how = ["expire", "expire_tag", "soft clear"][mode];
     world.trace(
         expirer.id,
         "expire",
