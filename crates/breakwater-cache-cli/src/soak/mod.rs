@@ -642,6 +642,13 @@ async fn run(
         .map_err(|e| format!("{:?}", e.kind()))
 }
 
+/// `CLIENT KILL TYPE <kind>`: every connection of that kind but this one.
+async fn kill_clients(conn: &mut MultiplexedConnection, kind: &str) -> Result<(), String> {
+    run(conn, redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg(kind))
+        .await
+        .map(drop)
+}
+
 /// One nemesis action.
 async fn nemesis(
     action: Action,
@@ -691,27 +698,14 @@ async fn nemesis(
             Redis::Given(_) => {
                 let mut conn = connect(&url).await?;
                 run(&mut conn, &mut redis::cmd("FLUSHALL")).await?;
-                run(
-                    &mut conn,
-                    redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("normal"),
-                )
-                .await?;
-                run(
-                    &mut conn,
-                    redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("pubsub"),
-                )
-                .await?;
+                kill_clients(&mut conn, "normal").await?;
+                kill_clients(&mut conn, "pubsub").await?;
                 Ok(())
             }
         },
         Action::Pubsub => {
             let mut conn = connect(&url).await?;
-            run(
-                &mut conn,
-                redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("pubsub"),
-            )
-            .await?;
-            Ok(())
+            kill_clients(&mut conn, "pubsub").await
         }
         Action::Delete => {
             let mut conn = connect(&url).await?;
